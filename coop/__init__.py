@@ -1,0 +1,43 @@
+"""coop: plan and replay memory-bounded PyTorch training steps.
+
+The public API: :func:`load_graph`, :class:`Graph`, :class:`Schedule`, :func:`simulate`,
+:func:`validate`, :func:`parse_budget`, :func:`min_budget`, :func:`capture`, :func:`plan`.
+"""
+
+from coop.budget import baseline_peak, min_budget, parse_budget
+from coop.errors import BudgetError, CaptureError, CoopError, GraphError, InfeasibleError, ScheduleError
+from coop.graph import Graph, Node, load_graph
+from coop.schedule import Schedule, Step, simulate, validate
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BudgetError",
+    "CaptureError",
+    "CoopError",
+    "Graph",
+    "GraphError",
+    "InfeasibleError",
+    "Node",
+    "Schedule",
+    "ScheduleError",
+    "Step",
+    "baseline_peak",
+    "load_graph",
+    "min_budget",
+    "parse_budget",
+    "simulate",
+    "validate",
+]
+
+
+def __getattr__(name: str):  # lazy: importing coop must not import torch
+    if name == "capture":
+        from coop.graph_capture import capture
+
+        return capture
+    if name in ("plan", "Plan", "load_plan"):
+        from coop import planner
+
+        return getattr(planner, name)
+    raise AttributeError(f"module 'coop' has no attribute {name!r}")

@@ -1,0 +1,446 @@
+"""The Graph IR (DESIGN.md, contract 1).
+
+A :class:`Graph` is a DAG of :class:`Node` s. A node is one operation whose output value occupies
+``mem`` bytes (or graph units for imported graphs) and costs ``cost`` to compute. Views and
+aliases are folded by the capture, so every node owns its storage and memory is counted once.
+
+Graphs are pydantic models: they serialise to JSON with a ``format`` tag and a version, hash to a
+stable content digest, convert to and from networkx, and import both node-link layouts of the
+published benchmark graphs (Checkmate's and the random layered graphs of Gagrani et al. 2022).
+A malformed graph is rejected with a one-line :class:`~coop.errors.GraphError` that names the
+node and the problem.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import json
+from collections.abc import Iterable, Iterator
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+
+import networkx as nx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from coop.errors import GraphError
+
+GRAPH_FORMAT = "coop.graph"
+GRAPH_VERSION = 1
+
+NodeKind = Literal["input", "param", "buffer", "forward", "backward", "other"]
+#: Values owned by the caller: resident for the whole step, never computed nor freed by a schedule.
+CALLER_OWNED_KINDS: frozenset[str] = frozenset({"input", "param", "buffer"})
+
+
+class Impl(BaseModel):
+    """One implementation of a node (MONeT, Shah et al. 2021): its own cost, output and workspace."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    cost: float = Field(ge=0)
+    mem: int = Field(ge=0)
+    workspace: int = Field(default=0, ge=0)
+
+
+class Node(BaseModel):
+    """One operation of the graph; its output value occupies ``mem`` and costs ``cost``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: int
+    name: str
+    op: str = ""
+    inputs: tuple[int, ...] = ()
+    mem: int = Field(ge=0)
+    cost: float = Field(ge=0)
+    workspace: int = Field(default=0, ge=0)
+    kind: NodeKind = "forward"
+    recomputable: bool = True
+    impls: tuple[Impl, ...] = ()
+
+    @property
+    def caller_owned(self) -> bool:
+        """Inputs, parameters and buffers: resident for the whole step, owned by the caller."""
+        return self.kind in CALLER_OWNED_KINDS
+
+
+class Graph(BaseModel):
+    """A DAG of nodes with the values that must be live at the end and a baseline order.
+
+    ``order`` is the baseline execution order over the nodes that a schedule computes (every
+    node that is not caller-owned); when it is empty on construction a stable topological order
+    is filled in. ``outputs`` are the values that must be resident when the step ends.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: Literal["coop.graph"] = GRAPH_FORMAT
+    version: int = GRAPH_VERSION
+    name: str = "graph"
+    nodes: tuple[Node, ...]
+    outputs: tuple[int, ...] = ()
+    order: tuple[int, ...] = ()
+    meta: dict[str, Any] = Field(default_factory=dict)
+
+    # ---------------------------------------------------------------- validation
+    @model_validator(mode="wrap")
+    @classmethod
+    def _one_line_errors(cls, data: Any, handler: Any) -> Graph:
+        """Turn pydantic's multi-line field errors into one line that names the node."""
+        try:
+            return handler(data)
+        except ValidationError as exc:
+            raise GraphError(_describe_validation_error(exc, data)) from None
+
+    @model_validator(mode="after")
+    def _check_structure(self) -> Graph:
+        if self.version != GRAPH_VERSION:
+            raise GraphError(f"graph version {self.version} is not supported (this coop reads {GRAPH_VERSION})")
+        if not self.nodes:
+            raise GraphError(f"graph {self.name!r} is empty: it needs at least one node")
+        seen: set[int] = set()
+        for node in self.nodes:
+            if node.id in seen:
+                raise GraphError(f"node {node.id} ({node.name}): duplicate node id")
+            seen.add(node.id)
+        for node in self.nodes:
+            for source in node.inputs:
+                if source not in seen:
+                    raise GraphError(f"node {node.id} ({node.name}): unknown input id {source}")
+                if source == node.id:
+                    raise GraphError(f"node {node.id} ({node.name}): reads its own output (a cycle)")
+            if len(set(node.inputs)) != len(node.inputs):
+                raise GraphError(f"node {node.id} ({node.name}): an input id is listed twice")
+            if node.caller_owned and node.inputs:
+                raise GraphError(f"node {node.id} ({node.name}): a {node.kind} node cannot have inputs")
+            if node.caller_owned and node.recomputable:
+                object.__setattr__(node, "recomputable", False)
+        for output in self.outputs:
+            if output not in seen:
+                raise GraphError(f"graph output {output} is not a node id")
+        topo = _topological_order(self.nodes)
+        computed = [n.id for n in self.nodes if not n.caller_owned]
+        if not self.order:
+            object.__setattr__(self, "order", tuple(i for i in topo if i in set(computed)))
+        else:
+            self._check_order(computed)
+        return self
+
+    def _check_order(self, computed: list[int]) -> None:
+        position: dict[int, int] = {}
+        by_id = {n.id: n for n in self.nodes}
+        for index, node_id in enumerate(self.order):
+            if node_id not in by_id:
+                raise GraphError(f"order lists {node_id}, which is not a node id")
+            if by_id[node_id].caller_owned:
+                raise GraphError(f"order lists node {node_id}, a caller-owned {by_id[node_id].kind}; leave it out")
+            if node_id in position:
+                raise GraphError(f"order lists node {node_id} twice")
+            position[node_id] = index
+        missing = [i for i in computed if i not in position]
+        if missing:
+            raise GraphError(f"order misses node {missing[0]} ({by_id[missing[0]].name}); it must list every computed node")
+        for node_id in self.order:
+            for source in by_id[node_id].inputs:
+                if not by_id[source].caller_owned and position[source] > position[node_id]:
+                    raise GraphError(
+                        f"order puts node {node_id} ({by_id[node_id].name}) before its input {source}"
+                    )
+
+    # ---------------------------------------------------------------- lookups
+    def memo(self, key: str, compute: Any) -> Any:
+        """Cache a derived value on this (immutable) graph: ``compute()`` runs once per key."""
+        cache = self.__dict__.setdefault("_memo", {})
+        if key not in cache:
+            cache[key] = compute()
+        return cache[key]
+
+    @cached_property
+    def _index(self) -> dict[int, Node]:
+        return {n.id: n for n in self.nodes}
+
+    def node(self, node_id: int) -> Node:
+        """The node with this id (GraphError if there is none)."""
+        try:
+            return self._index[node_id]
+        except KeyError:
+            raise GraphError(f"graph {self.name!r} has no node {node_id}") from None
+
+    def __contains__(self, node_id: object) -> bool:
+        return node_id in self._index
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __iter__(self) -> Iterator[Node]:  # type: ignore[override]
+        return iter(self.nodes)
+
+    @cached_property
+    def consumers(self) -> dict[int, tuple[int, ...]]:
+        """For each node id, the ids of the nodes that read it, in node order."""
+        result: dict[int, list[int]] = {n.id: [] for n in self.nodes}
+        for node in self.nodes:
+            for source in node.inputs:
+                result[source].append(node.id)
+        return {k: tuple(v) for k, v in result.items()}
+
+    @cached_property
+    def caller_owned_ids(self) -> tuple[int, ...]:
+        """Inputs, parameters and buffers, resident for the whole step."""
+        return tuple(n.id for n in self.nodes if n.caller_owned)
+
+    @cached_property
+    def caller_owned_bytes(self) -> int:
+        """Memory of the caller-owned values, resident at every step."""
+        return sum(n.mem for n in self.nodes if n.caller_owned)
+
+    @property
+    def num_edges(self) -> int:
+        return sum(len(n.inputs) for n in self.nodes)
+
+    @cached_property
+    def baseline_cost(self) -> float:
+        """Sum of the costs of all computed nodes (each computed once, default implementation)."""
+        return float(sum(n.cost for n in self.nodes if not n.caller_owned))
+
+    @cached_property
+    def has_backward(self) -> bool:
+        return any(n.kind == "backward" for n in self.nodes)
+
+    # ---------------------------------------------------------------- hashing and JSON
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict; defaults of nodes are left out to keep files small."""
+        data = self.model_dump(mode="json", exclude={"nodes"})
+        data["nodes"] = [
+            {"id": n.id, "name": n.name, "mem": n.mem, "cost": n.cost} | n.model_dump(mode="json", exclude_defaults=True)
+            for n in self.nodes
+        ]
+        return data
+
+    def to_json(self, indent: int | None = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def save(self, path: str | Path) -> None:
+        """Write the graph as coop JSON (``format: coop.graph``)."""
+        Path(path).write_text(self.to_json(indent=1) + "\n")
+
+    @cached_property
+    def sha256(self) -> str:
+        """Digest of everything a schedule depends on: nodes (costs included), outputs, order."""
+        return _digest({"nodes": self.to_dict()["nodes"], "outputs": list(self.outputs), "order": list(self.order)})
+
+    @cached_property
+    def structure_sha256(self) -> str:
+        """Digest without costs: the same model and batch shapes give the same digest."""
+        nodes = [
+            {k: v for k, v in n.items() if k not in ("cost", "impls")} for n in self.to_dict()["nodes"]
+        ]
+        return _digest({"nodes": nodes, "outputs": list(self.outputs), "order": list(self.order)})
+
+    # ---------------------------------------------------------------- networkx
+    def to_networkx(self) -> nx.DiGraph:
+        """A networkx DiGraph whose node attributes are the node fields (ids unchanged)."""
+        graph = nx.DiGraph(name=self.name, outputs=list(self.outputs), order=list(self.order), **self.meta)
+        for node in self.nodes:
+            attrs = node.model_dump(mode="json", exclude={"id", "inputs"})
+            graph.add_node(node.id, **attrs)
+        for node in self.nodes:
+            for source in node.inputs:
+                graph.add_edge(source, node.id)
+        return graph
+
+    @classmethod
+    def from_networkx(cls, graph: nx.DiGraph, name: str | None = None) -> Graph:
+        """Build a Graph from a DiGraph whose nodes carry at least ``mem`` and ``cost``."""
+        nodes = []
+        for node_id, attrs in graph.nodes(data=True):
+            fields = {k: v for k, v in attrs.items() if k in Node.model_fields and k not in ("id", "inputs")}
+            fields.setdefault("name", str(node_id))
+            nodes.append({"id": node_id, "inputs": [int(p) for p in graph.predecessors(node_id)], **fields})
+        meta = {k: v for k, v in graph.graph.items() if k not in ("name", "outputs", "order")}
+        return cls.model_validate(
+            {
+                "name": name or graph.graph.get("name", "graph"),
+                "nodes": nodes,
+                "outputs": graph.graph.get("outputs", []),
+                "order": graph.graph.get("order", []),
+                "meta": _jsonable(meta),
+            }
+        )
+
+    # ---------------------------------------------------------------- printing
+    def __str__(self) -> str:
+        lines = [f"graph {self.name}: {len(self.nodes)} nodes, {self.num_edges} edges"]
+        for node in self.nodes:
+            args = ", ".join(f"%{i}" for i in node.inputs)
+            flags = node.kind + ("" if node.recomputable or node.caller_owned else ", not recomputable")
+            lines.append(
+                f"  %{node.id} = {node.op or node.name}({args})  mem={format_bytes(node.mem)} cost={node.cost:.4g}  [{flags}]"
+            )
+        if self.outputs:
+            lines.append("  outputs: " + ", ".join(f"%{i}" for i in self.outputs))
+        return "\n".join(lines)
+
+
+# -------------------------------------------------------------------- loading
+def load_graph(path: str | Path) -> Graph:
+    """Read a graph file: coop JSON, or either networkx node-link layout of ../shared/graphs."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise GraphError(f"cannot read graph file {path}: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise GraphError(f"{path} is not JSON ({exc.msg} at line {exc.lineno})") from None
+    return graph_from_dict(data, default_name=path.stem)
+
+
+def graph_from_dict(data: Any, default_name: str = "graph") -> Graph:
+    """Dispatch on the layout: coop JSON, Checkmate node-link, or random layered node-link."""
+    if not isinstance(data, dict):
+        raise GraphError("a graph file must hold a JSON object")
+    if data.get("format") == GRAPH_FORMAT:
+        return Graph.model_validate(data)
+    if "format" in data:
+        raise GraphError(f"unknown graph format {data['format']!r} (coop reads {GRAPH_FORMAT!r} and networkx node-link)")
+    if "nodes" in data and "links" in data:
+        links = data["links"]
+        if links and "0" in links[0]:
+            return _from_random_layered(data, default_name)
+        return _from_checkmate(data, default_name)
+    raise GraphError("unrecognised graph file: expected coop JSON or networkx node-link with 'nodes' and 'links'")
+
+
+def _from_checkmate(data: dict[str, Any], default_name: str) -> Graph:
+    """Checkmate's layout: nodes {id, name, backward, cost_cpu, cost_ram}, links {source, target}."""
+    inputs: dict[Any, list[Any]] = {}
+    for link in data["links"]:
+        inputs.setdefault(link["target"], []).append(link["source"])
+    nodes = []
+    for index, raw in enumerate(data["nodes"]):
+        if "id" not in raw:
+            raise GraphError(f"node at position {index}: field 'id' is missing")
+        for field in ("cost_ram", "cost_cpu"):
+            if field not in raw:
+                raise GraphError(f"node {raw['id']} ({raw.get('name', '?')}): field {field!r} is missing")
+        nodes.append(
+            {
+                "id": raw["id"],
+                "name": str(raw.get("name", raw["id"])),
+                "op": str(raw.get("name", "")),
+                "inputs": inputs.get(raw["id"], []),
+                "mem": raw["cost_ram"],
+                "cost": raw["cost_cpu"],
+                "kind": "backward" if raw.get("backward") else "forward",
+            }
+        )
+    graph_attrs = data.get("graph", {}) or {}
+    return Graph.model_validate(
+        {
+            "name": default_name,
+            "nodes": nodes,
+            "meta": {"source": "checkmate", "title": graph_attrs.get("name", default_name), "mem_unit": "bytes", "cost_unit": "profiled units"},
+        }
+    )
+
+
+def _from_random_layered(data: dict[str, Any], default_name: str) -> Graph:
+    """Gagrani et al.'s layout: nodes {name, out_cost, duration}, links {"0": src, "1": dst}."""
+    inputs: dict[Any, list[Any]] = {}
+    for link in data["links"]:
+        inputs.setdefault(link["1"], []).append(link["0"])
+    nodes = []
+    for index, raw in enumerate(data["nodes"]):
+        if "name" not in raw:
+            raise GraphError(f"node at position {index}: field 'name' (its id) is missing")
+        for field in ("out_cost", "duration"):
+            if field not in raw:
+                raise GraphError(f"node {raw['name']}: field {field!r} is missing")
+        nodes.append(
+            {
+                "id": raw["name"],
+                "name": str(raw["name"]),
+                "inputs": inputs.get(raw["name"], []),
+                "mem": raw["out_cost"],
+                "cost": raw["duration"],
+            }
+        )
+    graph_attrs = data.get("graph", {}) or {}
+    return Graph.model_validate(
+        {
+            "name": graph_attrs.get("name", default_name),
+            "nodes": nodes,
+            "order": graph_attrs.get("order", []),
+            "meta": {"source": "random_layered", "mem_unit": "units", "cost_unit": "units"},
+        }
+    )
+
+
+# -------------------------------------------------------------------- helpers
+def _topological_order(nodes: Iterable[Node]) -> list[int]:
+    """Kahn's algorithm, ties broken by position; a cycle raises GraphError naming a node on it."""
+    nodes = list(nodes)
+    position = {n.id: i for i, n in enumerate(nodes)}
+    indegree = {n.id: len(n.inputs) for n in nodes}
+    consumers: dict[int, list[int]] = {n.id: [] for n in nodes}
+    for node in nodes:
+        for source in node.inputs:
+            consumers[source].append(node.id)
+    ready = [(position[i], i) for i, d in indegree.items() if d == 0]
+    heapq.heapify(ready)
+    order: list[int] = []
+    while ready:
+        _, node_id = heapq.heappop(ready)
+        order.append(node_id)
+        for consumer in consumers[node_id]:
+            indegree[consumer] -= 1
+            if indegree[consumer] == 0:
+                heapq.heappush(ready, (position[consumer], consumer))
+    if len(order) != len(nodes):
+        stuck = min((n for n in nodes if indegree[n.id] > 0), key=lambda n: position[n.id])
+        raise GraphError(f"node {stuck.id} ({stuck.name}): lies on a cycle; a graph must be a DAG")
+    return order
+
+
+def _describe_validation_error(exc: ValidationError, data: Any) -> str:
+    error = exc.errors()[0]
+    loc = error["loc"]
+    message = error["msg"]
+    if error["type"] == "missing":
+        message = f"field {loc[-1]!r} is missing"
+    elif error["type"] == "extra_forbidden":
+        message = f"unknown field {loc[-1]!r}"
+    elif loc:
+        message = f"field {loc[-1]!r}: {message}"
+    if len(loc) >= 2 and loc[0] == "nodes" and isinstance(loc[1], int):
+        raw = None
+        if isinstance(data, dict) and isinstance(data.get("nodes"), (list, tuple)) and loc[1] < len(data["nodes"]):
+            raw = data["nodes"][loc[1]]
+        raw_id = raw.get("id") if isinstance(raw, dict) else getattr(raw, "id", None)
+        where = f"node {raw_id}" if raw_id is not None else f"node at position {loc[1]}"
+        return f"{where}: {message}"
+    if loc == ("nodes",) and error["type"] == "missing":
+        return "graph: field 'nodes' is missing"
+    return f"graph: {message}"
+
+
+def _digest(payload: Any) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def format_bytes(num: float) -> str:
+    """Human-readable binary size: 1536 -> '1.5KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(num) < 1024 or unit == "TiB":
+            return f"{num:.0f}{unit}" if unit == "B" else f"{num:.1f}{unit}"
+        num /= 1024
+    raise AssertionError("unreachable")

@@ -1,0 +1,372 @@
+"""Schedules and their one simulator and validator (DESIGN.md, contract 2).
+
+A :class:`Schedule` is a sequence of steps: ``compute v`` makes a new resident instance of v from
+the most recent resident instances of its inputs, ``free v`` drops the resident instance of v, and
+``page_out v`` / ``page_in v`` move it between device memory and a host tier (only device
+residency counts against the budget).
+
+Memory semantics (those of Checkmate, Jain et al. 2020, and Moccasin, Bartan et al. 2023):
+
+* An instance with no explicit free lives from the step that computes it through the last step
+  that reads it; an instance nobody reads lives only at its own step. The final instance of a
+  graph output lives to the end.
+* Caller-owned values (inputs, parameters, buffers) are resident for the whole step unless a
+  step pages them out; a schedule never computes or frees them.
+* Memory at a step is the sum of the device-resident instances alive at that step, plus the
+  workspace of the node computed there. The peak is the maximum over steps.
+
+:func:`simulate` is the only implementation of these semantics; every formulation, the
+validator, the executor's predictions and the CLI call it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from coop.errors import ScheduleError
+from coop.graph import Graph
+
+SCHEDULE_FORMAT = "coop.schedule/1"
+
+StepOp = Literal["compute", "free", "page_out", "page_in"]
+
+
+class Step(BaseModel):
+    """One schedule step; ``impl`` names a node implementation (MONeT) for a compute."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    op: StepOp
+    node: int
+    impl: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.op} %{self.node}" + (f" [{self.impl}]" if self.impl else "")
+
+
+class Schedule(BaseModel):
+    """An ordered list of steps over a graph's node ids."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    steps: tuple[Step, ...]
+
+    @classmethod
+    def from_order(cls, order: list[int] | tuple[int, ...]) -> Schedule:
+        """A schedule that computes these nodes in this order and frees each after last use."""
+        return cls(steps=tuple(Step(op="compute", node=i) for i in order))
+
+    @property
+    def compute_count(self) -> int:
+        return sum(1 for s in self.steps if s.op == "compute")
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __str__(self) -> str:
+        return "\n".join(f"{i:5d}: {s}" for i, s in enumerate(self.steps))
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One resident copy of a value: computed at ``start``, alive through ``end`` (inclusive)."""
+
+    node: int
+    start: int
+    end: int
+
+
+@dataclass
+class Simulation:
+    """What the simulator found: peak and cost, and the memory at every step."""
+
+    peak: int
+    cost: float
+    baseline_cost: float
+    memory: list[int] = field(repr=False)
+    instances: list[Instance] = field(repr=False)
+    recomputations: int = 0
+    page_cost: float = 0.0
+
+    @property
+    def overhead(self) -> float:
+        """Extra compute relative to the baseline: (cost - baseline) / baseline."""
+        return (self.cost - self.baseline_cost) / self.baseline_cost if self.baseline_cost else 0.0
+
+    @property
+    def peak_step(self) -> int:
+        return max(range(len(self.memory)), key=self.memory.__getitem__) if self.memory else 0
+
+
+@dataclass(frozen=True)
+class PagingCosts:
+    """Cost of moving a value of ``mem`` bytes to or from the host tier: latency + mem / bandwidth."""
+
+    latency: float = 0.0
+    bandwidth: float = float("inf")
+
+    def cost(self, mem: int) -> float:
+        return self.latency + mem / self.bandwidth
+
+
+def simulate(graph: Graph, schedule: Schedule, paging: PagingCosts | None = None) -> Simulation:
+    """Run the schedule under contract 2's semantics; raise ScheduleError at the first illegal step.
+
+    O(steps + reads). Legal means: every step names a node of the graph; a compute reads only
+    device-resident instances and never targets a caller-owned value; free/page steps act on a
+    resident instance; every computed node is computed at least once; every output is resident
+    at the end; an ``impl`` names one of the node's implementations.
+    """
+    paging = paging or PagingCosts()
+    steps = schedule.steps
+    num_steps = len(steps)
+    index = {n.id: n for n in graph.nodes}
+    outputs = set(graph.outputs)
+
+    # Pass 1: legality, and each instance's start, last read and explicit end.
+    current: dict[int, int] = {}  # node -> index into starts of its resident instance
+    starts: list[int] = []
+    inst_node: list[int] = []
+    last_read: list[int] = []
+    explicit_end: list[int | None] = []
+    on_device: dict[int, bool] = {v: True for v in graph.caller_owned_ids}
+    # Residency intervals on the device for paged values: list of (instance, from, to_exclusive).
+    device_gaps: list[tuple[int, int, int]] = []  # (node, page_out step, page_in step) of gaps
+    owned_gaps: list[tuple[int, int, int]] = []
+    paged_at: dict[int, int] = {}
+    computed: set[int] = set()
+    cost = 0.0
+    page_cost = 0.0
+    recomputations = 0
+    workspace = [0] * num_steps
+    new_mem = [0] * num_steps
+
+    for j, step in enumerate(steps):
+        node = index.get(step.node)
+        if node is None:
+            raise ScheduleError(f"step {j} ({step}): node {step.node} is not in graph {graph.name!r}")
+        if step.op == "compute":
+            if node.caller_owned:
+                raise ScheduleError(f"step {j} ({step}): node {node.id} is a caller-owned {node.kind}; it is never computed")
+            for source in node.inputs:
+                if index[source].caller_owned:
+                    if not on_device[source]:
+                        raise ScheduleError(f"step {j} ({step}): input {source} is paged out; page it in first")
+                    continue
+                k = current.get(source)
+                if k is None:
+                    raise ScheduleError(f"step {j} ({step}): input {source} is not resident (never computed or freed)")
+                if not on_device.get(source, True):
+                    raise ScheduleError(f"step {j} ({step}): input {source} is paged out; page it in first")
+                last_read[k] = j
+            step_cost, step_mem, step_workspace = _implementation(node, step, j)
+            if node.id in current:
+                _retire(current, node.id, on_device, paged_at, device_gaps, j)
+            current[node.id] = len(starts)
+            starts.append(j)
+            inst_node.append(node.id)
+            last_read.append(j)
+            explicit_end.append(None)
+            on_device[node.id] = True
+            if node.id in computed:
+                recomputations += 1
+            computed.add(node.id)
+            cost += step_cost
+            workspace[j] = step_workspace
+            new_mem[j] = step_mem
+        elif step.op == "free":
+            if node.caller_owned:
+                raise ScheduleError(f"step {j} ({step}): node {node.id} is a caller-owned {node.kind}; it is never freed")
+            k = current.get(node.id)
+            if k is None:
+                raise ScheduleError(f"step {j} ({step}): node {node.id} is not resident")
+            explicit_end[k] = j - 1
+            _retire(current, node.id, on_device, paged_at, device_gaps, j)
+        elif step.op == "page_out":
+            resident = node.caller_owned or node.id in current
+            if not resident or not on_device.get(node.id, True):
+                raise ScheduleError(f"step {j} ({step}): node {node.id} is not resident on the device")
+            on_device[node.id] = False
+            paged_at[node.id] = j
+            page_cost += paging.cost(node.mem)
+        else:  # page_in
+            if on_device.get(node.id, True) or not (node.caller_owned or node.id in current):
+                raise ScheduleError(f"step {j} ({step}): node {node.id} is not paged out")
+            on_device[node.id] = True
+            gap = (node.id, paged_at.pop(node.id), j)
+            (owned_gaps if node.caller_owned else device_gaps).append(gap)
+            page_cost += paging.cost(node.mem)
+
+    missing = [v for v in graph.order if v not in computed]
+    if missing:
+        raise ScheduleError(f"node {missing[0]} ({index[missing[0]].name}) is never computed; every node must be computed at least once")
+    for output in graph.outputs:
+        if index[output].caller_owned:
+            if not on_device[output]:
+                raise ScheduleError(f"output {output} is paged out at the end; page it in")
+            continue
+        if output not in current:
+            raise ScheduleError(f"output {output} ({index[output].name}) is not resident at the end")
+        if not on_device[output]:
+            raise ScheduleError(f"output {output} ({index[output].name}) is paged out at the end; page it in")
+    for node_id, since in paged_at.items():  # still on the host at the end
+        (owned_gaps if index[node_id].caller_owned else device_gaps).append((node_id, since, num_steps))
+
+    # Pass 2: lifetimes, then memory per step with a difference array.
+    delta = [0] * (num_steps + 1)
+    instances: list[Instance] = []
+    final_instance = {node_id: k for node_id, k in current.items()}
+    for k, start in enumerate(starts):
+        node_id = inst_node[k]
+        end = explicit_end[k]
+        if end is None:
+            end = num_steps - 1 if (node_id in outputs and final_instance.get(node_id) == k) else last_read[k]
+        end = max(end, start)
+        mem = new_mem[start]
+        delta[start] += mem
+        delta[end + 1] -= mem
+        instances.append(Instance(node_id, start, end))
+    for node_id, out_step, in_step in device_gaps:
+        mem = index[node_id].mem
+        # The value is off the device from its page_out step up to (not incl.) its page_in step.
+        k = _instance_alive_at(instances, node_id, out_step)
+        if k is None:
+            continue
+        stop = min(in_step, instances[k].end + 1)
+        if stop > out_step:
+            delta[out_step] -= mem
+            delta[stop] += mem
+    owned = graph.caller_owned_bytes
+    for node_id, out_step, in_step in owned_gaps:
+        delta[out_step] -= index[node_id].mem
+        delta[in_step] += index[node_id].mem
+    memory = []
+    running = owned
+    for j in range(num_steps):
+        running += delta[j]
+        memory.append(running + workspace[j])
+    peak = max(memory) if memory else owned
+    return Simulation(
+        peak=peak,
+        cost=cost + page_cost,
+        baseline_cost=graph.baseline_cost,
+        memory=memory,
+        instances=instances,
+        recomputations=recomputations,
+        page_cost=page_cost,
+    )
+
+
+def _implementation(node: Any, step: Step, j: int) -> tuple[float, int, int]:
+    if step.impl is None:
+        return node.cost, node.mem, node.workspace
+    for impl in node.impls:
+        if impl.name == step.impl:
+            return impl.cost, impl.mem, impl.workspace
+    names = ", ".join(i.name for i in node.impls) or "none"
+    raise ScheduleError(f"step {j} ({step}): node {node.id} has no implementation {step.impl!r} (has: {names})")
+
+
+def _retire(current: dict[int, int], node_id: int, on_device: dict[int, bool], paged_at: dict[int, int],
+            device_gaps: list[tuple[int, int, int]], j: int) -> None:
+    """Drop the resident instance of node_id (superseded or freed), closing any paging gap."""
+    del current[node_id]
+    if not on_device.get(node_id, True):
+        device_gaps.append((node_id, paged_at.pop(node_id), j))
+    on_device[node_id] = True
+
+
+def _instance_alive_at(instances: list[Instance], node_id: int, step: int) -> int | None:
+    for k in range(len(instances) - 1, -1, -1):
+        inst = instances[k]
+        if inst.node == node_id and inst.start <= step:
+            return k
+    return None
+
+
+@dataclass
+class Validation:
+    """The validator's verdict: ok, or the first illegal step and why; peak and cost if legal."""
+
+    ok: bool
+    reason: str = ""
+    step: int | None = None
+    peak: int | None = None
+    cost: float | None = None
+    overhead: float | None = None
+    budget: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items()}
+
+
+def validate(graph: Graph, schedule: Schedule, budget: int | None = None) -> Validation:
+    """Check a schedule: legal under contract 2 and, when a budget is given, within it."""
+    try:
+        sim = simulate(graph, schedule)
+    except ScheduleError as exc:
+        message = str(exc)
+        step = None
+        if message.startswith("step "):
+            try:
+                step = int(message.split()[1])
+            except ValueError:
+                step = None
+        return Validation(ok=False, reason=message, step=step, budget=budget)
+    result = Validation(ok=True, peak=sim.peak, cost=sim.cost, overhead=sim.overhead, budget=budget)
+    if budget is not None and sim.peak > budget:
+        result.ok = False
+        result.step = sim.peak_step
+        result.reason = f"step {sim.peak_step}: memory {sim.peak} exceeds the budget {budget}"
+    return result
+
+
+# -------------------------------------------------------------------- schedule JSON
+def schedule_to_json(
+    graph: Graph,
+    schedule: Schedule,
+    *,
+    budget: int,
+    formulation: str,
+    solver: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Contract 2's schedule JSON (node ids of the input graph, unchanged)."""
+    sim = simulate(graph, schedule)
+    return {
+        "format": SCHEDULE_FORMAT,
+        "graph": {"name": graph.name, "sha256": graph.sha256},
+        "budget": budget,
+        "formulation": formulation,
+        "steps": [s.model_dump(exclude_none=True) for s in schedule.steps],
+        "predicted": {
+            "peak": sim.peak,
+            "cost": sim.cost,
+            "baseline_cost": sim.baseline_cost,
+            "overhead": sim.overhead,
+        },
+        "solver": solver or {"status": "heuristic", "wall_s": 0.0, "objective": sim.cost, "bound": None, "gap": None},
+    }
+
+
+def load_schedule(path: str | Path) -> tuple[Schedule, dict[str, Any]]:
+    """Read schedule JSON; returns the Schedule and the whole document."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise ScheduleError(f"cannot read schedule file {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ScheduleError(f"{path} is not JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, dict) or data.get("format") != SCHEDULE_FORMAT:
+        raise ScheduleError(f"{path} is not a coop schedule (expected format {SCHEDULE_FORMAT!r})")
+    try:
+        schedule = Schedule(steps=tuple(Step.model_validate(s) for s in data.get("steps", [])))
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        raise ScheduleError(f"{path}: malformed step: {error['msg']} at {error['loc']}") from None
+    return schedule, data
