@@ -121,4 +121,4 @@ def _min_budget(graph: Graph) -> int:
 def _show(value: int, graph: Graph) -> str:
     if graph.meta.get("mem_unit") == "units":
         return f"{value} units"
-    return f"{value} B ({format_bytes(value)})"
+    return f"{value} B ({format_bytes(value)})" if value >= 1024 else f"{value} B"

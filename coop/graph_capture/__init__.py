@@ -1,0 +1,60 @@
+"""torch -> Graph: capture one training step (forward + backward) as a coop Graph.
+
+:func:`capture` traces the joint step with ``make_fx`` over ``torch.func.grad_and_value`` and
+``functionalize`` (see :mod:`coop.graph_capture.trace`), folds views and aliases into the node
+that owns their storage and prices every node (:mod:`coop.graph_capture.lower`,
+:mod:`coop.graph_capture.cost`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from coop.errors import CaptureError
+from coop.graph_capture.captured import Captured
+from coop.graph_capture.cost import profile_seconds
+from coop.graph_capture.lower import lower
+from coop.graph_capture.trace import flat_names, split_state, trace_step
+
+
+def capture(model: nn.Module, example_batch: torch.Tensor | tuple | list, loss_fn: Callable[..., torch.Tensor] | None = None,
+            profile: bool = False) -> Captured:
+    """Capture one training step of ``model`` on ``example_batch`` as a coop Graph.
+
+    ``loss_fn(model, *batch)`` returns a scalar; without it ``model(*batch)`` must return a
+    scalar or an object with ``.loss``. With ``profile`` node costs are measured seconds on the
+    batch's device, else the analytic model of :mod:`coop.graph_capture.cost`.
+    """
+    if not isinstance(model, nn.Module):
+        raise CaptureError(f"capture needs an nn.Module, got {type(model).__name__}")
+    batch = tuple(example_batch) if isinstance(example_batch, (tuple, list)) else (example_batch,)
+    start = time.perf_counter()
+    traced = trace_step(model, batch, loss_fn)
+    params, buffers, frozen = split_state(model)
+    placeholders = flat_names(params, buffers, frozen, len(batch))
+    seconds = None
+    if profile:
+        state = {**params, **buffers, **frozen}
+        flat = [batch[int(n[6:-1])] if k == "input" else state[n] for k, n in placeholders]
+        with torch.random.fork_rng(devices=[]):  # profiling must not advance the caller's RNG
+            seconds = profile_seconds(traced.module, flat)
+    lowered = lower(traced, placeholders, name=type(model).__name__, seconds=seconds)
+    return Captured(
+        graph=lowered.graph,
+        module=traced.module,
+        placeholders=placeholders,
+        grad_names=traced.output_grads,
+        buffer_names=traced.output_buffers,
+        fx_names=lowered.fx_names,
+        owner_of=lowered.owner_of,
+        node_flops=lowered.node_flops,
+        batch_shapes=[(tuple(t.shape), t.dtype) for t in batch],
+        capture_s=time.perf_counter() - start,
+    )
+
+
+__all__ = ["Captured", "capture"]

@@ -1,0 +1,59 @@
+# coop: build the environment, run the demo, the tests and the benchmarks.
+# `make demo` and `make test` work from a fresh clone with only Python 3.11 and pip.
+
+# The CPU build of torch (pip takes the wheel on disk where there is one); override for CUDA.
+TORCH_SPEC ?= torch==2.13.0
+PYTHON_BOOT := $(shell command -v python3.11 2>/dev/null || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.coop-installed
+# Two workers when pytest-xdist is there: the suite is CPU-bound and the machine has 2 cores.
+PYTEST_ARGS ?= -q -n 2
+
+.PHONY: install demo test lint bench clean
+
+install: $(STAMP)
+
+$(PY):
+	$(PYTHON_BOOT) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip
+
+# Re-run only when the package metadata changes: torch first so that pip never resolves a CUDA build.
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install "$(TORCH_SPEC)"
+	$(PY) -m pip install -e ".[test,dev]"
+	touch $(STAMP)
+
+demo: install
+	@if [ -f examples/demo.py ]; then \
+		$(PY) examples/demo.py; \
+	else \
+		$(MAKE) --no-print-directory demo-cli; \
+	fi
+
+# The CLI tour, used until examples/demo.py exists: a published graph when ../shared is there.
+DEMO_GRAPH ?= $(firstword $(wildcard ../shared/graphs/moccasin/VGG16_*_train_nx.json))
+DEMO_OUT := out/demo
+.PHONY: demo-cli
+demo-cli: install
+	@mkdir -p $(DEMO_OUT)
+	@if [ -z "$(DEMO_GRAPH)" ]; then echo "no ../shared/graphs: give DEMO_GRAPH=path/to/graph.json"; exit 2; fi
+	$(VENV)/bin/coop info $(DEMO_GRAPH)
+	$(VENV)/bin/coop solve $(DEMO_GRAPH) --budget 100% --formulation store-all -o $(DEMO_OUT)/store_all.json
+	$(VENV)/bin/coop solve $(DEMO_GRAPH) --budget 90% --formulation chen-greedy -o $(DEMO_OUT)/chen_greedy.json
+	$(VENV)/bin/coop validate $(DEMO_GRAPH) $(DEMO_OUT)/chen_greedy.json
+	$(VENV)/bin/coop plot $(DEMO_GRAPH) $(DEMO_OUT)/store_all.json $(DEMO_OUT)/chen_greedy.json -o $(DEMO_OUT)/memory.png
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+	$(VENV)/bin/ruff check .
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+bench: install
+	$(PY) benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) out build dist *.egg-info .pytest_cache .ruff_cache .hypothesis
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,0 +1,520 @@
+"""The ``coop`` command: capture, info, solve, validate and plot (DESIGN.md, "CLI").
+
+Every command is a small function over the shared ground floor (coop.graph, coop.schedule,
+coop.budget, coop.formulations); none re-implements memory accounting. Every command takes
+``--json`` for machine-readable output on stdout. Errors are one line on stderr,
+``coop: error: ...``, never a traceback:
+
+- exit 0: success (a schedule within the budget, a valid schedule);
+- exit 1: a negative verdict (no schedule within the budget, an invalid schedule);
+- exit 2: bad input (unreadable or malformed graph, unknown formulation, bad budget syntax);
+- exit 3: a bug in coop (set ``COOP_DEBUG=1`` to see its traceback).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import importlib
+import importlib.util
+import inspect
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from coop.budget import baseline_peak, min_budget, parse_budget
+from coop.errors import BudgetError, CoopError, InfeasibleError, ScheduleError
+from coop.formulations import FORMULATIONS
+from coop.graph import Graph, format_bytes, load_graph
+from coop.schedule import Schedule, load_schedule, schedule_to_json, simulate, validate
+
+EXIT_OK = 0
+EXIT_VERDICT = 1  # the command ran and its answer is "no": not within budget, not valid
+EXIT_USAGE = 2  # bad input
+EXIT_BUG = 3
+
+app = typer.Typer(
+    name="coop",
+    help="Plan memory-bounded training steps: capture a graph, solve for a schedule, validate and plot it.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+console = Console(highlight=False)
+
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
+GraphArg = Annotated[Path, typer.Argument(metavar="GRAPH", help="Graph file: coop JSON or a networkx node-link file.")]
+
+
+def _usage_error_types() -> tuple[type[Exception], ...]:
+    """Usage errors of the command-line parser: typer's own (it vendors click lately) and click's."""
+    types: list[type[Exception]] = []
+    if hasattr(typer, "TyperException"):
+        types.append(typer.TyperException)
+    try:
+        import click
+    except ImportError:
+        pass
+    else:
+        types.append(click.ClickException)
+    return tuple(types)
+
+
+_USAGE_ERRORS = _usage_error_types()
+_ABORTS: tuple[type[BaseException], ...] = (typer.Abort, KeyboardInterrupt)
+
+
+class VerdictFailure(Exception):
+    """A command whose answer is negative: one line on stderr, exit 1."""
+
+
+# ============================================================================ entry point
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit status (the console script passes it to sys.exit)."""
+    command = typer.main.get_command(app)
+    try:
+        status = command.main(args=argv, prog_name="coop", standalone_mode=False)
+    except VerdictFailure as exc:
+        return _fail(str(exc), EXIT_VERDICT)
+    except CoopError as exc:
+        return _fail(str(exc), EXIT_USAGE)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        return _fail(f"malformed input: {error['msg']} at {'.'.join(map(str, error['loc']))}", EXIT_USAGE)
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        return _fail(f"{where}{exc.strerror or exc}", EXIT_USAGE)
+    except _ABORTS:
+        return _fail("interrupted", 130)
+    except _USAGE_ERRORS as exc:  # unknown option, missing argument; `coop` alone shows the help
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            print(exc.format_message())  # type: ignore[attr-defined]
+            return EXIT_OK
+        return _fail(f"{exc.format_message()} (see coop --help)", EXIT_USAGE)  # type: ignore[attr-defined]
+    except Exception as exc:  # noqa: BLE001 - the last line of defence against a traceback
+        if os.environ.get("COOP_DEBUG"):
+            traceback.print_exc()
+        return _fail(f"internal error: {type(exc).__name__}: {exc} (set COOP_DEBUG=1 for the traceback)", EXIT_BUG)
+    return int(status or 0)
+
+
+def _fail(message: str, code: int) -> int:
+    # One line, whatever the exception carried: the contract of every coop error.
+    print(f"coop: error: {' '.join(str(message).split())}", file=sys.stderr)
+    return code
+
+
+def _emit_json(payload: dict[str, Any]) -> None:
+    print(json.dumps(payload, indent=2, default=_json_default))
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def _show_mem(value: float | None, graph: Graph) -> str:
+    if value is None:
+        return "-"
+    if graph.meta.get("mem_unit") == "units":
+        return f"{value:,.0f} units"
+    return f"{value:,.0f} B ({format_bytes(value)})"
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.2f}%"
+
+
+def _key_value_table(title: str, rows: list[tuple[str, str]]) -> Table:
+    table = Table(title=title, show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column()
+    for key, value in rows:
+        table.add_row(key, value)
+    return table
+
+
+# ============================================================================ info
+def graph_info(graph: Graph, top: int = 5) -> dict[str, Any]:
+    """The facts `coop info` reports, as a JSON-ready dict."""
+    peak = baseline_peak(graph)
+    least = min_budget(graph)
+    largest = sorted(graph.nodes, key=lambda n: (-n.mem, n.id))[:top]
+    return {
+        "name": graph.name,
+        "sha256": graph.sha256,
+        "nodes": len(graph.nodes),
+        "edges": graph.num_edges,
+        "outputs": len(graph.outputs),
+        "baseline_peak": peak,
+        "baseline_cost": graph.baseline_cost,
+        "min_budget": min_budget(graph),
+        "min_budget_fraction": least / peak if peak else None,
+        "caller_owned": graph.caller_owned_bytes,
+        "units": {"mem": graph.meta.get("mem_unit", "bytes"), "cost": graph.meta.get("cost_unit", "unknown")},
+        "kinds": dict(sorted(collections.Counter(n.kind for n in graph.nodes).items())),
+        "largest": [{"id": n.id, "name": n.name, "op": n.op, "kind": n.kind, "mem": n.mem} for n in largest],
+    }
+
+
+@app.command()
+def info(graph_path: GraphArg, json_output: JsonFlag = False) -> None:
+    """Size, baseline peak and cost, least feasible budget and the largest values of a graph."""
+    graph = load_graph(graph_path)
+    facts = graph_info(graph)
+    if json_output:
+        _emit_json(facts)
+        return
+    _print_info(graph, facts)
+
+
+def _print_info(graph: Graph, facts: dict[str, Any]) -> None:
+    kinds = ", ".join(f"{kind} {count}" for kind, count in facts["kinds"].items())
+    rows = [
+        ("nodes / edges", f"{facts['nodes']} / {facts['edges']}"),
+        ("kinds", kinds),
+        ("outputs", str(facts["outputs"])),
+        ("units", f"memory: {facts['units']['mem']}, cost: {facts['units']['cost']}"),
+        ("baseline peak", _show_mem(facts["baseline_peak"], graph)),
+        ("baseline cost", f"{facts['baseline_cost']:.6g}"),
+        ("least feasible budget", (f"{_show_mem(facts['min_budget'], graph)}  "
+                                  f"= {_percent(facts['min_budget_fraction'])} of the baseline peak")),
+        ("caller-owned", _show_mem(facts["caller_owned"], graph)),
+        ("sha256", facts["sha256"][:16] + "..."),
+    ]
+    console.print(_key_value_table(f"graph {graph.name}", rows))
+    largest = Table(title="largest values", title_justify="left")
+    for column in ("id", "name", "kind", "mem"):
+        largest.add_column(column, justify="right" if column in ("id", "mem") else "left")
+    for entry in facts["largest"]:
+        largest.add_row(str(entry["id"]), entry["name"], entry["kind"], _show_mem(entry["mem"], graph))
+    console.print(largest)
+
+
+# ============================================================================ solve
+@app.command()
+def solve(
+    graph_path: GraphArg,
+    budget: Annotated[str, typer.Option("--budget", "-b", help="'6GiB', '750MB', '132156' (graph units), '90%' or 0.9.")],
+    formulation: Annotated[str, typer.Option("--formulation", "-f", help=f"One of: {', '.join(FORMULATIONS)}.")],
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the schedule JSON here.")] = None,
+    time_limit: Annotated[float | None, typer.Option("--time-limit", help="Solver time limit in seconds.")] = None,
+    solver: Annotated[str | None, typer.Option("--solver", help="Backend solver, where a formulation offers several.")] = None,
+    threads: Annotated[int | None, typer.Option("--threads", help="Solver worker threads.")] = None,
+    progress: Annotated[bool | None, typer.Option("--progress/--quiet", help="Report incumbent, bound and "
+                                                  "elapsed time on stderr (default: when stderr is a terminal).")]
+    = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Solve for a schedule within BUDGET; exit 0 only when one was found."""
+    from coop.formulations import get_formulation  # looked up at call time: tests register stand-ins
+
+    graph = load_graph(graph_path)
+    if formulation not in FORMULATIONS:
+        raise CoopError(f"unknown formulation {formulation!r}: choose one of {', '.join(FORMULATIONS)}")
+    budget_units = _parse_budget_or_verdict(budget, graph)
+    try:
+        function = get_formulation(formulation)
+    except ImportError as exc:  # a formulation whose solver or module is not installed
+        raise CoopError(f"formulation {formulation!r} is not available in this install: {exc}") from None
+    options = _options_for(function, formulation, {"time_limit": time_limit, "solver": solver, "threads": threads})
+    show_progress = sys.stderr.isatty() if progress is None else progress
+    reports_progress = _accepts(function, "progress")
+    if show_progress and reports_progress:
+        from coop.formulations.progress import stderr_progress
+
+        options["progress"] = stderr_progress()
+    spinner = show_progress and not reports_progress and not json_output and sys.stderr.isatty()
+    try:
+        with Console(stderr=True).status(f"solving with {formulation} ...") if spinner else contextlib.nullcontext():
+            result = function(graph, budget_units, **options)
+    except InfeasibleError as exc:
+        raise VerdictFailure(str(exc)) from None
+    report = _solve_report(graph, result, budget_units, formulation, output)
+    if json_output:
+        _emit_json(report)
+    else:
+        _print_solve(graph, report)
+    if not report["ok"]:
+        raise VerdictFailure(report["reason"])
+
+
+def _parse_budget_or_verdict(spec: str, graph: Graph) -> int:
+    """Budget syntax errors are bad input (exit 2); a budget below the least feasible one is a verdict (exit 1)."""
+    parse_budget(spec, graph, check=False)
+    try:
+        return parse_budget(spec, graph)
+    except BudgetError as exc:
+        raise VerdictFailure(str(exc)) from None
+
+
+def _options_for(function: Any, formulation: str, given: dict[str, Any]) -> dict[str, Any]:
+    """The options the formulation accepts; the others are named on stderr, not silently dropped."""
+    given = {k: v for k, v in given.items() if v is not None}
+    parameters = inspect.signature(function).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return given
+    accepted = {k: v for k, v in given.items() if k in parameters}
+    for name in sorted(set(given) - set(accepted)):
+        print(f"coop: note: {formulation} has no option --{name.replace('_', '-')}; ignored", file=sys.stderr)
+    return accepted
+
+
+def _accepts(function: Any, name: str) -> bool:
+    parameters = inspect.signature(function).parameters
+    return name in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+
+
+def _solve_report(graph: Graph, result: Any, budget: int, formulation: str, output: Path | None) -> dict[str, Any]:
+    """Simulate the result's schedule (the one simulator decides), write it when it fits, and summarise."""
+    report: dict[str, Any] = {
+        "graph": graph.name,
+        "formulation": formulation,
+        "budget": budget,
+        "baseline_peak": baseline_peak(graph),
+        "solver": result.solver_json(),
+        "message": result.message,
+        "output": None,
+    }
+    if result.schedule is None:
+        detail = f" ({result.message})" if result.message else ""
+        found = "proven that no schedule fits" if result.status == "infeasible" else f"no schedule found, status {result.status}"
+        report.update(ok=False, reason=f"infeasible for {formulation}: {found}{detail}")
+        return report
+    document = schedule_to_json(graph, result.schedule, budget=budget, formulation=formulation,
+                                solver=result.solver_json())
+    sim = simulate(graph, result.schedule)
+    report["predicted"] = document["predicted"]
+    report["steps"] = len(result.schedule)
+    report["recomputations"] = sim.recomputations
+    if sim.peak > budget:
+        report.update(ok=False, reason=f"infeasible for {formulation}: best peak reached {sim.peak} > budget {budget}")
+        return report
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(json.dumps(document, indent=1) + "\n")
+        report["output"] = str(output)
+    report.update(ok=True, reason="")
+    return report
+
+
+def _print_solve(graph: Graph, report: dict[str, Any]) -> None:
+    solver = report["solver"]
+    rows = [("budget", _show_mem(report["budget"], graph)), ("status", str(solver["status"]))]
+    if "predicted" in report:
+        predicted = report["predicted"]
+        rows += [
+            ("peak", (f"{_show_mem(predicted['peak'], graph)}  = {_percent(predicted['peak'] / report['budget'])} "
+                     f"of the budget, {_percent(predicted['peak'] / report['baseline_peak'])} of the baseline peak")),
+            ("cost", f"{predicted['cost']:.6g} (baseline {predicted['baseline_cost']:.6g})"),
+            ("overhead (TDI)", _percent(predicted["overhead"])),
+            ("steps / recomputations", f"{report['steps']} / {report['recomputations']}"),
+        ]
+    rows += [
+        ("objective / bound", f"{_fmt(solver['objective'])} / {_fmt(solver['bound'])}"),
+        ("gap", _percent(solver["gap"])),
+        ("wall time", f"{solver['wall_s']:.3f} s"),
+    ]
+    if report["message"]:
+        rows.append(("message", report["message"]))
+    if report["output"]:
+        rows.append(("schedule", report["output"]))
+    console.print(_key_value_table(f"{report['formulation']} on {graph.name}", rows))
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.6g}"
+
+
+# ============================================================================ validate
+def load_schedule_for(graph: Graph, path: Path) -> tuple[Schedule, dict[str, Any]]:
+    """Read a schedule file and refuse it when it was made for a different graph."""
+    schedule, document = load_schedule(path)
+    made_for = document.get("graph") or {}
+    digest = made_for.get("sha256")
+    if digest is not None and digest != graph.sha256:
+        raise ScheduleError(
+            f"{path} was made for graph {made_for.get('name', '?')!r} (sha256 {str(digest)[:12]}...), not for "
+            f"{graph.name!r} (sha256 {graph.sha256[:12]}...): solve again for this graph"
+        )
+    return schedule, document
+
+
+@app.command(name="validate")
+def validate_command(
+    graph_path: GraphArg,
+    schedule_path: Annotated[Path, typer.Argument(metavar="SCHEDULE", help="Schedule JSON written by coop solve.")],
+    budget: Annotated[str | None, typer.Option("--budget", "-b", help="Check against this budget "
+                                                                      "(default: the schedule's own).")] = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Check that a schedule is legal for a graph and within its budget; exit 1 when it is not."""
+    graph = load_graph(graph_path)
+    schedule, document = load_schedule_for(graph, schedule_path)
+    budget_units = parse_budget(budget, graph, check=False) if budget is not None else document.get("budget")
+    if budget_units is not None and not isinstance(budget_units, int):
+        raise ScheduleError(f"{schedule_path}: field 'budget' must be an integer, not {budget_units!r}")
+    verdict = validate(graph, schedule, budget_units)
+    report = verdict.to_dict() | {"graph": graph.name, "schedule": str(schedule_path), "steps": len(schedule)}
+    predicted = (document.get("predicted") or {}).get("peak")
+    report["predicted_peak"] = predicted
+    report["predicted_matches"] = None if predicted is None or verdict.peak is None else predicted == verdict.peak
+    if json_output:
+        _emit_json(report)
+    else:
+        _print_validation(graph, report)
+    if not verdict.ok:
+        raise VerdictFailure(f"invalid schedule {schedule_path}: {verdict.reason}")
+
+
+def _print_validation(graph: Graph, report: dict[str, Any]) -> None:
+    verdict = "[green]valid[/green]" if report["ok"] else f"[red]invalid[/red]: {report['reason']}"
+    rows = [("verdict", verdict), ("steps", str(report["steps"])), ("budget", _show_mem(report["budget"], graph))]
+    if report["peak"] is not None:
+        rows += [("peak", _show_mem(report["peak"], graph)), ("cost", f"{report['cost']:.6g}"),
+                 ("overhead (TDI)", _percent(report["overhead"]))]
+    if report["predicted_matches"] is False:
+        rows.append(("note", f"the file predicted peak {report['predicted_peak']}, the simulator says {report['peak']}"))
+    console.print(_key_value_table(f"schedule {report['schedule']} on {graph.name}", rows))
+
+
+# ============================================================================ plot
+@app.command()
+def plot(
+    graph_path: GraphArg,
+    schedule_paths: Annotated[list[Path], typer.Argument(metavar="SCHEDULE...", help="One or more schedule JSON files.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="Image file to write (.png, .pdf, .svg).")],
+    budget: Annotated[str | None, typer.Option("--budget", "-b", help="Budget line (default: the smallest "
+                                                                      "budget of the schedules).")] = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Plot the memory at every step of one or more schedules of a graph."""
+    from coop.viz import plot_memory_timeline
+
+    graph = load_graph(graph_path)
+    series: dict[str, list[int]] = {}
+    budgets: list[int] = []
+    for path in schedule_paths:
+        schedule, document = load_schedule_for(graph, path)
+        label = _unique_label(str(document.get("formulation") or path.stem), series)
+        series[label] = simulate(graph, schedule).memory
+        if isinstance(document.get("budget"), int):
+            budgets.append(document["budget"])
+    # Default: the tightest budget among the schedules, the line the others are judged against.
+    budget_units = parse_budget(budget, graph, check=False) if budget is not None else min(budgets, default=None)
+    plot_memory_timeline(series, budget_units, output, mem_unit=graph.meta.get("mem_unit", "bytes"),
+                         title=f"memory per step: {graph.name}")
+    peaks = {label: max(memory) if memory else 0 for label, memory in series.items()}
+    if json_output:
+        _emit_json({"output": str(output), "budget": budget_units, "peaks": peaks})
+    else:
+        console.print(f"wrote {output}: " + ", ".join(f"{k} peak {_show_mem(v, graph)}" for k, v in peaks.items()))
+
+
+def _unique_label(label: str, taken: dict[str, Any]) -> str:
+    candidate, suffix = label, 2
+    while candidate in taken:
+        candidate, suffix = f"{label} ({suffix})", suffix + 1
+    return candidate
+
+
+# ============================================================================ capture
+@app.command()
+def capture(
+    target: Annotated[str | None, typer.Argument(metavar="FILE.py:FACTORY", help="FILE.py:FACTORY; FACTORY() returns (model, batch) "
+                                                      "or (model, batch, loss_fn).")] = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Graph JSON to write.")] = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="A built-in zoo model instead of FILE.py.")] = None,
+    layers: Annotated[int | None, typer.Option("--layers", help="Zoo size: layers / blocks.")] = None,
+    hidden: Annotated[int | None, typer.Option("--hidden", help="Zoo size: hidden width.")] = None,
+    batch: Annotated[int | None, typer.Option("--batch", help="Zoo size: batch size.")] = None,
+    seq: Annotated[int | None, typer.Option("--seq", help="Zoo size: sequence length.")] = None,
+    image: Annotated[int | None, typer.Option("--image", help="Zoo size: image side in pixels.")] = None,
+    profile: Annotated[bool, typer.Option("--profile", help="Time every op on this machine for node costs.")] = False,
+    json_output: JsonFlag = False,
+) -> None:
+    """Capture one training step (forward + backward) of a model as a graph JSON file."""
+    if output is None:
+        raise CoopError("coop capture needs -o GRAPH.json: where to write the graph")
+    if (target is None) == (model is None):
+        raise CoopError("coop capture needs exactly one model: --model NAME (the zoo) or FILE.py:FACTORY")
+    if target is not None:
+        module, example_batch, loss_fn = _from_factory(target)
+    else:
+        given = {"layers": layers, "hidden": hidden, "batch": batch, "seq": seq, "image": image}
+        size = {k: v for k, v in given.items() if v is not None}
+        module, example_batch, loss_fn = _from_zoo(str(model), size)
+    try:
+        from coop.graph_capture import capture as capture_step
+    except ImportError as exc:
+        raise CoopError(f"graph capture is not available in this install ({exc}); reinstall coop") from None
+    result = capture_step(module, example_batch, loss_fn=loss_fn, profile=profile)
+    graph: Graph = result.graph
+    output.parent.mkdir(parents=True, exist_ok=True)
+    graph.save(output)
+    facts = graph_info(graph) | {"output": str(output)}
+    if json_output:
+        _emit_json(facts)
+    else:
+        console.print(f"wrote {output}")
+        _print_info(graph, facts)
+
+
+def _from_zoo(name: str, size: dict[str, int]) -> tuple[Any, Any, Any]:
+    try:
+        zoo = importlib.import_module("coop.zoo")
+    except ImportError as exc:
+        raise CoopError(f"the model zoo is not available in this install ({exc}); use FILE.py:FACTORY") from None
+    if name not in zoo.ZOO_NAMES:
+        raise CoopError(f"unknown zoo model {name!r}: choose one of {', '.join(zoo.ZOO_NAMES)}")
+    return _unpack_factory_result(zoo.build(name, **size), f"zoo model {name!r}")
+
+
+def _from_factory(target: str) -> tuple[Any, Any, Any]:
+    """Import FILE.py and call FACTORY() from it."""
+    file_name, sep, factory_name = target.rpartition(":")
+    if not sep or not file_name or not factory_name:
+        raise CoopError(f"model {target!r} is not FILE.py:FACTORY (for example models.py:make_model)")
+    path = Path(file_name)
+    if not path.is_file():
+        raise CoopError(f"model file {path} does not exist")
+    spec = importlib.util.spec_from_file_location(f"coop_user_model_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise CoopError(f"cannot import {path}: is it a Python file?")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses in the file look their module up there
+    sys.path.insert(0, str(path.resolve().parent))  # so the file can import its neighbours
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001 - user code: report it in one line
+        raise CoopError(f"importing {path} failed: {type(exc).__name__}: {exc}") from None
+    finally:
+        sys.path.pop(0)
+    factory = getattr(module, factory_name, None)
+    if not callable(factory):
+        raise CoopError(f"{path} has no function {factory_name!r}")
+    try:
+        produced = factory()
+    except Exception as exc:  # noqa: BLE001 - user code: report it in one line
+        raise CoopError(f"{target}() failed: {type(exc).__name__}: {exc}") from None
+    return _unpack_factory_result(produced, f"{target}()")
+
+
+def _unpack_factory_result(produced: Any, origin: str) -> tuple[Any, Any, Any]:
+    if not isinstance(produced, tuple) or len(produced) not in (2, 3):
+        raise CoopError(f"{origin} must return (model, batch) or (model, batch, loss_fn)")
+    module, example_batch, *rest = produced
+    return module, example_batch, (rest[0] if rest else None)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

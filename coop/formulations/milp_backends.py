@@ -1,0 +1,292 @@
+"""Solver plumbing for 0-1 linear programs: one small model, several backends.
+
+A formulation builds a :class:`LinearModel` (variables, linear constraints, a linear objective
+to minimise, optional hint values) once; :func:`solve_milp` hands it to the chosen backend and
+:func:`solve_lp_relaxation` solves its continuous relaxation. Backends:
+
+* ``cbc``: PuLP's bundled CBC (command line; bound and gap parsed from its log);
+* ``scip``, ``highs``: OR-Tools' ``pywraplp`` (never ``highspy``: it clashes with OR-Tools);
+* ``cp-sat``: OR-Tools' CP-SAT; every constraint coefficient must be an integer;
+* ``gurobi``, ``cplex``: through PuLP when the user has them installed and licensed.
+
+Statuses follow :data:`coop.formulations.result.SolveStatus`: ``optimal`` only when proven,
+``feasible`` when stopped with an incumbent, ``infeasible`` when proven, ``unknown`` otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Literal
+
+from coop.errors import SolverError
+from coop.formulations.progress import ProgressCallback, ProgressClock
+
+VarKind = Literal["binary", "integer", "continuous"]
+Sense = Literal["<=", ">=", "=="]
+Terms = list[tuple[int, float]]
+
+MILP_SOLVERS = ("cbc", "scip", "highs", "cp-sat", "gurobi", "cplex")
+
+
+@dataclass
+class LinearModel:
+    """A minimisation problem: ``min c.x`` subject to ``a.x (<=|>=|==) b`` and variable bounds."""
+
+    kinds: list[VarKind] = field(default_factory=list)
+    lower: list[float] = field(default_factory=list)
+    upper: list[float] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    rows: list[tuple[Terms, Sense, float]] = field(default_factory=list)
+    objective: Terms = field(default_factory=list)
+    objective_constant: float = 0.0
+    hint: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def num_vars(self) -> int:
+        return len(self.kinds)
+
+    def add_var(self, name: str, kind: VarKind = "binary", lower: float = 0.0, upper: float = 1.0) -> int:
+        """A new variable; returns its index."""
+        self.kinds.append(kind)
+        self.lower.append(lower)
+        self.upper.append(upper)
+        self.names.append(name)
+        return len(self.kinds) - 1
+
+    def add_row(self, terms: Terms, sense: Sense, rhs: float) -> None:
+        """The constraint ``sum(coef * x[var]) sense rhs`` (terms on one variable are merged)."""
+        merged: dict[int, float] = {}
+        for var, coef in terms:
+            merged[var] = merged.get(var, 0.0) + coef
+        self.rows.append(([(v, c) for v, c in merged.items() if c != 0], sense, rhs))
+
+
+@dataclass
+class MilpSolution:
+    """A backend's answer: status, variable values (None without a solution), objective and bound."""
+
+    status: str
+    values: list[float] | None = None
+    objective: float | None = None
+    bound: float | None = None
+    wall_s: float = 0.0
+    message: str = ""
+
+
+def solve_milp(
+    model: LinearModel,
+    solver: str = "cbc",
+    *,
+    time_limit: float = 60.0,
+    threads: int = 2,
+    progress: ProgressCallback | None = None,
+    verbose: bool = False,
+) -> MilpSolution:
+    """Solve the model with one backend; ``time_limit`` in seconds, ``threads`` worker threads."""
+    name = solver.lower().replace("_", "-")
+    if name == "cpsat":
+        name = "cp-sat"
+    if name not in MILP_SOLVERS:
+        raise SolverError(f"unknown MILP solver {solver!r}: choose one of {', '.join(MILP_SOLVERS)}")
+    clock = ProgressClock(progress)
+    clock.report(message=f"{name}: {model.num_vars} variables, {len(model.rows)} constraints")
+    if name == "cp-sat":
+        result = _solve_cp_sat(model, time_limit, threads, clock, verbose)
+    elif name in ("scip", "highs"):
+        result = _solve_pywraplp(model, name.upper(), time_limit, threads, integer=True, verbose=verbose)
+    else:
+        result = _solve_pulp(model, name, time_limit, threads, verbose)
+    result.wall_s = clock.elapsed_s
+    _add_constant(result, model.objective_constant)
+    if result.status == "optimal" and result.bound is None:
+        result.bound = result.objective
+    clock.report(result.objective, result.bound, f"{name}: {result.status}", final=True)
+    return result
+
+
+def solve_lp_relaxation(model: LinearModel, *, time_limit: float = 60.0, threads: int = 2) -> MilpSolution:
+    """The continuous relaxation (integrality dropped), solved with OR-Tools' GLOP."""
+    start = time.perf_counter()
+    result = _solve_pywraplp(model, "GLOP", time_limit, threads, integer=False, verbose=False)
+    result.wall_s = time.perf_counter() - start
+    _add_constant(result, model.objective_constant)
+    return result
+
+
+def _add_constant(result: MilpSolution, constant: float) -> None:
+    """Backends see the objective without its constant term; add it back."""
+    if result.objective is not None:
+        result.objective += constant
+    if result.bound is not None:
+        result.bound += constant
+
+
+# -------------------------------------------------------------------- OR-Tools pywraplp
+def _solve_pywraplp(model: LinearModel, backend: str, time_limit: float, threads: int, *, integer: bool,
+                    verbose: bool) -> MilpSolution:
+    from ortools.linear_solver import pywraplp
+
+    solver = pywraplp.Solver.CreateSolver(backend)
+    if solver is None:
+        raise SolverError(f"OR-Tools was built without {backend}; choose another solver (cbc, scip, highs, cp-sat)")
+    if verbose:
+        solver.EnableOutput()
+    infinity = solver.infinity()
+    variables = []
+    for kind, lo, hi, name in zip(model.kinds, model.lower, model.upper, model.names):
+        if integer and kind != "continuous":
+            variables.append(solver.IntVar(lo, hi, name))
+        else:
+            variables.append(solver.NumVar(lo, hi, name))
+    for terms, sense, rhs in model.rows:
+        lo, hi = {"<=": (-infinity, rhs), ">=": (rhs, infinity), "==": (rhs, rhs)}[sense]
+        row = solver.RowConstraint(lo, hi, "")
+        for var, coef in terms:
+            row.SetCoefficient(variables[var], coef)
+    objective = solver.Objective()
+    for var, coef in model.objective:
+        objective.SetCoefficient(variables[var], objective.GetCoefficient(variables[var]) + coef)
+    objective.SetMinimization()
+    if integer and model.hint:
+        solver.SetHint([variables[v] for v in model.hint], list(model.hint.values()))
+    solver.SetTimeLimit(max(1, int(time_limit * 1000)))
+    if threads > 1:
+        solver.SetNumThreads(threads)
+    code = solver.Solve()
+    status = {
+        pywraplp.Solver.OPTIMAL: "optimal",
+        pywraplp.Solver.FEASIBLE: "feasible",
+        pywraplp.Solver.INFEASIBLE: "infeasible",
+    }.get(code, "unknown")
+    if status not in ("optimal", "feasible"):
+        return MilpSolution(status=status, message=f"{backend} returned status {code}")
+    values = [v.solution_value() for v in variables]
+    value = objective.Value()
+    bound: float | None = None
+    if integer:
+        best = objective.BestBound()
+        bound = best if math.isfinite(best) else None
+    if status == "optimal":
+        bound = value
+    return MilpSolution(status=status, values=values, objective=value, bound=bound)
+
+
+# -------------------------------------------------------------------- CP-SAT
+def _solve_cp_sat(model: LinearModel, time_limit: float, threads: int, clock: ProgressClock,
+                  verbose: bool) -> MilpSolution:
+    from ortools.sat.python import cp_model
+
+    cp = cp_model.CpModel()
+    variables = []
+    for kind, lo, hi, name in zip(model.kinds, model.lower, model.upper, model.names):
+        if kind == "binary":
+            variables.append(cp.new_bool_var(name))
+        else:
+            if lo != int(lo) or hi != int(hi):
+                raise SolverError(f"cp-sat needs integer bounds; variable {name} has [{lo}, {hi}]")
+            variables.append(cp.new_int_var(int(lo), int(hi), name))
+    for terms, sense, rhs in model.rows:
+        if any(c != int(c) for _, c in terms) or rhs != int(rhs):
+            raise SolverError("cp-sat needs integer constraint coefficients; scale the model to integers first")
+        expr = sum(int(c) * variables[v] for v, c in terms)
+        if sense == "<=":
+            cp.add(expr <= int(rhs))
+        elif sense == ">=":
+            cp.add(expr >= int(rhs))
+        else:
+            cp.add(expr == int(rhs))
+    cp.minimize(sum(c * variables[v] for v, c in model.objective))
+    for var, value in model.hint.items():
+        cp.add_hint(variables[var], int(round(value)))
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = float(time_limit)
+    solver.parameters.num_workers = max(1, threads)
+    solver.parameters.log_search_progress = verbose
+
+    class _Reporter(cp_model.CpSolverSolutionCallback):
+        def on_solution_callback(self) -> None:
+            constant = model.objective_constant
+            clock.report(self.objective_value + constant, self.best_objective_bound + constant, "cp-sat: new incumbent")
+
+    code = solver.solve(cp, _Reporter())
+    status = {
+        cp_model.OPTIMAL: "optimal",
+        cp_model.FEASIBLE: "feasible",
+        cp_model.INFEASIBLE: "infeasible",
+    }.get(code, "unknown")
+    if status not in ("optimal", "feasible"):
+        return MilpSolution(status=status, message=f"cp-sat returned {solver.status_name(code)}")
+    values = [float(solver.value(v)) for v in variables]
+    return MilpSolution(status=status, values=values, objective=solver.objective_value,
+                        bound=solver.best_objective_bound)
+
+
+# -------------------------------------------------------------------- PuLP (CBC, Gurobi, CPLEX)
+def _solve_pulp(model: LinearModel, name: str, time_limit: float, threads: int, verbose: bool) -> MilpSolution:
+    import pulp
+
+    problem = pulp.LpProblem("coop", pulp.LpMinimize)
+    variables = []
+    for index, (kind, lo, hi) in enumerate(zip(model.kinds, model.lower, model.upper)):
+        category = {"binary": pulp.LpBinary, "integer": pulp.LpInteger}.get(kind, pulp.LpContinuous)
+        lo_hi = {} if kind == "binary" else {"lowBound": lo, "upBound": hi}
+        variables.append(problem.add_variable(f"x{index}", cat=category, **lo_hi))
+    problem += pulp.LpAffineExpression([(variables[v], c) for v, c in model.objective])
+    for terms, sense, rhs in model.rows:
+        expr = pulp.LpAffineExpression([(variables[v], c) for v, c in terms])
+        problem += {"<=": expr <= rhs, ">=": expr >= rhs, "==": expr == rhs}[sense]
+    for var, value in model.hint.items():
+        variables[var].setInitialValue(value)
+    with tempfile.TemporaryDirectory(prefix="coop-cbc-") as folder:
+        log_path = os.path.join(folder, "solver.log")
+        with warnings.catch_warnings():
+            # PuLP 3.3 flags its bundled CBC as deprecated for 4.0; it is still the one shipped.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            backend = _pulp_backend(pulp, name, time_limit, threads, verbose, bool(model.hint), log_path)
+        try:
+            problem.solve(backend)
+        except pulp.PulpSolverError as exc:
+            raise SolverError(f"{name} failed to run: {str(exc).splitlines()[0]}") from None
+        log = open(log_path).read() if os.path.exists(log_path) else ""
+    has_solution = problem.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
+    if problem.status == pulp.LpStatusInfeasible:
+        return MilpSolution(status="infeasible", message=f"{name}: proven infeasible")
+    if not has_solution:
+        return MilpSolution(status="unknown", message=f"{name}: no solution ({pulp.LpStatus[problem.status]})")
+    values = [v.varValue if v.varValue is not None else 0.0 for v in variables]
+    objective = pulp.value(problem.objective)
+    objective = float(objective) if objective is not None else 0.0
+    proven = problem.sol_status == pulp.LpSolutionOptimal and "Stopped on time" not in log
+    status = "optimal" if proven else "feasible"
+    bound = objective if proven else _cbc_bound(log)
+    return MilpSolution(status=status, values=values, objective=objective, bound=bound)
+
+
+def _pulp_backend(pulp, name: str, time_limit: float, threads: int, verbose: bool, warm: bool,  # noqa: ANN001
+                  log_path: str):  # noqa: ANN202
+    if name == "cbc":
+        return pulp.PULP_CBC_CMD(msg=verbose, timeLimit=time_limit, threads=threads, warmStart=warm, logPath=log_path)
+    candidates = {"gurobi": ("GUROBI", "GUROBI_CMD"), "cplex": ("CPLEX_PY", "CPLEX_CMD")}[name]
+    for class_name in candidates:
+        backend = getattr(pulp, class_name)(msg=verbose, timeLimit=time_limit, threads=threads, warmStart=warm)
+        if backend.available():
+            return backend
+    raise SolverError(f"{name} is not available (not installed or not licensed); use cbc, scip, highs or cp-sat")
+
+
+_CBC_BOUND = re.compile(r"^Lower bound:\s*([-+0-9.eE]+)", re.MULTILINE)
+
+
+def _cbc_bound(log: str) -> float | None:
+    """CBC prints 'Lower bound: X' in its result summary when stopped early."""
+    match = _CBC_BOUND.search(log)
+    return float(match.group(1)) if match else None
+
+
+__all__ = ["MILP_SOLVERS", "LinearModel", "MilpSolution", "solve_lp_relaxation", "solve_milp"]

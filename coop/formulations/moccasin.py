@@ -1,0 +1,580 @@
+"""Moccasin: rematerialization with retention intervals and CP-SAT.
+
+Implements the constraint model of Bartan, Li, Teague, Feng, Jain and Taylor, "Moccasin:
+Efficient Tensor Rematerialization for Neural Networks", ICML 2023 (arXiv 2304.14463):
+
+* every computed node v owns up to C retention intervals ``[s_vi, e_vi]`` on a time axis of
+  compute events (one compute per slot); the first interval is always present, the others are
+  optional (presence literal ``p_vi``); a non-recomputable node has exactly one;
+* precedence: every present interval of a consumer v starts inside some present interval of each
+  input u (``s_uj < s_vi <= e_uj``), so u is resident while v is computed;
+* memory: one ``AddCumulative`` over the retention intervals with demand ``mem_v`` (plus the
+  node's workspace on its unit compute interval) and capacity = budget - caller-owned bytes;
+* objective: the total duration, ``sum_vi cost_v * p_vi``. O(n C) integer variables.
+
+Beyond the paper (DESIGN.md records that on OR-Tools 9.15 the published model finds no feasible
+schedule in 300 s for the larger graphs), this module
+
+* builds a complete warm start from the best of a fast eviction heuristic (walk the baseline
+  order, evict the resident value with the lowest recompute-cost per byte and distance to its
+  next use, recompute on demand) and the baseline schedules that fit, and passes it as a hint;
+* uses a tight horizon: the warm start's number of compute slots plus a bounded slack, instead of
+  ``C n`` slots, and tightens each first start by the node's ancestor and descendant counts;
+* keeps the first computations in the baseline order by default (``keep_order``, the restriction
+  Checkmate makes), which removes most of the symmetry of the time axis;
+* allows a node as many intervals as the warm start needs, so the hint is always representable.
+
+The solution becomes a coop Schedule (computes at interval starts in time order, frees at interval
+ends) that is always checked with the one simulator, :func:`coop.schedule.simulate`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ortools.sat.python import cp_model
+
+from coop.budget import baseline_peak, min_budget
+from coop.formulations.progress import ProgressCallback, ProgressClock
+from coop.formulations.result import SolveResult
+from coop.graph import Graph
+from coop.schedule import Schedule, Simulation, Step, simulate
+
+FORMULATION = "moccasin"
+
+#: One retention interval on the slot axis: computed at ``start``, resident through ``end``.
+Interval = tuple[int, int]
+
+
+# ==================================================================== the problem in slot terms
+@dataclass
+class _Problem:
+    """The computed nodes of a graph with their integer costs and the memory capacity."""
+
+    graph: Graph
+    budget: int
+    order: list[int]
+    inputs: dict[int, list[int]]  # computed inputs only; caller-owned ones are always resident
+    consumers: dict[int, list[int]]
+    mem: dict[int, int]
+    workspace: dict[int, int]
+    cost: dict[int, int]  # integer costs for CP-SAT (scaled when the graph's are fractional)
+    cost_scale: float
+    recomputable: dict[int, bool]
+    outputs: set[int]
+    capacity: int  # budget - caller-owned bytes
+
+    @classmethod
+    def build(cls, graph: Graph, budget: int) -> _Problem:
+        order = list(graph.order)
+        computed = set(order)
+        inputs = {v: [u for u in graph.node(v).inputs if u in computed] for v in order}
+        consumers = {v: [c for c in graph.consumers[v] if c in computed] for v in order}
+        raw_costs = [graph.node(v).cost for v in order]
+        scale = _cost_scale(raw_costs)
+        return cls(
+            graph=graph,
+            budget=budget,
+            order=order,
+            inputs=inputs,
+            consumers=consumers,
+            mem={v: graph.node(v).mem for v in order},
+            workspace={v: graph.node(v).workspace for v in order},
+            cost={v: int(round(graph.node(v).cost * scale)) for v in order},
+            cost_scale=scale,
+            recomputable={v: graph.node(v).recomputable for v in order},
+            outputs={v for v in graph.outputs if v in computed},
+            capacity=budget - graph.caller_owned_bytes,
+        )
+
+
+def _cost_scale(costs: list[float]) -> float:
+    """1 for integer costs (the objective is then exact); else a factor giving ~1e6 resolution."""
+    if all(float(c).is_integer() for c in costs):
+        return 1.0
+    largest = max(costs, default=0.0)
+    return 1e6 / largest if largest > 0 else 1.0
+
+
+# ==================================================================== warm start: eviction heuristic
+def greedy_eviction_schedule(graph: Graph, budget: int) -> Schedule | None:
+    """A fast schedule under ``budget``, or None when the heuristic gets stuck.
+
+    Walks the baseline order; before each compute it makes room by freeing the resident value
+    with the smallest ``recompute cost / (bytes x distance to next use)`` that the pending
+    computations do not need, and recomputes freed inputs on demand (recursively). In the spirit
+    of DTR (Kirisame et al. 2021), but offline with exact next-use distances of the baseline order.
+    """
+    problem = _Problem.build(graph, budget)
+    return _GreedyEvictor(problem).run()
+
+
+class _Stuck(Exception):
+    """The heuristic found no value it may free to make room."""
+
+
+class _GreedyEvictor:
+    def __init__(self, problem: _Problem) -> None:
+        self.p = problem
+        self.position = {v: k for k, v in enumerate(problem.order)}
+        self.uses = {v: sorted(self.position[c] for c in problem.consumers[v]) for v in problem.order}
+        self.resident: set[int] = set()
+        self.used = 0
+        self.steps: list[Step] = []
+        self.now = 0
+        self.computes = 0
+        self.compute_limit = 20 * len(problem.order) + 100  # stops thrashing: the heuristic gives up
+
+    def run(self) -> Schedule | None:
+        try:
+            for k, v in enumerate(self.p.order):
+                self.now = k
+                self.compute(v, pinned=set())
+                self.drop_dead_values()
+        except _Stuck:
+            return None
+        return Schedule(steps=tuple(self.steps))
+
+    def next_use(self, u: int) -> float:
+        uses = self.uses[u]
+        i = bisect.bisect_left(uses, self.now)
+        return uses[i] if i < len(uses) else math.inf
+
+    def drop_dead_values(self) -> None:
+        """Values with no later reader in the baseline order (and not outputs) are released."""
+        for u in [u for u in self.resident if u not in self.p.outputs and self.next_use(u) == math.inf]:
+            self.resident.discard(u)
+            self.used -= self.p.mem[u]
+            self.steps.append(Step(op="free", node=u))
+
+    def compute(self, v: int, pinned: set[int]) -> None:
+        """Compute v, first rebuilding its missing inputs.
+
+        The rebuild set is the closure of v's missing inputs over their missing ancestors, computed
+        in baseline (topological) order; while it runs, every resident input of a pending compute
+        is held, so nothing the rebuild relies on is freed under it.
+        """
+        rebuild = self.missing_ancestors(v)
+        pending = [*rebuild, v]
+        for index, x in enumerate(pending):
+            hold = set(pinned)
+            for y in pending[index:]:
+                hold.update(self.p.inputs[y])
+            self.make_room(self.p.mem[x] + self.p.workspace[x], hold)
+            self.steps.append(Step(op="compute", node=x))
+            self.resident.add(x)
+            self.used += self.p.mem[x]
+            self.computes += 1
+        if self.computes > self.compute_limit:
+            raise _Stuck
+
+    def missing_ancestors(self, v: int) -> list[int]:
+        """The non-resident values v needs rebuilt (transitively), in baseline order."""
+        needed: set[int] = set()
+        stack = [u for u in self.p.inputs[v] if u not in self.resident]
+        while stack:
+            u = stack.pop()
+            if u in needed:
+                continue
+            if not self.p.recomputable[u]:
+                raise _Stuck
+            needed.add(u)
+            stack.extend(w for w in self.p.inputs[u] if w not in self.resident and w not in needed)
+        return sorted(needed, key=self.position.__getitem__)
+
+    def make_room(self, need: int, hold: set[int]) -> None:
+        while self.used + need > self.p.capacity:
+            victim = self.cheapest_victim(hold)
+            if victim is None:
+                raise _Stuck
+            self.resident.discard(victim)
+            self.used -= self.p.mem[victim]
+            self.steps.append(Step(op="free", node=victim))
+
+    def cheapest_victim(self, hold: set[int]) -> int | None:
+        best, best_score = None, math.inf
+        rebuild: dict[int, int] = {}
+        for u in self.resident:
+            if u in hold or u in self.p.outputs or not self.p.recomputable[u] or self.p.mem[u] == 0:
+                continue
+            distance = self.next_use(u) - self.now + 1
+            score = (self.rebuild_cost(u, rebuild) + 1) / (self.p.mem[u] * distance)
+            if score < best_score:
+                best, best_score = u, score
+        return best
+
+    def rebuild_cost(self, u: int, memo: dict[int, int]) -> int:
+        """Cost of recomputing u from what is resident now: u plus its missing ancestors (DTR's e*)."""
+        if u in memo:
+            return memo[u]
+        total, stack, seen = 0, [u], {u}
+        while stack:
+            w = stack.pop()
+            total += self.p.cost[w]
+            for x in self.p.inputs[w]:
+                if x not in self.resident and x not in seen:
+                    seen.add(x)
+                    stack.append(x)
+        memo[u] = total
+        return total
+
+
+# ==================================================================== schedules <-> intervals
+def schedule_intervals(graph: Graph, schedule: Schedule) -> tuple[dict[int, list[Interval]], int]:
+    """Each node's retention intervals on the slot axis (one slot per compute) and the slot count.
+
+    Uses the simulator's instances, so an interval is exactly the instance's lifetime.
+    """
+    sim = simulate(graph, schedule)
+    slot_of_step = []
+    slot = -1
+    for step in schedule.steps:
+        if step.op == "compute":
+            slot += 1
+        slot_of_step.append(max(slot, 0))
+    intervals: dict[int, list[Interval]] = {v: [] for v in graph.order}
+    for inst in sim.instances:
+        intervals[inst.node].append((slot_of_step[inst.start], slot_of_step[inst.end]))
+    for v in intervals:
+        intervals[v].sort()
+    return intervals, slot + 1
+
+
+def intervals_to_schedule(problem: _Problem, intervals: dict[int, list[Interval]]) -> Schedule:
+    """Computes at interval starts in time order; a free after the slot where an interval ends.
+
+    The final interval of a graph output is never freed (it must be resident at the end).
+    """
+    events = sorted((start, v, end, k == len(ivs) - 1) for v, ivs in intervals.items() for k, (start, end) in enumerate(ivs))
+    ends_at: dict[int, list[int]] = {}
+    for start, v, end, last in events:
+        if not (last and v in problem.outputs):
+            ends_at.setdefault(end, []).append(v)
+    steps: list[Step] = []
+    for start, v, _end, _last in events:
+        steps.append(Step(op="compute", node=v))
+        for u in ends_at.pop(start, []):
+            steps.append(Step(op="free", node=u))
+    return Schedule(steps=tuple(steps))
+
+
+# ==================================================================== the CP-SAT model
+@dataclass
+class _Model:
+    model: cp_model.CpModel
+    horizon: int
+    starts: dict[int, list[cp_model.IntVar]]
+    ends: dict[int, list[cp_model.IntVar]]
+    present: dict[int, list[Any]]  # first entry is the constant True
+    extra_cost: cp_model.LinearExpr
+    lows: dict[int, int]  # earliest slot of each node (its number of computed ancestors)
+    choices: list[tuple[int, int, int, list[Any]]] = field(default_factory=list)  # (u, v, i, b_j)
+
+
+def _ancestor_counts(problem: _Problem) -> tuple[dict[int, int], dict[int, int]]:
+    """Number of computed ancestors and descendants of each node (bitsets over positions)."""
+    position = {v: k for k, v in enumerate(problem.order)}
+    ancestors: dict[int, int] = {}
+    for v in problem.order:
+        bits = 0
+        for u in problem.inputs[v]:
+            bits |= ancestors[u] | (1 << position[u])
+        ancestors[v] = bits
+    descendants: dict[int, int] = {}
+    for v in reversed(problem.order):
+        bits = 0
+        for c in problem.consumers[v]:
+            bits |= descendants[c] | (1 << position[c])
+        descendants[v] = bits
+    return ({v: ancestors[v].bit_count() for v in problem.order}, {v: descendants[v].bit_count() for v in problem.order})
+
+
+def build_model(problem: _Problem, horizon: int, intervals_per_node: dict[int, int], keep_order: bool) -> _Model:
+    """The Moccasin model (paper's s_vi, e_vi, p_vi) on ``horizon`` compute slots."""
+    model = cp_model.CpModel()
+    last = horizon - 1
+    n_anc, n_desc = _ancestor_counts(problem)
+    starts: dict[int, list[Any]] = {}
+    ends: dict[int, list[Any]] = {}
+    present: dict[int, list[Any]] = {}
+    retention, demands, compute_slots = [], [], []
+    cost_terms = []
+    for v in problem.order:
+        lo = n_anc[v]
+        first_hi = last - n_desc[v]
+        starts[v], ends[v], present[v] = [], [], []
+        for i in range(intervals_per_node[v]):
+            s = model.NewIntVar(lo, first_hi if i == 0 else last, f"s_{v}_{i}")
+            e = model.NewIntVar(lo, last, f"e_{v}_{i}")
+            p = model.NewConstant(1) if i == 0 else model.NewBoolVar(f"p_{v}_{i}")
+            size = model.NewIntVar(1, horizon, f"len_{v}_{i}")
+            retention.append(model.NewOptionalIntervalVar(s, size, e + 1, p, f"keep_{v}_{i}"))
+            demands.append(problem.mem[v])
+            unit = model.NewOptionalFixedSizeIntervalVar(s, 1, p, f"run_{v}_{i}")
+            compute_slots.append(unit)
+            if problem.workspace[v]:
+                retention.append(unit)
+                demands.append(problem.workspace[v])
+            if i > 0:
+                model.AddImplication(p, present[v][-1])
+                model.Add(s > ends[v][-1]).OnlyEnforceIf(p)  # intervals of one node never overlap
+                # Absent intervals are pinned to one value to remove symmetric copies.
+                model.Add(s == lo).OnlyEnforceIf(p.Not())
+                model.Add(e == lo).OnlyEnforceIf(p.Not())
+                cost_terms.append(problem.cost[v] * p)
+            starts[v].append(s)
+            ends[v].append(e)
+            present[v].append(p)
+        if v in problem.outputs:  # the last present interval is retained to the end
+            for i in range(intervals_per_node[v]):
+                if i + 1 < intervals_per_node[v]:
+                    model.Add(ends[v][i] == last).OnlyEnforceIf([present[v][i], present[v][i + 1].Not()])
+                else:
+                    model.Add(ends[v][i] == last).OnlyEnforceIf(present[v][i])
+    model.AddNoOverlap(compute_slots)
+    if problem.capacity >= 0 and retention:
+        model.AddCumulative(retention, demands, problem.capacity)
+    built = _Model(model, horizon, starts, ends, present, sum(cost_terms), n_anc)
+    _add_precedences(problem, built)
+    if keep_order:
+        for a, b in zip(problem.order, problem.order[1:]):
+            model.Add(starts[a][0] < starts[b][0])
+    model.Minimize(built.extra_cost)
+    return built
+
+
+def _add_precedences(problem: _Problem, built: _Model) -> None:
+    """Each present interval of v starts strictly inside a present interval of each input u."""
+    model = built.model
+    for v in problem.order:
+        for u in problem.inputs[v]:
+            model.Add(built.starts[u][0] < built.starts[v][0])  # first u precedes first v
+            for i, (s_v, p_v) in enumerate(zip(built.starts[v], built.present[v])):
+                if len(built.starts[u]) == 1:
+                    literal = [] if i == 0 else [p_v]
+                    model.Add(built.starts[u][0] < s_v).OnlyEnforceIf(literal)
+                    model.Add(built.ends[u][0] >= s_v).OnlyEnforceIf(literal)
+                    continue
+                chosen = []
+                for j, (s_u, e_u, p_u) in enumerate(zip(built.starts[u], built.ends[u], built.present[u])):
+                    b = model.NewBoolVar(f"b_{u}_{j}_{v}_{i}")
+                    if j > 0:
+                        model.AddImplication(b, p_u)
+                    model.Add(s_u < s_v).OnlyEnforceIf(b)
+                    model.Add(e_u >= s_v).OnlyEnforceIf(b)
+                    chosen.append(b)
+                if i == 0:
+                    model.AddBoolOr(chosen)
+                else:
+                    model.AddBoolOr(chosen).OnlyEnforceIf(p_v)
+                built.choices.append((u, v, i, chosen))
+
+
+def _add_hint(built: _Model, intervals: dict[int, list[Interval]]) -> None:
+    """A complete hint: every s, e, p and precedence choice of the warm-start schedule."""
+    model = built.model
+    for v, ivs in intervals.items():
+        for i, s in enumerate(built.starts[v]):
+            if i < len(ivs):
+                model.AddHint(s, ivs[i][0])
+                model.AddHint(built.ends[v][i], ivs[i][1])
+                if i > 0:
+                    model.AddHint(built.present[v][i], True)
+            else:
+                model.AddHint(s, built.lows[v])
+                model.AddHint(built.ends[v][i], built.lows[v])
+                model.AddHint(built.present[v][i], False)
+    for u, v, i, chosen in built.choices:
+        covering = None
+        if i < len(intervals[v]):
+            s_v = intervals[v][i][0]
+            covering = next((j for j, (s, e) in enumerate(intervals[u]) if s < s_v <= e), None)
+        for j, b in enumerate(chosen):
+            model.AddHint(b, j == covering)
+
+
+def _solution_intervals(solver: cp_model.CpSolver, built: _Model) -> dict[int, list[Interval]]:
+    result: dict[int, list[Interval]] = {}
+    for v in built.starts:
+        result[v] = [
+            (solver.Value(s), solver.Value(e))
+            for s, e, p in zip(built.starts[v], built.ends[v], built.present[v])
+            if solver.BooleanValue(p)
+        ]
+    return result
+
+
+class _ProgressReporter(cp_model.CpSolverSolutionCallback):
+    """Forwards every incumbent and CP-SAT's best bound to coop's progress callback."""
+
+    def __init__(self, clock: ProgressClock, to_cost: Callable[[float], float]) -> None:
+        super().__init__()
+        self.clock = clock
+        self.to_cost = to_cost
+        self.solutions = 0
+
+    def on_solution_callback(self) -> None:
+        self.solutions += 1
+        self.clock.report(self.to_cost(self.ObjectiveValue()), self.to_cost(self.BestObjectiveBound()), "moccasin")
+
+
+# ==================================================================== warm starts
+def _candidate_warm_starts(graph: Graph, budget: int, hint: Any) -> list[tuple[str, Schedule]]:
+    """Schedules to start from: the caller's hint, the eviction heuristic, the baselines."""
+    candidates: list[tuple[str, Schedule]] = []
+    if hint is not None:
+        schedule = getattr(hint, "schedule", hint)
+        if isinstance(schedule, Schedule):
+            candidates.append(("hint", schedule))
+    greedy = greedy_eviction_schedule(graph, budget)
+    if greedy is not None:
+        candidates.append(("greedy-eviction", greedy))
+    try:
+        from coop.formulations import baselines
+    except ImportError:  # the baselines module is optional for this formulation
+        baselines = None
+    if baselines is not None:
+        for name in ("store_all", "checkpoint_all", "chen_sqrt", "chen_greedy"):
+            function = getattr(baselines, name, None)
+            if function is None:
+                continue
+            try:
+                result = function(graph, budget)
+            except Exception:  # noqa: BLE001 - a failing baseline only means one warm start fewer
+                continue
+            if result.schedule is not None:
+                candidates.append((name, result.schedule))
+    return candidates
+
+
+def best_warm_start(graph: Graph, budget: int, hint: Any = None) -> tuple[str, Schedule, Simulation] | None:
+    """The cheapest candidate warm start whose simulated peak fits the budget."""
+    best = None
+    for name, schedule in _candidate_warm_starts(graph, budget, hint):
+        try:
+            sim = simulate(graph, schedule)
+        except Exception:  # noqa: BLE001 - an illegal candidate is skipped
+            continue
+        if sim.peak <= budget and (best is None or sim.cost < best[2].cost):
+            best = (name, schedule, sim)
+    return best
+
+
+# ==================================================================== entry point
+def moccasin(
+    graph: Graph,
+    budget: int,
+    *,
+    time_limit: float = 60.0,
+    threads: int = 2,
+    max_intervals: int = 2,
+    hint: Any = None,
+    progress: ProgressCallback | None = None,
+    keep_order: bool = True,
+    extra_slots: int | None = None,
+    seed: int = 0,
+    **options: Any,
+) -> SolveResult:
+    """Solve rematerialization under ``budget`` with the Moccasin CP-SAT model (Bartan et al. 2023).
+
+    ``max_intervals`` is the paper's C (retention intervals per recomputable node; raised per node
+    where the warm start needs more); ``hint`` a Schedule or SolveResult to start from;
+    ``keep_order`` keeps first computations in the baseline order; ``extra_slots`` is how many
+    compute slots beyond the warm start's the horizon gets (default n // 10 + 2); remaining
+    ``options`` are CP-SAT parameters by name (e.g. ``log_search_progress=True``).
+    """
+    clock = ProgressClock(progress)
+    if max_intervals < 1:
+        from coop.errors import CoopError
+
+        raise CoopError(f"max_intervals={max_intervals} must be at least 1 (the paper's C)")
+    least = min_budget(graph)
+    if budget < least:
+        return SolveResult(FORMULATION, "infeasible", wall_s=clock.elapsed_s,
+                           message=f"budget {budget} is below the least feasible budget {least}; no schedule fits")
+    if budget >= baseline_peak(graph):
+        # Store-all fits, and no schedule costs less than computing every node once.
+        schedule = Schedule.from_order(graph.order)
+        sim = simulate(graph, schedule)
+        return SolveResult(FORMULATION, "optimal", schedule, sim, sim.cost, graph.baseline_cost, clock.elapsed_s,
+                           "the baseline order fits the budget", {"warm_start": "store_all"})
+    problem = _Problem.build(graph, budget)
+    warm = best_warm_start(graph, budget, hint)
+    if warm is None:
+        horizon = len(problem.order) + (extra_slots if extra_slots is not None else len(problem.order) * (max_intervals - 1))
+        warm_intervals = None
+        per_node = {v: max_intervals if problem.recomputable[v] else 1 for v in problem.order}
+    else:
+        warm_intervals, warm_slots = schedule_intervals(graph, warm[1])
+        slack = extra_slots if extra_slots is not None else len(problem.order) // 10 + 2
+        horizon = warm_slots + slack
+        per_node = {
+            v: max(len(warm_intervals[v]), max_intervals if problem.recomputable[v] else 1) for v in problem.order
+        }
+        if keep_order and not _first_computes_in_order(problem, warm_intervals):
+            keep_order = False  # the warm start would violate it; never discard a known schedule
+    built = build_model(problem, horizon, per_node, keep_order)
+    if warm_intervals is not None:
+        _add_hint(built, warm_intervals)
+        clock.report(warm[2].cost, None, f"warm start {warm[0]}")
+    return _solve(problem, built, warm, clock, time_limit, threads, seed, options)
+
+
+def _first_computes_in_order(problem: _Problem, intervals: dict[int, list[Interval]]) -> bool:
+    firsts = [intervals[v][0][0] for v in problem.order]
+    return all(a < b for a, b in zip(firsts, firsts[1:]))
+
+
+def _solve(problem: _Problem, built: _Model, warm: tuple[str, Schedule, Simulation] | None, clock: ProgressClock,
+           time_limit: float, threads: int, seed: int, options: dict[str, Any]) -> SolveResult:
+    graph = problem.graph
+    base_units = sum(problem.cost.values())
+
+    def to_cost(value: float) -> float:
+        return (value + base_units) / problem.cost_scale
+
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.01, time_limit - clock.elapsed_s)
+    solver.parameters.num_workers = max(1, threads)
+    solver.parameters.random_seed = seed
+    for key, value in options.items():
+        setattr(solver.parameters, key, value)
+    reporter = _ProgressReporter(clock, to_cost)
+    started = time.perf_counter()
+    status = solver.Solve(built.model, reporter)
+    extra: dict[str, Any] = {
+        "horizon": built.horizon,
+        "warm_start": warm[0] if warm else None,
+        "warm_start_cost": warm[2].cost if warm else None,
+        "solver_wall_s": time.perf_counter() - started,
+        "solutions": reporter.solutions,
+        "cp_sat_status": solver.StatusName(status),
+    }
+    bound = to_cost(solver.BestObjectiveBound()) if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        schedule = intervals_to_schedule(problem, _solution_intervals(solver, built))
+        sim = simulate(graph, schedule)
+        objective = to_cost(solver.ObjectiveValue())
+        if sim.peak > problem.budget:  # never hand out a schedule the simulator rejects
+            raise AssertionError(f"moccasin schedule peaks at {sim.peak} > budget {problem.budget}")
+        if warm is not None and warm[2].cost < sim.cost:  # the hint was better than what CP-SAT kept
+            schedule, sim, objective = warm[1], warm[2], warm[2].cost
+        label = "optimal" if status == cp_model.OPTIMAL else "feasible"
+        clock.report(objective, bound, "done", final=True)
+        return SolveResult(FORMULATION, label, schedule, sim, objective, bound, clock.elapsed_s,
+                           f"CP-SAT {solver.StatusName(status)}", extra)
+    if warm is not None:  # CP-SAT stopped before reproducing the hint: keep the warm start
+        clock.report(warm[2].cost, None, "done", final=True)
+        return SolveResult(FORMULATION, "feasible", warm[1], warm[2], warm[2].cost, None, clock.elapsed_s,
+                           f"CP-SAT {solver.StatusName(status)}; returning the warm start {warm[0]}", extra)
+    if status == cp_model.INFEASIBLE:
+        message = (f"no schedule fits budget {problem.budget} with at most {max(len(s) for s in built.starts.values())} "
+                   f"intervals per node on {built.horizon} compute slots; raise max_intervals or the budget")
+        return SolveResult(FORMULATION, "infeasible", wall_s=clock.elapsed_s, message=message, extra=extra)
+    return SolveResult(FORMULATION, "unknown", wall_s=clock.elapsed_s,
+                       message=f"CP-SAT found no schedule in {solver.parameters.max_time_in_seconds:.0f} s", extra=extra)

@@ -1,0 +1,167 @@
+"""Lower the fx joint graph to a coop Graph (DESIGN.md, contract 1).
+
+Alias folding is decided by storage identity on the fake values, not by a list of view ops: the
+first fx node whose output holds a storage owns it, and a node that creates no new storage (a
+view, ``t``, ``expand``, ``_unsafe_view``, a ``getitem`` of a multi-output op, a returned input)
+is folded into the owner of the storage it aliases. So every storage is counted once, in the
+node that allocates it, and ``mem`` is the sum of the node's new storages' bytes.
+
+A multi-output op (``native_batch_norm``, ``convolution_backward``, ``native_dropout``) owns
+only its first output; each further output becomes its own node (not recomputable, cost 0, input
+the op) at the ``getitem`` that takes it, so that outputs with different lifetimes are freed at
+different times as in eager PyTorch. The extra outputs count as the op's ``workspace``: they
+exist, all together, at the step that runs the op.
+
+Kinds: placeholders are ``param`` (trainable and frozen parameters), ``buffer`` or ``input``
+(the batch). A computed node is ``forward`` when the loss or a new buffer value depends on it,
+else ``backward``: it exists only to compute gradients. Random ops (``Tag.nondeterministic_seeded``:
+dropout, bernoulli, rand*) are not recomputable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx
+from torch.utils import _pytree as pytree
+
+from coop.graph import Graph, Node
+from coop.graph_capture.cost import BANDWIDTH, FLOP_RATE, analytic_seconds, node_flops
+from coop.graph_capture.trace import TracedStep, is_random
+
+PLACEHOLDER_KIND = {"param": "param", "frozen": "param", "buffer": "buffer", "input": "input"}
+
+
+@dataclass
+class Lowered:
+    """The Graph and the maps between its node ids and the fx nodes."""
+
+    graph: Graph
+    fx_names: dict[int, list[str]]  # graph node id -> fx node names (owner first, then folded)
+    owner_of: dict[str, int]  # fx node name -> graph node id
+    node_flops: dict[int, int]
+    fx_flops: dict[str, int] = field(default_factory=dict)
+
+
+def storage_key(tensor: torch.Tensor) -> int:
+    """Identity of a tensor's storage (fake or real); stable while the storage lives."""
+    return tensor.untyped_storage()._cdata
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    return [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
+
+
+def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: str,
+          seconds: dict[str, float] | None = None) -> Lowered:
+    """Build the Graph of a traced step: one node per storage-producing fx node."""
+    fx_graph = traced.module.graph
+    storage_owner: dict[int, int] = {}  # storage key -> graph node id
+    owner_of: dict[str, int] = {}
+    fx_names: dict[int, list[str]] = {}
+    fields: dict[int, dict[str, Any]] = {}
+    fx_flops: dict[str, int] = {}
+    placeholders = [n for n in fx_graph.nodes if n.op == "placeholder"]
+    labels = dict(zip((n.name for n in placeholders), placeholder_names, strict=True))
+
+    pending: dict[int, int] = {}  # storage key of a not-yet-extracted extra output -> bytes
+    for fx_node in fx_graph.nodes:
+        if fx_node.op == "output":
+            continue
+        tensors = _tensors(fx_node.meta.get("val"))
+        new_storages: dict[int, int] = {}
+        for tensor in tensors:
+            key = storage_key(tensor)
+            if key not in storage_owner and key not in new_storages:
+                new_storages[key] = tensor.untyped_storage().nbytes()
+        claimed = {k: pending.pop(k) for k in [storage_key(t) for t in tensors] if k in pending}
+        extras: dict[int, int] = {}
+        if len(new_storages) > 1 and fx_node.op == "call_function":
+            # A multi-output op: its outputs die at different times, so each extra output becomes
+            # its own node when a getitem takes it; until then it counts as the op's workspace.
+            first = next(iter(new_storages))
+            extras = {k: v for k, v in new_storages.items() if k != first}
+            new_storages = {first: new_storages[first]}
+            pending.update(extras)
+        if claimed:  # the getitem that first takes an extra output owns it
+            new_storages = {**new_storages, **claimed}
+        if new_storages or fx_node.op == "placeholder" or not tensors:
+            node_id = len(fields)
+            for key in new_storages:
+                storage_owner[key] = node_id
+            fields[node_id] = _new_node_fields(fx_node, node_id, sum(new_storages.values()), labels)
+            fields[node_id]["workspace"] = sum(extras.values())
+            if claimed:  # extracted from a tuple that a recomputation would not keep
+                fields[node_id]["recomputable"] = False
+            fx_names[node_id] = [fx_node.name]
+        else:  # an alias: fold it into the owner of its first storage
+            node_id = storage_owner[storage_key(tensors[0])]
+            fx_names[node_id].append(fx_node.name)
+        owner_of[fx_node.name] = node_id
+        flops = node_flops(fx_node)
+        fx_flops[fx_node.name] = flops
+        if fx_node.op == "call_function":
+            fields[node_id]["cost"] += seconds.get(fx_node.name, 0.0) if seconds is not None else analytic_seconds(fx_node, flops)
+        for source in fx_node.all_input_nodes:
+            source_id = owner_of[source.name]
+            if source_id != node_id and source_id not in fields[node_id]["inputs"]:
+                fields[node_id]["inputs"].append(source_id)
+        if is_random(fx_node):
+            fields[node_id]["recomputable"] = False
+
+    outputs = _output_ids(fx_graph, owner_of, num_grads=len(traced.param_names))
+    _mark_forward(fields, outputs["forward"])
+    nodes = [Node(**f) for f in fields.values()]
+    flops_per_node = {i: 0 for i in fields}
+    for fx_name, flops in fx_flops.items():
+        flops_per_node[owner_of[fx_name]] += flops
+    meta = {
+        "source": "coop.capture",
+        "mem_unit": "bytes",
+        "cost_unit": "seconds (profiled)" if seconds is not None else
+        f"seconds (analytic: flops / {FLOP_RATE:.0e} FLOP/s + bytes moved / {BANDWIDTH:.0e} B/s)",
+        "flops": sum(fx_flops.values()),
+        "node_flops": {str(i): f for i, f in flops_per_node.items() if f},
+    }
+    order = [i for i, f in fields.items() if f["kind"] not in PLACEHOLDER_KIND.values()]
+    graph = Graph(name=name, nodes=tuple(nodes), outputs=tuple(dict.fromkeys(outputs["all"])), order=tuple(order), meta=meta)
+    return Lowered(graph=graph, fx_names=fx_names, owner_of=owner_of, node_flops=flops_per_node, fx_flops=fx_flops)
+
+
+def _new_node_fields(fx_node: fx.Node, node_id: int, mem: int, labels: dict[str, tuple[str, str]]) -> dict[str, Any]:
+    if fx_node.op == "placeholder":
+        kind, label = labels[fx_node.name]
+        return {"id": node_id, "name": label, "op": kind, "inputs": [], "mem": mem, "cost": 0.0,
+                "kind": PLACEHOLDER_KIND[kind], "recomputable": False}
+    return {"id": node_id, "name": fx_node.name, "op": str(fx_node.target), "inputs": [], "mem": mem, "cost": 0.0,
+            "kind": "backward", "recomputable": True}
+
+
+def output_nodes(fx_graph: fx.Graph) -> list[fx.Node | None]:
+    """The flat outputs of the step: loss, one gradient per parameter, one value per buffer."""
+    (flat,) = fx_graph.output_node().args
+    return [a if isinstance(a, fx.Node) else None for a in pytree.tree_leaves(flat)]
+
+
+def _output_ids(fx_graph: fx.Graph, owner_of: dict[str, int], num_grads: int) -> dict[str, list[int]]:
+    flat = output_nodes(fx_graph)
+    ids = [owner_of[n.name] for n in flat if n is not None]
+    # forward roots: the loss and the new buffer values (flat layout: loss, gradients, buffers)
+    forward = [flat[0]] + flat[1 + num_grads:]
+    return {"all": ids, "forward": [owner_of[n.name] for n in forward if n is not None]}
+
+
+def _mark_forward(fields: dict[int, dict[str, Any]], roots: list[int]) -> None:
+    """Every computed ancestor of a forward root is forward; the rest is backward."""
+    stack = list(roots)
+    seen: set[int] = set()
+    while stack:
+        node_id = stack.pop()
+        if node_id in seen:
+            continue
+        seen.add(node_id)
+        if fields[node_id]["kind"] == "backward":
+            fields[node_id]["kind"] = "forward"
+        stack.extend(fields[node_id]["inputs"])

@@ -1,0 +1,213 @@
+"""Trace one training step (forward + backward) at aten level into an fx joint graph.
+
+The step is ``torch.func.grad_and_value`` of the loss with respect to the parameters, run under
+``torch.func.functionalize`` and traced by ``make_fx`` on fake tensors, so nothing is computed
+and in-place ops (``relu_``, ``add_``, ``num_batches_tracked.add_``) become out-of-place ops.
+Buffers are explicit inputs of the step and their values after the step are explicit outputs.
+
+Two mutations survive functionalization and are rewritten here, so that every node of the
+joint graph is a pure function of its inputs (and may be recomputed):
+
+* ``native_batch_norm`` in training updates the running statistics of its buffer arguments in
+  place: it becomes ``_native_batch_norm_legit_functional``, which returns the new statistics.
+* the trailing ``copy_`` of a new buffer value into its placeholder is dropped: the new value is
+  already an output of the step.
+
+Any other op that writes into one of its arguments is refused with a CaptureError.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx, nn
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils import _pytree as pytree
+
+from coop.errors import CaptureError, CoopError
+
+aten = torch.ops.aten
+LossFn = Callable[..., torch.Tensor]
+
+
+@dataclass
+class TracedStep:
+    """The joint GraphModule and the names of its flat inputs and outputs."""
+
+    module: fx.GraphModule
+    param_names: list[str]
+    buffer_names: list[str]
+    frozen_names: list[str]  # parameters that do not require grad: inputs, no gradient
+    batch_size: int  # number of batch tensors
+    output_grads: list[str]  # parameter name of each gradient output, in output order
+    output_buffers: list[str]  # buffer name of each new-buffer output, in output order
+
+
+def split_state(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Trainable parameters, buffers and frozen parameters (tied tensors listed once)."""
+    params = {k: v for k, v in model.named_parameters() if v.requires_grad}
+    frozen = {k: v for k, v in model.named_parameters() if not v.requires_grad}
+    buffers = dict(model.named_buffers())
+    return params, buffers, frozen
+
+
+def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossFn | None) -> TracedStep:
+    """Trace forward + backward of ``model`` on ``batch`` into a pure fx joint graph."""
+    params, buffers, frozen = split_state(model)
+    if not params:
+        raise CaptureError(f"{type(model).__name__} has no parameter that requires grad; nothing to train")
+    for index, tensor in enumerate(batch):
+        if not isinstance(tensor, torch.Tensor):
+            raise CaptureError(f"batch element {index} is a {type(tensor).__name__}; pass tensors only")
+
+    def loss_of(params: dict, buffers: dict, frozen: dict, *batch: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        state = {**params, **frozen, **buffers}
+        with torch.nn.utils.stateless._reparametrize_module(model, state, tie_weights=True, strict=False):
+            out = loss_fn(model, *batch) if loss_fn is not None else model(*batch)
+            new_buffers = {name: _get(model, name) for name in buffers}
+        return _scalar_loss(out, loss_fn), new_buffers
+
+    def step(params: dict, buffers: dict, frozen: dict, *batch: torch.Tensor) -> tuple:
+        grads, (loss, new_buffers) = torch.func.grad_and_value(loss_of, has_aux=True)(params, buffers, frozen, *batch)
+        return loss, grads, new_buffers
+
+    try:
+        module = make_fx(torch.func.functionalize(step, remove="mutations"), tracing_mode="fake")(
+            params, buffers, frozen, *batch
+        )
+    except CoopError:
+        raise
+    except Exception as exc:  # tracing errors are many types; report the first line
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        hint = "data-dependent control flow (a Python branch on a tensor value) cannot be captured; " if _data_dependent(exc) else ""
+        raise CaptureError(f"cannot trace the training step of {type(model).__name__}: {hint}{type(exc).__name__}: {first}") from None
+    _functionalize_batch_norm(module.graph)
+    _drop_copies_into_inputs(module.graph)
+    _refuse_mutations(module.graph)
+    _drop_dead_code(module.graph)
+    module.graph._codegen = fx.graph.CodeGen()  # flat inputs, flat list of outputs
+    module.graph.lint()
+    module.recompile()
+    return TracedStep(
+        module=module,
+        param_names=list(params),
+        buffer_names=list(buffers),
+        frozen_names=list(frozen),
+        batch_size=len(batch),
+        output_grads=list(params),
+        output_buffers=list(buffers),
+    )
+
+
+def _get(model: nn.Module, dotted: str) -> torch.Tensor:
+    owner_name, _, leaf = dotted.rpartition(".")
+    owner = model.get_submodule(owner_name) if owner_name else model
+    return getattr(owner, leaf)
+
+
+def _scalar_loss(out: Any, loss_fn: LossFn | None) -> torch.Tensor:
+    loss = out
+    if not isinstance(out, torch.Tensor):
+        loss = getattr(out, "loss", None)
+        if loss is None and isinstance(out, dict):
+            loss = out.get("loss")
+    if not isinstance(loss, torch.Tensor):
+        who = "loss_fn" if loss_fn is not None else "the model"
+        raise CaptureError(f"{who} returned {type(out).__name__}, not a scalar tensor or an object with .loss; pass loss_fn")
+    if loss.dim() != 0:
+        raise CaptureError(f"the loss has shape {tuple(loss.shape)}, not a scalar; reduce it (e.g. .mean()) in loss_fn")
+    return loss
+
+
+def _data_dependent(exc: Exception) -> bool:
+    text = f"{type(exc).__name__} {exc}".lower()
+    return any(key in text for key in ("data-dependent", "data dependent", "datadependent", "dynamic output shape"))
+
+
+def _functionalize_batch_norm(graph: fx.Graph) -> None:
+    """native_batch_norm(training) -> _native_batch_norm_legit_functional, new stats as values."""
+    for node in list(graph.nodes):
+        if node.target is not aten.native_batch_norm.default:
+            continue
+        x, weight, bias, running_mean, running_var, training, momentum, eps = node.args
+        if not training or running_mean is None or running_var is None:
+            continue
+        with graph.inserting_after(node):
+            functional = graph.call_function(
+                aten._native_batch_norm_legit_functional.default,
+                (x, weight, bias, running_mean, running_var, True, momentum, eps),
+            )
+            functional.meta = dict(node.meta)
+        node.replace_all_uses_with(functional)
+        graph.erase_node(node)
+        with graph.inserting_after(functional):
+            new_mean = graph.call_function(operator.getitem, (functional, 3))
+        with graph.inserting_after(new_mean):
+            new_var = graph.call_function(operator.getitem, (functional, 4))
+        fake_out = functional.meta["val"]
+        fake_mean = running_mean.meta["val"].clone()
+        fake_var = running_var.meta["val"].clone()
+        functional.meta["val"] = (*fake_out, fake_mean, fake_var)
+        new_mean.meta["val"], new_var.meta["val"] = fake_mean, fake_var
+        # Readers after this op saw the mutated statistics: they now read the new values.
+        _redirect_later_uses(graph, running_mean, new_mean, after=new_var)
+        _redirect_later_uses(graph, running_var, new_var, after=new_var)
+
+
+def _redirect_later_uses(graph: fx.Graph, old: fx.Node, new: fx.Node, after: fx.Node) -> None:
+    seen_after = False
+    for node in graph.nodes:
+        if node is after:
+            seen_after = True
+            continue
+        if seen_after and old in node.all_input_nodes:
+            node.replace_input_with(old, new)
+
+
+def _drop_copies_into_inputs(graph: fx.Graph) -> None:
+    """Functionalization writes new buffer values back with copy_; the outputs already carry them."""
+    for node in list(graph.nodes):
+        if node.target is aten.copy_.default and node.args[0].op == "placeholder":
+            node.replace_all_uses_with(node.args[1])
+            graph.erase_node(node)
+
+
+def _mutates(node: fx.Node) -> bool:
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return False
+    return any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+
+
+def _refuse_mutations(graph: fx.Graph) -> None:
+    for node in graph.nodes:
+        if node.op == "call_function" and _mutates(node):
+            raise CaptureError(
+                f"the training step mutates a tensor in place with {node.target} ({node.name}), which coop cannot "
+                "replay soundly; use the out-of-place op"
+            )
+
+
+def is_random(node: fx.Node) -> bool:
+    """Random ops (dropout, bernoulli, rand*): replaying them must not draw new numbers."""
+    tags = getattr(node.target, "tags", ())
+    return torch.Tag.nondeterministic_seeded in tags
+
+
+def _drop_dead_code(graph: fx.Graph) -> None:
+    """Remove unused pure nodes; unused random ops stay, since they advance the RNG like eager."""
+    for node in reversed(list(graph.nodes)):
+        if node.op == "call_function" and not node.users and not is_random(node):
+            graph.erase_node(node)
+
+
+def flat_names(params: dict, buffers: dict, frozen: dict, batch_size: int) -> list[tuple[str, str]]:
+    """(kind, name) of each flat placeholder, in the order make_fx lays them out."""
+    structure = ({k: ("param", k) for k in params}, {k: ("buffer", k) for k in buffers},
+                 {k: ("frozen", k) for k in frozen}, *[("input", f"batch[{i}]") for i in range(batch_size)])
+    leaves, _ = pytree.tree_flatten(structure, is_leaf=lambda x: isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str))
+    return leaves

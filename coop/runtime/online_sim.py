@@ -1,0 +1,364 @@
+"""Pure simulation of online eviction (DTR, DTE, Coop) over an address-ordered arena.
+
+:func:`simulate_online` runs a graph's baseline order op by op in an :class:`Arena` of the budget's
+size, as a dynamic runtime would: caller-owned values are allocated first and pinned; every
+computed value is freed after its last read in the order (graph outputs stay); when an
+allocation does not fit, the policy picks victims, and an evicted value is recomputed on demand
+from its lineage (recursively: a recomputation allocates too, and may evict). Staleness runs on a
+logical clock, the summed cost of the operations executed so far.
+
+References: Kirisame et al., "Dynamic Tensor Rematerialization", ICLR 2021 (the engine and the
+DTR heuristic); Zhang et al., "Coop: Memory is not a Commodity", NeurIPS 2023 (address-aware
+eviction, fragmentation at failures); MegEngine's DTE.
+
+Soundness rules (why the exported schedule is legal and fits):
+
+* a value being computed pins its inputs, its output and its workspace until the op ends;
+* caller-owned values and outputs of non-recomputable (random) ops are never evicted; the
+  latter also stay resident to the end of the step, because a later recomputation of one of
+  their consumers must read the very same random draw;
+* the computes executed form a coop :class:`~coop.schedule.Schedule`; in it every instance lives
+  at most as long as it was resident in the arena, so its simulated peak is at most the arena's
+  used bytes, which never exceed the budget.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from coop.budget import parse_budget
+from coop.graph import Graph
+from coop.runtime.arena import Arena
+from coop.runtime.policies import EvictionPolicy, TensorInfo, make_policy
+from coop.schedule import Schedule, Step
+
+OnlineStatus = Literal["ok", "thrashed", "oom"]
+
+#: DTR's thrashing threshold: a finished run that recomputed more than twice the baseline.
+THRASH_OVERHEAD = 2.0
+
+
+@dataclass
+class OnlineResult:
+    """One online run: status, compute overhead, eviction counts and arena measurements.
+
+    ``status``: "ok"; "thrashed" when the run finished with overhead > 2 (DTR's threshold; the
+    schedule is still legal) or was stopped once its extra compute passed ``max_overhead`` x the
+    baseline (no schedule); "oom" when nothing evictable could make room (no schedule).
+    ``peak`` is the most used bytes at once (caller-owned included), ``arena_peak`` the highest
+    address ever occupied; ``fragmentation`` the mean free bytes / arena size over the failed
+    allocation requests (Coop's measure), ``largest_free_fraction`` the mean largest free block /
+    arena size over the same failures.
+    """
+
+    policy: str
+    budget: int
+    status: OnlineStatus
+    overhead: float
+    cost: float
+    baseline_cost: float
+    evictions: int
+    recomputations: int
+    steps: int
+    failures: int
+    search_s: float
+    wall_s: float
+    fragmentation: float
+    largest_free_fraction: float
+    peak: int
+    arena_peak: int
+    schedule: Schedule | None = field(default=None, repr=False)
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready summary (the schedule is left out)."""
+        return {k: v for k, v in self.__dict__.items() if k != "schedule"}
+
+
+class _OutOfMemory(Exception):
+    """Nothing evictable can make room for an allocation."""
+
+
+class _Thrashing(Exception):
+    """The extra compute passed the caller's limit."""
+
+
+class _Workspace:
+    """Arena tag of an op's temporary workspace (pinned while the op runs)."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, node: int) -> None:
+        self.node = node
+
+    def __hash__(self) -> int:
+        return hash(("workspace", self.node))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Workspace) and other.node == self.node
+
+    def __repr__(self) -> str:
+        return f"workspace(%{self.node})"
+
+
+class OnlineSimulator:
+    """The engine: executes the order, evicts by policy, recomputes on demand (an EngineView)."""
+
+    def __init__(self, graph: Graph, budget: int, policy: EvictionPolicy, max_overhead: float) -> None:
+        self.graph = graph
+        self.policy = policy
+        self._arena = Arena(budget)
+        self._clock = 0.0
+        self.max_extra_cost = max_overhead * graph.baseline_cost
+        self.max_recomputations = int(max_overhead * max(len(graph.order), 1)) + len(graph.order)
+        nodes = {n.id: n for n in graph.nodes}
+        self._size = {i: n.mem for i, n in nodes.items()}
+        self._cost = {i: n.cost for i, n in nodes.items()}
+        self._inputs = {i: tuple(p for p in n.inputs if not nodes[p].caller_owned) for i, n in nodes.items()}
+        self._owned = set(graph.caller_owned_ids)
+        self._kept = {i for i, n in nodes.items() if not n.caller_owned and not n.recomputable}
+        self._outputs = set(graph.outputs)
+        self._neighbours = {
+            i: tuple(p for p in self._inputs[i] if p not in self._kept)
+            + tuple(c for c in graph.consumers[i] if c not in self._kept)
+            for i in nodes
+        }
+        self._remaining = {i: 0 for i in nodes}  # program reads still to come
+        for v in graph.order:
+            for p in self._inputs[v]:
+                self._remaining[p] += 1
+        self._resident: set[int] = set()
+        self._ever: set[int] = set()
+        self._pins: dict[int, int] = {i: 0 for i in nodes}
+        self._last_access: dict[int, float] = {i: 0.0 for i in nodes}
+        self._previous_address: dict[int, int] = {}
+        self.executed: list[int] = []
+        self.evictions = 0
+        self.recomputations = 0
+        self.extra_cost = 0.0
+        self.search_s = 0.0
+
+    # ---------------------------------------------------------------- EngineView
+    @property
+    def clock(self) -> float:
+        return self._clock
+
+    @property
+    def arena(self) -> Arena:
+        return self._arena
+
+    def info(self, key: Hashable) -> TensorInfo:
+        if isinstance(key, _Workspace):
+            return TensorInfo(key, self._arena.block_of(key).size, 0.0, self._clock, False)
+        return TensorInfo(key, self._size[key], self._cost[key], self._last_access[key], self._evictable(key))
+
+    def evictable(self) -> Iterator[TensorInfo]:
+        for key in self._resident:
+            if self._evictable(key):
+                yield TensorInfo(key, self._size[key], self._cost[key], self._last_access[key], True)
+
+    def neighbours(self, key: Hashable) -> Iterable[Hashable]:
+        return self._neighbours[key]
+
+    def is_evicted(self, key: Hashable) -> bool:
+        return key in self._ever and key not in self._resident
+
+    def cost(self, key: Hashable) -> float:
+        return self._cost[key]
+
+    def _evictable(self, key: int) -> bool:
+        return (
+            key in self._resident
+            and self._pins[key] == 0
+            and self._size[key] > 0
+            and key not in self._owned
+            and key not in self._kept
+        )
+
+    # ---------------------------------------------------------------- the run
+    def run(self) -> None:
+        for owned in self.graph.caller_owned_ids:
+            if self._size[owned] and self._arena.allocate(self._size[owned], owned) is None:
+                raise _OutOfMemory(f"the caller-owned values ({self.graph.caller_owned_bytes}) do not fit the budget")
+        for v in self.graph.order:
+            self._materialize(v, program_step=True)
+        # Outputs evicted on the way are brought back; each one is pinned so the next cannot evict it.
+        restored = []
+        for output in self.graph.outputs:
+            if output not in self._owned:
+                self._materialize(output, program_step=False)
+                self._pin(output)
+                restored.append(output)
+        for output in restored:
+            self._unpin(output)
+
+    def _materialize(self, target: int, program_step: bool) -> None:
+        """Make ``target`` resident, recomputing missing ancestors first (iterative DFS).
+
+        Each frame is [node, index of the next input to make resident]; an input is pinned as
+        soon as it is resident so that materializing its siblings cannot evict it.
+        """
+        if target in self._resident and not program_step:
+            return
+        stack: list[list[int]] = [[target, 0]]
+        while stack:
+            frame = stack[-1]
+            node, position = frame
+            inputs = self._inputs[node]
+            if position < len(inputs):
+                source = inputs[position]
+                if source in self._resident:
+                    self._pin(source)
+                    frame[1] += 1
+                else:
+                    stack.append([source, 0])
+                continue
+            stack.pop()
+            self._execute(node, recompute=node in self._ever)
+            is_program_step = program_step and not stack
+            if is_program_step:
+                for source in inputs:
+                    self._remaining[source] -= 1
+            for source in inputs:
+                self._unpin(source)
+            if stack:  # the parent frame now holds this input
+                self._pin(node)
+                stack[-1][1] += 1
+            else:
+                self._release_if_done(node)
+
+    def _execute(self, node: int, recompute: bool) -> None:
+        size = self._size[node]
+        self._pin(node)  # the output under construction is not evictable
+        hint = self._previous_address.get(node) if self.policy.in_place_recompute else None
+        self._allocate(node, size, self._cost[node], hint)
+        workspace = self.graph.node(node).workspace
+        if workspace:
+            self._allocate(_Workspace(node), workspace, 0.0, None)
+        self._resident.add(node)
+        self._ever.add(node)
+        self.executed.append(node)
+        self._clock += self._cost[node]
+        for source in self._inputs[node]:
+            self._last_access[source] = self._clock
+        self._last_access[node] = self._clock
+        if workspace:
+            self._arena.free(_Workspace(node))
+        self._unpin_quietly(node)
+        self.policy.on_resident(node, self)
+        if recompute:
+            self.recomputations += 1
+            self.extra_cost += self._cost[node]
+            if self.extra_cost > self.max_extra_cost or self.recomputations > self.max_recomputations:
+                raise _Thrashing(f"recomputation passed the limit after {self.recomputations} recomputes")
+
+    def _allocate(self, key: Hashable, size: int, cost: float, hint: int | None) -> None:
+        """Place ``key`` in the arena, evicting policy-chosen victims until it fits."""
+        if size == 0:
+            return
+        if hint is not None and self._arena.allocate_at(hint, size, key):
+            return
+        from_end = self.policy.from_end(size, cost)
+        first_try = True
+        while self._arena.allocate(size, key, from_end, record=first_try) is None:
+            first_try = False
+            started = time.perf_counter()
+            victims = self.policy.choose(size, self)
+            self.search_s += time.perf_counter() - started
+            if not victims:
+                raise _OutOfMemory(
+                    f"no eviction makes room for {size} (free {self._arena.free_bytes}, "
+                    f"largest free block {self._arena.largest_free})"
+                )
+            for victim in victims:
+                self._drop(victim)
+                self.evictions += 1
+
+    def _drop(self, key: int) -> None:
+        """Take a value out of memory (eviction or release); its lineage stays for recomputation."""
+        if self._size[key]:
+            self._previous_address[key] = self._arena.address_of(key)
+            self._arena.free(key)
+        self._resident.discard(key)
+        self.policy.on_evicted(key, self)
+
+    def _release_if_done(self, key: int) -> None:
+        """Free a value nobody will read again (outputs and random-op outputs stay)."""
+        if (
+            key in self._resident
+            and self._pins[key] == 0
+            and self._remaining[key] == 0
+            and key not in self._outputs
+            and key not in self._kept
+        ):
+            self._drop(key)
+
+    def _pin(self, key: int) -> None:
+        self._pins[key] += 1
+
+    def _unpin(self, key: int) -> None:
+        self._pins[key] -= 1
+        self._release_if_done(key)
+
+    def _unpin_quietly(self, key: int) -> None:
+        self._pins[key] -= 1
+
+
+def simulate_online(
+    graph: Graph,
+    budget: int | str | float,  # noqa: PYI041 (an int is graph units, a float a fraction)
+    policy: str | EvictionPolicy,
+    *,
+    max_overhead: float = 10.0,
+) -> OnlineResult:
+    """Run ``graph.order`` under ``budget`` with an online eviction ``policy`` ("dtr", "dtr-eq", "dte", "coop").
+
+    The budget is in graph units, or any spec :func:`coop.budget.parse_budget` reads (a budget
+    below the least feasible one is not an error here: the run reports "oom").
+    """
+    budget_units = parse_budget(budget, graph, check=False)
+    policy_object = make_policy(policy)
+    engine = OnlineSimulator(graph, budget_units, policy_object, max_overhead)
+    started = time.perf_counter()
+    status: OnlineStatus = "ok"
+    message = ""
+    try:
+        engine.run()
+    except _OutOfMemory as exc:
+        status, message = "oom", str(exc)
+    except _Thrashing as exc:
+        status, message = "thrashed", str(exc)
+    wall_s = time.perf_counter() - started
+    cost = sum(engine.cost(v) for v in engine.executed)
+    baseline = graph.baseline_cost
+    overhead = (cost - baseline) / baseline if baseline else 0.0
+    schedule = None
+    if status == "ok":
+        schedule = Schedule(steps=tuple(Step(op="compute", node=v) for v in engine.executed))
+        if overhead > THRASH_OVERHEAD:
+            status, message = "thrashed", f"overhead {overhead:.2f} exceeds {THRASH_OVERHEAD}"
+    arena = engine.arena
+    failures = arena.failures
+    return OnlineResult(
+        policy=policy_object.name,
+        budget=budget_units,
+        status=status,
+        overhead=overhead,
+        cost=cost,
+        baseline_cost=baseline,
+        evictions=engine.evictions,
+        recomputations=engine.recomputations,
+        steps=len(engine.executed),
+        failures=len(failures),
+        search_s=engine.search_s,
+        wall_s=wall_s,
+        fragmentation=arena.mean_failure_free_fraction,
+        largest_free_fraction=(sum(f.largest_free for f in failures) / len(failures) / arena.size) if failures else 0.0,
+        peak=arena.peak_used,
+        arena_peak=arena.high_water,
+        schedule=schedule,
+        message=message,
+    )

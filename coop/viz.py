@@ -1,0 +1,111 @@
+"""Plots: memory timelines of schedules and overhead-vs-budget curves (DESIGN.md, "CLI").
+
+matplotlib runs on its Agg backend (files only, no screen), selected before pyplot is imported so
+that plotting works on headless machines and in CI.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # before pyplot: never ask for a display
+
+import matplotlib.pyplot as plt
+from matplotlib.ticker import FuncFormatter
+
+from coop.errors import CoopError
+from coop.graph import format_bytes
+
+
+def plot_memory_timeline(
+    series: Mapping[str, Sequence[int]],
+    budget: int | None,
+    path: str | Path,
+    *,
+    mem_unit: str = "bytes",
+    title: str | None = None,
+) -> Path:
+    """Memory in use at every step, one line per schedule, with the budget as a dashed line.
+
+    ``series`` maps a label to the per-step memory that :func:`coop.schedule.simulate` reports
+    (``Simulation.memory``). Schedules of different lengths share the step axis.
+    """
+    if not series:
+        raise CoopError("nothing to plot: give at least one schedule")
+    figure, axes = plt.subplots(figsize=(9, 4.5))
+    try:
+        for label, memory in series.items():
+            peak = max(memory) if memory else 0
+            axes.step(range(len(memory)), memory, where="post", linewidth=1.2,
+                      label=f"{label} (peak {_format_value(peak, mem_unit)})")
+        if budget is not None:
+            axes.axhline(budget, color="black", linestyle="--", linewidth=1,
+                         label=f"budget {_format_value(budget, mem_unit)}")
+        axes.set_xlabel("schedule step")
+        axes.set_ylabel("memory in use" + ("" if mem_unit == "bytes" else f" ({mem_unit})"))
+        axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _: _format_value(value, mem_unit)))
+        axes.set_ylim(bottom=0)
+        axes.grid(alpha=0.3)
+        axes.legend(loc="best", fontsize="small")
+        if title:
+            axes.set_title(title)
+        return _save(figure, path)
+    finally:
+        plt.close(figure)
+
+
+def plot_overhead_vs_budget(rows: Iterable[Mapping[str, Any]], path: str | Path, *, title: str | None = None) -> Path:
+    """Compute overhead against budget, one line per method (the curves of the Checkmate/Moccasin papers).
+
+    Each row has ``method``, ``budget`` (a fraction of the baseline peak, or graph units) and
+    ``overhead`` (a fraction: 0.05 is 5% extra compute; None where the method found no schedule,
+    which leaves a gap in its line).
+    """
+    by_method: dict[str, list[tuple[float, float | None]]] = {}
+    for row in rows:
+        for key in ("method", "budget", "overhead"):
+            if key not in row:
+                raise CoopError(f"overhead plot row {dict(row)!r} lacks {key!r}: each row needs method, budget, overhead")
+        by_method.setdefault(str(row["method"]), []).append((float(row["budget"]), row["overhead"]))
+    if not by_method:
+        raise CoopError("nothing to plot: give at least one row")
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    try:
+        for method, points in by_method.items():
+            points.sort(key=lambda point: point[0])
+            budgets = [budget for budget, _ in points]
+            overheads = [float("nan") if overhead is None else 100 * overhead for _, overhead in points]
+            axes.plot(budgets, overheads, marker="o", linewidth=1.2, label=method)
+        axes.set_xlabel("budget")
+        axes.set_ylabel("compute overhead (%)")
+        axes.grid(alpha=0.3)
+        axes.legend(loc="best", fontsize="small")
+        if title:
+            axes.set_title(title)
+        return _save(figure, path)
+    finally:
+        plt.close(figure)
+
+
+def _format_value(value: float, mem_unit: str) -> str:
+    if mem_unit == "bytes":
+        return format_bytes(value)
+    return f"{value:,.0f}"
+
+
+def _save(figure: Any, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        figure.tight_layout()
+        figure.savefig(path, dpi=120)
+    except ValueError as exc:  # matplotlib's answer to an unknown file extension
+        raise CoopError(f"cannot write plot {path}: {exc}; use .png, .pdf or .svg") from None
+    return path
+
+
+__all__ = ["plot_memory_timeline", "plot_overhead_vs_budget"]

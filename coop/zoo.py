@@ -1,0 +1,187 @@
+"""The model zoo: small built-in models for ``coop capture --model NAME``, tests and benchmarks.
+
+:func:`build` returns ``(model, example_batch, loss_fn)``: ``loss_fn`` is None when the model's
+own forward returns the loss (or an object with ``.loss``, as transformers models do). The
+hand-written models (MLP, CNN with BatchNorm + in-place ReLU + dropout, a transformer stack with
+tied embeddings) live here so the package never imports from ``tests``; ``tests/models.py``
+re-exports them. transformers models are built from small configs with random weights: nothing
+is downloaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from itertools import pairwise
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from coop.errors import CoopError
+
+
+class MLP(nn.Module):
+    """Linear/GELU layers with dropout and a cross-entropy loss."""
+
+    def __init__(self, inputs: int = 32, hidden: int = 64, layers: int = 3, classes: int = 10) -> None:
+        super().__init__()
+        widths = [inputs] + [hidden] * layers
+        self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in pairwise(widths))
+        self.dropout = nn.Dropout(0.1)
+        self.head = nn.Linear(hidden, classes)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = self.dropout(F.gelu(layer(x)))
+        return F.cross_entropy(self.head(x), target)
+
+
+class CNN(nn.Module):
+    """Conv + BatchNorm + in-place ReLU + dropout blocks: exercises buffers and in-place ops."""
+
+    def __init__(self, channels: int = 8, layers: int = 2, classes: int = 10) -> None:
+        super().__init__()
+        blocks: list[nn.Module] = []
+        width = 3
+        for _ in range(layers):
+            blocks += [nn.Conv2d(width, channels, 3, padding=1), nn.BatchNorm2d(channels), nn.ReLU(inplace=True),
+                       nn.Dropout2d(0.1)]
+            width = channels
+        self.features = nn.Sequential(*blocks)
+        self.head = nn.Linear(channels, classes)
+
+    def forward(self, image: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        pooled = self.features(image).mean(dim=(2, 3))
+        return F.cross_entropy(self.head(pooled), target)
+
+
+class Block(nn.Module):
+    """A pre-norm transformer block: causal self-attention and an MLP, each with dropout."""
+
+    def __init__(self, hidden: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.norm1 = nn.LayerNorm(hidden)
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+        self.norm2 = nn.LayerNorm(hidden)
+        self.mlp = nn.Sequential(nn.Linear(hidden, 4 * hidden), nn.GELU(), nn.Linear(4 * hidden, hidden))
+        self.dropout = nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, hidden = x.shape
+        q, k, v = self.qkv(self.norm1(x)).split(hidden, dim=-1)
+        q, k, v = (t.view(batch, seq, self.heads, hidden // self.heads).transpose(1, 2) for t in (q, k, v))
+        scores = (q @ k.transpose(-2, -1)) / (hidden // self.heads) ** 0.5
+        mask = torch.ones(seq, seq, dtype=torch.bool, device=x.device).tril()
+        attn = self.dropout(scores.masked_fill(~mask, float("-inf")).softmax(-1))
+        x = x + self.dropout(self.proj((attn @ v).transpose(1, 2).reshape(batch, seq, hidden)))
+        return x + self.dropout(self.mlp(self.norm2(x)))
+
+
+class Transformer(nn.Module):
+    """A small decoder-only language model with tied input/output embeddings."""
+
+    def __init__(self, vocab: int = 64, hidden: int = 32, layers: int = 2, heads: int = 4, seq: int = 16) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, hidden)
+        self.position = nn.Parameter(torch.zeros(seq, hidden))
+        self.blocks = nn.ModuleList(Block(hidden, heads) for _ in range(layers))
+        self.norm = nn.LayerNorm(hidden)
+        self.head = nn.Linear(hidden, vocab, bias=False)
+        self.head.weight = self.embed.weight  # tied, like GPT-2's lm_head/wte
+
+    def forward(self, tokens: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens) + self.position[: tokens.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.norm(x))
+        return F.cross_entropy(logits.flatten(0, 1), target.flatten())
+
+
+ZOO_NAMES: tuple[str, ...] = ("mlp", "cnn", "transformer", "gpt2", "bert", "resnet")
+
+Built = tuple[nn.Module, tuple[torch.Tensor, ...], "Callable[..., torch.Tensor] | None"]
+
+
+def build(name: str, **size: Any) -> Built:
+    """``(model, example_batch, loss_fn | None)`` for a zoo model in train mode.
+
+    Size options (all optional): ``layers``, ``hidden``, ``batch``, ``seq`` (token models),
+    ``image`` (image side for cnn/resnet), ``heads``, ``vocab``, ``seed``.
+    """
+    builders = {"mlp": _mlp, "cnn": _cnn, "transformer": _transformer, "gpt2": _gpt2, "bert": _bert, "resnet": _resnet}
+    if name not in builders:
+        raise CoopError(f"unknown zoo model {name!r}: choose one of {', '.join(ZOO_NAMES)}")
+    known = {"layers", "hidden", "batch", "seq", "image", "heads", "vocab", "seed"}
+    unknown = sorted(set(size) - known)
+    if unknown:
+        raise CoopError(f"unknown size option {unknown[0]!r} for zoo model {name!r}: use {', '.join(sorted(known))}")
+    generator = torch.Generator().manual_seed(int(size.pop("seed", 0)))
+    torch.manual_seed(int(generator.initial_seed()))
+    model, batch, loss_fn = builders[name](generator, **size)
+    return model.train(), batch, loss_fn
+
+
+def _tokens(generator: torch.Generator, vocab: int, batch: int, seq: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, seq), generator=generator)
+
+
+def _mlp(generator: torch.Generator, layers: int = 3, hidden: int = 64, batch: int = 8, **_: Any) -> Built:
+    model = MLP(inputs=32, hidden=hidden, layers=layers)
+    return model, (torch.randn(batch, 32, generator=generator), torch.randint(0, 10, (batch,), generator=generator)), None
+
+
+def _cnn(generator: torch.Generator, layers: int = 2, hidden: int = 8, batch: int = 4, image: int = 16, **_: Any) -> Built:
+    model = CNN(channels=hidden, layers=layers)
+    images = torch.randn(batch, 3, image, image, generator=generator)
+    return model, (images, torch.randint(0, 10, (batch,), generator=generator)), None
+
+
+def _transformer(generator: torch.Generator, layers: int = 2, hidden: int = 32, batch: int = 2, seq: int = 16,
+                 heads: int = 4, vocab: int = 64, **_: Any) -> Built:
+    model = Transformer(vocab=vocab, hidden=hidden, layers=layers, heads=heads, seq=seq)
+    return model, (_tokens(generator, vocab, batch, seq), _tokens(generator, vocab, batch, seq)), None
+
+
+def _gpt2(generator: torch.Generator, layers: int = 2, hidden: int = 64, batch: int = 2, seq: int = 32,
+          heads: int = 4, vocab: int = 128, **_: Any) -> Built:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(n_layer=layers, n_embd=hidden, n_head=heads, vocab_size=vocab, n_positions=max(seq, 32))
+    model = GPT2LMHeadModel(config)
+    tokens = _tokens(generator, vocab, batch, seq)
+    return model, (tokens,), _language_model_loss
+
+
+def _bert(generator: torch.Generator, layers: int = 2, hidden: int = 64, batch: int = 2, seq: int = 32,
+          heads: int = 4, vocab: int = 128, **_: Any) -> Built:
+    from transformers import BertConfig, BertForMaskedLM
+
+    config = BertConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads, vocab_size=vocab,
+                        intermediate_size=4 * hidden, max_position_embeddings=max(seq, 32))
+    model = BertForMaskedLM(config)
+    tokens = _tokens(generator, vocab, batch, seq)
+    return model, (tokens,), _language_model_loss
+
+
+def _resnet(generator: torch.Generator, layers: int = 1, hidden: int = 8, batch: int = 2, image: int = 32,
+            **_: Any) -> Built:
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    config = ResNetConfig(embedding_size=hidden, hidden_sizes=[hidden * 2 ** i for i in range(4)], depths=[layers] * 4,
+                          layer_type="bottleneck", num_labels=10)
+    model = ResNetForImageClassification(config)
+    images = torch.randn(batch, 3, image, image, generator=generator)
+    labels = torch.randint(0, 10, (batch,), generator=generator)
+    return model, (images, labels), _classifier_loss
+
+
+def _language_model_loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """Next-token (GPT-2) or masked-token (BERT) loss with the tokens as labels."""
+    return model(input_ids=tokens, labels=tokens).loss
+
+
+def _classifier_loss(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return model(pixel_values=images, labels=labels).loss

@@ -1,0 +1,122 @@
+"""Budgets (contract 3): the parser and the least feasible budget."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from coop.budget import baseline_peak, min_budget, parse_budget
+from coop.errors import BudgetError
+from coop.graph import Graph
+from coop.schedule import Schedule, simulate
+from tests.strategies import random_graphs, random_schedules
+
+PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@pytest.fixture
+def byte_graph() -> Graph:
+    """Bytes; baseline peak 3 GiB + 1 (a and b live together at b's step)."""
+    gib = 2**30
+    return Graph.model_validate(
+        {"name": "bytes", "meta": {"mem_unit": "bytes"}, "nodes": [
+            {"id": 0, "name": "x", "mem": 1, "cost": 0, "kind": "input"},
+            {"id": 1, "name": "a", "mem": gib, "cost": 1, "inputs": [0]},
+            {"id": 2, "name": "b", "mem": 2 * gib, "cost": 1, "inputs": [1]},
+            {"id": 3, "name": "c", "mem": 1, "cost": 1, "inputs": [2]},
+        ]}
+    )
+
+
+@pytest.fixture
+def unit_graph() -> Graph:
+    return Graph.model_validate(
+        {"name": "units", "meta": {"mem_unit": "units"}, "nodes": [
+            {"id": 0, "name": "a", "mem": 100, "cost": 1},
+            {"id": 1, "name": "b", "mem": 33, "cost": 1, "inputs": [0]},
+        ]}
+    )
+
+
+def test_baseline_peak_of_the_fixture(byte_graph: Graph) -> None:
+    assert baseline_peak(byte_graph) == 3 * 2**30 + 1
+    assert min_budget(byte_graph) == 3 * 2**30 + 1
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [("6GiB", 6 * 2**30), ("750MB", 750 * 10**6), ("132156", 132156), ("2k", 2048), (4 * 2**30, 4 * 2**30)],
+)
+def test_parse_budget_sizes(byte_graph: Graph, spec: object, expected: int) -> None:
+    assert parse_budget(spec, byte_graph, check=False) == expected  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("spec", "fraction"), [("90%", 0.9), (0.9, 0.9), ("0.5", 0.5), ("1e-1", 0.1)])
+def test_parse_budget_fractions_of_the_baseline_peak(byte_graph: Graph, spec: object, fraction: float) -> None:
+    assert parse_budget(spec, byte_graph, check=False) == math.ceil(fraction * baseline_peak(byte_graph))  # type: ignore[arg-type]
+
+
+def test_fraction_rounds_up(unit_graph: Graph) -> None:
+    # Peak 133; 0.9 * 133 = 119.7 -> 120; "50%" -> 66.5 -> 67.
+    assert baseline_peak(unit_graph) == 133
+    assert parse_budget(0.9, unit_graph, check=False) == 120
+    assert parse_budget("50%", unit_graph, check=False) == 67
+    assert parse_budget("1.0", unit_graph) == 133
+
+
+@pytest.mark.parametrize("spec", ["5XB", "lots", "", "1.5.2GB", "GiB", True, None, [1]])
+def test_bad_budgets_are_one_line_errors(byte_graph: Graph, spec: object) -> None:
+    with pytest.raises(BudgetError) as caught:
+        parse_budget(spec, byte_graph)  # type: ignore[arg-type]
+    assert "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("spec", ["-5", "-1GiB", -3, -0.5, 0, 0.0, "0%", "0"])
+def test_negative_and_zero_budgets_are_rejected(byte_graph: Graph, spec: object) -> None:
+    with pytest.raises(BudgetError):
+        parse_budget(spec, byte_graph)  # type: ignore[arg-type]
+
+
+def test_unknown_unit_names_the_unit(byte_graph: Graph) -> None:
+    with pytest.raises(BudgetError, match="unknown unit 'XB'"):
+        parse_budget("5XB", byte_graph)
+
+
+def test_bytes_on_a_unit_graph_are_rejected(unit_graph: Graph) -> None:
+    with pytest.raises(BudgetError, match="abstract units"):
+        parse_budget("1KiB", unit_graph)
+
+
+def test_budget_below_the_minimum_names_it(byte_graph: Graph) -> None:
+    least = min_budget(byte_graph)
+    with pytest.raises(BudgetError) as caught:
+        parse_budget("1GiB", byte_graph)
+    assert str(least) in str(caught.value) and "\n" not in str(caught.value)
+    assert parse_budget(least, byte_graph) == least
+
+
+@PROPERTY
+@given(st.data())
+def test_min_budget_is_a_lower_bound_without_caller_owned_paging(data: st.DataObject) -> None:
+    graph = data.draw(random_graphs())
+    schedule = data.draw(random_schedules(graph, page_caller_owned=False))
+    assert simulate(graph, schedule).peak >= min_budget(graph)
+
+
+@PROPERTY
+@given(st.data())
+def test_min_budget_is_a_lower_bound_for_every_legal_schedule(data: st.DataObject) -> None:
+    # Contract 3: "a lower bound that no schedule can beat" -- paging and impls included.
+    graph = data.draw(random_graphs(with_impls=True))
+    schedule = data.draw(random_schedules(graph))
+    assert simulate(graph, schedule).peak >= min_budget(graph)
+
+
+@PROPERTY
+@given(random_graphs())
+def test_min_budget_never_exceeds_the_baseline_peak(graph: Graph) -> None:
+    assert min_budget(graph) <= baseline_peak(graph)
+    assert baseline_peak(graph) == simulate(graph, Schedule.from_order(graph.order)).peak

@@ -1,0 +1,156 @@
+"""Capture: Graph peak == metered peak of the captured step, FLOPs == FlopCounterMode, replay == eager."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from coop import Graph, baseline_peak, capture
+from coop.errors import CaptureError
+from coop.runtime.meter import MemoryMeter
+from coop.zoo import ZOO_NAMES, build
+
+SMALL = {"gpt2": {"layers": 1, "hidden": 32, "seq": 16}, "bert": {"layers": 1, "hidden": 32, "seq": 16},
+         "resnet": {"layers": 1, "hidden": 4, "image": 16}}
+
+
+@pytest.fixture(scope="module", params=ZOO_NAMES)
+def zoo_capture(request: pytest.FixtureRequest):
+    name = request.param
+    model, batch, loss_fn = build(name, **SMALL.get(name, {}))
+    return name, model, batch, loss_fn, capture(model, batch, loss_fn)
+
+
+def eager_loss(model: nn.Module, batch: tuple, loss_fn) -> torch.Tensor:
+    out = loss_fn(model, *batch) if loss_fn is not None else model(*batch)
+    return out if isinstance(out, torch.Tensor) else out.loss
+
+
+def test_baseline_peak_matches_metered_peak(zoo_capture) -> None:
+    name, model, batch, _, captured = zoo_capture
+    flat = captured.flat_inputs(model, batch)
+    with torch.random.fork_rng(), torch.no_grad(), MemoryMeter() as meter:
+        meter.track(*flat)
+        captured.module(*flat)
+    predicted = baseline_peak(captured.graph)
+    assert abs(meter.peak_bytes - predicted) <= 0.02 * predicted, (name, meter.peak_bytes, predicted)
+
+
+def test_flops_match_flop_counter_on_eager_step(zoo_capture) -> None:
+    name, model, batch, loss_fn, captured = zoo_capture
+    eager = copy.deepcopy(model)
+    counter = FlopCounterMode(display=False)
+    with counter:
+        eager_loss(eager, batch, loss_fn).backward()
+    assert captured.flops > 0
+    assert captured.flops == counter.get_total_flops(), name
+    assert captured.graph.meta["flops"] == captured.flops
+
+
+def test_replay_equals_eager_bit_for_bit(zoo_capture) -> None:
+    """Loss, every gradient and every new buffer value equal eager PyTorch under the same seed."""
+    name, model, batch, loss_fn, captured = zoo_capture
+    eager = copy.deepcopy(model)
+    torch.manual_seed(7)
+    loss = eager_loss(eager, batch, loss_fn)
+    loss.backward()
+    torch.manual_seed(7)
+    outputs = captured.run(model, *batch)
+    assert torch.equal(outputs[0], loss.detach()), name
+    grads = dict(zip(captured.grad_names, outputs[captured.grad_slice], strict=True))
+    for param_name, param in eager.named_parameters():
+        assert torch.equal(grads[param_name], param.grad), (name, param_name)
+    new_buffers = dict(zip(captured.buffer_names, outputs[captured.buffer_slice], strict=True))
+    for buffer_name, buffer in eager.named_buffers():
+        assert torch.equal(new_buffers[buffer_name], buffer), (name, buffer_name)
+
+
+def test_graph_structure(zoo_capture) -> None:
+    name, model, batch, _, captured = zoo_capture
+    graph = captured.graph
+    kinds = {n.kind for n in graph.nodes}
+    assert {"param", "input", "forward", "backward"} <= kinds
+    assert graph.meta["mem_unit"] == "bytes" and "seconds" in graph.meta["cost_unit"]
+    # every gradient and the loss are outputs; caller-owned nodes hold the real tensors' bytes
+    assert len(graph.outputs) >= 1 + len(captured.grad_names) - 1
+    params = {n.name: n for n in graph.nodes if n.kind == "param"}
+    for param_name, param in model.named_parameters():
+        assert params[param_name].mem == param.untyped_storage().nbytes()
+    assert all(n.cost > 0 for n in graph.nodes if not n.caller_owned and n.mem > 0)
+    # fx_names: the storage-producing fx node first; every fx call node belongs to one Graph node
+    fx_calls = {n.name for n in captured.module.graph.nodes if n.op in ("call_function", "placeholder")}
+    assert set(captured.owner_of) == fx_calls
+    for node_id, names in captured.fx_names.items():
+        assert captured.owner_of[names[0]] == node_id
+    assert Graph.model_validate_json(graph.to_json()).sha256 == graph.sha256
+
+
+def test_random_ops_are_not_recomputable() -> None:
+    model, batch, _ = build("mlp")
+    graph = capture(model, batch).graph
+    random_nodes = [n for n in graph.nodes if "bernoulli" in n.op or "dropout" in n.op]
+    assert random_nodes and not any(n.recomputable for n in random_nodes)
+
+
+def test_batch_norm_buffers_are_outputs_and_in_place_ops_are_gone() -> None:
+    model, batch, _ = build("cnn")
+    captured = capture(model, batch)
+    targets = [str(n.target) for n in captured.module.graph.nodes]
+    assert not any(t.endswith("_.default") or "relu_" in t for t in targets)
+    assert len(captured.buffer_names) == 6  # 2 BatchNorms x (mean, var, num_batches_tracked)
+    buffer_ids = {captured.owner_of[n.name] for n in captured.module.graph.output_node().args[0][captured.buffer_slice]}
+    assert buffer_ids <= set(captured.graph.outputs)
+    assert all(not captured.graph.node(i).caller_owned for i in buffer_ids)
+
+
+def test_tied_weights_get_one_gradient() -> None:
+    model, batch, _ = build("transformer")
+    captured = capture(model, batch)
+    assert "embed.weight" in captured.grad_names and "head.weight" not in captured.grad_names
+
+
+def test_profile_gives_measured_seconds() -> None:
+    model, batch, _ = build("mlp", layers=1)
+    state = torch.random.get_rng_state()
+    graph = capture(model, batch, profile=True).graph
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert graph.meta["cost_unit"] == "seconds (profiled)"
+    assert graph.baseline_cost > 0
+
+
+class Branchy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.linear(x)
+        if y.sum() > 0:  # data-dependent control flow
+            y = y * 2
+        return y.mean()
+
+
+def test_data_dependent_control_flow_is_refused() -> None:
+    with pytest.raises(CaptureError, match="cannot trace") as info:
+        capture(Branchy(), (torch.randn(2, 4),))
+    assert "\n" not in str(info.value)
+
+
+def test_non_scalar_loss_is_refused() -> None:
+    with pytest.raises(CaptureError, match="not a scalar"):
+        capture(nn.Linear(4, 4), (torch.randn(2, 4),), loss_fn=lambda m, x: m(x))
+
+
+def test_no_trainable_parameter_is_refused() -> None:
+    model = nn.Linear(4, 1).requires_grad_(False)
+    with pytest.raises(CaptureError, match="no parameter that requires grad"):
+        capture(model, (torch.randn(2, 4),), loss_fn=lambda m, x: m(x).sum())
+
+
+def test_output_without_loss_is_refused() -> None:
+    with pytest.raises(CaptureError, match="pass loss_fn"):
+        capture(nn.Linear(4, 4), (torch.randn(2, 4),), loss_fn=lambda m, x: (m(x),))

@@ -1,0 +1,207 @@
+"""Online eviction (DTR, DTR-eq, DTE, Coop): legal schedules within budget, Coop's window search."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coop.budget import baseline_peak, min_budget
+from coop.errors import CoopError
+from coop.graph import Graph, load_graph
+from coop.runtime.online_sim import simulate_online
+from coop.runtime.policies import POLICIES, cheapest_window, make_policy
+from coop.schedule import simulate, validate
+
+POLICY_NAMES = tuple(POLICIES)
+GRAPHS = Path(__file__).resolve().parents[2] / "shared" / "graphs" / "moccasin"
+
+
+@st.composite
+def small_dags(draw: st.DrawFn) -> Graph:
+    """A random DAG: a few caller-owned values, computed nodes reading earlier ones, some random ops."""
+    num_owned = draw(st.integers(0, 2))
+    num_computed = draw(st.integers(2, 12))
+    nodes = []
+    for i in range(num_owned):
+        nodes.append({"id": i, "name": f"p{i}", "mem": draw(st.integers(1, 6)), "cost": 0, "kind": "param"})
+    for i in range(num_owned, num_owned + num_computed):
+        earlier = list(range(i))
+        inputs = sorted(draw(st.sets(st.sampled_from(earlier), max_size=3))) if earlier else []
+        if i > num_owned and not any(j >= num_owned for j in inputs):
+            inputs = sorted(set(inputs) | {i - 1})  # keep the graph mostly connected
+        nodes.append(
+            {
+                "id": i,
+                "name": f"n{i}",
+                "inputs": inputs,
+                "mem": draw(st.integers(0, 10)),
+                "cost": draw(st.integers(0, 5)),
+                "workspace": draw(st.sampled_from([0, 0, 0, 3])),
+                "recomputable": draw(st.sampled_from([True, True, True, True, False])),
+            }
+        )
+    computed = [n["id"] for n in nodes[num_owned:]]
+    outputs = sorted(draw(st.sets(st.sampled_from(computed), max_size=2)))
+    return Graph.model_validate({"name": "random", "nodes": nodes, "outputs": outputs})
+
+
+@settings(max_examples=60, deadline=None)
+@given(graph=small_dags(), fraction=st.floats(0.0, 1.0), policy=st.sampled_from(POLICY_NAMES))
+def test_online_schedule_is_legal_and_within_budget(graph: Graph, fraction: float, policy: str) -> None:
+    low, high = min_budget(graph), baseline_peak(graph)
+    budget = max(1, round(low + fraction * max(high - low, 0)))
+    result = simulate_online(graph, budget, policy)
+    assert result.peak <= budget
+    if result.schedule is None:
+        assert result.status in ("oom", "thrashed") and result.message
+        return
+    verdict = validate(graph, result.schedule, budget)
+    assert verdict.ok, verdict.reason
+    sim = simulate(graph, result.schedule)
+    assert sim.overhead == pytest.approx(result.overhead)
+    assert sim.peak <= result.peak
+    assert result.recomputations == sim.recomputations
+    assert result.steps == len(result.schedule)
+
+
+@settings(max_examples=30, deadline=None)
+@given(graph=small_dags(), policy=st.sampled_from(POLICY_NAMES))
+def test_a_roomy_budget_evicts_nothing(graph: Graph, policy: str) -> None:
+    # Room for every value at once (plus a workspace): no allocation can fail.
+    roomy = sum(n.mem for n in graph.nodes) + max(n.workspace for n in graph.nodes) + 1
+    result = simulate_online(graph, roomy, policy)
+    assert result.status == "ok"
+    assert result.evictions == 0 and result.recomputations == 0 and result.overhead == 0
+    assert result.failures == 0 and result.fragmentation == 0
+
+
+def _chain(length: int, mem: int = 4) -> Graph:
+    nodes = [{"id": 0, "name": "x", "mem": 1, "cost": 0, "kind": "input"}]
+    for i in range(1, length + 1):
+        nodes.append({"id": i, "name": f"f{i}", "inputs": [i - 1], "mem": mem, "cost": 1})
+    # A backward-like tail that reads every forward value again, last one first.
+    tail = length + 1
+    for k, forward in enumerate(range(length, 0, -1)):
+        nodes.append({"id": tail + k, "name": f"b{forward}", "inputs": [forward] + ([tail + k - 1] if k else []),
+                      "mem": mem, "cost": 1})
+    return Graph.model_validate({"name": "chain", "nodes": nodes, "outputs": [tail + length - 1]})
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_a_tight_chain_recomputes_and_still_fits(policy: str) -> None:
+    graph = _chain(8)
+    budget = min_budget(graph) + 8
+    assert budget < baseline_peak(graph)
+    result = simulate_online(graph, budget, policy)
+    assert result.status in ("ok", "thrashed") and result.schedule is not None
+    assert result.evictions > 0 and result.recomputations > 0 and result.failures > 0
+    assert validate(graph, result.schedule, budget).ok
+
+
+def test_caller_owned_values_that_do_not_fit_are_out_of_memory() -> None:
+    graph = _chain(3)
+    result = simulate_online(graph, graph.caller_owned_bytes + 2, "dtr")
+    assert result.status == "oom" and result.schedule is None
+
+
+def test_thrashing_stops_at_the_overhead_limit() -> None:
+    graph = _chain(12)
+    result = simulate_online(graph, min_budget(graph), "dtr", max_overhead=0.1)
+    assert result.status in ("thrashed", "oom") and result.schedule is None
+
+
+def test_unknown_policy_is_a_coop_error() -> None:
+    with pytest.raises(CoopError, match="unknown eviction policy"):
+        make_policy("lru-ish")
+
+
+# ---------------------------------------------------------------------------- Coop's window search
+_slots = st.lists(
+    st.tuples(st.integers(1, 20), st.one_of(st.none(), st.floats(0, 10), st.just(0.0))),
+    max_size=25,
+)
+
+
+def _brute_force_cheapest(slots: list, request: int) -> float | None:
+    best = None
+    for first, last in itertools.combinations_with_replacement(range(len(slots)), 2):
+        window = slots[first:last + 1]
+        if any(cost is None for _, cost in window) or sum(size for size, _ in window) < request:
+            continue
+        cost = sum(c for _, c in window)
+        best = cost if best is None else min(best, cost)
+    return best
+
+
+@settings(max_examples=300, deadline=None)
+@given(slots=_slots, request=st.integers(1, 60))
+def test_two_pointer_window_matches_brute_force(slots: list, request: int) -> None:
+    found = cheapest_window(slots, request)
+    expected = _brute_force_cheapest(slots, request)
+    if expected is None:
+        assert found is None
+        return
+    assert found is not None
+    first, last, cost = found
+    window = slots[first:last + 1]
+    assert all(c is not None for _, c in window) and sum(s for s, _ in window) >= request
+    assert cost == pytest.approx(sum(c for _, c in window), abs=1e-6)
+    assert cost == pytest.approx(expected, abs=1e-6)
+
+
+# ---------------------------------------------------------------------------- published graphs
+@pytest.mark.skipif(not GRAPHS.is_dir(), reason="the shared benchmark graphs are not present")
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_checkmate_graph_runs_within_budget(policy: str) -> None:
+    graph = load_graph(GRAPHS / "fcn_8_vgg_32_416_608_3_train_nx.json")
+    budget = round(0.7 * baseline_peak(graph))
+    result = simulate_online(graph, budget, policy)
+    assert result.status == "ok", result.message
+    assert result.evictions > 0
+    assert validate(graph, result.schedule, budget).ok
+
+
+# ---------------------------------------------------------------------------- DTR's e*
+class _FakeView:
+    """A lineage a - b - c - d (a chain) with b and c evicted; only d and a resident."""
+
+    def __init__(self) -> None:
+        from coop.runtime.arena import Arena
+
+        self.clock = 10.0
+        self.arena = Arena(100)
+        self.costs = {"a": 1.0, "b": 2.0, "c": 4.0, "d": 8.0}
+        self.links = {"a": ["b"], "b": ["a", "c"], "c": ["b", "d"], "d": ["c"]}
+        self.evicted = {"b", "c"}
+
+    def neighbours(self, key):
+        return self.links[key]
+
+    def is_evicted(self, key):
+        return key in self.evicted
+
+    def cost(self, key):
+        return self.costs[key]
+
+
+def test_e_star_counts_the_evicted_neighbourhood_exactly_and_by_classes() -> None:
+    from coop.runtime.policies import DTREquivalencePolicy, DTRPolicy, TensorInfo
+
+    view = _FakeView()
+    info_d = TensorInfo("d", 10, 8.0, 5.0, True)
+    info_a = TensorInfo("a", 10, 1.0, 5.0, True)
+    exact = DTRPolicy()
+    assert exact.recompute_cost(info_d, view) == 8.0 + 4.0 + 2.0  # d plus the evicted run c, b
+    assert exact.recompute_cost(info_a, view) == 1.0 + 2.0 + 4.0
+    classes = DTREquivalencePolicy()
+    for key in ("b", "c"):
+        classes.on_evicted(key, view)
+    assert classes.recompute_cost(info_d, view) == pytest.approx(14.0)
+    view.evicted.discard("c")  # c rematerialized: its cost leaves the class, which stays merged
+    classes.on_resident("c", view)
+    assert classes.recompute_cost(info_a, view) == pytest.approx(1.0 + 2.0)
+    assert exact.score(info_d, view) == pytest.approx(8.0 / (10 * 5.0))  # c is resident again

@@ -1,0 +1,85 @@
+"""Packaging metadata, the CI entry point, and the benchmark driver (benchmarks/run_all.py)."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+import tomllib
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_run_all() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("coop_run_all", REPO / "benchmarks" / "run_all.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_pyproject_declares_the_distribution_and_command() -> None:
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["name"] == "coop-remat"
+    assert project["requires-python"] == ">=3.11"
+    assert project["scripts"]["coop"] == "coop.cli:main"
+    dependencies = {d.split(">")[0].split("=")[0].split("<")[0].strip(): d for d in project["dependencies"]}
+    assert dependencies["ortools"] == "ortools>=9.15,<9.16"
+    assert "+cu" not in dependencies["torch"] and "+cpu" not in dependencies["torch"]
+    assert {"pytest", "pytest-xdist", "hypothesis", "transformers"} <= set(project["optional-dependencies"]["test"])
+    module_name, function_name = project["scripts"]["coop"].split(":")
+    assert callable(getattr(importlib.import_module(module_name), function_name))
+
+
+def test_ci_entry_runs_make_test_strictly() -> None:
+    script = REPO / ".ci" / "run"
+    text = script.read_text()
+    assert text.startswith("#!/usr/bin/env bash") and "set -euo pipefail" in text and "make test" in text
+    assert os.access(script, os.X_OK)
+    assert "TORCH_SPEC ?= torch==2.13.0" in (REPO / "Makefile").read_text()
+
+
+@pytest.fixture
+def bench_dir(tmp_path: Path) -> Path:
+    folder = tmp_path / "benchmarks"
+    folder.mkdir()
+    (folder / "bench_good.py").write_text(
+        '"""A good benchmark."""\n'
+        "def run(quick=False):\n"
+        "    return {'rows': [{'graph': 'g', 'peak': 123456789, 'overhead': 0.012345, 'ok': True, 'quick': quick},\n"
+        "                     {'graph': 'h|x', 'extra': None}], 'notes': 'measured twice'}\n"
+    )
+    (folder / "bench_broken.py").write_text("def run():\n    raise RuntimeError('solver exploded')\n")
+    (folder / "helpers.py").write_text("VALUE = 1\n")
+    return folder
+
+
+def test_driver_runs_modules_and_reports_failures_in_the_file(bench_dir: Path, tmp_path: Path) -> None:
+    run_all = load_run_all()
+    assert run_all.discover(bench_dir) == ["bench_broken", "bench_good", "helpers"]
+    good = run_all.run_module("bench_good", quick=True, bench_dir=bench_dir)
+    broken = run_all.run_module("bench_broken", bench_dir=bench_dir)
+    assert run_all.run_module("helpers", bench_dir=bench_dir) is None  # no run(): not a benchmark
+    assert good.error is None and good.rows[0]["quick"] is True and good.summary == "A good benchmark."
+    assert broken.error == "RuntimeError: solver exploded"
+    report = tmp_path / "BENCHMARKS.md"
+    machine = run_all.machine_description()
+    assert "cores" in machine and "ortools" in machine
+    run_all.write_report({o.name: run_all.render_section(o, machine, False) for o in (good, broken)}, report)
+    text = report.read_text()
+    assert "| graph | peak | overhead | ok | quick | extra |" in text
+    assert "| g | 123,456,789 | 0.01235 | yes | yes | - |" in text and "h\\|x" in text
+    assert "**FAILED**: `RuntimeError: solver exploded`" in text
+    assert "`python benchmarks/run_all.py --only bench_good`" in text
+    # Re-running one module replaces its section and keeps the other.
+    again = run_all.run_module("bench_good", bench_dir=bench_dir)
+    run_all.write_report({"bench_good": run_all.render_section(again, machine, False)}, report)
+    text = report.read_text()
+    assert "solver exploded" in text and text.count("<!-- bench:bench_good -->") == 1
+    assert "| g | 123,456,789 | 0.01235 | yes | no | - |" in text

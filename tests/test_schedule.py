@@ -1,0 +1,207 @@
+"""The simulator and validator against contract 2, recounted independently from the contract text."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from coop.errors import ScheduleError
+from coop.graph import Graph
+from coop.schedule import Schedule, Step, load_schedule, schedule_to_json, simulate, validate
+from tests.strategies import random_graphs, random_schedules
+
+PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+# -------------------------------------------------------------------- brute-force recount
+def _impl_fields(graph: Graph, step: Step) -> tuple[int, int]:
+    """(output memory, workspace) of a compute step, honouring its impl."""
+    node = graph.node(step.node)
+    if step.impl is None:
+        return node.mem, node.workspace
+    impl = next(i for i in node.impls if i.name == step.impl)
+    return impl.mem, impl.workspace
+
+
+def brute_force_memory(graph: Graph, schedule: Schedule) -> list[int]:
+    """Memory at every step, counted naively from contract 2's words.
+
+    An instance is born at its compute; it is alive through its last read, or up to (not incl.)
+    its explicit free, or to the end when it is the final instance of a graph output. A read
+    reads the most recent instance. Caller-owned values are always alive. A value counts only
+    while on the device: the latest page_out/page_in/compute/free event of its node at or before
+    the step must not be a page_out. The computed node's workspace counts at its own step.
+    """
+    steps = schedule.steps
+    instances: list[dict[str, Any]] = []
+    current: dict[int, int] = {}
+    for j, step in enumerate(steps):
+        if step.op == "compute":
+            for source in graph.node(step.node).inputs:
+                if source in current:
+                    instances[current[source]]["reads"].append(j)
+            mem, _ = _impl_fields(graph, step)
+            current[step.node] = len(instances)
+            instances.append({"node": step.node, "start": j, "mem": mem, "reads": [], "free": None})
+        elif step.op == "free":
+            instances[current.pop(step.node)]["free"] = j
+    final = set(current.values())
+
+    def alive(k: int, j: int) -> bool:
+        inst = instances[k]
+        if j < inst["start"]:
+            return False
+        if inst["free"] is not None:
+            return j < inst["free"]
+        if inst["node"] in graph.outputs and k in final:
+            return True
+        return j <= max([inst["start"], *inst["reads"]])
+
+    def on_device(node_id: int, j: int) -> bool:
+        for i in range(j, -1, -1):
+            if steps[i].node == node_id:
+                return steps[i].op != "page_out"
+        return True
+
+    memory = []
+    for j, step in enumerate(steps):
+        total = sum(graph.node(v).mem for v in graph.caller_owned_ids if on_device(v, j))
+        total += sum(inst["mem"] for k, inst in enumerate(instances) if alive(k, j) and on_device(inst["node"], j))
+        if step.op == "compute":
+            total += _impl_fields(graph, step)[1]
+        memory.append(total)
+    return memory
+
+
+@PROPERTY
+@given(st.data())
+def test_simulator_matches_brute_force_recount(data: st.DataObject) -> None:
+    graph = data.draw(random_graphs(with_impls=data.draw(st.booleans())))
+    schedule = data.draw(random_schedules(graph))
+    sim = simulate(graph, schedule)
+    expected = brute_force_memory(graph, schedule)
+    assert sim.memory == expected
+    assert sim.peak == (max(expected) if expected else graph.caller_owned_bytes)
+    assert validate(graph, schedule).ok
+
+
+@PROPERTY
+@given(st.data())
+def test_simulator_cost_counts_every_compute(data: st.DataObject) -> None:
+    graph = data.draw(random_graphs(with_impls=True))
+    schedule = data.draw(random_schedules(graph))
+    expected = 0.0
+    for step in schedule.steps:
+        if step.op == "compute":
+            node = graph.node(step.node)
+            expected += node.cost if step.impl is None else next(i.cost for i in node.impls if i.name == step.impl)
+    computes = [s.node for s in schedule.steps if s.op == "compute"]
+    sim = simulate(graph, schedule)
+    assert sim.cost == pytest.approx(expected)
+    assert sim.recomputations == len(computes) - len(set(computes))
+
+
+@PROPERTY
+@given(st.data())
+def test_freeing_an_input_just_before_its_reader_is_rejected_at_that_step(data: st.DataObject) -> None:
+    graph = data.draw(random_graphs())
+    schedule = data.draw(random_schedules(graph, page_caller_owned=False))
+    reads = [
+        (j, source)
+        for j, step in enumerate(schedule.steps)
+        if step.op == "compute"
+        for source in graph.node(step.node).inputs
+        if not graph.node(source).caller_owned
+    ]
+    if not reads:
+        return
+    j, source = data.draw(st.sampled_from(reads))
+    broken = Schedule(steps=(*schedule.steps[:j], Step(op="free", node=source), *schedule.steps[j:]))
+    verdict = validate(graph, broken)
+    assert not verdict.ok
+    assert verdict.step == j + 1
+    assert f"input {source}" in verdict.reason and "\n" not in verdict.reason
+
+
+@PROPERTY
+@given(st.data())
+def test_schedule_json_round_trip(tmp_path_factory: pytest.TempPathFactory, data: st.DataObject) -> None:
+    graph = data.draw(random_graphs(with_impls=True))
+    schedule = data.draw(random_schedules(graph))
+    document = schedule_to_json(graph, schedule, budget=123, formulation="test")
+    path = tmp_path_factory.mktemp("schedule") / "s.json"
+    path.write_text(json.dumps(document))
+    loaded, loaded_document = load_schedule(path)
+    assert loaded == schedule
+    assert loaded_document["graph"]["sha256"] == graph.sha256
+    assert loaded_document["predicted"]["peak"] == simulate(graph, schedule).peak
+
+
+# -------------------------------------------------------------------- illegal schedules
+@pytest.fixture
+def tiny() -> Graph:
+    """x (input) -> a -> b -> c (output); b has two implementations; d is a side node."""
+    return Graph.model_validate(
+        {
+            "name": "tiny",
+            "nodes": [
+                {"id": 10, "name": "x", "mem": 4, "cost": 0, "kind": "input"},
+                {"id": 1, "name": "a", "mem": 2, "cost": 1, "inputs": [10]},
+                {"id": 2, "name": "b", "mem": 3, "cost": 1, "inputs": [1],
+                 "impls": [{"name": "inplace", "cost": 1, "mem": 0}]},
+                {"id": 3, "name": "c", "mem": 1, "cost": 1, "inputs": [2], "kind": "backward"},
+                {"id": 4, "name": "d", "mem": 1, "cost": 1, "inputs": [1]},
+            ],
+            "outputs": [3],
+        }
+    )
+
+
+def _steps(*pairs: tuple[str, int] | tuple[str, int, str]) -> Schedule:
+    return Schedule(steps=tuple(Step(op=p[0], node=p[1], impl=p[2] if len(p) > 2 else None) for p in pairs))
+
+
+ILLEGAL = {
+    "reads a freed value": (_steps(("compute", 1), ("free", 1), ("compute", 2)), 2, "input 1"),
+    "reads a paged-out value": (_steps(("compute", 1), ("page_out", 1), ("compute", 2)), 2, "paged out"),
+    "computes a caller-owned node": (_steps(("compute", 10),), 0, "caller-owned"),
+    "frees a caller-owned node": (_steps(("compute", 1), ("free", 10)), 1, "caller-owned"),
+    "unknown node": (_steps(("compute", 1), ("compute", 99)), 1, "99"),
+    "bad impl": (_steps(("compute", 1), ("compute", 2, "winograd")), 1, "winograd"),
+    "frees a value that is not resident": (_steps(("compute", 1), ("free", 2)), 1, "not resident"),
+    "pages in a value that is not paged out": (_steps(("compute", 1), ("page_in", 1)), 1, "not paged out"),
+    "never computes a node": (_steps(("compute", 1), ("compute", 2), ("compute", 3)), None, "node 4"),
+    "output freed at the end": (
+        _steps(("compute", 1), ("compute", 4), ("compute", 2), ("compute", 3), ("free", 3)), None, "output 3"),
+    "output paged out at the end": (
+        _steps(("compute", 1), ("compute", 4), ("compute", 2), ("compute", 3), ("page_out", 3)), None, "output 3"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ILLEGAL))
+def test_validate_rejects_illegal_schedules(tiny: Graph, case: str) -> None:
+    schedule, step, fragment = ILLEGAL[case]
+    verdict = validate(tiny, schedule)
+    assert not verdict.ok
+    assert verdict.step == step
+    assert fragment in verdict.reason
+    assert "\n" not in verdict.reason
+    if step is not None:
+        assert verdict.reason.startswith(f"step {step} ")
+    with pytest.raises(ScheduleError):
+        simulate(tiny, schedule)
+
+
+def test_validate_accepts_impls_paging_and_reports_budget_overrun(tiny: Graph) -> None:
+    schedule = _steps(("compute", 1), ("compute", 4), ("page_out", 10), ("compute", 2, "inplace"),
+                      ("page_in", 10), ("compute", 3))
+    sim = simulate(tiny, schedule)
+    # a(2)+x(4) | a+d+x | a (x and d gone: page_out step, d read only at 1) | a+b(0, inplace) | x+b | x+b+c
+    assert sim.memory == [6, 7, 2, 2, 4, 5]
+    assert validate(tiny, schedule, budget=7).ok
+    verdict = validate(tiny, schedule, budget=6)
+    assert not verdict.ok and verdict.step == 1 and "exceeds the budget 6" in verdict.reason
