@@ -11,7 +11,7 @@ import math
 import re
 
 from coop.errors import BudgetError
-from coop.graph import Graph, format_bytes
+from coop.graph import Graph, Node, format_bytes
 
 _UNITS = {
     "": 1,
@@ -93,28 +93,43 @@ def baseline_peak(graph: Graph) -> int:
     return graph.memo("baseline_peak", lambda: simulate(graph, Schedule.from_order(graph.order)).peak)
 
 
-def min_budget(graph: Graph) -> int:
+def min_budget(graph: Graph, *, paging: bool = False) -> int:
     """A lower bound on the peak of every legal schedule.
 
-    The larger of (a) the biggest single compute step: the caller-owned values, the node's
-    distinct computed inputs, its output and workspace (the cheapest implementation where it has
-    several), and (b) the caller-owned values plus every graph output at the end.
+    The larger of (a) the biggest single compute step: the node's distinct inputs, its output and
+    workspace, and (b) every graph output at the end; both plus the caller-owned values. Values
+    count at their smallest implementation (MONeT impls). With ``paging`` (schedules that may
+    page caller-owned values out, POET) only the caller-owned values a step reads count there.
     """
-    return graph.memo("min_budget", lambda: _min_budget(graph))
+    return graph.memo(f"min_budget/{paging}", lambda: _min_budget(graph, paging))
 
 
-def _min_budget(graph: Graph) -> int:
-    owned = graph.caller_owned_bytes
-    largest_step = owned
+def _smallest_value(node: Node) -> int:
+    return min([node.mem, *(impl.mem for impl in node.impls)])
+
+
+def _min_budget(graph: Graph, paging: bool) -> int:
+    always = 0 if paging else graph.caller_owned_bytes
+    largest_step = always
     for node in graph.nodes:
         if node.caller_owned:
             continue
-        inputs = sum(graph.node(i).mem for i in node.inputs if not graph.node(i).caller_owned)
-        own = node.mem + node.workspace
-        if node.impls:
-            own = min(own, *(impl.mem + impl.workspace for impl in node.impls))
-        largest_step = max(largest_step, owned + inputs + own)
-    at_end = owned + sum(graph.node(i).mem for i in set(graph.outputs) if not graph.node(i).caller_owned)
+        inputs = 0
+        for source in node.inputs:
+            value = graph.node(source)
+            if not value.caller_owned:
+                inputs += _smallest_value(value)
+            elif paging:
+                inputs += value.mem
+        own = min([node.mem + node.workspace, *(impl.mem + impl.workspace for impl in node.impls)])
+        largest_step = max(largest_step, always + inputs + own)
+    at_end = always
+    for output in set(graph.outputs):
+        value = graph.node(output)
+        if not value.caller_owned:
+            at_end += _smallest_value(value)
+        elif paging:
+            at_end += value.mem
     return max(largest_step, at_end)
 
 

@@ -402,8 +402,15 @@ def _topological_order(nodes: Iterable[Node]) -> list[int]:
             if indegree[consumer] == 0:
                 heapq.heappush(ready, (position[consumer], consumer))
     if len(order) != len(nodes):
-        stuck = min((n for n in nodes if indegree[n.id] > 0), key=lambda n: position[n.id])
-        raise GraphError(f"node {stuck.id} ({stuck.name}): lies on a cycle; a graph must be a DAG")
+        # Walk back through unfinished inputs from any unfinished node until one repeats: that one
+        # lies on a cycle (a node left over may only depend on a cycle).
+        by_id = {n.id: n for n in nodes}
+        walker = min((n for n in nodes if indegree[n.id] > 0), key=lambda n: position[n.id])
+        visited: set[int] = set()
+        while walker.id not in visited:
+            visited.add(walker.id)
+            walker = by_id[next(i for i in walker.inputs if indegree[i] > 0)]
+        raise GraphError(f"node {walker.id} ({walker.name}): lies on a cycle; a graph must be a DAG")
     return order
 
 

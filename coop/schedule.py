@@ -193,14 +193,14 @@ def simulate(graph: Graph, schedule: Schedule, paging: PagingCosts | None = None
                 raise ScheduleError(f"step {j} ({step}): node {node.id} is not resident on the device")
             on_device[node.id] = False
             paged_at[node.id] = j
-            page_cost += paging.cost(node.mem)
+            page_cost += paging.cost(_resident_mem(node, current, starts, new_mem))
         else:  # page_in
             if on_device.get(node.id, True) or not (node.caller_owned or node.id in current):
                 raise ScheduleError(f"step {j} ({step}): node {node.id} is not paged out")
             on_device[node.id] = True
             gap = (node.id, paged_at.pop(node.id), j)
             (owned_gaps if node.caller_owned else device_gaps).append(gap)
-            page_cost += paging.cost(node.mem)
+            page_cost += paging.cost(_resident_mem(node, current, starts, new_mem))
 
     missing = [v for v in graph.order if v not in computed]
     if missing:
@@ -232,11 +232,11 @@ def simulate(graph: Graph, schedule: Schedule, paging: PagingCosts | None = None
         delta[end + 1] -= mem
         instances.append(Instance(node_id, start, end))
     for node_id, out_step, in_step in device_gaps:
-        mem = index[node_id].mem
         # The value is off the device from its page_out step up to (not incl.) its page_in step.
         k = _instance_alive_at(instances, node_id, out_step)
         if k is None:
             continue
+        mem = new_mem[instances[k].start]
         stop = min(in_step, instances[k].end + 1)
         if stop > out_step:
             delta[out_step] -= mem
@@ -270,6 +270,11 @@ def _implementation(node: Any, step: Step, j: int) -> tuple[float, int, int]:
             return impl.cost, impl.mem, impl.workspace
     names = ", ".join(i.name for i in node.impls) or "none"
     raise ScheduleError(f"step {j} ({step}): node {node.id} has no implementation {step.impl!r} (has: {names})")
+
+
+def _resident_mem(node: Any, current: dict[int, int], starts: list[int], new_mem: list[int]) -> int:
+    """Bytes of the resident instance of node (its implementation's size, not the default one)."""
+    return node.mem if node.caller_owned else new_mem[starts[current[node.id]]]
 
 
 def _retire(current: dict[int, int], node_id: int, on_device: dict[int, bool], paged_at: dict[int, int],

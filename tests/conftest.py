@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
+
+# Plain `pytest` (not `python -m pytest`) does not put the checkout on sys.path; the tests import
+# `coop` and `tests.strategies` from it without an install.
+_CHECKOUT = str(Path(__file__).resolve().parents[1])
+if _CHECKOUT not in sys.path:
+    sys.path.insert(0, _CHECKOUT)
 
 #: ../shared/graphs/moccasin next to the checkout (DESIGN.md: tests read them from there).
 MOCCASIN_DIR = Path(__file__).resolve().parents[2] / "shared" / "graphs" / "moccasin"

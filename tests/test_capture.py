@@ -34,7 +34,7 @@ def test_baseline_peak_matches_metered_peak(zoo_capture) -> None:
     name, model, batch, _, captured = zoo_capture
     flat = captured.flat_inputs(model, batch)
     with torch.random.fork_rng(), torch.no_grad(), MemoryMeter() as meter:
-        meter.track(*flat)
+        meter.track(*flat, *captured.constants())
         captured.module(*flat)
     predicted = baseline_peak(captured.graph)
     assert abs(meter.peak_bytes - predicted) <= 0.02 * predicted, (name, meter.peak_bytes, predicted)
@@ -82,7 +82,7 @@ def test_graph_structure(zoo_capture) -> None:
         assert params[param_name].mem == param.untyped_storage().nbytes()
     assert all(n.cost > 0 for n in graph.nodes if not n.caller_owned and n.mem > 0)
     # fx_names: the storage-producing fx node first; every fx call node belongs to one Graph node
-    fx_calls = {n.name for n in captured.module.graph.nodes if n.op in ("call_function", "placeholder")}
+    fx_calls = {n.name for n in captured.module.graph.nodes if n.op in ("call_function", "placeholder", "get_attr")}
     assert set(captured.owner_of) == fx_calls
     for node_id, names in captured.fx_names.items():
         assert captured.owner_of[names[0]] == node_id

@@ -31,6 +31,7 @@ ends) that is always checked with the one simulator, :func:`coop.schedule.simula
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import time
 from collections.abc import Callable
@@ -40,6 +41,7 @@ from typing import Any
 from ortools.sat.python import cp_model
 
 from coop.budget import baseline_peak, min_budget
+from coop.errors import CoopError, ScheduleError
 from coop.formulations.progress import ProgressCallback, ProgressClock
 from coop.formulations.result import SolveResult
 from coop.graph import Graph
@@ -85,7 +87,7 @@ class _Problem:
             consumers=consumers,
             mem={v: graph.node(v).mem for v in order},
             workspace={v: graph.node(v).workspace for v in order},
-            cost={v: int(round(graph.node(v).cost * scale)) for v in order},
+            cost={v: round(graph.node(v).cost * scale) for v in order},
             cost_scale=scale,
             recomputable={v: graph.node(v).recomputable for v in order},
             outputs={v for v in graph.outputs if v in computed},
@@ -128,7 +130,7 @@ class _GreedyEvictor:
         self.steps: list[Step] = []
         self.now = 0
         self.computes = 0
-        self.compute_limit = 20 * len(problem.order) + 100  # stops thrashing: the heuristic gives up
+        self.compute_limit = 3 * len(problem.order) + 100  # stops thrashing: the heuristic gives up
 
     def run(self) -> Schedule | None:
         try:
@@ -224,6 +226,72 @@ class _GreedyEvictor:
         return total
 
 
+# ==================================================================== warm start: peak shaving
+def peak_shaving_schedule(graph: Graph, budget: int, max_rounds: int | None = None) -> Schedule | None:
+    """A schedule under ``budget`` made by repeatedly shaving the peak of the baseline order.
+
+    Starts from store-all (a sequence of computes, lifetimes from the simulator). While the peak
+    step p is over budget, it picks the value u resident across p but not read there whose
+    recomputation just before its next read b saves the most memory at p per unit of cost
+    (saving = mem_u minus the inputs of u whose lifetimes must now stretch over p to reach b),
+    and inserts ``compute u`` before b. Returns None when no such value is left.
+    """
+    problem = _Problem.build(graph, budget)
+    sequence = list(problem.order)
+    rounds = max_rounds if max_rounds is not None else 4 * len(sequence) + 10
+    sim = simulate(graph, Schedule.from_order(sequence))
+    for _ in range(rounds):
+        if sim.peak <= budget:
+            return Schedule.from_order(sequence)
+        excess = _excess(sim, budget)
+        for node, before in _shave_candidates(problem, sequence, sim)[:_SHAVE_TRIALS]:
+            trial = sequence[:before] + [node] + sequence[before:]
+            trial_sim = simulate(graph, Schedule.from_order(trial))
+            # Accept only progress on the total overflow, so the peak cannot just move around.
+            if _excess(trial_sim, budget) < excess:
+                sequence, sim = trial, trial_sim
+                break
+        else:
+            return None
+    return None
+
+
+#: How many of the best-scored shaving moves are simulated before giving up on a round.
+_SHAVE_TRIALS = 8
+
+
+def _excess(sim: Simulation, budget: int) -> int:
+    """Total memory over budget summed over all steps."""
+    return sum(m - budget for m in sim.memory if m > budget)
+
+
+def _shave_candidates(problem: _Problem, sequence: list[int], sim: Simulation) -> list[tuple[int, int]]:
+    """Moves (recompute u before step b) that lower the peak step's memory, best ratio first."""
+    p = sim.peak_step
+    current_end: dict[int, int] = {}  # node -> end of its instance current at step p
+    alive_at_p: list[int] = []
+    for inst in sim.instances:
+        if inst.start <= p:
+            current_end[inst.node] = inst.end
+            if inst.end > p and inst.start < p:
+                alive_at_p.append(inst.node)
+    read_at_p = set(problem.inputs[sequence[p]])
+    scored: list[tuple[float, int, int]] = []
+    for u in alive_at_p:
+        if u in read_at_p or not problem.recomputable[u] or problem.mem[u] == 0:
+            continue
+        b = next((j for j in range(p + 1, len(sequence)) if u in problem.inputs[sequence[j]]), None)
+        if b is None:
+            continue  # alive only because it is an output: it must stay
+        stretched = sum(problem.mem[w] for w in problem.inputs[u] if current_end.get(w, -1) < p)
+        saving = problem.mem[u] - stretched
+        if saving <= 0:
+            continue
+        scored.append(((problem.cost[u] + 1) / saving, u, b))
+    scored.sort()
+    return [(u, b) for _, u, b in scored]
+
+
 # ==================================================================== schedules <-> intervals
 def schedule_intervals(graph: Graph, schedule: Schedule) -> tuple[dict[int, list[Interval]], int]:
     """Each node's retention intervals on the slot axis (one slot per compute) and the slot count.
@@ -240,8 +308,8 @@ def schedule_intervals(graph: Graph, schedule: Schedule) -> tuple[dict[int, list
     intervals: dict[int, list[Interval]] = {v: [] for v in graph.order}
     for inst in sim.instances:
         intervals[inst.node].append((slot_of_step[inst.start], slot_of_step[inst.end]))
-    for v in intervals:
-        intervals[v].sort()
+    for ivs in intervals.values():
+        ivs.sort()
     return intervals, slot + 1
 
 
@@ -273,6 +341,7 @@ class _Model:
     present: dict[int, list[Any]]  # first entry is the constant True
     extra_cost: cp_model.LinearExpr
     lows: dict[int, int]  # earliest slot of each node (its number of computed ancestors)
+    overflow: Any = None  # set when the memory capacity is relaxed (see build_model)
     choices: list[tuple[int, int, int, list[Any]]] = field(default_factory=list)  # (u, v, i, b_j)
 
 
@@ -294,8 +363,16 @@ def _ancestor_counts(problem: _Problem) -> tuple[dict[int, int], dict[int, int]]
     return ({v: ancestors[v].bit_count() for v in problem.order}, {v: descendants[v].bit_count() for v in problem.order})
 
 
-def build_model(problem: _Problem, horizon: int, intervals_per_node: dict[int, int], keep_order: bool) -> _Model:
-    """The Moccasin model (paper's s_vi, e_vi, p_vi) on ``horizon`` compute slots."""
+def build_model(problem: _Problem, horizon: int, intervals_per_node: dict[int, int], keep_order: bool,
+                relax_memory: bool = False) -> _Model:
+    """The Moccasin model (paper's s_vi, e_vi, p_vi) on ``horizon`` compute slots.
+
+    With ``relax_memory`` the cumulative's capacity is a variable and the objective adds
+    ``weight x overflow`` over the budget, with weight above any total cost: every solution with
+    less overflow is better, so a feasible start (store-all) always exists and CP-SAT's search
+    walks the peak down to the budget before it trades cost. Its bound stays a valid bound on
+    the cost of the unrelaxed model (whose solutions are those with zero overflow).
+    """
     model = cp_model.CpModel()
     last = horizon - 1
     n_anc, n_desc = _ancestor_counts(problem)
@@ -337,14 +414,24 @@ def build_model(problem: _Problem, horizon: int, intervals_per_node: dict[int, i
                 else:
                     model.Add(ends[v][i] == last).OnlyEnforceIf(present[v][i])
     model.AddNoOverlap(compute_slots)
-    if problem.capacity >= 0 and retention:
-        model.AddCumulative(retention, demands, problem.capacity)
     built = _Model(model, horizon, starts, ends, present, sum(cost_terms), n_anc)
+    objective = built.extra_cost
+    if relax_memory:
+        most = sum(problem.mem.values()) + sum(problem.workspace.values())
+        capacity = model.NewIntVar(0, max(most, problem.capacity), "capacity")
+        overflow = model.NewIntVar(0, max(most - problem.capacity, 0), "overflow")
+        model.Add(overflow >= capacity - problem.capacity)
+        model.AddCumulative(retention, demands, capacity)
+        weight = sum(problem.cost.values()) * max(intervals_per_node.values()) + 1
+        objective = objective + weight * overflow
+        built.overflow = overflow
+    elif retention:
+        model.AddCumulative(retention, demands, problem.capacity)
     _add_precedences(problem, built)
     if keep_order:
-        for a, b in zip(problem.order, problem.order[1:]):
+        for a, b in itertools.pairwise(problem.order):
             model.Add(starts[a][0] < starts[b][0])
-    model.Minimize(built.extra_cost)
+    model.Minimize(objective)
     return built
 
 
@@ -412,15 +499,20 @@ def _solution_intervals(solver: cp_model.CpSolver, built: _Model) -> dict[int, l
 class _ProgressReporter(cp_model.CpSolverSolutionCallback):
     """Forwards every incumbent and CP-SAT's best bound to coop's progress callback."""
 
-    def __init__(self, clock: ProgressClock, to_cost: Callable[[float], float]) -> None:
+    def __init__(self, clock: ProgressClock, to_cost: Callable[[float], float], overflow: Any) -> None:
         super().__init__()
         self.clock = clock
         self.to_cost = to_cost
+        self.overflow = overflow
         self.solutions = 0
 
     def on_solution_callback(self) -> None:
         self.solutions += 1
-        self.clock.report(self.to_cost(self.ObjectiveValue()), self.to_cost(self.BestObjectiveBound()), "moccasin")
+        bound = self.to_cost(self.BestObjectiveBound())
+        if self.overflow is not None and self.Value(self.overflow) > 0:
+            self.clock.report(None, bound, f"moccasin: {self.Value(self.overflow)} over the budget")
+        else:
+            self.clock.report(self.to_cost(self.ObjectiveValue()), bound, "moccasin")
 
 
 # ==================================================================== warm starts
@@ -431,9 +523,10 @@ def _candidate_warm_starts(graph: Graph, budget: int, hint: Any) -> list[tuple[s
         schedule = getattr(hint, "schedule", hint)
         if isinstance(schedule, Schedule):
             candidates.append(("hint", schedule))
-    greedy = greedy_eviction_schedule(graph, budget)
-    if greedy is not None:
-        candidates.append(("greedy-eviction", greedy))
+    for name, heuristic in (("peak-shaving", peak_shaving_schedule), ("greedy-eviction", greedy_eviction_schedule)):
+        schedule = heuristic(graph, budget)
+        if schedule is not None:
+            candidates.append((name, schedule))
     try:
         from coop.formulations import baselines
     except ImportError:  # the baselines module is optional for this formulation
@@ -445,7 +538,7 @@ def _candidate_warm_starts(graph: Graph, budget: int, hint: Any) -> list[tuple[s
                 continue
             try:
                 result = function(graph, budget)
-            except Exception:  # noqa: BLE001 - a failing baseline only means one warm start fewer
+            except CoopError:  # a baseline that cannot meet the budget is one warm start fewer
                 continue
             if result.schedule is not None:
                 candidates.append((name, result.schedule))
@@ -458,7 +551,7 @@ def best_warm_start(graph: Graph, budget: int, hint: Any = None) -> tuple[str, S
     for name, schedule in _candidate_warm_starts(graph, budget, hint):
         try:
             sim = simulate(graph, schedule)
-        except Exception:  # noqa: BLE001 - an illegal candidate is skipped
+        except ScheduleError:  # an illegal candidate (e.g. a caller's hint) is skipped
             continue
         if sim.peak <= budget and (best is None or sim.cost < best[2].cost):
             best = (name, schedule, sim)
@@ -490,8 +583,6 @@ def moccasin(
     """
     clock = ProgressClock(progress)
     if max_intervals < 1:
-        from coop.errors import CoopError
-
         raise CoopError(f"max_intervals={max_intervals} must be at least 1 (the paper's C)")
     least = min_budget(graph)
     if budget < least:
@@ -505,29 +596,25 @@ def moccasin(
                            "the baseline order fits the budget", {"warm_start": "store_all"})
     problem = _Problem.build(graph, budget)
     warm = best_warm_start(graph, budget, hint)
-    if warm is None:
-        horizon = len(problem.order) + (extra_slots if extra_slots is not None else len(problem.order) * (max_intervals - 1))
-        warm_intervals = None
-        per_node = {v: max_intervals if problem.recomputable[v] else 1 for v in problem.order}
-    else:
-        warm_intervals, warm_slots = schedule_intervals(graph, warm[1])
-        slack = extra_slots if extra_slots is not None else len(problem.order) // 10 + 2
-        horizon = warm_slots + slack
-        per_node = {
-            v: max(len(warm_intervals[v]), max_intervals if problem.recomputable[v] else 1) for v in problem.order
-        }
-        if keep_order and not _first_computes_in_order(problem, warm_intervals):
-            keep_order = False  # the warm start would violate it; never discard a known schedule
-    built = build_model(problem, horizon, per_node, keep_order)
-    if warm_intervals is not None:
-        _add_hint(built, warm_intervals)
+    relax_memory = warm is None
+    # Without a schedule that fits, start from store-all (over budget) and relax the capacity.
+    start = warm[1] if warm is not None else Schedule.from_order(graph.order)
+    warm_intervals, warm_slots = schedule_intervals(graph, start)
+    slack = extra_slots if extra_slots is not None else len(problem.order) // 5 + 2
+    horizon = warm_slots + slack
+    per_node = {v: max(len(warm_intervals[v]), max_intervals if problem.recomputable[v] else 1) for v in problem.order}
+    if keep_order and not _first_computes_in_order(problem, warm_intervals):
+        keep_order = False  # the warm start would violate it; never discard a known schedule
+    built = build_model(problem, horizon, per_node, keep_order, relax_memory)
+    _add_hint(built, warm_intervals)
+    if warm is not None:
         clock.report(warm[2].cost, None, f"warm start {warm[0]}")
     return _solve(problem, built, warm, clock, time_limit, threads, seed, options)
 
 
 def _first_computes_in_order(problem: _Problem, intervals: dict[int, list[Interval]]) -> bool:
     firsts = [intervals[v][0][0] for v in problem.order]
-    return all(a < b for a, b in zip(firsts, firsts[1:]))
+    return all(a < b for a, b in itertools.pairwise(firsts))
 
 
 def _solve(problem: _Problem, built: _Model, warm: tuple[str, Schedule, Simulation] | None, clock: ProgressClock,
@@ -544,7 +631,7 @@ def _solve(problem: _Problem, built: _Model, warm: tuple[str, Schedule, Simulati
     solver.parameters.random_seed = seed
     for key, value in options.items():
         setattr(solver.parameters, key, value)
-    reporter = _ProgressReporter(clock, to_cost)
+    reporter = _ProgressReporter(clock, to_cost, built.overflow)
     started = time.perf_counter()
     status = solver.Solve(built.model, reporter)
     extra: dict[str, Any] = {
@@ -555,8 +642,11 @@ def _solve(problem: _Problem, built: _Model, warm: tuple[str, Schedule, Simulati
         "solutions": reporter.solutions,
         "cp_sat_status": solver.StatusName(status),
     }
-    bound = to_cost(solver.BestObjectiveBound()) if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
-    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    solved = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    bound = to_cost(solver.BestObjectiveBound()) if solved else None
+    overflow = solver.Value(built.overflow) if solved and built.overflow is not None else 0
+    extra["overflow"] = overflow
+    if solved and overflow == 0:
         schedule = intervals_to_schedule(problem, _solution_intervals(solver, built))
         sim = simulate(graph, schedule)
         objective = to_cost(solver.ObjectiveValue())
@@ -572,9 +662,15 @@ def _solve(problem: _Problem, built: _Model, warm: tuple[str, Schedule, Simulati
         clock.report(warm[2].cost, None, "done", final=True)
         return SolveResult(FORMULATION, "feasible", warm[1], warm[2], warm[2].cost, None, clock.elapsed_s,
                            f"CP-SAT {solver.StatusName(status)}; returning the warm start {warm[0]}", extra)
-    if status == cp_model.INFEASIBLE:
-        message = (f"no schedule fits budget {problem.budget} with at most {max(len(s) for s in built.starts.values())} "
-                   f"intervals per node on {built.horizon} compute slots; raise max_intervals or the budget")
+    intervals = max(len(s) for s in built.starts.values())
+    if solved and status == cp_model.OPTIMAL:
+        message = (f"no schedule fits budget {problem.budget} with at most {intervals} intervals per node on "
+                   f"{built.horizon} compute slots (least peak {problem.budget + overflow}); raise max_intervals or the budget")
         return SolveResult(FORMULATION, "infeasible", wall_s=clock.elapsed_s, message=message, extra=extra)
+    if status == cp_model.INFEASIBLE:
+        message = (f"no schedule fits budget {problem.budget} with at most {intervals} intervals per node on "
+                   f"{built.horizon} compute slots; raise max_intervals or the budget")
+        return SolveResult(FORMULATION, "infeasible", wall_s=clock.elapsed_s, message=message, extra=extra)
+    best = f" (best peak reached {problem.budget + overflow})" if solved else ""
     return SolveResult(FORMULATION, "unknown", wall_s=clock.elapsed_s,
-                       message=f"CP-SAT found no schedule in {solver.parameters.max_time_in_seconds:.0f} s", extra=extra)
+                       message=f"CP-SAT found no schedule within the budget in {time_limit:.0f} s{best}", extra=extra)

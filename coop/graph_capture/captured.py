@@ -60,6 +60,10 @@ class Captured:
             values.append(batch[int(name[6:-1])] if kind == "input" else state[name])
         return values
 
+    def constants(self) -> list[torch.Tensor]:
+        """Constant tensors of the traced module (caller-owned ``buffer`` nodes named ``constant:*``)."""
+        return [getattr(self.module, n.target) for n in self.module.graph.nodes if n.op == "get_attr"]
+
     def run(self, model: nn.Module, *batch: torch.Tensor) -> list:
         """Run the captured module (program order) on real tensors: flat outputs."""
         with torch.no_grad():

@@ -13,7 +13,7 @@ different times as in eager PyTorch. The extra outputs count as the op's ``works
 exist, all together, at the step that runs the op.
 
 Kinds: placeholders are ``param`` (trainable and frozen parameters), ``buffer`` or ``input``
-(the batch). A computed node is ``forward`` when the loss or a new buffer value depends on it,
+(the batch); constant tensors of the traced module (``get_attr``) are ``buffer`` s too. A computed node is ``forward`` when the loss or a new buffer value depends on it,
 else ``backward``: it exists only to compute gradients. Random ops (``Tag.nondeterministic_seeded``:
 dropout, bernoulli, rand*) are not recomputable.
 """
@@ -87,7 +87,7 @@ def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: st
             pending.update(extras)
         if claimed:  # the getitem that first takes an extra output owns it
             new_storages = {**new_storages, **claimed}
-        if new_storages or fx_node.op == "placeholder" or not tensors:
+        if new_storages or fx_node.op in ("placeholder", "get_attr") or not tensors:
             node_id = len(fields)
             for key in new_storages:
                 storage_owner[key] = node_id
@@ -135,6 +135,9 @@ def _new_node_fields(fx_node: fx.Node, node_id: int, mem: int, labels: dict[str,
         kind, label = labels[fx_node.name]
         return {"id": node_id, "name": label, "op": kind, "inputs": [], "mem": mem, "cost": 0.0,
                 "kind": PLACEHOLDER_KIND[kind], "recomputable": False}
+    if fx_node.op == "get_attr":  # a constant tensor of the traced module: resident like a buffer
+        return {"id": node_id, "name": f"constant:{fx_node.target}", "op": "constant", "inputs": [], "mem": mem,
+                "cost": 0.0, "kind": "buffer", "recomputable": False}
     return {"id": node_id, "name": fx_node.name, "op": str(fx_node.target), "inputs": [], "mem": mem, "cost": 0.0,
             "kind": "backward", "recomputable": True}
 

@@ -1,0 +1,172 @@
+"""The static executor: replay any legal Schedule of a captured step (DESIGN.md, runtime).
+
+From a :class:`~coop.graph_capture.Captured` step and a Schedule, :func:`build_program`
+generates once a new fx program in schedule order: each ``compute v`` copies the fx nodes that
+Graph node ``v`` owns (a recomputation copies them again, reading the most recent instances of
+its inputs), ``page_out``/``page_in`` become copies to and from a host tier, and fx's code
+generator releases every value right after its last use, so an instance lives exactly as long
+as the simulator says (or less, when an explicit free comes later than its last read).
+Random ops are never recomputed (their Graph nodes are not recomputable) and must run in the
+captured program's relative order, so the replay draws the same numbers as eager PyTorch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import fx
+
+from coop.errors import ScheduleError
+from coop.graph_capture import Captured
+from coop.graph_capture.lower import output_nodes
+from coop.graph_capture.trace import is_random
+from coop.runtime.meter import host_pool
+from coop.schedule import Schedule, simulate
+
+
+def to_host(tensor: torch.Tensor) -> torch.Tensor:
+    """Copy a value to the host tier (pinned CPU memory on CUDA; the meter's host pool on CPU)."""
+    with host_pool():
+        if tensor.is_cuda:
+            host = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=True)
+            return host.copy_(tensor, non_blocking=True)
+        return tensor.clone()
+
+
+def to_device(host: torch.Tensor, like: torch.Tensor | None = None) -> torch.Tensor:
+    """Copy a value back from the host tier to the device it came from."""
+    if torch.cuda.is_available() and host.is_pinned():
+        return host.to("cuda", non_blocking=True)
+    return host.clone()
+
+
+class _Unavailable:
+    """Marks an fx value that was freed or paged out; reading it is a bug in the schedule."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+
+class _ProgramBuilder:
+    def __init__(self, captured: Captured) -> None:
+        self.captured = captured
+        self.source = captured.module.graph
+        self.position = {n: i for i, n in enumerate(self.source.nodes)}
+        self.by_name = {n.name: n for n in self.source.nodes}
+        self.graph = fx.Graph()
+        self.env: dict[fx.Node, Any] = {}
+        self.hosts: dict[int, fx.Node] = {}
+        self.computed: set[int] = set()
+        self.last_random = -1
+
+    def group(self, node_id: int) -> list[fx.Node]:
+        return sorted((self.by_name[n] for n in self.captured.fx_names[node_id]), key=self.position.__getitem__)
+
+    def lookup(self, node: fx.Node) -> fx.Node:
+        value = self.env.get(node)
+        if value is None or isinstance(value, _Unavailable):
+            why = value.why if isinstance(value, _Unavailable) else "never computed"
+            raise ScheduleError(f"the executor needs {node.name} (Graph node {self.captured.owner_of[node.name]}), which is {why}")
+        return value
+
+    def emit(self, node: fx.Node) -> None:
+        new = self.graph.node_copy(node, self.lookup)
+        new.meta = dict(node.meta)
+        self.env[node] = new
+
+    def start(self) -> None:
+        for node in self.source.nodes:
+            if node.op == "placeholder":
+                self.emit(node)
+        for node in self.source.nodes:
+            if node.op == "get_attr":
+                self.emit(node)
+        # views of caller-owned values (e.g. a transposed weight) cost nothing: make them up front
+        for node_id in self.captured.graph.caller_owned_ids:
+            for node in self.group(node_id)[1:]:
+                self.emit(node)
+
+    def compute(self, index: int, node_id: int) -> None:
+        graph_node = self.captured.graph.node(node_id)
+        if node_id in self.computed and not graph_node.recomputable:
+            raise ScheduleError(f"step {index} (compute %{node_id}): node {node_id} ({graph_node.name}) is not "
+                                "recomputable (a random op or an extracted output); keep it instead")
+        self.computed.add(node_id)
+        for node in self.group(node_id):
+            if is_random(node):
+                if self.position[node] < self.last_random:
+                    raise ScheduleError(f"step {index} (compute %{node_id}): random op {node.name} runs out of the "
+                                        "captured order, so it would draw different numbers than eager PyTorch")
+                self.last_random = self.position[node]
+            self.emit(node)
+
+    def drop(self, node_id: int, why: str) -> None:
+        for node in self.group(node_id):
+            self.env[node] = _Unavailable(why)
+
+    def page_out(self, node_id: int) -> None:
+        if self.captured.graph.node(node_id).caller_owned:
+            return  # the caller holds its own reference; there is nothing the replay can free
+        base = self._base(node_id)
+        self.hosts[node_id] = self.graph.call_function(to_host, (self.lookup(base),))
+        self.drop(node_id, "paged out")
+
+    def page_in(self, node_id: int) -> None:
+        if self.captured.graph.node(node_id).caller_owned:
+            return
+        base = self._base(node_id)
+        self.env[base] = self.graph.call_function(to_device, (self.hosts.pop(node_id),))
+        for node in self.group(node_id):
+            # re-derive the views of the value; outputs taken from a tuple stay unavailable
+            if self.position[node] > self.position[base] and all(
+                not isinstance(self.env.get(a), _Unavailable) and a in self.env for a in node.all_input_nodes
+            ):
+                self.emit(node)
+
+    def _base(self, node_id: int) -> fx.Node:
+        for node in self.group(node_id):
+            if isinstance(node.meta.get("val"), torch.Tensor):
+                return node
+        raise ScheduleError(f"node {node_id} has no tensor value to page")
+
+    def finish(self) -> fx.GraphModule:
+        outputs = [self.lookup(n) if n is not None else None for n in output_nodes(self.source)]
+        self.graph.output(outputs)
+        self.graph.lint()
+        return fx.GraphModule(self.captured.module, self.graph)
+
+
+def build_program(captured: Captured, schedule: Schedule) -> fx.GraphModule:
+    """Generate the replay program of a legal schedule (ScheduleError if it cannot be replayed)."""
+    simulate(captured.graph, schedule)  # legality under contract 2, with the step and reason
+    builder = _ProgramBuilder(captured)
+    builder.start()
+    for index, step in enumerate(schedule.steps):
+        if step.op == "compute":
+            builder.compute(index, step.node)
+        elif step.op == "free":
+            builder.drop(step.node, f"freed at step {index}")
+        elif step.op == "page_out":
+            builder.page_out(step.node)
+        else:
+            builder.page_in(step.node)
+    return builder.finish()
+
+
+class Executor:
+    """A generated replay program for one Captured step and one Schedule."""
+
+    def __init__(self, captured: Captured, schedule: Schedule) -> None:
+        self.captured = captured
+        self.schedule = schedule
+        self.module = build_program(captured, schedule)
+
+    def run_flat(self, flat_inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Run on flat inputs: [loss, *gradients, *new buffer values]."""
+        with torch.no_grad():
+            return self.module(*flat_inputs)
+
+    @property
+    def code(self) -> str:
+        return self.module.code

@@ -1,0 +1,268 @@
+"""Addresses for static plans: place every instance of a legal schedule in one address space.
+
+The simulator (:func:`coop.schedule.simulate`) counts *live bytes*; a real allocator must also
+find a contiguous range for each value, so the highest address it touches (``arena_peak``) can
+exceed the live peak by the fragmentation the order of frees leaves behind. This is the
+dynamic-storage-allocation view of Coop (Zhang et al., NeurIPS 2023, "Coop: Memory is not a
+Commodity") applied to a static schedule, where every lifetime is known in advance:
+
+* :func:`best_fit_placement` replays the schedule's lifetimes (the simulator's ``instances``)
+  in schedule order over the :class:`~coop.runtime.arena.Arena` model: best fit, lowest address
+  on ties, free neighbours merged; caller-owned values take the lowest addresses first.
+* :func:`exact_placement` solves the offset assignment exactly with CP-SAT for small schedules:
+  each instance is a rectangle (lifetime x address range), ``AddNoOverlap2D`` keeps rectangles
+  apart, and the objective minimises the highest address (a 2-D strip packing with fixed
+  x-coordinates). It starts from the best-fit placement as hint and upper bound, so it is never
+  worse than best fit; the live peak is its lower bound.
+
+Paged values (POET) occupy the device only between page steps; each device residency is its own
+block and may come back at another address. Workspaces are blocks live at their own step only.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+from coop.errors import CoopError
+from coop.graph import Graph
+from coop.runtime.arena import Arena
+from coop.schedule import Schedule, simulate
+
+#: CP-SAT placement is attempted only up to this many blocks unless the caller asks for more.
+EXACT_MAX_BLOCKS = 60
+
+PlacementStatus = Literal["heuristic", "optimal", "feasible"]
+
+
+@dataclass(frozen=True, slots=True)
+class Lifetime:
+    """One block to place: ``size`` bytes resident on the device over steps ``start..end`` inclusive."""
+
+    label: str
+    node: int
+    start: int
+    end: int
+    size: int
+
+    def overlaps(self, other: Lifetime) -> bool:
+        return self.start <= other.end and other.start <= self.end
+
+
+@dataclass
+class Placement:
+    """Offsets of every block; ``arena_peak`` is the highest address used (fragmentation included)."""
+
+    method: str
+    status: PlacementStatus
+    lifetimes: list[Lifetime]
+    offsets: list[int]
+    arena_peak: int
+    live_peak: int
+    wall_s: float = 0.0
+    bound: int | None = None
+    extra: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def fragmentation(self) -> float:
+        """Address space lost to fragmentation: (arena_peak - live_peak) / arena_peak."""
+        return (self.arena_peak - self.live_peak) / self.arena_peak if self.arena_peak else 0.0
+
+    def check(self) -> None:
+        """Raise CoopError when two blocks alive at a common step share an address."""
+        order = sorted(range(len(self.lifetimes)), key=lambda k: self.lifetimes[k].start)
+        active: list[int] = []
+        for k in order:
+            block = self.lifetimes[k]
+            active = [a for a in active if self.lifetimes[a].end >= block.start]
+            for a in active:
+                low, high = self.offsets[a], self.offsets[a] + self.lifetimes[a].size
+                if self.offsets[k] < high and low < self.offsets[k] + block.size:
+                    raise CoopError(f"placement overlap: {self.lifetimes[a].label} and {block.label}")
+            active.append(k)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "method": self.method,
+            "status": self.status,
+            "blocks": len(self.lifetimes),
+            "arena_peak": self.arena_peak,
+            "live_peak": self.live_peak,
+            "fragmentation": self.fragmentation,
+            "wall_s": self.wall_s,
+            "bound": self.bound,
+        }
+
+
+def schedule_lifetimes(graph: Graph, schedule: Schedule) -> tuple[list[Lifetime], int]:
+    """The device blocks of a legal schedule and its live peak (the simulator's, unchanged).
+
+    Lifetimes come from :func:`coop.schedule.simulate`'s ``instances``; paging gaps split them.
+    """
+    sim = simulate(graph, schedule)
+    num_steps = max(len(schedule.steps), 1)
+    gaps = _paging_gaps(graph, schedule)
+    lifetimes: list[Lifetime] = []
+    for owned in graph.caller_owned_ids:
+        size = graph.node(owned).mem
+        lifetimes.extend(_split(f"owned %{owned}", owned, 0, num_steps - 1, size, gaps.get(owned, [])))
+    for k, instance in enumerate(sim.instances):
+        size = _instance_size(graph, schedule, instance.start)
+        label = f"%{instance.node}#{k}"
+        lifetimes.extend(_split(label, instance.node, instance.start, instance.end, size, gaps.get(instance.node, [])))
+    for j, step in enumerate(schedule.steps):
+        if step.op == "compute":
+            workspace = _workspace(graph, step.node, step.impl)
+            if workspace:
+                lifetimes.append(Lifetime(f"workspace %{step.node}@{j}", step.node, j, j, workspace))
+    return [b for b in lifetimes if b.size > 0], sim.peak
+
+
+def best_fit_placement(graph: Graph, schedule: Schedule) -> Placement:
+    """Place every block in schedule order with best fit over the Arena model (lowest address on ties)."""
+    started = time.perf_counter()
+    lifetimes, live_peak = schedule_lifetimes(graph, schedule)
+    offsets = _best_fit(lifetimes)
+    arena_peak = max((o + b.size for o, b in zip(offsets, lifetimes)), default=0)
+    return Placement("best-fit", "heuristic", lifetimes, offsets, arena_peak, live_peak,
+                     time.perf_counter() - started, bound=live_peak)
+
+
+def exact_placement(
+    graph: Graph,
+    schedule: Schedule,
+    *,
+    time_limit: float = 10.0,
+    max_blocks: int = EXACT_MAX_BLOCKS,
+    threads: int = 2,
+) -> Placement:
+    """The least arena for this schedule by CP-SAT (NoOverlap2D over lifetime x address).
+
+    Never worse than :func:`best_fit_placement`: its placement is the hint and its arena_peak the
+    upper bound; when CP-SAT finds nothing better in ``time_limit`` the best fit is returned with
+    status "feasible". More than ``max_blocks`` blocks raise a CoopError (use best fit).
+    """
+    from ortools.sat.python import cp_model
+
+    started = time.perf_counter()
+    greedy = best_fit_placement(graph, schedule)
+    lifetimes = greedy.lifetimes
+    if len(lifetimes) > max_blocks:
+        raise CoopError(
+            f"exact placement of {len(lifetimes)} blocks exceeds max_blocks={max_blocks}: use best_fit_placement "
+            "or raise max_blocks"
+        )
+    if greedy.arena_peak == greedy.live_peak or not lifetimes:
+        # Best fit already meets the lower bound: it is optimal.
+        return Placement("exact", "optimal", lifetimes, greedy.offsets, greedy.arena_peak, greedy.live_peak,
+                         time.perf_counter() - started, bound=greedy.live_peak)
+    model = cp_model.CpModel()
+    upper = greedy.arena_peak
+    top = model.NewIntVar(greedy.live_peak, upper, "arena_peak")
+    offsets = []
+    x_intervals = []
+    y_intervals = []
+    for k, block in enumerate(lifetimes):
+        offset = model.NewIntVar(0, upper - block.size, f"offset_{k}")
+        model.AddHint(offset, greedy.offsets[k])
+        model.Add(offset + block.size <= top)
+        offsets.append(offset)
+        # x: the lifetime (fixed), half-open [start, end + 1); y: the address range (variable).
+        x_intervals.append(model.NewFixedSizeIntervalVar(block.start, block.end - block.start + 1, f"life_{k}"))
+        y_intervals.append(model.NewFixedSizeIntervalVar(offset, block.size, f"addr_{k}"))
+    model.AddNoOverlap2D(x_intervals, y_intervals)
+    model.AddHint(top, upper)
+    model.Minimize(top)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.01, time_limit)
+    solver.parameters.num_workers = max(1, threads)
+    status = solver.Solve(model)
+    wall_s = time.perf_counter() - started
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE) or solver.Value(top) >= upper:
+        proven = status == cp_model.OPTIMAL
+        bound = int(solver.BestObjectiveBound()) if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else greedy.live_peak
+        return Placement("exact", "optimal" if proven else "feasible", lifetimes, greedy.offsets, greedy.arena_peak,
+                         greedy.live_peak, wall_s, bound=max(bound, greedy.live_peak))
+    values = [solver.Value(o) for o in offsets]
+    arena_peak = max(v + b.size for v, b in zip(values, lifetimes))
+    return Placement("exact", "optimal" if status == cp_model.OPTIMAL else "feasible", lifetimes, values, arena_peak,
+                     greedy.live_peak, wall_s, bound=max(int(solver.BestObjectiveBound()), greedy.live_peak))
+
+
+def place(graph: Graph, schedule: Schedule, *, exact: bool | None = None, time_limit: float = 10.0) -> Placement:
+    """Best fit, improved by the exact packing when ``exact`` (default: when the schedule is small)."""
+    greedy = best_fit_placement(graph, schedule)
+    if exact is False or (exact is None and len(greedy.lifetimes) > EXACT_MAX_BLOCKS):
+        return greedy
+    return exact_placement(graph, schedule, time_limit=time_limit, max_blocks=max(EXACT_MAX_BLOCKS, len(greedy.lifetimes)))
+
+
+# -------------------------------------------------------------------- internals
+def _best_fit(lifetimes: list[Lifetime]) -> list[int]:
+    # An unbounded address space, modelled by an arena twice the size of every block together: its
+    # untouched top is one free block larger than any hole, so best fit reuses the tightest hole
+    # that fits and extends the high-water mark only when none does.
+    arena = Arena(2 * sum(b.size for b in lifetimes) + 1)
+    by_start: dict[int, list[int]] = {}
+    by_end: dict[int, list[int]] = {}
+    for k, block in enumerate(lifetimes):
+        by_start.setdefault(block.start, []).append(k)
+        by_end.setdefault(block.end, []).append(k)
+    offsets = [0] * len(lifetimes)
+    for step in sorted(set(by_start) | set(by_end)):
+        for k in by_start.get(step, []):  # allocations first: a block ending here is still live here
+            start = arena.allocate(lifetimes[k].size, k)
+            assert start is not None  # the arena holds every block at once
+            offsets[k] = start
+        for k in by_end.get(step, []):
+            arena.free(k)
+    return offsets
+
+
+def _paging_gaps(graph: Graph, schedule: Schedule) -> dict[int, list[tuple[int, int]]]:
+    """Per node, the half-open step ranges [page_out, page_in) during which it is off the device."""
+    gaps: dict[int, list[tuple[int, int]]] = {}
+    out_since: dict[int, int] = {}
+    for j, step in enumerate(schedule.steps):
+        if step.op == "page_out":
+            out_since[step.node] = j
+        elif step.node in out_since:  # page_in, or a free/recompute that retires the paged instance
+            gaps.setdefault(step.node, []).append((out_since.pop(step.node), j))
+    for node, since in out_since.items():
+        gaps.setdefault(node, []).append((since, len(schedule.steps)))
+    return gaps
+
+
+def _split(label: str, node: int, start: int, end: int, size: int, gaps: list[tuple[int, int]]) -> list[Lifetime]:
+    """The lifetime [start, end] minus the paging gaps that fall inside it."""
+    pieces = []
+    cursor = start
+    for gap_start, gap_end in sorted(gaps):
+        if gap_end <= cursor or gap_start > end:
+            continue
+        if gap_start > cursor:
+            pieces.append((cursor, gap_start - 1))
+        cursor = max(cursor, gap_end)
+    if cursor <= end:
+        pieces.append((cursor, end))
+    suffix = len(pieces) > 1
+    return [Lifetime(f"{label}.{i}" if suffix else label, node, a, b, size) for i, (a, b) in enumerate(pieces)]
+
+
+def _instance_size(graph: Graph, schedule: Schedule, step_index: int) -> int:
+    step = schedule.steps[step_index]
+    node = graph.node(step.node)
+    if step.impl is None:
+        return node.mem
+    return next(impl.mem for impl in node.impls if impl.name == step.impl)
+
+
+def _workspace(graph: Graph, node_id: int, impl: str | None) -> int:
+    node = graph.node(node_id)
+    if impl is None:
+        return node.workspace
+    return next(i.workspace for i in node.impls if i.name == impl)
+
+
+__all__ = ["Lifetime", "Placement", "best_fit_placement", "exact_placement", "place", "schedule_lifetimes"]
