@@ -60,8 +60,10 @@ def load_module(name: str, bench_dir: Path = BENCH_DIR) -> ModuleType:
     path = bench_dir / f"{name}.py"
     if not path.is_file():
         raise FileNotFoundError(f"no benchmark module {path}")
-    if str(bench_dir) not in sys.path:
-        sys.path.insert(0, str(bench_dir))  # so benchmark modules can share helpers beside them
+    # The checkout first (coop runs from it without an install), then the helpers beside the modules.
+    for folder in (REPO, bench_dir):
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
     spec = importlib.util.spec_from_file_location(f"coop_bench_{name}", path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import {path}")

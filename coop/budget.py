@@ -31,7 +31,7 @@ _UNITS = {
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z%]*)\s*$", re.IGNORECASE)
 
 
-def parse_budget(spec: str | int | float, graph: Graph, *, check: bool = True) -> int:
+def parse_budget(spec: str | float, graph: Graph, *, check: bool = True) -> int:
     """The budget in graph units (bytes for captured graphs).
 
     ``int`` -> graph units; ``float`` in (0, ...) -> fraction of the baseline peak; strings:
@@ -50,7 +50,7 @@ def parse_budget(spec: str | int | float, graph: Graph, *, check: bool = True) -
     return budget
 
 
-def _parse(spec: str | int | float, graph: Graph) -> int:
+def _parse(spec: str | float, graph: Graph) -> int:
     if isinstance(spec, bool):
         raise BudgetError(f"budget {spec!r} is not a size: give bytes ('6GiB'), graph units ('132156') or a fraction ('90%', 0.9)")
     if isinstance(spec, int):

@@ -70,7 +70,7 @@ def test_replay_equals_eager_bit_for_bit(zoo_capture) -> None:
 
 
 def test_graph_structure(zoo_capture) -> None:
-    name, model, batch, _, captured = zoo_capture
+    _, model, _, _, captured = zoo_capture
     graph = captured.graph
     kinds = {n.kind for n in graph.nodes}
     assert {"param", "input", "forward", "backward"} <= kinds

@@ -239,3 +239,42 @@ def test_lp_rounding_at_the_baseline_peak_keeps_everything():
     result = checkmate_lp(graph, baseline_peak(graph))
     assert result.status == "feasible"
     assert result.objective == pytest.approx(graph.baseline_cost)
+
+
+# -------------------------------------------------------------------- memory scaling, time limits
+def test_coarse_memory_levels_stay_within_budget_but_claim_no_proof():
+    graph = chain_with_skips()
+    budget = min_budget(graph) + 5
+    exact = checkmate(graph, budget, solver="cp-sat")
+    coarse = checkmate(graph, budget, solver="cp-sat", memory_levels=7)
+    assert exact.status == "optimal" and exact.extra["memory_exact"]
+    assert not coarse.extra["memory_exact"]
+    if coarse.found:  # rounded sizes up and budget down: still fits, never cheaper than exact
+        assert coarse.status == "feasible" and coarse.bound is None
+        assert_fits(graph, coarse, budget)
+        assert coarse.objective >= exact.objective - 1e-9
+    else:
+        assert coarse.status == "unknown" and "memory_levels" in coarse.message
+
+
+def test_cbc_bound_is_read_from_its_log():
+    from coop.formulations.milp_backends import _cbc_bound
+
+    log = "Result - Stopped on time limit\n\nObjective value:                12.5\nLower bound:                    10.25\nGap: 0.2\n"
+    assert _cbc_bound(log) == 10.25
+    assert _cbc_bound("Result - Optimal solution found\n") is None
+
+
+def test_time_limited_solve_reports_a_consistent_status(moccasin_dir):
+    from coop.graph import load_graph
+
+    graph = load_graph(moccasin_dir / "fcn_8_vgg_32_416_608_3_train_nx.json")
+    budget = math.ceil(0.7 * baseline_peak(graph))
+    result = checkmate(graph, budget, solver="cp-sat", time_limit=1.0)
+    assert result.status in ("optimal", "feasible", "unknown")
+    assert result.wall_s < 30
+    if result.found:
+        assert_fits(graph, result, budget)
+        assert result.bound is not None and result.bound <= result.objective + 1e-6
+    if result.status == "feasible":
+        assert result.gap is not None and result.gap >= 0

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from dataclasses import dataclass
 from functools import reduce
 from typing import Any
@@ -41,14 +42,14 @@ from typing import Any
 from coop.budget import min_budget
 from coop.errors import SolverError
 from coop.formulations.milp_backends import LinearModel, MilpSolution, solve_lp_relaxation, solve_milp
-from coop.formulations.progress import ProgressCallback
+from coop.formulations.progress import Progress, ProgressCallback
 from coop.formulations.result import SolveResult
 from coop.graph import Graph
 from coop.schedule import Schedule, Simulation, Step, simulate
 
 DEFAULT_MAX_NODES = 600
 #: CP-SAT reasons over integers; beyond this many memory levels the budget is coarsened.
-CP_SAT_MEMORY_LEVELS = 1 << 20
+CP_SAT_MEMORY_LEVELS = 1 << 40
 
 # A matrix entry is a model variable index (int) or a constant fixed by the stage structure.
 Entry = int | bool
@@ -353,8 +354,10 @@ def checkmate(
 
     ``solver``: cbc (PuLP), scip, highs, cp-sat (OR-Tools), gurobi or cplex (PuLP, when
     installed). ``memory_levels`` coarsens memory to at most that many units of the budget
-    (CP-SAT defaults to 2**20); a coarsened model's optimum is reported as ``feasible``, since
-    its proof holds for the rounded sizes only. Options other than these are rejected.
+    (CP-SAT defaults to 2**40: exact for any realistic graph); a coarsened model's optimum is
+    reported as ``feasible``, since its proof holds for the rounded sizes only. Checkmate's space
+    is the frontier-advancing schedules over ``graph.order``: ``infeasible`` above the least
+    feasible budget means no such schedule fits. Options other than these are rejected.
     """
     _reject_unknown(options)
     early = _early_result("checkmate", graph, budget, max_nodes)
@@ -389,6 +392,7 @@ def checkmate_lp(
     fits. ``bound`` is the LP optimum, a lower bound on every schedule's cost.
     """
     _reject_unknown(options)
+    started = time.perf_counter()
     early = _early_result("checkmate-lp", graph, budget, max_nodes)
     if early is not None:
         return early
@@ -420,9 +424,8 @@ def checkmate_lp(
             if best is None or sim.cost < best[1].cost:
                 best = (schedule, sim, label)
         if progress is not None:
-            from coop.formulations.progress import Progress
             progress(Progress(relaxation.wall_s, best[1].cost if best else None, lower_bound, label))
-    wall = relaxation.wall_s
+    wall = time.perf_counter() - started
     extra = {"roundings": len(rules), "fitting": fitting, "lp_wall_s": relaxation.wall_s}
     if best is None:
         return SolveResult("checkmate-lp", "unknown", objective=None, bound=lower_bound, wall_s=wall, extra=extra,
@@ -476,6 +479,9 @@ def _result_from_milp(graph: Graph, budget: int, problem: _Problem, variables: _
     if solution.values is None:
         status = solution.status if solution.status == "infeasible" and problem.exact else "unknown"
         message = solution.message or solution.status
+        if status == "infeasible":
+            message = (f"no frontier-advancing schedule over graph.order fits budget {budget} "
+                       f"(proven by {solver}); try a larger budget or moccasin")
         if solution.status == "infeasible" and not problem.exact:
             message = "infeasible with memory rounded up to the coarse unit; retry with a larger memory_levels"
         return SolveResult("checkmate", status, wall_s=solution.wall_s, message=message, extra=extra)

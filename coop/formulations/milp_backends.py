@@ -22,7 +22,8 @@ import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 from coop.errors import SolverError
 from coop.formulations.progress import ProgressCallback, ProgressClock
@@ -111,9 +112,14 @@ def solve_milp(
 
 
 def solve_lp_relaxation(model: LinearModel, *, time_limit: float = 60.0, threads: int = 2) -> MilpSolution:
-    """The continuous relaxation (integrality dropped), solved with OR-Tools' GLOP."""
+    """The continuous relaxation (integrality dropped): OR-Tools' GLOP, and HiGHS' simplex (all
+    variables continuous) when GLOP gives up, as it does on badly scaled models."""
     start = time.perf_counter()
-    result = _solve_pywraplp(model, "GLOP", time_limit, threads, integer=False, verbose=False)
+    for backend in ("GLOP", "HIGHS"):
+        remaining = max(1.0, time_limit - (time.perf_counter() - start))
+        result = _solve_pywraplp(model, backend, remaining, threads, integer=False, verbose=False)
+        if result.status in ("optimal", "infeasible"):
+            break
     result.wall_s = time.perf_counter() - start
     _add_constant(result, model.objective_constant)
     return result
@@ -203,7 +209,7 @@ def _solve_cp_sat(model: LinearModel, time_limit: float, threads: int, clock: Pr
             cp.add(expr == int(rhs))
     cp.minimize(sum(c * variables[v] for v, c in model.objective))
     for var, value in model.hint.items():
-        cp.add_hint(variables[var], int(round(value)))
+        cp.add_hint(variables[var], round(value))
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = float(time_limit)
     solver.parameters.num_workers = max(1, threads)
@@ -253,7 +259,7 @@ def _solve_pulp(model: LinearModel, name: str, time_limit: float, threads: int, 
             problem.solve(backend)
         except pulp.PulpSolverError as exc:
             raise SolverError(f"{name} failed to run: {str(exc).splitlines()[0]}") from None
-        log = open(log_path).read() if os.path.exists(log_path) else ""
+        log = Path(log_path).read_text() if os.path.exists(log_path) else ""
     has_solution = problem.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
     if problem.status == pulp.LpStatusInfeasible:
         return MilpSolution(status="infeasible", message=f"{name}: proven infeasible")
@@ -268,8 +274,8 @@ def _solve_pulp(model: LinearModel, name: str, time_limit: float, threads: int, 
     return MilpSolution(status=status, values=values, objective=objective, bound=bound)
 
 
-def _pulp_backend(pulp, name: str, time_limit: float, threads: int, verbose: bool, warm: bool,  # noqa: ANN001
-                  log_path: str):  # noqa: ANN202
+def _pulp_backend(pulp: Any, name: str, time_limit: float, threads: int, verbose: bool, warm: bool,
+                  log_path: str) -> Any:
     if name == "cbc":
         return pulp.PULP_CBC_CMD(msg=verbose, timeLimit=time_limit, threads=threads, warmStart=warm, logPath=log_path)
     candidates = {"gurobi": ("GUROBI", "GUROBI_CMD"), "cplex": ("CPLEX_PY", "CPLEX_CMD")}[name]

@@ -81,7 +81,7 @@ def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossF
         )
     except CoopError:
         raise
-    except Exception as exc:  # tracing errors are many types; report the first line
+    except Exception as exc:  # noqa: BLE001 - tracing fails with many types; report the first line
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         hint = "data-dependent control flow (a Python branch on a tensor value) cannot be captured; " if _data_dependent(exc) else ""
         raise CaptureError(f"cannot trace the training step of {type(model).__name__}: {hint}{type(exc).__name__}: {first}") from None

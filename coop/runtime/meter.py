@@ -19,7 +19,7 @@ import contextlib
 import threading
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Self
 
 import torch
 from torch.utils import _pytree as pytree
@@ -114,7 +114,7 @@ class MemoryMeter(TorchDispatchMode):
         self._update_peak()
         return out
 
-    def __enter__(self) -> MemoryMeter:
+    def __enter__(self) -> Self:
         if self.use_cuda:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
@@ -122,7 +122,7 @@ class MemoryMeter(TorchDispatchMode):
         super().__enter__()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         super().__exit__(*exc)
         if self.use_cuda:
             torch.cuda.synchronize()

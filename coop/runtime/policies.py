@@ -259,20 +259,35 @@ def cheapest_window(slots: list[tuple[int, float | None]], request: int) -> tupl
     return best
 
 
-class CoopPolicy(EvictionPolicy):
-    """Coop: evict the cheapest contiguous window; cheap and expensive tensors at opposite ends."""
+class CoopPolicy(DTREquivalencePolicy):
+    """Coop: evict the cheapest contiguous window; cheap and expensive tensors at opposite ends.
+
+    A window's cost is the sum over its tensors of DTR's cost term ``e*(t) / staleness(t)``, with
+    ``e*`` from the same equivalence classes as ``dtr-eq`` (Zhang et al. score a window with the
+    DTR heuristic of its tensors; the bytes term of ``h`` is dropped because every window already
+    covers the request). Free blocks inside a window cost nothing. ``window_cost="cost"`` scores
+    with the tensor's own cost instead of ``e*`` (the simpler variant, kept for comparison);
+    ``partition`` and ``in_place`` switch off cheap/expensive ends and in-place recomputation.
+    """
 
     name = "coop"
-    in_place_recompute = True
 
-    def __init__(self) -> None:
+    def __init__(self, window_cost: str = "estar", partition: bool = True, in_place: bool = True) -> None:
+        super().__init__()
+        if window_cost not in ("estar", "cost"):
+            raise CoopError(f"unknown Coop window cost {window_cost!r}: use 'estar' or 'cost'")
+        self.window_cost = window_cost
+        self.partition = partition
+        self.in_place_recompute = in_place
         self._densities: SortedList = SortedList()
 
     def reset(self) -> None:
-        self.__init__()
+        self.__init__(self.window_cost, self.partition, self.in_place_recompute)  # type: ignore[misc]
 
     def from_end(self, size: int, cost: float) -> bool:
         # Expensive (cost density at or above the running median) tensors go to the high end.
+        if not self.partition:
+            return False
         density = cost / size if size else 0.0
         expensive = bool(self._densities) and density >= self._densities[len(self._densities) // 2]
         self._densities.add(density)
@@ -292,14 +307,14 @@ class CoopPolicy(EvictionPolicy):
         victims = tuple(b.tag for b in blocks[first:last + 1] if not b.free)
         return Window(first, last, cost, victims)
 
-    @staticmethod
-    def _slot(block: Block, view: EngineView) -> tuple[int, float | None]:
+    def _slot(self, block: Block, view: EngineView) -> tuple[int, float | None]:
         if block.free:
             return block.size, 0.0
         info = view.info(block.tag)
         if not info.evictable:
             return block.size, None
-        return block.size, info.cost / staleness(view, info)
+        cost = self.recompute_cost(info, view) if self.window_cost == "estar" else info.cost
+        return block.size, cost / staleness(view, info)
 
 
 POLICIES: dict[str, type[EvictionPolicy]] = {

@@ -1,0 +1,397 @@
+"""Static formulations and online eviction policies side by side on one graph (``coop compare``).
+
+For each budget (contract 3 specs, parsed by :func:`coop.budget.parse_budget`) this runs every
+registered static formulation (:data:`coop.formulations.FORMULATIONS`: the baselines always, the
+solvers when registered) and every online policy (:mod:`coop.runtime.policies`) and reports one
+row per (method, budget): status, live peak, arena peak (addresses included: best fit over the
+schedule's lifetimes for static plans, :mod:`coop.runtime.static_arena`; the online arena's
+high-water mark for policies), compute overhead, solve or eviction-search latency, and for static
+methods the break-even number of training steps versus each online policy.
+
+Break-even: a static plan pays its solve latency once and then ``baseline_cost x (1 + overhead)``
+per step; an online policy pays ``baseline_cost x (1 + overhead) + search_s`` every step. The
+static plan is repaid after ``solve_s / (online per-step - static per-step)`` steps. This needs the
+graph's cost in seconds (captured graphs); for graphs whose cost unit is not time (the published
+Checkmate graphs count profiled units) the break-even is left empty and the report says why.
+"""
+
+from __future__ import annotations
+
+import csv
+import inspect
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from coop.budget import baseline_peak, min_budget, parse_budget
+from coop.config import SweepConfig
+from coop.errors import CoopError
+from coop.formulations import FORMULATIONS, get_formulation
+from coop.graph import Graph
+from coop.runtime.online_sim import OnlineResult, simulate_online
+from coop.runtime.policies import POLICIES
+from coop.runtime.static_arena import best_fit_placement
+
+#: Registry names that are not static plans (an online fallback registered as a formulation).
+ONLINE_FORMULATION_NAMES = frozenset({"dynamic", "online"})
+
+#: The columns of every row, in table order.
+COLUMNS = (
+    "method", "kind", "budget_spec", "budget", "fraction", "status", "fits", "peak", "arena_peak", "overhead",
+    "solve_s", "search_s", "step_s", "message",
+)
+
+
+@dataclass
+class CompareReport:
+    """All rows of one comparison; ``notes`` explain empty columns (e.g. no break-even)."""
+
+    graph: str
+    cost_unit: str
+    baseline_peak: int
+    min_budget: int
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def columns(self) -> list[str]:
+        extra = sorted({k for row in self.rows for k in row if k not in COLUMNS})
+        return list(COLUMNS[:-1]) + extra + ["message"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "graph": self.graph,
+            "cost_unit": self.cost_unit,
+            "baseline_peak": self.baseline_peak,
+            "min_budget": self.min_budget,
+            "rows": [{k: _jsonable(v) for k, v in row.items()} for row in self.rows],
+            "notes": self.notes,
+        }
+
+    def to_csv(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=self.columns)
+            writer.writeheader()
+            for row in self.rows:
+                writer.writerow({k: _csv_value(row.get(k)) for k in self.columns})
+        return path
+
+    def to_markdown(self) -> str:
+        """A GitHub table of the main columns, then the notes."""
+        break_even = [c for c in self.columns if c.startswith("break_even_vs_")]
+        columns = ["method", "kind", "budget_spec", "status", "peak", "arena_peak", "overhead", "solve_s", "search_s",
+                   *break_even]
+        lines = [
+            (f"**{self.graph}**: baseline peak {self.baseline_peak}, least feasible budget {self.min_budget}, "
+             f"cost unit {self.cost_unit}"),
+            "",
+            "| " + " | ".join(c.replace("break_even_vs_", "break-even vs ") for c in columns) + " |",
+            "|" + "|".join("---" for _ in columns) + "|",
+        ]
+        for row in self.rows:
+            lines.append("| " + " | ".join(_cell(row.get(c)) for c in columns) + " |")
+        if self.notes:
+            lines.append("")
+            lines.extend(f"- {note}" for note in self.notes)
+        return "\n".join(lines) + "\n"
+
+    def plot(self, path: str | Path) -> Path:
+        """PNG: compute overhead against budget (fraction of the baseline peak), one line per method."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        figure, axes = plt.subplots(figsize=(7, 4.5))
+        for method in dict.fromkeys(row["method"] for row in self.rows):
+            points = sorted(
+                (row["fraction"], row["overhead"]) for row in self.rows
+                if row["method"] == method and row["fits"] and row["overhead"] is not None
+            )
+            if points:
+                style = "-o" if _kind_of(self.rows, method) == "static" else "--s"
+                axes.plot([p[0] for p in points], [100 * p[1] for p in points], style, label=method, markersize=4)
+        axes.set_xlabel("budget (fraction of the baseline peak)")
+        axes.set_ylabel("compute overhead (%)")
+        axes.set_title(f"{self.graph}: overhead vs budget")
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize=8)
+        figure.tight_layout()
+        figure.savefig(path, dpi=120)
+        plt.close(figure)
+        return path
+
+
+def simulate_report(graph: Graph, policy: str, budget: str | int | float) -> dict[str, Any]:  # noqa: PYI041 (int: graph units)
+    """``coop simulate``: one online policy on one graph and budget, as a JSON-ready dict.
+
+    A budget below the least feasible one is reported (status "infeasible"), not raised.
+    """
+    budget_units = parse_budget(budget, graph, check=False)
+    least = min_budget(graph)
+    report: dict[str, Any] = {
+        "graph": graph.name,
+        "policy": policy,
+        "budget": budget_units,
+        "min_budget": least,
+        "baseline_peak": baseline_peak(graph),
+    }
+    if budget_units < least:
+        return report | {"status": "infeasible", "message": f"budget {budget_units} is below the least feasible budget {least}"}
+    result = simulate_online(graph, budget_units, policy)
+    return report | result.to_dict() | {"ok": result.status == "ok"}
+
+
+def compare(
+    graph: Graph,
+    budgets: Sequence[str | int | float],
+    formulations: Iterable[str] | None = None,
+    policies: Iterable[str] | None = None,
+    time_limit: float = 10.0,
+    progress: bool = False,
+    *,
+    solver_options: dict[str, dict[str, Any]] | None = None,
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+) -> CompareReport:
+    """Run the static formulations and online policies on ``graph`` at every budget.
+
+    ``formulations`` / ``policies`` default to all registered ones; a formulation that raises a
+    CoopError on this graph (e.g. a baseline that needs a forward/backward split) gets a
+    "skipped" row with the reason. ``time_limit`` is passed to formulations that take one;
+    ``solver_options`` adds per-formulation keyword options. ``progress`` shows a rich bar.
+    """
+    formulation_names = _formulation_names(formulations)
+    policy_names = list(policies) if policies is not None else list(POLICIES)
+    for name in policy_names:
+        if name not in POLICIES:
+            raise CoopError(f"unknown eviction policy {name!r}: choose one of {', '.join(POLICIES)}")
+    if not budgets:
+        raise CoopError("compare needs at least one budget (e.g. --budgets 0.9,0.7,0.5)")
+    peak, least = baseline_peak(graph), min_budget(graph)
+    cost_unit = str(graph.meta.get("cost_unit", "unknown"))
+    report = CompareReport(graph.name, cost_unit, peak, least)
+    parsed = [(str(spec), parse_budget(spec, graph, check=False)) for spec in budgets]
+    tasks = [(spec, units, name, "static") for spec, units in parsed for name in formulation_names]
+    tasks += [(spec, units, name, "online") for spec, units in parsed for name in policy_names]
+    with _progress_bar(progress, len(tasks), graph.name) as advance:
+        for spec, units, name, kind in tasks:
+            advance(f"{name} @ {spec}")
+            if units < least:
+                row = _row(name, kind, spec, units, peak, status="infeasible",
+                           message=f"budget {units} is below the least feasible budget {least}")
+            elif kind == "static":
+                options = {"time_limit": time_limit} | (solver_options or {}).get(name, {})
+                row = _static_row(graph, name, spec, units, peak, options)
+            else:
+                row = _online_row(graph, name, spec, units, peak)
+            report.rows.append(row)
+            if on_row is not None:
+                on_row(row)
+    _add_break_even(report, graph, policy_names)
+    return report
+
+
+def run_sweep(config: SweepConfig, progress: bool = False, output_dir: str | Path | None = None) -> list[CompareReport]:
+    """Every graph of a sweep config through :func:`compare`; with ``output_dir`` (default the
+    config's) writes ``<graph>.csv``, ``<graph>.md`` and ``<graph>.png`` there."""
+    reports = []
+    for graph in config.load_graphs():
+        report = compare(graph, config.budgets, config.formulation_names, config.policy_names, config.time_limit,
+                         progress, solver_options=config.solver_options)
+        reports.append(report)
+        folder = Path(output_dir if output_dir is not None else config.output_dir)
+        stem = _safe_name(graph.name)
+        report.to_csv(folder / f"{stem}.csv")
+        (folder / f"{stem}.md").write_text(report.to_markdown())
+        report.plot(folder / f"{stem}.png")
+    return reports
+
+
+# -------------------------------------------------------------------- rows
+def _formulation_names(formulations: Iterable[str] | None) -> list[str]:
+    if formulations is None:
+        return [n for n in FORMULATIONS if n not in ONLINE_FORMULATION_NAMES]
+    names = list(formulations)
+    for name in names:
+        if name not in FORMULATIONS:
+            raise CoopError(f"unknown formulation {name!r}: choose one of {', '.join(FORMULATIONS)}")
+    return names
+
+
+def _row(method: str, kind: str, spec: str, budget: int, reference_peak: int, **values: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {column: None for column in COLUMNS}
+    row.update(method=method, kind=kind, budget_spec=spec, budget=budget, fraction=budget / reference_peak if reference_peak else None,
+               fits=False, message="")
+    row.update(values)
+    return row
+
+
+def _static_row(graph: Graph, name: str, spec: str, budget: int, peak: int, options: dict[str, Any]) -> dict[str, Any]:
+    started = time.perf_counter()
+    try:
+        function = get_formulation(name)
+        result = function(graph, budget, **_accepted(function, options))
+    except (CoopError, ImportError) as exc:
+        return _row(name, "static", spec, budget, peak, status="skipped", message=str(exc).splitlines()[0],
+                    solve_s=time.perf_counter() - started)
+    solve_s = time.perf_counter() - started
+    if result.schedule is None or result.simulation is None:
+        return _row(name, "static", spec, budget, peak, status=result.status, solve_s=solve_s,
+                    message=result.message or "no schedule found")
+    sim = result.simulation
+    fits = sim.peak <= budget
+    placement = best_fit_placement(graph, result.schedule)
+    status = result.status if fits else "over-budget"
+    return _row(name, "static", spec, budget, peak, status=status, fits=fits, peak=sim.peak,
+                arena_peak=placement.arena_peak, overhead=sim.overhead, solve_s=solve_s,
+                step_s=_step_seconds(graph, sim.overhead, 0.0), message=result.message)
+
+
+def _online_row(graph: Graph, name: str, spec: str, budget: int, peak: int) -> dict[str, Any]:
+    result: OnlineResult = simulate_online(graph, budget, name)
+    finished = result.schedule is not None
+    return _row(name, "online", spec, budget, peak, status=result.status, fits=finished, peak=result.peak,
+                arena_peak=result.arena_peak, overhead=result.overhead if finished else None,
+                search_s=result.search_s, step_s=_step_seconds(graph, result.overhead, result.search_s) if finished else None,
+                evictions=result.evictions, fragmentation=result.fragmentation, message=result.message)
+
+
+def _accepted(function: Callable[..., Any], options: dict[str, Any]) -> dict[str, Any]:
+    """The options ``function`` takes by name (formulations reject unknown options)."""
+    parameters = inspect.signature(function).parameters
+    return {k: v for k, v in options.items() if k in parameters}
+
+
+# -------------------------------------------------------------------- break-even
+def cost_is_seconds(graph: Graph) -> bool:
+    """Whether the graph's node costs are seconds (captured graphs), so per-step times are real."""
+    return str(graph.meta.get("cost_unit", "")).startswith("seconds")
+
+
+def _step_seconds(graph: Graph, overhead: float, search_s: float) -> float | None:
+    if not cost_is_seconds(graph):
+        return None
+    return graph.baseline_cost * (1.0 + overhead) + search_s
+
+
+def break_even_steps(solve_s: float, static_step_s: float, online_step_s: float) -> float:
+    """Training steps after which a static plan's one-off solve is repaid (inf: never).
+
+    The static plan costs ``solve_s + n * static_step_s`` over n steps, the online policy
+    ``n * online_step_s``; the smallest n where the static plan is no more expensive.
+    """
+    saving = online_step_s - static_step_s
+    if solve_s <= 0:
+        return 0.0
+    if saving <= 0:
+        return math.inf
+    return math.ceil(solve_s / saving)
+
+
+def _add_break_even(report: CompareReport, graph: Graph, policy_names: list[str]) -> None:
+    if not cost_is_seconds(graph):
+        report.notes.append(
+            f"break-even steps are not computed: the graph's cost unit is {report.cost_unit!r}, not time, so "
+            "per-step compute cannot be set against solve latency in seconds"
+        )
+        return
+    report.notes.append(
+        "break-even vs P: training steps after which the static solve latency is repaid by its lower per-step time "
+        "(baseline cost x (1 + overhead), plus the policy's eviction search per step); inf = never"
+    )
+    online = {(r["budget"], r["method"]): r for r in report.rows if r["kind"] == "online"}
+    for row in report.rows:
+        if row["kind"] != "static":
+            continue
+        for policy in policy_names:
+            other = online.get((row["budget"], policy))
+            value = None
+            if row["fits"] and row["step_s"] is not None and other is not None and other["step_s"] is not None:
+                value = break_even_steps(row["solve_s"], row["step_s"], other["step_s"])
+            row[f"break_even_vs_{policy}"] = value
+
+
+# -------------------------------------------------------------------- helpers
+class _NoProgress:
+    def __enter__(self) -> Callable[[str], None]:
+        return lambda description: None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class _RichProgress:
+    """A rich bar over the sweep; each call to the advance function marks one task started."""
+
+    def __init__(self, total: int, title: str) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), transient=True)
+        self.title = title
+        self.total = total
+        self.started = 0
+
+    def __enter__(self) -> Callable[[str], None]:
+        self.progress.start()
+        self.task = self.progress.add_task(self.title, total=self.total)
+
+        def advance(description: str) -> None:
+            if self.started:
+                self.progress.advance(self.task)
+            self.started += 1
+            self.progress.update(self.task, description=f"{self.title}: {description}")
+
+        return advance
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.update(self.task, completed=self.total)
+        self.progress.stop()
+
+
+def _progress_bar(enabled: bool, total: int, title: str) -> _NoProgress | _RichProgress:
+    return _RichProgress(total, title) if enabled else _NoProgress()
+
+
+def _safe_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "graph"
+
+
+def _kind_of(rows: list[dict[str, Any]], method: str) -> str:
+    return next(r["kind"] for r in rows if r["method"] == method)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and math.isinf(value):
+        return "never"
+    return value
+
+
+def _csv_value(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, float) and math.isinf(value):
+        return "never"
+    return value
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if math.isinf(value):
+            return "never"
+        return f"{value:.4g}"
+    return str(value).replace("|", "\\|")
+
+
+__all__ = ["COLUMNS", "CompareReport", "break_even_steps", "compare", "cost_is_seconds", "run_sweep", "simulate_report"]

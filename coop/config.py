@@ -1,0 +1,169 @@
+"""Sweep configs (TOML, read with :mod:`tomllib`) validated by pydantic models.
+
+A config names the graphs (a file, a glob of files, or a zoo model and its size, captured on the
+fly), the budgets (contract 3 specs), the static formulations and online policies to compare and
+the solver time limit::
+
+    name = "gpt2-small"
+    budgets = ["90%", 0.7, 0.5]
+    formulations = ["store-all", "chen-greedy"]   # or "all" (default)
+    policies = ["dtr", "dte", "coop"]             # or "all" (default)
+    time_limit = 30
+
+    [[graphs]]
+    zoo = "gpt2"
+    size = { layers = 2, hidden = 64, batch = 2, seq = 32 }
+
+Relative paths and globs are resolved against the config file's folder. A malformed config
+raises :class:`ConfigError` with one line naming the file, the field and the fix.
+"""
+
+from __future__ import annotations
+
+import glob
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from coop.errors import CoopError
+from coop.graph import Graph
+
+
+class ConfigError(CoopError):
+    """A sweep config that cannot be read or does not validate."""
+
+
+class GraphSource(BaseModel):
+    """Where one graph comes from: ``path`` (a graph file), ``glob`` (many) or ``zoo`` (+ ``size``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str | None = None
+    glob: str | None = None
+    zoo: str | None = None
+    size: dict[str, int] = Field(default_factory=dict)
+    profile: bool = False
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> GraphSource:
+        given = [k for k in ("path", "glob", "zoo") if getattr(self, k)]
+        if len(given) != 1:
+            raise ValueError("each [[graphs]] entry needs exactly one of path, glob or zoo")
+        if self.size and not self.zoo:
+            raise ValueError("size applies to zoo models only")
+        return self
+
+
+class SweepConfig(BaseModel):
+    """One comparison sweep: graphs x budgets x (formulations + policies)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = "sweep"
+    graphs: list[GraphSource] = Field(min_length=1)
+    budgets: list[str | float | int] = Field(min_length=1)
+    formulations: list[str] | Literal["all"] = "all"
+    policies: list[str] | Literal["all"] = "all"
+    time_limit: float = Field(default=10.0, gt=0)
+    output_dir: str = "results"
+    solver_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    base_dir: Path = Field(default=Path("."), exclude=True)
+
+    @field_validator("formulations")
+    @classmethod
+    def _known_formulations(cls, value: list[str] | str) -> list[str] | str:
+        from coop.formulations import FORMULATIONS
+
+        if isinstance(value, list):
+            for name in value:
+                if name not in FORMULATIONS:
+                    raise ValueError(f"unknown formulation {name!r} (choose from {', '.join(FORMULATIONS)})")
+        return value
+
+    @field_validator("policies")
+    @classmethod
+    def _known_policies(cls, value: list[str] | str) -> list[str] | str:
+        from coop.runtime.policies import POLICIES
+
+        if isinstance(value, list):
+            for name in value:
+                if name not in POLICIES:
+                    raise ValueError(f"unknown policy {name!r} (choose from {', '.join(POLICIES)})")
+        return value
+
+    @property
+    def formulation_names(self) -> list[str] | None:
+        return None if self.formulations == "all" else list(self.formulations)
+
+    @property
+    def policy_names(self) -> list[str] | None:
+        return None if self.policies == "all" else list(self.policies)
+
+    def graph_paths(self) -> list[Path]:
+        """Files named by ``path`` and ``glob`` entries, resolved against the config's folder."""
+        return [p for source in self.graphs if not source.zoo for p in self._source_paths(source)]
+
+    def load_graphs(self) -> list[Graph]:
+        """Every graph of the sweep, in config order (zoo models are built and captured here)."""
+        from coop.graph import load_graph
+
+        graphs: list[Graph] = []
+        for source in self.graphs:
+            if source.zoo:
+                graphs.append(_capture_zoo(source))
+            else:
+                graphs.extend(load_graph(p) for p in self._source_paths(source))
+        return graphs
+
+    def _source_paths(self, source: GraphSource) -> list[Path]:
+        if source.path:
+            path = self._resolve(source.path)
+            if not path.is_file():
+                raise ConfigError(f"config {self.name!r}: graph file {path} does not exist")
+            return [path]
+        matches = sorted(glob.glob(str(self._resolve(str(source.glob)))))
+        if not matches:
+            raise ConfigError(f"config {self.name!r}: glob {source.glob!r} matches no file under {self.base_dir}")
+        return [Path(m) for m in matches]
+
+    def _resolve(self, text: str) -> Path:
+        path = Path(text).expanduser()
+        return path if path.is_absolute() else (self.base_dir / path)
+
+
+def _capture_zoo(source: GraphSource) -> Graph:
+    from coop.graph_capture import capture
+    from coop.zoo import build
+
+    model, batch, loss_fn = build(str(source.zoo), **source.size)
+    return capture(model, batch, loss_fn=loss_fn, profile=source.profile).graph
+
+
+def load_config(path: str | Path) -> SweepConfig:
+    """Read and validate a TOML sweep config (ConfigError with one line on any problem)."""
+    path = Path(path)
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config {path} is not valid TOML: {exc}") from None
+    return parse_config(data, base_dir=path.resolve().parent, origin=str(path))
+
+
+def parse_config(data: dict[str, Any], base_dir: Path | str = ".", origin: str = "config") -> SweepConfig:
+    """Validate a config dict (as read from TOML)."""
+    try:
+        return SweepConfig.model_validate({**data, "base_dir": Path(base_dir)})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"]) or "(top level)"
+        message = str(error["msg"]).removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            message = "unknown field; remove it or check its spelling"
+        raise ConfigError(f"{origin}: {where}: {message}") from None
+
+
+__all__ = ["ConfigError", "GraphSource", "SweepConfig", "load_config", "parse_config"]

@@ -1,0 +1,200 @@
+"""coop.plan: capture -> budget -> formulation -> validate -> executor, and the Plan object.
+
+Orchestration only: the capture, the one budget parser, the formulations, the one simulator and
+validator and the executor do the work; this module chooses among schedules and wires the replay
+into the model (gradients accumulated into ``p.grad`` like ``loss.backward()``, buffers updated
+once per step).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from coop.budget import baseline_peak, min_budget, parse_budget
+from coop.errors import CoopError, InfeasibleError
+from coop.formulations import BASELINES, SolveResult, solve
+from coop.graph import Graph, format_bytes
+from coop.graph_capture import Captured, capture
+from coop.runtime.executor import Executor
+from coop.schedule import Schedule, Simulation, Step, simulate, validate
+
+PLAN_FORMAT = "coop.plan/1"
+LossFn = Callable[..., torch.Tensor]
+
+
+class Plan:
+    """A validated schedule for one model and batch shape, ready to replay every step."""
+
+    def __init__(self, model: nn.Module, captured: Captured, schedule: Schedule, budget: int, formulation: str,
+                 result: SolveResult | None = None, note: str = "") -> None:
+        self.model = model
+        self.captured = captured
+        self.schedule = schedule
+        self.budget = budget
+        self.formulation = formulation
+        self.result = result
+        self.note = note
+        self.simulation: Simulation = simulate(captured.graph, schedule)
+        self.executor = Executor(captured, schedule)
+        self._params = dict(model.named_parameters())
+        self._buffers = dict(model.named_buffers())
+
+    # ---------------------------------------------------------------- numbers
+    @property
+    def graph(self) -> Graph:
+        return self.captured.graph
+
+    @property
+    def baseline_peak(self) -> int:
+        return baseline_peak(self.graph)
+
+    @property
+    def predicted_peak(self) -> int:
+        return self.simulation.peak
+
+    @property
+    def predicted_overhead(self) -> float:
+        return self.simulation.overhead
+
+    def summary(self) -> dict[str, Any]:
+        """Peak, overhead, budget and solver status as a JSON-ready dict."""
+        result = self.result
+        return {
+            "model": self.graph.name,
+            "formulation": self.formulation,
+            "budget": self.budget,
+            "baseline_peak": self.baseline_peak,
+            "predicted_peak": self.predicted_peak,
+            "peak_fraction": self.predicted_peak / self.baseline_peak,
+            "predicted_overhead": self.predicted_overhead,
+            "min_budget": min_budget(self.graph),
+            "nodes": len(self.graph.nodes),
+            "steps": len(self.schedule),
+            "recomputations": self.simulation.recomputations,
+            "status": result.status if result else "loaded",
+            "gap": result.gap if result else None,
+            "solve_s": result.wall_s if result else 0.0,
+            "note": self.note,
+        }
+
+    def memory_timeline(self) -> dict[str, list[int]]:
+        """Predicted device bytes per step of the plan and of the baseline order (for plots)."""
+        baseline = simulate(self.graph, Schedule.from_order(self.graph.order)).memory
+        return {"plan": list(self.simulation.memory), "baseline": list(baseline)}
+
+    # ---------------------------------------------------------------- replay
+    def step(self, *batch: torch.Tensor) -> torch.Tensor:
+        """Forward + backward under the plan: grads accumulate into ``p.grad``; returns the loss."""
+        self._check_batch(batch)
+        outputs = self.executor.run_flat(self.captured.flat_inputs(self.model, batch))
+        grads = outputs[self.captured.grad_slice]
+        new_buffers = outputs[self.captured.buffer_slice]
+        with torch.no_grad():
+            for name, grad in zip(self.captured.grad_names, grads, strict=True):
+                param = self._params[name]
+                if param.grad is None:
+                    param.grad = grad
+                else:
+                    param.grad += grad
+            for name, value in zip(self.captured.buffer_names, new_buffers, strict=True):
+                buffer = self._buffers[name]
+                if value is not buffer:
+                    buffer.copy_(value)
+        return outputs[0]
+
+    def _check_batch(self, batch: tuple[torch.Tensor, ...]) -> None:
+        expected = self.captured.batch_shapes
+        got = [(tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else (None, type(t)) for t in batch]
+        if len(got) != len(expected):
+            raise CoopError(f"plan.step got {len(got)} batch tensors, the plan was made for {len(expected)}")
+        for index, (have, want) in enumerate(zip(got, expected, strict=True)):
+            if have != want:
+                raise CoopError(f"batch tensor {index} has shape {list(have[0] or [])} {have[1]}, the plan was made for "
+                                f"{list(want[0])} {want[1]}; make a new plan for this shape")
+
+    # ---------------------------------------------------------------- files
+    def save(self, path: str | Path) -> None:
+        """Write the plan (schedule, budget, graph digest, batch shapes) as JSON."""
+        document = {
+            "format": PLAN_FORMAT,
+            "graph": {"name": self.graph.name, "structure_sha256": self.graph.structure_sha256},
+            "budget": self.budget,
+            "formulation": self.formulation,
+            "batch": [{"shape": list(shape), "dtype": str(dtype).removeprefix("torch.")}
+                      for shape, dtype in self.captured.batch_shapes],
+            "steps": [s.model_dump(exclude_none=True) for s in self.schedule.steps],
+            "summary": self.summary(),
+        }
+        Path(path).write_text(json.dumps(document, indent=1) + "\n")
+
+    def __repr__(self) -> str:
+        return (f"Plan({self.graph.name}, {self.formulation}, peak {format_bytes(self.predicted_peak)} of "
+                f"{format_bytes(self.baseline_peak)}, overhead {self.predicted_overhead:.1%})")
+
+
+def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: LossFn | None = None,
+         formulation: str = "auto", time_limit: float = 60, profile: bool = False) -> Plan:
+    """Capture a training step, solve for a schedule within ``budget`` and return its replay.
+
+    ``formulation="auto"`` takes the cheapest baseline (coop.formulations.BASELINES) whose
+    schedule fits. A named formulation that returns no fitting schedule falls back to the
+    cheapest fitting baseline, and the plan's ``note`` says so.
+    """
+    captured = capture(model, example_batch, loss_fn=loss_fn, profile=profile)
+    graph = captured.graph
+    budget_bytes = parse_budget(budget, graph)
+    if formulation == "auto":
+        result, name = _best_baseline(graph, budget_bytes)
+        return Plan(model, captured, result.schedule, budget_bytes, name, result)
+    options = {} if formulation in BASELINES else {"time_limit": time_limit}
+    result = solve(graph, budget_bytes, formulation, **options)
+    if result.schedule is not None and validate(graph, result.schedule, budget_bytes).ok:
+        return Plan(model, captured, result.schedule, budget_bytes, formulation, result)
+    fallback, name = _best_baseline(graph, budget_bytes, failed=formulation)
+    note = f"{formulation} found no schedule within the budget ({result.status}); fell back to {name}"
+    return Plan(model, captured, fallback.schedule, budget_bytes, name, fallback, note=note)
+
+
+def _best_baseline(graph: Graph, budget: int, failed: str | None = None) -> tuple[SolveResult, str]:
+    """The cheapest baseline schedule whose validated peak fits the budget."""
+    best: tuple[float, SolveResult, str] | None = None
+    best_peak: int | None = None
+    for name in BASELINES:
+        result = solve(graph, budget, name)
+        if result.schedule is None:
+            continue
+        check = validate(graph, result.schedule, budget)
+        if check.peak is not None:
+            best_peak = check.peak if best_peak is None else min(best_peak, check.peak)
+        if check.ok and (best is None or check.cost < best[0]):
+            best = (check.cost, result, name)
+    if best is None:
+        what = f"{failed} and the baselines" if failed else "the baselines"
+        reached = f"; the best peak reached is {best_peak} B ({format_bytes(best_peak)})" if best_peak else ""
+        raise InfeasibleError(f"budget {budget} B ({format_bytes(budget)}) is infeasible for {what}{reached}; "
+                              "raise the budget or choose another formulation")
+    return best[1], best[2]
+
+
+def load_plan(path: str | Path, model: nn.Module, loss_fn: LossFn | None = None) -> Plan:
+    """Rebuild a saved plan for ``model``; refused when the model's graph differs from the saved one."""
+    try:
+        document = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise CoopError(f"cannot read plan file {path}: {exc}") from None
+    if not isinstance(document, dict) or document.get("format") != PLAN_FORMAT:
+        raise CoopError(f"{path} is not a coop plan (expected format {PLAN_FORMAT!r})")
+    # Tracing runs on fake tensors, so a batch of zeros of the saved shapes captures the same graph.
+    batch = tuple(torch.zeros(b["shape"], dtype=getattr(torch, b["dtype"])) for b in document["batch"])
+    captured = capture(model, batch, loss_fn=loss_fn)
+    if captured.graph.structure_sha256 != document["graph"]["structure_sha256"]:
+        raise CoopError(f"plan {path} was made for a different model or batch shape (graph digest differs); "
+                        "make a new plan with coop.plan")
+    schedule = Schedule(steps=tuple(Step.model_validate(s) for s in document["steps"]))
+    return Plan(model, captured, schedule, int(document["budget"]), document["formulation"])

@@ -1,0 +1,152 @@
+"""Moccasin (Bartan et al. 2023) on CP-SAT: legality, fit, optimality on tiny graphs, statuses."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from coop.budget import baseline_peak, min_budget
+from coop.formulations import baselines
+from coop.formulations.moccasin import moccasin, peak_shaving_schedule, schedule_intervals
+from coop.graph import Graph, load_graph
+from coop.schedule import Schedule, simulate, validate
+from tests.strategies import random_graphs
+
+FAST = {"time_limit": 10.0, "threads": 1}
+
+
+def _chain_with_skips(n: int = 6) -> Graph:
+    """A forward chain with a backward pass reading every forward value: remat pays off."""
+    nodes = [{"id": 0, "name": "x", "kind": "input", "mem": 1, "cost": 0.0}]
+    for i in range(1, n + 1):
+        nodes.append({"id": i, "name": f"f{i}", "inputs": [i - 1], "mem": 4, "cost": float(i)})
+    previous = n
+    for j, i in enumerate(range(n, 0, -1)):
+        node_id = n + 1 + j
+        inputs = [previous] if previous == i else [previous, i]
+        nodes.append({"id": node_id, "name": f"b{i}", "kind": "backward", "inputs": inputs, "mem": 4, "cost": 1.0})
+        previous = node_id
+    return Graph.model_validate({"name": "chain", "nodes": nodes, "outputs": [previous]})
+
+
+def _brute_force_optimum(graph: Graph, budget: int, extra: int) -> float | None:
+    """Least cost over every compute sequence with at most ``extra`` recomputations.
+
+    Freeing right after the last read is optimal for a fixed compute sequence, and it is exactly
+    the simulator's behaviour without free steps, so sequences of computes cover all schedules.
+    """
+    computed = list(graph.order)
+    best = None
+    for length in range(len(computed), len(computed) + extra + 1):
+        for sequence in itertools.product(computed, repeat=length):
+            if set(sequence) != set(computed):
+                continue
+            verdict = validate(graph, Schedule.from_order(sequence), budget)
+            if verdict.ok and (best is None or verdict.cost < best):
+                best = verdict.cost
+    return best
+
+
+def test_store_all_budget_is_optimal_without_search() -> None:
+    graph = _chain_with_skips()
+    result = moccasin(graph, baseline_peak(graph), **FAST)
+    assert result.status == "optimal"
+    assert result.simulation.cost == graph.baseline_cost
+
+
+def test_tight_budget_fits_and_objective_matches_simulation() -> None:
+    graph = _chain_with_skips()
+    budget = math.ceil(0.7 * baseline_peak(graph))
+    assert budget >= min_budget(graph)
+    result = moccasin(graph, budget, **FAST)
+    assert result.status == "optimal"
+    verdict = validate(graph, result.schedule, budget)
+    assert verdict.ok, verdict.reason
+    assert result.objective == pytest.approx(result.simulation.cost)
+    assert result.bound == pytest.approx(result.objective)
+    assert result.simulation.cost > graph.baseline_cost  # the budget forces a recomputation
+
+
+def test_beats_or_ties_every_baseline_that_fits() -> None:
+    graph = _chain_with_skips(8)
+    for fraction in (0.6, 0.8):
+        budget = max(min_budget(graph), math.ceil(fraction * baseline_peak(graph)))
+        result = moccasin(graph, budget, **FAST)
+        assert result.found and result.simulation.peak <= budget
+        for name in ("store_all", "checkpoint_all", "chen_sqrt", "chen_greedy"):
+            baseline = getattr(baselines, name)(graph, budget)
+            if baseline.schedule is not None and simulate(graph, baseline.schedule).peak <= budget:
+                assert result.simulation.cost <= simulate(graph, baseline.schedule).cost + 1e-9, name
+
+
+def test_matches_brute_force_on_tiny_graph() -> None:
+    graph = _chain_with_skips(3)
+    budget = min_budget(graph)
+    brute = _brute_force_optimum(graph, budget, extra=2)
+    result = moccasin(graph, budget, max_intervals=3, keep_order=False, extra_slots=3, **FAST)
+    assert result.status == "optimal"
+    assert validate(graph, result.schedule, budget).ok
+    assert brute is not None and result.simulation.cost <= brute + 1e-9
+    if result.schedule.compute_count <= len(graph.order) + 2:  # inside the brute force's space
+        assert result.simulation.cost == pytest.approx(brute)
+
+
+def test_below_least_budget_is_infeasible_with_a_reason() -> None:
+    graph = _chain_with_skips()
+    result = moccasin(graph, min_budget(graph) - 1, **FAST)
+    assert result.status == "infeasible" and result.schedule is None
+    assert "least feasible budget" in result.message
+
+
+def test_budget_between_lower_bound_and_true_minimum_gets_a_clear_status() -> None:
+    # y and z both read x and the join reads both: any order holds x, y and z at once (30), while
+    # the single-step lower bound is only 21. A budget of 25 is legal to ask for but unreachable.
+    nodes = [
+        {"id": 0, "name": "x", "mem": 10, "cost": 1.0},
+        {"id": 1, "name": "y", "inputs": [0], "mem": 10, "cost": 1.0},
+        {"id": 2, "name": "z", "inputs": [0], "mem": 10, "cost": 1.0},
+        {"id": 3, "name": "join", "inputs": [1, 2], "mem": 1, "cost": 1.0},
+    ]
+    graph = Graph.model_validate({"name": "diamond", "nodes": nodes})
+    assert min_budget(graph) == 21 and baseline_peak(graph) == 30
+    result = moccasin(graph, 25, max_intervals=2, **FAST)
+    assert result.status in ("infeasible", "unknown") and result.schedule is None
+    assert "25" in result.message
+
+
+def test_progress_reports_incumbent_and_bound() -> None:
+    graph = _chain_with_skips()
+    reports = []
+    moccasin(graph, math.ceil(0.7 * baseline_peak(graph)), progress=reports.append, **FAST)
+    assert reports and reports[-1].final
+    assert reports[-1].incumbent is not None and reports[-1].bound is not None
+
+
+def test_peak_shaving_fits_published_graph(moccasin_dir) -> None:
+    graph = load_graph(moccasin_dir / "random_layered_n100_w0.27_nlv0.75_ed0.2_scd0.14.json")
+    budget = math.ceil(0.8 * baseline_peak(graph))
+    schedule = peak_shaving_schedule(graph, budget)
+    assert schedule is not None and validate(graph, schedule, budget).ok
+    intervals, slots = schedule_intervals(graph, schedule)
+    assert slots == schedule.compute_count
+    assert sum(len(v) for v in intervals.values()) == schedule.compute_count
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=random_graphs(max_nodes=8), fraction=st.sampled_from([0.5, 0.75, 1.0]))
+def test_random_graphs_fit_and_never_beat_the_lower_bounds(graph: Graph, fraction: float) -> None:
+    budget = max(min_budget(graph), math.ceil(fraction * baseline_peak(graph)))
+    result = moccasin(graph, budget, max_intervals=2, time_limit=5.0, threads=1)
+    assert result.status in ("optimal", "feasible", "infeasible", "unknown")
+    if result.found:
+        verdict = validate(graph, result.schedule, budget)
+        assert verdict.ok, verdict.reason
+        assert result.simulation.cost >= graph.baseline_cost - 1e-9
+        if result.status == "optimal":
+            assert result.simulation.cost <= graph.baseline_cost + 1e-9 or budget < baseline_peak(graph)
+    else:
+        assert result.message

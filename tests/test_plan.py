@@ -1,0 +1,120 @@
+"""coop.plan: replay equals eager PyTorch over optimizer steps; peaks fall with the budget."""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import pytest
+import torch
+
+import coop
+from coop import capture, simulate
+from coop.errors import CoopError, InfeasibleError
+from coop.formulations import BASELINES, solve
+from coop.runtime.meter import MemoryMeter
+from coop.zoo import build
+
+MODELS = ("mlp", "cnn", "transformer")
+
+
+def eager_step(model, batch, loss_fn) -> torch.Tensor:
+    out = loss_fn(model, *batch) if loss_fn is not None else model(*batch)
+    loss = out if isinstance(out, torch.Tensor) else out.loss
+    loss.backward()
+    return loss.detach()
+
+
+@functools.cache
+def baseline_peaks(name: str) -> dict[str, int]:
+    """The peak each baseline reaches on a zoo model (default size): budgets at which it is feasible."""
+    model, batch, loss_fn = build(name)
+    graph = capture(model, batch, loss_fn).graph
+    return {f: simulate(graph, solve(graph, 10**12, f).schedule).peak for f in BASELINES}
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("formulation", BASELINES)
+def test_three_optimizer_steps_equal_eager(name: str, formulation: str) -> None:
+    model, batch, loss_fn = build(name)
+    eager = copy.deepcopy(model)
+    budget = baseline_peaks(name)[formulation]
+    plan = coop.plan(model, budget, batch, loss_fn=loss_fn, formulation=formulation)
+    assert plan.predicted_peak <= budget
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    eager_optimizer = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
+    for step in range(3):
+        torch.manual_seed(100 + step)
+        eager_loss = eager_step(eager, batch, loss_fn)
+        torch.manual_seed(100 + step)
+        loss = plan.step(*batch)
+        assert torch.equal(loss, eager_loss), (name, formulation, step)
+        for (param_name, param), eager_param in zip(model.named_parameters(), eager.parameters(), strict=True):
+            assert torch.equal(param.grad, eager_param.grad), (name, formulation, step, param_name)
+        for buffer, eager_buffer in zip(model.buffers(), eager.buffers(), strict=True):
+            assert torch.equal(buffer, eager_buffer)
+        optimizer.step()
+        eager_optimizer.step()
+        optimizer.zero_grad()
+        eager_optimizer.zero_grad()
+    for param, eager_param in zip(model.parameters(), eager.parameters(), strict=True):
+        assert torch.equal(param, eager_param)
+
+
+def metered_peak(plan, batch) -> int:
+    flat = plan.captured.flat_inputs(plan.model, batch)
+    with MemoryMeter() as meter:
+        meter.track(*flat, *plan.captured.constants())
+        plan.step(*batch)
+    plan.model.zero_grad(set_to_none=True)
+    return meter.peak_bytes
+
+
+@pytest.mark.parametrize("name", ("cnn", "transformer"))
+def test_measured_peak_falls_with_the_budget(name: str) -> None:
+    model, batch, loss_fn = build(name)
+    full = coop.plan(model, 1.0, batch, loss_fn=loss_fn)
+    tight_budget = min(baseline_peaks(name).values())
+    tight = coop.plan(model, tight_budget, batch, loss_fn=loss_fn)
+    assert tight.predicted_peak < full.predicted_peak
+    full_peak, tight_peak = metered_peak(full, batch), metered_peak(tight, batch)
+    assert full_peak <= full.predicted_peak * 1.02
+    assert tight_peak <= tight.predicted_peak * 1.02
+    assert tight_peak < full_peak
+
+
+def test_summary_timeline_save_and_load(tmp_path) -> None:
+    model, batch, loss_fn = build("cnn")
+    plan = coop.plan(model, 1.0, batch, loss_fn=loss_fn)
+    summary = plan.summary()
+    assert summary["baseline_peak"] == plan.baseline_peak and summary["predicted_peak"] <= summary["budget"]
+    timeline = plan.memory_timeline()
+    assert max(timeline["plan"]) == plan.predicted_peak and max(timeline["baseline"]) == plan.baseline_peak
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    loaded = coop.load_plan(path, model)
+    assert loaded.schedule == plan.schedule
+    torch.manual_seed(1)
+    loss = loaded.step(*batch)
+    assert torch.isfinite(loss)
+    other, _, _ = build("cnn", hidden=4)
+    with pytest.raises(CoopError, match="different model or batch shape"):
+        coop.load_plan(path, other)
+
+
+def test_batch_of_another_shape_is_refused() -> None:
+    model, batch, _ = build("mlp")
+    plan = coop.plan(model, 1.0, batch)
+    with pytest.raises(CoopError, match="make a new plan for this shape"):
+        plan.step(batch[0][:2], batch[1][:2])
+
+
+def test_budget_no_baseline_meets_is_infeasible() -> None:
+    model, batch, _ = build("transformer")
+    graph = capture(model, batch).graph
+    least = coop.min_budget(graph)
+    best = min(baseline_peaks("transformer").values())
+    if best <= least:
+        pytest.skip("a baseline already reaches the least feasible budget")
+    with pytest.raises(InfeasibleError, match="best peak reached"):
+        coop.plan(model, least, batch)
