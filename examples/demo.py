@@ -14,13 +14,13 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
+import matplotlib.pyplot as plt
+import torch
 
-import coop  # noqa: E402
-from coop.graph import format_bytes  # noqa: E402
-from coop.runtime.meter import MemoryMeter  # noqa: E402
-from coop.zoo import build  # noqa: E402
+import coop
+from coop.graph import format_bytes
+from coop.runtime.meter import MemoryMeter
+from coop.zoo import build
 
 
 def eager_step(model: torch.nn.Module, batch: tuple) -> torch.Tensor:

@@ -22,6 +22,10 @@ FORMULATIONS: dict[str, str] = {
     "checkpoint-all": "coop.formulations.baselines:checkpoint_all",
     "chen-sqrt": "coop.formulations.baselines:chen_sqrt",
     "chen-greedy": "coop.formulations.baselines:chen_greedy",
+    "checkmate": "coop.formulations.checkmate:checkmate",
+    "checkmate-lp": "coop.formulations.checkmate:checkmate_lp",
+    "moccasin": "coop.formulations.moccasin:moccasin",
+    "pytorch-mincut": "coop.formulations.pytorch_mincut:pytorch_mincut",
 }
 
 BASELINES = ("store-all", "checkpoint-all", "chen-sqrt", "chen-greedy")

@@ -21,10 +21,14 @@ Policies:
   by the bytes a contiguous allocation gains, the tensor plus the free blocks beside it.
 * ``coop``: Coop (Zhang et al., NeurIPS 2023). Evict the cheapest *contiguous window* of blocks
   (free blocks and evictable tensors, no pinned block inside) whose bytes cover the request,
-  found by a two-pointer scan in O(blocks); the window's cost is the sum of ``cost / staleness``
-  of its tensors. Tensors are split by cost density (cost / bytes) into cheap ones, allocated from
-  the low end, and expensive ones, allocated from the high end, so that cheap tensors sit next to
-  each other; a recomputed tensor goes back to its old address when that range is free.
+  found by a two-pointer scan in O(blocks). A window costs the sum of DTR's heuristic
+  ``h(t) = e*(t) / (size(t) * staleness(t))`` over its tensors, with ``e*`` from the same
+  equivalence classes as ``dtr-eq`` (free blocks cost nothing), so Coop ranks tensors exactly as
+  DTR does and differs only in evicting address-contiguous sets. Tensors are split by cost
+  density (cost / bytes) into cheap ones, allocated from the low end, and expensive ones,
+  allocated from the high end, so that cheap tensors sit next to each other; a recomputed tensor
+  goes back to its old address when that range is free (in-place recompute). The earlier
+  window score ``cost / staleness`` (no ``e*``, no bytes) is kept as ``window_cost="cost"``.
 """
 
 from __future__ import annotations
@@ -259,23 +263,27 @@ def cheapest_window(slots: list[tuple[int, float | None]], request: int) -> tupl
     return best
 
 
+#: How Coop scores a tensor inside a window (see CoopPolicy).
+WINDOW_COSTS = ("h", "estar", "cost")
+
+
 class CoopPolicy(DTREquivalencePolicy):
     """Coop: evict the cheapest contiguous window; cheap and expensive tensors at opposite ends.
 
-    A window's cost is the sum over its tensors of DTR's cost term ``e*(t) / staleness(t)``, with
-    ``e*`` from the same equivalence classes as ``dtr-eq`` (Zhang et al. score a window with the
-    DTR heuristic of its tensors; the bytes term of ``h`` is dropped because every window already
-    covers the request). Free blocks inside a window cost nothing. ``window_cost="cost"`` scores
-    with the tensor's own cost instead of ``e*`` (the simpler variant, kept for comparison);
-    ``partition`` and ``in_place`` switch off cheap/expensive ends and in-place recomputation.
+    ``window_cost`` scores a tensor inside a window: "h" (default) is DTR's heuristic
+    ``e*(t) / (size(t) * staleness(t))`` with equivalence-class ``e*``, as Zhang et al. sum the
+    DTR heuristic over a window; "estar" drops the bytes term (``e* / staleness``); "cost" uses
+    the tensor's own cost (``cost / staleness``, the first version). Free blocks cost nothing.
+    ``partition`` and ``in_place`` switch off cheap/expensive ends and in-place recomputation
+    (for ablations; the defaults are the paper's Coop).
     """
 
     name = "coop"
 
-    def __init__(self, window_cost: str = "estar", partition: bool = True, in_place: bool = True) -> None:
+    def __init__(self, window_cost: str = "h", partition: bool = True, in_place: bool = True) -> None:
         super().__init__()
-        if window_cost not in ("estar", "cost"):
-            raise CoopError(f"unknown Coop window cost {window_cost!r}: use 'estar' or 'cost'")
+        if window_cost not in WINDOW_COSTS:
+            raise CoopError(f"unknown Coop window cost {window_cost!r}: use one of {', '.join(WINDOW_COSTS)}")
         self.window_cost = window_cost
         self.partition = partition
         self.in_place_recompute = in_place
@@ -313,8 +321,12 @@ class CoopPolicy(DTREquivalencePolicy):
         info = view.info(block.tag)
         if not info.evictable:
             return block.size, None
-        cost = self.recompute_cost(info, view) if self.window_cost == "estar" else info.cost
-        return block.size, cost / staleness(view, info)
+        if self.window_cost == "cost":
+            return block.size, info.cost / staleness(view, info)
+        score = self.recompute_cost(info, view) / staleness(view, info)
+        if self.window_cost == "h":
+            score /= block.size
+        return block.size, score
 
 
 POLICIES: dict[str, type[EvictionPolicy]] = {
