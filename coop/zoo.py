@@ -109,7 +109,8 @@ def build(name: str, **size: Any) -> Built:
     """``(model, example_batch, loss_fn | None)`` for a zoo model in train mode.
 
     Size options (all optional): ``layers``, ``hidden``, ``batch``, ``seq`` (token models),
-    ``image`` (image side for cnn/resnet), ``heads``, ``vocab``, ``seed``.
+    ``image`` (image side for cnn/resnet), ``heads``, ``vocab``, ``seed`` (seeds the global RNG too,
+    so the weights are the same on every call).
     """
     builders = {"mlp": _mlp, "cnn": _cnn, "transformer": _transformer, "gpt2": _gpt2, "bert": _bert, "resnet": _resnet}
     if name not in builders:

@@ -26,6 +26,7 @@ FORMULATIONS: dict[str, str] = {
     "checkmate-lp": "coop.formulations.checkmate:checkmate_lp",
     "moccasin": "coop.formulations.moccasin:moccasin",
     "pytorch-mincut": "coop.formulations.pytorch_mincut:pytorch_mincut",
+    "auto": "coop.formulations.auto:auto",
 }
 
 BASELINES = ("store-all", "checkpoint-all", "chen-sqrt", "chen-greedy")

@@ -14,9 +14,11 @@ eviction, fragmentation at failures); MegEngine's DTE.
 Soundness rules (why the exported schedule is legal and fits):
 
 * a value being computed pins its inputs, its output and its workspace until the op ends;
-* caller-owned values and outputs of non-recomputable (random) ops are never evicted; the
-  latter also stay resident to the end of the step, because a later recomputation of one of
-  their consumers must read the very same random draw;
+* caller-owned values, graph outputs once computed, and outputs of non-recomputable (random) ops
+  are never evicted. A random op's output stays resident until no recomputation can read it:
+  after the last program read of every recomputable value downstream of it (the walk stops at
+  non-recomputable values and at outputs, which are never recomputed once pinned), because a
+  recomputation of a consumer must read the very same random draw;
 * the computes executed form a coop :class:`~coop.schedule.Schedule`; in it every instance lives
   at most as long as it was resident in the arena, so its simulated peak is at most the arena's
   used bytes, which never exceed the budget.
@@ -126,6 +128,11 @@ class OnlineSimulator:
             + tuple(c for c in graph.consumers[i] if c not in self._kept)
             for i in nodes
         }
+        self._release_after = _random_release_steps(graph, self._kept, self._outputs, self._owned)
+        self._release_at: dict[int, list[int]] = {}
+        for kept, step in self._release_after.items():
+            self._release_at.setdefault(step, []).append(kept)
+        self._released_kept: set[int] = set()
         self._remaining = {i: 0 for i in nodes}  # program reads still to come
         for v in graph.order:
             for p in self._inputs[v]:
@@ -176,6 +183,7 @@ class OnlineSimulator:
             and self._size[key] > 0
             and key not in self._owned
             and key not in self._kept
+            and key not in self._outputs
         )
 
     # ---------------------------------------------------------------- the run
@@ -183,8 +191,11 @@ class OnlineSimulator:
         for owned in self.graph.caller_owned_ids:
             if self._size[owned] and self._arena.allocate(self._size[owned], owned) is None:
                 raise _OutOfMemory(f"the caller-owned values ({self.graph.caller_owned_bytes}) do not fit the budget")
-        for v in self.graph.order:
+        for position, v in enumerate(self.graph.order):
             self._materialize(v, program_step=True)
+            for kept in self._release_at.get(position, ()):
+                self._released_kept.add(kept)
+                self._release_if_done(kept)
         # Outputs evicted on the way are brought back; each one is pinned so the next cannot evict it.
         restored = []
         for output in self.graph.outputs:
@@ -238,6 +249,7 @@ class OnlineSimulator:
         workspace = self.graph.node(node).workspace
         if workspace:
             self._allocate(_Workspace(node), workspace, 0.0, None)
+        self._run_node(node)
         self._resident.add(node)
         self._ever.add(node)
         self.executed.append(node)
@@ -254,6 +266,9 @@ class OnlineSimulator:
             self.extra_cost += self._cost[node]
             if self.extra_cost > self.max_extra_cost or self.recomputations > self.max_recomputations:
                 raise _Thrashing(f"recomputation passed the limit after {self.recomputations} recomputes")
+
+    def _run_node(self, node: int) -> None:
+        """Hook: the op runs here, once its output and workspace have room (a real engine computes)."""
 
     def _allocate(self, key: Hashable, size: int, cost: float, hint: int | None) -> None:
         """Place ``key`` in the arena, evicting policy-chosen victims until it fits."""
@@ -279,11 +294,15 @@ class OnlineSimulator:
 
     def _drop(self, key: int) -> None:
         """Take a value out of memory (eviction or release); its lineage stays for recomputation."""
+        self._forget(key)
         if self._size[key]:
             self._previous_address[key] = self._arena.address_of(key)
             self._arena.free(key)
         self._resident.discard(key)
         self.policy.on_evicted(key, self)
+
+    def _forget(self, key: int) -> None:
+        """Hook: a real engine deletes the value's tensors here."""
 
     def _release_if_done(self, key: int) -> None:
         """Free a value nobody will read again (outputs and random-op outputs stay)."""
@@ -292,7 +311,7 @@ class OnlineSimulator:
             and self._pins[key] == 0
             and self._remaining[key] == 0
             and key not in self._outputs
-            and key not in self._kept
+            and (key not in self._kept or key in self._released_kept)
         ):
             self._drop(key)
 
@@ -305,6 +324,40 @@ class OnlineSimulator:
 
     def _unpin_quietly(self, key: int) -> None:
         self._pins[key] -= 1
+
+
+def _random_release_steps(graph: Graph, kept: set[int], outputs: set[int], owned: set[int]) -> dict[int, int]:
+    """For each non-recomputable value, the program position after which no recomputation reads it.
+
+    A recomputation can read a random value R only through recomputable descendants that some
+    later program step (or the final output restore) may still need. Walking down from R through
+    recomputable, non-output values, the last program read among them bounds every such need.
+    Outputs and non-recomputable values end the walk: they are never recomputed once computed.
+    Values that are themselves outputs are never released (returned: no entry).
+    """
+    position = {v: k for k, v in enumerate(graph.order)}
+    last_read = {v: position[v] for v in graph.order}
+    for v in graph.order:
+        for source in graph.node(v).inputs:
+            if source in last_read:
+                last_read[source] = max(last_read[source], position[v])
+    release: dict[int, int] = {}
+    for random_value in kept:
+        if random_value in outputs or random_value not in position:
+            continue
+        latest = last_read[random_value]
+        stack = list(graph.consumers[random_value])
+        seen: set[int] = set()
+        while stack:
+            v = stack.pop()
+            if v in seen or v in owned:
+                continue
+            seen.add(v)
+            latest = max(latest, last_read[v] if v not in outputs else position[v])
+            if v not in kept and v not in outputs:
+                stack.extend(graph.consumers[v])
+        release[random_value] = latest
+    return release
 
 
 def simulate_online(

@@ -1,0 +1,210 @@
+"""The dynamic fallback: run a captured training step on real tensors under a budget, evicting online.
+
+When no static plan fits the situation, :class:`DynamicStep` executes the captured joint fx graph
+op by op with the *same* engine and policy objects as the pure simulator
+(:class:`coop.runtime.online_sim.OnlineSimulator`, policies DTR / DTR-eq / DTE / Coop): it is an
+EngineView whose values are real tensors. Sizes are the Graph's ``mem`` (the capture measured
+them from the storages of these very ops), costs the Graph's ``cost``. When an allocation does
+not fit the arena, the policy picks victims and their tensors are deleted; a value needed again is
+recomputed from its fx lineage (Kirisame et al., "Dynamic Tensor Rematerialization", ICLR 2021;
+Zhang et al., "Coop: Memory is not a Commodity", NeurIPS 2023).
+
+Why results equal eager PyTorch bit for bit: the ops run in the captured program order with the
+same kernels; a recomputation repeats a deterministic op on identical inputs; random ops (dropout,
+bernoulli, ...) are never evictable and never recomputed, so they draw exactly the random numbers
+eager draws, in the same order.
+
+A Graph node owns several fx nodes: the op that allocates its storage and the views/getitems
+folded into it. Only the owner runs when the engine computes the node; folded aliases are
+computed on first use from their (resident) inputs and are deleted with their owner.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx, nn
+
+from coop.budget import min_budget, parse_budget
+from coop.errors import BudgetError, InfeasibleError
+from coop.runtime.online_sim import OnlineSimulator, _OutOfMemory, _Thrashing
+from coop.runtime.policies import EvictionPolicy, make_policy
+
+
+@dataclass
+class DynamicStats:
+    """What one dynamic step did: evictions, recomputations, overhead and arena measurements."""
+
+    policy: str
+    budget: int
+    evictions: int
+    recomputations: int
+    overhead: float
+    peak: int
+    arena_peak: int
+    search_s: float
+    fragmentation: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class DynamicStep(OnlineSimulator):
+    """One training step of a Captured module on real tensors, evicting by policy within ``budget``."""
+
+    def __init__(self, captured: Any, budget: int, policy: EvictionPolicy, max_overhead: float = 10.0) -> None:
+        super().__init__(captured.graph, budget, policy, max_overhead)
+        self.module: fx.GraphModule = captured.module
+        self.fx_names: dict[int, list[str]] = captured.fx_names
+        self.owner_of: dict[str, int] = captured.owner_of
+        self.fx_nodes: dict[str, fx.Node] = {n.name: n for n in self.module.graph.nodes}
+        self.env: dict[str, Any] = {}
+        # Extra outputs of multi-output ops taken by a getitem that is its own Graph node: a
+        # recomputation of the op makes fresh copies, which are dropped at once (already extracted).
+        self._claimed: dict[str, list[int]] = {}
+        for fx_node in self.module.graph.nodes:
+            if fx_node.op == "call_function" and fx_node.target is operator.getitem:
+                source = fx_node.args[0]
+                if isinstance(source, fx.Node) and self.owner_of.get(fx_node.name) != self.owner_of.get(source.name):
+                    self._claimed.setdefault(source.name, []).append(int(fx_node.args[1]))  # type: ignore[arg-type]
+        self._getitem_of: dict[tuple[str, int], int] = {}
+        for fx_node in self.module.graph.nodes:
+            source = fx_node.args[0] if fx_node.args else None
+            if fx_node.target is operator.getitem and isinstance(source, fx.Node) and source.name in self._claimed:
+                    self._getitem_of[(fx_node.args[0].name, int(fx_node.args[1]))] = self.owner_of[fx_node.name]  # type: ignore[arg-type]
+
+    # ---------------------------------------------------------------- inputs and outputs
+    def bind(self, flat_inputs: list[torch.Tensor]) -> None:
+        """Place the step's flat inputs (parameters, buffers, batch) and the module's constants."""
+        placeholders = [n for n in self.module.graph.nodes if n.op == "placeholder"]
+        if len(placeholders) != len(flat_inputs):
+            raise BudgetError(f"the captured step takes {len(placeholders)} inputs, got {len(flat_inputs)}")
+        for fx_node, value in zip(placeholders, flat_inputs, strict=True):
+            self.env[fx_node.name] = value
+        for fx_node in self.module.graph.nodes:
+            if fx_node.op == "get_attr":
+                self.env[fx_node.name] = getattr(self.module, str(fx_node.target))
+
+    def outputs(self) -> list[Any]:
+        """The step's flat outputs (loss, gradients, new buffers) once :meth:`run` finished."""
+        output_node = next(n for n in self.module.graph.nodes if n.op == "output")
+        return fx.node.map_arg(output_node.args[0], lambda n: self._value(n.name))  # type: ignore[return-value]
+
+    # ---------------------------------------------------------------- engine hooks
+    def _run_node(self, node: int) -> None:
+        owner = self.fx_nodes[self.fx_names[node][0]]
+        if owner.op in ("placeholder", "get_attr", "output"):
+            return
+        self._compute(owner)
+
+    def _forget(self, key: Hashable) -> None:
+        for name in self.fx_names.get(key, ()):  # type: ignore[call-overload]
+            self.env.pop(name, None)
+
+    # ---------------------------------------------------------------- fx evaluation
+    def _value(self, name: str) -> Any:
+        if name in self.env:
+            return self.env[name]
+        node_id = self.owner_of[name]
+        if node_id not in self._resident and node_id not in self._owned:
+            raise RuntimeError(f"fx value {name} (Graph node {node_id}) is read while not resident")
+        self._compute(self.fx_nodes[name])  # a folded alias, made on first use
+        return self.env[name]
+
+    def _compute(self, fx_node: fx.Node) -> None:
+        args = fx.node.map_arg(fx_node.args, lambda n: self._value(n.name))
+        kwargs = fx.node.map_arg(fx_node.kwargs, lambda n: self._value(n.name))
+        result = fx_node.target(*args, **kwargs)  # type: ignore[operator]
+        del args, kwargs
+        if fx_node.target is operator.getitem and isinstance(fx_node.args[0], fx.Node):
+            source = fx_node.args[0].name
+            if source in self._claimed and self.owner_of[fx_node.name] != self.owner_of[source]:
+                self.env[source][fx_node.args[1]] = None  # the extracted output now lives in its own node
+        elif isinstance(result, tuple) and fx_node.name in self._claimed:
+            result = list(result)
+            for index in self._claimed[fx_node.name]:
+                if self._getitem_of.get((fx_node.name, index)) in self._ever:
+                    result[index] = None  # a recomputation's fresh copy of an already extracted output
+        self.env[fx_node.name] = result
+
+
+def run_dynamic(
+    captured: Any,
+    model: nn.Module,
+    batch: tuple[torch.Tensor, ...],
+    budget: int | str | float,  # noqa: PYI041 (int: bytes, float: fraction)
+    policy: str | EvictionPolicy = "coop",
+    *,
+    max_overhead: float = 10.0,
+) -> tuple[list[Any], DynamicStats]:
+    """Run one captured step on real tensors within ``budget`` bytes; returns (flat outputs, stats).
+
+    Raises BudgetError below the least feasible budget and InfeasibleError when the policy runs
+    out of evictable memory or thrashes past ``max_overhead``.
+    """
+    graph = captured.graph
+    budget_bytes = parse_budget(budget, graph, check=False)
+    least = min_budget(graph)
+    if budget_bytes < least:
+        raise BudgetError(f"budget {budget_bytes} is below the least feasible budget {least} of {graph.name!r}")
+    engine = DynamicStep(captured, budget_bytes, make_policy(policy), max_overhead)
+    engine.bind(captured.flat_inputs(model, batch))
+    try:
+        with torch.no_grad():
+            engine.run()
+            outputs = engine.outputs()
+    except (_OutOfMemory, _Thrashing) as exc:
+        raise InfeasibleError(f"dynamic fallback ({engine.policy.name}) cannot run within {budget_bytes} B: {exc}") from None
+    cost = sum(engine.cost(v) for v in engine.executed)
+    baseline = graph.baseline_cost
+    arena = engine.arena
+    stats = DynamicStats(
+        policy=engine.policy.name,
+        budget=budget_bytes,
+        evictions=engine.evictions,
+        recomputations=engine.recomputations,
+        overhead=(cost - baseline) / baseline if baseline else 0.0,
+        peak=arena.peak_used,
+        arena_peak=arena.high_water,
+        search_s=engine.search_s,
+        fragmentation=arena.mean_failure_free_fraction,
+    )
+    engine.env.clear()
+    return list(outputs), stats
+
+
+class DynamicPlan:
+    """``coop.plan(..., formulation="dynamic")``: every step runs under online eviction.
+
+    ``step(*batch)`` returns the loss, accumulates gradients into ``.grad`` as ``backward()``
+    would and writes new buffer values (BatchNorm statistics) into the model.
+    """
+
+    def __init__(self, captured: Any, model: nn.Module, budget: int | str | float,  # noqa: PYI041
+                 policy: str | EvictionPolicy = "coop") -> None:
+        self.captured = captured
+        self.model = model
+        self.budget = parse_budget(budget, captured.graph)
+        self.policy = policy
+        self.last_stats: DynamicStats | None = None
+
+    def step(self, *batch: torch.Tensor) -> torch.Tensor:
+        outputs, self.last_stats = run_dynamic(self.captured, self.model, tuple(batch), self.budget, self.policy)
+        captured = self.captured
+        parameters = dict(self.model.named_parameters())
+        for name, gradient in zip(captured.grad_names, outputs[captured.grad_slice], strict=True):
+            parameter = parameters[name]
+            if parameter.grad is None:
+                parameter.grad = gradient
+            else:
+                parameter.grad += gradient
+        buffers = dict(self.model.named_buffers())
+        with torch.no_grad():
+            for name, value in zip(captured.buffer_names, outputs[captured.buffer_slice], strict=True):
+                buffers[name].copy_(value)
+        return outputs[captured.loss_index]
+
+
+__all__ = ["DynamicPlan", "DynamicStats", "DynamicStep", "run_dynamic"]
