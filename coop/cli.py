@@ -518,3 +518,91 @@ def _unpack_factory_result(produced: Any, origin: str) -> tuple[Any, Any, Any]:
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
+
+
+# ============================================================================ simulate / compare
+@app.command(name="simulate")
+def simulate_command(
+    graph_path: GraphArg,
+    policy: Annotated[str, typer.Option("--policy", "-p", help="Online eviction policy: dtr, dtr-eq, dte or coop.")],
+    budget: Annotated[str, typer.Option("--budget", "-b", help="Arena size: '6GiB', '132156' (graph units), '70%' or 0.7.")],
+    json_output: JsonFlag = False,
+) -> None:
+    """Run an online eviction policy over the graph in an arena of the budget's size."""
+    from coop.compare import simulate_report
+
+    report = simulate_report(load_graph(graph_path), policy, budget)
+    if json_output:
+        _emit_json(report)
+    else:
+        rows = [(key, _fmt(value) if isinstance(value, float) else str(value)) for key, value in report.items()
+                if not isinstance(value, (list, dict))]
+        console.print(_key_value_table(f"{policy} on {graph_path.name}", rows))
+    if report.get("status") != "ok":
+        raise VerdictFailure(f"{policy} at budget {report.get('budget')}: {report.get('status')} "
+                             f"{report.get('message', '')}".strip())
+
+
+@app.command(name="compare")
+def compare_command(
+    graph_path: Annotated[Path | None, typer.Argument(metavar="[GRAPH]", help="Graph file (or --model / --config).")] = None,
+    model: Annotated[str | None, typer.Option("--model", "-m", help="A built-in zoo model, captured first.")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="A sweep config (TOML) from configs/.")] = None,
+    budgets: Annotated[str, typer.Option("--budgets", help="Comma-separated budgets, e.g. 90%,70%,50%,40%.")] = "90%,70%,50%,40%",
+    formulations: Annotated[str | None, typer.Option("--formulations", help="Comma-separated static formulations "
+                                                     "(default: all that apply).")] = None,
+    policies: Annotated[str | None, typer.Option("--policies", help="Comma-separated online policies (default: all).")] = None,
+    time_limit: Annotated[float, typer.Option("--time-limit", help="Per-solve time limit in seconds.")] = 10.0,
+    csv: Annotated[Path | None, typer.Option("--csv", help="Write the rows as CSV here.")] = None,
+    plot_path: Annotated[Path | None, typer.Option("--plot", help="Write overhead against budget as a PNG here.")] = None,
+    output_dir: Annotated[Path | None, typer.Option("--output-dir", "-o", help="With --config: where to write "
+                                                    "CSV, markdown and plots.")] = None,
+    json_output: JsonFlag = False,
+) -> None:
+    """Static formulations and online policies side by side at each budget, with break-even steps."""
+    from coop.compare import compare, run_sweep
+    from coop.config import load_config
+
+    show_progress = sys.stderr.isatty() and not json_output
+    if config is not None:
+        if graph_path is not None or model is not None:
+            raise CoopError("coop compare takes one source: GRAPH, --model NAME or --config FILE")
+        reports = run_sweep(load_config(config), progress=show_progress, output_dir=output_dir)
+        if json_output:
+            _emit_json({"reports": [r.to_dict() for r in reports]})
+        else:
+            for report in reports:
+                print(report.to_markdown())
+        return
+    if (graph_path is None) == (model is None):
+        raise CoopError("coop compare needs exactly one source: GRAPH, --model NAME or --config FILE")
+    if graph_path is not None:
+        graph = load_graph(graph_path)
+    else:
+        from coop.graph_capture import capture as capture_step
+
+        module, example_batch, loss_fn = _from_zoo(str(model), {})
+        graph = capture_step(module, example_batch, loss_fn=loss_fn).graph
+    names = [b.strip() for b in budgets.split(",") if b.strip()]
+    if not names:
+        raise CoopError("--budgets is empty: give e.g. 90%,70%,50%")
+    report = compare(
+        graph,
+        names,
+        formulations=_split(formulations),
+        policies=_split(policies),
+        time_limit=time_limit,
+        progress=show_progress,
+    )
+    if csv is not None:
+        report.to_csv(csv)
+    if plot_path is not None:
+        report.plot(plot_path)
+    if json_output:
+        _emit_json(report.to_dict())
+    else:
+        print(report.to_markdown())
+
+
+def _split(value: str | None) -> list[str] | None:
+    return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
