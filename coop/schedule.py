@@ -164,6 +164,9 @@ def simulate(graph: Graph, schedule: Schedule, paging: PagingCosts | None = None
                 if not on_device.get(source, True):
                     raise ScheduleError(f"step {j} ({step}): input {source} is paged out; page it in first")
                 last_read[k] = j
+            if node.id in computed and not node.recomputable:
+                raise ScheduleError(f"step {j} ({step}): node {node.id} ({node.name}) is not recomputable (a random op "
+                                    "or an extra output); it may be computed only once")
             step_cost, step_mem, step_workspace = _implementation(node, step, j)
             if node.id in current:
                 _retire(current, node.id, on_device, paged_at, device_gaps, j)

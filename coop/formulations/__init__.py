@@ -9,6 +9,7 @@ so that a missing optional solver only matters when it is asked for.
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -46,4 +47,20 @@ def solve(graph: Graph, budget: int, formulation: str, **options: Any) -> SolveR
     return get_formulation(formulation)(graph, budget, **options)
 
 
-__all__ = ["BASELINES", "FORMULATIONS", "SolveResult", "get_formulation", "solve"]
+def solve_accepting(graph: Graph, budget: int, formulation: str, **options: Any) -> SolveResult:
+    """Like :func:`solve`, passing only the options the formulation names in its signature.
+
+    For callers that offer the same options to every formulation (the planner, ``auto``,
+    ``coop compare``): a time limit means nothing to a baseline, a captured module nothing to a
+    solver over the Graph alone.
+    """
+    function = get_formulation(formulation)
+    named = {
+        name
+        for name, parameter in inspect.signature(function).parameters.items()
+        if parameter.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    }
+    return function(graph, budget, **{k: v for k, v in options.items() if k in named and v is not None})
+
+
+__all__ = ["BASELINES", "FORMULATIONS", "SolveResult", "get_formulation", "solve", "solve_accepting"]

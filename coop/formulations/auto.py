@@ -29,15 +29,17 @@ def choose_formulation(graph: Graph, budget: int, *, captured: Any = None) -> st
     return "checkmate" if len(graph.order) <= EXACT_MAX_NODES else "moccasin"
 
 
-def auto(graph: Graph, budget: int, **options: Any) -> SolveResult:
+def auto(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int = 2, progress: Any = None,
+         captured: Any = None) -> SolveResult:
     """Solve with the formulation chosen for this graph; fall back to the best fitting baseline."""
-    from coop.formulations import BASELINES, solve
+    from coop.formulations import BASELINES, solve, solve_accepting
 
     started = time.perf_counter()
     chosen = choose_formulation(graph, budget)
     notes: list[str] = []
     try:
-        result = solve(graph, budget, chosen, **options)
+        result = solve_accepting(graph, budget, chosen, time_limit=time_limit, threads=threads, progress=progress,
+                                 captured=captured)
     except CoopError as exc:
         result = SolveResult(formulation=chosen, status="unknown", message=str(exc))
     if _fits(result, budget):

@@ -29,8 +29,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import networkx as nx
-
 from coop.errors import CoopError
 from coop.formulations.result import SolveResult
 from coop.graph import Graph
@@ -61,51 +59,46 @@ def checkpoint_all(graph: Graph, budget: int, **options: Any) -> SolveResult:
     return _result("checkpoint-all", graph, budget, schedule, started, checkpoints=[])
 
 
-def chen_sqrt(graph: Graph, budget: int, *, use_articulation_points: bool = True, **options: Any) -> SolveResult:
-    """Chen et al. 2016's sqrt(n) checkpointing (section 4.1).
+def chen_sqrt(graph: Graph, budget: int, **options: Any) -> SolveResult:
+    """Chen et al. 2016's sqrt(n) checkpointing (section 4.1), over the linearised forward.
 
-    Of the checkpoint candidates C (articulation points of the forward subgraph in forward
-    order, or every forward node when there are fewer than two), every ``round(sqrt(|C|))``-th
-    is kept as a segment boundary; other forward values are freed after their last forward use
-    and recomputed on demand in the backward, each recomputed value kept until its last use.
+    The forward's n nodes in topological order form a chain; boundaries every about sqrt(n)
+    positions (each moved within half a segment to its cheapest frontier) split it into
+    segments. The frontier of every boundary is kept; other forward values are freed after their
+    last forward use and recomputed on demand in the backward from the kept frontier, each
+    recomputed value kept until its last use.
     """
     started = time.perf_counter()
     split = _split_forward_backward(graph, "chen-sqrt")
-    candidates = _checkpoint_candidates(graph, split, use_articulation_points)
-    stride = max(1, round(math.sqrt(len(candidates))))
-    checkpoints = [v for position, v in enumerate(candidates, start=1) if position % stride == 0]
+    chain = _linearise(graph, split)
+    boundaries = _sqrt_boundaries(chain)
+    checkpoints = chain.kept_for(boundaries)
     schedule = _forward_keep_backward_recompute(graph, split, keep=set(checkpoints), free_recomputed=False)
-    return _result("chen-sqrt", graph, budget, schedule, started, checkpoints=checkpoints)
+    return _result("chen-sqrt", graph, budget, schedule, started, checkpoints=checkpoints, boundaries=boundaries)
 
 
-def chen_greedy(
-    graph: Graph,
-    budget: int,
-    *,
-    use_articulation_points: bool = True,
-    grid_size: int = 24,
-    **options: Any,
-) -> SolveResult:
+def chen_greedy(graph: Graph, budget: int, *, grid_size: int = 24, **options: Any) -> SolveResult:
     """Chen et al. 2016's greedy segmentation under a per-segment memory threshold ``b``.
 
-    Walking the forward in order, memory accumulates over the values since the last cut; at a
-    candidate where it exceeds ``b`` the candidate becomes a checkpoint and the count restarts.
-    ``b`` sweeps a geometric grid of ``grid_size`` values between the smallest positive forward
-    value and the whole forward's memory. Returns the cheapest schedule whose peak fits the
-    budget, else the one with the lowest peak.
+    Walking the linearised forward, recomputable memory accumulates since the last cut; once it
+    exceeds ``b`` the segment is cut at its cheapest boundary (fewest frontier bytes) and the
+    frontier there is kept. ``b`` sweeps a geometric grid of ``grid_size`` values between the
+    smallest positive forward value and the whole forward's memory (and 0: every boundary).
+    Returns the cheapest schedule whose peak fits the budget, else the one with the lowest peak.
     """
     if grid_size < 1:
         raise CoopError(f"chen-greedy: grid_size {grid_size} must be at least 1")
     started = time.perf_counter()
     split = _split_forward_backward(graph, "chen-greedy")
-    candidates = set(_checkpoint_candidates(graph, split, use_articulation_points))
+    chain = _linearise(graph, split)
     best: _Candidate | None = None
     seen: set[tuple[int, ...]] = set()
     for threshold in _threshold_grid(graph, split.forward, grid_size):
-        checkpoints = _greedy_checkpoints(graph, split.forward, candidates, threshold)
-        if tuple(checkpoints) in seen:
+        boundaries = _greedy_boundaries(chain, threshold)
+        if tuple(boundaries) in seen:
             continue
-        seen.add(tuple(checkpoints))
+        seen.add(tuple(boundaries))
+        checkpoints = chain.kept_for(boundaries)
         schedule = _forward_keep_backward_recompute(graph, split, keep=set(checkpoints), free_recomputed=False)
         candidate = _Candidate(schedule, simulate(graph, schedule), checkpoints, threshold)
         if best is None or candidate.better_than(best, budget):
@@ -239,42 +232,108 @@ def _recompute_missing(
     return plan
 
 
-# -------------------------------------------------------------------- checkpoint choice
-def _checkpoint_candidates(graph: Graph, split: _Split, use_articulation_points: bool) -> list[int]:
-    """Articulation points of the forward subgraph in forward order, else every forward node.
+# -------------------------------------------------------------------- the linearised forward
+@dataclass(frozen=True)
+class _Chain:
+    """The forward in topological order, seen as a chain of positions 0..n-1.
 
-    A virtual source feeds the forward nodes with no forward input and a virtual sink reads the
-    ones with no forward reader, so that a cut vertex separates all the inputs from all the ends.
+    A boundary at position k (1 <= k < n) separates ``forward[:k]`` from ``forward[k:]``; its
+    frontier is every recomputable forward value produced before k and read by a forward node at
+    k or later. Keeping the frontier makes ``forward[k:]`` recomputable without touching
+    ``forward[:k]``: this is how Checkmate applies Chen's segments to non-linear graphs, where a
+    value such as an attention mask read by every block leaves no articulation point.
     """
-    forward = list(split.forward)
-    if not use_articulation_points:
-        return forward
-    forward_set = set(forward)
-    undirected = nx.Graph()
-    undirected.add_nodes_from(forward)
-    source, sink = ("virtual", "source"), ("virtual", "sink")
-    for v in forward:
-        forward_inputs = [u for u in graph.node(v).inputs if u in forward_set]
-        undirected.add_edges_from((u, v) for u in forward_inputs)
-        if not forward_inputs:
-            undirected.add_edge(source, v)
-        if not any(c in forward_set for c in graph.consumers[v]):
-            undirected.add_edge(v, sink)
-    cut_vertices = set(nx.articulation_points(undirected)) - {source, sink}
-    candidates = [v for v in forward if v in cut_vertices]
-    return candidates if len(candidates) >= 2 else forward
+
+    forward: tuple[int, ...]
+    last_forward_read: tuple[int, ...]  # position -> last position of a forward node reading it
+    pinned: frozenset[int]              # kept anyway: not recomputable, or a graph output
+    frontier_bytes: tuple[int, ...]     # boundary k -> bytes of its frontier (index 0 and n unused)
+    mem: tuple[int, ...]                # position -> output bytes
+
+    @property
+    def size(self) -> int:
+        return len(self.forward)
+
+    def frontier(self, boundary: int) -> list[int]:
+        """The forward values that must be kept for a segment to start at ``boundary``."""
+        return [
+            self.forward[p] for p in range(boundary)
+            if self.last_forward_read[p] >= boundary and self.forward[p] not in self.pinned
+        ]
+
+    def kept_for(self, boundaries: Iterable[int]) -> list[int]:
+        """Union of the frontiers of these boundaries, in forward order."""
+        kept: set[int] = set()
+        for boundary in boundaries:
+            kept.update(self.frontier(boundary))
+        return [v for v in self.forward if v in kept]
 
 
-def _greedy_checkpoints(graph: Graph, forward: Iterable[int], candidates: set[int], threshold: float) -> list[int]:
-    """Chen's greedy cut: a candidate becomes a checkpoint once the segment's memory exceeds b."""
-    checkpoints: list[int] = []
+def _linearise(graph: Graph, split: _Split) -> _Chain:
+    forward = split.forward
+    position = {v: p for p, v in enumerate(forward)}
+    last_read = list(range(len(forward)))
+    for p, v in enumerate(forward):
+        for source in graph.node(v).inputs:
+            if source in position:
+                last_read[position[source]] = max(last_read[position[source]], p)
+    pinned = frozenset(v for v in forward if not graph.node(v).recomputable) | frozenset(
+        v for v in graph.outputs if v in position
+    )
+    # Difference array: value p is on the frontier of boundaries p+1 .. last_read[p].
+    delta = [0] * (len(forward) + 2)
+    mem = tuple(graph.node(v).mem for v in forward)
+    for p, v in enumerate(forward):
+        if v not in pinned and last_read[p] > p:
+            delta[p + 1] += mem[p]
+            delta[last_read[p] + 1] -= mem[p]
+    frontier_bytes, running = [], 0
+    for k in range(len(forward) + 1):
+        running += delta[k]
+        frontier_bytes.append(running)
+    return _Chain(forward, tuple(last_read), pinned, tuple(frontier_bytes), mem)
+
+
+def _sqrt_boundaries(chain: _Chain) -> list[int]:
+    """Chen's sqrt(n) spacing, each boundary moved within half a segment to its cheapest frontier.
+
+    Segments of L = round(sqrt(n)) positions; the i-th boundary is the position in
+    ``[i L - L/2, i L + L/2]`` (after the previous boundary) with the fewest frontier bytes,
+    nearest to ``i L`` on ties, so that cuts land between blocks rather than inside them.
+    """
+    n = chain.size
+    length = max(1, round(math.sqrt(n)))
+    boundaries: list[int] = []
+    for target in range(length, n, length):
+        low = max(target - length // 2, (boundaries[-1] + 1) if boundaries else 1)
+        high = min(target + length // 2, n - 1)
+        if low > high:
+            continue
+        best = min(range(low, high + 1), key=lambda k: (chain.frontier_bytes[k], abs(k - target)))
+        boundaries.append(best)
+    return boundaries
+
+
+def _greedy_boundaries(chain: _Chain, threshold: float) -> list[int]:
+    """Chen's greedy segmentation over the chain with segment memory threshold b.
+
+    Walking the forward, the recomputable memory since the last cut accumulates; once it exceeds
+    b, the segment is cut at the boundary with the fewest frontier bytes since that cut (the
+    latest on ties), and the count restarts from there.
+    """
+    boundaries: list[int] = []
+    start = 0  # first position of the open segment
     segment_memory = 0
-    for v in forward:
-        segment_memory += graph.node(v).mem
-        if v in candidates and segment_memory > threshold:
-            checkpoints.append(v)
-            segment_memory = 0
-    return checkpoints
+    for p in range(chain.size - 1):
+        if chain.forward[p] not in chain.pinned:
+            segment_memory += chain.mem[p]
+        if segment_memory <= threshold:
+            continue
+        cut = min(range(start + 1, p + 2), key=lambda k: (chain.frontier_bytes[k], -k))
+        boundaries.append(cut)
+        start = cut
+        segment_memory = sum(chain.mem[q] for q in range(cut, p + 1) if chain.forward[q] not in chain.pinned)
+    return boundaries
 
 
 def _threshold_grid(graph: Graph, forward: tuple[int, ...], grid_size: int) -> list[float]:

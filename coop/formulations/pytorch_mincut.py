@@ -50,7 +50,7 @@ from coop.graph import Graph
 from coop.schedule import Schedule, Simulation, Step, simulate
 
 __all__ = ["DEFAULT_MEMORY_BUDGETS", "AotJoint", "SplitPlan", "aot_style_joint", "partition", "pytorch_mincut",
-           "split_to_schedule"]
+           "split_to_schedule", "sweep_splits"]
 
 FORMULATION = "pytorch-mincut"
 #: The default sweep of ``torch._functorch.config.activation_memory_budget``.
@@ -117,11 +117,7 @@ def pytorch_mincut(graph: Graph, budget: int, *, captured: Any = None, memory_bu
         )
     _check_same_graph(graph, captured)
     knobs = _check_knobs(DEFAULT_MEMORY_BUDGETS if memory_budgets is None else memory_budgets)
-    plans: list[SplitPlan] = []
-    for knob in knobs:
-        joint = aot_style_joint(captured)
-        forward_module, backward_module = partition(joint, knob)
-        plans.append(split_to_schedule(graph, captured, joint, forward_module, backward_module, knob))
+    plans, sweep_s = sweep_splits(graph, captured, knobs)
     best = _choose(plans, budget)
     fits = best.simulation.peak <= budget
     message = "" if fits else (
@@ -141,8 +137,29 @@ def pytorch_mincut(graph: Graph, budget: int, *, captured: Any = None, memory_bu
             "saved_set": best.saved_nodes,
             "sweep": [plan.summary(budget) for plan in plans],
             "cse": False,
+            "sweep_s": sweep_s,
         },
     )
+
+
+def sweep_splits(graph: Graph, captured: Any, knobs: Sequence[float]) -> tuple[list[SplitPlan], float]:
+    """One simulated split per knob, and the seconds the sweep took when it ran.
+
+    The splits do not depend on the budget, so they are cached on the (immutable) graph: a
+    comparison over several budgets partitions once. ``sweep_s`` is the time of the run that
+    filled the cache.
+    """
+
+    def run() -> tuple[list[SplitPlan], float]:
+        started = time.perf_counter()
+        plans = []
+        for knob in knobs:
+            joint = aot_style_joint(captured)
+            forward_module, backward_module = partition(joint, knob)
+            plans.append(split_to_schedule(graph, captured, joint, forward_module, backward_module, knob))
+        return plans, time.perf_counter() - started
+
+    return graph.memo(f"pytorch-mincut/{tuple(knobs)}/{id(captured.module)}", run)
 
 
 def _choose(plans: list[SplitPlan], budget: int) -> SplitPlan:

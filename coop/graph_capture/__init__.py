@@ -22,18 +22,20 @@ from coop.graph_capture.trace import flat_names, split_state, trace_step
 
 
 def capture(model: nn.Module, example_batch: torch.Tensor | tuple | list, loss_fn: Callable[..., torch.Tensor] | None = None,
-            profile: bool = False) -> Captured:
+            profile: bool = False, compact_masks: bool = True) -> Captured:
     """Capture one training step of ``model`` on ``example_batch`` as a coop Graph.
 
     ``loss_fn(model, *batch)`` returns a scalar; without it ``model(*batch)`` must return a
     scalar or an object with ``.loss``. With ``profile`` node costs are measured seconds on the
-    batch's device, else the analytic model of :mod:`coop.graph_capture.cost`.
+    batch's device, else the analytic model of :mod:`coop.graph_capture.cost`. With
+    ``compact_masks`` (the default) each dropout draw is a bool mask, the only non-recomputable
+    node of a dropout (:mod:`coop.graph_capture.random_ops`); ``False`` keeps the traced float draw.
     """
     if not isinstance(model, nn.Module):
         raise CaptureError(f"capture needs an nn.Module, got {type(model).__name__}")
     batch = tuple(example_batch) if isinstance(example_batch, (tuple, list)) else (example_batch,)
     start = time.perf_counter()
-    traced = trace_step(model, batch, loss_fn)
+    traced = trace_step(model, batch, loss_fn, compact_masks=compact_masks)
     params, buffers, frozen = split_state(model)
     placeholders = flat_names(params, buffers, frozen, len(batch))
     seconds = None

@@ -13,7 +13,9 @@ joint graph is a pure function of its inputs (and may be recomputed):
 * the trailing ``copy_`` of a new buffer value into its placeholder is dropped: the new value is
   already an output of the step.
 
-Any other op that writes into one of its arguments is refused with a CaptureError.
+Any other op that writes into one of its arguments is refused with a CaptureError. Finally each
+dropout draw is split into a bool mask (the only non-recomputable node) and a recomputable cast
+(:mod:`coop.graph_capture.random_ops`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
 from coop.errors import CaptureError, CoopError
+from coop.graph_capture.random_ops import compact_random_masks
 
 aten = torch.ops.aten
 LossFn = Callable[..., torch.Tensor]
@@ -55,8 +58,13 @@ def split_state(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, to
     return params, buffers, frozen
 
 
-def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossFn | None) -> TracedStep:
-    """Trace forward + backward of ``model`` on ``batch`` into a pure fx joint graph."""
+def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossFn | None,
+               compact_masks: bool = True) -> TracedStep:
+    """Trace forward + backward of ``model`` on ``batch`` into a pure fx joint graph.
+
+    With ``compact_masks`` each dropout draw becomes a bool mask plus a recomputable cast
+    (:mod:`coop.graph_capture.random_ops`); without it the float draw is kept as traced.
+    """
     params, buffers, frozen = split_state(model)
     if not params:
         raise CaptureError(f"{type(model).__name__} has no parameter that requires grad; nothing to train")
@@ -88,6 +96,8 @@ def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossF
     _functionalize_batch_norm(module.graph)
     _drop_copies_into_inputs(module.graph)
     _refuse_mutations(module.graph)
+    if compact_masks:
+        compact_random_masks(module.graph)
     _drop_dead_code(module.graph)
     module.graph._codegen = fx.graph.CodeGen()  # flat inputs, flat list of outputs
     module.graph.lint()

@@ -18,7 +18,7 @@ from torch import nn
 
 from coop.budget import baseline_peak, min_budget, parse_budget
 from coop.errors import CoopError, InfeasibleError
-from coop.formulations import BASELINES, SolveResult, solve
+from coop.formulations import BASELINES, SolveResult, solve, solve_accepting
 from coop.graph import Graph, format_bytes
 from coop.graph_capture import Captured, capture
 from coop.runtime.executor import Executor
@@ -142,22 +142,19 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
          formulation: str = "auto", time_limit: float = 60, profile: bool = False) -> Plan:
     """Capture a training step, solve for a schedule within ``budget`` and return its replay.
 
-    ``formulation="auto"`` takes the cheapest baseline (coop.formulations.BASELINES) whose
-    schedule fits. A named formulation that returns no fitting schedule falls back to the
-    cheapest fitting baseline, and the plan's ``note`` says so.
+    ``formulation="auto"`` picks per graph (coop.formulations.auto: the baseline order when it
+    fits, Checkmate's MILP on small graphs, Moccasin's CP-SAT on large ones). A formulation that
+    returns no schedule within the budget falls back to the cheapest fitting baseline, and the
+    plan's ``note`` (and ``summary()["note"]``) says so.
     """
     captured = capture(model, example_batch, loss_fn=loss_fn, profile=profile)
     graph = captured.graph
     budget_bytes = parse_budget(budget, graph)
-    if formulation == "auto":
-        result, name = _best_baseline(graph, budget_bytes)
-        return Plan(model, captured, result.schedule, budget_bytes, name, result)
-    options = {} if formulation in BASELINES else {"time_limit": time_limit}
-    result = solve(graph, budget_bytes, formulation, **options)
+    result = solve_accepting(graph, budget_bytes, formulation, time_limit=time_limit, captured=captured)
     if result.schedule is not None and validate(graph, result.schedule, budget_bytes).ok:
-        return Plan(model, captured, result.schedule, budget_bytes, formulation, result)
+        return Plan(model, captured, result.schedule, budget_bytes, result.formulation, result, note=result.message)
     fallback, name = _best_baseline(graph, budget_bytes, failed=formulation)
-    note = f"{formulation} found no schedule within the budget ({result.status}); fell back to {name}"
+    note = f"{formulation} found no schedule within the budget ({result.status}: {result.message}); fell back to {name}"
     return Plan(model, captured, fallback.schedule, budget_bytes, name, fallback, note=note)
 
 

@@ -21,8 +21,9 @@ computed on first use from their (resident) inputs and are deleted with their ow
 
 from __future__ import annotations
 
+import contextlib
 import operator
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ from torch import fx, nn
 
 from coop.budget import min_budget, parse_budget
 from coop.errors import BudgetError, InfeasibleError
+from coop.runtime.meter import host_pool
 from coop.runtime.online_sim import OnlineSimulator, _OutOfMemory, _Thrashing
 from coop.runtime.policies import EvictionPolicy, make_policy
 
@@ -51,11 +53,59 @@ class DynamicStats:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class RngState:
+    """The state of the generator a random op draws from, saved right before its first draw.
+
+    Replaying the op inside :meth:`replayed` (generator set to the saved state, then restored)
+    draws exactly the numbers of the first run (same generator state, same op, same shapes) and
+    leaves the program's generator where it was, so later random ops still draw what eager
+    PyTorch draws. The saved state is host memory (a CPU byte tensor, for CUDA generators too),
+    allocated in the meter's host pool: it never counts against the device budget.
+    """
+
+    device: torch.device
+    state: torch.Tensor
+
+    @classmethod
+    def capture(cls, fx_node: fx.Node) -> RngState:
+        device = _output_device(fx_node)
+        return cls(device, _generator_state(device))
+
+    @contextlib.contextmanager
+    def replayed(self) -> Iterator[None]:
+        current = _generator_state(self.device)
+        _set_generator_state(self.device, self.state)
+        try:
+            yield
+        finally:
+            _set_generator_state(self.device, current)
+
+
+def _generator_state(device: torch.device) -> torch.Tensor:
+    with host_pool():
+        return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
+
+
+def _set_generator_state(device: torch.device, state: torch.Tensor) -> None:
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)
+    else:
+        torch.set_rng_state(state)
+
+
+def _output_device(fx_node: fx.Node) -> torch.device:
+    value = fx_node.meta.get("val")
+    first = value[0] if isinstance(value, (tuple, list)) else value
+    return first.device if isinstance(first, torch.Tensor) else torch.device("cpu")
+
+
 class DynamicStep(OnlineSimulator):
     """One training step of a Captured module on real tensors, evicting by policy within ``budget``."""
 
-    def __init__(self, captured: Any, budget: int, policy: EvictionPolicy, max_overhead: float = 10.0) -> None:
-        super().__init__(captured.graph, budget, policy, max_overhead)
+    def __init__(self, captured: Any, budget: int, policy: EvictionPolicy, max_overhead: float = 10.0,
+                 replay_random: bool = True) -> None:
+        super().__init__(captured.graph, budget, policy, max_overhead, replay_random)
         self.module: fx.GraphModule = captured.module
         self.fx_names: dict[int, list[str]] = captured.fx_names
         self.owner_of: dict[str, int] = captured.owner_of
@@ -69,6 +119,8 @@ class DynamicStep(OnlineSimulator):
                 source = fx_node.args[0]
                 if isinstance(source, fx.Node) and self.owner_of.get(fx_node.name) != self.owner_of.get(source.name):
                     self._claimed.setdefault(source.name, []).append(int(fx_node.args[1]))  # type: ignore[arg-type]
+        self.rng_states: dict[int, RngState] = {}  # replayable random node -> generator state before its draw
+        self.replays = 0
         self._getitem_of: dict[tuple[str, int], int] = {}
         for fx_node in self.module.graph.nodes:
             source = fx_node.args[0] if fx_node.args else None
@@ -97,7 +149,15 @@ class DynamicStep(OnlineSimulator):
         owner = self.fx_nodes[self.fx_names[node][0]]
         if owner.op in ("placeholder", "get_attr", "output"):
             return
-        self._compute(owner)
+        if node not in self.replayable:
+            self._compute(owner)
+        elif node not in self._ever:  # the first draw, in program order: remember where the generator was
+            self.rng_states[node] = RngState.capture(owner)
+            self._compute(owner)
+        else:  # a recomputation replays the very same draw and leaves the generator where it is
+            with self.rng_states[node].replayed():
+                self._compute(owner)
+            self.replays += 1
 
     def _forget(self, key: Hashable) -> None:
         for name in self.fx_names.get(key, ()):  # type: ignore[call-overload]
@@ -138,8 +198,12 @@ def run_dynamic(
     policy: str | EvictionPolicy = "coop",
     *,
     max_overhead: float = 10.0,
+    replay_random: bool = True,
 ) -> tuple[list[Any], DynamicStats]:
     """Run one captured step on real tensors within ``budget`` bytes; returns (flat outputs, stats).
+
+    With ``replay_random`` (the default) random ops are evictable and recomputed by replaying
+    their saved generator state; without it they stay resident until no recomputation needs them.
 
     Raises BudgetError below the least feasible budget and InfeasibleError when the policy runs
     out of evictable memory or thrashes past ``max_overhead``.
@@ -149,7 +213,7 @@ def run_dynamic(
     least = min_budget(graph)
     if budget_bytes < least:
         raise BudgetError(f"budget {budget_bytes} is below the least feasible budget {least} of {graph.name!r}")
-    engine = DynamicStep(captured, budget_bytes, make_policy(policy), max_overhead)
+    engine = DynamicStep(captured, budget_bytes, make_policy(policy), max_overhead, replay_random)
     engine.bind(captured.flat_inputs(model, batch))
     try:
         with torch.no_grad():
@@ -170,8 +234,10 @@ def run_dynamic(
         arena_peak=arena.high_water,
         search_s=engine.search_s,
         fragmentation=arena.mean_failure_free_fraction,
+        extra={"random_replays": engine.replays, "failures": len(arena.failures)},
     )
     engine.env.clear()
+    engine.rng_states.clear()
     return list(outputs), stats
 
 
@@ -183,15 +249,17 @@ class DynamicPlan:
     """
 
     def __init__(self, captured: Any, model: nn.Module, budget: int | str | float,  # noqa: PYI041
-                 policy: str | EvictionPolicy = "coop") -> None:
+                 policy: str | EvictionPolicy = "coop", replay_random: bool = True) -> None:
         self.captured = captured
         self.model = model
         self.budget = parse_budget(budget, captured.graph)
         self.policy = policy
+        self.replay_random = replay_random
         self.last_stats: DynamicStats | None = None
 
     def step(self, *batch: torch.Tensor) -> torch.Tensor:
-        outputs, self.last_stats = run_dynamic(self.captured, self.model, tuple(batch), self.budget, self.policy)
+        outputs, self.last_stats = run_dynamic(self.captured, self.model, tuple(batch), self.budget, self.policy,
+                                                replay_random=self.replay_random)
         captured = self.captured
         parameters = dict(self.model.named_parameters())
         for name, gradient in zip(captured.grad_names, outputs[captured.grad_slice], strict=True):

@@ -26,6 +26,7 @@ Soundness rules (why the exported schedule is legal and fits):
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -109,7 +110,8 @@ class _Workspace:
 class OnlineSimulator:
     """The engine: executes the order, evicts by policy, recomputes on demand (an EngineView)."""
 
-    def __init__(self, graph: Graph, budget: int, policy: EvictionPolicy, max_overhead: float) -> None:
+    def __init__(self, graph: Graph, budget: int, policy: EvictionPolicy, max_overhead: float,
+                 replay_random: bool = True) -> None:
         self.graph = graph
         self.policy = policy
         self._arena = Arena(budget)
@@ -121,7 +123,8 @@ class OnlineSimulator:
         self._cost = {i: n.cost for i, n in nodes.items()}
         self._inputs = {i: tuple(p for p in n.inputs if not nodes[p].caller_owned) for i, n in nodes.items()}
         self._owned = set(graph.caller_owned_ids)
-        self._kept = {i for i, n in nodes.items() if not n.caller_owned and not n.recomputable}
+        self.replayable = replayable_random_ids(graph) if replay_random else set()
+        self._kept = {i for i, n in nodes.items() if not n.caller_owned and not n.recomputable} - self.replayable
         self._outputs = set(graph.outputs)
         self._neighbours = {
             i: tuple(p for p in self._inputs[i] if p not in self._kept)
@@ -175,6 +178,9 @@ class OnlineSimulator:
 
     def cost(self, key: Hashable) -> float:
         return self._cost[key]
+
+    def _never_evictable(self, key: int) -> bool:
+        return key in self._owned or key in self._kept or key in self._outputs
 
     def _evictable(self, key: int) -> bool:
         return (
@@ -245,7 +251,7 @@ class OnlineSimulator:
         size = self._size[node]
         self._pin(node)  # the output under construction is not evictable
         hint = self._previous_address.get(node) if self.policy.in_place_recompute else None
-        self._allocate(node, size, self._cost[node], hint)
+        self._allocate(node, size, self._cost[node], hint, permanent=self._never_evictable(node))
         workspace = self.graph.node(node).workspace
         if workspace:
             self._allocate(_Workspace(node), workspace, 0.0, None)
@@ -270,13 +276,16 @@ class OnlineSimulator:
     def _run_node(self, node: int) -> None:
         """Hook: the op runs here, once its output and workspace have room (a real engine computes)."""
 
-    def _allocate(self, key: Hashable, size: int, cost: float, hint: int | None) -> None:
-        """Place ``key`` in the arena, evicting policy-chosen victims until it fits."""
+    def _allocate(self, key: Hashable, size: int, cost: float, hint: int | None, permanent: bool = False) -> None:
+        """Place ``key`` in the arena, evicting policy-chosen victims until it fits.
+
+        ``permanent`` values (never evictable) go to the high end whatever the policy.
+        """
         if size == 0:
             return
         if hint is not None and self._arena.allocate_at(hint, size, key):
             return
-        from_end = self.policy.from_end(size, cost)
+        from_end = True if permanent else self.policy.from_end(size, cost)
         first_try = True
         while self._arena.allocate(size, key, from_end, record=first_try) is None:
             first_try = False
@@ -366,6 +375,7 @@ def simulate_online(
     policy: str | EvictionPolicy,
     *,
     max_overhead: float = 10.0,
+    replay_random: bool = True,
 ) -> OnlineResult:
     """Run ``graph.order`` under ``budget`` with an online eviction ``policy`` ("dtr", "dtr-eq", "dte", "coop").
 
@@ -374,7 +384,7 @@ def simulate_online(
     """
     budget_units = parse_budget(budget, graph, check=False)
     policy_object = make_policy(policy)
-    engine = OnlineSimulator(graph, budget_units, policy_object, max_overhead)
+    engine = OnlineSimulator(graph, budget_units, policy_object, max_overhead, replay_random)
     started = time.perf_counter()
     status: OnlineStatus = "ok"
     message = ""
@@ -415,3 +425,41 @@ def simulate_online(
         schedule=schedule,
         message=message,
     )
+
+
+def is_seeded_random_op(op: str) -> bool:
+    """Whether ``op`` names an aten overload that draws from a generator (``Tag.nondeterministic_seeded``)."""
+    return _seeded_random(op)
+
+
+@functools.cache
+def _seeded_random(op: str) -> bool:
+    parts = op.split(".")
+    if len(parts) != 3 or parts[0] != "aten":
+        return False
+    import torch  # only graphs with non-recomputable aten ops need torch
+
+    packet = getattr(torch.ops.aten, parts[1], None)
+    overload = getattr(packet, parts[2], None) if packet is not None else None
+    return overload is not None and torch.Tag.nondeterministic_seeded in overload.tags
+
+
+def replayable_random_ids(graph: Graph) -> set[int]:
+    """Computed random ops that an engine can recompute exactly by replaying their saved RNG state."""
+    return {n.id for n in graph.nodes if not n.caller_owned and not n.recomputable and is_seeded_random_op(n.op)}
+
+
+def with_random_replay(graph: Graph) -> Graph:
+    """``graph`` with its replayable random ops marked recomputable: the graph an online schedule is legal on.
+
+    Recomputing a random op from the generator state saved before its first run yields the very
+    same draw, so in the Graph's semantics it is an ordinary recomputation.
+    """
+    replayable = replayable_random_ids(graph)
+    if not replayable:
+        return graph
+    data = graph.model_dump()
+    for node in data["nodes"]:
+        if node["id"] in replayable:
+            node["recomputable"] = True
+    return Graph.model_validate(data)

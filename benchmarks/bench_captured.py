@@ -1,0 +1,148 @@
+"""Benchmark: the peer methods on captured real models: Chen's sqrt(n) and greedy segments,
+PyTorch's own min-cut partitioner (activation_memory_budget swept) and Moccasin, all on the
+same captured joint step, at 70 % and 50 % of the no-remat (baseline) peak and at 1.1 x the
+least feasible budget.
+
+Models: GPT-2 small (12 layers, hidden 768, 12 heads, vocab 50257; batch 8, seq 512) from
+coop.zoo, and ResNet-50 (batch 32, 224 x 224) built from transformers' default ResNetConfig,
+which is ResNet-50 (depths 3-4-6-3, widths 256-2048): coop.zoo's resnet gives every stage the
+same depth, so it cannot express ResNet-50. Capture is traced on fake tensors, so nothing of the
+activation size is allocated on this machine; costs are the analytic estimate (seconds), memory
+is bytes. Each row: status, whether the simulated peak fits, peak, peak / baseline peak, cost,
+overhead (the simulated extra compute over the baseline cost), wall time. pytorch-mincut's
+partitions do not depend on the budget and are computed once per model (``sweep_s``; its
+``wall_s`` on later budgets is the selection only).
+
+Run: ``.venv/bin/python -m benchmarks.bench_captured [--quick] [--time-limit 60]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from coop.budget import baseline_peak, min_budget
+from coop.errors import CoopError
+from coop.formulations import FORMULATIONS, solve
+from coop.graph_capture import Captured, capture
+from coop.zoo import build
+
+FORMULATIONS_COMPARED = ("chen-sqrt", "chen-greedy", "pytorch-mincut", "moccasin")
+BUDGETS: tuple[tuple[str, Callable[[int, int], int]], ...] = (
+    ("0.7 x baseline", lambda peak, least: math.ceil(0.7 * peak)),
+    ("0.5 x baseline", lambda peak, least: math.ceil(0.5 * peak)),
+    ("1.1 x min_budget", lambda peak, least: math.ceil(1.1 * least)),
+)
+
+
+def _resnet50(batch: int, image: int) -> tuple[nn.Module, tuple[torch.Tensor, ...], Callable[..., torch.Tensor]]:
+    """ResNet-50 (transformers' default ResNetConfig) with random weights and a classifier loss."""
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    torch.manual_seed(0)
+    model = ResNetForImageClassification(ResNetConfig(num_labels=1000)).train()
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(batch, 3, image, image, generator=generator)
+    labels = torch.randint(0, 1000, (batch,), generator=generator)
+
+    def loss_fn(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(model(pixel_values=images).logits, labels)
+
+    return model, (images, labels), loss_fn
+
+
+def capture_models(quick: bool = False) -> dict[str, Captured]:
+    """The captured steps, full size (or small ones under ``quick``)."""
+    if quick:
+        gpt2 = build("gpt2", layers=2, hidden=128, heads=4, batch=2, seq=128, vocab=1024)
+        resnet = build("resnet", layers=1, hidden=16, batch=4, image=64)
+        specs = {"gpt2-2x128 b2 s128": gpt2, "resnet-mini b4 64px": resnet}
+    else:
+        gpt2 = build("gpt2", layers=12, hidden=768, heads=12, batch=8, seq=512, vocab=50257)
+        specs = {"gpt2-12x768 b8 s512": gpt2, "resnet50 b32 224px": _resnet50(batch=32, image=224)}
+    captured = {}
+    for name, (model, batch, loss_fn) in specs.items():
+        captured[name] = capture(model, batch, loss_fn)
+        del model
+    return captured
+
+
+def _options(formulation: str, captured: Captured, time_limit: float) -> dict[str, Any]:
+    if formulation == "pytorch-mincut":
+        return {"captured": captured}
+    if formulation == "moccasin":
+        return {"time_limit": time_limit}
+    return {}
+
+
+def _row(model: str, captured: Captured, label: str, budget: int, formulation: str, time_limit: float) -> dict[str, Any]:
+    graph = captured.graph
+    peak0 = baseline_peak(graph)
+    row: dict[str, Any] = {"model": model, "nodes": len(graph.order), "budget_label": label, "budget": budget,
+                           "formulation": formulation}
+    if formulation not in FORMULATIONS:
+        return row | {"status": "skipped", "note": f"{formulation} is not registered yet"}
+    if budget < min_budget(graph):
+        return row | {"status": "infeasible", "note": "below min_budget: no schedule of any method fits"}
+    started = time.perf_counter()
+    try:
+        result = solve(graph, budget, formulation, **_options(formulation, captured, time_limit))
+    except CoopError as exc:
+        return row | {"status": "error", "note": str(exc), "wall_s": round(time.perf_counter() - started, 2)}
+    sim = result.simulation
+    row |= {
+        "status": result.status,
+        "fits": None if sim is None else sim.peak <= budget,
+        "peak": None if sim is None else sim.peak,
+        "peak_vs_baseline": None if sim is None else round(sim.peak / peak0, 4),
+        "cost": None if sim is None else round(sim.cost, 6),
+        "overhead_percent": None if sim is None else round(100 * sim.overhead, 3),
+        "gap": result.gap,
+        "wall_s": round(result.wall_s, 2),
+        "note": result.message,
+    }
+    if formulation == "pytorch-mincut":
+        row["knob"] = result.extra.get("memory_budget")
+        row["sweep_s"] = round(result.extra.get("sweep_s", 0.0), 2)
+        row["sweep_peaks_vs_baseline"] = {
+            str(s["memory_budget"]): round(s["peak"] / peak0, 3) for s in result.extra.get("sweep", [])
+        }
+    return row
+
+
+def run(quick: bool = False, time_limit: float = 60.0,
+        formulations: tuple[str, ...] = FORMULATIONS_COMPARED) -> list[dict[str, Any]]:
+    """One row per (model, budget, formulation)."""
+    rows = []
+    for model, captured in capture_models(quick).items():
+        graph = captured.graph
+        peak0, least = baseline_peak(graph), min_budget(graph)
+        print(f"{model}: {len(graph.order)} nodes, baseline peak {peak0}, min_budget {least}, "
+              f"capture {captured.capture_s:.1f} s", file=sys.stderr, flush=True)
+        for label, budget_of in BUDGETS:
+            budget = budget_of(peak0, least)
+            for formulation in formulations:
+                rows.append(_row(model, captured, label, budget, formulation, 10.0 if quick else time_limit))
+                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small models, 10 s Moccasin limit")
+    parser.add_argument("--time-limit", type=float, default=60.0, help="Moccasin's CP-SAT time limit per solve")
+    args = parser.parse_args()
+    print(json.dumps(run(quick=args.quick, time_limit=args.time_limit), indent=1))
+
+
+if __name__ == "__main__":
+    main()
