@@ -140,8 +140,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small models, 10 s Moccasin limit")
     parser.add_argument("--time-limit", type=float, default=60.0, help="Moccasin's CP-SAT time limit per solve")
+    parser.add_argument("--formulations", default=",".join(FORMULATIONS_COMPARED),
+                        help="comma-separated subset of " + ", ".join(FORMULATIONS_COMPARED))
     args = parser.parse_args()
-    print(json.dumps(run(quick=args.quick, time_limit=args.time_limit), indent=1))
+    chosen = tuple(f for f in args.formulations.split(",") if f)
+    print(json.dumps(run(quick=args.quick, time_limit=args.time_limit, formulations=chosen), indent=1))
 
 
 if __name__ == "__main__":

@@ -155,3 +155,104 @@ def test_baselines_on_checkmate_graphs(moccasin_dir: Path, filename: str) -> Non
     assert peaks["chen-sqrt"] < base and peaks["chen-greedy"] < base
     assert peaks["checkpoint-all"] <= min(peaks["chen-sqrt"], peaks["chen-greedy"])
     assert solve(graph, budget, "chen-greedy").extra["fits"]
+
+
+# -------------------------------------------------------------------- non-linear forwards
+def _blocks_sharing_a_mask(blocks: int = 6) -> Graph:
+    """A stack whose every block also reads one mask made from nothing (no forward input).
+
+    The mask's edge from the virtual source bypasses every block boundary, so the only
+    articulation points lie in the last block; each block's output and the
+    small mask form a two-value frontier.
+    """
+    nodes: list[dict] = [{"id": 0, "name": "x", "mem": 1, "cost": 0, "kind": "input"},
+                         {"id": 1, "name": "mask", "mem": 1, "cost": 1, "inputs": []},
+                         {"id": 2, "name": "embed", "mem": 10, "cost": 1, "inputs": [0]}]
+    previous = 2
+    for b in range(blocks):
+        hidden, out = 10 + 2 * b, 11 + 2 * b
+        nodes.append({"id": hidden, "name": f"h{b}", "mem": 40, "cost": 1, "inputs": [previous, 1]})
+        nodes.append({"id": out, "name": f"o{b}", "mem": 10, "cost": 1, "inputs": [hidden]})
+        previous = out
+    nodes.append({"id": 100, "name": "loss", "mem": 1, "cost": 1, "inputs": [previous]})
+    gradient = 100
+    for b in reversed(range(blocks)):
+        hidden, out = 10 + 2 * b, 11 + 2 * b
+        nodes.append({"id": 200 + 2 * b, "name": f"go{b}", "mem": 10, "cost": 1, "kind": "backward",
+                      "inputs": [gradient, out]})
+        nodes.append({"id": 201 + 2 * b, "name": f"gh{b}", "mem": 10, "cost": 1, "kind": "backward",
+                      "inputs": [200 + 2 * b, hidden, 1]})
+        gradient = 201 + 2 * b
+    return Graph.model_validate({"name": "masked-stack", "nodes": nodes, "outputs": [100, gradient]})
+
+
+def test_chen_cuts_a_forward_without_articulation_points() -> None:
+    from coop.formulations.baselines import _articulation_points, _split_forward_backward
+
+    graph = _blocks_sharing_a_mask()
+    assert set(_articulation_points(graph, _split_forward_backward(graph, "test"))) <= {20, 21, 100}  # last block
+    store_peak = store_all(graph, 10**6).simulation.peak  # type: ignore[union-attr]
+    for name in ("chen-sqrt", "chen-greedy"):
+        result = solve(graph, 10**6 if name == "chen-sqrt" else min_budget(graph), name)
+        assert validate(graph, result.schedule).ok  # type: ignore[arg-type]
+        assert result.simulation.peak < store_peak, name  # type: ignore[union-attr]
+        assert 1 in result.extra["checkpoints"], f"{name} must keep the mask that crosses every boundary"
+
+
+def test_extra_outputs_of_forward_ops_are_taken_in_the_forward() -> None:
+    # f = a two-output op; "stat" (its extra output, kind backward, not recomputable) is read
+    # only by the backward. Deferring it to the backward would recompute f just to read it.
+    from coop.formulations.baselines import _split_forward_backward
+
+    graph = Graph.model_validate({"name": "extra", "nodes": [
+        {"id": 0, "name": "x", "mem": 1, "cost": 0, "kind": "input"},
+        {"id": 1, "name": "f", "mem": 50, "cost": 1, "inputs": [0]},
+        {"id": 2, "name": "stat", "mem": 1, "cost": 0, "inputs": [1], "kind": "backward", "recomputable": False},
+        {"id": 3, "name": "g", "mem": 5, "cost": 1, "inputs": [1]},
+        {"id": 4, "name": "loss", "mem": 1, "cost": 1, "inputs": [3]},
+        {"id": 5, "name": "dg", "mem": 5, "cost": 1, "inputs": [4, 2], "kind": "backward"},
+    ], "outputs": [4, 5]})
+    split = _split_forward_backward(graph, "test")
+    assert split.forward == (1, 2, 3, 4) and split.backward == (5,)
+    result = chen_sqrt(graph, 10**6)
+    computes = [s.node for s in result.schedule.steps if s.op == "compute"]  # type: ignore[union-attr]
+    assert computes.count(1) == 1, "f is recomputed only to read its extra output"
+
+
+def test_a_schedule_that_does_not_fit_says_so() -> None:
+    graph = _blocks_sharing_a_mask()
+    budget = min_budget(graph)
+    for name in BASELINES:
+        result = solve(graph, budget, name)
+        assert result.schedule is not None
+        if not result.extra["fits"]:
+            assert result.simulation.peak > budget  # type: ignore[union-attr]
+            assert str(result.simulation.peak) in result.message and str(budget) in result.message  # type: ignore[union-attr]
+    assert not store_all(graph, budget).extra["fits"]
+
+
+@pytest.fixture(scope="module")
+def captured_transformer() -> Graph:
+    """The zoo's small transformer (2 blocks, causal mask and dropout): a few hundred nodes."""
+    pytest.importorskip("torch")
+    from coop.graph_capture import capture
+    from coop.zoo import build
+
+    model, batch, loss_fn = build("transformer")
+    return capture(model, batch, loss_fn=loss_fn).graph
+
+
+def test_chen_reduces_the_peak_of_a_captured_transformer(captured_transformer: Graph) -> None:
+    graph = captured_transformer
+    base = baseline_peak(graph)
+    assert store_all(graph, base).simulation.peak == base  # type: ignore[union-attr]
+    sqrt = chen_sqrt(graph, base)
+    greedy = chen_greedy(graph, min_budget(graph))  # nothing fits: the lowest peak of the sweep
+    for result in (sqrt, greedy):
+        assert validate(graph, result.schedule).ok  # type: ignore[arg-type]
+        assert result.simulation.peak < 0.9 * base, result.formulation  # type: ignore[union-attr]
+    # A budget between the two: chen-greedy finds a fitting schedule no dearer than needed.
+    budget = (greedy.simulation.peak + base) // 2  # type: ignore[union-attr]
+    fitting = chen_greedy(graph, budget)
+    assert fitting.extra["fits"] and validate(graph, fitting.schedule, budget).ok  # type: ignore[arg-type]
+    assert fitting.simulation.cost <= greedy.simulation.cost  # type: ignore[union-attr]

@@ -12,7 +12,13 @@ from hypothesis import strategies as st
 from coop.budget import baseline_peak, min_budget
 from coop.errors import CoopError
 from coop.graph import Graph, load_graph
-from coop.runtime.online_sim import simulate_online
+from coop.runtime.online_sim import (
+    OnlineSimulator,
+    is_seeded_random_op,
+    replayable_random_ids,
+    simulate_online,
+    with_random_replay,
+)
 from coop.runtime.policies import POLICIES, cheapest_window, make_policy
 from coop.schedule import simulate, validate
 
@@ -117,6 +123,59 @@ def test_thrashing_stops_at_the_overhead_limit() -> None:
 def test_unknown_policy_is_a_coop_error() -> None:
     with pytest.raises(CoopError, match="unknown eviction policy"):
         make_policy("lru-ish")
+
+
+# ---------------------------------------------------------------------------- random replay
+def _with_random_ops(graph: Graph) -> Graph:
+    """The same DAG with its non-recomputable computed nodes named as torch random ops."""
+    data = graph.model_dump()
+    for node in data["nodes"]:
+        if node["kind"] not in ("input", "param", "buffer") and not node["recomputable"]:
+            node["op"] = "aten.bernoulli.p"
+    return Graph.model_validate(data)
+
+
+@settings(max_examples=40, deadline=None)
+@given(graph=small_dags(), fraction=st.floats(0.0, 1.0), policy=st.sampled_from(POLICY_NAMES))
+def test_replayed_random_ops_give_legal_schedules_on_the_replay_graph(graph: Graph, fraction: float, policy: str) -> None:
+    graph = _with_random_ops(graph)
+    low, high = min_budget(graph), baseline_peak(graph)
+    budget = max(1, round(low + fraction * max(high - low, 0)))
+    replayable = replayable_random_ids(graph)
+    replayed = simulate_online(graph, budget, policy)
+    if replayed.schedule is not None:
+        assert replayed.peak <= budget
+        verdict = validate(with_random_replay(graph), replayed.schedule, budget)
+        assert verdict.ok, verdict.reason
+        recomputed = len(replayed.schedule.steps) - len({s.node for s in replayed.schedule.steps})
+        assert replayed.random_replays <= recomputed
+    kept = simulate_online(graph, budget, policy, replay_random=False)
+    assert kept.random_replays == 0
+    if kept.schedule is not None:  # without replay the plain graph's rules hold
+        assert validate(graph, kept.schedule, budget).ok
+        assert all(sum(s.node == r for s in kept.schedule.steps) == 1 for r in replayable)
+
+
+def test_only_torch_random_ops_are_replayable() -> None:
+    assert is_seeded_random_op("aten.bernoulli.p") and is_seeded_random_op("coop.bernoulli_mask.default")
+    assert not is_seeded_random_op("aten.mm.default") and not is_seeded_random_op("<built-in function getitem>")
+    assert not is_seeded_random_op("dropout") and not is_seeded_random_op("nosuchns.op.default")
+
+
+def test_never_evictable_values_are_placed_at_the_top_of_the_arena() -> None:
+    # x -> a -> out (a graph output) -> b: out can never be evicted, so it goes to the high end.
+    nodes = [
+        {"id": 0, "name": "x", "mem": 2, "cost": 0, "kind": "input"},
+        {"id": 1, "name": "a", "inputs": [0], "mem": 4, "cost": 1},
+        {"id": 2, "name": "out", "inputs": [1], "mem": 3, "cost": 1},
+        {"id": 3, "name": "b", "inputs": [2], "mem": 4, "cost": 1},
+    ]
+    graph = Graph.model_validate({"name": "top", "nodes": nodes, "outputs": [2, 3]})
+    for policy in POLICY_NAMES:
+        engine = OnlineSimulator(graph, 40, make_policy(policy), max_overhead=10.0)
+        engine.run()
+        assert engine.arena.address_of(2) + 3 == 40, policy
+        assert engine.arena.address_of(0) == 0  # caller-owned values come first, at the bottom
 
 
 # ---------------------------------------------------------------------------- Coop's window search

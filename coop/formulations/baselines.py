@@ -29,9 +29,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import networkx as nx
+
 from coop.errors import CoopError
 from coop.formulations.result import SolveResult
-from coop.graph import Graph
+from coop.graph import Graph, Node
 from coop.schedule import Schedule, Simulation, Step, simulate
 
 __all__ = ["checkpoint_all", "chen_greedy", "chen_sqrt", "store_all"]
@@ -59,54 +61,67 @@ def checkpoint_all(graph: Graph, budget: int, **options: Any) -> SolveResult:
     return _result("checkpoint-all", graph, budget, schedule, started, checkpoints=[])
 
 
-def chen_sqrt(graph: Graph, budget: int, **options: Any) -> SolveResult:
+def chen_sqrt(graph: Graph, budget: int, *, use_articulation_points: bool = True, **options: Any) -> SolveResult:
     """Chen et al. 2016's sqrt(n) checkpointing (section 4.1), over the linearised forward.
 
     The forward's n nodes in topological order form a chain; boundaries every about sqrt(n)
     positions (each moved within half a segment to its cheapest frontier) split it into
-    segments. The frontier of every boundary is kept; other forward values are freed after their
-    last forward use and recomputed on demand in the backward from the kept frontier, each
-    recomputed value kept until its last use.
+    segments, and the frontier of every boundary is kept (:class:`_Chain`). Other forward values
+    are freed after their last forward use and recomputed on demand in the backward from the
+    kept frontier, each recomputed value kept until its last use. With
+    ``use_articulation_points`` the paper's own candidates are tried as well: every
+    ``round(sqrt(|C|))``-th articulation point of the forward (Checkmate's choice on graphs that
+    have them); the schedule with the lower peak (then cost) is returned.
     """
     started = time.perf_counter()
     split = _split_forward_backward(graph, "chen-sqrt")
     chain = _linearise(graph, split)
-    boundaries = _sqrt_boundaries(chain)
-    checkpoints = chain.kept_for(boundaries)
-    schedule = _forward_keep_backward_recompute(graph, split, keep=set(checkpoints), free_recomputed=False)
-    return _result("chen-sqrt", graph, budget, schedule, started, checkpoints=checkpoints, boundaries=boundaries)
+    checkpoint_sets = {"frontier": chain.kept_for(_sqrt_boundaries(chain))}
+    cut_vertices = _articulation_points(graph, split) if use_articulation_points else []
+    if len(cut_vertices) >= 2:
+        stride = max(1, round(math.sqrt(len(cut_vertices))))
+        checkpoint_sets["articulation"] = [v for i, v in enumerate(cut_vertices, start=1) if i % stride == 0]
+    # A fixed rule with no budget knob: the lower peak (then cost) wins, whatever the budget.
+    best = _best_candidate(graph, split, 0, checkpoint_sets.items())
+    return _result("chen-sqrt", graph, budget, best.schedule, started, simulation=best.simulation,
+                   checkpoints=best.checkpoints, candidates=best.label)
 
 
-def chen_greedy(graph: Graph, budget: int, *, grid_size: int = 24, **options: Any) -> SolveResult:
+def chen_greedy(
+    graph: Graph,
+    budget: int,
+    *,
+    use_articulation_points: bool = True,
+    grid_size: int = 24,
+    **options: Any,
+) -> SolveResult:
     """Chen et al. 2016's greedy segmentation under a per-segment memory threshold ``b``.
 
     Walking the linearised forward, recomputable memory accumulates since the last cut; once it
     exceeds ``b`` the segment is cut at its cheapest boundary (fewest frontier bytes) and the
-    frontier there is kept. ``b`` sweeps a geometric grid of ``grid_size`` values between the
-    smallest positive forward value and the whole forward's memory (and 0: every boundary).
-    Returns the cheapest schedule whose peak fits the budget, else the one with the lowest peak.
+    frontier there is kept. With ``use_articulation_points`` the paper's own rule runs too: an
+    articulation point becomes a checkpoint once the segment's memory exceeds ``b``. ``b``
+    sweeps a geometric grid of ``grid_size`` values between the smallest positive forward value
+    and the whole forward's memory (and 0). Returns the cheapest schedule whose peak fits the
+    budget, else the one with the lowest peak.
     """
     if grid_size < 1:
         raise CoopError(f"chen-greedy: grid_size {grid_size} must be at least 1")
     started = time.perf_counter()
     split = _split_forward_backward(graph, "chen-greedy")
     chain = _linearise(graph, split)
-    best: _Candidate | None = None
-    seen: set[tuple[int, ...]] = set()
+    cut_vertices = set(_articulation_points(graph, split)) if use_articulation_points else set()
+    checkpoint_sets: dict[tuple[int, ...], str] = {}
     for threshold in _threshold_grid(graph, split.forward, grid_size):
-        boundaries = _greedy_boundaries(chain, threshold)
-        if tuple(boundaries) in seen:
-            continue
-        seen.add(tuple(boundaries))
-        checkpoints = chain.kept_for(boundaries)
-        schedule = _forward_keep_backward_recompute(graph, split, keep=set(checkpoints), free_recomputed=False)
-        candidate = _Candidate(schedule, simulate(graph, schedule), checkpoints, threshold)
-        if best is None or candidate.better_than(best, budget):
-            best = candidate
-    assert best is not None  # the grid is never empty
+        label = f"frontier b={threshold:.6g}"
+        checkpoint_sets.setdefault(tuple(chain.kept_for(_greedy_boundaries(chain, threshold))), label)
+        if len(cut_vertices) >= 2:
+            label = f"articulation b={threshold:.6g}"
+            checkpoint_sets.setdefault(tuple(_greedy_checkpoints(graph, split.forward, cut_vertices, threshold)), label)
+    best = _best_candidate(graph, split, budget, ((label, list(kept)) for kept, label in checkpoint_sets.items()))
     return _result(
         "chen-greedy", graph, budget, best.schedule, started, simulation=best.simulation,
-        checkpoints=best.checkpoints, threshold=best.threshold, thresholds_tried=len(seen),
+        checkpoints=best.checkpoints, candidates=best.label, thresholds_tried=len(checkpoint_sets),
     )
 
 
@@ -120,7 +135,13 @@ class _Split:
 
 
 def _split_forward_backward(graph: Graph, formulation: str) -> _Split:
-    """Forward = computed nodes with no backward node among their ancestors (or themselves)."""
+    """Forward = computed nodes with no backward node among their ancestors (or themselves).
+
+    An extra output of a forward op (a multi-output op's mean/rstd, a dropout mask, max-pool
+    indices: not recomputable, kind backward, read off a forward node) is taken in the forward
+    where the op runs, as eager PyTorch does: deferring it to the backward would force the op to
+    be recomputed just to read it again.
+    """
     if not graph.has_backward:
         raise CoopError(
             f"{formulation} needs a graph with a forward/backward split (nodes of kind 'backward'); "
@@ -129,11 +150,16 @@ def _split_forward_backward(graph: Graph, formulation: str) -> _Split:
     after_backward: set[int] = set()
     for node_id in graph.order:  # topological, so ancestors are classified first
         node = graph.node(node_id)
-        if node.kind == "backward" or any(source in after_backward for source in node.inputs):
+        if any(source in after_backward for source in node.inputs) or node.kind == "backward" and not _extra_output_of_forward_op(graph, node):
             after_backward.add(node_id)
     forward = tuple(v for v in graph.order if v not in after_backward)
     backward = tuple(v for v in graph.order if v in after_backward)
     return _Split(forward, backward)
+
+
+def _extra_output_of_forward_op(graph: Graph, node: Node) -> bool:
+    """A non-recomputable node that reads only forward or caller-owned values (already checked)."""
+    return not node.recomputable and bool(node.inputs)
 
 
 class _Emitter:
@@ -336,6 +362,42 @@ def _greedy_boundaries(chain: _Chain, threshold: float) -> list[int]:
     return boundaries
 
 
+def _articulation_points(graph: Graph, split: _Split) -> list[int]:
+    """Articulation points (cut vertices) of the forward subgraph, in forward order.
+
+    A virtual source feeds the forward nodes with no forward input and a virtual sink reads the
+    ones with no forward reader, so that a cut vertex separates all the inputs from all the ends.
+    Keeping one makes everything before it unnecessary for recomputing what follows: its
+    frontier is itself alone. Real models often have none (a mask read by every block bypasses
+    them), hence the frontier linearisation.
+    """
+    forward_set = set(split.forward)
+    undirected = nx.Graph()
+    undirected.add_nodes_from(split.forward)
+    source, sink = ("virtual", "source"), ("virtual", "sink")
+    for v in split.forward:
+        forward_inputs = [u for u in graph.node(v).inputs if u in forward_set]
+        undirected.add_edges_from((u, v) for u in forward_inputs)
+        if not forward_inputs:
+            undirected.add_edge(source, v)
+        if not any(c in forward_set for c in graph.consumers[v]):
+            undirected.add_edge(v, sink)
+    cut_vertices = set(nx.articulation_points(undirected)) - {source, sink}
+    return [v for v in split.forward if v in cut_vertices]
+
+
+def _greedy_checkpoints(graph: Graph, forward: Iterable[int], candidates: set[int], threshold: float) -> list[int]:
+    """Chen's greedy cut: a candidate becomes a checkpoint once the segment's memory exceeds b."""
+    checkpoints: list[int] = []
+    segment_memory = 0
+    for v in forward:
+        segment_memory += graph.node(v).mem
+        if v in candidates and segment_memory > threshold:
+            checkpoints.append(v)
+            segment_memory = 0
+    return checkpoints
+
+
 def _threshold_grid(graph: Graph, forward: tuple[int, ...], grid_size: int) -> list[float]:
     """A geometric grid of segment thresholds b from the smallest value to the whole forward."""
     sizes = [graph.node(v).mem for v in forward if graph.node(v).mem > 0]
@@ -353,7 +415,7 @@ class _Candidate:
     schedule: Schedule
     simulation: Simulation
     checkpoints: list[int]
-    threshold: float
+    label: str
 
     def better_than(self, other: _Candidate, budget: int) -> bool:
         """Fitting beats not fitting; among fits the lower cost, else the lower peak wins."""
@@ -363,6 +425,20 @@ class _Candidate:
         if fits:
             return (self.simulation.cost, self.simulation.peak) < (other.simulation.cost, other.simulation.peak)
         return (self.simulation.peak, self.simulation.cost) < (other.simulation.peak, other.simulation.cost)
+
+
+def _best_candidate(graph: Graph, split: _Split, budget: int,
+                    checkpoint_sets: Iterable[tuple[str, list[int]]]) -> _Candidate:
+    """Schedule and simulate every checkpoint set; the best by :meth:`_Candidate.better_than`."""
+    best: _Candidate | None = None
+    for label, checkpoints in checkpoint_sets:
+        schedule = _forward_keep_backward_recompute(graph, split, keep=set(checkpoints), free_recomputed=False)
+        candidate = _Candidate(schedule, simulate(graph, schedule), checkpoints, label)
+        if best is None or candidate.better_than(best, budget):
+            best = candidate
+    if best is None:
+        raise AssertionError("no checkpoint set to try")  # callers always pass at least one
+    return best
 
 
 # -------------------------------------------------------------------- result

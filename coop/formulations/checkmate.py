@@ -396,13 +396,21 @@ def checkmate_lp(
     early = _early_result("checkmate-lp", graph, budget, max_nodes)
     if early is not None:
         return early
+    deadline = started + time_limit  # building the model and rounding count against the limit too
     problem = _project(graph, budget, None)
     model, variables = _build_model(problem)
-    relaxation = solve_lp_relaxation(model, time_limit=time_limit, threads=threads)
+    relaxation = solve_lp_relaxation(model, time_limit=deadline - time.perf_counter(), threads=threads)
     if relaxation.values is None:
-        status = "infeasible" if relaxation.status == "infeasible" else "unknown"
-        return SolveResult("checkmate-lp", status, wall_s=relaxation.wall_s,
-                           message=f"LP relaxation: {relaxation.status}; {relaxation.message}".rstrip("; "))
+        wall = time.perf_counter() - started
+        extra = {"variables": model.num_vars, "constraints": len(model.rows), "lp_wall_s": relaxation.wall_s}
+        if relaxation.status == "infeasible":
+            return SolveResult("checkmate-lp", "infeasible", wall_s=wall, extra=extra,
+                               message=f"LP relaxation proven infeasible: no frontier-advancing schedule over "
+                                       f"graph.order fits budget {budget}; try a larger budget or moccasin")
+        return SolveResult("checkmate-lp", "unknown", wall_s=wall, extra=extra,
+                           message=f"LP relaxation ({model.num_vars} variables, {len(model.rows)} constraints) not "
+                                   f"solved within the {time_limit:g} s time limit [{relaxation.message}]; raise "
+                                   f"time_limit or use chen-greedy or moccasin")
     values = relaxation.values
     lower_bound = relaxation.objective or 0.0
 
@@ -415,7 +423,11 @@ def checkmate_lp(
     rules += [(f"random #{n}", _random_rule(retention, rng)) for n in range(random_roundings)]
     best: tuple[Schedule, Simulation, str] | None = None
     fitting = 0
+    tried = 0
     for label, keep in rules:
+        if tried and time.perf_counter() > deadline:
+            break  # at least one rounding always runs: the LP solution is already paid for
+        tried += 1
         computed, retained = _stages_for_retention(problem, keep)
         schedule = _schedule_from_stages(problem, computed, retained)
         sim = simulate(graph, schedule)
@@ -426,15 +438,17 @@ def checkmate_lp(
         if progress is not None:
             progress(Progress(relaxation.wall_s, best[1].cost if best else None, lower_bound, label))
     wall = time.perf_counter() - started
-    extra = {"roundings": len(rules), "fitting": fitting, "lp_wall_s": relaxation.wall_s}
+    extra = {"roundings": tried, "fitting": fitting, "lp_wall_s": relaxation.wall_s, "lp_solver": relaxation.message}
+    cut_short = f" (time limit: {tried} of {len(rules)} roundings tried)" if tried < len(rules) else ""
     if best is None:
         return SolveResult("checkmate-lp", "unknown", objective=None, bound=lower_bound, wall_s=wall, extra=extra,
-                           message=f"none of the {len(rules)} LP roundings fits the budget {budget}; try checkmate (MILP)")
+                           message=f"none of the {tried} LP roundings fits the budget {budget}{cut_short}; "
+                                   f"try checkmate (MILP)")
     schedule, sim, label = best
     extra["rounding"] = label
     return SolveResult("checkmate-lp", "feasible", schedule=schedule, simulation=sim, objective=sim.cost,
                        bound=lower_bound, wall_s=wall, extra=extra,
-                       message=f"best of {fitting}/{len(rules)} fitting roundings ({label})")
+                       message=f"best of {fitting}/{tried} fitting roundings ({label}){cut_short}")
 
 
 def _threshold_rule(retention: Any, tau: float) -> Any:

@@ -87,7 +87,7 @@ class _Problem:
             consumers=consumers,
             mem={v: graph.node(v).mem for v in order},
             workspace={v: graph.node(v).workspace for v in order},
-            cost={v: round(graph.node(v).cost * scale) for v in order},
+            cost={v: math.floor(graph.node(v).cost * scale) for v in order},
             cost_scale=scale,
             recomputable={v: graph.node(v).recomputable for v in order},
             outputs={v for v in graph.outputs if v in computed},
@@ -96,11 +96,79 @@ class _Problem:
 
 
 def _cost_scale(costs: list[float]) -> float:
-    """1 for integer costs (the objective is then exact); else a factor giving ~1e6 resolution."""
+    """1 for integer costs (the objective is then exact); else a factor giving ~1e6 resolution.
+
+    Scaled costs are rounded down (see :meth:`_Problem.build`), so the model's objective never
+    exceeds a schedule's true cost and CP-SAT's bound stays a valid lower bound.
+    """
     if all(float(c).is_integer() for c in costs):
         return 1.0
     largest = max(costs, default=0.0)
     return 1e6 / largest if largest > 0 else 1.0
+
+
+# ==================================================================== what a proof of optimality needs
+#: Above this many retention intervals in all, the model that would prove optimality is not built.
+PROOF_MAX_INTERVALS_FACTOR = 8
+#: Above this many precedence choice literals, the model that would prove optimality is not built.
+PROOF_MAX_CHOICES = 60_000
+#: Cap on a per-node interval count when nothing bounds it (only the consumer recursion does).
+_UNBOUNDED = 10**6
+
+
+def sufficient_intervals(problem: _Problem, extra_cost: float | None) -> dict[int, int]:
+    """Per node, an upper bound on its computations in some schedule that is at least as good.
+
+    Take any legal schedule whose first computations are in baseline order and whose extra cost
+    (cost - baseline cost, in the graph's cost units) is at most ``extra_cost`` (None: any cost).
+    Dropping a computation whose instance is never read, that is not the node's first and not
+    the final instance of an output, lowers neither legality nor first-computation order and
+    raises neither cost nor any step's memory. After dropping all such computations, each
+    instance of v other than its first and an output's final one is read by a computation of a
+    consumer, and one consumer computation reads one instance of v, so
+    ``computations(v) <= 1 + [v is an output] + sum over consumers c of computations(c)``; and a
+    node with cost c_v > 0 is recomputed at most ``floor(extra_cost / c_v)`` times. Non-recomputable
+    nodes are computed once. Evaluated in reverse baseline (topological) order.
+    """
+    limits: dict[int, int] = {}
+    for v in reversed(problem.order):
+        if not problem.recomputable[v]:
+            limits[v] = 1
+            continue
+        reads = sum(limits[c] for c in problem.consumers[v]) + (1 if v in problem.outputs else 0)
+        limit = min(1 + reads, _UNBOUNDED)
+        cost = problem.graph.node(v).cost
+        if extra_cost is not None and cost > 0:
+            limit = min(limit, 1 + math.floor(extra_cost / cost + 1e-9))
+        limits[v] = limit
+    return limits
+
+
+def sufficient_horizon(problem: _Problem, limits: dict[int, int], extra_cost: float | None) -> int:
+    """The most computations such a schedule makes: n plus the most recomputations that
+    ``limits`` allow within ``extra_cost`` (cheapest first, which maximises their number)."""
+    recomputations = 0
+    remaining = math.inf if extra_cost is None else extra_cost + 1e-9
+    for v in sorted(problem.order, key=lambda v: problem.graph.node(v).cost):
+        allowed = limits[v] - 1
+        cost = problem.graph.node(v).cost
+        if allowed <= 0:
+            continue
+        taken = allowed if cost <= 0 or math.isinf(remaining) else min(allowed, math.floor(remaining / cost))
+        recomputations += taken
+        remaining -= taken * cost
+    return len(problem.order) + min(recomputations, _UNBOUNDED)
+
+
+def _choice_literals(problem: _Problem, per_node: dict[int, int]) -> int:
+    """How many precedence choice literals :func:`_add_precedences` creates for ``per_node``."""
+    return sum(per_node[v] * per_node[u] for v in problem.order for u in problem.inputs[v] if per_node[u] > 1)
+
+
+def _affordable(problem: _Problem, per_node: dict[int, int], horizon: int) -> bool:
+    n = len(problem.order)
+    return (sum(per_node.values()) <= PROOF_MAX_INTERVALS_FACTOR * n and horizon <= PROOF_MAX_INTERVALS_FACTOR * n
+            and _choice_literals(problem, per_node) <= PROOF_MAX_CHOICES)
 
 
 # ==================================================================== warm start: eviction heuristic
@@ -516,14 +584,31 @@ class _ProgressReporter(cp_model.CpSolverSolutionCallback):
 
 
 # ==================================================================== warm starts
-def _candidate_warm_starts(graph: Graph, budget: int, hint: Any) -> list[tuple[str, Schedule]]:
-    """Schedules to start from: the caller's hint, the eviction heuristic, the baselines."""
+#: Checkmate's LP rounding (O(n^2) variables) is a warm start only on graphs up to this size.
+LP_WARM_START_MAX_NODES = 150
+
+
+def _candidate_warm_starts(graph: Graph, budget: int, hint: Any, lp_time_limit: float) -> list[tuple[str, Schedule]]:
+    """Schedules to start from: the caller's hint, Checkmate's LP rounding on small graphs, the
+    peak-shaving and eviction heuristics, the baselines."""
     candidates: list[tuple[str, Schedule]] = []
     if hint is not None:
         schedule = getattr(hint, "schedule", hint)
         if isinstance(schedule, Schedule):
             candidates.append(("hint", schedule))
-    for name, heuristic in (("peak-shaving", peak_shaving_schedule), ("greedy-eviction", greedy_eviction_schedule)):
+    if len(graph.order) <= LP_WARM_START_MAX_NODES and lp_time_limit > 0:
+        from coop.formulations.checkmate import checkmate_lp
+
+        try:
+            rounded = checkmate_lp(graph, budget, time_limit=lp_time_limit, threads=1)
+        except CoopError:  # no LP solver: one warm start fewer
+            rounded = None
+        if rounded is not None and rounded.schedule is not None:
+            candidates.append(("checkmate-lp", rounded.schedule))
+    heuristics: list[tuple[str, Callable[[Graph, int], Schedule | None]]] = [("peak-shaving", peak_shaving_schedule)]
+    if len(graph.order) <= GREEDY_EVICTION_MAX_NODES:
+        heuristics.append(("greedy-eviction", greedy_eviction_schedule))
+    for name, heuristic in heuristics:
         schedule = heuristic(graph, budget)
         if schedule is not None:
             candidates.append((name, schedule))
@@ -545,10 +630,15 @@ def _candidate_warm_starts(graph: Graph, budget: int, hint: Any) -> list[tuple[s
     return candidates
 
 
-def best_warm_start(graph: Graph, budget: int, hint: Any = None) -> tuple[str, Schedule, Simulation] | None:
+#: The eviction heuristic is quadratic-ish in practice and never wins on large graphs: skip it there.
+GREEDY_EVICTION_MAX_NODES = 600
+
+
+def best_warm_start(graph: Graph, budget: int, hint: Any = None,
+                    lp_time_limit: float = 10.0) -> tuple[str, Schedule, Simulation] | None:
     """The cheapest candidate warm start whose simulated peak fits the budget."""
     best = None
-    for name, schedule in _candidate_warm_starts(graph, budget, hint):
+    for name, schedule in _candidate_warm_starts(graph, budget, hint, lp_time_limit):
         try:
             sim = simulate(graph, schedule)
         except ScheduleError:  # an illegal candidate (e.g. a caller's hint) is skipped
@@ -559,6 +649,29 @@ def best_warm_start(graph: Graph, budget: int, hint: Any = None) -> tuple[str, S
 
 
 # ==================================================================== entry point
+@dataclass
+class _Incumbent:
+    """The best schedule so far, where it came from, and the simulator's verdict on it."""
+
+    source: str
+    schedule: Schedule
+    simulation: Simulation
+
+
+@dataclass
+class _Round:
+    """One CP-SAT solve: the model's shape, whether it covers every better schedule, the outcome."""
+
+    horizon: int
+    intervals: int
+    covers: bool  # contains a schedule at least as good as each one no worse than its hint
+    relaxed: bool  # memory capacity relaxed: there was no schedule that fits to start from
+    status: str = "UNKNOWN"
+    bound: float | None = None  # CP-SAT's bound in true cost units (valid for this model)
+    overflow: int = 0
+    wall_s: float = 0.0
+
+
 def moccasin(
     graph: Graph,
     budget: int,
@@ -571,15 +684,31 @@ def moccasin(
     keep_order: bool = True,
     extra_slots: int | None = None,
     seed: int = 0,
+    prove: bool = True,
+    lp_warm_start: bool = True,
     **options: Any,
 ) -> SolveResult:
     """Solve rematerialization under ``budget`` with the Moccasin CP-SAT model (Bartan et al. 2023).
 
-    ``max_intervals`` is the paper's C (retention intervals per recomputable node; raised per node
-    where the warm start needs more); ``hint`` a Schedule or SolveResult to start from;
-    ``keep_order`` keeps first computations in the baseline order; ``extra_slots`` is how many
-    compute slots beyond the warm start's the horizon gets (default n // 10 + 2); remaining
+    ``max_intervals`` is the paper's C, the least number of retention intervals a recomputable
+    node gets (raised per node where the warm start needs more, and, with ``prove``, to what
+    :func:`sufficient_intervals` says a proof needs when that model stays small); ``hint`` a
+    Schedule or SolveResult to start from; ``keep_order`` keeps first computations in the
+    baseline order; ``extra_slots`` is how many compute slots beyond the warm start's a
+    restricted model's horizon gets (default n // 5 + 2); ``lp_warm_start`` adds Checkmate's LP
+    rounding to the warm starts on graphs of at most LP_WARM_START_MAX_NODES nodes; remaining
     ``options`` are CP-SAT parameters by name (e.g. ``log_search_progress=True``).
+
+    What the statuses prove. ``optimal``: no legal schedule (contract 2) whose first
+    computations follow ``graph.order`` costs less than the one returned. It is claimed only when
+    CP-SAT proved its model optimal, the graph's costs are integers (the model's costs are then
+    exact) and the model has at least :func:`sufficient_intervals` intervals per node and
+    :func:`sufficient_horizon` slots for the returned cost, so that it contains a schedule at
+    least as good as any schedule of lower cost. ``infeasible``: no such schedule fits (proven
+    the same way, or the budget is below :func:`coop.budget.min_budget`). ``feasible``: a
+    schedule that fits; ``bound`` is then a valid lower bound on every such schedule's cost when
+    the last model was large enough for the proof, else None, and the bound within the restricted
+    model (at most C intervals per node, the given horizon) is ``extra["restricted_bound"]``.
     """
     clock = ProgressClock(progress)
     if max_intervals < 1:
@@ -595,82 +724,167 @@ def moccasin(
         return SolveResult(FORMULATION, "optimal", schedule, sim, sim.cost, graph.baseline_cost, clock.elapsed_s,
                            "the baseline order fits the budget", {"warm_start": "store_all"})
     problem = _Problem.build(graph, budget)
-    warm = best_warm_start(graph, budget, hint)
-    relax_memory = warm is None
-    # Without a schedule that fits, start from store-all (over budget) and relax the capacity.
-    start = warm[1] if warm is not None else Schedule.from_order(graph.order)
-    warm_intervals, warm_slots = schedule_intervals(graph, start)
-    slack = extra_slots if extra_slots is not None else len(problem.order) // 5 + 2
-    horizon = warm_slots + slack
-    per_node = {v: max(len(warm_intervals[v]), max_intervals if problem.recomputable[v] else 1) for v in problem.order}
-    if keep_order and not _first_computes_in_order(problem, warm_intervals):
-        keep_order = False  # the warm start would violate it; never discard a known schedule
-    built = build_model(problem, horizon, per_node, keep_order, relax_memory)
-    _add_hint(built, warm_intervals)
-    if warm is not None:
-        clock.report(warm[2].cost, None, f"warm start {warm[0]}")
-    return _solve(problem, built, warm, clock, time_limit, threads, seed, options)
+    lp_time = min(10.0, time_limit / 4) if lp_warm_start else 0.0
+    warm = best_warm_start(graph, budget, hint, lp_time)
+    incumbent = _Incumbent(*warm) if warm is not None else None
+    if incumbent is not None:
+        clock.report(incumbent.simulation.cost, None, f"warm start {incumbent.source}")
+    settings = _Settings(time_limit, threads, seed, max_intervals, keep_order, extra_slots, prove, options)
+    rounds: list[_Round] = []
+    while True:  # at least one round, so that every result says what CP-SAT did
+        round_, found = _solve_round(problem, incumbent, settings, clock)
+        rounds.append(round_)
+        if found is not None:
+            incumbent = found
+        if not _worth_another_round(problem, incumbent, round_, settings, clock):
+            break
+    return _result(problem, incumbent, warm, rounds, clock)
+
+
+@dataclass
+class _Settings:
+    time_limit: float
+    threads: int
+    seed: int
+    max_intervals: int
+    keep_order: bool
+    extra_slots: int | None
+    prove: bool
+    options: dict[str, Any]
+
+
+def _model_shape(problem: _Problem, incumbent: _Incumbent | None, settings: _Settings
+                 ) -> tuple[dict[int, list[Interval]], dict[int, int], int, bool]:
+    """The start intervals, intervals per node, horizon, and whether the model covers every
+    schedule at least as good as the incumbent (every schedule at all when there is none)."""
+    graph = problem.graph
+    start = incumbent.schedule if incumbent is not None else Schedule.from_order(graph.order)
+    intervals, slots = schedule_intervals(graph, start)
+    extra = incumbent.simulation.cost - graph.baseline_cost if incumbent is not None else None
+    least = {v: max(len(intervals[v]), settings.max_intervals if problem.recomputable[v] else 1) for v in problem.order}
+    if settings.prove:
+        limits = sufficient_intervals(problem, extra)
+        needed = sufficient_horizon(problem, limits, extra)
+        exact = {v: max(least[v], limits[v]) for v in problem.order}
+        horizon = max(slots, needed)
+        if _affordable(problem, exact, horizon):
+            return intervals, exact, horizon, True
+    slack = settings.extra_slots if settings.extra_slots is not None else len(problem.order) // 5 + 2
+    return intervals, least, slots + slack, False
+
+
+def _solve_round(problem: _Problem, incumbent: _Incumbent | None, settings: _Settings, clock: ProgressClock
+                 ) -> tuple[_Round, _Incumbent | None]:
+    """Build the model around the incumbent, hint it, solve for the remaining time."""
+    graph = problem.graph
+    intervals, per_node, horizon, covers = _model_shape(problem, incumbent, settings)
+    keep_order = settings.keep_order and _first_computes_in_order(problem, intervals)
+    built = build_model(problem, horizon, per_node, keep_order, relax_memory=incumbent is None)
+    _add_hint(built, intervals)
+    round_ = _Round(horizon=horizon, intervals=sum(per_node.values()), covers=covers, relaxed=incumbent is None)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.01, settings.time_limit - clock.elapsed_s)
+    solver.parameters.num_workers = max(1, settings.threads)
+    solver.parameters.random_seed = settings.seed
+    for key, value in settings.options.items():
+        setattr(solver.parameters, key, value)
+    base_cost = sum(graph.node(v).cost for v in problem.order)
+    reporter = _ProgressReporter(clock, lambda extra: base_cost + extra / problem.cost_scale, built.overflow)
+    started = time.perf_counter()
+    status = solver.Solve(built.model, reporter)
+    round_.wall_s = time.perf_counter() - started
+    round_.status = solver.StatusName(status)
+    solved = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    if solved:
+        # Floored costs: the model's extra cost never exceeds the true one, so this bound is valid.
+        extra_bound = solver.BestObjectiveBound()
+        if built.overflow is None:
+            round_.bound = base_cost + extra_bound / problem.cost_scale
+    if not solved:
+        return round_, None
+    round_.overflow = solver.Value(built.overflow) if built.overflow is not None else 0
+    if round_.overflow > 0:
+        return round_, None
+    schedule = intervals_to_schedule(problem, _solution_intervals(solver, built))
+    sim = simulate(graph, schedule)
+    if sim.peak > problem.budget:  # never hand out a schedule the simulator rejects
+        raise AssertionError(f"moccasin schedule peaks at {sim.peak} > budget {problem.budget}")
+    if incumbent is not None and incumbent.simulation.cost <= sim.cost:
+        return round_, None
+    return round_, _Incumbent("cp-sat", schedule, sim)
+
+
+def _worth_another_round(problem: _Problem, incumbent: _Incumbent | None, last: _Round, settings: _Settings,
+                         clock: ProgressClock) -> bool:
+    """Another solve helps when a relaxed model just found the first schedule that fits, or when
+    a restricted model was solved to the end and a model that can prove the result is now small
+    enough (the incumbent got cheaper, so fewer intervals suffice)."""
+    if clock.elapsed_s >= settings.time_limit - 0.5 or incumbent is None or _proven(problem, last):
+        return False
+    if last.relaxed:
+        return True
+    if last.covers or last.status not in ("OPTIMAL", "INFEASIBLE"):
+        return False
+    return _model_shape(problem, incumbent, settings)[3]
+
+
+def _proven(problem: _Problem, last: _Round) -> bool:
+    """An optimal solve of a model covering every schedule at least as good, with exact costs."""
+    return (last.status == "OPTIMAL" and last.covers and not last.relaxed and last.overflow == 0
+            and problem.cost_scale == 1.0)
+
+
+def _result(problem: _Problem, incumbent: _Incumbent | None, warm: tuple[str, Schedule, Simulation] | None,
+            rounds: list[_Round], clock: ProgressClock) -> SolveResult:
+    budget, last = problem.budget, rounds[-1]
+    extra: dict[str, Any] = {
+        "horizon": last.horizon,
+        "intervals": last.intervals,
+        "rounds": [r.__dict__ for r in rounds],
+        "warm_start": warm[0] if warm else None,
+        "warm_start_cost": warm[2].cost if warm else None,
+        "solver_wall_s": sum(r.wall_s for r in rounds),
+        "cp_sat_status": last.status,
+        "proof_model": last.covers,
+        "restricted_bound": None if last.covers else last.bound,
+        "overflow": last.overflow,
+    }
+    if incumbent is not None:
+        sim = incumbent.simulation
+        proven = _proven(problem, last)
+        bound = last.bound if last.covers and last.bound is not None else None
+        if proven:
+            bound = sim.cost  # the model's optimum is the returned schedule's cost (exact costs)
+        elif bound is not None:
+            bound = min(bound, sim.cost)
+        label = "optimal" if proven else "feasible"
+        if proven:
+            message = "CP-SAT OPTIMAL on a model that contains every schedule at least as good"
+        elif last.covers:
+            message = f"CP-SAT {last.status} (stopped at the time limit)"
+        else:
+            message = (f"CP-SAT {last.status} within at most {last.intervals} intervals on {last.horizon} slots; "
+                       "optimality not proven for the unrestricted problem")
+        if incumbent.source != "cp-sat":
+            message += f"; best schedule is the warm start {incumbent.source}"
+        clock.report(sim.cost, bound, "done", final=True)
+        return SolveResult(FORMULATION, label, incumbent.schedule, sim, sim.cost, bound, clock.elapsed_s, message, extra)
+    no_schedule = last.status == "INFEASIBLE" or (last.status == "OPTIMAL" and last.overflow > 0)
+    if no_schedule and last.covers:
+        least = f" (least peak {budget + last.overflow})" if last.overflow else ""
+        message = (f"no schedule whose first computations follow the baseline order fits budget {budget}{least}; "
+                   "raise the budget")
+        return SolveResult(FORMULATION, "infeasible", wall_s=clock.elapsed_s, message=message, extra=extra)
+    if no_schedule:
+        message = (f"no schedule fits budget {budget} with at most {last.intervals} intervals on {last.horizon} "
+                   f"compute slots (least peak {budget + last.overflow}); raise max_intervals or the budget")
+        return SolveResult(FORMULATION, "unknown", wall_s=clock.elapsed_s, message=message, extra=extra)
+    best = f" (best peak reached {budget + last.overflow})" if last.overflow else ""
+    return SolveResult(FORMULATION, "unknown", wall_s=clock.elapsed_s, extra=extra,
+                       message=f"CP-SAT found no schedule within the budget {budget} in {clock.elapsed_s:.0f} s{best}")
 
 
 def _first_computes_in_order(problem: _Problem, intervals: dict[int, list[Interval]]) -> bool:
+    """Whether the first computations of these intervals follow the baseline order."""
     firsts = [intervals[v][0][0] for v in problem.order]
     return all(a < b for a, b in itertools.pairwise(firsts))
-
-
-def _solve(problem: _Problem, built: _Model, warm: tuple[str, Schedule, Simulation] | None, clock: ProgressClock,
-           time_limit: float, threads: int, seed: int, options: dict[str, Any]) -> SolveResult:
-    graph = problem.graph
-    base_units = sum(problem.cost.values())
-
-    def to_cost(value: float) -> float:
-        return (value + base_units) / problem.cost_scale
-
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.01, time_limit - clock.elapsed_s)
-    solver.parameters.num_workers = max(1, threads)
-    solver.parameters.random_seed = seed
-    for key, value in options.items():
-        setattr(solver.parameters, key, value)
-    reporter = _ProgressReporter(clock, to_cost, built.overflow)
-    started = time.perf_counter()
-    status = solver.Solve(built.model, reporter)
-    extra: dict[str, Any] = {
-        "horizon": built.horizon,
-        "warm_start": warm[0] if warm else None,
-        "warm_start_cost": warm[2].cost if warm else None,
-        "solver_wall_s": time.perf_counter() - started,
-        "solutions": reporter.solutions,
-        "cp_sat_status": solver.StatusName(status),
-    }
-    solved = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
-    bound = to_cost(solver.BestObjectiveBound()) if solved else None
-    overflow = solver.Value(built.overflow) if solved and built.overflow is not None else 0
-    extra["overflow"] = overflow
-    if solved and overflow == 0:
-        schedule = intervals_to_schedule(problem, _solution_intervals(solver, built))
-        sim = simulate(graph, schedule)
-        objective = to_cost(solver.ObjectiveValue())
-        if sim.peak > problem.budget:  # never hand out a schedule the simulator rejects
-            raise AssertionError(f"moccasin schedule peaks at {sim.peak} > budget {problem.budget}")
-        if warm is not None and warm[2].cost < sim.cost:  # the hint was better than what CP-SAT kept
-            schedule, sim, objective = warm[1], warm[2], warm[2].cost
-        label = "optimal" if status == cp_model.OPTIMAL else "feasible"
-        clock.report(objective, bound, "done", final=True)
-        return SolveResult(FORMULATION, label, schedule, sim, objective, bound, clock.elapsed_s,
-                           f"CP-SAT {solver.StatusName(status)}", extra)
-    if warm is not None:  # CP-SAT stopped before reproducing the hint: keep the warm start
-        clock.report(warm[2].cost, None, "done", final=True)
-        return SolveResult(FORMULATION, "feasible", warm[1], warm[2], warm[2].cost, None, clock.elapsed_s,
-                           f"CP-SAT {solver.StatusName(status)}; returning the warm start {warm[0]}", extra)
-    intervals = max(len(s) for s in built.starts.values())
-    if solved and status == cp_model.OPTIMAL:
-        message = (f"no schedule fits budget {problem.budget} with at most {intervals} intervals per node on "
-                   f"{built.horizon} compute slots (least peak {problem.budget + overflow}); raise max_intervals or the budget")
-        return SolveResult(FORMULATION, "infeasible", wall_s=clock.elapsed_s, message=message, extra=extra)
-    if status == cp_model.INFEASIBLE:
-        message = (f"no schedule fits budget {problem.budget} with at most {intervals} intervals per node on "
-                   f"{built.horizon} compute slots; raise max_intervals or the budget")
-        return SolveResult(FORMULATION, "infeasible", wall_s=clock.elapsed_s, message=message, extra=extra)
-    best = f" (best peak reached {problem.budget + overflow})" if solved else ""
-    return SolveResult(FORMULATION, "unknown", wall_s=clock.elapsed_s,
-                       message=f"CP-SAT found no schedule within the budget in {time_limit:.0f} s{best}", extra=extra)

@@ -10,9 +10,12 @@ recomputed from its fx lineage (Kirisame et al., "Dynamic Tensor Rematerializati
 Zhang et al., "Coop: Memory is not a Commodity", NeurIPS 2023).
 
 Why results equal eager PyTorch bit for bit: the ops run in the captured program order with the
-same kernels; a recomputation repeats a deterministic op on identical inputs; random ops (dropout,
-bernoulli, ...) are never evictable and never recomputed, so they draw exactly the random numbers
-eager draws, in the same order.
+same kernels; a recomputation repeats a deterministic op on identical inputs. Random ops (dropout,
+bernoulli, coop's bool masks) make their first draw in program order, so they draw exactly the
+numbers eager draws, in the same order; the generator state right before each first draw is
+saved (:class:`RngState`, host memory), and a recomputation of an evicted random value sets that
+state, reruns the op and restores the generator, so the replay draws the same bits and later
+draws are unaffected. With ``replay_random=False`` random values are instead never evicted.
 
 A Graph node owns several fx nodes: the op that allocates its storage and the views/getitems
 folded into it. Only the owner runs when the engine computes the node; folded aliases are
@@ -68,9 +71,15 @@ class RngState:
     state: torch.Tensor
 
     @classmethod
-    def capture(cls, fx_node: fx.Node) -> RngState:
-        device = _output_device(fx_node)
+    def save(cls, device: torch.device | str = "cpu") -> RngState:
+        """The current state of the default generator of ``device``."""
+        device = torch.device(device)
         return cls(device, _generator_state(device))
+
+    @classmethod
+    def capture(cls, fx_node: fx.Node) -> RngState:
+        """The state of the generator that the random op ``fx_node`` is about to draw from."""
+        return cls.save(_output_device(fx_node))
 
     @contextlib.contextmanager
     def replayed(self) -> Iterator[None]:
@@ -120,7 +129,6 @@ class DynamicStep(OnlineSimulator):
                 if isinstance(source, fx.Node) and self.owner_of.get(fx_node.name) != self.owner_of.get(source.name):
                     self._claimed.setdefault(source.name, []).append(int(fx_node.args[1]))  # type: ignore[arg-type]
         self.rng_states: dict[int, RngState] = {}  # replayable random node -> generator state before its draw
-        self.replays = 0
         self._getitem_of: dict[tuple[str, int], int] = {}
         for fx_node in self.module.graph.nodes:
             source = fx_node.args[0] if fx_node.args else None
@@ -157,7 +165,6 @@ class DynamicStep(OnlineSimulator):
         else:  # a recomputation replays the very same draw and leaves the generator where it is
             with self.rng_states[node].replayed():
                 self._compute(owner)
-            self.replays += 1
 
     def _forget(self, key: Hashable) -> None:
         for name in self.fx_names.get(key, ()):  # type: ignore[call-overload]
@@ -234,7 +241,7 @@ def run_dynamic(
         arena_peak=arena.high_water,
         search_s=engine.search_s,
         fragmentation=arena.mean_failure_free_fraction,
-        extra={"random_replays": engine.replays, "failures": len(arena.failures)},
+        extra={"random_replays": engine.random_replays, "failures": len(arena.failures)},
     )
     engine.env.clear()
     engine.rng_states.clear()

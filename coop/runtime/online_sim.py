@@ -14,11 +14,22 @@ eviction, fragmentation at failures); MegEngine's DTE.
 Soundness rules (why the exported schedule is legal and fits):
 
 * a value being computed pins its inputs, its output and its workspace until the op ends;
-* caller-owned values, graph outputs once computed, and outputs of non-recomputable (random) ops
-  are never evicted. A random op's output stays resident until no recomputation can read it:
+* random ops (``Tag.nondeterministic_seeded``: bernoulli, dropout, rand*, coop's bool masks) are
+  *replayable* by default (``replay_random``): the engine saves the generator state right before
+  a random op's first draw and a recomputation replays the op from it, drawing the very same
+  numbers without moving the program's generator (:class:`coop.runtime.fallback.RngState`). So
+  they are evictable and recomputed like any op; in Graph terms the schedule is legal on
+  :func:`with_random_replay` (the graph with those nodes marked recomputable);
+* caller-owned values, graph outputs once computed, and the outputs of the remaining
+  non-recomputable nodes (extra outputs of multi-output ops; random ops with ``replay_random``
+  off) are never evicted. Such a kept value stays resident until no recomputation can read it:
   after the last program read of every recomputable value downstream of it (the walk stops at
   non-recomputable values and at outputs, which are never recomputed once pinned), because a
-  recomputation of a consumer must read the very same random draw;
+  recomputation of a consumer must read the very same value;
+* address rule, for every policy: values that can never be evicted (graph outputs, kept values)
+  are allocated from the high end of the arena, so they pile up there instead of splitting the
+  evictable region into holes that no eviction can merge (Coop's observation that pinned blocks
+  fragment the arena, applied to the engine rather than to one policy);
 * the computes executed form a coop :class:`~coop.schedule.Schedule`; in it every instance lives
   at most as long as it was resident in the arena, so its simulated peak is at most the arena's
   used bytes, which never exceed the budget.
@@ -75,6 +86,7 @@ class OnlineResult:
     arena_peak: int
     schedule: Schedule | None = field(default=None, repr=False)
     message: str = ""
+    random_replays: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (the schedule is left out)."""
@@ -148,6 +160,7 @@ class OnlineSimulator:
         self.executed: list[int] = []
         self.evictions = 0
         self.recomputations = 0
+        self.random_replays = 0  # recomputations of random ops from their saved generator state
         self.extra_cost = 0.0
         self.search_s = 0.0
 
@@ -269,6 +282,7 @@ class OnlineSimulator:
         self.policy.on_resident(node, self)
         if recompute:
             self.recomputations += 1
+            self.random_replays += node in self.replayable
             self.extra_cost += self._cost[node]
             if self.extra_cost > self.max_extra_cost or self.recomputations > self.max_recomputations:
                 raise _Thrashing(f"recomputation passed the limit after {self.recomputations} recomputes")
@@ -424,24 +438,34 @@ def simulate_online(
         arena_peak=arena.high_water,
         schedule=schedule,
         message=message,
+        random_replays=engine.random_replays,
     )
 
 
 def is_seeded_random_op(op: str) -> bool:
-    """Whether ``op`` names an aten overload that draws from a generator (``Tag.nondeterministic_seeded``)."""
+    """Whether ``op`` ("namespace.name.overload") is a torch op that draws from a generator.
+
+    That is the ``Tag.nondeterministic_seeded`` tag: aten's dropout/bernoulli/rand* and coop's own
+    ``coop.bernoulli_mask`` (:mod:`coop.graph_capture.random_ops`). Free-text ops of imported
+    graphs are not torch ops: False.
+    """
     return _seeded_random(op)
 
 
 @functools.cache
 def _seeded_random(op: str) -> bool:
     parts = op.split(".")
-    if len(parts) != 3 or parts[0] != "aten":
+    if len(parts) != 3:
         return False
-    import torch  # only graphs with non-recomputable aten ops need torch
+    import torch  # only graphs with non-recomputable torch ops get here
 
-    packet = getattr(torch.ops.aten, parts[1], None)
-    overload = getattr(packet, parts[2], None) if packet is not None else None
-    return overload is not None and torch.Tag.nondeterministic_seeded in overload.tags
+    if parts[0] == "coop":
+        import coop.graph_capture.random_ops  # noqa: F401  (registers torch.ops.coop.*)
+    try:
+        overload = getattr(getattr(getattr(torch.ops, parts[0]), parts[1]), parts[2])
+    except (AttributeError, RuntimeError):
+        return False
+    return torch.Tag.nondeterministic_seeded in getattr(overload, "tags", ())
 
 
 def replayable_random_ids(graph: Graph) -> set[int]:

@@ -1,0 +1,92 @@
+"""Cross-check of the two exact formulations on small random graphs.
+
+Checkmate's MILP (Jain et al. 2020) searches the frontier-advancing schedules over
+``graph.order``; Moccasin's CP-SAT model (Bartan et al. 2023) searches every schedule whose first
+computations follow ``graph.order``, a superset. When both prove optimality their optima must
+agree (moccasin's can only be lower, and on these graphs the recomputations a stage makes in
+order are as good as any), both must be at most every baseline that fits, and every schedule
+they return must pass the one validator.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from coop.budget import baseline_peak, min_budget
+from coop.formulations import BASELINES, solve
+from coop.formulations.checkmate import checkmate
+from coop.formulations.moccasin import moccasin
+from coop.graph import Graph
+from coop.schedule import validate
+from tests.strategies import random_graphs
+
+LIMIT = {"time_limit": 10.0, "threads": 1}
+
+
+def _budget(graph: Graph, fraction: float) -> int:
+    return max(min_budget(graph), math.ceil(fraction * baseline_peak(graph)))
+
+
+def _fitting_baseline_costs(graph: Graph, budget: int) -> dict[str, float]:
+    costs = {}
+    for name in BASELINES:
+        try:
+            result = solve(graph, budget, name)
+        except Exception:  # noqa: BLE001 - a baseline that refuses the graph is simply not compared
+            continue
+        if result.schedule is not None and validate(graph, result.schedule, budget).ok:
+            costs[name] = result.simulation.cost
+    return costs
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=random_graphs(max_nodes=10), fraction=st.sampled_from([0.5, 0.7, 0.85]))
+def test_checkmate_and_moccasin_agree_when_both_prove_optimality(graph: Graph, fraction: float) -> None:
+    budget = _budget(graph, fraction)
+    exact = checkmate(graph, budget, solver="highs", **LIMIT)
+    ours = moccasin(graph, budget, max_intervals=max(2, len(graph.order)), **LIMIT)
+    for result in (exact, ours):
+        if result.schedule is not None:
+            verdict = validate(graph, result.schedule, budget)
+            assert verdict.ok, f"{result.formulation}: {verdict.reason}"
+            assert result.simulation.cost == pytest.approx(verdict.cost)
+    if exact.status == "optimal" and ours.status == "optimal":
+        assert ours.simulation.cost == pytest.approx(exact.simulation.cost)
+    if ours.status == "optimal" and exact.schedule is not None:
+        # Checkmate's schedules lie inside moccasin's space: a proven moccasin optimum is no worse.
+        assert ours.simulation.cost <= exact.simulation.cost + 1e-9
+    if ours.status == "infeasible":
+        assert exact.schedule is None
+    for name, cost in _fitting_baseline_costs(graph, budget).items():
+        for result in (exact, ours):
+            if result.status == "optimal":
+                assert result.simulation.cost <= cost + 1e-9, f"{result.formulation} above baseline {name}"
+
+
+def test_restricted_optimum_is_not_called_optimal() -> None:
+    """A chain whose backward pass needs a forward value twice: with one interval per node and no
+    proof model, CP-SAT's optimum of the restricted model must not be reported as optimal."""
+    nodes = [{"id": 0, "name": "x", "kind": "input", "mem": 1, "cost": 0.0}]
+    n = 6
+    for i in range(1, n + 1):
+        nodes.append({"id": i, "name": f"f{i}", "inputs": [i - 1], "mem": 4, "cost": float(i)})
+    previous = n
+    for j, i in enumerate(range(n, 0, -1)):
+        node_id = n + 1 + j
+        inputs = [previous] if previous == i else [previous, i]
+        nodes.append({"id": node_id, "name": f"b{i}", "kind": "backward", "inputs": inputs, "mem": 4, "cost": 1.0})
+        previous = node_id
+    graph = Graph.model_validate({"name": "chain", "nodes": nodes, "outputs": [previous]})
+    budget = math.ceil(0.6 * baseline_peak(graph))
+    restricted = moccasin(graph, budget, max_intervals=1, prove=False, lp_warm_start=False, extra_slots=0, **LIMIT)
+    assert restricted.status != "optimal"
+    proven = moccasin(graph, budget, **LIMIT)
+    assert proven.status == "optimal"
+    assert validate(graph, proven.schedule, budget).ok
+    if restricted.found:
+        assert proven.simulation.cost <= restricted.simulation.cost + 1e-9
+        assert restricted.extra["restricted_bound"] is not None and restricted.bound is None
