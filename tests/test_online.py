@@ -156,6 +156,23 @@ def test_replayed_random_ops_give_legal_schedules_on_the_replay_graph(graph: Gra
         assert all(sum(s.node == r for s in kept.schedule.steps) == 1 for r in replayable)
 
 
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_replaying_random_ops_lowers_the_overhead_of_a_tight_chain(policy: str) -> None:
+    data = _chain(8).model_dump()
+    for node in data["nodes"]:
+        if node["id"] in (2, 5):  # two dropout-like draws in the forward chain
+            node["op"], node["recomputable"] = "aten.bernoulli.p", False
+    graph = Graph.model_validate(data)
+    budget = min_budget(graph) + 8
+    replayed = simulate_online(graph, budget, policy)
+    kept = simulate_online(graph, budget, policy, replay_random=False)
+    assert replayed.status == kept.status == "ok"
+    assert replayed.random_replays > 0 and kept.random_replays == 0
+    assert replayed.overhead < kept.overhead
+    assert validate(with_random_replay(graph), replayed.schedule, budget).ok
+    assert not validate(graph, replayed.schedule, budget).ok  # a replay is a recomputation of a random op
+
+
 def test_only_torch_random_ops_are_replayable() -> None:
     assert is_seeded_random_op("aten.bernoulli.p") and is_seeded_random_op("coop.bernoulli_mask.default")
     assert not is_seeded_random_op("aten.mm.default") and not is_seeded_random_op("<built-in function getitem>")
