@@ -11,7 +11,16 @@ score (``cost / staleness``), Coop without cheap/expensive ends, and without in-
 :func:`summarize` counts, over the feasible cells, where Coop's overhead and fragmentation are at
 most DTR's and DTE's and where Coop finishes while one of them does not (the paper's claim).
 
-Run: ``.venv/bin/python benchmarks/bench_online.py [--json]``.
+:func:`run_captured` does the same on captured training steps (costs in analytic seconds):
+GPT-2 small (12 x 768, vocab 50257, batch 2, sequence 128) and ResNet-50 (transformers' default
+``ResNetConfig``: bottleneck depths 3-4-6-3, batch 16, 224 x 224; at batch 2 its weights and
+gradients alone exceed 70 % of the baseline peak), at 90/70/50/40 % of the
+baseline peak, plus the issue's GPT-2 (4 layers, batch 2, sequence 128) run on real tensors by the
+dynamic fallback (:func:`run_fallback`): every policy at 50 %, three steps, loss and gradients
+compared with eager PyTorch by ``torch.equal`` and the meter's peak against the arena.
+
+Run: ``.venv/bin/python benchmarks/bench_online.py [--json] [--captured] [--fallback]`` (the
+Checkmate graphs always; the captured models and the fallback when asked).
 """
 
 from __future__ import annotations
@@ -80,6 +89,121 @@ def run(graph_dir: Path = GRAPH_DIR, fractions: tuple[float, ...] = FRACTIONS, a
     return rows
 
 
+#: Captured models: label -> (zoo-style builder, size); built lazily so the Checkmate sweep needs no torch.
+CAPTURED_FRACTIONS = (0.9, 0.7, 0.5, 0.4)
+
+
+def _captured_models() -> dict[str, Any]:
+    from coop.zoo import _classifier_loss, build
+
+    def gpt2_small() -> tuple[Any, Any, Any]:
+        return build("gpt2", layers=12, hidden=768, heads=12, vocab=50257, batch=2, seq=128)
+
+    def resnet50(batch: int = 16) -> tuple[Any, Any, Any]:
+        import torch
+        from transformers import ResNetConfig, ResNetForImageClassification
+
+        torch.manual_seed(0)
+        model = ResNetForImageClassification(ResNetConfig(num_labels=10)).train()  # the default config is ResNet-50
+        images = torch.randn(batch, 3, 224, 224)
+        labels = torch.randint(0, 10, (batch,))
+        return model, (images, labels), _classifier_loss
+
+    return {"gpt2-small": gpt2_small, "resnet50-b16": resnet50}
+
+
+def run_captured(fractions: tuple[float, ...] = CAPTURED_FRACTIONS) -> list[dict[str, Any]]:
+    """One row per (captured model, budget fraction, policy); the same columns as :func:`run`."""
+    import time
+
+    from coop.graph_capture import capture
+    from coop.runtime.online_sim import with_random_replay
+
+    rows = []
+    for label, builder in _captured_models().items():
+        model, batch, loss_fn = builder()
+        started = time.perf_counter()
+        captured = capture(model, batch, loss_fn=loss_fn)
+        capture_s = time.perf_counter() - started
+        graph = captured.graph
+        replay_graph = with_random_replay(graph)
+        peak, least = baseline_peak(graph), min_budget(graph)
+        for fraction in fractions:
+            budget = round(fraction * peak)
+            for policy in POLICY_NAMES:
+                result = simulate_online(graph, budget, policy)
+                valid = result.schedule is not None and validate(replay_graph, result.schedule, budget).ok
+                rows.append(
+                    {
+                        "graph": label,
+                        "nodes": len(graph.nodes),
+                        "capture_s": capture_s,
+                        "fraction": fraction,
+                        "budget": budget,
+                        "feasible": budget >= least,
+                        "policy": policy,
+                        "status": result.status,
+                        "schedule_valid": valid,
+                        "overhead": result.overhead,
+                        "evictions": result.evictions,
+                        "recomputations": result.recomputations,
+                        "random_replays": result.random_replays,
+                        "failures": result.failures,
+                        "search_s": result.search_s,
+                        "fragmentation": result.fragmentation,
+                        "peak_fraction": result.peak / budget,
+                        "message": result.message,
+                    }
+                )
+        del model, captured
+    return rows
+
+
+def run_fallback(steps: int = 3, fraction: float = 0.5) -> list[dict[str, Any]]:
+    """The issue's check on real tensors: GPT-2 (4 layers, batch 2, seq 128), every policy, ``steps`` steps."""
+    import copy
+    import time
+
+    import torch
+
+    from coop.graph_capture import capture
+    from coop.runtime.fallback import DynamicPlan
+    from coop.runtime.meter import MemoryMeter
+    from coop.zoo import build
+
+    model, batch, loss_fn = build("gpt2", layers=4, batch=2, seq=128)
+    captured = capture(model, batch, loss_fn=loss_fn)
+    budget = round(fraction * baseline_peak(captured.graph))
+    rows = []
+    for policy in POLICY_NAMES:
+        eager, planned = copy.deepcopy(model), copy.deepcopy(model)
+        plan = DynamicPlan(captured, planned, budget, policy=policy)
+        losses_equal, peaks, step_s = True, [], []
+        for step in range(steps):
+            torch.manual_seed(100 + step)
+            loss = loss_fn(eager, *batch)
+            loss.backward()
+            torch.manual_seed(100 + step)
+            flat = captured.flat_inputs(planned, batch)
+            started = time.perf_counter()
+            with MemoryMeter(use_cuda=False) as meter:
+                meter.track(*flat, *captured.constants())
+                planned_loss = plan.step(*batch)
+            step_s.append(time.perf_counter() - started)
+            losses_equal &= torch.equal(planned_loss, loss.detach())
+            peaks.append(meter.peak_bytes)
+        grads_equal = all(torch.equal(p.grad, q.grad) for p, q in zip(eager.parameters(), planned.parameters(), strict=True))
+        stats = plan.last_stats
+        assert stats is not None
+        rows.append({"policy": policy, "fraction": fraction, "budget": budget, "steps": steps,
+                     "losses_equal": losses_equal, "grads_equal": grads_equal, "meter_peak": max(peaks),
+                     "meter_peak_le_budget": max(peaks) <= budget, "arena_peak": stats.arena_peak,
+                     "overhead": stats.overhead, "evictions": stats.evictions,
+                     "random_replays": stats.extra.get("random_replays", 0), "search_s": stats.search_s,
+                     "fragmentation": stats.fragmentation, "step_s": sum(step_s) / len(step_s)})
+    return rows
+
+
 def compare_coop(rows: list[dict[str, Any]], coop_label: str = "coop") -> list[dict[str, Any]]:
     """Per (graph, budget): is Coop's overhead and fragmentation <= DTR's and DTE's?
 
@@ -142,10 +266,31 @@ def _table(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str]) -> None:
     rows = run()
+    captured = run_captured() if "--captured" in argv else []
+    fallback = run_fallback() if "--fallback" in argv else []
     verdicts = compare_coop(rows)
+    captured_verdicts = _captured_verdicts(captured)
     if "--json" in argv:
-        print(json.dumps({"rows": rows, "coop_vs_baselines": verdicts, "summary": summarize(rows)}, indent=1))
+        print(json.dumps({"rows": rows, "coop_vs_baselines": verdicts, "summary": summarize(rows),
+                          "captured_rows": captured, "captured_coop_vs_baselines": captured_verdicts,
+                          "fallback": fallback}, indent=1))
         return
+    _print_section(rows, verdicts)
+    print()
+    for line in summarize(rows):
+        print(line)
+    if captured:
+        print()
+        _print_section(captured, captured_verdicts)
+    for row in fallback:
+        print(row)
+
+
+def _captured_verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return compare_coop(rows) if rows else []
+
+
+def _print_section(rows: list[dict[str, Any]], verdicts: list[dict[str, Any]]) -> None:
     print(_table(rows))
     print()
     for v in verdicts:
@@ -153,9 +298,6 @@ def main(argv: list[str]) -> None:
             f"{v['graph'][:34]:34s} {v['fraction']:.1f} feasible={v['feasible']!s:5s} ok={','.join(v['only_ok']) or '-':22s} "
             f"coop overhead<=dtr,dte: {v['coop_overhead_le']!s:5s} coop fragmentation<=dtr,dte: {v['coop_fragmentation_le']}"
         )
-    print()
-    for line in summarize(rows):
-        print(line)
 
 
 if __name__ == "__main__":

@@ -154,3 +154,66 @@ def test_no_trainable_parameter_is_refused() -> None:
 def test_output_without_loss_is_refused() -> None:
     with pytest.raises(CaptureError, match="pass loss_fn"):
         capture(nn.Linear(4, 4), (torch.randn(2, 4),), loss_fn=lambda m, x: (m(x),))
+
+
+# ---------------------------------------------------------------- compact dropout masks
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("shape", [(3,), (8, 64), (2, 4, 33, 33), (4, 128, 768)])
+def test_bool_mask_draws_the_same_numbers_as_the_float_draw(shape: tuple, dtype: torch.dtype) -> None:
+    """The rewrite's premise: bernoulli into bool == bernoulli.p in the float dtype, RNG advanced alike."""
+    torch.manual_seed(3)
+    float_draw = torch.ops.aten.bernoulli.p(torch.empty(shape, dtype=dtype), 0.9)
+    after_float = torch.rand(4)
+    torch.manual_seed(3)
+    mask = torch.ops.coop.bernoulli_mask(list(shape), 0.9, torch.device("cpu"))
+    after_mask = torch.rand(4)
+    assert mask.dtype == torch.bool
+    assert torch.equal(mask.to(dtype), float_draw)
+    assert torch.equal(after_mask, after_float)
+
+
+def _random_and_fixed(graph: Graph) -> tuple[list, int]:
+    random_nodes = [n for n in graph.nodes if "bernoulli" in n.op]
+    fixed = sum(n.mem for n in graph.nodes if not n.caller_owned and not n.recomputable)
+    return random_nodes, fixed
+
+
+def test_dropout_keeps_only_a_bool_mask_non_recomputable() -> None:
+    model, batch, _ = build("transformer")
+    compact = capture(model, batch)
+    traced = capture(model, batch, compact_masks=False)
+    masks, fixed_after = _random_and_fixed(compact.graph)
+    draws, fixed_before = _random_and_fixed(traced.graph)
+    assert len(masks) == len(draws) == 6  # 2 blocks x 3 dropouts, in the same program order
+    assert all(n.op == "coop.bernoulli_mask.default" and not n.recomputable and not n.inputs for n in masks)
+    assert sum(n.mem for n in masks) * 4 == sum(n.mem for n in draws)  # 1 byte per element instead of 4
+    assert fixed_after == fixed_before - sum(n.mem for n in draws) + sum(n.mem for n in masks)
+    for mask in masks:  # the cast back to float is an ordinary, recomputable node
+        (cast,) = compact.graph.consumers[mask.id]
+        assert compact.graph.node(cast).recomputable and compact.graph.node(cast).op == "aten._to_copy.default"
+    assert baseline_peak(compact.graph) <= baseline_peak(traced.graph)
+
+
+def test_recomputed_dropout_noise_replays_bit_for_bit() -> None:
+    """checkpoint-all recomputes the float noise from the kept bool masks; the step still equals eager."""
+    from coop.formulations import solve
+    from coop.runtime.executor import Executor
+
+    model, batch, loss_fn = build("transformer")
+    captured = capture(model, batch, loss_fn)
+    graph = captured.graph
+    schedule = solve(graph, 10**12, "checkpoint-all").schedule
+    casts = {c for n in graph.nodes if n.op == "coop.bernoulli_mask.default" for c in graph.consumers[n.id]}
+    computes = [s.node for s in schedule.steps if s.op == "compute"]
+    assert any(computes.count(c) > 1 for c in casts), "the schedule should recompute some dropout noise"
+    executor = Executor(captured, schedule)
+    eager = copy.deepcopy(model)
+    torch.manual_seed(21)
+    loss = eager_loss(eager, batch, loss_fn)
+    loss.backward()
+    torch.manual_seed(21)
+    outputs = executor.run_flat(captured.flat_inputs(model, batch))
+    assert torch.equal(outputs[0], loss.detach())
+    grads = dict(zip(captured.grad_names, outputs[captured.grad_slice], strict=True))
+    for param_name, param in eager.named_parameters():
+        assert torch.equal(grads[param_name], param.grad), param_name

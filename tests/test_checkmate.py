@@ -79,9 +79,8 @@ def test_below_min_budget_is_infeasible():
 @pytest.mark.parametrize("solver", ["cbc", "scip", "highs", "cp-sat"])
 def test_solvers_agree_on_the_optimum(solver):
     graph = chain_with_skips()
-    # min_budget itself is a lower bound that this graph cannot meet (its outputs add 1).
-    assert checkmate(graph, min_budget(graph)).status == "infeasible"
-    budgets = [min_budget(graph) + 1, min_budget(graph) + 3, baseline_peak(graph) - 1]
+    # min_budget is met exactly on this graph (checked by the simulator in assert_fits).
+    budgets = [min_budget(graph), min_budget(graph) + 1, min_budget(graph) + 3, baseline_peak(graph) - 1]
     reference = [checkmate(graph, b, solver="cbc").objective for b in budgets]
     for budget, expected in zip(budgets, reference):
         result = checkmate(graph, budget, solver=solver)
@@ -278,3 +277,65 @@ def test_time_limited_solve_reports_a_consistent_status(moccasin_dir):
         assert result.bound is not None and result.bound <= result.objective + 1e-6
     if result.status == "feasible":
         assert result.gap is not None and result.gap >= 0
+
+
+# -------------------------------------------------------------------- LP robustness on real magnitudes
+def _rescaled(graph: Graph, mem_factor: int, cost_factor: float) -> Graph:
+    """The same graph in bytes (~1e6) and seconds (~1e-6), the magnitudes of a captured model."""
+    data = graph.model_dump()
+    for node in data["nodes"]:
+        node["mem"] *= mem_factor
+        node["workspace"] *= mem_factor
+        node["cost"] *= cost_factor
+    return Graph.model_validate(data)
+
+
+def test_lp_relaxation_is_unaffected_by_units():
+    graph = chain_with_skips()
+    scaled = _rescaled(graph, 1_000_003, 1e-6)  # a prime: no common divisor folds the bytes back
+    least, peak = min_budget(graph), baseline_peak(graph)
+    for budget in (least + 2, (least + peak) // 2):
+        plain = checkmate_lp(graph, budget)
+        rescaled = checkmate_lp(scaled, budget * 1_000_003)
+        assert plain.status == rescaled.status == "feasible", (budget, plain.message, rescaled.message)
+        assert rescaled.bound == pytest.approx(plain.bound * 1e-6, rel=1e-6)
+        assert rescaled.objective == pytest.approx(plain.objective * 1e-6, rel=1e-9)
+        assert_fits(scaled, rescaled, budget * 1_000_003)
+
+
+def test_scaled_lp_maps_values_back():
+    from coop.formulations.milp_backends import LinearModel, solve_lp_relaxation
+
+    # min 1e-6 x + 2e-6 y  s.t.  3e6 x + 1e6 y >= 2e6,  0 <= y <= 1,  x continuous in [0, 5e6].
+    model = LinearModel()
+    x = model.add_var("x", "continuous", 0.0, 5e6)
+    y = model.add_var("y")
+    model.add_row([(x, 3e6), (y, 1e6)], ">=", 2e6)
+    model.objective = [(x, 1e-6), (y, 2e-6)]
+    model.objective_constant = 1.0
+    result = solve_lp_relaxation(model, time_limit=10)
+    assert result.status == "optimal"
+    assert result.values == pytest.approx([2 / 3, 0.0], abs=1e-9)
+    assert result.objective == pytest.approx(1.0 + 1e-6 * 2 / 3, rel=1e-12)
+
+
+def test_lp_rounding_stops_at_its_time_limit_with_a_clear_status():
+    graph = _rescaled(chain_with_skips(), 1_000_003, 1e-6)
+    result = checkmate_lp(graph, min_budget(graph), time_limit=0.5)
+    assert result.status == "unknown" and result.schedule is None
+    assert "time limit" in result.message and "not solved" in result.message
+    assert result.wall_s < 5
+
+
+def test_lp_rounding_fits_a_captured_cnn():
+    pytest.importorskip("torch")
+    from coop.graph_capture import capture
+    from coop.zoo import build
+
+    model, batch, loss_fn = build("cnn")
+    graph = capture(model, batch, loss_fn=loss_fn).graph
+    budget = math.ceil(0.7 * baseline_peak(graph))
+    result = checkmate_lp(graph, budget, time_limit=30, random_roundings=4)
+    assert result.status == "feasible", result.message
+    assert_fits(graph, result, budget)
+    assert result.bound <= result.objective + 1e-12

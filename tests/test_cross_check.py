@@ -1,11 +1,15 @@
 """Cross-check of the two exact formulations on small random graphs.
 
 Checkmate's MILP (Jain et al. 2020) searches the frontier-advancing schedules over
-``graph.order``; Moccasin's CP-SAT model (Bartan et al. 2023) searches every schedule whose first
-computations follow ``graph.order``, a superset. When both prove optimality their optima must
-agree (moccasin's can only be lower, and on these graphs the recomputations a stage makes in
-order are as good as any), both must be at most every baseline that fits, and every schedule
-they return must pass the one validator.
+``graph.order`` (stage t computes node t and recomputes earlier nodes, each at most once, in
+order); Moccasin's CP-SAT model (Bartan et al. 2023) searches every schedule whose first
+computations follow ``graph.order``, a superset. So a proven Moccasin optimum is never above any
+Checkmate schedule, and Moccasin may find schedules where Checkmate proves none exists. When both
+prove optimality and moccasin's schedule keeps the baseline order of first computations, we
+assert equal costs: on graphs of up to 10 nodes a 150-example probe never found them apart (a
+failure here is worth a look: a bug, or a graph where the order of a stage's recomputations
+matters).
+Both must be at most every baseline that fits, and every schedule must pass the one validator.
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from coop.budget import baseline_peak, min_budget
+from coop.errors import CoopError
 from coop.formulations import BASELINES, solve
 from coop.formulations.checkmate import checkmate
 from coop.formulations.moccasin import moccasin
 from coop.graph import Graph
-from coop.schedule import validate
+from coop.schedule import Schedule, validate
 from tests.strategies import random_graphs
 
 LIMIT = {"time_limit": 10.0, "threads": 1}
@@ -31,14 +36,22 @@ def _budget(graph: Graph, fraction: float) -> int:
     return max(min_budget(graph), math.ceil(fraction * baseline_peak(graph)))
 
 
+def _first_computes_follow_order(graph: Graph, schedule: Schedule) -> bool:
+    """Whether the schedule's first computations follow ``graph.order``. Moccasin keeps that
+    order unless its best warm start (e.g. checkpoint-all) breaks it; its proof then covers every
+    order, and its optimum may lie outside Checkmate's space, below Checkmate's optimum."""
+    firsts = list(dict.fromkeys(step.node for step in schedule.steps if step.op == "compute"))
+    return firsts == list(graph.order)
+
+
 def _fitting_baseline_costs(graph: Graph, budget: int) -> dict[str, float]:
     costs = {}
     for name in BASELINES:
         try:
             result = solve(graph, budget, name)
-        except Exception:  # noqa: BLE001 - a baseline that refuses the graph is simply not compared
-            continue
-        if result.schedule is not None and validate(graph, result.schedule, budget).ok:
+        except CoopError:  # a baseline that refuses the graph or budget is simply not compared
+            result = None
+        if result is not None and result.schedule is not None and validate(graph, result.schedule, budget).ok:
             costs[name] = result.simulation.cost
     return costs
 
@@ -54,7 +67,8 @@ def test_checkmate_and_moccasin_agree_when_both_prove_optimality(graph: Graph, f
             verdict = validate(graph, result.schedule, budget)
             assert verdict.ok, f"{result.formulation}: {verdict.reason}"
             assert result.simulation.cost == pytest.approx(verdict.cost)
-    if exact.status == "optimal" and ours.status == "optimal":
+    if exact.status == "optimal" and ours.status == "optimal" and _first_computes_follow_order(graph, ours.schedule):
+        # Same space: moccasin's proven optimum lies among the schedules Checkmate searches.
         assert ours.simulation.cost == pytest.approx(exact.simulation.cost)
     if ours.status == "optimal" and exact.schedule is not None:
         # Checkmate's schedules lie inside moccasin's space: a proven moccasin optimum is no worse.

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
+from torch.nn import functional as F
 
 from coop import Schedule, Step, capture, simulate
 from coop.errors import ScheduleError
 from coop.formulations import BASELINES, solve
-from coop.runtime.executor import Executor
+from coop.runtime.executor import Executor, build_program, extra_outputs, extract_extras_promptly
 from coop.runtime.meter import MemoryMeter
 from coop.zoo import build
 
@@ -95,3 +97,53 @@ def test_illegal_schedule_is_refused_with_the_step() -> None:
     captured = capture(model, batch)
     with pytest.raises(ScheduleError, match="step 0"):
         Executor(captured, Schedule(steps=(Step(op="compute", node=captured.graph.order[-1]),)))
+
+
+def _pooled_cnn() -> tuple:
+    """A max-pool early in the forward: its int64 indices wait for the backward, across the peak."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.MaxPool2d(2), nn.Conv2d(8, 64, 3, padding=1), nn.Tanh(),
+                          nn.Conv2d(64, 64, 3, padding=1), nn.Tanh(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                          nn.Linear(64, 10))
+    batch = (torch.randn(4, 3, 16, 16), torch.randint(0, 10, (4,)))
+    return model, batch, capture(model, batch, lambda m, x, y: F.cross_entropy(m(x), y))
+
+
+def test_extra_output_scheduled_far_from_its_op_is_still_predicted() -> None:
+    """A schedule that takes max_pool's indices just before their backward reader: the replay holds
+    them from the pool's step anyway, and the executor's prediction counts them there."""
+    model, batch, captured = _pooled_cnn()
+    graph = captured.graph
+    extras = extra_outputs(captured)
+    pool = next(op for op in extras if "max_pool2d_with_indices" in graph.node(op).op)
+    (indices,) = extras[pool]
+    first_reader = next(i for i in graph.order if indices in graph.node(i).inputs)
+    order = [i for i in graph.order if i != indices]
+    order.insert(order.index(first_reader), indices)
+    far_apart = Schedule.from_order(order)
+    executor = Executor(captured, far_apart)
+    replayed = [s.node for s in executor.schedule.steps]
+    assert replayed[replayed.index(pool) + 1] == indices  # taken right at the pool's step
+    flat = captured.flat_inputs(model, batch)
+    torch.manual_seed(1)
+    outputs, meter = metered_run(executor, flat, captured.constants())
+    torch.manual_seed(1)
+    assert all(torch.equal(a, b) for a, b in zip(outputs, captured.run(model, *batch), strict=True))
+    requested_peak = simulate(graph, far_apart).peak
+    assert meter.peak_bytes > requested_peak  # the requested schedule's own simulation misses the indices
+    assert meter.peak_bytes <= executor.predicted_peak  # the executor's prediction does not
+    assert executor.predicted_peak == simulate(graph, executor.schedule).peak
+
+
+def test_extracting_extras_promptly_keeps_schedules_legal_and_only_adds_memory(captured_model) -> None:
+    _, _, captured = captured_model
+    extras = extra_outputs(captured)
+    assert extras, "every zoo model has a multi-output op"
+    for formulation in BASELINES:
+        schedule = solve(captured.graph, 10**12, formulation).schedule
+        prompt = extract_extras_promptly(schedule, extras)
+        assert extract_extras_promptly(prompt, extras) == prompt
+        assert len(prompt) == len(schedule)
+        assert simulate(captured.graph, prompt).peak >= simulate(captured.graph, schedule).peak
+        # the old program (extras where the schedule says) and the new one compute the same step
+        assert len(build_program(captured, schedule).graph.nodes) == len(build_program(captured, prompt).graph.nodes)

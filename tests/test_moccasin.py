@@ -11,7 +11,15 @@ from hypothesis import strategies as st
 
 from coop.budget import baseline_peak, min_budget
 from coop.formulations import baselines
-from coop.formulations.moccasin import moccasin, peak_shaving_schedule, schedule_intervals
+from coop.formulations.moccasin import (
+    _Problem,
+    improve_by_local_search,
+    moccasin,
+    peak_shaving_schedule,
+    schedule_intervals,
+    sufficient_horizon,
+    sufficient_intervals,
+)
 from coop.graph import Graph, load_graph
 from coop.schedule import Schedule, simulate, validate
 from tests.strategies import random_graphs
@@ -150,3 +158,57 @@ def test_random_graphs_fit_and_never_beat_the_lower_bounds(graph: Graph, fractio
             assert result.simulation.cost <= graph.baseline_cost + 1e-9 or budget < baseline_peak(graph)
     else:
         assert result.message
+
+
+def _in_order_brute_force(graph: Graph, budget: int, extra: int) -> float | None:
+    """Least cost over compute sequences with at most ``extra`` recomputations whose first
+    computations follow ``graph.order`` (the space moccasin's "optimal" speaks about)."""
+    computed = list(graph.order)
+    best = None
+    for length in range(len(computed), len(computed) + extra + 1):
+        for sequence in itertools.product(computed, repeat=length):
+            firsts = list(dict.fromkeys(sequence))
+            if firsts != computed:
+                continue
+            verdict = validate(graph, Schedule.from_order(sequence), budget)
+            if verdict.ok and (best is None or verdict.cost < best):
+                best = verdict.cost
+    return best
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(graph=random_graphs(max_nodes=4), fraction=st.sampled_from([0.5, 0.7, 0.85]))
+def test_optimal_means_no_cheaper_in_order_schedule(graph: Graph, fraction: float) -> None:
+    budget = max(min_budget(graph), math.ceil(fraction * baseline_peak(graph)))
+    result = moccasin(graph, budget, time_limit=5.0, threads=1)
+    brute = _in_order_brute_force(graph, budget, extra=2)
+    if result.status == "optimal":
+        assert brute is None or result.simulation.cost <= brute + 1e-9
+        if result.schedule.compute_count <= len(graph.order) + 2:
+            assert brute is not None and result.simulation.cost == pytest.approx(brute)
+    if result.status == "infeasible":
+        assert brute is None
+
+
+def test_sufficient_intervals_bound_recomputations_by_cost_and_readers() -> None:
+    graph = _chain_with_skips(4)
+    problem = _Problem.build(graph, baseline_peak(graph))
+    no_slack = sufficient_intervals(problem, 0.0)
+    assert all(limit == 1 for limit in no_slack.values())  # no extra cost: nothing is recomputed
+    some = sufficient_intervals(problem, 2.0)
+    assert some[1] == 3 and some[2] == 2 and some[3] == 1  # f1 costs 1, f2 costs 2, f3 costs 3
+    unbounded = sufficient_intervals(problem, None)
+    # Without a cost bound only the readers bound the computations: never below the bounded limits.
+    assert all(unbounded[v] >= some[v] for v in problem.order)
+    assert sufficient_horizon(problem, some, 2.0) == len(problem.order) + 2  # two f1 recomputations
+
+
+def test_local_search_never_worsens_and_fits(moccasin_dir) -> None:
+    graph = load_graph(moccasin_dir / "random_layered_n100_w0.27_nlv0.75_ed0.2_scd0.14.json")
+    budget = math.ceil(0.8 * baseline_peak(graph))
+    start = peak_shaving_schedule(graph, budget)
+    assert start is not None
+    improved = improve_by_local_search(graph, budget, start, time_limit=2.0)
+    verdict = validate(graph, improved, budget)
+    assert verdict.ok, verdict.reason
+    assert verdict.cost <= simulate(graph, start).cost + 1e-9

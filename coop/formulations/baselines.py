@@ -14,11 +14,16 @@ These are the reference points every formulation is compared against (Checkmate,
   exceeds ``b``; sweep ``b`` over a grid.
 
 All four share one scheduler, :func:`_forward_keep_backward_recompute`: "run the forward keeping
-the set K; run the backward, recomputing on demand what is not resident". Checkpoint candidates
-are the articulation points of the forward subgraph (cut vertices: every path from the inputs to
-the loss crosses them), as Checkmate's implementation of Chen's methods does, else every forward
-node in order. Every schedule is measured by the one simulator (coop.schedule.simulate); each
-result reports ``extra["fits"]`` (peak <= budget) and leaves the decision to the caller.
+the set K; run the backward, recomputing on demand what is not resident". Chen's segments are
+chosen over the forward linearised in topological order, as Checkmate applies them to non-linear
+graphs: a boundary at position k keeps its whole frontier (every recomputable forward value made
+before k and read by a forward node at k or later), so a segment is recomputed from kept values
+only. On real models values such as attention masks read by every block leave the forward with
+no articulation point; the frontier of a block boundary is then the residual stream plus those
+small values, kept once. Graphs that do have articulation points (Checkmate's benchmark graphs)
+also get the paper's own candidates, and the better schedule is returned. Every schedule is
+measured by the one simulator (coop.schedule.simulate); each result reports ``extra["fits"]``
+(peak <= budget) and, when it does not fit, a message naming the peak and the budget.
 """
 
 from __future__ import annotations
@@ -150,14 +155,15 @@ def _split_forward_backward(graph: Graph, formulation: str) -> _Split:
     after_backward: set[int] = set()
     for node_id in graph.order:  # topological, so ancestors are classified first
         node = graph.node(node_id)
-        if any(source in after_backward for source in node.inputs) or node.kind == "backward" and not _extra_output_of_forward_op(graph, node):
+        reads_backward = any(source in after_backward for source in node.inputs)
+        if reads_backward or (node.kind == "backward" and not _extra_output_of_forward_op(node)):
             after_backward.add(node_id)
     forward = tuple(v for v in graph.order if v not in after_backward)
     backward = tuple(v for v in graph.order if v in after_backward)
     return _Split(forward, backward)
 
 
-def _extra_output_of_forward_op(graph: Graph, node: Node) -> bool:
+def _extra_output_of_forward_op(node: Node) -> bool:
     """A non-recomputable node that reads only forward or caller-owned values (already checked)."""
     return not node.recomputable and bool(node.inputs)
 
@@ -453,7 +459,10 @@ def _result(
 ) -> SolveResult:
     simulation = simulation or simulate(graph, schedule)
     fits = simulation.peak <= budget
-    message = "" if fits else f"{formulation}: peak {simulation.peak} exceeds the budget {budget}"
+    message = ""  # as every formulation: silent when the schedule fits
+    if not fits:  # the schedule is still returned (callers compare it), but must not run under this budget
+        message = (f"{formulation}: peak {simulation.peak} exceeds the budget {budget}; the schedule does not fit "
+                   f"(extra['fits'] is False)")
     return SolveResult(
         formulation=formulation,
         status="heuristic",

@@ -48,6 +48,9 @@ from coop.graph import Graph
 from coop.schedule import Schedule, Simulation, Step, simulate
 
 DEFAULT_MAX_NODES = 600
+#: The LP is solved at the budget, then, while no rounding fits and time remains, at these
+#: fractions of the memory left after caller-owned values.
+LP_BUDGET_FACTORS = (1.0, 0.9, 0.8, 0.7)
 #: CP-SAT reasons over integers; beyond this many memory levels the budget is coarsened.
 CP_SAT_MEMORY_LEVELS = 1 << 40
 
@@ -225,7 +228,7 @@ def _add_stage_memory(model: LinearModel, problem: _Problem, t: int, R: list[lis
                     terms.append((entry, -float(mem)))
         else:
             terms.append((previous_u, -1.0))
-            terms += [(v, -c) for v, c in pending_frees]
+            terms += pending_frees  # U - U_prev + sum M_i FREE[t,i,prev] - M_k R[t,k] = const
             constant -= pending_constant
         if R[t][k] is True:
             constant += problem.mem[k]
@@ -365,9 +368,13 @@ def checkmate(
         return early
     if memory_levels is None and solver.lower().replace("_", "-") in ("cp-sat", "cpsat"):
         memory_levels = CP_SAT_MEMORY_LEVELS
+    started = time.perf_counter()
     problem = _project(graph, budget, memory_levels)
     model, variables = _build_model(problem)
-    solution = solve_milp(model, solver, time_limit=time_limit, threads=threads, progress=progress, verbose=verbose)
+    # Building the model counts against the time limit (seconds for a few hundred nodes).
+    remaining = max(1.0, time_limit - (time.perf_counter() - started))
+    solution = solve_milp(model, solver, time_limit=remaining, threads=threads, progress=progress, verbose=verbose)
+    solution.wall_s = time.perf_counter() - started  # the whole solve, model building included
     return _result_from_milp(graph, budget, problem, variables, solution, solver, len(model.rows), model.num_vars)
 
 
@@ -389,7 +396,10 @@ def checkmate_lp(
     Solve the LP relaxation of the MILP; round S at each deterministic threshold and with
     ``random_roundings`` randomised roundings (keep with probability S*); for each rounding
     recompute on demand (the least R for that S); simulate; return the cheapest schedule that
-    fits. ``bound`` is the LP optimum, a lower bound on every schedule's cost.
+    fits. When none fits, the LP is solved again under a tighter budget (:data:`LP_BUDGET_FACTORS`)
+    and rounded again, while the time limit allows. ``bound`` is the optimum of the LP at the
+    full budget, a lower bound on every schedule's cost. Model building, every LP and every
+    rounding count against ``time_limit``.
     """
     _reject_unknown(options)
     started = time.perf_counter()
@@ -397,58 +407,81 @@ def checkmate_lp(
     if early is not None:
         return early
     deadline = started + time_limit  # building the model and rounding count against the limit too
-    problem = _project(graph, budget, None)
-    model, variables = _build_model(problem)
-    relaxation = solve_lp_relaxation(model, time_limit=deadline - time.perf_counter(), threads=threads)
-    if relaxation.values is None:
-        wall = time.perf_counter() - started
-        extra = {"variables": model.num_vars, "constraints": len(model.rows), "lp_wall_s": relaxation.wall_s}
-        if relaxation.status == "infeasible":
-            return SolveResult("checkmate-lp", "infeasible", wall_s=wall, extra=extra,
-                               message=f"LP relaxation proven infeasible: no frontier-advancing schedule over "
-                                       f"graph.order fits budget {budget}; try a larger budget or moccasin")
-        return SolveResult("checkmate-lp", "unknown", wall_s=wall, extra=extra,
-                           message=f"LP relaxation ({model.num_vars} variables, {len(model.rows)} constraints) not "
-                                   f"solved within the {time_limit:g} s time limit [{relaxation.message}]; raise "
-                                   f"time_limit or use chen-greedy or moccasin")
-    values = relaxation.values
-    lower_bound = relaxation.objective or 0.0
-
-    def retention(t: int, i: int) -> float:
-        entry = variables.S[t][i]
-        return float(entry) if isinstance(entry, bool) else values[entry]
-
     rng = random.Random(seed)
-    rules: list[tuple[str, Any]] = [(f"threshold {tau:g}", _threshold_rule(retention, tau)) for tau in thresholds]
-    rules += [(f"random #{n}", _random_rule(retention, rng)) for n in range(random_roundings)]
+    lower_bound: float | None = None
     best: tuple[Schedule, Simulation, str] | None = None
-    fitting = 0
-    tried = 0
-    for label, keep in rules:
-        if tried and time.perf_counter() > deadline:
-            break  # at least one rounding always runs: the LP solution is already paid for
-        tried += 1
-        computed, retained = _stages_for_retention(problem, keep)
-        schedule = _schedule_from_stages(problem, computed, retained)
-        sim = simulate(graph, schedule)
-        if sim.peak <= budget:
-            fitting += 1
-            if best is None or sim.cost < best[1].cost:
-                best = (schedule, sim, label)
-        if progress is not None:
-            progress(Progress(relaxation.wall_s, best[1].cost if best else None, lower_bound, label))
+    fitting = tried = planned = 0
+    lp_notes: list[str] = []
+    for factor in LP_BUDGET_FACTORS:
+        if lower_bound is not None and (best is not None or time.perf_counter() > deadline):
+            break
+        # Rounding can overshoot the LP's budget; when no rounding fits, the LP is solved again
+        # under a tighter budget (the schedules are still checked against the real one).
+        lp_budget = graph.caller_owned_bytes + math.floor(factor * (budget - graph.caller_owned_bytes))
+        problem = _project(graph, lp_budget, None)
+        model, variables = _build_model(problem)
+        relaxation = solve_lp_relaxation(model, time_limit=deadline - time.perf_counter(), threads=threads)
+        lp_notes.append(f"x{factor:g}: {relaxation.message}")
+        if relaxation.values is None:
+            if lower_bound is None:
+                return _lp_failure(relaxation, model, budget, time_limit, time.perf_counter() - started)
+            break  # a tighter LP that is infeasible or unsolved in time: keep what the first gave
+        if lower_bound is None:
+            lower_bound = relaxation.objective or 0.0  # the full-budget LP bounds every schedule
+        rules = _rounding_rules(variables, relaxation.values, thresholds, random_roundings, rng, factor)
+        planned += len(rules)
+        for label, keep in rules:
+            if tried and time.perf_counter() > deadline:
+                break  # at least one rounding always runs: the LP solution is already paid for
+            tried += 1
+            computed, retained = _stages_for_retention(problem, keep)
+            schedule = _schedule_from_stages(problem, computed, retained)
+            sim = simulate(graph, schedule)
+            if sim.peak <= budget:
+                fitting += 1
+                if best is None or sim.cost < best[1].cost:
+                    best = (schedule, sim, label)
+            if progress is not None:
+                progress(Progress(time.perf_counter() - started, best[1].cost if best else None, lower_bound, label))
     wall = time.perf_counter() - started
-    extra = {"roundings": tried, "fitting": fitting, "lp_wall_s": relaxation.wall_s, "lp_solver": relaxation.message}
-    cut_short = f" (time limit: {tried} of {len(rules)} roundings tried)" if tried < len(rules) else ""
+    extra = {"roundings": tried, "fitting": fitting, "lp_solver": "; ".join(lp_notes)}
+    cut_short = f" (time limit: {tried} of {planned} roundings tried)" if tried < planned else ""
     if best is None:
         return SolveResult("checkmate-lp", "unknown", objective=None, bound=lower_bound, wall_s=wall, extra=extra,
                            message=f"none of the {tried} LP roundings fits the budget {budget}{cut_short}; "
-                                   f"try checkmate (MILP)")
+                                   f"try checkmate (MILP) or chen-greedy")
     schedule, sim, label = best
     extra["rounding"] = label
     return SolveResult("checkmate-lp", "feasible", schedule=schedule, simulation=sim, objective=sim.cost,
                        bound=lower_bound, wall_s=wall, extra=extra,
                        message=f"best of {fitting}/{tried} fitting roundings ({label}){cut_short}")
+
+
+def _lp_failure(relaxation: MilpSolution, model: LinearModel, budget: int, time_limit: float,
+                wall: float) -> SolveResult:
+    """The result when the full-budget LP relaxation gives no solution: infeasible, or unsolved in time."""
+    extra = {"variables": model.num_vars, "constraints": len(model.rows), "lp_wall_s": relaxation.wall_s}
+    if relaxation.status == "infeasible":
+        return SolveResult("checkmate-lp", "infeasible", wall_s=wall, extra=extra,
+                           message=f"LP relaxation proven infeasible: no frontier-advancing schedule over "
+                                   f"graph.order fits budget {budget}; try a larger budget or moccasin")
+    return SolveResult("checkmate-lp", "unknown", wall_s=wall, extra=extra,
+                       message=f"LP relaxation ({model.num_vars} variables, {len(model.rows)} constraints) not "
+                               f"solved within the {time_limit:g} s time limit [{relaxation.message}]; raise "
+                               f"time_limit or use chen-greedy or moccasin")
+
+
+def _rounding_rules(variables: _Variables, values: list[float], thresholds: tuple[float, ...],
+                    random_roundings: int, rng: random.Random, factor: float) -> list[tuple[str, Any]]:
+    """Section 5's deterministic thresholds and randomised roundings of the LP's S."""
+    def retention(t: int, i: int) -> float:
+        entry = variables.S[t][i]
+        return float(entry) if isinstance(entry, bool) else values[entry]
+
+    tag = "" if factor == 1 else f" (LP budget x{factor:g})"
+    rules: list[tuple[str, Any]] = [(f"threshold {tau:g}{tag}", _threshold_rule(retention, tau)) for tau in thresholds]
+    rules += [(f"random #{n}{tag}", _random_rule(retention, rng)) for n in range(random_roundings)]
+    return rules
 
 
 def _threshold_rule(retention: Any, tau: float) -> Any:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 import os
 import re
+import shlex
+import shutil
 import tempfile
 import time
 import warnings
@@ -299,6 +301,7 @@ def _solve_cp_sat(model: LinearModel, time_limit: float, threads: int, clock: Pr
 def _solve_pulp(model: LinearModel, name: str, time_limit: float, threads: int, verbose: bool) -> MilpSolution:
     import pulp
 
+    started = time.perf_counter()
     problem = pulp.LpProblem("coop", pulp.LpMinimize)
     variables = []
     for index, (kind, lo, hi) in enumerate(zip(model.kinds, model.lower, model.upper)):
@@ -311,15 +314,27 @@ def _solve_pulp(model: LinearModel, name: str, time_limit: float, threads: int, 
         problem += {"<=": expr <= rhs, ">=": expr >= rhs, "==": expr == rhs}[sense]
     for var, value in model.hint.items():
         variables[var].setInitialValue(value)
+    # Building the PuLP model, writing it as MPS and reading the solution back take seconds on
+    # large models (about 8 us per nonzero, measured on a 1.1M-nonzero Checkmate model): they
+    # count against the limit.
+    nonzeros = sum(len(terms) for terms, _, _ in model.rows)
+    time_limit -= time.perf_counter() - started + _PULP_IO_S_PER_NONZERO * nonzeros
+    if time_limit < _LEAST_USEFUL_SECONDS:
+        return MilpSolution(status="unknown", message=f"{name}: time limit reached while building the model")
     with tempfile.TemporaryDirectory(prefix="coop-cbc-") as folder:
         log_path = os.path.join(folder, "solver.log")
         with warnings.catch_warnings():
             # PuLP 3.3 flags its bundled CBC as deprecated for 4.0; it is still the one shipped.
             warnings.simplefilter("ignore", DeprecationWarning)
-            backend = _pulp_backend(pulp, name, time_limit, threads, verbose, bool(model.hint), log_path)
+            backend = _pulp_backend(pulp, name, time_limit, threads, verbose, bool(model.hint), log_path, folder)
+        solver_started = time.perf_counter()
         try:
             problem.solve(backend)
         except pulp.PulpSolverError as exc:
+            if name == "cbc" and time.perf_counter() - solver_started >= time_limit + _CBC_GRACE_S:
+                return MilpSolution(status="unknown", message=(
+                    f"cbc: no solution within the time limit (it overran {time_limit:.0f} s in its root LP or "
+                    f"preprocessing and was stopped {_CBC_GRACE_S:.0f} s later)"))
             raise SolverError(f"{name} failed to run: {str(exc).splitlines()[0]}") from None
         log = Path(log_path).read_text() if os.path.exists(log_path) else ""
     has_solution = problem.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
@@ -336,16 +351,44 @@ def _solve_pulp(model: LinearModel, name: str, time_limit: float, threads: int, 
     return MilpSolution(status=status, values=values, objective=objective, bound=bound)
 
 
+#: CBC checks its -sec limit only between phases: a large model's root LP can run minutes past it.
+#: A watchdog interrupts it this long after the limit, and kills it a few seconds later.
+_CBC_GRACE_S = 2.0
+_PULP_IO_S_PER_NONZERO = 8e-6
+
+
 def _pulp_backend(pulp: Any, name: str, time_limit: float, threads: int, verbose: bool, warm: bool,
-                  log_path: str) -> Any:
+                  log_path: str, folder: str) -> Any:
     if name == "cbc":
-        return pulp.PULP_CBC_CMD(msg=verbose, timeLimit=time_limit, threads=threads, warmStart=warm, logPath=log_path)
+        bundled = pulp.PULP_CBC_CMD(msg=verbose).path
+        watchdog = _cbc_watchdog(folder, bundled, time_limit + _CBC_GRACE_S)
+        if watchdog is None:
+            return pulp.PULP_CBC_CMD(msg=verbose, timeLimit=time_limit, threads=threads, warmStart=warm,
+                                     logPath=log_path)
+        return pulp.COIN_CMD(path=watchdog, msg=verbose, timeLimit=time_limit, threads=threads, warmStart=warm,
+                             logPath=log_path)
     candidates = {"gurobi": ("GUROBI", "GUROBI_CMD"), "cplex": ("CPLEX_PY", "CPLEX_CMD")}[name]
     for class_name in candidates:
         backend = getattr(pulp, class_name)(msg=verbose, timeLimit=time_limit, threads=threads, warmStart=warm)
         if backend.available():
             return backend
     raise SolverError(f"{name} is not available (not installed or not licensed); use cbc, scip, highs or cp-sat")
+
+
+def _cbc_watchdog(folder: str, cbc_path: str, hard_limit: float) -> str | None:
+    """A script that runs CBC under coreutils' ``timeout`` (SIGINT at ``hard_limit``, SIGKILL 3 s later).
+
+    ``--preserve-status`` keeps CBC's own exit code, so an interrupted CBC that still writes its
+    incumbent is read as usual. None where ``timeout`` is missing (CBC then runs unguarded).
+    """
+    timeout = shutil.which("timeout")
+    if timeout is None or os.name != "posix":
+        return None
+    script = Path(folder) / "cbc-watchdog"
+    script.write_text(f'#!/bin/sh\nexec {shlex.quote(timeout)} --preserve-status -k 3 -s INT {hard_limit:.1f} '
+                      f'{shlex.quote(cbc_path)} "$@"\n')
+    script.chmod(0o755)
+    return str(script)
 
 
 _CBC_BOUND = re.compile(r"^Lower bound:\s*([-+0-9.eE]+)", re.MULTILINE)

@@ -15,14 +15,22 @@ Efficient Tensor Rematerialization for Neural Networks", ICML 2023 (arXiv 2304.1
 Beyond the paper (DESIGN.md records that on OR-Tools 9.15 the published model finds no feasible
 schedule in 300 s for the larger graphs), this module
 
-* builds a complete warm start from the best of a fast eviction heuristic (walk the baseline
-  order, evict the resident value with the lowest recompute-cost per byte and distance to its
-  next use, recompute on demand) and the baseline schedules that fit, and passes it as a hint;
-* uses a tight horizon: the warm start's number of compute slots plus a bounded slack, instead of
-  ``C n`` slots, and tightens each first start by the node's ancestor and descendant counts;
+* builds a complete warm start from the best of Checkmate's LP rounding (small graphs), peak
+  shaving, a fast eviction heuristic (not on large graphs) and the baseline schedules that fit,
+  and passes it as a hint; on large graphs a destroy-and-repair local search
+  (:func:`improve_by_local_search`) improves it before CP-SAT runs;
 * keeps the first computations in the baseline order by default (``keep_order``, the restriction
-  Checkmate makes), which removes most of the symmetry of the time axis;
-* allows a node as many intervals as the warm start needs, so the hint is always representable.
+  Checkmate makes), which removes most of the symmetry of the time axis, and tightens each first
+  start by the node's ancestor and descendant counts;
+* sizes the model in one of two ways. A *proof model* gets, per node, as many intervals as
+  :func:`sufficient_intervals` shows a schedule at least as good as the incumbent can need, and
+  the horizon :func:`sufficient_horizon`: it contains (a schedule as good as) every schedule that
+  beats the incumbent, so CP-SAT's OPTIMAL there is a proof and its bound a valid bound. Where
+  that model would be too large, a *restricted model* gets C intervals per node (more where the
+  warm start needs them) on the warm start's slots plus a slack: its optimum is only optimal
+  within the restriction and is reported as ``feasible`` with ``extra["restricted_bound"]``.
+  When a restricted solve finishes and the cheaper incumbent makes a proof model small enough,
+  a second round solves that.
 
 The solution becomes a coop Schedule (computes at interval starts in time order, frees at interval
 ends) that is always checked with the one simulator, :func:`coop.schedule.simulate`.
@@ -33,6 +41,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -305,14 +314,30 @@ def peak_shaving_schedule(graph: Graph, budget: int, max_rounds: int | None = No
     and inserts ``compute u`` before b. Returns None when no such value is left.
     """
     problem = _Problem.build(graph, budget)
-    sequence = list(problem.order)
+    sequence = _shave(problem, list(problem.order), max_rounds)
+    return None if sequence is None else Schedule.from_order(sequence)
+
+
+def _shave(problem: _Problem, sequence: list[int], max_rounds: int | None = None,
+           rng: random.Random | None = None) -> list[int] | None:
+    """Shave the peak of a compute sequence until it fits (see :func:`peak_shaving_schedule`).
+
+    With ``rng`` the candidate moves are tried in a randomly perturbed order (for the local
+    search's repairs); returns the new sequence, or None when no move lowers the overflow.
+    """
+    graph, budget = problem.graph, problem.budget
     rounds = max_rounds if max_rounds is not None else 4 * len(sequence) + 10
     sim = simulate(graph, Schedule.from_order(sequence))
     for _ in range(rounds):
         if sim.peak <= budget:
-            return Schedule.from_order(sequence)
+            return sequence
         excess = _excess(sim, budget)
-        for node, before in _shave_candidates(problem, sequence, sim)[:_SHAVE_TRIALS]:
+        candidates = _shave_candidates(problem, sequence, sim)[:_SHAVE_TRIALS]
+        if rng is not None and len(candidates) > 1 and rng.random() < 0.5:
+            # Swap the best move with a random runner-up now and then: diversity for the repairs.
+            k = rng.randrange(1, len(candidates))
+            candidates[0], candidates[k] = candidates[k], candidates[0]
+        for node, before in candidates:
             trial = sequence[:before] + [node] + sequence[before:]
             trial_sim = simulate(graph, Schedule.from_order(trial))
             # Accept only progress on the total overflow, so the peak cannot just move around.
@@ -322,6 +347,68 @@ def peak_shaving_schedule(graph: Graph, budget: int, max_rounds: int | None = No
         else:
             return None
     return None
+
+
+def improve_by_local_search(graph: Graph, budget: int, schedule: Schedule, time_limit: float,
+                            seed: int = 0) -> Schedule:
+    """A schedule at most as costly as ``schedule`` under ``budget``, by destroy-and-repair.
+
+    A large-neighbourhood search over compute sequences (Shaw 1998; Pisinger and Ropke 2010):
+    first drop every recomputation the budget does not need, then repeatedly remove one to three
+    recomputations that lie close together in the sequence, repair the overflow with randomised
+    peak shaving, drop what the repair made redundant, and keep the result when it is cheaper.
+    Every candidate is judged by the one simulator; first computations keep their order.
+    """
+    problem = _Problem.build(graph, budget)
+    rng = random.Random(seed)
+    deadline = time.perf_counter() + time_limit
+    sequence = [step.node for step in schedule.steps if step.op == "compute"]
+    if simulate(graph, Schedule.from_order(sequence)).peak > budget:
+        return schedule  # explicit frees were needed to fit: leave it alone
+    sequence = _drop_redundant(problem, sequence, deadline)
+    cost = _sequence_cost(problem, sequence)
+    while time.perf_counter() < deadline:
+        recomputed = _recompute_positions(sequence)
+        if not recomputed:
+            break
+        centre = rng.choice(recomputed)
+        near = sorted(recomputed, key=lambda j: abs(j - centre))[: rng.randint(1, 3)]
+        trial = [v for j, v in enumerate(sequence) if j not in set(near)]
+        repaired = _shave(problem, trial, max_rounds=4 * len(near) + 8, rng=rng)
+        if repaired is None:
+            continue
+        repaired = _drop_redundant(problem, repaired, deadline)
+        repaired_cost = _sequence_cost(problem, repaired)
+        if repaired_cost < cost:
+            sequence, cost = repaired, repaired_cost
+    candidate = Schedule.from_order(sequence)
+    return candidate if simulate(graph, candidate).cost <= simulate(graph, schedule).cost else schedule
+
+
+def _recompute_positions(sequence: list[int]) -> list[int]:
+    seen: set[int] = set()
+    positions = []
+    for j, v in enumerate(sequence):
+        if v in seen:
+            positions.append(j)
+        seen.add(v)
+    return positions
+
+
+def _sequence_cost(problem: _Problem, sequence: list[int]) -> float:
+    return sum(problem.graph.node(v).cost for v in sequence)
+
+
+def _drop_redundant(problem: _Problem, sequence: list[int], deadline: float) -> list[int]:
+    """Remove recomputations one at a time, costliest first, while the sequence still fits."""
+    for j in sorted(_recompute_positions(sequence), key=lambda j: -problem.graph.node(sequence[j]).cost):
+        if time.perf_counter() >= deadline:
+            break
+        trial = sequence[:j] + [None] + sequence[j + 1:]  # keep positions stable while we scan
+        compact = [v for v in trial if v is not None]
+        if simulate(problem.graph, Schedule.from_order(compact)).peak <= problem.budget:
+            sequence = trial
+    return [v for v in sequence if v is not None]
 
 
 #: How many of the best-scored shaving moves are simulated before giving up on a round.
@@ -686,17 +773,22 @@ def moccasin(
     seed: int = 0,
     prove: bool = True,
     lp_warm_start: bool = True,
+    local_search: float | None = None,
     **options: Any,
 ) -> SolveResult:
     """Solve rematerialization under ``budget`` with the Moccasin CP-SAT model (Bartan et al. 2023).
 
-    ``max_intervals`` is the paper's C, the least number of retention intervals a recomputable
-    node gets (raised per node where the warm start needs more, and, with ``prove``, to what
-    :func:`sufficient_intervals` says a proof needs when that model stays small); ``hint`` a
+    ``max_intervals`` is the paper's C, the number of retention intervals a recomputable node
+    gets in a restricted model (raised per node where the warm start needs more); with ``prove``
+    a proof model with what :func:`sufficient_intervals` says a proof needs replaces it when that
+    model stays small (see the module docstring); ``hint`` a
     Schedule or SolveResult to start from; ``keep_order`` keeps first computations in the
     baseline order; ``extra_slots`` is how many compute slots beyond the warm start's a
     restricted model's horizon gets (default n // 5 + 2); ``lp_warm_start`` adds Checkmate's LP
-    rounding to the warm starts on graphs of at most LP_WARM_START_MAX_NODES nodes; remaining
+    rounding to the warm starts on graphs of at most LP_WARM_START_MAX_NODES nodes;
+    ``local_search`` is the share of the time spent in :func:`improve_by_local_search` before
+    CP-SAT (default 0.5 on graphs of at least LOCAL_SEARCH_MIN_NODES nodes, where CP-SAT alone
+    rarely improves the warm start within a minute, else 0); remaining
     ``options`` are CP-SAT parameters by name (e.g. ``log_search_progress=True``).
 
     What the statuses prove. ``optimal``: no legal schedule (contract 2) whose first
@@ -729,6 +821,9 @@ def moccasin(
     incumbent = _Incumbent(*warm) if warm is not None else None
     if incumbent is not None:
         clock.report(incumbent.simulation.cost, None, f"warm start {incumbent.source}")
+        share = local_search if local_search is not None else (0.5 if len(problem.order) >= LOCAL_SEARCH_MIN_NODES else 0)
+        if share > 0:
+            incumbent = _locally_improved(incumbent, problem, share * (time_limit - clock.elapsed_s), seed, clock)
     settings = _Settings(time_limit, threads, seed, max_intervals, keep_order, extra_slots, prove, options)
     rounds: list[_Round] = []
     while True:  # at least one round, so that every result says what CP-SAT did
@@ -739,6 +834,20 @@ def moccasin(
         if not _worth_another_round(problem, incumbent, round_, settings, clock):
             break
     return _result(problem, incumbent, warm, rounds, clock)
+
+
+#: From this many computed nodes on, part of the time goes to the local search before CP-SAT.
+LOCAL_SEARCH_MIN_NODES = 200
+
+
+def _locally_improved(incumbent: _Incumbent, problem: _Problem, seconds: float, seed: int,
+                      clock: ProgressClock) -> _Incumbent:
+    schedule = improve_by_local_search(problem.graph, problem.budget, incumbent.schedule, seconds, seed)
+    sim = simulate(problem.graph, schedule)
+    if sim.peak <= problem.budget and sim.cost < incumbent.simulation.cost:
+        clock.report(sim.cost, None, "local search")
+        return _Incumbent("local-search", schedule, sim)
+    return incumbent
 
 
 @dataclass
@@ -765,7 +874,9 @@ def _model_shape(problem: _Problem, incumbent: _Incumbent | None, settings: _Set
     if settings.prove:
         limits = sufficient_intervals(problem, extra)
         needed = sufficient_horizon(problem, limits, extra)
-        exact = {v: max(least[v], limits[v]) for v in problem.order}
+        # The proof model needs no more than the limits (and the warm start's intervals), even
+        # when the caller's C is larger: it already contains every better schedule.
+        exact = {v: max(len(intervals[v]), limits[v]) for v in problem.order}
         horizon = max(slots, needed)
         if _affordable(problem, exact, horizon):
             return intervals, exact, horizon, True
@@ -866,7 +977,7 @@ def _result(problem: _Problem, incumbent: _Incumbent | None, warm: tuple[str, Sc
             message = (f"CP-SAT {last.status} within at most {last.intervals} intervals on {last.horizon} slots; "
                        "optimality not proven for the unrestricted problem")
         if incumbent.source != "cp-sat":
-            message += f"; best schedule is the warm start {incumbent.source}"
+            message += f"; the best schedule comes from {incumbent.source}"
         clock.report(sim.cost, bound, "done", final=True)
         return SolveResult(FORMULATION, label, incumbent.schedule, sim, sim.cost, bound, clock.elapsed_s, message, extra)
     no_schedule = last.status == "INFEASIBLE" or (last.status == "OPTIMAL" and last.overflow > 0)

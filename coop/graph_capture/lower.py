@@ -10,7 +10,9 @@ A multi-output op (``native_batch_norm``, ``convolution_backward``, ``native_dro
 only its first output; each further output becomes its own node (not recomputable, cost 0, input
 the op) at the ``getitem`` that takes it, so that outputs with different lifetimes are freed at
 different times as in eager PyTorch. The extra outputs count as the op's ``workspace``: they
-exist, all together, at the step that runs the op.
+exist, all together, at the step that runs the op. A schedule may take an extra output later than
+its op; the executor takes it at the op's step regardless and predicts on that schedule
+(:func:`coop.runtime.executor.extract_extras_promptly`), so no byte it holds goes uncounted.
 
 Kinds: placeholders are ``param`` (trainable and frozen parameters), ``buffer`` or ``input``
 (the batch); constant tensors of the traced module (``get_attr``) are ``buffer`` s too. A computed node is ``forward`` when the loss or a new buffer value depends on it,
