@@ -9,7 +9,8 @@ prove optimality and moccasin's schedule keeps the baseline order of first compu
 assert equal costs: on graphs of up to 10 nodes a 150-example probe never found them apart (a
 failure here is worth a look: a bug, or a graph where the order of a stage's recomputations
 matters).
-Both must be at most every baseline that fits, and every schedule must pass the one validator.
+Moccasin must be at most every baseline that fits, Checkmate at most every one inside its order,
+and every schedule must pass the one validator.
 """
 
 from __future__ import annotations
@@ -44,16 +45,18 @@ def _first_computes_follow_order(graph: Graph, schedule: Schedule) -> bool:
     return firsts == list(graph.order)
 
 
-def _fitting_baseline_costs(graph: Graph, budget: int) -> dict[str, float]:
-    costs = {}
+def _fitting_baselines(graph: Graph, budget: int) -> dict[str, tuple[float, bool]]:
+    """Cost of each baseline that fits, and whether its first computations follow graph.order
+    (checkpoint-all, for one, may compute a forward value later than the baseline order does)."""
+    fitting = {}
     for name in BASELINES:
         try:
             result = solve(graph, budget, name)
         except CoopError:  # a baseline that refuses the graph or budget is simply not compared
             result = None
         if result is not None and result.schedule is not None and validate(graph, result.schedule, budget).ok:
-            costs[name] = result.simulation.cost
-    return costs
+            fitting[name] = (result.simulation.cost, _first_computes_follow_order(graph, result.schedule))
+    return fitting
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -75,10 +78,11 @@ def test_checkmate_and_moccasin_agree_when_both_prove_optimality(graph: Graph, f
         assert ours.simulation.cost <= exact.simulation.cost + 1e-9
     if ours.status == "infeasible":
         assert exact.schedule is None
-    for name, cost in _fitting_baseline_costs(graph, budget).items():
-        for result in (exact, ours):
-            if result.status == "optimal":
-                assert result.simulation.cost <= cost + 1e-9, f"{result.formulation} above baseline {name}"
+    for name, (cost, in_order) in _fitting_baselines(graph, budget).items():
+        if ours.found:  # moccasin starts from the best baseline that fits: never worse than any
+            assert ours.simulation.cost <= cost + 1e-9, f"moccasin above baseline {name}"
+        if exact.status == "optimal" and in_order:  # only baselines inside Checkmate's order
+            assert exact.simulation.cost <= cost + 1e-9, f"checkmate above baseline {name}"
 
 
 def test_restricted_optimum_is_not_called_optimal() -> None:

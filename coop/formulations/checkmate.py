@@ -127,7 +127,7 @@ class _Variables:
 def _build_model(problem: _Problem) -> tuple[LinearModel, _Variables]:
     model = LinearModel()
     T = problem.size
-    last_use = [max(problem.users[i], default=-1) for i in range(T)]
+    last_use = _latest_possible_reads(problem)
 
     # R[t,i]: stage t computes node t; non-recomputable nodes only in their own stage.
     R: list[list[Entry]] = []
@@ -142,8 +142,9 @@ def _build_model(problem: _Problem) -> tuple[LinearModel, _Variables]:
                 row.append(model.add_var(f"R[{t},{i}]"))
         R.append(row)
 
-    # S[t,i]: retaining i into stage t is useful only if a user of i lies at position >= t, or
-    # i is a graph output; otherwise it is fixed to 0 (keeping it could only cost memory).
+    # S[t,i]: retaining i into stage t is useful only if i may still be read in stage t or later
+    # (by a user at position >= t, or by a recomputation of a user in a later stage), or i is a
+    # graph output; otherwise it is fixed to 0 (keeping it could only cost memory).
     S: list[list[Entry]] = [[]]
     for t in range(1, T + 1):
         row = []
@@ -189,6 +190,23 @@ def _build_model(problem: _Problem) -> tuple[LinearModel, _Variables]:
                 model.objective.append((R[t][i], problem.cost[i]))
     model.objective_constant = offset
     return model, _Variables(R=R, S=S)
+
+
+def _latest_possible_reads(problem: _Problem) -> list[int]:
+    """For each position i, the last stage in which any schedule may read i.
+
+    A user j reads i when j is computed: in stage j, and, if j is recomputable, in any later stage
+    up to the last one that may read j. Graph outputs may be read up to the end.
+    """
+    T = problem.size
+    latest = [-1] * T
+    for i in range(T - 1, -1, -1):
+        for j in problem.users[i]:
+            reads_of_j_until = max(j, latest[j]) if problem.recomputable[j] else j
+            if problem.recomputable[j] and j in problem.outputs:
+                reads_of_j_until = T - 1
+            latest[i] = max(latest[i], reads_of_j_until)
+    return latest
 
 
 def _add_implication(model: LinearModel, lhs: Entry, terms: list[tuple[int, float]], constant: float) -> None:

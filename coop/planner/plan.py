@@ -40,8 +40,9 @@ class Plan:
         self.formulation = formulation
         self.result = result
         self.note = note
-        self.simulation: Simulation = simulate(captured.graph, schedule)
         self.executor = Executor(captured, schedule)
+        # The prediction of the program that really runs (extra outputs taken at their op's step).
+        self.simulation: Simulation = self.executor.simulation
         self._params = dict(model.named_parameters())
         self._buffers = dict(model.named_buffers())
 
@@ -152,7 +153,11 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
     budget_bytes = parse_budget(budget, graph)
     result = solve_accepting(graph, budget_bytes, formulation, time_limit=time_limit, captured=captured)
     if result.schedule is not None and validate(graph, result.schedule, budget_bytes).ok:
-        return Plan(model, captured, result.schedule, budget_bytes, result.formulation, result, note=result.message)
+        candidate = Plan(model, captured, result.schedule, budget_bytes, result.formulation, result, note=result.message)
+        if candidate.predicted_peak <= budget_bytes:
+            return candidate
+        result.message = (f"its replayed program peaks at {candidate.predicted_peak} B once extra outputs are taken "
+                          "at their op's step")
     fallback, name = _best_baseline(graph, budget_bytes, failed=formulation)
     note = f"{formulation} found no schedule within the budget ({result.status}: {result.message}); fell back to {name}"
     return Plan(model, captured, fallback.schedule, budget_bytes, name, fallback, note=note)
