@@ -108,3 +108,33 @@ def test_restricted_optimum_is_not_called_optimal() -> None:
     if restricted.found:
         assert proven.simulation.cost <= restricted.simulation.cost + 1e-9
         assert restricted.extra["restricted_bound"] is not None and restricted.bound is None
+
+
+def _value_needed_by_a_later_recomputation() -> Graph:
+    """fwd3 reads fwd1 (free to keep: 0 bytes, costly to recompute); bwd3 reads fwd3 at the end.
+
+    Under budget 1, fwd3 must be dropped while fwd0 lives and recomputed for bwd3, which needs
+    fwd1 retained until then. Found by the property test above (hypothesis seed 1): Checkmate's
+    MILP had fixed S[t, fwd1] = 0 after fwd1's last direct reader and reported 2.0 as optimal."""
+    def node(node_id: int, name: str, inputs: list[int], mem: int, cost: float, kind: str = "forward") -> dict:
+        return {"id": node_id, "name": name, "inputs": inputs, "mem": mem, "cost": cost, "kind": kind}
+
+    nodes = [node(0, "input0", [], 0, 0.0, "input"), node(1, "fwd0", [], 1, 0.0), node(2, "fwd1", [], 0, 1.0),
+             node(3, "fwd2", [], 0, 0.0), node(4, "fwd3", [2], 1, 0.0), node(5, "fwd4", [1], 0, 0.0),
+             node(6, "bwd0", [5], 0, 0.0, "backward"), node(7, "bwd1", [6], 0, 0.0, "backward"),
+             node(8, "bwd2", [7], 0, 0.0, "backward"), node(9, "bwd3", [8, 4], 0, 0.0, "backward")]
+    return Graph.model_validate({"name": "later-recomputation", "nodes": nodes, "order": list(range(1, 10))})
+
+
+def test_checkmate_retains_a_value_a_later_recomputation_needs() -> None:
+    graph = _value_needed_by_a_later_recomputation()
+    budget = 1
+    assert min_budget(graph) == budget
+    # In Checkmate's own space: fwd1 kept, fwd0 and fwd3 recomputed (free) in the stages of fwd4, bwd3.
+    in_stages = Schedule.from_order([1, 2, 3, 4, 1, 5, 6, 7, 8, 4, 9])
+    verdict = validate(graph, in_stages, budget)
+    assert verdict.ok and verdict.cost == graph.baseline_cost == 1.0
+    ours = moccasin(graph, budget, **LIMIT)
+    assert ours.status == "optimal" and ours.simulation.cost == 1.0
+    exact = checkmate(graph, budget, solver="highs", **LIMIT)
+    assert exact.status == "optimal" and exact.simulation.cost == 1.0

@@ -350,14 +350,15 @@ def _shave(problem: _Problem, sequence: list[int], max_rounds: int | None = None
 
 
 def improve_by_local_search(graph: Graph, budget: int, schedule: Schedule, time_limit: float,
-                            seed: int = 0) -> Schedule:
+                            seed: int = 0, max_stall: int | None = None) -> Schedule:
     """A schedule at most as costly as ``schedule`` under ``budget``, by destroy-and-repair.
 
     A large-neighbourhood search over compute sequences (Shaw 1998; Pisinger and Ropke 2010):
     first drop every recomputation the budget does not need, then repeatedly remove one to three
     recomputations that lie close together in the sequence, repair the overflow with randomised
     peak shaving, drop what the repair made redundant, and keep the result when it is cheaper.
-    Every candidate is judged by the one simulator; first computations keep their order.
+    Every candidate is judged by the one simulator; first computations keep their order. Stops
+    at ``time_limit`` seconds, or after ``max_stall`` repairs in a row found nothing cheaper.
     """
     problem = _Problem.build(graph, budget)
     rng = random.Random(seed)
@@ -367,7 +368,9 @@ def improve_by_local_search(graph: Graph, budget: int, schedule: Schedule, time_
         return schedule  # explicit frees were needed to fit: leave it alone
     sequence = _drop_redundant(problem, sequence, deadline)
     cost = _sequence_cost(problem, sequence)
-    while time.perf_counter() < deadline:
+    stalled = 0
+    while time.perf_counter() < deadline and (max_stall is None or stalled < max_stall):
+        stalled += 1
         recomputed = _recompute_positions(sequence)
         if not recomputed:
             break
@@ -380,7 +383,7 @@ def improve_by_local_search(graph: Graph, budget: int, schedule: Schedule, time_
         repaired = _drop_redundant(problem, repaired, deadline)
         repaired_cost = _sequence_cost(problem, repaired)
         if repaired_cost < cost:
-            sequence, cost = repaired, repaired_cost
+            sequence, cost, stalled = repaired, repaired_cost, 0
     candidate = Schedule.from_order(sequence)
     return candidate if simulate(graph, candidate).cost <= simulate(graph, schedule).cost else schedule
 
@@ -788,7 +791,8 @@ def moccasin(
     rounding to the warm starts on graphs of at most LP_WARM_START_MAX_NODES nodes;
     ``local_search`` is the share of the time spent in :func:`improve_by_local_search` before
     CP-SAT (default 0.5 on graphs of at least LOCAL_SEARCH_MIN_NODES nodes, where CP-SAT alone
-    rarely improves the warm start within a minute, else 0); remaining
+    rarely improves the warm start within a minute; else at most 0.25, ending early once
+    LOCAL_SEARCH_SMALL_STALL repairs in a row found nothing cheaper); remaining
     ``options`` are CP-SAT parameters by name (e.g. ``log_search_progress=True``).
 
     What the statuses prove. ``optimal``: no legal schedule (contract 2) whose first
@@ -821,9 +825,13 @@ def moccasin(
     incumbent = _Incumbent(*warm) if warm is not None else None
     if incumbent is not None:
         clock.report(incumbent.simulation.cost, None, f"warm start {incumbent.source}")
-        share = local_search if local_search is not None else (0.5 if len(problem.order) >= LOCAL_SEARCH_MIN_NODES else 0)
+        large = len(problem.order) >= LOCAL_SEARCH_MIN_NODES
+        share = local_search if local_search is not None else (0.5 if large else 0.25)
         if share > 0:
-            incumbent = _locally_improved(incumbent, problem, share * (time_limit - clock.elapsed_s), seed, clock)
+            # Small graphs: stop once repairs keep failing, CP-SAT then gets the rest of the time.
+            stall = None if large else LOCAL_SEARCH_SMALL_STALL
+            incumbent = _locally_improved(incumbent, problem, share * (time_limit - clock.elapsed_s), seed, clock,
+                                          stall)
     settings = _Settings(time_limit, threads, seed, max_intervals, keep_order, extra_slots, prove, options)
     rounds: list[_Round] = []
     while True:  # at least one round, so that every result says what CP-SAT did
@@ -840,9 +848,13 @@ def moccasin(
 LOCAL_SEARCH_MIN_NODES = 200
 
 
+#: On smaller graphs the local search stops after this many repairs in a row that found nothing cheaper.
+LOCAL_SEARCH_SMALL_STALL = 300
+
+
 def _locally_improved(incumbent: _Incumbent, problem: _Problem, seconds: float, seed: int,
-                      clock: ProgressClock) -> _Incumbent:
-    schedule = improve_by_local_search(problem.graph, problem.budget, incumbent.schedule, seconds, seed)
+                      clock: ProgressClock, max_stall: int | None) -> _Incumbent:
+    schedule = improve_by_local_search(problem.graph, problem.budget, incumbent.schedule, seconds, seed, max_stall)
     sim = simulate(problem.graph, schedule)
     if sim.peak <= problem.budget and sim.cost < incumbent.simulation.cost:
         clock.report(sim.cost, None, "local search")
