@@ -30,7 +30,7 @@ def choose_formulation(graph: Graph, budget: int, *, captured: Any = None) -> st
 
 
 def auto(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int = 2, progress: Any = None,
-         captured: Any = None) -> SolveResult:
+         captured: Any = None, hint: Any = None) -> SolveResult:
     """Solve with the formulation chosen for this graph; fall back to the best fitting baseline."""
     from coop.formulations import BASELINES, solve, solve_accepting
 
@@ -39,7 +39,7 @@ def auto(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int = 
     notes: list[str] = []
     try:
         result = solve_accepting(graph, budget, chosen, time_limit=time_limit, threads=threads, progress=progress,
-                                 captured=captured)
+                                 captured=captured, hint=hint)
     except CoopError as exc:
         result = SolveResult(formulation=chosen, status="unknown", message=str(exc))
     if _fits(result, budget):

@@ -21,6 +21,7 @@ from coop.errors import CoopError, InfeasibleError
 from coop.formulations import BASELINES, SolveResult, solve, solve_accepting
 from coop.graph import Graph, format_bytes
 from coop.graph_capture import Captured, capture
+from coop.planner.hints import online_hint
 from coop.runtime.executor import Executor
 from coop.schedule import Schedule, Simulation, Step, simulate, validate
 
@@ -151,7 +152,8 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
     captured = capture(model, example_batch, loss_fn=loss_fn, profile=profile)
     graph = captured.graph
     budget_bytes = parse_budget(budget, graph)
-    result = solve_accepting(graph, budget_bytes, formulation, time_limit=time_limit, captured=captured)
+    hint = online_hint(graph, budget_bytes) if _accepts_hint(formulation) else None
+    result = solve_accepting(graph, budget_bytes, formulation, time_limit=time_limit, captured=captured, hint=hint)
     if result.schedule is not None and validate(graph, result.schedule, budget_bytes).ok:
         candidate = Plan(model, captured, result.schedule, budget_bytes, result.formulation, result, note=result.message)
         if candidate.predicted_peak <= budget_bytes:
@@ -161,6 +163,14 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
     fallback, name = _best_baseline(graph, budget_bytes, failed=formulation)
     note = f"{formulation} found no schedule within the budget ({result.status}: {result.message}); fell back to {name}"
     return Plan(model, captured, fallback.schedule, budget_bytes, name, fallback, note=note)
+
+
+def _accepts_hint(formulation: str) -> bool:
+    import inspect
+
+    from coop.formulations import get_formulation
+
+    return "hint" in inspect.signature(get_formulation(formulation)).parameters
 
 
 def _best_baseline(graph: Graph, budget: int, failed: str | None = None) -> tuple[SolveResult, str]:
