@@ -142,3 +142,25 @@ def test_budget_no_baseline_meets_is_infeasible() -> None:
         pytest.skip("a baseline already reaches the least feasible budget")
     with pytest.raises(InfeasibleError, match="best peak reached"):
         coop.plan(model, least, batch, formulation="store-all")
+
+
+HF_SMALL = {
+    "gpt2": {"layers": 2, "hidden": 32, "seq": 16},
+    "bert": {"layers": 2, "hidden": 32, "seq": 16},
+    "resnet": {"layers": 1, "hidden": 8, "image": 16},
+}
+
+
+@pytest.mark.parametrize("name", sorted(HF_SMALL))
+def test_transformers_models_replay_equal_to_eager_under_every_baseline(name: str) -> None:
+    """Issue 3: GPT-2, BERT and ResNet from transformers configs, every baseline at a budget where it
+    is feasible: bit-identical over 3 optimizer steps, metered peak <= predicted x 1.02."""
+    model, batch, loss_fn = build(name, **HF_SMALL[name])
+    graph = capture(model, batch, loss_fn).graph
+    for formulation in BASELINES:
+        budget = simulate(graph, solve(graph, 10**15, formulation).schedule).peak
+        trained, eager = copy.deepcopy(model), copy.deepcopy(model)
+        plan = coop.plan(trained, budget, batch, loss_fn=loss_fn, formulation=formulation)
+        assert plan.formulation == formulation and plan.predicted_peak <= budget
+        assert_three_steps_equal_eager(trained, eager, batch, loss_fn, plan)
+        assert metered_peak(plan, batch) <= plan.predicted_peak * 1.02, formulation
