@@ -126,11 +126,37 @@ def test_summary_timeline_save_and_load(tmp_path) -> None:
         coop.load_plan(path, other)
 
 
-def test_batch_of_another_shape_is_refused() -> None:
-    model, batch, _ = build("mlp")
-    plan = coop.plan(model, 1.0, batch)
-    with pytest.raises(CoopError, match="make a new plan for this shape"):
-        plan.step(batch[0][:2], batch[1][:2])
+def test_batch_of_another_shape_runs_under_online_eviction_with_a_warning() -> None:
+    """Issue 3/5: a batch of unplanned shapes runs the dynamic fallback, says so, and equals eager."""
+    model, batch, loss_fn = build("transformer", batch=4)
+    eager = copy.deepcopy(model)
+    plan = coop.plan(model, 0.8, batch, loss_fn=loss_fn, formulation="chen-greedy")
+    smaller = tuple(t[:2] for t in batch)
+    torch.manual_seed(7)
+    with pytest.warns(UserWarning, match="online eviction"):
+        loss = plan.step(*smaller)
+    torch.manual_seed(7)
+    reference = eager_step(eager, smaller, loss_fn)
+    assert torch.equal(loss, reference)
+    for param, eager_param in zip(model.parameters(), eager.parameters(), strict=True):
+        assert torch.equal(param.grad, eager_param.grad)
+    with pytest.raises(CoopError, match="batch tensors"):
+        plan.step(batch[0])
+
+
+def test_dynamic_formulation_trains_like_eager_within_its_budget() -> None:
+    model, batch, loss_fn = build("transformer", layers=4, hidden=32, batch=4, seq=32)
+    eager = copy.deepcopy(model)
+    dynamic = coop.plan(model, 0.6, batch, loss_fn=loss_fn, formulation="dynamic")
+    assert dynamic.formulation.startswith("dynamic") and dynamic.budget < dynamic.baseline_peak
+    for step in range(2):
+        torch.manual_seed(step)
+        loss = dynamic.step(*batch)
+        torch.manual_seed(step)
+        assert torch.equal(loss, eager_step(eager, batch, loss_fn))
+        for param, eager_param in zip(model.parameters(), eager.parameters(), strict=True):
+            assert torch.equal(param.grad, eager_param.grad)
+    assert dynamic.summary()["last_step"] is not None
 
 
 def test_budget_no_baseline_meets_is_infeasible() -> None:

@@ -9,6 +9,7 @@ once per step).
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from coop.graph import Graph, format_bytes
 from coop.graph_capture import Captured, capture
 from coop.planner.hints import online_hint
 from coop.runtime.executor import Executor
+from coop.runtime.fallback import DynamicPlan
 from coop.schedule import Schedule, Simulation, Step, simulate, validate
 
 PLAN_FORMAT = "coop.plan/1"
@@ -33,8 +35,10 @@ class Plan:
     """A validated schedule for one model and batch shape, ready to replay every step."""
 
     def __init__(self, model: nn.Module, captured: Captured, schedule: Schedule, budget: int, formulation: str,
-                 result: SolveResult | None = None, note: str = "") -> None:
+                 result: SolveResult | None = None, note: str = "", loss_fn: LossFn | None = None) -> None:
         self.model = model
+        self.loss_fn = loss_fn
+        self._dynamic_by_shape: dict[tuple, DynamicPlan] = {}
         self.captured = captured
         self.schedule = schedule
         self.budget = budget
@@ -93,7 +97,9 @@ class Plan:
     # ---------------------------------------------------------------- replay
     def step(self, *batch: torch.Tensor) -> torch.Tensor:
         """Forward + backward under the plan: grads accumulate into ``p.grad``; returns the loss."""
-        self._check_batch(batch)
+        mismatch = self._batch_mismatch(batch)
+        if mismatch:
+            return self._dynamic_fallback(batch, mismatch).step(*batch)
         outputs = self.executor.run_flat(self.captured.flat_inputs(self.model, batch))
         grads = outputs[self.captured.grad_slice]
         new_buffers = outputs[self.captured.buffer_slice]
@@ -110,15 +116,32 @@ class Plan:
                     buffer.copy_(value)
         return outputs[0]
 
-    def _check_batch(self, batch: tuple[torch.Tensor, ...]) -> None:
+    def _batch_mismatch(self, batch: tuple[torch.Tensor, ...]) -> str:
+        """Why this batch does not fit the plan's shapes ('' when it does)."""
         expected = self.captured.batch_shapes
         got = [(tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else (None, type(t)) for t in batch]
         if len(got) != len(expected):
-            raise CoopError(f"plan.step got {len(got)} batch tensors, the plan was made for {len(expected)}")
+            return f"plan.step got {len(got)} batch tensors, the plan was made for {len(expected)}"
         for index, (have, want) in enumerate(zip(got, expected, strict=True)):
             if have != want:
-                raise CoopError(f"batch tensor {index} has shape {list(have[0] or [])} {have[1]}, the plan was made for "
-                                f"{list(want[0])} {want[1]}; make a new plan for this shape")
+                return (f"batch tensor {index} has shape {list(have[0] or [])} {have[1]}, the plan was made for "
+                        f"{list(want[0])} {want[1]}")
+        return ""
+
+    def _dynamic_fallback(self, batch: tuple[torch.Tensor, ...], mismatch: str) -> DynamicPlan:
+        """Online eviction (Coop's policy) under the same budget for a batch of unplanned shapes."""
+        key = tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else (None, type(t)) for t in batch)
+        dynamic = self._dynamic_by_shape.get(key)
+        if dynamic is None:
+            if len(key) != len(self.captured.batch_shapes):
+                raise CoopError(mismatch)
+            warnings.warn(f"{mismatch}; running this shape under online eviction (coop policy) within the plan's "
+                          f"budget of {format_bytes(self.budget)}; make a new plan for it to get a static schedule",
+                          stacklevel=3)
+            captured = capture(self.model, batch, loss_fn=self.loss_fn)
+            dynamic = DynamicPlan(captured, self.model, self.budget, policy="coop")
+            self._dynamic_by_shape[key] = dynamic
+        return dynamic
 
     # ---------------------------------------------------------------- files
     def save(self, path: str | Path) -> None:
@@ -141,7 +164,7 @@ class Plan:
 
 
 def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: LossFn | None = None,
-         formulation: str = "auto", time_limit: float = 60, profile: bool = False) -> Plan:
+         formulation: str = "auto", time_limit: float = 60, profile: bool = False) -> Plan | DynamicPlan:
     """Capture a training step, solve for a schedule within ``budget`` and return its replay.
 
     ``formulation="auto"`` picks per graph (coop.formulations.auto: the baseline order when it
@@ -152,17 +175,20 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
     captured = capture(model, example_batch, loss_fn=loss_fn, profile=profile)
     graph = captured.graph
     budget_bytes = parse_budget(budget, graph)
+    if formulation == "dynamic":
+        return DynamicPlan(captured, model, budget_bytes, policy="coop")
     hint = online_hint(graph, budget_bytes) if _accepts_hint(formulation) else None
     result = solve_accepting(graph, budget_bytes, formulation, time_limit=time_limit, captured=captured, hint=hint)
     if result.schedule is not None and validate(graph, result.schedule, budget_bytes).ok:
-        candidate = Plan(model, captured, result.schedule, budget_bytes, result.formulation, result, note=result.message)
+        candidate = Plan(model, captured, result.schedule, budget_bytes, result.formulation, result, note=result.message,
+                         loss_fn=loss_fn)
         if candidate.predicted_peak <= budget_bytes:
             return candidate
         result.message = (f"its replayed program peaks at {candidate.predicted_peak} B once extra outputs are taken "
                           "at their op's step")
     fallback, name = _best_baseline(graph, budget_bytes, failed=formulation)
     note = f"{formulation} found no schedule within the budget ({result.status}: {result.message}); fell back to {name}"
-    return Plan(model, captured, fallback.schedule, budget_bytes, name, fallback, note=note)
+    return Plan(model, captured, fallback.schedule, budget_bytes, name, fallback, note=note, loss_fn=loss_fn)
 
 
 def _accepts_hint(formulation: str) -> bool:
@@ -209,4 +235,4 @@ def load_plan(path: str | Path, model: nn.Module, loss_fn: LossFn | None = None)
         raise CoopError(f"plan {path} was made for a different model or batch shape (graph digest differs); "
                         "make a new plan with coop.plan")
     schedule = Schedule(steps=tuple(Step.model_validate(s) for s in document["steps"]))
-    return Plan(model, captured, schedule, int(document["budget"]), document["formulation"])
+    return Plan(model, captured, schedule, int(document["budget"]), document["formulation"], loss_fn=loss_fn)

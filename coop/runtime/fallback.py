@@ -264,6 +264,31 @@ class DynamicPlan:
         self.replay_random = replay_random
         self.last_stats: DynamicStats | None = None
 
+    @property
+    def graph(self) -> Any:
+        return self.captured.graph
+
+    @property
+    def formulation(self) -> str:
+        return f"dynamic ({self.policy if isinstance(self.policy, str) else type(self.policy).__name__})"
+
+    @property
+    def baseline_peak(self) -> int:
+        from coop.budget import baseline_peak
+
+        return baseline_peak(self.captured.graph)
+
+    def summary(self) -> dict[str, Any]:
+        """Budget, baseline peak and the last step's eviction statistics."""
+        stats = self.last_stats
+        return {
+            "model": self.graph.name,
+            "formulation": self.formulation,
+            "budget": self.budget,
+            "baseline_peak": self.baseline_peak,
+            "last_step": None if stats is None else {k: v for k, v in vars(stats).items() if not k.startswith("_")},
+        }
+
     def step(self, *batch: torch.Tensor) -> torch.Tensor:
         outputs, self.last_stats = run_dynamic(self.captured, self.model, tuple(batch), self.budget, self.policy,
                                                 replay_random=self.replay_random)
