@@ -252,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         failed += outcome.error is not None
         print(f"[{index}/{len(names)}] {name}: {status} in {outcome.wall_s:.1f} s", file=sys.stderr, flush=True)
         sections[name] = render_section(outcome, machine, args.quick)
+        write_report(sections, args.output)  # after every module: a long run stopped midway keeps what it measured
     write_report(sections, args.output)
     print(f"wrote {args.output} ({len(sections)} sections, {failed} failed)", file=sys.stderr)
     return 1 if failed else 0
