@@ -25,6 +25,7 @@ from coop.graph_capture import Captured, capture
 from coop.planner.hints import online_hint
 from coop.runtime.executor import Executor
 from coop.runtime.fallback import DynamicPlan
+from coop.runtime.static_arena import best_fit_placement
 from coop.schedule import Schedule, Simulation, Step, simulate, validate
 
 PLAN_FORMAT = "coop.plan/1"
@@ -38,6 +39,7 @@ class Plan:
                  result: SolveResult | None = None, note: str = "", loss_fn: LossFn | None = None) -> None:
         self.model = model
         self.loss_fn = loss_fn
+        self.arena_peak: int | None = None  # best-fit arena peak, set by plan(..., arena=True)
         self._dynamic_by_shape: dict[tuple, DynamicPlan] = {}
         self.captured = captured
         self.schedule = schedule
@@ -87,6 +89,7 @@ class Plan:
             "gap": result.gap if result else None,
             "solve_s": result.wall_s if result else 0.0,
             "note": self.note,
+            "arena_peak": self.arena_peak,
         }
 
     def memory_timeline(self) -> dict[str, list[int]]:
@@ -164,19 +167,51 @@ class Plan:
 
 
 def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: LossFn | None = None,
-         formulation: str = "auto", time_limit: float = 60, profile: bool = False) -> Plan | DynamicPlan:
+         formulation: str = "auto", time_limit: float = 60, profile: bool = False,
+         arena: bool = False) -> Plan | DynamicPlan:
     """Capture a training step, solve for a schedule within ``budget`` and return its replay.
 
     ``formulation="auto"`` picks per graph (coop.formulations.auto: the baseline order when it
     fits, Checkmate's MILP on small graphs, Moccasin's CP-SAT on large ones). A formulation that
     returns no schedule within the budget falls back to the cheapest fitting baseline, and the
-    plan's ``note`` (and ``summary()["note"]``) says so.
+    plan's ``note`` (and ``summary()["note"]``) says so. With ``arena=True`` the budget is the size
+    of an address-ordered arena: every value gets a best-fit address (coop.runtime.static_arena),
+    and the live-bytes budget is lowered by the fragmentation found until the arena peak fits.
     """
     captured = capture(model, example_batch, loss_fn=loss_fn, profile=profile)
     graph = captured.graph
     budget_bytes = parse_budget(budget, graph)
     if formulation == "dynamic":
         return DynamicPlan(captured, model, budget_bytes, policy="coop")
+    if not arena:
+        return _plan_within(model, captured, budget_bytes, formulation, time_limit, loss_fn)
+    live_budget = budget_bytes
+    for _ in range(ARENA_ROUNDS):
+        candidate = _plan_within(model, captured, live_budget, formulation, time_limit, loss_fn)
+        placement = best_fit_placement(graph, candidate.executor.schedule)
+        candidate.arena_peak = placement.arena_peak
+        if placement.arena_peak <= budget_bytes:
+            candidate.note = (candidate.note + "; " if candidate.note else "") + (
+                f"arena {format_bytes(budget_bytes)}: best-fit arena peak {format_bytes(placement.arena_peak)} "
+                f"(live-bytes budget {format_bytes(live_budget)})")
+            return candidate
+        # Aim the live peak below what this fragmentation ratio allows, and strictly lower each round.
+        scaled = candidate.predicted_peak * budget_bytes // placement.arena_peak
+        live_budget = min(live_budget - (placement.arena_peak - budget_bytes), scaled)
+        if live_budget < min_budget(graph):
+            break
+    raise InfeasibleError(f"no plan fits an arena of {budget_bytes} B ({format_bytes(budget_bytes)}): fragmentation "
+                          f"keeps the best-fit arena peak above it (last {candidate.arena_peak} B); raise the budget")
+
+
+#: How often ``arena=True`` lowers the live-bytes budget by the fragmentation it found.
+ARENA_ROUNDS = 4
+
+
+def _plan_within(model: nn.Module, captured: Captured, budget_bytes: int, formulation: str, time_limit: float,
+                 loss_fn: LossFn | None) -> Plan:
+    """Solve within a live-bytes budget; fall back to the cheapest fitting baseline, and say so."""
+    graph = captured.graph
     hint = online_hint(graph, budget_bytes) if _accepts_hint(formulation) else None
     result = solve_accepting(graph, budget_bytes, formulation, time_limit=time_limit, captured=captured, hint=hint)
     if result.schedule is not None and validate(graph, result.schedule, budget_bytes).ok:
