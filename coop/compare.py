@@ -104,32 +104,13 @@ class CompareReport:
 
     def plot(self, path: str | Path) -> Path:
         """PNG: compute overhead against budget (fraction of the baseline peak), one line per method."""
-        import matplotlib
+        from coop.viz import plot_overhead_vs_budget
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        figure, axes = plt.subplots(figsize=(7, 4.5))
-        for method in dict.fromkeys(row["method"] for row in self.rows):
-            points = sorted(
-                (row["fraction"], row["overhead"]) for row in self.rows
-                if row["method"] == method and row["fits"] and row["overhead"] is not None
-            )
-            if points:
-                style = "-o" if _kind_of(self.rows, method) == "static" else "--s"
-                axes.plot([p[0] for p in points], [100 * p[1] for p in points], style, label=method, markersize=4)
-        axes.set_xlabel("budget (fraction of the baseline peak)")
-        axes.set_yscale("symlog", linthresh=1.0)  # checkpoint-all sits orders of magnitude above the rest
-        axes.set_ylabel("compute overhead (%, log scale above 1%)")
-        axes.set_title(f"{self.graph}: overhead vs budget")
-        axes.grid(alpha=0.3)
-        axes.legend(fontsize=8)
-        figure.tight_layout()
-        figure.savefig(path, dpi=120)
-        plt.close(figure)
-        return path
+        points = [{"method": row["method"], "budget": row["fraction"],
+                   "overhead": row["overhead"] if row["fits"] else None} for row in self.rows]
+        online = {row["method"] for row in self.rows if row["kind"] == "online"}
+        return plot_overhead_vs_budget(points, path, title=f"{self.graph}: overhead vs budget",
+                                       xlabel="budget (fraction of the baseline peak)", dashed=online)
 
 
 def simulate_report(graph: Graph, policy: str, budget: str | int | float) -> dict[str, Any]:  # noqa: PYI041 (int: graph units)
@@ -376,10 +357,6 @@ def _progress_bar(enabled: bool, total: int, title: str) -> _NoProgress | _RichP
 
 def _safe_name(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "graph"
-
-
-def _kind_of(rows: list[dict[str, Any]], method: str) -> str:
-    return next(r["kind"] for r in rows if r["method"] == method)
 
 
 def _jsonable(value: Any) -> Any:

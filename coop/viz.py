@@ -58,13 +58,16 @@ def plot_memory_timeline(
         plt.close(figure)
 
 
-def plot_overhead_vs_budget(rows: Iterable[Mapping[str, Any]], path: str | Path, *, title: str | None = None) -> Path:
+def plot_overhead_vs_budget(rows: Iterable[Mapping[str, Any]], path: str | Path, *, title: str | None = None,
+                            xlabel: str = "budget", dashed: Iterable[str] = ()) -> Path:
     """Compute overhead against budget, one line per method (the curves of the Checkmate/Moccasin papers).
 
     Each row has ``method``, ``budget`` (a fraction of the baseline peak, or graph units) and
     ``overhead`` (a fraction: 0.05 is 5% extra compute; None where the method found no schedule,
-    which leaves a gap in its line).
+    which leaves a gap in its line). Methods named in ``dashed`` (e.g. online policies) are drawn
+    dashed with square markers.
     """
+    dashed = set(dashed)
     by_method: dict[str, list[tuple[float, float | None]]] = {}
     for row in rows:
         for key in ("method", "budget", "overhead"):
@@ -79,8 +82,9 @@ def plot_overhead_vs_budget(rows: Iterable[Mapping[str, Any]], path: str | Path,
             points.sort(key=lambda point: point[0])
             budgets = [budget for budget, _ in points]
             overheads = [float("nan") if overhead is None else 100 * overhead for _, overhead in points]
-            axes.plot(budgets, overheads, marker="o", linewidth=1.2, label=method)
-        axes.set_xlabel("budget")
+            style = {"linestyle": "--", "marker": "s"} if method in dashed else {"marker": "o"}
+            axes.plot(budgets, overheads, linewidth=1.2, markersize=4, label=method, **style)
+        axes.set_xlabel(xlabel)
         axes.set_yscale("symlog", linthresh=1.0)  # checkpoint-all sits orders of magnitude above the rest
         axes.set_ylabel("compute overhead (%, log scale above 1%)")
         axes.grid(alpha=0.3)
