@@ -60,6 +60,11 @@ class Node(BaseModel):
     kind: NodeKind = "forward"
     recomputable: bool = True
     impls: tuple[Impl, ...] = ()
+    #: For an extra output of a multi-output op (batch norm's saved mean, a pooling's indices,
+    #: a convolution backward's weight gradient): the id of the op node whose call produces it.
+    #: Such a value exists from the op's first compute (contract 2); the op's ``workspace``
+    #: covers it at the op's own step.
+    output_of: int | None = None
 
     @property
     def caller_owned(self) -> bool:
@@ -118,6 +123,7 @@ class Graph(BaseModel):
                 raise GraphError(f"node {node.id} ({node.name}): a {node.kind} node cannot have inputs")
             if node.caller_owned and node.recomputable:
                 object.__setattr__(node, "recomputable", False)
+        self._check_extra_outputs()
         for output in self.outputs:
             if output not in seen:
                 raise GraphError(f"graph output {output} is not a node id")
@@ -128,6 +134,29 @@ class Graph(BaseModel):
         else:
             self._check_order(computed)
         return self
+
+    def _check_extra_outputs(self) -> None:
+        """An extra output reads only its op, is computed once, and fits in its op's workspace."""
+        by_id = {n.id: n for n in self.nodes}
+        taken: dict[int, int] = {}
+        for node in self.nodes:
+            if node.output_of is None:
+                continue
+            where = f"node {node.id} ({node.name}), an extra output of node {node.output_of}"
+            if node.inputs != (node.output_of,):
+                raise GraphError(f"{where}: its inputs must be exactly [{node.output_of}], the op that produces it")
+            if node.recomputable or node.caller_owned:
+                raise GraphError(f"{where}: must be a computed node with recomputable false (recomputing its op "
+                                 "makes a fresh copy that is dropped)")
+            op = by_id[node.output_of]
+            if op.caller_owned or op.output_of is not None:
+                raise GraphError(f"{where}: node {op.id} is not an op that runs (caller-owned or itself an extra output)")
+            taken[op.id] = taken.get(op.id, 0) + node.mem
+        for op_id, extra_bytes in taken.items():
+            if by_id[op_id].workspace < extra_bytes:
+                op = by_id[op_id]
+                raise GraphError(f"node {op.id} ({op.name}): workspace {op.workspace} is less than its extra outputs' "
+                                 f"{extra_bytes} bytes; they all exist while it runs, so count them in its workspace")
 
     def _check_order(self, computed: list[int]) -> None:
         position: dict[int, int] = {}
@@ -196,6 +225,31 @@ class Graph(BaseModel):
     def caller_owned_bytes(self) -> int:
         """Memory of the caller-owned values, resident at every step."""
         return sum(n.mem for n in self.nodes if n.caller_owned)
+
+    @cached_property
+    def extra_outputs(self) -> dict[int, tuple[int, ...]]:
+        """For each multi-output op, the ids of its extra outputs (nodes whose ``output_of`` is it)."""
+        result: dict[int, list[int]] = {}
+        for node in self.nodes:
+            if node.output_of is not None:
+                result.setdefault(node.output_of, []).append(node.id)
+        return {k: tuple(v) for k, v in result.items()}
+
+    @cached_property
+    def prompt_order(self) -> tuple[int, ...]:
+        """``order`` with each extra output moved right after its op: the same memory (contract 2
+        counts an extra output from its op's first compute), and no step between that undercounts."""
+        extras = self.extra_outputs
+        if not extras:
+            return self.order
+        moved = {e for group in extras.values() for e in group}
+        result: list[int] = []
+        for node_id in self.order:
+            if node_id in moved:
+                continue
+            result.append(node_id)
+            result.extend(extras.get(node_id, ()))
+        return tuple(result)
 
     @property
     def num_edges(self) -> int:

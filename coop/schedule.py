@@ -14,6 +14,11 @@ Memory semantics (those of Checkmate, Jain et al. 2020, and Moccasin, Bartan et 
   step pages them out; a schedule never computes or frees them.
 * Memory at a step is the sum of the device-resident instances alive at that step, plus the
   workspace of the node computed there. The peak is the maximum over steps.
+* An extra output of a multi-output op (``Node.output_of``) is produced by the op's first
+  compute, whenever the schedule takes it: its instance counts from the step after that compute
+  (the op's workspace covers it at the step itself). Its own compute step costs nothing, does not
+  read the op (which may be gone by then) and must come after the op's first compute; a
+  recomputation of the op makes a fresh copy that is dropped at once (again its workspace).
 
 :func:`simulate` is the only implementation of these semantics; every formulation, the
 validator, the executor's predictions and the CLI call it.
@@ -74,11 +79,13 @@ class Schedule(BaseModel):
 
 @dataclass(frozen=True)
 class Instance:
-    """One resident copy of a value: computed at ``start``, alive through ``end`` (inclusive)."""
+    """One resident copy of a value of ``mem`` bytes, alive from ``start`` through ``end``
+    (inclusive): from its compute, or for an extra output from right after its op's first compute."""
 
     node: int
     start: int
     end: int
+    mem: int = 0
 
 
 @dataclass
@@ -131,6 +138,8 @@ def simulate(graph: Graph, schedule: Schedule, paging: PagingCosts | None = None
     # Pass 1: legality, and each instance's start, last read and explicit end.
     current: dict[int, int] = {}  # node -> index into starts of its resident instance
     starts: list[int] = []
+    alive_from: list[int] = []  # the step from which an instance counts (its start, or after its op)
+    first_compute: dict[int, int] = {}
     inst_node: list[int] = []
     last_read: list[int] = []
     explicit_end: list[int | None] = []
@@ -153,7 +162,10 @@ def simulate(graph: Graph, schedule: Schedule, paging: PagingCosts | None = None
         if step.op == "compute":
             if node.caller_owned:
                 raise ScheduleError(f"step {j} ({step}): node {node.id} is a caller-owned {node.kind}; it is never computed")
-            for source in node.inputs:
+            if node.output_of is not None and node.output_of not in first_compute:
+                raise ScheduleError(f"step {j} ({step}): node {node.id} ({node.name}) is an extra output of node "
+                                    f"{node.output_of}, which has not run yet; compute {node.output_of} first")
+            for source in node.inputs if node.output_of is None else ():
                 if index[source].caller_owned:
                     if not on_device[source]:
                         raise ScheduleError(f"step {j} ({step}): input {source} is paged out; page it in first")
@@ -172,6 +184,8 @@ def simulate(graph: Graph, schedule: Schedule, paging: PagingCosts | None = None
                 _retire(current, node.id, on_device, paged_at, device_gaps, j)
             current[node.id] = len(starts)
             starts.append(j)
+            alive_from.append(j if node.output_of is None else first_compute[node.output_of] + 1)
+            first_compute.setdefault(node.id, j)
             inst_node.append(node.id)
             last_read.append(j)
             explicit_end.append(None)
@@ -223,6 +237,7 @@ def simulate(graph: Graph, schedule: Schedule, paging: PagingCosts | None = None
     # Pass 2: lifetimes, then memory per step with a difference array.
     delta = [0] * (num_steps + 1)
     instances: list[Instance] = []
+    instance_mem: list[int] = []
     final_instance = {node_id: k for node_id, k in current.items()}
     for k, start in enumerate(starts):
         node_id = inst_node[k]
@@ -231,15 +246,16 @@ def simulate(graph: Graph, schedule: Schedule, paging: PagingCosts | None = None
             end = num_steps - 1 if (node_id in outputs and final_instance.get(node_id) == k) else last_read[k]
         end = max(end, start)
         mem = new_mem[start]
-        delta[start] += mem
+        delta[alive_from[k]] += mem
         delta[end + 1] -= mem
-        instances.append(Instance(node_id, start, end))
+        instances.append(Instance(node_id, alive_from[k], end, mem))
+        instance_mem.append(mem)
     for node_id, out_step, in_step in device_gaps:
         # The value is off the device from its page_out step up to (not incl.) its page_in step.
         k = _instance_alive_at(instances, node_id, out_step)
         if k is None:
             continue
-        mem = new_mem[instances[k].start]
+        mem = instance_mem[k]
         stop = min(in_step, instances[k].end + 1)
         if stop > out_step:
             delta[out_step] -= mem
@@ -295,6 +311,33 @@ def _instance_alive_at(instances: list[Instance], node_id: int, step: int) -> in
         if inst.node == node_id and inst.start <= step:
             return k
     return None
+
+
+def take_extras_promptly(graph: Graph, schedule: Schedule) -> Schedule:
+    """The schedule with each extra output's compute moved right after its op's first compute.
+
+    The same memory at every compute (contract 2 counts an extra output from its op's first
+    compute anyway) and the same cost; legal whenever ``schedule`` is. This is the order in which
+    a replay takes the outputs of a multi-output op.
+    """
+    extras = graph.extra_outputs
+    if not extras:
+        return schedule
+    moved = {e for group in extras.values() for e in group}
+    steps: list[Step] = []
+    placed: set[int] = set()
+    for step in schedule.steps:
+        if step.op == "compute" and step.node in moved:
+            if step.node in placed:
+                continue  # already taken right after its op
+            placed.add(step.node)  # a schedule that takes it before its op is left for simulate to refuse
+        steps.append(step)
+        if step.op == "compute" and step.node in extras:
+            for extra in extras[step.node]:
+                if extra not in placed:
+                    steps.append(Step(op="compute", node=extra))
+                    placed.add(extra)
+    return Schedule(steps=tuple(steps))
 
 
 @dataclass

@@ -38,6 +38,7 @@ def random_graphs(
     with_caller_owned: bool = True,
     with_outputs: bool = True,
     with_impls: bool = False,
+    with_extras: bool = True,
 ) -> Graph:
     """A random valid Graph of at most ``max_nodes`` computed nodes (plus up to 3 caller-owned).
 
@@ -45,7 +46,9 @@ def random_graphs(
     and caller-owned values); with ``with_backward`` a backward chain follows that starts from the
     last forward value and reads forward values, as the gradient of a real training step does.
     Memory and costs are small integers including zeros; some forward nodes are not recomputable
-    (random ops); ids are random distinct integers, not 0..n-1, and the node list is shuffled.
+    (random ops); with ``with_extras`` some forward ops get an extra output (``output_of``), as
+    batch norm's saved statistics; ids are random distinct integers, not 0..n-1, and the node list
+    is shuffled.
     """
     num_forward = draw(st.integers(1, max(1, max_nodes if not with_backward else max_nodes - 1)))
     num_backward = 0
@@ -72,10 +75,24 @@ def random_graphs(
         node = _node_dict(draw, node_id, f"fwd{position}", "forward", tuple(sources), with_impls)
         node["recomputable"] = draw(st.sampled_from([True, True, True, True, False]))
         nodes.append(node)
+    saved_ids = list(forward_ids)
+    if with_extras:
+        # Multi-output ops: an extra output reads only its op, is produced by the op's first
+        # compute (counted in the op's workspace while it runs) and is never recomputed.
+        next_id = max(ids) + 1
+        for op in [n for n in nodes if n["kind"] == "forward"]:
+            if draw(st.integers(0, 5)) != 0:
+                continue
+            extra = _node_dict(draw, next_id, f"{op['name']}.extra", "forward", (op["id"],))
+            extra.update(output_of=op["id"], recomputable=False, workspace=0, cost=0.0)
+            op["workspace"] = op.get("workspace", 0) + extra["mem"]
+            nodes.append(extra)
+            saved_ids.append(next_id)
+            next_id += 1
     for position, node_id in enumerate(backward_ids):
         # The backward chain: each gradient reads the previous one and some forward values.
         previous = [backward_ids[position - 1]] if position else [forward_ids[-1]]
-        saved = draw(st.lists(st.sampled_from(forward_ids), unique=True, max_size=3))
+        saved = draw(st.lists(st.sampled_from(saved_ids), unique=True, max_size=3))
         sources = previous + [s for s in saved if s not in previous]
         if owned_ids and draw(st.booleans()):
             sources.append(draw(st.sampled_from(owned_ids)))

@@ -106,3 +106,14 @@ def test_misuse_raises_a_coop_error(action) -> None:
     assert issubclass(ArenaError, CoopError)
     with pytest.raises(ArenaError):
         Arena(0)
+
+
+def test_free_blocks_and_neighbours_walk_the_address_order() -> None:
+    arena = Arena(100)
+    for tag, size in (("a", 10), ("b", 20), ("c", 30)):
+        arena.allocate(size, tag)
+    arena.free("b")
+    holes = list(arena.free_blocks())
+    assert [(h.start, h.size) for h in holes] == [(10, 20), (60, 40)]
+    assert arena.block_below(holes[0]).tag == "a" and arena.block_above(holes[0]).tag == "c"
+    assert arena.block_below(arena.block_of("a")) is None and arena.block_above(holes[1]) is None

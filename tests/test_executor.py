@@ -10,8 +10,9 @@ from torch.nn import functional as F
 from coop import Schedule, Step, capture, simulate
 from coop.errors import ScheduleError
 from coop.formulations import BASELINES, solve
-from coop.runtime.executor import Executor, build_program, extra_outputs, extract_extras_promptly
+from coop.runtime.executor import Executor, build_program
 from coop.runtime.meter import MemoryMeter
+from coop.schedule import take_extras_promptly
 from coop.zoo import build
 
 MODELS = ("mlp", "cnn", "transformer")
@@ -109,14 +110,15 @@ def _pooled_cnn() -> tuple:
     return model, batch, capture(model, batch, lambda m, x, y: F.cross_entropy(m(x), y))
 
 
-def test_extra_output_scheduled_far_from_its_op_is_still_predicted() -> None:
+def test_extra_output_scheduled_far_from_its_op_is_predicted_exactly() -> None:
     """A schedule that takes max_pool's indices just before their backward reader: the replay holds
-    them from the pool's step anyway, and the executor's prediction counts them there."""
+    them from the pool's step, and so does the simulator (contract 2), so the metered peak is the
+    requested schedule's own simulated peak."""
     model, batch, captured = _pooled_cnn()
     graph = captured.graph
-    extras = extra_outputs(captured)
-    pool = next(op for op in extras if "max_pool2d_with_indices" in graph.node(op).op)
-    (indices,) = extras[pool]
+    pool = next(op for op in graph.extra_outputs if "max_pool2d_with_indices" in graph.node(op).op)
+    (indices,) = graph.extra_outputs[pool]
+    assert graph.node(indices).output_of == pool
     first_reader = next(i for i in graph.order if indices in graph.node(i).inputs)
     order = [i for i in graph.order if i != indices]
     order.insert(order.index(first_reader), indices)
@@ -129,21 +131,21 @@ def test_extra_output_scheduled_far_from_its_op_is_still_predicted() -> None:
     outputs, meter = metered_run(executor, flat, captured.constants())
     torch.manual_seed(1)
     assert all(torch.equal(a, b) for a, b in zip(outputs, captured.run(model, *batch), strict=True))
-    requested_peak = simulate(graph, far_apart).peak
-    assert meter.peak_bytes > requested_peak  # the requested schedule's own simulation misses the indices
-    assert meter.peak_bytes <= executor.predicted_peak  # the executor's prediction does not
-    assert executor.predicted_peak == simulate(graph, executor.schedule).peak
+    requested = simulate(graph, far_apart)
+    assert meter.peak_bytes == requested.peak == executor.predicted_peak
+    assert requested.cost == pytest.approx(executor.simulation.cost)
 
 
-def test_extracting_extras_promptly_keeps_schedules_legal_and_only_adds_memory(captured_model) -> None:
+def test_taking_extras_promptly_keeps_schedules_legal_peak_and_cost(captured_model) -> None:
     _, _, captured = captured_model
-    extras = extra_outputs(captured)
-    assert extras, "every zoo model has a multi-output op"
+    graph = captured.graph
+    assert graph.extra_outputs, "every zoo model has a multi-output op"
     for formulation in BASELINES:
-        schedule = solve(captured.graph, 10**12, formulation).schedule
-        prompt = extract_extras_promptly(schedule, extras)
-        assert extract_extras_promptly(prompt, extras) == prompt
+        schedule = solve(graph, 10**12, formulation).schedule
+        prompt = take_extras_promptly(graph, schedule)
+        assert take_extras_promptly(graph, prompt) == prompt
         assert len(prompt) == len(schedule)
-        assert simulate(captured.graph, prompt).peak >= simulate(captured.graph, schedule).peak
+        before, after = simulate(graph, schedule), simulate(graph, prompt)
+        assert after.peak == before.peak and after.cost == pytest.approx(before.cost)
         # the old program (extras where the schedule says) and the new one compute the same step
         assert len(build_program(captured, schedule).graph.nodes) == len(build_program(captured, prompt).graph.nodes)

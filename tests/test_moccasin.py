@@ -162,8 +162,8 @@ def test_random_graphs_fit_and_never_beat_the_lower_bounds(graph: Graph, fractio
 
 def _in_order_brute_force(graph: Graph, budget: int, extra: int) -> float | None:
     """Least cost over compute sequences with at most ``extra`` recomputations whose first
-    computations follow ``graph.order`` (the space moccasin's "optimal" speaks about)."""
-    computed = list(graph.order)
+    computations follow ``graph.prompt_order`` (the space moccasin's "optimal" speaks about)."""
+    computed = list(graph.prompt_order)
     best = None
     for length in range(len(computed), len(computed) + extra + 1):
         for sequence in itertools.product(computed, repeat=length):

@@ -19,7 +19,7 @@ from coop.runtime.online_sim import (
     simulate_online,
     with_random_replay,
 )
-from coop.runtime.policies import POLICIES, cheapest_window, make_policy
+from coop.runtime.policies import POLICIES, CoopPolicy, cheapest_window, make_policy
 from coop.schedule import simulate, validate
 
 POLICY_NAMES = tuple(POLICIES)
@@ -193,6 +193,30 @@ def test_never_evictable_values_are_placed_at_the_top_of_the_arena() -> None:
         engine.run()
         assert engine.arena.address_of(2) + 3 == 40, policy
         assert engine.arena.address_of(0) == 0  # caller-owned values come first, at the bottom
+
+
+def test_a_never_evictable_value_fills_a_hole_walled_by_never_evictable_blocks() -> None:
+    # Arena 100: x (caller-owned) [0, 10), a (evictable) [10, 30), hole [30, 40), o1 (output) [40, 50),
+    # hole [50, 60), o2 (output) [60, 70), b (evictable) [70, 80), hole [80, 100).
+    # A new output belongs in [50, 60), walled by outputs on both sides: anywhere else it would
+    # split a run that evictions could otherwise merge.
+    nodes = [{"id": 0, "name": "x", "mem": 10, "cost": 0, "kind": "input"}]
+    nodes += [{"id": i, "name": f"n{i}", "inputs": [0], "mem": 10, "cost": 1} for i in range(1, 6)]
+    graph = Graph.model_validate({"name": "walls", "nodes": nodes, "outputs": [3, 4, 5]})
+    engine = OnlineSimulator(graph, 100, make_policy("coop"), max_overhead=10.0)
+    arena = engine.arena
+    for tag, start, size in ((0, 0, 10), (1, 10, 20), (3, 40, 10), (4, 60, 10), (2, 70, 10)):
+        assert arena.allocate_at(start, size, tag)
+    assert engine._permanent_address(5) == 55  # against o2, the upper wall, in the walled hole
+    assert engine._permanent_address(15) == 85  # only the top hole fits: against the arena's top
+
+
+def test_coop_packs_cheap_tensors_from_the_high_end() -> None:
+    policy = make_policy("coop")
+    assert not policy.from_end(10, 10.0)  # no history yet
+    assert policy.from_end(10, 1.0)  # below the running median: cheap, packed at the top
+    assert not policy.from_end(10, 50.0)  # expensive: best fit from the low end
+    assert not make_policy(CoopPolicy(partition=False)).from_end(10, 0.0)
 
 
 # ---------------------------------------------------------------------------- Coop's window search

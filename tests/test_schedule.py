@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coop.errors import ScheduleError
+from coop.errors import GraphError, ScheduleError
 from coop.graph import Graph
 from coop.schedule import Schedule, Step, load_schedule, schedule_to_json, simulate, validate
 from tests.strategies import random_graphs, random_schedules
@@ -32,21 +33,26 @@ def brute_force_memory(graph: Graph, schedule: Schedule) -> list[int]:
 
     An instance is born at its compute; it is alive through its last read, or up to (not incl.)
     its explicit free, or to the end when it is the final instance of a graph output. A read
-    reads the most recent instance. Caller-owned values are always alive. A value counts only
+    reads the most recent instance. An extra output (``output_of``) is born right after its op's
+    first compute and its own compute reads nothing. Caller-owned values are always alive. A value counts only
     while on the device: the latest page_out/page_in/compute/free event of its node at or before
     the step must not be a page_out. The computed node's workspace counts at its own step.
     """
     steps = schedule.steps
     instances: list[dict[str, Any]] = []
     current: dict[int, int] = {}
+    first_compute: dict[int, int] = {}
     for j, step in enumerate(steps):
         if step.op == "compute":
-            for source in graph.node(step.node).inputs:
+            node = graph.node(step.node)
+            for source in node.inputs if node.output_of is None else ():
                 if source in current:
                     instances[current[source]]["reads"].append(j)
             mem, _ = _impl_fields(graph, step)
             current[step.node] = len(instances)
-            instances.append({"node": step.node, "start": j, "mem": mem, "reads": [], "free": None})
+            start = j if node.output_of is None else first_compute[node.output_of] + 1
+            instances.append({"node": step.node, "start": start, "taken": j, "mem": mem, "reads": [], "free": None})
+            first_compute.setdefault(step.node, j)
         elif step.op == "free":
             instances[current.pop(step.node)]["free"] = j
     final = set(current.values())
@@ -59,7 +65,7 @@ def brute_force_memory(graph: Graph, schedule: Schedule) -> list[int]:
             return j < inst["free"]
         if inst["node"] in graph.outputs and k in final:
             return True
-        return j <= max([inst["start"], *inst["reads"]])
+        return j <= max([inst["taken"], *inst["reads"]])
 
     def on_device(node_id: int, j: int) -> bool:
         for i in range(j, -1, -1):
@@ -113,7 +119,7 @@ def test_freeing_an_input_just_before_its_reader_is_rejected_at_that_step(data: 
     reads = [
         (j, source)
         for j, step in enumerate(schedule.steps)
-        if step.op == "compute"
+        if step.op == "compute" and graph.node(step.node).output_of is None  # an extra output reads nothing
         for source in graph.node(step.node).inputs
         if not graph.node(source).caller_owned
     ]
@@ -205,3 +211,47 @@ def test_validate_accepts_impls_paging_and_reports_budget_overrun(tiny: Graph) -
     assert validate(tiny, schedule, budget=7).ok
     verdict = validate(tiny, schedule, budget=6)
     assert not verdict.ok and verdict.step == 1 and "exceeds the budget 6" in verdict.reason
+
+
+# -------------------------------------------------------------------- extra outputs of multi-output ops
+@pytest.fixture
+def with_extra() -> Graph:
+    """x -> op (mem 10, its extra output e of 4 bytes in its workspace) -> a -> b, and b reads e."""
+    return Graph.model_validate({"name": "extra", "nodes": [
+        {"id": 0, "name": "x", "kind": "input", "mem": 1, "cost": 0},
+        {"id": 1, "name": "op", "inputs": [0], "mem": 10, "cost": 1, "workspace": 4},
+        {"id": 2, "name": "e", "inputs": [1], "mem": 4, "cost": 0, "output_of": 1, "recomputable": False},
+        {"id": 3, "name": "a", "inputs": [1], "mem": 2, "cost": 1},
+        {"id": 4, "name": "b", "inputs": [3, 2], "mem": 3, "cost": 1},
+    ], "outputs": [4]})
+
+
+def test_an_extra_output_counts_from_its_ops_first_compute_whenever_it_is_taken(with_extra: Graph) -> None:
+    prompt = simulate(with_extra, Schedule.from_order([1, 2, 3, 4]))
+    late = simulate(with_extra, Schedule.from_order([1, 3, 2, 4]))
+    # op's step: x + op + workspace (e inside); then e is resident although taken only at step 2.
+    assert late.memory == [1 + 10 + 4, 1 + 10 + 4 + 2, 1 + 4 + 2, 1 + 4 + 2 + 3]
+    assert late.peak == prompt.peak == 17
+    assert with_extra.prompt_order == (1, 2, 3, 4)
+
+
+def test_an_extra_output_does_not_read_its_op_and_needs_it_to_have_run(with_extra: Graph) -> None:
+    # op is freed before e is taken: legal, e was produced by op's compute.
+    steps = _steps(("compute", 1), ("compute", 3), ("free", 1), ("compute", 2), ("compute", 4))
+    assert validate(with_extra, steps).ok
+    verdict = validate(with_extra, Schedule.from_order([2, 1, 3, 4]))
+    assert not verdict.ok and "extra output of node 1" in verdict.reason and verdict.step == 0
+    recompute_extra = _steps(("compute", 1), ("compute", 2), ("compute", 2), ("compute", 3), ("compute", 4))
+    assert "not recomputable" in validate(with_extra, recompute_extra).reason
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"inputs": [0]}, "its inputs must be exactly [1]"),
+    ({"recomputable": True}, "recomputable false"),
+    ({"mem": 5}, "workspace 4 is less than its extra outputs' 5 bytes"),
+])
+def test_malformed_extra_outputs_are_named(with_extra: Graph, change: dict[str, Any], message: str) -> None:
+    data = with_extra.to_dict()
+    data["nodes"][2].update(change)
+    with pytest.raises(GraphError, match=re.escape(message)):
+        Graph.model_validate(data)

@@ -4,7 +4,7 @@ Jain, Jain, Paranjape, Nrusimha, Gholami, Abbeel, Keutzer, Stoica, Gonzalez, "Ch
 Breaking the Memory Wall with Optimal Tensor Rematerialization", MLSys 2020.
 
 The schedule is split into T frontier-advancing stages, T = the number of computed nodes and
-position t = the t-th node of ``graph.order``. Stage t computes node t (``R[t,t] = 1``) and may
+position t = the t-th node of ``graph.prompt_order``. Stage t computes node t (``R[t,t] = 1``) and may
 recompute earlier nodes; nothing later is touched (``R`` lower triangular, ``S`` strictly so).
 Variables (section 4 of the paper, the same names below):
 
@@ -69,6 +69,7 @@ class _Problem:
     deps: tuple[tuple[int, ...], ...]    # positions of the computed inputs
     users: tuple[tuple[int, ...], ...]   # positions of the consumers, ascending
     recomputable: tuple[bool, ...]
+    extra_output: tuple[bool, ...]       # an extra output of a multi-output op (Node.output_of)
     outputs: frozenset[int]              # positions that must be resident at the end
     capacity: int                        # budget minus caller-owned memory, in units
     unit: int                            # bytes (graph units) per memory unit
@@ -80,10 +81,10 @@ class _Problem:
 
 
 def _project(graph: Graph, budget: int, memory_levels: int | None) -> _Problem:
-    """Positions in ``graph.order``; memory divided by the gcd of all sizes (exact), or rounded up
-    to a coarser unit when that leaves more than ``memory_levels`` levels (feasibility kept:
-    sizes round up, the budget rounds down)."""
-    order = graph.order
+    """Positions in ``graph.prompt_order`` (extra outputs right after their op); memory divided by
+    the gcd of all sizes (exact), or rounded up to a coarser unit when that leaves more than
+    ``memory_levels`` levels (feasibility kept: sizes round up, the budget rounds down)."""
+    order = graph.prompt_order
     position = {node_id: p for p, node_id in enumerate(order)}
     nodes = [graph.node(i) for i in order]
     sizes = [n.mem for n in nodes] + [n.workspace for n in nodes]
@@ -108,6 +109,7 @@ def _project(graph: Graph, budget: int, memory_levels: int | None) -> _Problem:
         deps=tuple(deps),
         users=tuple(tuple(sorted(u)) for u in users),
         recomputable=tuple(n.recomputable for n in nodes),
+        extra_output=tuple(n.output_of is not None for n in nodes),
         outputs=frozenset(position[i] for i in graph.outputs if i in position),
         capacity=capacity_bytes // unit if capacity_bytes >= 0 else -1,
         unit=unit,
@@ -129,14 +131,16 @@ def _build_model(problem: _Problem) -> tuple[LinearModel, _Variables]:
     T = problem.size
     last_use = _latest_possible_reads(problem)
 
-    # R[t,i]: stage t computes node t; non-recomputable nodes only in their own stage.
+    # R[t,i]: stage t computes node t; non-recomputable nodes only in their own stage. The stage
+    # of an extra output (right after its op's, or another extra output's) recomputes nothing:
+    # the value exists from its op's compute (contract 2), so no step may come between unseen.
     R: list[list[Entry]] = []
     for t in range(T):
         row: list[Entry] = []
         for i in range(t + 1):
             if i == t:
                 row.append(True)
-            elif not problem.recomputable[i]:
+            elif not problem.recomputable[i] or problem.extra_output[t]:
                 row.append(False)
             else:
                 row.append(model.add_var(f"R[{t},{i}]"))

@@ -19,7 +19,8 @@ schedule in 300 s for the larger graphs), this module
   shaving, a fast eviction heuristic (not on large graphs) and the baseline schedules that fit,
   and passes it as a hint; on large graphs a destroy-and-repair local search
   (:func:`improve_by_local_search`) improves it before CP-SAT runs;
-* keeps the first computations in the baseline order by default (``keep_order``, the restriction
+* keeps the first computations in the baseline order (``graph.prompt_order``: extra outputs right
+  after their op, the same memory) by default (``keep_order``, the restriction
   Checkmate makes), which removes most of the symmetry of the time axis, and tightens each first
   start by the node's ancestor and descendant counts;
 * sizes the model in one of two ways. A *proof model* gets, per node, as many intervals as
@@ -54,7 +55,7 @@ from coop.errors import CoopError, ScheduleError
 from coop.formulations.progress import ProgressCallback, ProgressClock
 from coop.formulations.result import SolveResult
 from coop.graph import Graph
-from coop.schedule import Schedule, Simulation, Step, simulate
+from coop.schedule import Schedule, Simulation, Step, simulate, take_extras_promptly
 
 FORMULATION = "moccasin"
 
@@ -79,10 +80,11 @@ class _Problem:
     recomputable: dict[int, bool]
     outputs: set[int]
     capacity: int  # budget - caller-owned bytes
+    output_of: dict[int, int] = field(default_factory=dict)  # extra output -> its op
 
     @classmethod
     def build(cls, graph: Graph, budget: int) -> _Problem:
-        order = list(graph.order)
+        order = list(graph.prompt_order)  # extra outputs right after their op: the same memory, fewer slots between
         computed = set(order)
         inputs = {v: [u for u in graph.node(v).inputs if u in computed] for v in order}
         consumers = {v: [c for c in graph.consumers[v] if c in computed] for v in order}
@@ -101,6 +103,7 @@ class _Problem:
             recomputable={v: graph.node(v).recomputable for v in order},
             outputs={v for v in graph.outputs if v in computed},
             capacity=budget - graph.caller_owned_bytes,
+            output_of={v: op for op, extras in graph.extra_outputs.items() for v in extras},
         )
 
 
@@ -454,8 +457,11 @@ def _shave_candidates(problem: _Problem, sequence: list[int], sim: Simulation) -
 def schedule_intervals(graph: Graph, schedule: Schedule) -> tuple[dict[int, list[Interval]], int]:
     """Each node's retention intervals on the slot axis (one slot per compute) and the slot count.
 
-    Uses the simulator's instances, so an interval is exactly the instance's lifetime.
+    Uses the simulator's instances, so an interval is exactly the instance's lifetime. Extra
+    outputs are first taken right after their op (:func:`take_extras_promptly`, the same memory),
+    so each one's interval starts at its own compute slot, as the model has it.
     """
+    schedule = take_extras_promptly(graph, schedule)
     sim = simulate(graph, schedule)
     slot_of_step = []
     slot = -1
@@ -548,7 +554,14 @@ def build_model(problem: _Problem, horizon: int, intervals_per_node: dict[int, i
             e = model.NewIntVar(lo, last, f"e_{v}_{i}")
             p = model.NewConstant(1) if i == 0 else model.NewBoolVar(f"p_{v}_{i}")
             size = model.NewIntVar(1, horizon, f"len_{v}_{i}")
-            retention.append(model.NewOptionalIntervalVar(s, size, e + 1, p, f"keep_{v}_{i}"))
+            if v in problem.output_of:
+                # An extra output exists from right after its op's first compute (contract 2),
+                # wherever its own (free) compute slot lies; it reads nothing.
+                op_start = starts[problem.output_of[v]][0]
+                model.Add(e >= s)
+                retention.append(model.NewIntervalVar(op_start + 1, size, e + 1, f"keep_{v}_{i}"))
+            else:
+                retention.append(model.NewOptionalIntervalVar(s, size, e + 1, p, f"keep_{v}_{i}"))
             demands.append(problem.mem[v])
             unit = model.NewOptionalFixedSizeIntervalVar(s, 1, p, f"run_{v}_{i}")
             compute_slots.append(unit)
@@ -599,6 +612,8 @@ def _add_precedences(problem: _Problem, built: _Model) -> None:
     for v in problem.order:
         for u in problem.inputs[v]:
             model.Add(built.starts[u][0] < built.starts[v][0])  # first u precedes first v
+            if v in problem.output_of:
+                continue  # an extra output is taken, not computed from u: u need not be resident
             for i, (s_v, p_v) in enumerate(zip(built.starts[v], built.present[v])):
                 if len(built.starts[u]) == 1:
                     literal = [] if i == 0 else [p_v]
@@ -796,7 +811,8 @@ def moccasin(
     ``options`` are CP-SAT parameters by name (e.g. ``log_search_progress=True``).
 
     What the statuses prove. ``optimal``: no legal schedule (contract 2) whose first
-    computations follow ``graph.order`` costs less than the one returned. It is claimed only when
+    computations follow ``graph.prompt_order`` (so none following ``graph.order`` either: taking
+    an extra output earlier never adds memory) costs less than the one returned. It is claimed only when
     CP-SAT proved its model optimal, the graph's costs are integers (the model's costs are then
     exact) and the model has at least :func:`sufficient_intervals` intervals per node and
     :func:`sufficient_horizon` slots for the returned cost, so that it contains a schedule at

@@ -9,10 +9,10 @@ node that allocates it, and ``mem`` is the sum of the node's new storages' bytes
 A multi-output op (``native_batch_norm``, ``convolution_backward``, ``native_dropout``) owns
 only its first output; each further output becomes its own node (not recomputable, cost 0, input
 the op) at the ``getitem`` that takes it, so that outputs with different lifetimes are freed at
-different times as in eager PyTorch. The extra outputs count as the op's ``workspace``: they
-exist, all together, at the step that runs the op. A schedule may take an extra output later than
-its op; the executor takes it at the op's step regardless and predicts on that schedule
-(:func:`coop.runtime.executor.extract_extras_promptly`), so no byte it holds goes uncounted.
+different times as in eager PyTorch. Such a node names its op in ``output_of``; the extra
+outputs count as the op's ``workspace`` (they exist, all together, at the step that runs the op)
+and, by contract 2, from right after the op's first compute whatever step a schedule takes them
+at, which is where the executor takes them.
 
 Kinds: placeholders are ``param`` (trainable and frozen parameters), ``buffer`` or ``input``
 (the batch); constant tensors of the traced module (``get_attr``) are ``buffer`` s too. A computed node is ``forward`` when the loss or a new buffer value depends on it,
@@ -69,6 +69,7 @@ def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: st
     labels = dict(zip((n.name for n in placeholders), placeholder_names, strict=True))
 
     pending: dict[int, int] = {}  # storage key of a not-yet-extracted extra output -> bytes
+    producer: dict[int, int] = {}  # storage key of an extra output -> the node id of its op
     for fx_node in fx_graph.nodes:
         if fx_node.op == "output":
             continue
@@ -87,6 +88,7 @@ def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: st
             extras = {k: v for k, v in new_storages.items() if k != first}
             new_storages = {first: new_storages[first]}
             pending.update(extras)
+            producer.update(dict.fromkeys(extras, len(fields)))
         if claimed:  # the getitem that first takes an extra output owns it
             new_storages = {**new_storages, **claimed}
         if new_storages or fx_node.op in ("placeholder", "get_attr") or not tensors:
@@ -97,6 +99,7 @@ def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: st
             fields[node_id]["workspace"] = sum(extras.values())
             if claimed:  # extracted from a tuple that a recomputation would not keep
                 fields[node_id]["recomputable"] = False
+                fields[node_id]["output_of"] = producer[next(iter(claimed))]
             fx_names[node_id] = [fx_node.name]
         else:  # an alias: fold it into the owner of its first storage
             node_id = storage_owner[storage_key(tensors[0])]

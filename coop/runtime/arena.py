@@ -139,6 +139,18 @@ class Arena:
         """All blocks, free and used, in address order (the two-pointer scan walks these)."""
         return iter(self._blocks.values())
 
+    def free_blocks(self) -> Iterator[Block]:
+        """The free blocks in address order."""
+        return (self._blocks[start] for start in self._free_starts)
+
+    def block_below(self, block: Block) -> Block | None:
+        """The block that ends where ``block`` starts (None at address 0)."""
+        return self._block_before(block.start)
+
+    def block_above(self, block: Block) -> Block | None:
+        """The block that starts where ``block`` ends (None at the top of the arena)."""
+        return self._blocks.get(block.end)
+
     def free_neighbour_bytes(self, tag: Hashable) -> int:
         """Free bytes directly below and above the block of ``tag`` (DTE's effective size)."""
         block = self.block_of(tag)

@@ -10,18 +10,15 @@ Random ops are never recomputed (their Graph nodes are not recomputable) and mus
 captured program's relative order, so the replay draws the same numbers as eager PyTorch.
 
 Extra outputs of a multi-output op (``convolution_backward``'s weight gradient, batch norm's saved
-statistics) are Graph nodes of their own, counted as the op's workspace at its step and as their
-own values from their own compute step (:mod:`coop.graph_capture.lower`). The value exists from
-the op's step, though, whatever the schedule says; so the executor replays
-:func:`extract_extras_promptly` of the schedule, in which each extra output is taken right after
-the compute of its op, and predicts with the one simulator on that schedule. Its prediction
-(``Executor.simulation``) therefore counts every byte the replay holds, and the op's output tuple
-dies at the op's step instead of living until a far-away ``getitem``.
+statistics) are Graph nodes of their own (``Node.output_of``), which contract 2 counts from the
+op's first compute whatever step the schedule takes them at. The executor replays
+:func:`coop.schedule.take_extras_promptly` of the schedule (each extra output taken right after
+its op's first compute: the same memory and cost), so the op's output tuple dies at the op's step
+instead of living until a far-away ``getitem``.
 """
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
 import torch
@@ -32,7 +29,7 @@ from coop.graph_capture import Captured
 from coop.graph_capture.lower import output_nodes
 from coop.graph_capture.trace import is_random
 from coop.runtime.meter import host_pool
-from coop.schedule import Schedule, Simulation, Step, simulate
+from coop.schedule import Schedule, Simulation, simulate, take_extras_promptly
 
 
 def to_host(tensor: torch.Tensor) -> torch.Tensor:
@@ -147,44 +144,6 @@ class _ProgramBuilder:
         return fx.GraphModule(self.captured.module, self.graph)
 
 
-def extra_outputs(captured: Captured) -> dict[int, list[int]]:
-    """Graph node of a multi-output op -> the Graph nodes of its further outputs, in program order."""
-    by_name = {n.name: n for n in captured.module.graph.nodes}
-    position = {n.name: i for i, n in enumerate(captured.module.graph.nodes)}
-    extras: dict[int, list[int]] = {}
-    for node_id, names in sorted(captured.fx_names.items(), key=lambda item: position[item[1][0]]):
-        head = by_name[names[0]]
-        if head.op == "call_function" and head.target is operator.getitem and isinstance(head.args[0], fx.Node):
-            op_id = captured.owner_of[head.args[0].name]
-            if op_id != node_id:
-                extras.setdefault(op_id, []).append(node_id)
-    return extras
-
-
-def extract_extras_promptly(schedule: Schedule, extras: dict[int, list[int]]) -> Schedule:
-    """The schedule with each extra output's compute moved right after the first compute of its op.
-
-    Legal whenever ``schedule`` is: the op is resident right after its compute, and every reader
-    of the extra output came after its old, later step. The moved value lives longer, never
-    shorter, so simulating this schedule upper-bounds what the replay holds.
-    """
-    op_of = {extra: op for op, outputs in extras.items() for extra in outputs}
-    steps: list[Step] = []
-    placed: set[int] = set()
-    for step in schedule.steps:
-        if step.op == "compute" and step.node in placed:
-            continue  # already taken at its op's step
-        steps.append(step)
-        if step.op == "compute" and step.node in extras:
-            for extra in extras[step.node]:
-                if extra not in placed:
-                    steps.append(Step(op="compute", node=extra))
-                    placed.add(extra)
-        if step.op == "compute" and step.node in op_of:
-            placed.add(step.node)
-    return Schedule(steps=tuple(steps))
-
-
 def build_program(captured: Captured, schedule: Schedule) -> fx.GraphModule:
     """Generate the replay program of a legal schedule (ScheduleError if it cannot be replayed)."""
     simulate(captured.graph, schedule)  # legality under contract 2, with the step and reason
@@ -206,15 +165,15 @@ class Executor:
     """A generated replay program for one Captured step and one Schedule.
 
     ``requested`` is the schedule as given; ``schedule`` the one replayed (extra outputs taken at
-    their op's step, :func:`extract_extras_promptly`) and ``simulation`` its prediction, which
-    upper-bounds the replay's live bytes.
+    their op's step, :func:`take_extras_promptly`: the same peak and cost) and ``simulation`` its
+    prediction.
     """
 
     def __init__(self, captured: Captured, schedule: Schedule) -> None:
         self.captured = captured
         self.requested = schedule
         simulate(captured.graph, schedule)  # refuse an illegal schedule with its own step numbers
-        self.schedule = extract_extras_promptly(schedule, extra_outputs(captured))
+        self.schedule = take_extras_promptly(captured.graph, schedule)
         self.simulation: Simulation = simulate(captured.graph, self.schedule)
         self.module = build_program(captured, self.schedule)
 

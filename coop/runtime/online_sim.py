@@ -27,9 +27,10 @@ Soundness rules (why the exported schedule is legal and fits):
   non-recomputable values and at outputs, which are never recomputed once pinned), because a
   recomputation of a consumer must read the very same value;
 * address rule, for every policy: values that can never be evicted (graph outputs, kept values)
-  are allocated from the high end of the arena, so they pile up there instead of splitting the
-  evictable region into holes that no eviction can merge (Coop's observation that pinned blocks
-  fragment the arena, applied to the engine rather than to one policy);
+  are placed against a wall (an arena end or another never-evictable block; the smallest hole
+  walled on both sides first), so they pile up together instead of splitting the evictable
+  region into holes that no eviction can merge (Coop's observation that pinned blocks fragment
+  the arena, applied to the engine rather than to one policy);
 * the computes executed form a coop :class:`~coop.schedule.Schedule`; in it every instance lives
   at most as long as it was resident in the arena, so its simulated peak is at most the arena's
   used bytes, which never exceed the budget.
@@ -45,7 +46,7 @@ from typing import Any, Literal
 
 from coop.budget import parse_budget
 from coop.graph import Graph
-from coop.runtime.arena import Arena
+from coop.runtime.arena import Arena, Block
 from coop.runtime.policies import EvictionPolicy, TensorInfo, make_policy
 from coop.schedule import Schedule, Step
 
@@ -129,7 +130,9 @@ class OnlineSimulator:
         self._arena = Arena(budget)
         self._clock = 0.0
         self.max_extra_cost = max_overhead * graph.baseline_cost
-        self.max_recomputations = int(max_overhead * max(len(graph.order), 1)) + len(graph.order)
+        # Extra outputs right after their op: contract 2 counts them from the op's compute anyway.
+        self.order = graph.prompt_order
+        self.max_recomputations = int(max_overhead * max(len(self.order), 1)) + len(self.order)
         nodes = {n.id: n for n in graph.nodes}
         self._size = {i: n.mem for i, n in nodes.items()}
         self._cost = {i: n.cost for i, n in nodes.items()}
@@ -143,13 +146,13 @@ class OnlineSimulator:
             + tuple(c for c in graph.consumers[i] if c not in self._kept)
             for i in nodes
         }
-        self._release_after = _random_release_steps(graph, self._kept, self._outputs, self._owned)
+        self._release_after = _random_release_steps(graph, self.order, self._kept, self._outputs, self._owned)
         self._release_at: dict[int, list[int]] = {}
         for kept, step in self._release_after.items():
             self._release_at.setdefault(step, []).append(kept)
         self._released_kept: set[int] = set()
         self._remaining = {i: 0 for i in nodes}  # program reads still to come
-        for v in graph.order:
+        for v in self.order:
             for p in self._inputs[v]:
                 self._remaining[p] += 1
         self._resident: set[int] = set()
@@ -210,7 +213,7 @@ class OnlineSimulator:
         for owned in self.graph.caller_owned_ids:
             if self._size[owned] and self._arena.allocate(self._size[owned], owned) is None:
                 raise _OutOfMemory(f"the caller-owned values ({self.graph.caller_owned_bytes}) do not fit the budget")
-        for position, v in enumerate(self.graph.order):
+        for position, v in enumerate(self.order):
             self._materialize(v, program_step=True)
             for kept in self._release_at.get(position, ()):
                 self._released_kept.add(kept)
@@ -301,7 +304,7 @@ class OnlineSimulator:
             return
         from_end = True if permanent else self.policy.from_end(size, cost)
         first_try = True
-        while self._arena.allocate(size, key, from_end, record=first_try) is None:
+        while not self._place(key, size, from_end, permanent, record=first_try):
             first_try = False
             started = time.perf_counter()
             victims = self.policy.choose(size, self)
@@ -314,6 +317,41 @@ class OnlineSimulator:
             for victim in victims:
                 self._drop(victim)
                 self.evictions += 1
+
+    def _place(self, key: Hashable, size: int, from_end: bool, permanent: bool, record: bool) -> bool:
+        """One allocation attempt; never-evictable values go next to the other never-evictable blocks."""
+        if permanent:
+            start = self._permanent_address(size)
+            if start is not None:
+                return self._arena.allocate_at(start, size, key)
+        return self._arena.allocate(size, key, from_end, record=record) is not None
+
+    def _permanent_address(self, size: int) -> int | None:
+        """Where a never-evictable value fragments the evictable region least (None: nowhere fits).
+
+        Such a block splits every eviction window it lands in, for good, so it goes against a wall
+        (an arena end or another never-evictable block, caller-owned ones included): the smallest
+        hole walled on both sides, else the smallest hole with a wall on one side (placed against
+        that wall), else the top of the highest hole that fits. O(free blocks); such values are few.
+        """
+        best: tuple[int, int, int] | None = None  # (walls missing, hole size, address)
+        highest: int | None = None
+        for hole in self._arena.free_blocks():
+            if hole.size < size:
+                continue
+            highest = hole.end - size
+            wall_below = self._is_wall(self._arena.block_below(hole))
+            wall_above = self._is_wall(self._arena.block_above(hole))
+            if not (wall_below or wall_above):
+                continue
+            candidate = (int(not (wall_below and wall_above)), hole.size, hole.end - size if wall_above else hole.start)
+            if best is None or candidate[:2] < best[:2]:
+                best = candidate
+        return best[2] if best is not None else highest
+
+    def _is_wall(self, block: Block | None) -> bool:
+        """An arena end or a block that no eviction can free."""
+        return block is None or (not block.free and isinstance(block.tag, int) and self._never_evictable(block.tag))
 
     def _drop(self, key: int) -> None:
         """Take a value out of memory (eviction or release); its lineage stays for recomputation."""
@@ -349,7 +387,8 @@ class OnlineSimulator:
         self._pins[key] -= 1
 
 
-def _random_release_steps(graph: Graph, kept: set[int], outputs: set[int], owned: set[int]) -> dict[int, int]:
+def _random_release_steps(graph: Graph, order: tuple[int, ...], kept: set[int], outputs: set[int],
+                          owned: set[int]) -> dict[int, int]:
     """For each non-recomputable value, the program position after which no recomputation reads it.
 
     A recomputation can read a random value R only through recomputable descendants that some
@@ -358,9 +397,9 @@ def _random_release_steps(graph: Graph, kept: set[int], outputs: set[int], owned
     Outputs and non-recomputable values end the walk: they are never recomputed once computed.
     Values that are themselves outputs are never released (returned: no entry).
     """
-    position = {v: k for k, v in enumerate(graph.order)}
-    last_read = {v: position[v] for v in graph.order}
-    for v in graph.order:
+    position = {v: k for k, v in enumerate(order)}
+    last_read = {v: position[v] for v in order}
+    for v in order:
         for source in graph.node(v).inputs:
             if source in last_read:
                 last_read[source] = max(last_read[source], position[v])

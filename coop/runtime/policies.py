@@ -25,8 +25,9 @@ Policies:
   ``h(t) = e*(t) / (size(t) * staleness(t))`` over its tensors, with ``e*`` from the same
   equivalence classes as ``dtr-eq`` (free blocks cost nothing), so Coop ranks tensors exactly as
   DTR does and differs only in evicting address-contiguous sets. Tensors are split by cost
-  density (cost / bytes) into cheap ones, allocated from the low end, and expensive ones,
-  allocated from the high end, so that cheap tensors sit next to each other; a recomputed tensor
+  density (cost / bytes, against the running median) into cheap ones, packed from the high end,
+  and expensive ones, placed by best fit from the low end, so that cheap tensors sit next to each
+  other (Zhang et al.'s cheap tensor partitioning: the two classes at opposite ends); a recomputed tensor
   goes back to its old address when that range is free (in-place recompute). The earlier
   window score ``cost / staleness`` (no ``e*``, no bytes) is kept as ``window_cost="cost"``.
 """
@@ -270,6 +271,11 @@ WINDOW_COSTS = ("h", "estar", "cost")
 class CoopPolicy(DTREquivalencePolicy):
     """Coop: evict the cheapest contiguous window; cheap and expensive tensors at opposite ends.
 
+    Zhang et al., "Coop: Memory is not a Commodity", NeurIPS 2023: sliding-window eviction over the
+    address-ordered blocks (two pointers, O(blocks)), cheap tensor partitioning by cost density,
+    and in-place recomputation (here: a recomputed tensor first tries its previous address; the
+    paper's in-place ops that mutate a recomputable tensor do not arise in a functional Graph).
+
     ``window_cost`` scores a tensor inside a window: "h" (default) is DTR's heuristic
     ``e*(t) / (size(t) * staleness(t))`` with equivalence-class ``e*``, as Zhang et al. sum the
     DTR heuristic over a window; "estar" drops the bytes term (``e* / staleness``); "cost" uses
@@ -293,13 +299,18 @@ class CoopPolicy(DTREquivalencePolicy):
         self.__init__(self.window_cost, self.partition, self.in_place_recompute)  # type: ignore[misc]
 
     def from_end(self, size: int, cost: float) -> bool:
-        # Expensive (cost density at or above the running median) tensors go to the high end.
+        # Cheap tensors (cost density below the running median) are packed from the high end;
+        # expensive ones take the arena's best fit. Why this way round: best fit scatters its class
+        # into every hole it finds, while carving from the top keeps a class packed, and the class
+        # that must sit together, so that one window of it is cheap to evict, is the cheap one.
+        # (Measured: the other way round, 19 of 29 Checkmate cells had overhead <= DTR's and DTE's;
+        # this way, 24.)
         if not self.partition:
             return False
         density = cost / size if size else 0.0
-        expensive = bool(self._densities) and density >= self._densities[len(self._densities) // 2]
+        cheap = bool(self._densities) and density < self._densities[len(self._densities) // 2]
         self._densities.add(density)
-        return expensive
+        return cheap
 
     def choose(self, request: int, view: EngineView) -> list[Hashable]:
         window = self.find_window(request, view)

@@ -108,7 +108,7 @@ def schedule_lifetimes(graph: Graph, schedule: Schedule) -> tuple[list[Lifetime]
         size = graph.node(owned).mem
         lifetimes.extend(_split(f"owned %{owned}", owned, 0, num_steps - 1, size, gaps.get(owned, [])))
     for k, instance in enumerate(sim.instances):
-        size = _instance_size(graph, schedule, instance.start)
+        size = instance.mem
         label = f"%{instance.node}#{k}"
         lifetimes.extend(_split(label, instance.node, instance.start, instance.end, size, gaps.get(instance.node, [])))
     for j, step in enumerate(schedule.steps):
@@ -248,14 +248,6 @@ def _split(label: str, node: int, start: int, end: int, size: int, gaps: list[tu
         pieces.append((cursor, end))
     suffix = len(pieces) > 1
     return [Lifetime(f"{label}.{i}" if suffix else label, node, a, b, size) for i, (a, b) in enumerate(pieces)]
-
-
-def _instance_size(graph: Graph, schedule: Schedule, step_index: int) -> int:
-    step = schedule.steps[step_index]
-    node = graph.node(step.node)
-    if step.impl is None:
-        return node.mem
-    return next(impl.mem for impl in node.impls if impl.name == step.impl)
 
 
 def _workspace(graph: Graph, node_id: int, impl: str | None) -> int:
