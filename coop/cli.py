@@ -33,6 +33,7 @@ from rich.table import Table
 from coop.budget import baseline_peak, min_budget, parse_budget
 from coop.errors import BudgetError, CoopError, InfeasibleError, ScheduleError
 from coop.formulations import FORMULATIONS
+from coop.formulations.least_budget import least_feasible_budget
 from coop.graph import Graph, format_bytes, load_graph
 from coop.schedule import Schedule, load_schedule, schedule_to_json, simulate, validate
 
@@ -148,6 +149,7 @@ def graph_info(graph: Graph, top: int = 5) -> dict[str, Any]:
     """The facts `coop info` reports, as a JSON-ready dict."""
     peak = baseline_peak(graph)
     least = min_budget(graph)
+    known = least_feasible_budget(graph)
     largest = sorted(graph.nodes, key=lambda n: (-n.mem, n.id))[:top]
     return {
         "name": graph.name,
@@ -159,6 +161,9 @@ def graph_info(graph: Graph, top: int = 5) -> dict[str, Any]:
         "baseline_cost": graph.baseline_cost,
         "min_budget": min_budget(graph),
         "min_budget_fraction": least / peak if peak else None,
+        "least_feasible_budget": known.budget,
+        "least_feasible_fraction": known.budget / peak if peak else None,
+        "least_feasible_source": known.source,
         "caller_owned": graph.caller_owned_bytes,
         "units": {"mem": graph.meta.get("mem_unit", "bytes"), "cost": graph.meta.get("cost_unit", "unknown")},
         "kinds": dict(sorted(collections.Counter(n.kind for n in graph.nodes).items())),
@@ -168,7 +173,7 @@ def graph_info(graph: Graph, top: int = 5) -> dict[str, Any]:
 
 @app.command()
 def info(graph_path: GraphArg, json_output: JsonFlag = False) -> None:
-    """Size, baseline peak and cost, least feasible budget and the largest values of a graph."""
+    """Size, baseline peak and cost, the least budget (lower bound and known to fit), largest values."""
     graph = load_graph(graph_path)
     facts = graph_info(graph)
     if json_output:
@@ -186,8 +191,11 @@ def _print_info(graph: Graph, facts: dict[str, Any]) -> None:
         ("units", f"memory: {facts['units']['mem']}, cost: {facts['units']['cost']}"),
         ("baseline peak", _show_mem(facts["baseline_peak"], graph)),
         ("baseline cost", f"{facts['baseline_cost']:.6g}"),
-        ("least feasible budget", (f"{_show_mem(facts['min_budget'], graph)}  "
-                                  f"= {_percent(facts['min_budget_fraction'])} of the baseline peak")),
+        ("min budget (lower bound)", (f"{_show_mem(facts['min_budget'], graph)}  "
+                                     f"= {_percent(facts['min_budget_fraction'])} of the baseline peak")),
+        ("least budget known to fit", (f"{_show_mem(facts['least_feasible_budget'], graph)}  "
+                                       f"= {_percent(facts['least_feasible_fraction'])} of the baseline peak "
+                                       f"({facts['least_feasible_source']})")),
         ("caller-owned", _show_mem(facts["caller_owned"], graph)),
         ("sha256", facts["sha256"][:16] + "..."),
     ]

@@ -251,6 +251,41 @@ class Graph(BaseModel):
             result.extend(extras.get(node_id, ()))
         return tuple(result)
 
+    def release_positions(self, order: tuple[int, ...] | list[int], kept: set[int]) -> dict[int, int]:
+        """For each ``kept`` value (never recomputed, e.g. a random op's output), the position in
+        ``order`` after which no recomputation can read it.
+
+        A recomputation reads a kept value K only through recomputable descendants that some later
+        step (or the final restore of an output) may still need. Walking down from K through
+        recomputable, non-output values, the last read among them in ``order`` bounds every such
+        need. Outputs and kept values end the walk: they are never recomputed once computed. Kept
+        values that are outputs are never released (no entry).
+        """
+        outputs = set(self.outputs)
+        position = {v: k for k, v in enumerate(order)}
+        last_read = {v: position[v] for v in order}
+        for v in order:
+            for source in self.node(v).inputs:
+                if source in last_read:
+                    last_read[source] = max(last_read[source], position[v])
+        release: dict[int, int] = {}
+        for value in kept:
+            if value in outputs or value not in position:
+                continue
+            latest = last_read[value]
+            stack = list(self.consumers[value])
+            seen: set[int] = set()
+            while stack:
+                v = stack.pop()
+                if v in seen or v not in position:
+                    continue
+                seen.add(v)
+                latest = max(latest, last_read[v] if v not in outputs else position[v])
+                if v not in kept and v not in outputs:
+                    stack.extend(self.consumers[v])
+            release[value] = latest
+        return release
+
     @property
     def num_edges(self) -> int:
         return sum(len(n.inputs) for n in self.nodes)

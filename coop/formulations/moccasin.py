@@ -16,7 +16,7 @@ Beyond the paper (DESIGN.md records that on OR-Tools 9.15 the published model fi
 schedule in 300 s for the larger graphs), this module
 
 * builds a complete warm start from the best of Checkmate's LP rounding (small graphs), peak
-  shaving, a fast eviction heuristic (not on large graphs) and the baseline schedules that fit,
+  shaving, a fast eviction heuristic and the baseline schedules that fit (and any ``hint`` s),
   and passes it as a hint; on large graphs a destroy-and-repair local search
   (:func:`improve_by_local_search`) improves it before CP-SAT runs;
 * keeps the first computations in the baseline order (``graph.prompt_order``: extra outputs right
@@ -200,6 +200,10 @@ class _Stuck(Exception):
     """The heuristic found no value it may free to make room."""
 
 
+#: The eviction heuristic gives up after this many computes per node (it is thrashing).
+COMPUTE_LIMIT_FACTOR = 20
+
+
 class _GreedyEvictor:
     def __init__(self, problem: _Problem) -> None:
         self.p = problem
@@ -210,7 +214,10 @@ class _GreedyEvictor:
         self.steps: list[Step] = []
         self.now = 0
         self.computes = 0
-        self.compute_limit = 3 * len(problem.order) + 100  # stops thrashing: the heuristic gives up
+        self.compute_limit = COMPUTE_LIMIT_FACTOR * len(problem.order) + 100  # stops thrashing: it gives up
+        # A value that is never recomputed stays until no rebuild can read it any more.
+        kept = {v for v in problem.order if not problem.recomputable[v]}
+        self.release_after = problem.graph.release_positions(problem.order, kept)
 
     def run(self) -> Schedule | None:
         try:
@@ -228,8 +235,10 @@ class _GreedyEvictor:
         return uses[i] if i < len(uses) else math.inf
 
     def drop_dead_values(self) -> None:
-        """Values with no later reader in the baseline order (and not outputs) are released."""
-        for u in [u for u in self.resident if u not in self.p.outputs and self.next_use(u) == math.inf]:
+        """Values with no later reader in the baseline order (and not outputs) are released; a
+        value that is never recomputed only once no later rebuild can need it either."""
+        for u in [u for u in self.resident if u not in self.p.outputs and self.next_use(u) == math.inf
+                  and self.release_after.get(u, -1) <= self.now]:
             self.resident.discard(u)
             self.used -= self.p.mem[u]
             self.steps.append(Step(op="free", node=u))
@@ -697,10 +706,10 @@ def _candidate_warm_starts(graph: Graph, budget: int, hint: Any, lp_time_limit: 
     """Schedules to start from: the caller's hint, Checkmate's LP rounding on small graphs, the
     peak-shaving and eviction heuristics, the baselines."""
     candidates: list[tuple[str, Schedule]] = []
-    if hint is not None:
-        schedule = getattr(hint, "schedule", hint)
+    for given in hint if isinstance(hint, list | tuple) else [hint]:
+        schedule = getattr(given, "schedule", given)
         if isinstance(schedule, Schedule):
-            candidates.append(("hint", schedule))
+            candidates.append((f"hint ({given.formulation})" if hasattr(given, "formulation") else "hint", schedule))
     if len(graph.order) <= LP_WARM_START_MAX_NODES and lp_time_limit > 0:
         from coop.formulations.checkmate import checkmate_lp
 
@@ -710,9 +719,8 @@ def _candidate_warm_starts(graph: Graph, budget: int, hint: Any, lp_time_limit: 
             rounded = None
         if rounded is not None and rounded.schedule is not None:
             candidates.append(("checkmate-lp", rounded.schedule))
-    heuristics: list[tuple[str, Callable[[Graph, int], Schedule | None]]] = [("peak-shaving", peak_shaving_schedule)]
-    if len(graph.order) <= GREEDY_EVICTION_MAX_NODES:
-        heuristics.append(("greedy-eviction", greedy_eviction_schedule))
+    heuristics: list[tuple[str, Callable[[Graph, int], Schedule | None]]] = [
+        ("peak-shaving", peak_shaving_schedule), ("greedy-eviction", greedy_eviction_schedule)]
     for name, heuristic in heuristics:
         schedule = heuristic(graph, budget)
         if schedule is not None:
@@ -733,10 +741,6 @@ def _candidate_warm_starts(graph: Graph, budget: int, hint: Any, lp_time_limit: 
             if result.schedule is not None:
                 candidates.append((name, result.schedule))
     return candidates
-
-
-#: The eviction heuristic is quadratic-ish in practice and never wins on large graphs: skip it there.
-GREEDY_EVICTION_MAX_NODES = 600
 
 
 def best_warm_start(graph: Graph, budget: int, hint: Any = None,
@@ -800,7 +804,7 @@ def moccasin(
     gets in a restricted model (raised per node where the warm start needs more); with ``prove``
     a proof model with what :func:`sufficient_intervals` says a proof needs replaces it when that
     model stays small (see the module docstring); ``hint`` a
-    Schedule or SolveResult to start from; ``keep_order`` keeps first computations in the
+    Schedule or SolveResult to start from, or a list of them (the cheapest that fits is used); ``keep_order`` keeps first computations in the
     baseline order; ``extra_slots`` is how many compute slots beyond the warm start's a
     restricted model's horizon gets (default n // 5 + 2); ``lp_warm_start`` adds Checkmate's LP
     rounding to the warm starts on graphs of at most LP_WARM_START_MAX_NODES nodes;
@@ -860,6 +864,9 @@ def moccasin(
     return _result(problem, incumbent, warm, rounds, clock)
 
 
+#: Above this many retention intervals the CP-SAT model is not built (see :func:`_solve_round`).
+MODEL_MAX_INTERVALS = 20_000
+
 #: From this many computed nodes on, part of the time goes to the local search before CP-SAT.
 LOCAL_SEARCH_MIN_NODES = 200
 
@@ -917,6 +924,11 @@ def _solve_round(problem: _Problem, incumbent: _Incumbent | None, settings: _Set
     """Build the model around the incumbent, hint it, solve for the remaining time."""
     graph = problem.graph
     intervals, per_node, horizon, covers = _model_shape(problem, incumbent, settings)
+    if sum(per_node.values()) > MODEL_MAX_INTERVALS or settings.time_limit - clock.elapsed_s < 1.0:
+        # Building and hinting a model this large (a warm start with tens of thousands of
+        # recomputations) would take longer than the time limit allows: CP-SAT is not run.
+        return _Round(horizon=horizon, intervals=sum(per_node.values()), covers=covers, relaxed=incumbent is None,
+                      status="NOT_RUN"), None
     keep_order = settings.keep_order and _first_computes_in_order(problem, intervals)
     built = build_model(problem, horizon, per_node, keep_order, relax_memory=incumbent is None)
     _add_hint(built, intervals)
@@ -999,6 +1011,9 @@ def _result(problem: _Problem, incumbent: _Incumbent | None, warm: tuple[str, Sc
         label = "optimal" if proven else "feasible"
         if proven:
             message = "CP-SAT OPTIMAL on a model that contains every schedule at least as good"
+        elif last.status == "NOT_RUN":
+            message = (f"CP-SAT not run: a model of {last.intervals} intervals would not be built and solved "
+                       "within the time limit")
         elif last.covers:
             message = f"CP-SAT {last.status} (stopped at the time limit)"
         else:

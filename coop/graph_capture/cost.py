@@ -18,6 +18,8 @@ from torch import fx
 from torch.utils import _pytree as pytree
 from torch.utils.flop_counter import flop_registry
 
+from coop.errors import CaptureError
+
 FLOP_RATE = 1e11  # FLOP/s, nominal
 BANDWIDTH = 2e10  # bytes/s, nominal
 
@@ -71,8 +73,22 @@ class TimingInterpreter(fx.Interpreter):
         return result
 
 
-def profile_seconds(module: fx.GraphModule, flat_inputs: list[torch.Tensor], repeats: int = 2) -> dict[str, float]:
-    """Measured seconds per fx node name (the fastest of ``repeats`` runs after one warm-up)."""
+#: Timed runs per profile. Each node keeps its fastest run: a neighbour's load only ever adds time,
+#: and with 2 OpenMP threads on a shared 2-core machine it slows small pointwise ops (most of what a
+#: plan recomputes) far more than matmuls, so a noisy profile over-predicts a plan's overhead (GPT-2
+#: small at 50 %: 22 % predicted and 21.5 % measured under steady load, 10 % and 8.5 % when quiet).
+PROFILE_REPEATS = 4
+
+
+def profile_seconds(module: fx.GraphModule, flat_inputs: list[torch.Tensor],
+                    repeats: int = PROFILE_REPEATS) -> dict[str, float]:
+    """Measured seconds per fx node name: each node's fastest of ``repeats`` runs after one warm-up.
+
+    The warm-up run also lets the allocator reach the step's high-water mark, so the timed runs
+    measure compute rather than first-touch page faults.
+    """
+    if repeats < 1:
+        raise CaptureError(f"profile_seconds needs at least one timed run, got repeats={repeats}; pass repeats >= 1")
     interpreter = TimingInterpreter(module)
     with torch.no_grad():
         for _ in range(repeats + 1):

@@ -146,7 +146,7 @@ class OnlineSimulator:
             + tuple(c for c in graph.consumers[i] if c not in self._kept)
             for i in nodes
         }
-        self._release_after = _random_release_steps(graph, self.order, self._kept, self._outputs, self._owned)
+        self._release_after = graph.release_positions(self.order, self._kept)
         self._release_at: dict[int, list[int]] = {}
         for kept, step in self._release_after.items():
             self._release_at.setdefault(step, []).append(kept)
@@ -385,41 +385,6 @@ class OnlineSimulator:
 
     def _unpin_quietly(self, key: int) -> None:
         self._pins[key] -= 1
-
-
-def _random_release_steps(graph: Graph, order: tuple[int, ...], kept: set[int], outputs: set[int],
-                          owned: set[int]) -> dict[int, int]:
-    """For each non-recomputable value, the program position after which no recomputation reads it.
-
-    A recomputation can read a random value R only through recomputable descendants that some
-    later program step (or the final output restore) may still need. Walking down from R through
-    recomputable, non-output values, the last program read among them bounds every such need.
-    Outputs and non-recomputable values end the walk: they are never recomputed once computed.
-    Values that are themselves outputs are never released (returned: no entry).
-    """
-    position = {v: k for k, v in enumerate(order)}
-    last_read = {v: position[v] for v in order}
-    for v in order:
-        for source in graph.node(v).inputs:
-            if source in last_read:
-                last_read[source] = max(last_read[source], position[v])
-    release: dict[int, int] = {}
-    for random_value in kept:
-        if random_value in outputs or random_value not in position:
-            continue
-        latest = last_read[random_value]
-        stack = list(graph.consumers[random_value])
-        seen: set[int] = set()
-        while stack:
-            v = stack.pop()
-            if v in seen or v in owned:
-                continue
-            seen.add(v)
-            latest = max(latest, last_read[v] if v not in outputs else position[v])
-            if v not in kept and v not in outputs:
-                stack.extend(graph.consumers[v])
-        release[random_value] = latest
-    return release
 
 
 def simulate_online(

@@ -1,0 +1,68 @@
+"""The least feasible budget a graph is known to fit: an upper bound found by construction.
+
+:func:`coop.budget.min_budget` is a lower bound (no schedule fits below it); the true least
+feasible budget lies between it and the peak of the lowest-memory schedule anyone finds. This
+module finds such a schedule: the lowest of the peaks of checkpoint-all (keep only what may not
+be recomputed, rebuild everything else at each use) and of Chen's baselines asked for the lower
+bound, and the lowest budget at which the greedy eviction heuristic (:func:`coop.formulations.moccasin.greedy_eviction_schedule`, offline DTR with
+exact next uses) still finds a schedule, located by bisection between the two bounds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from coop.budget import min_budget
+from coop.errors import CoopError
+from coop.graph import Graph
+from coop.schedule import Schedule, simulate
+
+#: Bisection stops when the bracket is narrower than this fraction of the lower bound.
+TOLERANCE = 0.002
+
+
+@dataclass(frozen=True)
+class LeastBudget:
+    """A budget that some schedule fits (its simulated peak), the schedule, and where it came from."""
+
+    budget: int
+    schedule: Schedule
+    source: str
+    lower_bound: int  # min_budget: no schedule fits below it
+
+    @property
+    def gap(self) -> float:
+        """How far the known budget may be above the true least one, relative to the latter's bound."""
+        return (self.budget - self.lower_bound) / self.lower_bound if self.lower_bound else 0.0
+
+
+def least_feasible_budget(graph: Graph, tolerance: float = TOLERANCE) -> LeastBudget:
+    """The lowest budget that a constructed schedule fits (see the module docstring)."""
+    from coop.formulations.baselines import checkpoint_all, chen_greedy, chen_sqrt
+    from coop.formulations.moccasin import greedy_eviction_schedule
+
+    lower = min_budget(graph)
+    best: LeastBudget | None = None
+    for name, baseline in (("checkpoint-all", checkpoint_all), ("chen-greedy", chen_greedy), ("chen-sqrt", chen_sqrt)):
+        try:
+            result = baseline(graph, lower)
+        except CoopError:  # a graph without a forward/backward split: the bisection alone decides
+            continue
+        if result.schedule is not None:
+            peak = simulate(graph, result.schedule).peak
+            if best is None or peak < best.budget:
+                best = LeastBudget(peak, result.schedule, name, lower)
+    low, high = lower, best.budget if best is not None else graph.caller_owned_bytes + sum(n.mem + n.workspace for n in graph)
+    while high - low > max(1, tolerance * lower):
+        middle = (low + high) // 2
+        schedule = greedy_eviction_schedule(graph, middle)
+        if schedule is None:
+            low = middle
+            continue
+        peak = simulate(graph, schedule).peak
+        if best is None or peak < best.budget:
+            best = LeastBudget(peak, schedule, "greedy-eviction", lower)
+        high = min(middle, peak)
+    if best is None:
+        raise CoopError(f"no constructed schedule fits graph {graph.name!r} at any budget")
+    return best
