@@ -54,10 +54,31 @@ def _policies(ablations: bool) -> dict[str, str | EvictionPolicy]:
     return policies
 
 
-def run(graph_dir: Path = GRAPH_DIR, fractions: tuple[float, ...] = FRACTIONS, ablations: bool = True) -> dict[str, Any]:
-    """The rows of :func:`run_rows` and, as notes (run_all prints them under the table), :func:`summary_text`."""
+def run(graph_dir: Path = GRAPH_DIR, fractions: tuple[float, ...] = FRACTIONS, ablations: bool = True,
+        captured: bool = True, fallback: bool = True) -> dict[str, Any]:
+    """The rows of :func:`run_rows` (Checkmate graphs) and :func:`run_captured` (GPT-2 small,
+    ResNet-50), and as notes (run_all prints them under the table) each set's :func:`summary_text`
+    and the real-tensor fallback's check (:func:`run_fallback`)."""
     rows = run_rows(graph_dir, fractions, ablations)
-    return {"rows": rows, "notes": summary_text(compare_coop(rows))}
+    notes = ["Checkmate graphs: " + _bulleted(summary_text(compare_coop(rows)))]
+    if captured:
+        captured_rows = run_captured()
+        rows += captured_rows
+        notes.append("Captured models: " + _bulleted(summary_text(compare_coop(captured_rows))))
+    if fallback:
+        notes.append("Runtime fallback on real tensors (GPT-2 4 layers, batch 2, seq 128, 3 steps, 50 % of the "
+                     "baseline peak):")
+        notes += [", ".join(f"{k}={_short(v)}" for k, v in row.items()) for row in run_fallback()]
+    return {"rows": rows, "notes": "\n\n".join(notes)}
+
+
+def _bulleted(text: str) -> str:
+    """summary_text's indented exception lines as a markdown list."""
+    return text.replace("\n  ", "\n- ").replace("\n- ", "\n\n- ", 1)
+
+
+def _short(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def run_rows(graph_dir: Path = GRAPH_DIR, fractions: tuple[float, ...] = FRACTIONS,
@@ -104,7 +125,8 @@ def _captured_models() -> dict[str, Any]:
     from coop.zoo import _classifier_loss, build
 
     def gpt2_small() -> tuple[Any, Any, Any]:
-        return build("gpt2", layers=12, hidden=768, heads=12, vocab=50257, batch=2, seq=128)
+        # bench_captured's size: activations, not parameters and gradients (never evictable), dominate.
+        return build("gpt2", layers=12, hidden=768, heads=12, vocab=50257, batch=8, seq=512)
 
     def resnet50(batch: int = 16) -> tuple[Any, Any, Any]:
         import torch
@@ -116,7 +138,7 @@ def _captured_models() -> dict[str, Any]:
         labels = torch.randint(0, 10, (batch,))
         return model, (images, labels), _classifier_loss
 
-    return {"gpt2-small": gpt2_small, "resnet50-b16": resnet50}
+    return {"gpt2-small-b8-s512": gpt2_small, "resnet50-b16": resnet50}
 
 
 def run_captured(fractions: tuple[float, ...] = CAPTURED_FRACTIONS) -> list[dict[str, Any]]:

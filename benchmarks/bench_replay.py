@@ -29,9 +29,13 @@ rounds (``quiet_rounds`` says how many were used), else over all rounds.
 * ``predicted_overhead`` = the 50 % plan's simulated cost / baseline cost - 1 (profiled costs);
 * ``measured_overhead`` = 50 % plan time / eager time - 1 (the issue's definition), and
   ``measured_vs_store_all`` = 50 % plan time / store-all replay time - 1 (replay overheads cancel);
-* "within 10 %" both ways: ``within_10pct_of_predicted`` (``|measured - predicted| <= 0.1 x
-  predicted``, relative to the predicted value) and ``within_10pp`` (``|measured - predicted| <=
-  0.10``, percentage points of the eager step); ``gap_pp`` = measured - predicted in points;
+* "within 10 %" both ways, on ``measured_vs_store_all`` (the prediction counts extra compute over
+  the captured program, which the store-all replay runs; eager PyTorch runs a different program
+  whose time the ``replay_vs_eager`` check covers): ``within_10pct_of_predicted``
+  (``|measured - predicted| <= 0.1 x predicted``, relative to the predicted value) and
+  ``within_10pp`` (``|measured - predicted| <= 0.10``, percentage points of the step);
+  ``gap_pp`` = measured - predicted in points; ``within_10pp_vs_eager`` the same on
+  ``measured_overhead``;
 * ``faults_mb_*``: minor page faults per step x page size (MB of memory faulted in);
   ``default_*_wo_faults``: the default-allocator overheads with the fault time (faults x the
   measured cost of one fault) taken out of each step, the measured explanation of the gap.
@@ -41,6 +45,7 @@ from __future__ import annotations
 
 import copy
 import json
+import mmap
 import os
 import resource
 import statistics
@@ -69,7 +74,7 @@ from coop.zoo import _classifier_loss, build
 
 ROUNDS = 5  # rounds whose medians are reported (warm allocator)
 EXTRA_ROUNDS = 3  # further rounds allowed when neighbours' load spoiled some
-DEFAULT_ROUNDS = 3  # rounds under the default allocator (the explanation, not the check)
+DEFAULT_ROUNDS = 2  # rounds under the default allocator (the explanation, not the check)
 QUIET_CORES = 0.25  # a round is quiet when other processes used less CPU than this
 TIME_LIMIT = 60
 QUICK_TIME_LIMIT = 10
@@ -181,26 +186,25 @@ def _metered_peak(plan: Plan, batch: tuple) -> int:
 
 
 def fault_seconds(megabytes: int = 256, repeats: int = 5) -> float:
-    """Measured seconds one minor page fault costs: a fresh block written vs the same block reused."""
-    count = megabytes * 2**20 // 4
-    kept = torch.empty(count)
-    kept.fill_(1.0)
+    """Measured seconds one minor page fault costs: writing a fresh anonymous mapping vs rewriting it.
 
-    def fresh() -> None:
-        torch.empty(count).fill_(1.0)
-
-    def reuse() -> None:
-        kept.fill_(1.0)
-
-    seconds = {}
-    for name, action in (("fresh", fresh), ("reuse", reuse)):
-        samples = []
-        for _ in range(repeats):
+    The block comes from ``mmap`` directly, not from malloc, so that it is fresh whatever the
+    allocator has kept: the first write faults every page in, a second write faults none.
+    """
+    size = megabytes * 2**20
+    pages = size / resource.getpagesize()
+    fresh, rewrite = [], []
+    for _ in range(repeats):
+        with mmap.mmap(-1, size) as block:
+            tensor = torch.frombuffer(block, dtype=torch.uint8)
             start = time.perf_counter()
-            action()
-            samples.append(time.perf_counter() - start)
-        seconds[name] = min(samples)
-    return max(0.0, seconds["fresh"] - seconds["reuse"]) / (megabytes * 2**20 / resource.getpagesize())
+            tensor.fill_(1)
+            fresh.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            tensor.fill_(2)
+            rewrite.append(time.perf_counter() - start)
+            del tensor  # release the buffer export before the mapping closes
+    return max(0.0, min(fresh) - min(rewrite)) / pages
 
 
 # ============================================================================ the two workers
@@ -298,9 +302,11 @@ def merge(warm: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
         "eager_s": round(warm["seconds"]["eager"], 3), "store_all_s": round(warm["seconds"]["store_all"], 3),
         "half_s": round(warm["seconds"]["half"], 3), "replay_vs_eager": round(replay, 3),
         "predicted_overhead": round(predicted, 3), "measured_overhead": round(measured, 3),
-        "measured_vs_store_all": round(vs_store_all, 3), "gap_pp": round(100 * (measured - predicted), 1),
-        "within_10pct_of_predicted": abs(measured - predicted) <= 0.1 * abs(predicted),
-        "within_10pp": abs(measured - predicted) <= 0.10,
+        "measured_vs_store_all": round(vs_store_all, 3), "gap_pp": round(100 * (vs_store_all - predicted), 1),
+        # The prediction is extra compute over the captured program's, so store-all replay is its like-for-like base.
+        "within_10pct_of_predicted": abs(vs_store_all - predicted) <= 0.1 * abs(predicted),
+        "within_10pp": abs(vs_store_all - predicted) <= 0.10,
+        "within_10pp_vs_eager": abs(measured - predicted) <= 0.10,
         "faults_mb": {n: round(warm["faults"][n] * page_mb) for n in VARIANTS},
         "quiet_rounds": f"{warm['quiet_rounds']}/{warm['rounds']} (medians of {warm['rounds_used']})",
         "default_replay_vs_eager": round(d_replay, 3), "default_measured_overhead": round(d_measured, 3),
@@ -315,8 +321,10 @@ def merge(warm: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
 
 
 NOTES = ("Warm allocator (MALLOC_MMAP_MAX_=0, MALLOC_TRIM_THRESHOLD_ huge: no step page-faults after the warm-up) "
-         "for replay_vs_eager and the 50 % check; 'within 10 %' is shown both relative to the predicted overhead "
-         "(within_10pct_of_predicted) and in percentage points of the eager step (within_10pp). The default_* "
+         "for replay_vs_eager and the 50 % check. The check compares the predicted overhead (extra compute over the "
+         "captured program) with measured_vs_store_all (50 % plan time / store-all replay time - 1): 'within 10 %' "
+         "is shown relative to the predicted value (within_10pct_of_predicted) and in percentage points "
+         "(within_10pp; within_10pp_vs_eager uses half / eager - 1 instead). The default_* "
          "columns replay the same schedules under glibc's default allocator, which returns freed large blocks to "
          "the kernel, so a step page-faults the memory it reaches above what malloc kept (faults_mb per step); "
          "a lower peak faults less, which the compute-only cost model does not count. default_*_wo_faults take "

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import fcntl
 import importlib.metadata
 import importlib.util
 import inspect
@@ -207,17 +208,22 @@ def render_section(outcome: Outcome, machine: str, quick: bool) -> str:
 
 
 def write_report(sections: dict[str, str], path: Path) -> None:
-    """Write BENCHMARKS.md with the given sections, keeping the other sections already there."""
-    kept: dict[str, str] = {}
-    if path.is_file():
-        kept = {match.group("name"): match.group(0) for match in SECTION.finditer(path.read_text())}
-    kept.update(sections)
-    header = (
-        "# Benchmarks\n\n"
-        "Written by `make bench` (`python benchmarks/run_all.py`); each section says when, where and with which\n"
-        "command its numbers were measured. Re-run one section with `--only NAME`.\n\n"
-    )
-    path.write_text(header + "\n".join(kept[name] for name in sorted(kept)))
+    """Write BENCHMARKS.md with the given sections, keeping the other sections already there.
+
+    The file is read and rewritten under an exclusive lock, so two runs of different modules at
+    once keep each other's sections."""
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        kept: dict[str, str] = {}
+        if path.is_file():
+            kept = {match.group("name"): match.group(0) for match in SECTION.finditer(path.read_text())}
+        kept.update(sections)
+        header = (
+            "# Benchmarks\n\n"
+            "Written by `make bench` (`python benchmarks/run_all.py`); each section says when, where and with which\n"
+            "command its numbers were measured. Re-run one section with `--only NAME`.\n\n"
+        )
+        path.write_text(header + "\n".join(kept[name] for name in sorted(kept)))
 
 
 # ============================================================================ command line

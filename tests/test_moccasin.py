@@ -212,3 +212,15 @@ def test_local_search_never_worsens_and_fits(moccasin_dir) -> None:
     verdict = validate(graph, improved, budget)
     assert verdict.ok, verdict.reason
     assert verdict.cost <= simulate(graph, start).cost + 1e-9
+
+
+def test_a_model_too_large_for_the_time_limit_is_not_built_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    from coop.formulations import moccasin as module
+
+    graph = _chain_with_skips(6)
+    budget = math.ceil(0.6 * baseline_peak(graph))
+    monkeypatch.setattr(module, "MODEL_MAX_INTERVALS", 3)
+    result = moccasin(graph, budget, time_limit=5.0, threads=1, local_search=0.0)
+    assert result.status == "feasible" and result.schedule is not None
+    assert validate(graph, result.schedule, budget).ok
+    assert "CP-SAT not run" in result.message and result.extra["cp_sat_status"] == "NOT_RUN"
