@@ -86,6 +86,7 @@ class Instance:
     start: int
     end: int
     mem: int = 0
+    computed_at: int = -1  # the step that computes (takes) it; ``start`` for all but extra outputs
 
 
 @dataclass
@@ -248,7 +249,7 @@ def simulate(graph: Graph, schedule: Schedule, paging: PagingCosts | None = None
         mem = new_mem[start]
         delta[alive_from[k]] += mem
         delta[end + 1] -= mem
-        instances.append(Instance(node_id, alive_from[k], end, mem))
+        instances.append(Instance(node_id, alive_from[k], end, mem, start))
         instance_mem.append(mem)
     for node_id, out_step, in_step in device_gaps:
         # The value is off the device from its page_out step up to (not incl.) its page_in step.

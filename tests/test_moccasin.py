@@ -224,3 +224,47 @@ def test_a_model_too_large_for_the_time_limit_is_not_built_and_says_so(monkeypat
     assert result.status == "feasible" and result.schedule is not None
     assert validate(graph, result.schedule, budget).ok
     assert "CP-SAT not run" in result.message and result.extra["cp_sat_status"] == "NOT_RUN"
+
+
+def _op_with_two_extra_outputs() -> Graph:
+    """x -> op (two extra outputs, e.g. layer norm's mean and rstd) -> r (random) -> y; the backward reads all."""
+    return Graph.model_validate({"name": "two-extras", "nodes": [
+        {"id": 0, "name": "x", "kind": "input", "mem": 1, "cost": 0},
+        {"id": 1, "name": "op", "inputs": [0], "mem": 8, "cost": 2, "workspace": 2},
+        {"id": 2, "name": "mean", "inputs": [1], "mem": 1, "cost": 0, "output_of": 1, "recomputable": False},
+        {"id": 3, "name": "rstd", "inputs": [1], "mem": 1, "cost": 0, "output_of": 1, "recomputable": False},
+        {"id": 4, "name": "r", "inputs": [1], "mem": 1, "cost": 1, "recomputable": False},
+        {"id": 5, "name": "s", "inputs": [0], "mem": 1, "cost": 1, "recomputable": False},
+        {"id": 8, "name": "big", "inputs": [0], "mem": 30, "cost": 1},
+        {"id": 6, "name": "y", "inputs": [4, 5, 8], "mem": 8, "cost": 2},
+        {"id": 9, "name": "z", "inputs": [6], "mem": 20, "cost": 1},
+        {"id": 7, "name": "g", "inputs": [9, 1, 2, 3, 4], "mem": 1, "cost": 1, "kind": "backward"},
+        {"id": 10, "name": "g2", "inputs": [7, 8], "mem": 1, "cost": 1, "kind": "backward"},
+    ], "outputs": [10]})
+
+
+def test_each_extra_output_starts_at_its_own_slot_so_the_order_is_kept() -> None:
+    from coop.formulations.moccasin import _first_computes_in_order, _Problem, schedule_intervals
+
+    graph = _op_with_two_extra_outputs()
+    intervals, _ = schedule_intervals(graph, Schedule.from_order(graph.order))
+    assert intervals[2][0][0] != intervals[3][0][0]  # mean and rstd are taken at different slots
+    assert _first_computes_in_order(_Problem.build(graph, baseline_peak(graph)), intervals)
+
+
+def test_random_ops_keep_their_order_even_without_keep_order() -> None:
+    graph = _op_with_two_extra_outputs()
+    budget = baseline_peak(graph) - 20  # big must be freed before z and rebuilt for g
+    assert budget >= min_budget(graph)
+    first = moccasin(graph, budget, time_limit=5.0, threads=1)
+    assert first.found and first.simulation.recomputations >= 1
+    # A warm start that draws s before r (legal for the simulator, wrong for the replay's RNG).
+    sequence = [step.node for step in first.schedule.steps if step.op == "compute"]
+    i, j = sequence.index(4), sequence.index(5)
+    sequence[i], sequence[j] = sequence[j], sequence[i]
+    swapped = Schedule.from_order(sequence)
+    assert validate(graph, swapped, budget).ok
+    result = moccasin(graph, budget, time_limit=5.0, threads=1, keep_order=False, hint=swapped, local_search=0.0)
+    assert result.found
+    firsts = list(dict.fromkeys(s.node for s in result.schedule.steps if s.op == "compute"))
+    assert firsts.index(4) < firsts.index(5)

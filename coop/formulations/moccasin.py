@@ -480,7 +480,9 @@ def schedule_intervals(graph: Graph, schedule: Schedule) -> tuple[dict[int, list
         slot_of_step.append(max(slot, 0))
     intervals: dict[int, list[Interval]] = {v: [] for v in graph.order}
     for inst in sim.instances:
-        intervals[inst.node].append((slot_of_step[inst.start], slot_of_step[inst.end]))
+        # An interval starts at its compute slot (an extra output's memory counts from its op's
+        # compute, which the model adds itself).
+        intervals[inst.node].append((slot_of_step[inst.computed_at], slot_of_step[inst.end]))
     for ivs in intervals.values():
         ivs.sort()
     return intervals, slot + 1
@@ -610,6 +612,12 @@ def build_model(problem: _Problem, horizon: int, intervals_per_node: dict[int, i
     _add_precedences(problem, built)
     if keep_order:
         for a, b in itertools.pairwise(problem.order):
+            model.Add(starts[a][0] < starts[b][0])
+    else:
+        # Random ops (computed once, not extra outputs) must still draw in the captured order, or
+        # the replay would draw different numbers than eager PyTorch.
+        draws = _random_draws(problem.graph)
+        for a, b in itertools.pairwise([v for v in problem.order if v in draws]):
             model.Add(starts[a][0] < starts[b][0])
     model.Minimize(objective)
     return built
@@ -745,16 +753,26 @@ def _candidate_warm_starts(graph: Graph, budget: int, hint: Any, lp_time_limit: 
 
 def best_warm_start(graph: Graph, budget: int, hint: Any = None,
                     lp_time_limit: float = 10.0) -> tuple[str, Schedule, Simulation] | None:
-    """The cheapest candidate warm start whose simulated peak fits the budget."""
+    """The cheapest candidate warm start whose simulated peak fits the budget and whose random
+    draws follow the baseline order (a replay must draw them in eager PyTorch's order)."""
     best = None
+    draws = _random_draws(graph)
     for name, schedule in _candidate_warm_starts(graph, budget, hint, lp_time_limit):
         try:
             sim = simulate(graph, schedule)
         except ScheduleError:  # an illegal candidate (e.g. a caller's hint) is skipped
             continue
+        firsts = [node for node in dict.fromkeys(s.node for s in schedule.steps if s.op == "compute") if node in draws]
+        if firsts != [v for v in graph.order if v in draws]:
+            continue
         if sim.peak <= budget and (best is None or sim.cost < best[2].cost):
             best = (name, schedule, sim)
     return best
+
+
+def _random_draws(graph: Graph) -> set[int]:
+    """Nodes computed once that are not extra outputs: random ops, whose draws must keep their order."""
+    return {n.id for n in graph.nodes if not n.caller_owned and not n.recomputable and n.output_of is None}
 
 
 # ==================================================================== entry point
