@@ -4,8 +4,9 @@
 feasible budget lies between it and the peak of the lowest-memory schedule anyone finds. This
 module finds such a schedule: the lowest of the peaks of checkpoint-all (keep only what may not
 be recomputed, rebuild everything else at each use) and of Chen's baselines asked for the lower
-bound, and the lowest budget at which the greedy eviction heuristic (:func:`coop.formulations.moccasin.greedy_eviction_schedule`, offline DTR with
-exact next uses) still finds a schedule, located by bisection between the two bounds.
+bound, and the lowest budget at which the greedy eviction heuristic
+(:func:`coop.formulations.moccasin.greedy_eviction_schedule`, offline DTR with exact next uses)
+still finds a schedule, located by bisection between the two bounds.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ def least_feasible_budget(graph: Graph, tolerance: float = TOLERANCE) -> LeastBu
             peak = simulate(graph, result.schedule).peak
             if best is None or peak < best.budget:
                 best = LeastBudget(peak, result.schedule, name, lower)
+    # Without a baseline, start above any peak: every value and workspace resident at once.
     low, high = lower, best.budget if best is not None else graph.caller_owned_bytes + sum(n.mem + n.workspace for n in graph)
     while high - low > max(1, tolerance * lower):
         middle = (low + high) // 2

@@ -84,7 +84,7 @@ class _Problem:
 
     @classmethod
     def build(cls, graph: Graph, budget: int) -> _Problem:
-        order = list(graph.prompt_order)  # extra outputs right after their op: the same memory, fewer slots between
+        order = list(graph.prompt_order)  # extra outputs right after their op: the same memory
         computed = set(order)
         inputs = {v: [u for u in graph.node(v).inputs if u in computed] for v in order}
         consumers = {v: [c for c in graph.consumers[v] if c in computed] for v in order}
@@ -103,7 +103,7 @@ class _Problem:
             recomputable={v: graph.node(v).recomputable for v in order},
             outputs={v for v in graph.outputs if v in computed},
             capacity=budget - graph.caller_owned_bytes,
-            output_of={v: op for op, extras in graph.extra_outputs.items() for v in extras},
+            output_of={v: graph.node(v).output_of for v in order if graph.node(v).output_of is not None},
         )
 
 
@@ -822,7 +822,8 @@ def moccasin(
     gets in a restricted model (raised per node where the warm start needs more); with ``prove``
     a proof model with what :func:`sufficient_intervals` says a proof needs replaces it when that
     model stays small (see the module docstring); ``hint`` a
-    Schedule or SolveResult to start from, or a list of them (the cheapest that fits is used); ``keep_order`` keeps first computations in the
+    Schedule or SolveResult to start from, or a list of them (the cheapest that fits is used);
+    ``keep_order`` keeps first computations in the
     baseline order; ``extra_slots`` is how many compute slots beyond the warm start's a
     restricted model's horizon gets (default n // 5 + 2); ``lp_warm_start`` adds Checkmate's LP
     rounding to the warm starts on graphs of at most LP_WARM_START_MAX_NODES nodes;
@@ -834,7 +835,8 @@ def moccasin(
 
     What the statuses prove. ``optimal``: no legal schedule (contract 2) whose first
     computations follow ``graph.prompt_order`` (so none following ``graph.order`` either: taking
-    an extra output earlier never adds memory) costs less than the one returned. It is claimed only when
+    an extra output earlier never adds memory) costs less than the one returned. It is claimed
+    only when
     CP-SAT proved its model optimal, the graph's costs are integers (the model's costs are then
     exact) and the model has at least :func:`sufficient_intervals` intervals per node and
     :func:`sufficient_horizon` slots for the returned cost, so that it contains a schedule at

@@ -63,7 +63,8 @@ class OnlineResult:
     ``status``: "ok"; "thrashed" when the run finished with overhead > 2 (DTR's threshold; the
     schedule is still legal) or was stopped once its extra compute passed ``max_overhead`` x the
     baseline (no schedule); "oom" when nothing evictable could make room (no schedule). A run cut
-    short reports as ``overhead`` the recomputation it had paid for when it stopped. ``peak`` is the most used bytes at once (caller-owned included), ``arena_peak`` the highest
+    short reports as ``overhead`` the recomputation it had paid for when it stopped. ``peak`` is
+    the most used bytes at once (caller-owned included), ``arena_peak`` the highest
     address ever occupied; ``fragmentation`` the mean free bytes / arena size over the failed
     allocation requests (Coop's measure), ``largest_free_fraction`` the mean largest free block /
     arena size over the same failures.
