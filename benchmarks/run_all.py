@@ -4,7 +4,9 @@ A benchmark is a module ``benchmarks/NAME.py`` with a function ``run()`` that re
 a list of flat dicts (one table row each), or a dict ``{"rows": [...], "notes": "..."}``. A
 ``run`` that accepts ``quick`` gets ``quick=True`` under ``--quick``. Each module runs with a
 progress line on stderr; one that fails gets its error in BENCHMARKS.md instead of stopping the
-others. With ``--only NAME`` the other modules' sections already in BENCHMARKS.md are kept.
+others. With ``--only NAME`` the other modules' sections already in BENCHMARKS.md are kept. A
+module with ``REQUIRES = "cuda"`` is skipped on a machine without a CUDA device, and its section
+from the last run on one is kept.
 
     python benchmarks/run_all.py                 # everything
     python benchmarks/run_all.py --only bench_capture --only paper_table
@@ -87,7 +89,7 @@ def run_module(name: str, quick: bool = False, bench_dir: Path = BENCH_DIR) -> O
     try:
         module = load_module(name, bench_dir)
         run = getattr(module, "run", None)
-        if not callable(run):
+        if not callable(run) or not _requirements_met(module):
             return None
         outcome.summary = _first_line(module.__doc__)
         produced = run(quick=True) if quick and "quick" in inspect.signature(run).parameters else run()
@@ -97,6 +99,15 @@ def run_module(name: str, quick: bool = False, bench_dir: Path = BENCH_DIR) -> O
         outcome.error_detail = traceback.format_exc(limit=8)
     outcome.wall_s = time.perf_counter() - clock
     return outcome
+
+
+def _requirements_met(module: ModuleType) -> bool:
+    """False for a module that needs a CUDA device on a machine without one."""
+    if getattr(module, "REQUIRES", None) != "cuda":
+        return True
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _normalise(produced: Any) -> tuple[list[dict[str, Any]], str]:
@@ -121,8 +132,17 @@ def _first_line(doc: str | None) -> str:
 def machine_description() -> str:
     """CPU model, cores, RAM and the versions that change results (DESIGN.md: benchmark the versions allowed)."""
     versions = ", ".join(f"{package} {_version(package)}" for package in ("torch", "ortools", "pulp", "networkx"))
-    return (f"{_cpu_model()}, {os.cpu_count()} cores, {_ram_gib():.0f} GiB RAM; "
+    return (f"{_cpu_model()}, {os.cpu_count()} cores, {_ram_gib():.0f} GiB RAM{_gpu()}; "
             f"Python {platform.python_version()} on {platform.system()} {platform.machine()}; {versions}")
+
+
+def _gpu() -> str:
+    """', GPU: <name>' when torch sees a CUDA device (torch is imported only if it is installed)."""
+    if importlib.util.find_spec("torch") is None:
+        return ""
+    import torch
+
+    return f", GPU: {torch.cuda.get_device_name()}" if torch.cuda.is_available() else ""
 
 
 def _cpu_model() -> str:
@@ -252,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{index}/{len(names)}] {name} ...", file=sys.stderr, flush=True)
         outcome = run_module(name, quick=args.quick)
         if outcome is None:
-            print(f"[{index}/{len(names)}] {name}: no run(), skipped", file=sys.stderr)
+            print(f"[{index}/{len(names)}] {name}: skipped (no run(), or it needs a CUDA device; section kept)",
+                  file=sys.stderr)
             continue
         status = f"FAILED ({outcome.error})" if outcome.error else f"{len(outcome.rows)} rows"
         failed += outcome.error is not None

@@ -16,7 +16,7 @@ from torch import nn
 
 from coop.errors import CaptureError
 from coop.graph_capture.captured import Captured
-from coop.graph_capture.cost import profile_seconds
+from coop.graph_capture.cost import NodeProfile, profile_nodes
 from coop.graph_capture.lower import lower
 from coop.graph_capture.trace import flat_names, split_state, trace_step
 
@@ -27,7 +27,8 @@ def capture(model: nn.Module, example_batch: torch.Tensor | tuple | list, loss_f
 
     ``loss_fn(model, *batch)`` returns a scalar; without it ``model(*batch)`` must return a
     scalar or an object with ``.loss``. With ``profile`` node costs are measured seconds on the
-    batch's device, else the analytic model of :mod:`coop.graph_capture.cost`. With
+    batch's device (and on CUDA each node's workspace is its measured transient bytes), else the
+    analytic model of :mod:`coop.graph_capture.cost`. With
     ``compact_masks`` (the default) each dropout draw is a bool mask, the only non-recomputable
     node of a dropout (:mod:`coop.graph_capture.random_ops`); ``False`` keeps the traced float draw.
     """
@@ -38,13 +39,13 @@ def capture(model: nn.Module, example_batch: torch.Tensor | tuple | list, loss_f
     traced = trace_step(model, batch, loss_fn, compact_masks=compact_masks)
     params, buffers, frozen = split_state(model)
     placeholders = flat_names(params, buffers, frozen, len(batch))
-    seconds = None
+    profiled: NodeProfile | None = None
     if profile:
         state = {**params, **buffers, **frozen}
         flat = [batch[int(n[6:-1])] if k == "input" else state[n] for k, n in placeholders]
         with torch.random.fork_rng(devices=[]):  # profiling must not advance the caller's RNG
-            seconds = profile_seconds(traced.module, flat)
-    lowered = lower(traced, placeholders, name=type(model).__name__, seconds=seconds)
+            profiled = profile_nodes(traced.module, flat)
+    lowered = lower(traced, placeholders, name=type(model).__name__, profiled=profiled)
     return Captured(
         graph=lowered.graph,
         module=traced.module,

@@ -11,6 +11,7 @@ graph's metadata with the unit.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -56,20 +57,33 @@ def analytic_seconds(node: fx.Node, flops: int) -> float:
 
 
 class TimingInterpreter(fx.Interpreter):
-    """Runs the graph on real tensors and records the wall time of each call node."""
+    """Runs the graph on real tensors and records the wall time of each call node.
 
-    def __init__(self, module: fx.GraphModule) -> None:
+    On CUDA it also records each node's transient bytes: the allocator's peak while the node runs
+    minus what is allocated right after it (its inputs and outputs are still alive then), i.e. the
+    scratch a kernel takes and gives back (cuDNN's convolution workspace, a reduction's buffer).
+    """
+
+    def __init__(self, module: fx.GraphModule, measure_workspace: bool = False) -> None:
         super().__init__(module, garbage_collect_values=True)
+        self.measure_workspace = measure_workspace
         self.seconds: dict[str, float] = {}
+        self.workspace: dict[str, int] = {}
 
     def run_node(self, node: fx.Node) -> Any:
         if node.op != "call_function":
             return super().run_node(node)
+        if self.measure_workspace:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
         result = super().run_node(node)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         self.seconds[node.name] = min(self.seconds.get(node.name, float("inf")), time.perf_counter() - start)
+        if self.measure_workspace:
+            transient = torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated()
+            self.workspace[node.name] = min(self.workspace.get(node.name, transient), transient)
         return result
 
 
@@ -80,17 +94,36 @@ class TimingInterpreter(fx.Interpreter):
 PROFILE_REPEATS = 4
 
 
-def profile_seconds(module: fx.GraphModule, flat_inputs: list[torch.Tensor],
-                    repeats: int = PROFILE_REPEATS) -> dict[str, float]:
-    """Measured seconds per fx node name: each node's fastest of ``repeats`` runs after one warm-up.
+@dataclass
+class NodeProfile:
+    """Measured seconds per fx node name and, on CUDA, transient workspace bytes per fx node name."""
+
+    seconds: dict[str, float]
+    workspace: dict[str, int] = field(default_factory=dict)
+
+
+def profile_nodes(module: fx.GraphModule, flat_inputs: list[torch.Tensor],
+                  repeats: int = PROFILE_REPEATS) -> NodeProfile:
+    """Each node's fastest of ``repeats`` runs after one warm-up (and, on CUDA, its least workspace).
 
     The warm-up run also lets the allocator reach the step's high-water mark, so the timed runs
-    measure compute rather than first-touch page faults.
+    measure compute rather than first-touch page faults, and one-off allocations that persist
+    (cuBLAS's workspace per handle) are not taken for a node's scratch.
     """
     if repeats < 1:
-        raise CaptureError(f"profile_seconds needs at least one timed run, got repeats={repeats}; pass repeats >= 1")
-    interpreter = TimingInterpreter(module)
+        raise CaptureError(f"profile_nodes needs at least one timed run, got repeats={repeats}; pass repeats >= 1")
+    on_cuda = any(t.is_cuda for t in flat_inputs if isinstance(t, torch.Tensor))
+    interpreter = TimingInterpreter(module, measure_workspace=on_cuda)
     with torch.no_grad():
-        for _ in range(repeats + 1):
+        for run in range(repeats + 1):
+            if run == 1:  # the warm-up's numbers include lazy initialisation: start over
+                interpreter.seconds.clear()
+                interpreter.workspace.clear()
             interpreter.run(*flat_inputs)
-    return interpreter.seconds
+    return NodeProfile(seconds=interpreter.seconds, workspace=interpreter.workspace)
+
+
+def profile_seconds(module: fx.GraphModule, flat_inputs: list[torch.Tensor],
+                    repeats: int = PROFILE_REPEATS) -> dict[str, float]:
+    """Measured seconds per fx node name (:func:`profile_nodes` without the workspace)."""
+    return profile_nodes(module, flat_inputs, repeats).seconds

@@ -30,7 +30,7 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from coop.graph import Graph, Node
-from coop.graph_capture.cost import BANDWIDTH, FLOP_RATE, analytic_seconds, node_flops
+from coop.graph_capture.cost import BANDWIDTH, FLOP_RATE, NodeProfile, analytic_seconds, node_flops
 from coop.graph_capture.trace import TracedStep, is_random
 
 PLACEHOLDER_KIND = {"param": "param", "frozen": "param", "buffer": "buffer", "input": "input"}
@@ -57,8 +57,14 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 
 def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: str,
-          seconds: dict[str, float] | None = None) -> Lowered:
-    """Build the Graph of a traced step: one node per storage-producing fx node."""
+          profiled: NodeProfile | None = None) -> Lowered:
+    """Build the Graph of a traced step: one node per storage-producing fx node.
+
+    With ``profiled`` a node's cost is the measured seconds of its fx nodes and its workspace
+    includes their measured transient bytes (CUDA); else its cost is the analytic estimate.
+    """
+    seconds = profiled.seconds if profiled is not None else None
+    measured_workspace = profiled.workspace if profiled is not None else {}
     fx_graph = traced.module.graph
     storage_owner: dict[int, int] = {}  # storage key -> graph node id
     owner_of: dict[str, int] = {}
@@ -109,6 +115,9 @@ def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: st
         fx_flops[fx_node.name] = flops
         if fx_node.op == "call_function":
             fields[node_id]["cost"] += seconds.get(fx_node.name, 0.0) if seconds is not None else analytic_seconds(fx_node, flops)
+            # scratch of the op (or of a view folded into it) exists only while it runs
+            fields[node_id]["workspace"] = max(fields[node_id]["workspace"],
+                                               sum(extras.values()) + measured_workspace.get(fx_node.name, 0))
         for source in fx_node.all_input_nodes:
             source_id = owner_of[source.name]
             if source_id != node_id and source_id not in fields[node_id]["inputs"]:

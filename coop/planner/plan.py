@@ -167,7 +167,7 @@ class Plan:
 
 def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: LossFn | None = None,
          formulation: str = "auto", time_limit: float = 60, profile: bool = False,
-         arena: bool = False) -> Plan | DynamicPlan:
+         arena: bool = False, captured: Captured | None = None) -> Plan | DynamicPlan:
     """Capture a training step, solve for a schedule within ``budget`` and return its replay.
 
     ``formulation="auto"`` picks per graph (coop.formulations.auto: the baseline order when it
@@ -176,8 +176,11 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
     plan's ``note`` (and ``summary()["note"]``) says so. With ``arena=True`` the budget is the size
     of an address-ordered arena: every value gets a best-fit address (coop.runtime.static_arena),
     and the live-bytes budget is lowered by the fragmentation found until the arena peak fits.
+    ``captured`` reuses an earlier :func:`coop.capture` of this model and batch (several budgets,
+    one capture and one profile).
     """
-    captured = capture(model, example_batch, loss_fn=loss_fn, profile=profile)
+    if captured is None:
+        captured = capture(model, example_batch, loss_fn=loss_fn, profile=profile)
     graph = captured.graph
     budget_bytes = parse_budget(budget, graph)
     if formulation == "dynamic":
