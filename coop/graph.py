@@ -13,6 +13,7 @@ node and the problem.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import heapq
 import json
@@ -70,6 +71,32 @@ class Node(BaseModel):
     def caller_owned(self) -> bool:
         """Inputs, parameters and buffers: resident for the whole step, owned by the caller."""
         return self.kind in CALLER_OWNED_KINDS
+
+
+def is_seeded_random_op(op: str) -> bool:
+    """Whether ``op`` ("namespace.name.overload") is a torch op that draws from a generator.
+
+    That is the ``Tag.nondeterministic_seeded`` tag: aten's dropout/bernoulli/rand* and coop's own
+    ``coop.bernoulli_mask`` (:mod:`coop.graph_capture.random_ops`). Free-text ops of imported
+    graphs are not torch ops: False (and torch is not imported for them).
+    """
+    return _seeded_random(op)
+
+
+@functools.cache
+def _seeded_random(op: str) -> bool:
+    parts = op.split(".")
+    if len(parts) != 3 or not all(parts):
+        return False
+    import torch  # only names shaped like torch ops get here
+
+    if parts[0] == "coop":
+        import coop.graph_capture.random_ops  # noqa: F401  (registers torch.ops.coop.*)
+    try:
+        overload = getattr(getattr(getattr(torch.ops, parts[0]), parts[1]), parts[2])
+    except (AttributeError, RuntimeError):
+        return False
+    return torch.Tag.nondeterministic_seeded in getattr(overload, "tags", ())
 
 
 class Graph(BaseModel):
@@ -285,6 +312,36 @@ class Graph(BaseModel):
                     stack.extend(self.consumers[v])
             release[value] = latest
         return release
+
+    @cached_property
+    def random_draws(self) -> frozenset[int]:
+        """Computed nodes whose op draws from a torch generator (:func:`is_seeded_random_op`).
+
+        Their first computes must keep the order of ``order`` (one generator, drawn in eager
+        PyTorch's order); a replay that restores the generator state saved before a draw repeats
+        it exactly (:meth:`with_random_replay`). Imported graphs (free-text ops) have none.
+        """
+        return frozenset(n.id for n in self.nodes if not n.caller_owned and is_seeded_random_op(n.op))
+
+    def with_random_replay(self) -> Graph:
+        """This graph with its random draws marked recomputable: the graph a replaying engine plans on.
+
+        Recomputing a random op from the generator state saved right before its first draw yields
+        the very same numbers and leaves the generator where it was, so in the Graph's semantics it
+        is an ordinary recomputation (contract 1 forbids only replays that draw new numbers). The
+        executor and the online engines replay so; the first draws still keep their order.
+        """
+        def build() -> Graph:
+            replayable = {v for v in self.random_draws if not self.node(v).recomputable}
+            if not replayable:
+                return self
+            data = self.model_dump()
+            for node in data["nodes"]:
+                if node["id"] in replayable:
+                    node["recomputable"] = True
+            return Graph.model_validate(data)
+
+        return self.memo("with_random_replay", build)
 
     @property
     def num_edges(self) -> int:

@@ -24,9 +24,8 @@ computed on first use from their (resident) inputs and are deleted with their ow
 
 from __future__ import annotations
 
-import contextlib
 import operator
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,9 +34,9 @@ from torch import fx, nn
 
 from coop.budget import min_budget, parse_budget
 from coop.errors import BudgetError, InfeasibleError
-from coop.runtime.meter import host_pool
 from coop.runtime.online_sim import OnlineSimulator, _OutOfMemory, _Thrashing
 from coop.runtime.policies import EvictionPolicy, make_policy
+from coop.runtime.rng import RngState
 
 
 @dataclass
@@ -54,59 +53,6 @@ class DynamicStats:
     search_s: float
     fragmentation: float
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class RngState:
-    """The state of the generator a random op draws from, saved right before its first draw.
-
-    Replaying the op inside :meth:`replayed` (generator set to the saved state, then restored)
-    draws exactly the numbers of the first run (same generator state, same op, same shapes) and
-    leaves the program's generator where it was, so later random ops still draw what eager
-    PyTorch draws. The saved state is host memory (a CPU byte tensor, for CUDA generators too),
-    allocated in the meter's host pool: it never counts against the device budget.
-    """
-
-    device: torch.device
-    state: torch.Tensor
-
-    @classmethod
-    def save(cls, device: torch.device | str = "cpu") -> RngState:
-        """The current state of the default generator of ``device``."""
-        device = torch.device(device)
-        return cls(device, _generator_state(device))
-
-    @classmethod
-    def capture(cls, fx_node: fx.Node) -> RngState:
-        """The state of the generator that the random op ``fx_node`` is about to draw from."""
-        return cls.save(_output_device(fx_node))
-
-    @contextlib.contextmanager
-    def replayed(self) -> Iterator[None]:
-        current = _generator_state(self.device)
-        _set_generator_state(self.device, self.state)
-        try:
-            yield
-        finally:
-            _set_generator_state(self.device, current)
-
-
-def _generator_state(device: torch.device) -> torch.Tensor:
-    with host_pool():
-        return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
-
-
-def _set_generator_state(device: torch.device, state: torch.Tensor) -> None:
-    if device.type == "cuda":
-        torch.cuda.set_rng_state(state, device)
-    else:
-        torch.set_rng_state(state)
-
-
-def _output_device(fx_node: fx.Node) -> torch.device:
-    value = fx_node.meta.get("val")
-    first = value[0] if isinstance(value, (tuple, list)) else value
-    return first.device if isinstance(first, torch.Tensor) else torch.device("cpu")
 
 
 class DynamicStep(OnlineSimulator):

@@ -38,14 +38,13 @@ Soundness rules (why the exported schedule is legal and fits):
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from coop.budget import parse_budget
-from coop.graph import Graph
+from coop.graph import Graph, is_seeded_random_op  # noqa: F401  (re-exported)
 from coop.runtime.arena import Arena, Block
 from coop.runtime.policies import EvictionPolicy, TensorInfo, make_policy
 from coop.schedule import Schedule, Step
@@ -449,48 +448,11 @@ def simulate_online(
     )
 
 
-def is_seeded_random_op(op: str) -> bool:
-    """Whether ``op`` ("namespace.name.overload") is a torch op that draws from a generator.
-
-    That is the ``Tag.nondeterministic_seeded`` tag: aten's dropout/bernoulli/rand* and coop's own
-    ``coop.bernoulli_mask`` (:mod:`coop.graph_capture.random_ops`). Free-text ops of imported
-    graphs are not torch ops: False.
-    """
-    return _seeded_random(op)
-
-
-@functools.cache
-def _seeded_random(op: str) -> bool:
-    parts = op.split(".")
-    if len(parts) != 3:
-        return False
-    import torch  # only graphs with non-recomputable torch ops get here
-
-    if parts[0] == "coop":
-        import coop.graph_capture.random_ops  # noqa: F401  (registers torch.ops.coop.*)
-    try:
-        overload = getattr(getattr(getattr(torch.ops, parts[0]), parts[1]), parts[2])
-    except (AttributeError, RuntimeError):
-        return False
-    return torch.Tag.nondeterministic_seeded in getattr(overload, "tags", ())
-
-
 def replayable_random_ids(graph: Graph) -> set[int]:
     """Computed random ops that an engine can recompute exactly by replaying their saved RNG state."""
-    return {n.id for n in graph.nodes if not n.caller_owned and not n.recomputable and is_seeded_random_op(n.op)}
+    return {v for v in graph.random_draws if not graph.node(v).recomputable}
 
 
 def with_random_replay(graph: Graph) -> Graph:
-    """``graph`` with its replayable random ops marked recomputable: the graph an online schedule is legal on.
-
-    Recomputing a random op from the generator state saved before its first run yields the very
-    same draw, so in the Graph's semantics it is an ordinary recomputation.
-    """
-    replayable = replayable_random_ids(graph)
-    if not replayable:
-        return graph
-    data = graph.model_dump()
-    for node in data["nodes"]:
-        if node["id"] in replayable:
-            node["recomputable"] = True
-    return Graph.model_validate(data)
+    """``graph`` with its replayable random ops marked recomputable (:meth:`Graph.with_random_replay`)."""
+    return graph.with_random_replay()
