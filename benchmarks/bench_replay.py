@@ -224,7 +224,7 @@ def warm_worker(key: str, quick: bool, folder: Path) -> dict[str, Any]:
     planning_s = time.perf_counter() - start
     for name, plan in (("store_all", store_all), ("half", half)):
         document = schedule_to_json(plan.graph, plan.schedule, budget=plan.budget, formulation=plan.formulation)
-        document["structure_sha256"] = plan.graph.structure_sha256
+        document["structure_sha256"] = plan.captured.graph.structure_sha256
         (folder / f"{name}.json").write_text(json.dumps(document))
     steps = {"eager": _eager_step(eager_model, batch, loss_fn), "store_all": _plan_step(store_all, batch),
              "half": _plan_step(half, batch)}

@@ -159,6 +159,9 @@ def compare(
     if not budgets:
         raise CoopError("compare needs at least one budget (e.g. --budgets 0.9,0.7,0.5)")
     peak, least = baseline_peak(graph), min_budget(graph)
+    # Static plans may recompute random draws too: the executor replays them from their saved
+    # generator state, as the online engine does (a no-op for graphs without torch random ops).
+    static_graph = graph.with_random_replay()
     cost_unit = str(graph.meta.get("cost_unit", "unknown"))
     report = CompareReport(graph.name, cost_unit, peak, least)
     parsed = [(str(spec), parse_budget(spec, graph, check=False)) for spec in budgets]
@@ -173,7 +176,7 @@ def compare(
                            message=f"budget {units} is below the least feasible budget {least}")
             elif kind == "static":
                 options = {"time_limit": time_limit} | (solver_options or {}).get(name, {})
-                row = _static_row(graph, name, spec, units, peak, options, hints)
+                row = _static_row(static_graph, name, spec, units, peak, options, hints)
             else:
                 row = _online_row(graph, name, spec, units, peak)
             report.rows.append(row)

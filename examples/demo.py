@@ -98,7 +98,7 @@ def main() -> None:
 
     print("\ncomparison on the captured graph (static solves capped at 10 s; cost unit: seconds, analytic):")
     formulations = ["store-all", "checkpoint-all", "chen-sqrt", "chen-greedy", "checkmate-lp", "moccasin"]
-    report = compare(plan.graph, ["90%", "70%", "50%"], formulations=formulations, time_limit=10, progress=True)
+    report = compare(plan.captured.graph, ["90%", "70%", "50%"], formulations=formulations, time_limit=10, progress=True)
     print(report.to_markdown())
     report.plot(out / "compare.png")
     print(f"wrote {out / 'compare.png'}")

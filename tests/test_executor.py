@@ -81,7 +81,7 @@ def test_paging_moves_values_to_the_host_pool(captured_model) -> None:
     assert meter.peak_bytes <= simulate(captured.graph, schedule).peak * 1.02
 
 
-def test_recomputing_a_random_op_is_refused() -> None:
+def test_recomputing_a_random_op_is_refused_without_replay() -> None:
     model, batch, _ = build("mlp")
     captured = capture(model, batch)
     graph = captured.graph
@@ -90,7 +90,31 @@ def test_recomputing_a_random_op_is_refused() -> None:
     position = graph.order.index(random_id)
     steps.insert(position + 1, Step(op="compute", node=random_id))
     with pytest.raises(ScheduleError, match="not recomputable"):
-        Executor(captured, Schedule(steps=tuple(steps)))
+        Executor(captured, Schedule(steps=tuple(steps)), replay_random=False)
+
+
+@pytest.mark.parametrize("name", ["mlp", "transformer"])
+def test_recomputed_random_ops_replay_their_draws_bit_for_bit(name: str) -> None:
+    """checkpoint-all on the replay graph recomputes every dropout mask in the backward; the executor
+    replays each from the generator state saved before its first draw, so loss, gradients and the
+    generator's final state equal eager PyTorch's."""
+    model, batch, loss_fn = build(name)
+    captured = capture(model, batch, loss_fn)
+    replayable = captured.graph.with_random_replay()
+    schedule = solve(replayable, 10**12, "checkpoint-all").schedule
+    computes = [s.node for s in schedule.steps if s.op == "compute"]
+    assert any(computes.count(v) > 1 for v in replayable.random_draws), "no random op is recomputed"
+    executor = Executor(captured, schedule)
+    assert "save_generator_state" in executor.code and "swap_generator_state" in executor.code
+    flat = captured.flat_inputs(model, batch)
+    torch.manual_seed(7)
+    outputs, meter = metered_run(executor, flat, captured.constants())
+    after_replay = torch.get_rng_state()
+    torch.manual_seed(7)
+    reference = captured.run(model, *batch)
+    assert torch.equal(after_replay, torch.get_rng_state())
+    assert all(torch.equal(a, b) for a, b in zip(outputs, reference, strict=True))
+    assert meter.peak_bytes <= executor.predicted_peak * 1.02
 
 
 def test_illegal_schedule_is_refused_with_the_step() -> None:

@@ -771,8 +771,11 @@ def best_warm_start(graph: Graph, budget: int, hint: Any = None,
 
 
 def _random_draws(graph: Graph) -> set[int]:
-    """Nodes computed once that are not extra outputs: random ops, whose draws must keep their order."""
-    return {n.id for n in graph.nodes if not n.caller_owned and not n.recomputable and n.output_of is None}
+    """Random ops, whose first draws must keep their order: the graph's torch random draws (also when
+    they are recomputable by replay, :meth:`Graph.with_random_replay`) and, for graphs without op
+    names, the nodes computed once that are not extra outputs."""
+    once = {n.id for n in graph.nodes if not n.caller_owned and not n.recomputable and n.output_of is None}
+    return once | graph.random_draws
 
 
 # ==================================================================== entry point

@@ -183,7 +183,9 @@ def _check_knobs(knobs: Iterable[float]) -> tuple[float, ...]:
 def _check_same_graph(graph: Graph, captured: Any) -> None:
     if not hasattr(captured, "module") or not hasattr(captured, "owner_of"):
         raise CoopError(f"pytorch-mincut: captured is a {type(captured).__name__}, not a coop Captured; pass coop.capture(...)")
-    if captured.graph.structure_sha256 != graph.structure_sha256:
+    # the planner passes the captured graph with its random draws made replayable: the same structure
+    if graph.structure_sha256 not in (captured.graph.structure_sha256,
+                                      captured.graph.with_random_replay().structure_sha256):
         raise CoopError(
             f"pytorch-mincut: graph {graph.name!r} is not the graph of this captured model (structure digests differ); "
             "pass the Captured the graph came from"

@@ -23,7 +23,7 @@ from coop.formulations import BASELINES, SolveResult, solve, solve_accepting
 from coop.graph import Graph, format_bytes
 from coop.graph_capture import Captured, capture
 from coop.planner.hints import online_hint
-from coop.runtime.executor import Executor
+from coop.runtime.executor import Executor, replay_graph
 from coop.runtime.fallback import DynamicPlan
 from coop.runtime.static_arena import best_fit_placement
 from coop.schedule import Schedule, Simulation, Step, simulate, validate
@@ -55,7 +55,8 @@ class Plan:
     # ---------------------------------------------------------------- numbers
     @property
     def graph(self) -> Graph:
-        return self.captured.graph
+        """The Graph the plan's schedule is legal on (random draws recomputable: the executor replays them)."""
+        return self.executor.graph
 
     @property
     def baseline_peak(self) -> int:
@@ -150,7 +151,7 @@ class Plan:
         """Write the plan (schedule, budget, graph digest, batch shapes) as JSON."""
         document = {
             "format": PLAN_FORMAT,
-            "graph": {"name": self.graph.name, "structure_sha256": self.graph.structure_sha256},
+            "graph": {"name": self.graph.name, "structure_sha256": self.captured.graph.structure_sha256},
             "budget": self.budget,
             "formulation": self.formulation,
             "batch": [{"shape": list(shape), "dtype": str(dtype).removeprefix("torch.")}
@@ -190,7 +191,7 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
     live_budget = budget_bytes
     for _ in range(ARENA_ROUNDS):
         candidate = _plan_within(model, captured, live_budget, formulation, time_limit, loss_fn)
-        placement = best_fit_placement(graph, candidate.executor.schedule)
+        placement = best_fit_placement(candidate.graph, candidate.executor.schedule)
         candidate.arena_peak = placement.arena_peak
         if placement.arena_peak <= budget_bytes:
             candidate.note = (candidate.note + "; " if candidate.note else "") + (
@@ -212,8 +213,12 @@ ARENA_ROUNDS = 4
 
 def _plan_within(model: nn.Module, captured: Captured, budget_bytes: int, formulation: str, time_limit: float,
                  loss_fn: LossFn | None) -> Plan:
-    """Solve within a live-bytes budget; fall back to the cheapest fitting baseline, and say so."""
-    graph = captured.graph
+    """Solve within a live-bytes budget; fall back to the cheapest fitting baseline, and say so.
+
+    Formulations see the graph with random draws recomputable (:func:`replay_graph`): the executor
+    replays a recomputed dropout mask from its saved generator state, bit for bit.
+    """
+    graph = replay_graph(captured)
     hint = online_hint(graph, budget_bytes) if _accepts_hint(formulation) else None
     result = solve_accepting(graph, budget_bytes, formulation, time_limit=time_limit, captured=captured, hint=hint)
     if result.schedule is not None and validate(graph, result.schedule, budget_bytes).ok:

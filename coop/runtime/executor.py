@@ -6,8 +6,13 @@ Graph node ``v`` owns (a recomputation copies them again, reading the most recen
 its inputs), ``page_out``/``page_in`` become copies to and from a host tier, and fx's code
 generator releases every value right after its last use, so an instance lives exactly as long
 as the simulator says (or less, when an explicit free comes later than its last read).
-Random ops are never recomputed (their Graph nodes are not recomputable) and must run in the
-captured program's relative order, so the replay draws the same numbers as eager PyTorch.
+Random ops make their first draws in the captured program's relative order, so the replay draws
+the same numbers as eager PyTorch. With ``replay_random`` (the default) a schedule may also
+recompute them: the program saves the generator state right before the first draw of each random
+op that the schedule recomputes, and a recomputation sets that state, reruns the op and restores
+the generator (:mod:`coop.runtime.rng`), so it yields the same bits and later draws are
+unaffected. Such a schedule is legal on :meth:`Graph.with_random_replay`, the graph the executor
+validates against; the saved states are host memory and never count against the device budget.
 
 Extra outputs of a multi-output op (``convolution_backward``'s weight gradient, batch norm's saved
 statistics) are Graph nodes of their own (``Node.output_of``), which contract 2 counts from the
@@ -19,16 +24,19 @@ instead of living until a far-away ``getitem``.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import torch
 from torch import fx
 
 from coop.errors import ScheduleError
+from coop.graph import Graph
 from coop.graph_capture import Captured
 from coop.graph_capture.lower import output_nodes
 from coop.graph_capture.trace import is_random
 from coop.runtime.meter import host_pool
+from coop.runtime.rng import output_device, restore_generator_state, save_generator_state, swap_generator_state
 from coop.schedule import Schedule, Simulation, simulate, take_extras_promptly
 
 
@@ -56,8 +64,11 @@ class _Unavailable:
 
 
 class _ProgramBuilder:
-    def __init__(self, captured: Captured) -> None:
+    def __init__(self, captured: Captured, graph: Graph, replayed: set[int]) -> None:
         self.captured = captured
+        self.graph_ir = graph  # the Graph the schedule is legal on (random draws recomputable or not)
+        self.replayed = replayed  # random nodes the schedule recomputes: their generator state is saved
+        self.saved_states: dict[fx.Node, fx.Node] = {}  # random fx node -> program value of its saved state
         self.source = captured.module.graph
         self.position = {n: i for i, n in enumerate(self.source.nodes)}
         self.by_name = {n.name: n for n in self.source.nodes}
@@ -95,18 +106,33 @@ class _ProgramBuilder:
                 self.emit(node)
 
     def compute(self, index: int, node_id: int) -> None:
-        graph_node = self.captured.graph.node(node_id)
-        if node_id in self.computed and not graph_node.recomputable:
+        graph_node = self.graph_ir.node(node_id)
+        first = node_id not in self.computed
+        if not first and not graph_node.recomputable:
             raise ScheduleError(f"step {index} (compute %{node_id}): node {node_id} ({graph_node.name}) is not "
                                 "recomputable (a random op or an extracted output); keep it instead")
         self.computed.add(node_id)
         for node in self.group(node_id):
-            if is_random(node):
+            if not is_random(node):
+                self.emit(node)
+            elif first:
                 if self.position[node] < self.last_random:
                     raise ScheduleError(f"step {index} (compute %{node_id}): random op {node.name} runs out of the "
                                         "captured order, so it would draw different numbers than eager PyTorch")
                 self.last_random = self.position[node]
-            self.emit(node)
+                if node_id in self.replayed:
+                    device = str(output_device(node))
+                    self.saved_states[node] = self.graph.call_function(save_generator_state, (device,))
+                self.emit(node)
+            else:
+                self.replay(node)
+
+    def replay(self, node: fx.Node) -> None:
+        """Recompute a random op from the generator state saved before its first draw."""
+        saved = self.saved_states[node]
+        previous = self.graph.call_function(swap_generator_state, (saved,))
+        self.emit(node)
+        self.env[node] = self.graph.call_function(restore_generator_state, (previous, saved, self.env[node]))
 
     def drop(self, node_id: int, why: str) -> None:
         for node in self.group(node_id):
@@ -144,10 +170,18 @@ class _ProgramBuilder:
         return fx.GraphModule(self.captured.module, self.graph)
 
 
-def build_program(captured: Captured, schedule: Schedule) -> fx.GraphModule:
+def replay_graph(captured: Captured, replay_random: bool = True) -> Graph:
+    """The Graph an executor's schedules are legal on: random draws recomputable when it replays them."""
+    return captured.graph.with_random_replay() if replay_random else captured.graph
+
+
+def build_program(captured: Captured, schedule: Schedule, replay_random: bool = True) -> fx.GraphModule:
     """Generate the replay program of a legal schedule (ScheduleError if it cannot be replayed)."""
-    simulate(captured.graph, schedule)  # legality under contract 2, with the step and reason
-    builder = _ProgramBuilder(captured)
+    graph = replay_graph(captured, replay_random)
+    simulate(graph, schedule)  # legality under contract 2, with the step and reason
+    computes = Counter(step.node for step in schedule.steps if step.op == "compute")
+    replayed = {v for v in graph.random_draws if computes[v] > 1}
+    builder = _ProgramBuilder(captured, graph, replayed)
     builder.start()
     for index, step in enumerate(schedule.steps):
         if step.op == "compute":
@@ -166,16 +200,18 @@ class Executor:
 
     ``requested`` is the schedule as given; ``schedule`` the one replayed (extra outputs taken at
     their op's step, :func:`take_extras_promptly`: the same peak and cost) and ``simulation`` its
-    prediction.
+    prediction. With ``replay_random`` (the default) the schedule may recompute random ops; it is
+    checked against ``graph`` = :func:`replay_graph`.
     """
 
-    def __init__(self, captured: Captured, schedule: Schedule) -> None:
+    def __init__(self, captured: Captured, schedule: Schedule, replay_random: bool = True) -> None:
         self.captured = captured
+        self.graph = replay_graph(captured, replay_random)
         self.requested = schedule
-        simulate(captured.graph, schedule)  # refuse an illegal schedule with its own step numbers
-        self.schedule = take_extras_promptly(captured.graph, schedule)
-        self.simulation: Simulation = simulate(captured.graph, self.schedule)
-        self.module = build_program(captured, self.schedule)
+        simulate(self.graph, schedule)  # refuse an illegal schedule with its own step numbers
+        self.schedule = take_extras_promptly(self.graph, schedule)
+        self.simulation: Simulation = simulate(self.graph, self.schedule)
+        self.module = build_program(captured, self.schedule, replay_random)
 
     @property
     def predicted_peak(self) -> int:

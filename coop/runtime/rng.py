@@ -42,7 +42,7 @@ class RngState:
     @classmethod
     def capture(cls, fx_node: fx.Node) -> RngState:
         """The state of the generator that the random op ``fx_node`` is about to draw from."""
-        return cls.save(_output_device(fx_node))
+        return cls.save(output_device(fx_node))
 
     @contextlib.contextmanager
     def replayed(self) -> Iterator[None]:
@@ -66,7 +66,30 @@ def _set_generator_state(device: torch.device, state: torch.Tensor) -> None:
         torch.set_rng_state(state)
 
 
-def _output_device(fx_node: fx.Node) -> torch.device:
+def output_device(fx_node: fx.Node) -> torch.device:
+    """The device of an fx node's (first) output: where its random op draws."""
     value = fx_node.meta.get("val")
     first = value[0] if isinstance(value, (tuple, list)) else value
     return first.device if isinstance(first, torch.Tensor) else torch.device("cpu")
+
+
+# ---------------------------------------------------------------- in a generated replay program
+def save_generator_state(device: str) -> RngState:
+    """The state of ``device``'s default generator now (called right before a random op's first draw)."""
+    return RngState.save(device)
+
+
+def swap_generator_state(saved: RngState) -> torch.Tensor:
+    """Set the generator to ``saved`` and return the state it had (for :func:`restore_generator_state`)."""
+    current = _generator_state(saved.device)
+    _set_generator_state(saved.device, saved.state)
+    return current
+
+
+def restore_generator_state(previous: torch.Tensor, saved: RngState, value: object) -> object:
+    """Put the generator back to ``previous`` once ``value`` (the replayed draw) exists; returns ``value``.
+
+    Taking ``value`` as an argument orders this call after the replayed op in a generated program.
+    """
+    _set_generator_state(saved.device, previous)
+    return value
