@@ -6,16 +6,18 @@ reports status, compute overhead, evictions, eviction-search time and Coop's fra
 (mean free bytes / arena at failed allocations). A budget below the least feasible one
 (``coop.budget.min_budget``) is infeasible for every method; it is marked so.
 
-Besides the registered policies it runs Coop ablations (``ABLATIONS``): the first version's window
-score (``cost / staleness``), Coop without cheap/expensive ends, and without in-place recompute.
+Besides the registered policies it runs Coop ablations (``ABLATIONS``): the previous default
+(``coop-prev``: window score summing DTR's ``h``, cheap tensors from the arena's top), each of its
+two differences alone (``coop-h``, ``coop-ends``), the first version's window score
+(``cost / staleness``), Coop without cheap/expensive ends, and without in-place recompute.
 :func:`summarize` counts, over the feasible cells, where Coop's overhead and fragmentation are at
 most DTR's and DTE's and where Coop finishes while one of them does not (the paper's claim).
 
 :func:`run_captured` does the same on captured training steps (costs in analytic seconds):
-GPT-2 small (12 x 768, vocab 50257, batch 2, sequence 128) and ResNet-50 (transformers' default
+GPT-2 small (12 x 768, vocab 50257, batch 8, sequence 512), ResNet-50 (transformers' default
 ``ResNetConfig``: bottleneck depths 3-4-6-3, batch 16, 224 x 224; at batch 2 its weights and
-gradients alone exceed 70 % of the baseline peak), at 90/70/50/40 % of the
-baseline peak, plus the issue's GPT-2 (4 layers, batch 2, sequence 128) run on real tensors by the
+gradients alone exceed 70 % of the baseline peak) and the zoo's default transformer
+(``coop.zoo.build("transformer")``), at the same 90 to 40 % of the baseline peak, plus the issue's GPT-2 (4 layers, batch 2, sequence 128) run on real tensors by the
 dynamic fallback (:func:`run_fallback`): every policy at 50 %, three steps, loss and gradients
 compared with eager PyTorch by ``torch.equal`` and the meter's peak against the arena.
 
@@ -41,9 +43,20 @@ FRACTIONS = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4)
 POLICY_NAMES = tuple(POLICIES)
 #: Coop variants measured beside the registered policies (label -> CoopPolicy options).
 ABLATIONS: dict[str, dict[str, Any]] = {
+    "coop-prev": {"window_cost": "h", "layout": "ends"},
+    "coop-h": {"window_cost": "h"},
+    "coop-ends": {"layout": "ends"},
     "coop-cost": {"window_cost": "cost"},
     "coop-no-ends": {"partition": False},
     "coop-no-inplace": {"in_place": False},
+}
+#: What each ablation changes, for the reasons in :func:`_reason` (the ablation reaching the
+#: baselines where Coop does not names the part of Coop that costs it the cell).
+_ABLATION_CAUSES = {
+    "coop-no-ends": "the cheap/expensive split",
+    "coop-no-inplace": "in-place recompute",
+    "coop-h": "the per-byte window score (coop-h sums DTR's h instead)",
+    "coop-ends": "the hole-ends layout (coop-ends carves cheap tensors from the arena's top)",
 }
 
 
@@ -118,7 +131,7 @@ def run_rows(graph_dir: Path = GRAPH_DIR, fractions: tuple[float, ...] = FRACTIO
 
 
 #: Captured models: label -> (zoo-style builder, size); built lazily so the Checkmate sweep needs no torch.
-CAPTURED_FRACTIONS = (0.9, 0.7, 0.5, 0.4)
+CAPTURED_FRACTIONS = FRACTIONS
 
 
 def _captured_models() -> dict[str, Any]:
@@ -138,7 +151,10 @@ def _captured_models() -> dict[str, Any]:
         labels = torch.randint(0, 10, (batch,))
         return model, (images, labels), _classifier_loss
 
-    return {"gpt2-small-b8-s512": gpt2_small, "resnet50-b16": resnet50}
+    def zoo_transformer() -> tuple[Any, Any, Any]:
+        return build("transformer")
+
+    return {"gpt2-small-b8-s512": gpt2_small, "resnet50-b16": resnet50, "zoo-transformer": zoo_transformer}
 
 
 def run_captured(fractions: tuple[float, ...] = CAPTURED_FRACTIONS) -> list[dict[str, Any]]:
@@ -250,13 +266,14 @@ def _reason(by_policy: dict[str, dict[str, Any]], coop_label: str, key: str) -> 
     if key == "overhead" and coop["status"] != "ok":
         return f"coop {coop['status']} ({coop['message']}) where {best['policy']} finishes"
     measured = f"coop {coop[key]:.4g} vs {best['policy']} {best[key]:.4g}"
-    for ablation, what in (("coop-no-ends", "the cheap/expensive ends"), ("coop-no-inplace", "in-place recompute")):
+    for ablation, what in _ABLATION_CAUSES.items():
         row = by_policy.get(ablation)
         if row is not None and coop_label == "coop" and _at_most(row, others, key):
-            return f"{measured}; {ablation} reaches {row[key]:.4g}, so the layout that {what} give is the cause"
+            return f"{measured}; {ablation} reaches {row[key]:.4g}, so {what} is the cause"
+    none = "no Coop ablation reaches it: " if any(a in by_policy for a in _ABLATION_CAUSES) else ""
     if key == "fragmentation":
-        return f"{measured}; Coop's windows leave the free bytes at other failures than DTR's single victims"
-    return f"{measured}; the cheapest window under Coop's layout holds more recompute than DTR's greedy victims"
+        return f"{measured}; {none}Coop's windows leave the free bytes at other failures than DTR's single victims"
+    return f"{measured}; {none}the cheapest window under Coop's layout holds more recompute than DTR's greedy victims"
 
 
 def compare_coop(rows: list[dict[str, Any]], coop_label: str = "coop") -> list[dict[str, Any]]:

@@ -117,3 +117,43 @@ def test_free_blocks_and_neighbours_walk_the_address_order() -> None:
     assert [(h.start, h.size) for h in holes] == [(10, 20), (60, 40)]
     assert arena.block_below(holes[0]).tag == "a" and arena.block_above(holes[0]).tag == "c"
     assert arena.block_below(arena.block_of("a")) is None and arena.block_above(holes[1]) is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(size=st.integers(1, 200), operations=_operations, placement=st.sampled_from(["best", "top", "best-top"]))
+def test_every_placement_keeps_the_arena_tiled_and_takes_the_right_hole(size: int, operations: list,
+                                                                        placement: str) -> None:
+    arena = Arena(size)
+    live: dict[int, int] = {}  # tag -> size
+    for tag, (kind, amount, _) in enumerate(operations):
+        if kind == "alloc":
+            holes = list(arena.free_blocks())
+            fitting = [h for h in holes if h.size >= amount]
+            start = arena.allocate(amount, tag, placement=placement)
+            assert (start is not None) == bool(fitting)
+            if start is None:
+                continue
+            hole = next(h for h in holes if h.start <= start < h.end)
+            best = min(fitting, key=lambda h: (h.size, h.start))
+            if placement == "top":
+                assert hole == fitting[-1] and start + amount == hole.end  # highest hole, carved from its top
+            else:
+                assert hole == best  # best fit: the smallest hole that fits, lowest on ties
+                assert start == (hole.start if placement == "best" else hole.end - amount)
+            live[tag] = amount
+        elif live:
+            victim = sorted(live)[amount % len(live)]
+            assert arena.free(victim) == live.pop(victim)
+        arena.check_invariants()
+
+
+def test_best_top_carves_the_best_fit_hole_from_its_top() -> None:
+    arena = Arena(100)
+    for tag, amount in enumerate((10, 30, 10, 20, 30)):
+        arena.allocate(amount, tag)
+    arena.free(1)  # hole of 30 at [10, 40)
+    arena.free(3)  # hole of 20 at [50, 70)
+    assert arena.allocate(15, "x", placement="best-top") == 55  # the 20-byte hole, at its top
+    assert arena.allocate(6, "y", from_end=True) == 34  # "top": the highest hole that fits, [10, 40)
+    with pytest.raises(ArenaError, match="unknown placement"):
+        arena.allocate(5, "z", placement="middle")

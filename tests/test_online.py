@@ -19,7 +19,7 @@ from coop.runtime.online_sim import (
     simulate_online,
     with_random_replay,
 )
-from coop.runtime.policies import POLICIES, CoopPolicy, cheapest_window, make_policy
+from coop.runtime.policies import LAYOUTS, POLICIES, WINDOW_COSTS, CoopPolicy, cheapest_window, make_policy
 from coop.schedule import simulate, validate
 
 POLICY_NAMES = tuple(POLICIES)
@@ -219,6 +219,54 @@ def test_coop_packs_cheap_tensors_from_the_high_end() -> None:
     assert not make_policy(CoopPolicy(partition=False)).from_end(10, 0.0)
 
 
+def test_coop_places_cheap_tensors_at_the_top_of_the_best_fit_hole() -> None:
+    default, ends = make_policy("coop"), make_policy(CoopPolicy(layout="ends"))
+    for policy in (default, ends):
+        assert policy.placement(10, 10.0) == "best"  # no history: expensive
+    assert default.placement(10, 1.0) == "best-top"  # cheap: best-fit hole, its top
+    assert ends.placement(10, 1.0) == "top"  # the earlier layout: the highest hole's top
+    assert default.placement(10, 50.0) == "best"
+    assert make_policy(CoopPolicy(partition=False)).placement(10, 0.0) == "best"
+    assert make_policy("dtr").placement(10, 0.0) == "best" and make_policy("dte").placement(10, 0.0) == "best"
+    with pytest.raises(CoopError, match="unknown Coop layout"):
+        CoopPolicy(layout="middle")
+    with pytest.raises(CoopError, match="unknown Coop window cost"):
+        CoopPolicy(window_cost="cheapest")
+
+
+def test_coop_keeps_a_cheap_tensor_out_of_the_top_hole_when_a_smaller_one_fits() -> None:
+    # Arena 100: x (caller-owned) [0, 10), a [10, 30), hole [30, 40), b [40, 60), hole [60, 100).
+    # A cheap tensor of 10 under "hole-ends" fills [30, 40) (best fit, at its top) and leaves the
+    # 40-byte hole whole; under "ends" it splits the top hole.
+    nodes = [{"id": 0, "name": "x", "mem": 10, "cost": 0, "kind": "input"}]
+    nodes += [{"id": i, "name": f"n{i}", "inputs": [0], "mem": 20, "cost": 100} for i in (1, 2)]
+    nodes += [{"id": 3, "name": "cheap", "inputs": [0], "mem": 10, "cost": 1}]
+    graph = Graph.model_validate({"name": "holes", "nodes": nodes, "outputs": [1, 2, 3]})
+    for layout, expected in (("hole-ends", 30), ("ends", 90)):
+        policy = make_policy(CoopPolicy(layout=layout))
+        engine = OnlineSimulator(graph, 100, policy, max_overhead=10.0)
+        for tag, start, size in ((0, 0, 10), (1, 10, 20), (2, 40, 20)):
+            assert engine.arena.allocate_at(start, size, tag)
+        policy.from_end(20, 100.0)  # history: one expensive tensor, so cost 1 on 10 bytes is cheap
+        engine._allocate(3, 10, 1.0, None)
+        assert engine.arena.address_of(3) == expected, layout
+        engine.arena.check_invariants()
+
+
+@settings(max_examples=40, deadline=None)
+@given(graph=small_dags(), fraction=st.floats(0.0, 1.0), window_cost=st.sampled_from(WINDOW_COSTS),
+       layout=st.sampled_from(LAYOUTS), partition=st.booleans())
+def test_every_coop_variant_exports_legal_schedules_within_budget(graph: Graph, fraction: float, window_cost: str,
+                                                                  layout: str, partition: bool) -> None:
+    low, high = min_budget(graph), baseline_peak(graph)
+    budget = max(1, round(low + fraction * max(high - low, 0)))
+    result = simulate_online(graph, budget, CoopPolicy(window_cost=window_cost, layout=layout, partition=partition))
+    assert result.peak <= budget
+    if result.schedule is not None:
+        verdict = validate(graph, result.schedule, budget)
+        assert verdict.ok, verdict.reason
+
+
 # ---------------------------------------------------------------------------- Coop's window search
 _slots = st.lists(
     st.tuples(st.integers(1, 20), st.one_of(st.none(), st.floats(0, 10), st.just(0.0))),
@@ -251,6 +299,48 @@ def test_two_pointer_window_matches_brute_force(slots: list, request: int) -> No
     assert all(c is not None for _, c in window) and sum(s for s, _ in window) >= request
     assert cost == pytest.approx(sum(c for _, c in window), abs=1e-6)
     assert cost == pytest.approx(expected, abs=1e-6)
+
+
+def _brute_force_cheapest_per_byte(slots: list, request: int) -> float | None:
+    """Least cost / bytes over the windows that cover the request and lose cover without their left slot."""
+    best = None
+    for first, last in itertools.combinations_with_replacement(range(len(slots)), 2):
+        window = slots[first:last + 1]
+        size = sum(s for s, _ in window)
+        if any(cost is None for _, cost in window) or size < request:
+            continue
+        if first < last and size - window[0][0] >= request:  # not the shortest for this right end
+            continue
+        ratio = sum(c for _, c in window) / size
+        best = ratio if best is None else min(best, ratio)
+    return best
+
+
+@settings(max_examples=300, deadline=None)
+@given(slots=_slots, request=st.integers(1, 60))
+def test_per_byte_window_matches_brute_force(slots: list, request: int) -> None:
+    found = cheapest_window(slots, request, per_byte=True)
+    expected = _brute_force_cheapest_per_byte(slots, request)
+    if expected is None:
+        assert found is None
+        return
+    assert found is not None
+    first, last, ratio = found
+    window = slots[first:last + 1]
+    size = sum(s for s, _ in window)
+    assert all(c is not None for _, c in window) and size >= request
+    assert ratio == pytest.approx(sum(c for _, c in window) / size, abs=1e-6)
+    assert ratio == pytest.approx(expected, abs=1e-6)
+
+
+def test_the_per_byte_window_prefers_the_cheaper_tensor_over_the_bigger_one() -> None:
+    # Request 6: a big tensor (cost 3 on 20 bytes) against a small one with a free neighbour
+    # (cost 1 on 4 bytes + 4 free). Summing DTR's h (cost / bytes per tensor) picks the big one
+    # (0.15 < 0.25); per byte of the window the small one is cheaper (1 / 8 < 3 / 20).
+    h_slots = [(20, 3 / 20), (2, None), (4, 1 / 4), (4, 0.0)]
+    assert cheapest_window(h_slots, 6)[:2] == (0, 0)
+    ratio_slots = [(20, 3.0), (2, None), (4, 1.0), (4, 0.0)]
+    assert cheapest_window(ratio_slots, 6, per_byte=True)[:2] == (2, 3)
 
 
 # ---------------------------------------------------------------------------- published graphs

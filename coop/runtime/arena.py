@@ -5,9 +5,10 @@ tensors scattered over the address space may be useless to the next allocation. 
 al., NeurIPS 2023, "Coop: Memory is not a Commodity") measures that waste; this arena models it:
 
 * the blocks tile ``[0, size)`` in address order; a block is free or holds one tagged value;
-* ``allocate`` is best fit (the smallest free block that fits, lowest address on ties) or, with
-  ``from_end=True``, carves from the top of the highest free block that fits (Coop allocates its
-  "expensive" tensors from the other end of the arena than its cheap ones);
+* ``allocate`` places a block by one of :data:`PLACEMENTS`: "best" is best fit (the smallest free
+  block that fits, lowest address on ties, the block at its bottom); "top" (``from_end=True``)
+  carves from the top of the highest free block that fits; "best-top" takes the best-fit free
+  block but carves from its top (Coop keeps its cheap and expensive tensors at opposite ends);
 * ``free`` merges the freed block with free neighbours, so two free blocks are never adjacent;
 * every failed allocation records Coop's fragmentation measure (free bytes / arena size) and the
   largest free block.
@@ -23,6 +24,9 @@ from dataclasses import dataclass
 from sortedcontainers import SortedDict, SortedList
 
 from coop.errors import CoopError
+
+#: Where ``allocate`` puts a block (see the module docstring).
+PLACEMENTS = ("best", "top", "best-top")
 
 
 class ArenaError(CoopError):
@@ -74,20 +78,26 @@ class Arena:
         self._add_free(0, size)
 
     # ---------------------------------------------------------------- allocation
-    def allocate(self, size: int, tag: Hashable, from_end: bool = False, *, record: bool = True) -> int | None:
+    def allocate(self, size: int, tag: Hashable, from_end: bool = False, *, record: bool = True,
+                 placement: str | None = None) -> int | None:
         """The start address of a new block for ``tag``, or None when nothing fits.
 
+        ``placement`` is one of :data:`PLACEMENTS` (default: "top" when ``from_end``, else "best").
         A failure is recorded in :attr:`failures` unless ``record`` is False (the engine retries
         one request after each eviction and records only its first failure).
         """
         self._check_new(size, tag)
-        found = self._highest_fit(size) if from_end else self._best_fit(size)
+        if placement is None:
+            placement = "top" if from_end else "best"
+        elif placement not in PLACEMENTS:
+            raise ArenaError(f"unknown placement {placement!r}: use one of {', '.join(PLACEMENTS)}")
+        found = self._highest_fit(size) if placement == "top" else self._best_fit(size)
         if found is None:
             if record:
                 self._record_failure(size)
             return None
         free_start, free_size = found
-        start = free_start + free_size - size if from_end else free_start
+        start = free_start if placement == "best" else free_start + free_size - size
         self._carve(free_start, free_size, start, size, tag)
         return start
 

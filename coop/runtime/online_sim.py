@@ -302,9 +302,9 @@ class OnlineSimulator:
             return
         if hint is not None and self._arena.allocate_at(hint, size, key):
             return
-        from_end = True if permanent else self.policy.from_end(size, cost)
+        placement = "top" if permanent else self.policy.placement(size, cost)
         first_try = True
-        while not self._place(key, size, from_end, permanent, record=first_try):
+        while not self._place(key, size, placement, permanent, record=first_try):
             first_try = False
             started = time.perf_counter()
             victims = self.policy.choose(size, self)
@@ -318,13 +318,14 @@ class OnlineSimulator:
                 self._drop(victim)
                 self.evictions += 1
 
-    def _place(self, key: Hashable, size: int, from_end: bool, permanent: bool, record: bool) -> bool:
-        """One allocation attempt; never-evictable values go next to the other never-evictable blocks."""
+    def _place(self, key: Hashable, size: int, placement: str, permanent: bool, record: bool) -> bool:
+        """One allocation attempt (``placement``: one of :data:`coop.runtime.arena.PLACEMENTS`);
+        never-evictable values go next to the other never-evictable blocks."""
         if permanent:
             start = self._permanent_address(size)
             if start is not None:
                 return self._arena.allocate_at(start, size, key)
-        return self._arena.allocate(size, key, from_end, record=record) is not None
+        return self._arena.allocate(size, key, record=record, placement=placement) is not None
 
     def _permanent_address(self, size: int) -> int | None:
         """Where a never-evictable value fragments the evictable region least (None: nowhere fits).

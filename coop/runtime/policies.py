@@ -21,15 +21,19 @@ Policies:
   by the bytes a contiguous allocation gains, the tensor plus the free blocks beside it.
 * ``coop``: Coop (Zhang et al., NeurIPS 2023). Evict the cheapest *contiguous window* of blocks
   (free blocks and evictable tensors, no pinned block inside) whose bytes cover the request,
-  found by a two-pointer scan in O(blocks). A window costs the sum of DTR's heuristic
-  ``h(t) = e*(t) / (size(t) * staleness(t))`` over its tensors, with ``e*`` from the same
-  equivalence classes as ``dtr-eq`` (free blocks cost nothing), so Coop ranks tensors exactly as
-  DTR does and differs only in evicting address-contiguous sets. Tensors are split by cost
-  density (cost / bytes, against the running median) into cheap ones, packed from the high end,
-  and expensive ones, placed by best fit from the low end, so that cheap tensors sit next to each
-  other (Zhang et al.'s cheap tensor partitioning: the two classes at opposite ends); a recomputed tensor
-  goes back to its old address when that range is free (in-place recompute). The earlier
-  window score ``cost / staleness`` (no ``e*``, no bytes) is kept as ``window_cost="cost"``.
+  found by a two-pointer scan in O(blocks). By default a window costs its expected recompute per
+  byte it frees: the sum over its tensors of ``e*(t) / staleness(t)`` (``e*`` from the same
+  equivalence classes as ``dtr-eq``; free blocks cost nothing) divided by the window's bytes,
+  free blocks included. That is DTE's score (a tensor plus the free blocks beside it) grown to a
+  window, and for a one-tensor window DTR's ``h``; the scan compares, for every right end, the
+  shortest window that covers the request. Tensors are split by cost density (cost / bytes,
+  against the running median) into cheap and expensive ones (Zhang et al.'s cheap tensor
+  partitioning); both take the best-fit free block, cheap ones at its top and expensive ones at
+  its bottom, so that cheap tensors gather at one end of every hole without splitting a larger
+  one. A recomputed tensor goes back to its old address when that range is free (in-place
+  recompute). Earlier settings are kept for ablations: ``window_cost="h"`` (sum of DTR's ``h``
+  over the window), ``"estar"``, ``"cost"``; ``layout="ends"`` (cheap tensors from the top of
+  the highest hole that fits, expensive ones by best fit).
 """
 
 from __future__ import annotations
@@ -104,6 +108,11 @@ class EvictionPolicy:
     def from_end(self, size: int, cost: float) -> bool:
         """Whether to allocate a new tensor from the high end of the arena."""
         return False
+
+    def placement(self, size: int, cost: float) -> str:
+        """Where a new tensor goes: one of :data:`coop.runtime.arena.PLACEMENTS` (default: best fit,
+        or the top of the highest hole when :meth:`from_end` says so)."""
+        return "top" if self.from_end(size, cost) else "best"
 
     def choose(self, request: int, view: EngineView) -> list[Hashable]:
         """Tensors to evict so that an allocation of ``request`` bytes can succeed (empty: none can)."""
@@ -237,13 +246,17 @@ class Window:
     victims: tuple[Hashable, ...]
 
 
-def cheapest_window(slots: list[tuple[int, float | None]], request: int) -> tuple[int, int, float] | None:
+def cheapest_window(slots: list[tuple[int, float | None]], request: int,
+                    per_byte: bool = False) -> tuple[int, int, float] | None:
     """Two-pointer scan for the cheapest contiguous run of slots whose bytes cover ``request``.
 
     ``slots`` are ``(bytes, cost)`` in address order; ``cost`` None marks a pinned slot that no
     window may contain. Costs are non-negative, so for each right end the best left end is the
     rightmost one that still covers the request, and that left end only moves right: O(n).
-    Returns ``(first, last, cost)`` or None.
+    With ``per_byte`` the windows are ranked by cost / bytes instead of cost, over the same
+    candidates (for each right end, the shortest covering window): still O(n), and the window
+    returned is the cheapest per byte among the windows that no left block can be dropped from.
+    Returns ``(first, last, score)`` (score: the window's cost, or cost / bytes) or None.
     """
     best: tuple[int, int, float] | None = None
     left = 0
@@ -259,13 +272,17 @@ def cheapest_window(slots: list[tuple[int, float | None]], request: int) -> tupl
             window_bytes -= slots[left][0]
             window_cost -= slots[left][1]  # type: ignore[operator]
             left += 1
-        if window_bytes >= request and (best is None or window_cost < best[2]):
-            best = (left, right, window_cost)
+        if window_bytes >= request:
+            score = max(window_cost, 0.0) / max(window_bytes, 1) if per_byte else window_cost
+            if best is None or score < best[2]:
+                best = (left, right, score)
     return best
 
 
 #: How Coop scores a tensor inside a window (see CoopPolicy).
-WINDOW_COSTS = ("h", "estar", "cost")
+WINDOW_COSTS = ("ratio", "h", "estar", "cost")
+#: Where Coop puts cheap and expensive tensors (see CoopPolicy).
+LAYOUTS = ("hole-ends", "ends")
 
 
 class CoopPolicy(DTREquivalencePolicy):
@@ -276,41 +293,58 @@ class CoopPolicy(DTREquivalencePolicy):
     and in-place recomputation (here: a recomputed tensor first tries its previous address; the
     paper's in-place ops that mutate a recomputable tensor do not arise in a functional Graph).
 
-    ``window_cost`` scores a tensor inside a window: "h" (default) is DTR's heuristic
-    ``e*(t) / (size(t) * staleness(t))`` with equivalence-class ``e*``, as Zhang et al. sum the
-    DTR heuristic over a window; "estar" drops the bytes term (``e* / staleness``); "cost" uses
-    the tensor's own cost (``cost / staleness``, the first version). Free blocks cost nothing.
-    ``partition`` and ``in_place`` switch off cheap/expensive ends and in-place recomputation
-    (for ablations; the defaults are the paper's Coop).
+    ``window_cost`` ranks windows: "ratio" (default) is the window's expected recompute per byte
+    it frees, ``sum(e*(t) / staleness(t)) / window bytes`` (free blocks add bytes, no cost; for a
+    single tensor with its free neighbours this is DTE's score); "h" sums DTR's heuristic
+    ``e*(t) / (size(t) * staleness(t))`` over the window's tensors; "estar" sums
+    ``e*(t) / staleness(t)``; "cost" sums ``cost(t) / staleness(t)`` (the first version). ``e*``
+    comes from DTR's equivalence classes. ``layout`` places the two cost-density classes:
+    "hole-ends" (default) puts both in the best-fit hole, cheap tensors at its top and expensive
+    ones at its bottom; "ends" carves cheap tensors from the top of the highest hole that fits
+    and gives expensive ones the best fit. ``partition`` and ``in_place`` switch off the
+    cheap/expensive split (every tensor by best fit) and in-place recomputation (ablations).
     """
 
     name = "coop"
 
-    def __init__(self, window_cost: str = "h", partition: bool = True, in_place: bool = True) -> None:
+    def __init__(self, window_cost: str = "ratio", partition: bool = True, in_place: bool = True,
+                 layout: str = "hole-ends") -> None:
         super().__init__()
         if window_cost not in WINDOW_COSTS:
             raise CoopError(f"unknown Coop window cost {window_cost!r}: use one of {', '.join(WINDOW_COSTS)}")
+        if layout not in LAYOUTS:
+            raise CoopError(f"unknown Coop layout {layout!r}: use one of {', '.join(LAYOUTS)}")
         self.window_cost = window_cost
         self.partition = partition
+        self.layout = layout
         self.in_place_recompute = in_place
         self._densities: SortedList = SortedList()
 
     def reset(self) -> None:
-        self.__init__(self.window_cost, self.partition, self.in_place_recompute)  # type: ignore[misc]
+        self.__init__(self.window_cost, self.partition, self.in_place_recompute, self.layout)  # type: ignore[misc]
 
     def from_end(self, size: int, cost: float) -> bool:
-        # Cheap tensors (cost density below the running median) are packed from the high end;
-        # expensive ones take the arena's best fit. Why this way round: best fit scatters its class
-        # into every hole it finds, while carving from the top keeps a class packed, and the class
-        # that must sit together, so that one window of it is cheap to evict, is the cheap one.
-        # (Measured: the other way round, 19 of 29 Checkmate cells had overhead <= DTR's and DTE's;
-        # this way, 24.)
+        """Whether a new tensor is cheap (cost density below the running median): cheap tensors go
+        to the high end, of the best-fit hole ("hole-ends") or of the arena ("ends")."""
+        # Why cheap ones high: best fit scatters its class into every hole it finds, while
+        # carving from one end keeps a class packed, and the class that must sit together, so
+        # that one window of it is cheap to evict, is the cheap one.
         if not self.partition:
             return False
         density = cost / size if size else 0.0
         cheap = bool(self._densities) and density < self._densities[len(self._densities) // 2]
         self._densities.add(density)
         return cheap
+
+    def placement(self, size: int, cost: float) -> str:
+        # "hole-ends" keeps best fit's choice of hole, so a cheap tensor never splits a larger
+        # hole (the top one, typically) while a smaller one fits: measured on the Checkmate
+        # graphs, "ends" split the top hole and left the free bytes in pieces (VGG19 0.9,
+        # segnet 0.5; the bench_online ablation coop-ends).
+        cheap = self.from_end(size, cost)
+        if not cheap:
+            return "best"
+        return "best-top" if self.layout == "hole-ends" else "top"
 
     def choose(self, request: int, view: EngineView) -> list[Hashable]:
         window = self.find_window(request, view)
@@ -319,7 +353,7 @@ class CoopPolicy(DTREquivalencePolicy):
     def find_window(self, request: int, view: EngineView) -> Window | None:
         blocks = list(view.arena.blocks())
         slots = [self._slot(block, view) for block in blocks]
-        found = cheapest_window(slots, request)
+        found = cheapest_window(slots, request, per_byte=self.window_cost == "ratio")
         if found is None:
             return None
         first, last, cost = found
