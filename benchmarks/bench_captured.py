@@ -104,7 +104,7 @@ def _sweep_s(peers: list[SolveResult]) -> float:
 def _row(model: str, captured: Captured, label: str, budget: int, formulation: str, time_limit: float,
          peers: list[SolveResult]) -> dict[str, Any]:
     """One benchmark row; a result that fits is appended to ``peers`` (Moccasin's warm starts)."""
-    graph = captured.graph
+    graph = captured.graph.with_random_replay()  # what coop.plan solves on: the executor replays random draws
     peak0 = baseline_peak(graph)
     row: dict[str, Any] = {"model": model, "nodes": len(graph.order), "budget_label": label, "budget": budget,
                            "formulation": formulation}
@@ -147,7 +147,7 @@ def run(quick: bool = False, time_limit: float = 60.0,
     """One row per (model, budget, formulation)."""
     rows = []
     for model, captured in capture_models(quick).items():
-        graph = captured.graph
+        graph = captured.graph.with_random_replay()
         peak0 = baseline_peak(graph)
         least = least_feasible_budget(graph)
         print(f"{model}: {len(graph.order)} nodes, baseline peak {peak0}, min_budget {least.lower_bound} "

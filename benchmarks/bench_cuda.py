@@ -7,7 +7,9 @@ keeps the section of the last run made on a GPU (``REQUIRES = "cuda"``).
 Per model (random weights, nothing downloaded; the sizes of issue 4's captured bars): one
 capture on the device with profiled node costs (``coop.capture(..., profile=True)``: measured
 seconds per node on the GPU), then plans at 100 % (store-all), 70 % and 50 % of the baseline
-peak (``formulation="auto"``). For each plan:
+peak (``formulation="auto"``), and checkpoint-all, which recomputes every activation and every
+dropout draw (the executor replays each draw from the CUDA generator state saved before it). For
+each plan:
 
 * ``measured_peak``: ``torch.cuda.max_memory_allocated`` during one ``plan.step`` minus what was
   allocated before it, plus the caller-owned bytes (parameters, buffers, batch) that the Graph
@@ -47,7 +49,9 @@ from coop.errors import CoopError
 from coop.zoo import _classifier_loss, build
 
 REQUIRES = "cuda"
-BUDGETS = (1.0, 0.7, 0.5)
+#: (formulation, budget fraction): store-all, the planner at 70 % and 50 %, and checkpoint-all, which
+#: recomputes every activation, dropout masks included (replayed from their saved generator state).
+PLANS = (("store-all", 1.0), ("auto", 0.7), ("auto", 0.5), ("checkpoint-all", 1.0))
 TIME_LIMIT = 30
 STEPS = 20
 WARMUP = 3
@@ -130,6 +134,12 @@ def _recomputed_ops(plan: Any, top: int = 4) -> str:
     return ", ".join(f"{op} {count}" for op, count in ops.most_common(top) if count)
 
 
+def _random_replays(plan: Any) -> int:
+    """Recomputations of random ops in the plan (replayed from their saved generator state)."""
+    computes = Counter(step.node for step in plan.schedule.steps if step.op == "compute")
+    return sum(computes[v] - 1 for v in plan.graph.random_draws)
+
+
 def _host_and_kernel_ms(model: torch.nn.Module, step: Callable[[], Any]) -> tuple[float, float]:
     """Milliseconds the host spends issuing one step (before the final sync) and the GPU spends in kernels.
 
@@ -194,12 +204,12 @@ def _rows_for(label: str, make: Callable[[], tuple], time_limit: float) -> list[
     eager_ms = _median_ms(eager, eager_step)
     rows: list[dict[str, Any]] = []
     store_all_ms = None
-    for fraction in BUDGETS:
+    for formulation, fraction in PLANS:
         row: dict[str, Any] = {"model": label, "nodes": len(graph.nodes), "budget": fraction}
         start = time.perf_counter()
         try:
             plan = coop.plan(model, fraction, batch, loss_fn=loss_fn, captured=captured, time_limit=time_limit,
-                             formulation="store-all" if fraction == 1.0 else "auto")
+                             formulation=formulation)
         except CoopError as exc:
             rows.append({**row, "error": str(exc)})
             continue
@@ -208,7 +218,7 @@ def _rows_for(label: str, make: Callable[[], tuple], time_limit: float) -> list[
         measured = _measured_peak(model, step, caller_owned)
         step_ms = _median_ms(model, step)
         host_ms, kernel_ms = _host_and_kernel_ms(model, step)
-        store_all_ms = step_ms if fraction == 1.0 else store_all_ms
+        store_all_ms = step_ms if formulation == "store-all" else store_all_ms
         row.update({
             "formulation": plan.formulation, "status": summary["status"], "solve_s": round(time.perf_counter() - start, 1),
             "baseline_peak": baseline, "predicted_peak": plan.predicted_peak, "measured_peak": measured,
@@ -219,6 +229,7 @@ def _rows_for(label: str, make: Callable[[], tuple], time_limit: float) -> list[
             "vs_store_all": round(step_ms / store_all_ms, 3) if store_all_ms else None,
             "host_ms": round(host_ms, 2), "kernel_ms": round(kernel_ms, 2),
             "recomputations": plan.simulation.recomputations, "recomputed_ops": _recomputed_ops(plan),
+            "random_replays": _random_replays(plan),
             "profiled_baseline_ms": round(1000 * plan.simulation.baseline_cost, 2),
             "grads_equal": _equal_to_eager(plan, eager, batch, loss_fn),
             "capture_s": round(capture_s, 1),
