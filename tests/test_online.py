@@ -285,22 +285,6 @@ def _brute_force_cheapest(slots: list, request: int) -> float | None:
     return best
 
 
-@settings(max_examples=300, deadline=None)
-@given(slots=_slots, request=st.integers(1, 60))
-def test_two_pointer_window_matches_brute_force(slots: list, request: int) -> None:
-    found = cheapest_window(slots, request)
-    expected = _brute_force_cheapest(slots, request)
-    if expected is None:
-        assert found is None
-        return
-    assert found is not None
-    first, last, cost = found
-    window = slots[first:last + 1]
-    assert all(c is not None for _, c in window) and sum(s for s, _ in window) >= request
-    assert cost == pytest.approx(sum(c for _, c in window), abs=1e-6)
-    assert cost == pytest.approx(expected, abs=1e-6)
-
-
 def _brute_force_cheapest_per_byte(slots: list, request: int) -> float | None:
     """Least cost / bytes over the windows that cover the request and lose cover without their left slot."""
     best = None
@@ -316,21 +300,23 @@ def _brute_force_cheapest_per_byte(slots: list, request: int) -> float | None:
     return best
 
 
+@pytest.mark.parametrize("per_byte", [False, True])
 @settings(max_examples=300, deadline=None)
 @given(slots=_slots, request=st.integers(1, 60))
-def test_per_byte_window_matches_brute_force(slots: list, request: int) -> None:
-    found = cheapest_window(slots, request, per_byte=True)
-    expected = _brute_force_cheapest_per_byte(slots, request)
+def test_two_pointer_window_matches_brute_force(per_byte: bool, slots: list, request: int) -> None:
+    """The O(n) scan finds the cheapest covering window (by cost, or by cost per byte among the shortest)."""
+    found = cheapest_window(slots, request, per_byte=per_byte)
+    expected = (_brute_force_cheapest_per_byte if per_byte else _brute_force_cheapest)(slots, request)
     if expected is None:
         assert found is None
         return
     assert found is not None
-    first, last, ratio = found
+    first, last, score = found
     window = slots[first:last + 1]
-    size = sum(s for s, _ in window)
+    size, cost = sum(s for s, _ in window), sum(c for _, c in window if c is not None)
     assert all(c is not None for _, c in window) and size >= request
-    assert ratio == pytest.approx(sum(c for _, c in window) / size, abs=1e-6)
-    assert ratio == pytest.approx(expected, abs=1e-6)
+    assert score == pytest.approx(cost / size if per_byte else cost, abs=1e-6)
+    assert score == pytest.approx(expected, abs=1e-6)
 
 
 def test_the_per_byte_window_prefers_the_cheaper_tensor_over_the_bigger_one() -> None:
