@@ -125,19 +125,15 @@ def _median_ms(model: torch.nn.Module, step: Callable[[], Any]) -> float:
     return 1000 * statistics.median(times)
 
 
-def _recomputed_ops(plan: Any, top: int = 4) -> str:
-    """The ops a plan recomputes most often, e.g. 'aten.relu 12, aten.add 9'."""
+def _recomputations(plan: Any) -> tuple[str, int]:
+    """The ops a plan recomputes most often ('aten.relu 12, aten.add 9') and how many random ops it
+    recomputes (each replayed from its saved generator state)."""
     computes = Counter(step.node for step in plan.schedule.steps if step.op == "compute")
-    ops = Counter()
+    ops: Counter[str] = Counter()
     for node_id, count in computes.items():
         ops[plan.graph.node(node_id).op.removesuffix(".default")] += count - 1
-    return ", ".join(f"{op} {count}" for op, count in ops.most_common(top) if count)
-
-
-def _random_replays(plan: Any) -> int:
-    """Recomputations of random ops in the plan (replayed from their saved generator state)."""
-    computes = Counter(step.node for step in plan.schedule.steps if step.op == "compute")
-    return sum(computes[v] - 1 for v in plan.graph.random_draws)
+    top = ", ".join(f"{op} {count}" for op, count in ops.most_common(4) if count)
+    return top, sum(computes[v] - 1 for v in plan.graph.random_draws)
 
 
 def _host_and_kernel_ms(model: torch.nn.Module, step: Callable[[], Any]) -> tuple[float, float]:
@@ -214,6 +210,7 @@ def _rows_for(label: str, make: Callable[[], tuple], time_limit: float) -> list[
             rows.append({**row, "error": str(exc)})
             continue
         summary = plan.summary()
+        recomputed_ops, random_replays = _recomputations(plan)
         step = lambda plan=plan: plan.step(*batch)
         measured = _measured_peak(model, step, caller_owned)
         step_ms = _median_ms(model, step)
@@ -228,8 +225,8 @@ def _rows_for(label: str, make: Callable[[], tuple], time_limit: float) -> list[
             "eager_ms": round(eager_ms, 2), "step_ms": round(step_ms, 2), "vs_eager": round(step_ms / eager_ms, 3),
             "vs_store_all": round(step_ms / store_all_ms, 3) if store_all_ms else None,
             "host_ms": round(host_ms, 2), "kernel_ms": round(kernel_ms, 2),
-            "recomputations": plan.simulation.recomputations, "recomputed_ops": _recomputed_ops(plan),
-            "random_replays": _random_replays(plan),
+            "recomputations": plan.simulation.recomputations, "recomputed_ops": recomputed_ops,
+            "random_replays": random_replays,
             "profiled_baseline_ms": round(1000 * plan.simulation.baseline_cost, 2),
             "grads_equal": _equal_to_eager(plan, eager, batch, loss_fn),
             "capture_s": round(capture_s, 1),

@@ -827,12 +827,12 @@ def moccasin(
     a proof model with what :func:`sufficient_intervals` says a proof needs replaces it when that
     model stays small (see the module docstring); ``hint`` a
     Schedule or SolveResult to start from, or a list of them (the cheapest that fits is used);
-    ``keep_order`` keeps first computations in the
-    baseline order (Checkmate's restriction); None (default) keeps it on graphs of a training step
-    (a backward part: the order is all but forced, a forward chain then its reverse, and fixing it
-    removes the time axis' symmetry) and frees it elsewhere, as the paper's model does (on the
-    random layered graphs the order itself is a large degree of freedom: n250 at 0.9 x the baseline
-    peak, 0.90 % TDI with the order kept, 0.0 % without: a reordering fits); ``extra_slots`` is how many compute slots beyond the warm start's a
+    ``keep_order`` keeps first computations in the baseline order (Checkmate's restriction); None
+    (default) keeps it on graphs of a training step (a backward part: the order is all but forced,
+    a forward chain then its reverse, and fixing it removes the time axis' symmetry) and frees it
+    elsewhere, as the paper's model does (on the random layered graphs the order itself is a large
+    degree of freedom: n250 at 0.9 x the baseline peak, 0.90 % TDI with the order kept, 0.0 %
+    without: a reordering fits); ``extra_slots`` is how many compute slots beyond the warm start's a
     restricted model's horizon gets (default n // 5 + 2); ``lp_warm_start`` adds Checkmate's LP
     rounding to the warm starts on graphs of at most LP_WARM_START_MAX_NODES nodes;
     ``local_search`` is the share of the time spent in :func:`improve_by_local_search` before
