@@ -97,7 +97,11 @@ def main() -> None:
     from coop.compare import compare
 
     print("\ncomparison on the captured graph (static solves capped at 10 s; cost unit: seconds, analytic):")
-    formulations = ["store-all", "checkpoint-all", "chen-sqrt", "chen-greedy", "checkmate-lp", "moccasin"]
+    # Checkmate's MILP and LP rounding are left out here: their O(n^2) model of this 309-node graph has
+    # ~200k variables, and HiGHS needs minutes for the LP alone on 2 cores (BENCHMARKS.md has them on
+    # the published graphs, where they prove optima in seconds to minutes).
+    print("(checkmate and checkmate-lp are left out: their O(n^2) model of this graph takes minutes)")
+    formulations = ["store-all", "checkpoint-all", "chen-sqrt", "chen-greedy", "moccasin"]
     report = compare(plan.captured.graph, ["90%", "70%", "50%"], formulations=formulations, time_limit=10, progress=True)
     print(report.to_markdown())
     report.plot(out / "compare.png")

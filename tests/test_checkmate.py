@@ -125,6 +125,23 @@ def test_optimum_is_no_worse_than_the_baselines(graph, fraction):
         assert optimum.objective <= baseline.simulation.cost + 1e-9, name
 
 
+@SETTINGS
+@given(graph=random_graphs(max_nodes=7), fraction=st.floats(0.0, 1.0), solver=st.sampled_from(["highs", "cp-sat"]))
+def test_cost_limit_keeps_the_optimum_and_proves_nothing_cheaper_exists(graph, fraction, solver):
+    least, peak = min_budget(graph), baseline_peak(graph)
+    budget = least + math.floor(fraction * (peak - least))
+    optimum = checkmate(graph, budget, solver="cbc")
+    if optimum.status != "optimal":
+        return
+    at_optimum = checkmate(graph, budget, solver=solver, cost_limit=optimum.objective)
+    assert at_optimum.status == "optimal"
+    assert_fits(graph, at_optimum, budget)
+    assert at_optimum.objective == pytest.approx(optimum.objective)
+    below = checkmate(graph, budget, solver=solver, cost_limit=optimum.objective - 0.5)  # integral costs
+    assert below.status == "infeasible", below.message
+    assert f"at a cost of at most {optimum.objective - 0.5:g}" in below.message
+
+
 def _first_computes(graph: Graph, schedule) -> list[int]:
     seen: list[int] = []
     for step in schedule.steps:

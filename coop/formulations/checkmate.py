@@ -372,6 +372,7 @@ def checkmate(
     progress: ProgressCallback | None = None,
     max_nodes: int = DEFAULT_MAX_NODES,
     memory_levels: int | None = None,
+    cost_limit: float | None = None,
     verbose: bool = False,
     **options: Any,
 ) -> SolveResult:
@@ -383,6 +384,14 @@ def checkmate(
     reported as ``feasible``, since its proof holds for the rounded sizes only. Checkmate's space
     is the frontier-advancing schedules over ``graph.order``: ``infeasible`` above the least
     feasible budget means no such schedule fits. Options other than these are rejected.
+
+    ``cost_limit`` searches only the schedules that cost at most that much (e.g. just below an
+    incumbent's cost, to prove it optimal or find a cheaper one): every schedule of the space
+    computes each node once in its own stage, so a node whose cost exceeds ``cost_limit`` minus
+    the baseline cost is never recomputed (its R entries are fixed to 0, which shrinks the model
+    a lot when the limit is tight), and the objective is bounded by the limit. ``infeasible``
+    then means that no schedule of the space fits the budget at that cost; ``optimal`` still
+    means optimal over the whole space (every schedule left out costs more).
     """
     _reject_unknown(options)
     early = _early_result("checkmate", graph, budget, max_nodes)
@@ -393,11 +402,26 @@ def checkmate(
     started = time.perf_counter()
     problem = _project(graph, budget, memory_levels)
     model, variables = _build_model(problem)
+    if cost_limit is not None:
+        _limit_cost(model, problem, variables, cost_limit)
     # Building the model counts against the time limit (seconds for a few hundred nodes).
     remaining = max(1.0, time_limit - (time.perf_counter() - started))
     solution = solve_milp(model, solver, time_limit=remaining, threads=threads, progress=progress, verbose=verbose)
     solution.wall_s = time.perf_counter() - started  # the whole solve, model building included
-    return _result_from_milp(graph, budget, problem, variables, solution, solver, len(model.rows), model.num_vars)
+    return _result_from_milp(graph, budget, problem, variables, solution, solver, len(model.rows), model.num_vars,
+                             cost_limit)
+
+
+def _limit_cost(model: LinearModel, problem: _Problem, variables: _Variables, cost_limit: float) -> None:
+    """Restrict the model to schedules costing at most ``cost_limit`` (see :func:`checkmate`)."""
+    extra = cost_limit - model.objective_constant  # the cost of computing every node once
+    for t, row in enumerate(variables.R):
+        for i in range(t):
+            if not isinstance(row[i], bool) and problem.cost[i] > extra:
+                model.upper[row[i]] = 0.0
+    if all(float(c).is_integer() for _, c in model.objective):
+        extra = math.floor(extra + 1e-9)  # integral costs: the same schedules, and an integral row (CP-SAT)
+    model.add_row(list(model.objective), "<=", extra)
 
 
 def checkmate_lp(
@@ -541,15 +565,16 @@ def _early_result(name: str, graph: Graph, budget: int, max_nodes: int) -> Solve
 
 
 def _result_from_milp(graph: Graph, budget: int, problem: _Problem, variables: _Variables, solution: MilpSolution,
-                      solver: str, num_rows: int, num_vars: int) -> SolveResult:
+                      solver: str, num_rows: int, num_vars: int, cost_limit: float | None = None) -> SolveResult:
     extra: dict[str, Any] = {"solver": solver, "variables": num_vars, "constraints": num_rows,
-                             "memory_unit": problem.unit, "memory_exact": problem.exact}
+                             "memory_unit": problem.unit, "memory_exact": problem.exact, "cost_limit": cost_limit}
     objective, bound = solution.objective, solution.bound
     if solution.values is None:
         status = solution.status if solution.status == "infeasible" and problem.exact else "unknown"
         message = solution.message or solution.status
         if status == "infeasible":
-            message = (f"no frontier-advancing schedule over graph.order fits budget {budget} "
+            at_cost = "" if cost_limit is None else f" at a cost of at most {cost_limit:g}"
+            message = (f"no frontier-advancing schedule over graph.order fits budget {budget}{at_cost} "
                        f"(proven by {solver}); try a larger budget or moccasin")
         if solution.status == "infeasible" and not problem.exact:
             message = "infeasible with memory rounded up to the coarse unit; retry with a larger memory_levels"

@@ -202,6 +202,7 @@ def _solve_pywraplp(model: LinearModel, backend: str, time_limit: float, threads
                     verbose: bool) -> MilpSolution:
     from ortools.linear_solver import pywraplp
 
+    started = time.perf_counter()
     solver = pywraplp.Solver.CreateSolver(backend)
     if solver is None:
         raise SolverError(f"OR-Tools was built without {backend}; choose another solver (cbc, scip, highs, cp-sat)")
@@ -225,7 +226,9 @@ def _solve_pywraplp(model: LinearModel, backend: str, time_limit: float, threads
     objective.SetMinimization()
     if integer and model.hint:
         solver.SetHint([variables[v] for v in model.hint], list(model.hint.values()))
-    solver.SetTimeLimit(max(1, int(time_limit * 1000)))
+    # Loading a large model through the wrapper takes seconds: they count against the limit too.
+    left = time_limit - (time.perf_counter() - started)
+    solver.SetTimeLimit(max(1, int(left * 1000)))
     if threads > 1:
         solver.SetNumThreads(threads)
     code = solver.Solve()

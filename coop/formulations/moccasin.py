@@ -23,7 +23,9 @@ schedule in 300 s for the larger graphs), this module
   after their op, the same memory) on training-step graphs (``keep_order``, the restriction
   Checkmate makes), which removes most of the symmetry of the time axis, and tightens each first
   start by the node's ancestor and descendant counts; on graphs without a backward part (the
-  random layered graphs) the order is left free, as in the paper;
+  random layered graphs) the order is left free (the paper's published runs pin every first
+  computation at its Checkmate stage, ``use_stage=True`` in its repository; freeing it finds
+  reorderings that need no recomputation at all);
 * sizes the model in one of two ways. A *proof model* gets, per node, as many intervals as
   :func:`sufficient_intervals` shows a schedule at least as good as the incumbent can need, and
   the horizon :func:`sufficient_horizon`: it contains (a schedule as good as) every schedule that
@@ -830,7 +832,7 @@ def moccasin(
     ``keep_order`` keeps first computations in the baseline order (Checkmate's restriction); None
     (default) keeps it on graphs of a training step (a backward part: the order is all but forced,
     a forward chain then its reverse, and fixing it removes the time axis' symmetry) and frees it
-    elsewhere, as the paper's model does (on the random layered graphs the order itself is a large
+    elsewhere (on the random layered graphs the order itself is a large
     degree of freedom: n250 at 0.9 x the baseline peak, 0.90 % TDI with the order kept, 0.0 %
     without: a reordering fits); ``extra_slots`` is how many compute slots beyond the warm start's a
     restricted model's horizon gets (default n // 5 + 2); ``lp_warm_start`` adds Checkmate's LP
