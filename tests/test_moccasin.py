@@ -203,6 +203,27 @@ def test_sufficient_intervals_bound_recomputations_by_cost_and_readers() -> None
     assert sufficient_horizon(problem, some, 2.0) == len(problem.order) + 2  # two f1 recomputations
 
 
+def test_restricted_model_gives_nodes_dearer_than_the_slack_one_interval() -> None:
+    from coop.formulations.moccasin import _Incumbent, _model_shape, _Settings
+
+    graph = _chain_with_skips(6)
+    budget = baseline_peak(graph) - 8  # the optimum recomputes 3 units' worth: f4..f6 are dearer than that
+    problem = _Problem.build(graph, budget)
+    warm = moccasin(graph, budget, **FAST)
+    assert warm.schedule is not None
+    incumbent = _Incumbent("test", warm.schedule, warm.simulation)
+    slack = warm.simulation.cost - graph.baseline_cost
+    settings = _Settings(10.0, 1, 0, 3, True, None, False, {})  # C = 3, restricted model (no proof)
+    intervals, per_node, _, covers = _model_shape(problem, incumbent, settings)
+    assert not covers
+    dear = [v for v in problem.order if graph.node(v).cost > slack]
+    cheap = [v for v in problem.order if 0 < graph.node(v).cost <= slack / 2 and problem.recomputable[v]]
+    assert dear and cheap
+    for v in dear:  # a better schedule never recomputes them: one interval unless the warm start has more
+        assert per_node[v] == len(intervals[v]) == 1
+    assert all(per_node[v] >= 2 for v in cheap)
+
+
 def test_local_search_never_worsens_and_fits(moccasin_dir) -> None:
     graph = load_graph(moccasin_dir / "random_layered_n100_w0.27_nlv0.75_ed0.2_scd0.14.json")
     budget = math.ceil(0.8 * baseline_peak(graph))

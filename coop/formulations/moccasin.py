@@ -937,9 +937,12 @@ def _model_shape(problem: _Problem, incumbent: _Incumbent | None, settings: _Set
     start = incumbent.schedule if incumbent is not None else Schedule.from_order(graph.order)
     intervals, slots = schedule_intervals(graph, start)
     extra = incumbent.simulation.cost - graph.baseline_cost if incumbent is not None else None
-    least = {v: max(len(intervals[v]), settings.max_intervals if problem.recomputable[v] else 1) for v in problem.order}
+    # Never more intervals than a better schedule can use: a node whose recomputation costs more
+    # than the incumbent's extra cost is computed once in every better schedule.
+    limits = sufficient_intervals(problem, extra)
+    least = {v: max(len(intervals[v]), min(settings.max_intervals if problem.recomputable[v] else 1, limits[v]))
+             for v in problem.order}
     if settings.prove:
-        limits = sufficient_intervals(problem, extra)
         needed = sufficient_horizon(problem, limits, extra)
         # The proof model needs no more than the limits (and the warm start's intervals), even
         # when the caller's C is larger: it already contains every better schedule.
