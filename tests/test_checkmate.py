@@ -126,7 +126,7 @@ def test_optimum_is_no_worse_than_the_baselines(graph, fraction):
 
 
 @SETTINGS
-@given(graph=random_graphs(max_nodes=7), fraction=st.floats(0.0, 1.0), solver=st.sampled_from(["highs", "cp-sat"]))
+@given(graph=random_graphs(max_nodes=7), fraction=st.floats(0.0, 1.0), solver=st.sampled_from(["highs", "cp-sat", "cbc"]))
 def test_cost_limit_keeps_the_optimum_and_proves_nothing_cheaper_exists(graph, fraction, solver):
     least, peak = min_budget(graph), baseline_peak(graph)
     budget = least + math.floor(fraction * (peak - least))
@@ -334,6 +334,22 @@ def test_scaled_lp_maps_values_back():
     assert result.status == "optimal"
     assert result.values == pytest.approx([2 / 3, 0.0], abs=1e-9)
     assert result.objective == pytest.approx(1.0 + 1e-6 * 2 / 3, rel=1e-12)
+
+
+@pytest.mark.parametrize("solver", ["cbc", "scip", "highs", "cp-sat"])
+def test_every_backend_keeps_a_binary_fixed_by_its_bounds(solver):
+    from coop.formulations.milp_backends import LinearModel, solve_milp
+
+    # max x + y over binaries with x fixed to 0 by its upper bound (as cost_limit fixes R entries).
+    model = LinearModel()
+    x = model.add_var("x", "binary", 0.0, 0.0)
+    y = model.add_var("y")
+    model.add_row([(x, 1.0), (y, 1.0)], "<=", 2.0)
+    model.objective = [(x, -1.0), (y, -1.0)]
+    result = solve_milp(model, solver, time_limit=10, threads=1)
+    assert result.status == "optimal"
+    assert result.values is not None and round(result.values[x]) == 0 and round(result.values[y]) == 1
+    assert result.objective == pytest.approx(-1.0)
 
 
 def test_lp_rounding_stops_at_its_time_limit_with_a_clear_status():

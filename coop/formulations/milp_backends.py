@@ -260,6 +260,8 @@ def _solve_cp_sat(model: LinearModel, time_limit: float, threads: int, clock: Pr
     for kind, lo, hi, name in zip(model.kinds, model.lower, model.upper, model.names):
         if kind == "binary":
             variables.append(cp.new_bool_var(name))
+            if hi < 1 or lo > 0:  # a binary fixed by its bounds (e.g. checkmate's cost_limit)
+                cp.add(variables[-1] == (1 if lo > 0 else 0))
         else:
             if lo != int(lo) or hi != int(hi):
                 raise SolverError(f"cp-sat needs integer bounds; variable {name} has [{lo}, {hi}]")
@@ -310,7 +312,10 @@ def _solve_pulp(model: LinearModel, name: str, time_limit: float, threads: int, 
     for index, (kind, lo, hi) in enumerate(zip(model.kinds, model.lower, model.upper)):
         category = {"binary": pulp.LpBinary, "integer": pulp.LpInteger}.get(kind, pulp.LpContinuous)
         lo_hi = {} if kind == "binary" else {"lowBound": lo, "upBound": hi}
-        variables.append(problem.add_variable(f"x{index}", cat=category, **lo_hi))
+        variable = problem.add_variable(f"x{index}", cat=category, **lo_hi)
+        if kind == "binary" and (lo, hi) != (0.0, 1.0):  # PuLP sets binaries to [0, 1]: keep a fixing
+            variable.lowBound, variable.upBound = lo, hi
+        variables.append(variable)
     problem += pulp.LpAffineExpression([(variables[v], c) for v, c in model.objective])
     for terms, sense, rhs in model.rows:
         expr = pulp.LpAffineExpression([(variables[v], c) for v, c in terms])
