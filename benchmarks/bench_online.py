@@ -162,7 +162,6 @@ def run_captured(fractions: tuple[float, ...] = CAPTURED_FRACTIONS) -> list[dict
     import time
 
     from coop.graph_capture import capture
-    from coop.runtime.online_sim import with_random_replay
 
     rows = []
     for label, builder in _captured_models().items():
@@ -171,7 +170,7 @@ def run_captured(fractions: tuple[float, ...] = CAPTURED_FRACTIONS) -> list[dict
         captured = capture(model, batch, loss_fn=loss_fn)
         capture_s = time.perf_counter() - started
         graph = captured.graph
-        replay_graph = with_random_replay(graph)
+        replay_graph = graph.with_random_replay()
         peak, least = baseline_peak(graph), min_budget(graph)
         for fraction in fractions:
             budget = round(fraction * peak)

@@ -13,7 +13,7 @@ from coop.graph_capture import capture
 from coop.graph_capture.random_ops import bernoulli_mask
 from coop.runtime.fallback import DynamicPlan, RngState, run_dynamic
 from coop.runtime.meter import MemoryMeter
-from coop.runtime.online_sim import replayable_random_ids, simulate_online, with_random_replay
+from coop.runtime.online_sim import replayable_random_ids, simulate_online
 from coop.runtime.policies import POLICIES
 from coop.schedule import validate
 from coop.zoo import build
@@ -86,7 +86,7 @@ def test_replayed_random_values_keep_gradients_bit_identical(gpt2) -> None:
     assert simulated.status == "ok" and simulated.random_replays > 0
     # The schedule recomputes random ops: illegal on the plain graph, legal once they are replayable.
     assert not validate(captured.graph, simulated.schedule, simulated.budget).ok
-    assert validate(with_random_replay(captured.graph), simulated.schedule, simulated.budget).ok
+    assert validate(captured.graph.with_random_replay(), simulated.schedule, simulated.budget).ok
     eager, planned = copy.deepcopy(model), copy.deepcopy(model)
     plan = DynamicPlan(captured, planned, fraction, policy="dte")
     peaks = _eager_and_dynamic_steps(eager, batch, loss_fn, captured, planned, plan, steps=1)

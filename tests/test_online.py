@@ -11,14 +11,8 @@ from hypothesis import strategies as st
 
 from coop.budget import baseline_peak, min_budget
 from coop.errors import CoopError
-from coop.graph import Graph, load_graph
-from coop.runtime.online_sim import (
-    OnlineSimulator,
-    is_seeded_random_op,
-    replayable_random_ids,
-    simulate_online,
-    with_random_replay,
-)
+from coop.graph import Graph, is_seeded_random_op, load_graph
+from coop.runtime.online_sim import OnlineSimulator, replayable_random_ids, simulate_online
 from coop.runtime.policies import LAYOUTS, POLICIES, WINDOW_COSTS, CoopPolicy, cheapest_window, make_policy
 from coop.schedule import simulate, validate
 
@@ -145,7 +139,7 @@ def test_replayed_random_ops_give_legal_schedules_on_the_replay_graph(graph: Gra
     replayed = simulate_online(graph, budget, policy)
     if replayed.schedule is not None:
         assert replayed.peak <= budget
-        verdict = validate(with_random_replay(graph), replayed.schedule, budget)
+        verdict = validate(graph.with_random_replay(), replayed.schedule, budget)
         assert verdict.ok, verdict.reason
         recomputed = len(replayed.schedule.steps) - len({s.node for s in replayed.schedule.steps})
         assert replayed.random_replays <= recomputed
@@ -169,7 +163,7 @@ def test_replaying_random_ops_lowers_the_overhead_of_a_tight_chain(policy: str) 
     assert replayed.status == kept.status == "ok"
     assert replayed.random_replays > 0 and kept.random_replays == 0
     assert replayed.overhead < kept.overhead
-    assert validate(with_random_replay(graph), replayed.schedule, budget).ok
+    assert validate(graph.with_random_replay(), replayed.schedule, budget).ok
     assert not validate(graph, replayed.schedule, budget).ok  # a replay is a recomputation of a random op
 
 

@@ -179,6 +179,11 @@ def build_program(captured: Captured, schedule: Schedule, replay_random: bool = 
     """Generate the replay program of a legal schedule (ScheduleError if it cannot be replayed)."""
     graph = replay_graph(captured, replay_random)
     simulate(graph, schedule)  # legality under contract 2, with the step and reason
+    return _program(captured, graph, schedule)
+
+
+def _program(captured: Captured, graph: Graph, schedule: Schedule) -> fx.GraphModule:
+    """The replay program of a schedule already checked legal on ``graph``."""
     computes = Counter(step.node for step in schedule.steps if step.op == "compute")
     replayed = {v for v in graph.random_draws if computes[v] > 1}
     builder = _ProgramBuilder(captured, graph, replayed)
@@ -211,7 +216,7 @@ class Executor:
         simulate(self.graph, schedule)  # refuse an illegal schedule with its own step numbers
         self.schedule = take_extras_promptly(self.graph, schedule)
         self.simulation: Simulation = simulate(self.graph, self.schedule)
-        self.module = build_program(captured, self.schedule, replay_random)
+        self.module = _program(captured, self.graph, self.schedule)  # self.schedule was just simulated
 
     @property
     def predicted_peak(self) -> int:

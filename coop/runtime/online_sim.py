@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from coop.budget import parse_budget
-from coop.graph import Graph, is_seeded_random_op  # noqa: F401  (re-exported)
+from coop.graph import Graph
 from coop.runtime.arena import Arena, Block
 from coop.runtime.policies import EvictionPolicy, TensorInfo, make_policy
 from coop.schedule import Schedule, Step
@@ -453,7 +453,3 @@ def replayable_random_ids(graph: Graph) -> set[int]:
     """Computed random ops that an engine can recompute exactly by replaying their saved RNG state."""
     return {v for v in graph.random_draws if not graph.node(v).recomputable}
 
-
-def with_random_replay(graph: Graph) -> Graph:
-    """``graph`` with its replayable random ops marked recomputable (:meth:`Graph.with_random_replay`)."""
-    return graph.with_random_replay()

@@ -46,12 +46,11 @@ class RngState:
 
     @contextlib.contextmanager
     def replayed(self) -> Iterator[None]:
-        current = _generator_state(self.device)
-        _set_generator_state(self.device, self.state)
+        previous = swap_generator_state(self)
         try:
             yield
         finally:
-            _set_generator_state(self.device, current)
+            _set_generator_state(self.device, previous)
 
 
 def _generator_state(device: torch.device) -> torch.Tensor:
