@@ -10,7 +10,7 @@ STAMP := $(VENV)/.coop-installed
 # Two workers when pytest-xdist is there: the suite is CPU-bound and the machine has 2 cores.
 PYTEST_ARGS ?= -q -n 2
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test smoke lint bench clean
 
 install: $(STAMP)
 
@@ -48,6 +48,18 @@ test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 	$(VENV)/bin/ruff check .
 
+# What a user gets: a fresh venv, torch, then `pip install .` (not editable, no extras), `pip check`, and the smoke
+# script run from outside the source tree (a plan with optimizer steps, `coop simulate`, `coop compare`).
+SMOKE_VENV := .venv-smoke
+smoke:
+	rm -rf $(SMOKE_VENV)
+	$(PYTHON_BOOT) -m venv $(SMOKE_VENV)
+	$(SMOKE_VENV)/bin/python -m pip install -q --upgrade pip
+	$(SMOKE_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
+	$(SMOKE_VENV)/bin/python -m pip install -q .
+	$(SMOKE_VENV)/bin/python -m pip check
+	cd "$$(mktemp -d)" && $(CURDIR)/$(SMOKE_VENV)/bin/python $(CURDIR)/.ci/smoke.py
+
 lint: install
 	$(VENV)/bin/ruff check .
 
@@ -55,5 +67,5 @@ bench: install
 	$(PY) benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) out build dist *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(SMOKE_VENV) out build dist *.egg-info .pytest_cache .ruff_cache .hypothesis
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
