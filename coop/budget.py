@@ -29,6 +29,8 @@ _UNITS = {
     "g": 2**30,
 }
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z%]*)\s*$", re.IGNORECASE)
+#: A negative or signed-zero spec ("-5MB", "-0.5"): named as not positive rather than not understood.
+_SIGNED = re.compile(r"^\s*-\s*[0-9.]", re.IGNORECASE)
 
 
 def parse_budget(spec: str | float, graph: Graph, *, check: bool = True) -> int:
@@ -50,40 +52,79 @@ def parse_budget(spec: str | float, graph: Graph, *, check: bool = True) -> int:
     return budget
 
 
+#: The largest budget coop accepts (1 EiB): larger numbers are typos, and would overflow the
+#: 64-bit integers of the solvers' models.
+MAX_BUDGET = 2**60
+
+_SIZE_HELP = "give bytes ('6GiB', '750MB'), graph units ('132156') or a fraction of the baseline peak ('90%', 0.9)"
+
+
+def check_budget_syntax(spec: object) -> None:
+    """Raise the one-line BudgetError that :func:`parse_budget` would for ``spec`` on any graph.
+
+    For inputs read before a graph exists (sweep configs): a spec that passes may still be refused
+    later for a graph (bytes on a graph in abstract units, or below its least feasible budget).
+    """
+    _parse_spec(spec)
+
+
 def _parse(spec: str | float, graph: Graph) -> int:
-    if isinstance(spec, bool):
-        raise BudgetError(f"budget {spec!r} is not a size: give bytes ('6GiB'), graph units ('132156') or a fraction ('90%', 0.9)")
+    amount, unit, text = _parse_spec(spec)
+    if unit == "fraction":
+        # Rounded up (the 1e-9 forgives float noise such as 0.9 * 1000), and never to 0.
+        return max(1, math.ceil(amount * baseline_peak(graph) - 1e-9))
+    if unit == "bytes" and graph.meta.get("mem_unit") == "units":
+        raise BudgetError(f"budget {text!r} is in bytes but graph {graph.name!r} counts memory in abstract units: "
+                          "give units or a fraction")
+    return int(amount)
+
+
+def _parse_spec(spec: object) -> tuple[float, str, str]:
+    """(amount, "fraction" | "bytes" | "units", the spec as text), every malformed spec refused here."""
+    if isinstance(spec, bool) or not isinstance(spec, (int, float, str)):
+        raise BudgetError(f"budget {spec!r} is not a size: {_SIZE_HELP}")
     if isinstance(spec, int):
-        if spec <= 0:
-            raise BudgetError(f"budget {spec} must be positive")
-        return spec
+        return _whole(spec, str(spec)), "units", str(spec)
     if isinstance(spec, float):
-        return _fraction(spec, graph, str(spec))
-    if not isinstance(spec, str):
-        raise BudgetError(f"budget {spec!r} is not a size: give bytes ('6GiB'), graph units ('132156') or a fraction ('90%', 0.9)")
+        return _fraction(spec, str(spec)), "fraction", str(spec)
     match = _PATTERN.match(spec)
     if not match:
-        raise BudgetError(f"budget {spec!r} is not understood: give bytes ('6GiB', '750MB'), graph units ('132156') or a fraction ('90%', '0.9')")
+        if _SIGNED.match(spec):
+            raise BudgetError(f"budget {spec!r} must be positive: {_SIZE_HELP}")
+        raise BudgetError(f"budget {spec!r} is not understood: {_SIZE_HELP}")
     number, unit = match.group(1), match.group(2).lower()
     value = float(number)
     if unit == "%":
-        return _fraction(value / 100.0, graph, spec)
+        return _fraction(value / 100.0, spec), "fraction", spec
     if unit == "" and ("." in number or "e" in number.lower()):
-        return _fraction(value, graph, spec)
+        return _fraction(value, spec), "fraction", spec
     if unit not in _UNITS:
         raise BudgetError(f"budget {spec!r} has an unknown unit {match.group(2)!r}: use B, KB, MB, GB, KiB, MiB, GiB or %")
-    if unit not in ("", "b") and graph.meta.get("mem_unit") == "units":
-        raise BudgetError(f"budget {spec!r} is in bytes but graph {graph.name!r} counts memory in abstract units: give units or a fraction")
-    budget = math.ceil(value * _UNITS[unit])
-    if budget <= 0:
-        raise BudgetError(f"budget {spec!r} must be positive")
-    return budget
+    scaled = value * _UNITS[unit] if math.isfinite(value) else math.inf
+    return _whole(math.ceil(scaled) if math.isfinite(scaled) else scaled, spec), "units" if unit == "" else "bytes", spec
 
 
-def _fraction(fraction: float, graph: Graph, spec: str) -> int:
-    if not (fraction > 0) or math.isinf(fraction):
-        raise BudgetError(f"budget {spec!r} must be a positive fraction of the baseline peak")
-    return math.ceil(fraction * baseline_peak(graph) - 1e-9)
+def _whole(budget: float, spec: str) -> int:
+    """A budget in bytes or graph units: positive and at most MAX_BUDGET."""
+    if not budget > 0:
+        raise BudgetError(f"budget {spec!r} must be positive: {_SIZE_HELP}")
+    if budget > MAX_BUDGET:
+        raise BudgetError(f"budget {spec!r} is larger than coop accepts (2**60 = 1 EiB): check its unit")
+    return int(budget)
+
+
+def _fraction(fraction: float, spec: str) -> float:
+    if math.isnan(fraction) or fraction <= 0:
+        raise BudgetError(f"budget {spec!r} must be a positive fraction of the baseline peak (e.g. '90%' or 0.9)")
+    if fraction > MAX_FRACTION:
+        raise BudgetError(f"budget {spec!r} is more than {MAX_FRACTION:g} times the baseline peak; a fraction is "
+                          "written 0.9 or '90%'")
+    return fraction
+
+
+#: The largest fraction of the baseline peak accepted: above it every schedule fits anyway, and
+#: a typo such as "1e5" (read as a fraction) is caught.
+MAX_FRACTION = 1000.0
 
 
 def baseline_peak(graph: Graph) -> int:

@@ -19,6 +19,7 @@ import importlib
 import importlib.util
 import inspect
 import json
+import math
 import os
 import sys
 import traceback
@@ -35,7 +36,7 @@ from coop.errors import BudgetError, CoopError, InfeasibleError, ScheduleError
 from coop.formulations import FORMULATIONS
 from coop.formulations.least_budget import least_feasible_budget
 from coop.graph import Graph, format_bytes, load_graph
-from coop.schedule import Schedule, load_schedule, schedule_to_json, simulate, validate
+from coop.schedule import Schedule, check_schedule_nodes, load_schedule, schedule_to_json, simulate, validate
 
 EXIT_OK = 0
 EXIT_VERDICT = 1  # the command ran and its answer is "no": not within budget, not valid
@@ -149,7 +150,7 @@ def graph_info(graph: Graph, top: int = 5) -> dict[str, Any]:
     """The facts `coop info` reports, as a JSON-ready dict."""
     peak = baseline_peak(graph)
     least = min_budget(graph)
-    known = least_feasible_budget(graph)
+    known = least_feasible_budget(graph)  # never fails: the baseline order fits its own peak
     largest = sorted(graph.nodes, key=lambda n: (-n.mem, n.id))[:top]
     return {
         "name": graph.name,
@@ -159,7 +160,7 @@ def graph_info(graph: Graph, top: int = 5) -> dict[str, Any]:
         "outputs": len(graph.outputs),
         "baseline_peak": peak,
         "baseline_cost": graph.baseline_cost,
-        "min_budget": min_budget(graph),
+        "min_budget": least,
         "min_budget_fraction": least / peak if peak else None,
         "least_feasible_budget": known.budget,
         "least_feasible_fraction": known.budget / peak if peak else None,
@@ -182,6 +183,11 @@ def info(graph_path: GraphArg, json_output: JsonFlag = False) -> None:
     _print_info(graph, facts)
 
 
+def _least_known_row(facts: dict[str, Any], graph: Graph) -> str:
+    return (f"{_show_mem(facts['least_feasible_budget'], graph)}  = {_percent(facts['least_feasible_fraction'])} "
+            f"of the baseline peak ({facts['least_feasible_source']})")
+
+
 def _print_info(graph: Graph, facts: dict[str, Any]) -> None:
     kinds = ", ".join(f"{kind} {count}" for kind, count in facts["kinds"].items())
     rows = [
@@ -193,9 +199,7 @@ def _print_info(graph: Graph, facts: dict[str, Any]) -> None:
         ("baseline cost", f"{facts['baseline_cost']:.6g}"),
         ("min budget (lower bound)", (f"{_show_mem(facts['min_budget'], graph)}  "
                                      f"= {_percent(facts['min_budget_fraction'])} of the baseline peak")),
-        ("least budget known to fit", (f"{_show_mem(facts['least_feasible_budget'], graph)}  "
-                                       f"= {_percent(facts['least_feasible_fraction'])} of the baseline peak "
-                                       f"({facts['least_feasible_source']})")),
+        ("least budget known to fit", _least_known_row(facts, graph)),
         ("caller-owned", _show_mem(facts["caller_owned"], graph)),
         ("sha256", facts["sha256"][:16] + "..."),
     ]
@@ -217,7 +221,7 @@ def solve(
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the schedule JSON here.")] = None,
     time_limit: Annotated[float | None, typer.Option("--time-limit", help="Solver time limit in seconds.")] = None,
     solver: Annotated[str | None, typer.Option("--solver", help="Backend solver, where a formulation offers several.")] = None,
-    threads: Annotated[int | None, typer.Option("--threads", help="Solver worker threads.")] = None,
+    threads: Annotated[int | None, typer.Option("--threads", min=1, help="Solver worker threads.")] = None,
     progress: Annotated[bool | None, typer.Option("--progress/--quiet", help="Report incumbent, bound and "
                                                   "elapsed time on stderr (default: when stderr is a terminal).")]
     = None,
@@ -226,6 +230,7 @@ def solve(
     """Solve for a schedule within BUDGET; exit 0 only when one was found."""
     from coop.formulations import get_formulation  # looked up at call time: tests register stand-ins
 
+    _check_time_limit(time_limit)
     graph = load_graph(graph_path)
     if formulation not in FORMULATIONS:
         raise CoopError(f"unknown formulation {formulation!r}: choose one of {', '.join(FORMULATIONS)}")
@@ -254,6 +259,12 @@ def solve(
         _print_solve(graph, report)
     if not report["ok"]:
         raise VerdictFailure(report["reason"])
+
+
+def _check_time_limit(seconds: float | None) -> None:
+    """A solver time limit is a positive, finite number of seconds (NaN or -1 would mean no limit or none)."""
+    if seconds is not None and not (0 < seconds < math.inf):
+        raise CoopError(f"--time-limit {seconds} is not a positive number of seconds: give e.g. --time-limit 60")
 
 
 def _parse_budget_or_verdict(spec: str, graph: Graph) -> int:
@@ -345,7 +356,7 @@ def _fmt(value: float | None) -> str:
 
 # ============================================================================ validate
 def load_schedule_for(graph: Graph, path: Path) -> tuple[Schedule, dict[str, Any]]:
-    """Read a schedule file and refuse it when it was made for a different graph."""
+    """Read a schedule file and refuse it when it was made for a different graph or names nodes it lacks."""
     schedule, document = load_schedule(path)
     made_for = document.get("graph") or {}
     digest = made_for.get("sha256")
@@ -354,6 +365,7 @@ def load_schedule_for(graph: Graph, path: Path) -> tuple[Schedule, dict[str, Any
             f"{path} was made for graph {made_for.get('name', '?')!r} (sha256 {str(digest)[:12]}...), not for "
             f"{graph.name!r} (sha256 {graph.sha256[:12]}...): solve again for this graph"
         )
+    check_schedule_nodes(graph, schedule, origin=str(path))
     return schedule, document
 
 
@@ -368,9 +380,8 @@ def validate_command(
     """Check that a schedule is legal for a graph and within its budget; exit 1 when it is not."""
     graph = load_graph(graph_path)
     schedule, document = load_schedule_for(graph, schedule_path)
+    # The file's own budget was checked by load_schedule (a positive integer or absent).
     budget_units = parse_budget(budget, graph, check=False) if budget is not None else document.get("budget")
-    if budget_units is not None and not isinstance(budget_units, int):
-        raise ScheduleError(f"{schedule_path}: field 'budget' must be an integer, not {budget_units!r}")
     verdict = validate(graph, schedule, budget_units)
     report = verdict.to_dict() | {"graph": graph.name, "schedule": str(schedule_path), "steps": len(schedule)}
     predicted = (document.get("predicted") or {}).get("peak")
@@ -414,7 +425,10 @@ def plot(
     for path in schedule_paths:
         schedule, document = load_schedule_for(graph, path)
         label = _unique_label(str(document.get("formulation") or path.stem), series)
-        series[label] = simulate(graph, schedule).memory
+        try:
+            series[label] = simulate(graph, schedule).memory
+        except ScheduleError as exc:  # an illegal schedule has no memory curve: the validator's verdict
+            raise VerdictFailure(f"invalid schedule {path}: {exc}") from None
         if isinstance(document.get("budget"), int):
             budgets.append(document["budget"])
     # Default: the tightest budget among the schedules, the line the others are judged against.
@@ -442,11 +456,11 @@ def capture(
                                                       "or (model, batch, loss_fn).")] = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Graph JSON to write.")] = None,
     model: Annotated[str | None, typer.Option("--model", "-m", help="A built-in zoo model instead of FILE.py.")] = None,
-    layers: Annotated[int | None, typer.Option("--layers", help="Zoo size: layers / blocks.")] = None,
-    hidden: Annotated[int | None, typer.Option("--hidden", help="Zoo size: hidden width.")] = None,
-    batch: Annotated[int | None, typer.Option("--batch", help="Zoo size: batch size.")] = None,
-    seq: Annotated[int | None, typer.Option("--seq", help="Zoo size: sequence length.")] = None,
-    image: Annotated[int | None, typer.Option("--image", help="Zoo size: image side in pixels.")] = None,
+    layers: Annotated[int | None, typer.Option("--layers", min=1, help="Zoo size: layers / blocks.")] = None,
+    hidden: Annotated[int | None, typer.Option("--hidden", min=1, help="Zoo size: hidden width.")] = None,
+    batch: Annotated[int | None, typer.Option("--batch", min=1, help="Zoo size: batch size.")] = None,
+    seq: Annotated[int | None, typer.Option("--seq", min=1, help="Zoo size: sequence length.")] = None,
+    image: Annotated[int | None, typer.Option("--image", min=1, help="Zoo size: image side in pixels.")] = None,
     profile: Annotated[bool, typer.Option("--profile", help="Time every op on this machine for node costs.")] = False,
     json_output: JsonFlag = False,
 ) -> None:
@@ -538,8 +552,12 @@ def simulate_command(
 ) -> None:
     """Run an online eviction policy over the graph in an arena of the budget's size."""
     from coop.compare import simulate_report
+    from coop.runtime.policies import POLICIES
 
-    report = simulate_report(load_graph(graph_path), policy, budget)
+    graph = load_graph(graph_path)
+    if policy not in POLICIES:  # bad input (exit 2), named before any budget verdict
+        raise CoopError(f"unknown eviction policy {policy!r}: choose one of {', '.join(POLICIES)}")
+    report = simulate_report(graph, policy, budget)
     if json_output:
         _emit_json(report)
     else:
@@ -571,6 +589,7 @@ def compare_command(
     from coop.compare import compare, run_sweep
     from coop.config import load_config
 
+    _check_time_limit(time_limit)
     show_progress = sys.stderr.isatty() and not json_output
     if config is not None:
         if graph_path is not None or model is not None:

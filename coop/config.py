@@ -23,11 +23,12 @@ from __future__ import annotations
 import glob
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from coop.errors import CoopError
+from coop.budget import check_budget_syntax
+from coop.errors import BudgetError, CoopError
 from coop.graph import Graph
 
 
@@ -38,12 +39,13 @@ class ConfigError(CoopError):
 class GraphSource(BaseModel):
     """Where one graph comes from: ``path`` (a graph file), ``glob`` (many) or ``zoo`` (+ ``size``)."""
 
-    model_config = ConfigDict(extra="forbid")
+    # Strict: TOML has real types, so "10" for a number or 1 for a flag is a mistake to name, not convert.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     path: str | None = None
     glob: str | None = None
     zoo: str | None = None
-    size: dict[str, int] = Field(default_factory=dict)
+    size: dict[str, Annotated[int, Field(gt=0)]] = Field(default_factory=dict)
     profile: bool = False
 
     @model_validator(mode="after")
@@ -59,7 +61,7 @@ class GraphSource(BaseModel):
 class SweepConfig(BaseModel):
     """One comparison sweep: graphs x budgets x (formulations + policies)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     name: str = "sweep"
     graphs: list[GraphSource] = Field(min_length=1)
@@ -70,6 +72,17 @@ class SweepConfig(BaseModel):
     output_dir: str = "results"
     solver_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
     base_dir: Path = Field(default=Path("."), exclude=True)
+
+    @field_validator("budgets")
+    @classmethod
+    def _budget_syntax(cls, value: list[str | float | int]) -> list[str | float | int]:
+        """Budgets are checked when the config is read, not after the first graph was solved."""
+        for spec in value:
+            try:
+                check_budget_syntax(spec)
+            except BudgetError as exc:
+                raise ValueError(str(exc)) from None
+        return value
 
     @field_validator("formulations")
     @classmethod
@@ -144,10 +157,16 @@ def _capture_zoo(source: GraphSource) -> Graph:
 def load_config(path: str | Path) -> SweepConfig:
     """Read and validate a TOML sweep config (ConfigError with one line on any problem)."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config {path} is a directory: give the path of a TOML file")
     try:
-        data = tomllib.loads(path.read_text())
+        text = path.read_bytes().decode("utf-8")
     except OSError as exc:
-        raise ConfigError(f"cannot read config {path}: {exc.strerror}") from None
+        raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"config {path} is not UTF-8 text (byte {exc.start}); is it a TOML file?") from None
+    try:
+        data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config {path} is not valid TOML: {exc}") from None
     return parse_config(data, base_dir=path.resolve().parent, origin=str(path))
@@ -158,12 +177,26 @@ def parse_config(data: dict[str, Any], base_dir: Path | str = ".", origin: str =
     try:
         return SweepConfig.model_validate({**data, "base_dir": Path(base_dir)})
     except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(str(part) for part in error["loc"]) or "(top level)"
-        message = str(error["msg"]).removeprefix("Value error, ")
-        if error["type"] == "extra_forbidden":
-            message = "unknown field; remove it or check its spelling"
-        raise ConfigError(f"{origin}: {where}: {message}") from None
+        raise ConfigError(f"{origin}: {_describe(exc)}") from None
+
+
+def _describe(exc: ValidationError) -> str:
+    """pydantic's first error as 'field: problem; fix' on one line."""
+    error = exc.errors()[0]
+    # Union members add their type names to the location (budgets.0.str); the user wrote no such key.
+    parts = [str(p) for p in error["loc"] if not (isinstance(p, str) and p in _UNION_TAGS)]
+    where = ".".join(parts) or "(top level)"
+    message = " ".join(str(error["msg"]).removeprefix("Value error, ").split())
+    if error["type"] == "extra_forbidden":
+        message = "unknown field; remove it or check its spelling"
+    elif error["type"] == "missing":
+        message = "field required; add it"
+    elif error["type"] not in ("value_error", "assertion_error"):
+        message = f"{message} (got {error['input']!r:.40})"
+    return f"{where}: {message}"
+
+
+_UNION_TAGS = frozenset({"str", "float", "int", "list[str]", "literal['all']", "function-after[_exactly_one_source(), GraphSource]"})
 
 
 __all__ = ["ConfigError", "GraphSource", "SweepConfig", "load_config", "parse_config"]

@@ -11,6 +11,12 @@ from __future__ import annotations
 class CoopError(Exception):
     """Base class of every user-facing coop error (one-line message)."""
 
+    def __init__(self, *args: object) -> None:
+        # A message quotes user data (a node's name, a file's text) that may hold line breaks: keep it one line.
+        if len(args) == 1 and isinstance(args[0], str):
+            args = (" ".join(args[0].splitlines()),)
+        super().__init__(*args)
+
 
 class GraphError(CoopError):
     """A malformed graph: the message names the node and the problem."""

@@ -20,12 +20,12 @@ import json
 from collections.abc import Iterable, Iterator
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import networkx as nx
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from coop.errors import GraphError
+from coop.errors import CoopError, GraphError
 
 GRAPH_FORMAT = "coop.graph"
 GRAPH_VERSION = 1
@@ -34,6 +34,36 @@ NodeKind = Literal["input", "param", "buffer", "forward", "backward", "other"]
 #: Values owned by the caller: resident for the whole step, never computed nor freed by a schedule.
 CALLER_OWNED_KINDS: frozenset[str] = frozenset({"input", "param", "buffer"})
 
+#: The largest value or workspace a node may declare (1 PiB). Anything larger is a unit mistake, and
+#: sums of such values would overflow the 64-bit integers of the CP-SAT and MILP models.
+MAX_MEM = 2**50
+#: The largest cost a node may declare: sums of many such costs stay finite and exact enough.
+MAX_COST = 1e15
+
+
+def _reject_bool_and_text(value: Any) -> Any:
+    """Refuse JSON booleans and strings where a number belongs: pydantic's lax mode would turn
+    ``true`` into 1 and ``"5"`` into 5, a silent repair of a malformed file."""
+    if isinstance(value, (bool, str, bytes)):
+        raise ValueError(f"got {type(value).__name__} {value!r}, not a number")  # noqa: TRY004 (pydantic wants ValueError)
+    return value
+
+
+def _reject_non_bool(value: Any) -> Any:
+    """Refuse anything but a JSON boolean (lax mode would read ``"no"`` or ``0`` as False)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"got {type(value).__name__} {value!r}, not true or false")  # noqa: TRY004 (pydantic wants ValueError)
+    return value
+
+
+#: A node id: a non-negative integer (a boolean or a numeric string is refused, not converted).
+NodeId = Annotated[int, BeforeValidator(_reject_bool_and_text), Field(ge=0)]
+#: Bytes (graph units for imported graphs): a non-negative integer no larger than MAX_MEM.
+Bytes = Annotated[int, BeforeValidator(_reject_bool_and_text), Field(ge=0, le=MAX_MEM)]
+#: A compute cost: a finite non-negative number no larger than MAX_COST.
+Cost = Annotated[float, BeforeValidator(_reject_bool_and_text), Field(ge=0, le=MAX_COST, allow_inf_nan=False)]
+Flag = Annotated[bool, BeforeValidator(_reject_non_bool)]
+
 
 class Impl(BaseModel):
     """One implementation of a node (MONeT, Shah et al. 2021): its own cost, output and workspace."""
@@ -41,9 +71,9 @@ class Impl(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
-    cost: float = Field(ge=0)
-    mem: int = Field(ge=0)
-    workspace: int = Field(default=0, ge=0)
+    cost: Cost
+    mem: Bytes
+    workspace: Bytes = 0
 
 
 class Node(BaseModel):
@@ -51,21 +81,21 @@ class Node(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    id: int
+    id: NodeId
     name: str
     op: str = ""
-    inputs: tuple[int, ...] = ()
-    mem: int = Field(ge=0)
-    cost: float = Field(ge=0)
-    workspace: int = Field(default=0, ge=0)
+    inputs: tuple[NodeId, ...] = ()
+    mem: Bytes
+    cost: Cost
+    workspace: Bytes = 0
     kind: NodeKind = "forward"
-    recomputable: bool = True
+    recomputable: Flag = True
     impls: tuple[Impl, ...] = ()
     #: For an extra output of a multi-output op (batch norm's saved mean, a pooling's indices,
     #: a convolution backward's weight gradient): the id of the op node whose call produces it.
     #: Such a value exists from the op's first compute (contract 2); the op's ``workspace``
     #: covers it at the op's own step.
-    output_of: int | None = None
+    output_of: NodeId | None = None
 
     @property
     def caller_owned(self) -> bool:
@@ -110,11 +140,11 @@ class Graph(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     format: Literal["coop.graph"] = GRAPH_FORMAT
-    version: int = GRAPH_VERSION
+    version: Annotated[int, BeforeValidator(_reject_bool_and_text)] = GRAPH_VERSION
     name: str = "graph"
     nodes: tuple[Node, ...]
-    outputs: tuple[int, ...] = ()
-    order: tuple[int, ...] = ()
+    outputs: tuple[NodeId, ...] = ()
+    order: tuple[NodeId, ...] = ()
     meta: dict[str, Any] = Field(default_factory=dict)
 
     # ---------------------------------------------------------------- validation
@@ -136,24 +166,27 @@ class Graph(BaseModel):
         seen: set[int] = set()
         for node in self.nodes:
             if node.id in seen:
-                raise GraphError(f"node {node.id} ({node.name}): duplicate node id")
+                raise GraphError(f"node {node.id} ({node.name}): duplicate node id; give every node its own id")
             seen.add(node.id)
         for node in self.nodes:
             for source in node.inputs:
                 if source not in seen:
-                    raise GraphError(f"node {node.id} ({node.name}): unknown input id {source}")
+                    raise GraphError(f"node {node.id} ({node.name}): unknown input id {source}; add node {source} or remove it "
+                                     "from the inputs")
                 if source == node.id:
-                    raise GraphError(f"node {node.id} ({node.name}): reads its own output (a cycle)")
+                    raise GraphError(f"node {node.id} ({node.name}): reads its own output (a cycle); remove {source} from its "
+                                     "inputs")
             if len(set(node.inputs)) != len(node.inputs):
-                raise GraphError(f"node {node.id} ({node.name}): an input id is listed twice")
+                raise GraphError(f"node {node.id} ({node.name}): an input id is listed twice; list each input once")
             if node.caller_owned and node.inputs:
-                raise GraphError(f"node {node.id} ({node.name}): a {node.kind} node cannot have inputs")
+                raise GraphError(f"node {node.id} ({node.name}): a {node.kind} node cannot have inputs; remove them or "
+                                 "make it a computed node")
             if node.caller_owned and node.recomputable:
                 object.__setattr__(node, "recomputable", False)
         self._check_extra_outputs()
         for output in self.outputs:
             if output not in seen:
-                raise GraphError(f"graph output {output} is not a node id")
+                raise GraphError(f"graph output {output} is not a node id; remove it from outputs or add node {output}")
         topo = _topological_order(self.nodes)
         computed = [n.id for n in self.nodes if not n.caller_owned]
         if not self.order:
@@ -190,11 +223,11 @@ class Graph(BaseModel):
         by_id = {n.id: n for n in self.nodes}
         for index, node_id in enumerate(self.order):
             if node_id not in by_id:
-                raise GraphError(f"order lists {node_id}, which is not a node id")
+                raise GraphError(f"order lists {node_id}, which is not a node id; remove it from order")
             if by_id[node_id].caller_owned:
                 raise GraphError(f"order lists node {node_id}, a caller-owned {by_id[node_id].kind}; leave it out")
             if node_id in position:
-                raise GraphError(f"order lists node {node_id} twice")
+                raise GraphError(f"order lists node {node_id} twice; list every computed node once")
             position[node_id] = index
         missing = [i for i in computed if i not in position]
         if missing:
@@ -203,7 +236,8 @@ class Graph(BaseModel):
             for source in by_id[node_id].inputs:
                 if not by_id[source].caller_owned and position[source] > position[node_id]:
                     raise GraphError(
-                        f"order puts node {node_id} ({by_id[node_id].name}) before its input {source}"
+                        f"order puts node {node_id} ({by_id[node_id].name}) before its input {source}; list every "
+                        "node after its inputs (or leave order out for a topological order)"
                     )
 
     # ---------------------------------------------------------------- lookups
@@ -405,7 +439,8 @@ class Graph(BaseModel):
         for node_id, attrs in graph.nodes(data=True):
             fields = {k: v for k, v in attrs.items() if k in Node.model_fields and k not in ("id", "inputs")}
             fields.setdefault("name", str(node_id))
-            nodes.append({"id": node_id, "inputs": [int(p) for p in graph.predecessors(node_id)], **fields})
+            inputs = [_networkx_id(p) for p in graph.predecessors(node_id)]
+            nodes.append({"id": _networkx_id(node_id), "inputs": inputs, **fields})
         meta = {k: v for k, v in graph.graph.items() if k not in ("name", "outputs", "order")}
         return cls.model_validate(
             {
@@ -431,95 +466,201 @@ class Graph(BaseModel):
         return "\n".join(lines)
 
 
+def _networkx_id(label: Any) -> Any:
+    """A networkx node label as a node id: integers as they are, decimal strings ("12", as GraphML
+    writes them) as their integer; anything else is left for validation to name."""
+    if isinstance(label, str) and label.isascii() and label.isdigit():
+        return int(label)
+    return label
+
+
 # -------------------------------------------------------------------- loading
 def load_graph(path: str | Path) -> Graph:
     """Read a graph file: coop JSON, or either networkx node-link layout of ../shared/graphs."""
     path = Path(path)
+    return graph_from_dict(read_json_file(path, "graph", GraphError), default_name=path.stem)
+
+
+def read_json_file(path: Path, what: str, error: type[CoopError]) -> Any:
+    """The JSON document in ``path``; ``error`` (one line naming the file and the fix) when there is none.
+
+    Shared by the graph and schedule loaders: a missing file, a folder, bytes that are not UTF-8,
+    truncated or non-JSON text and absurdly deep nesting all end here, never in a traceback.
+    """
+    if path.is_dir():
+        raise error(f"{what} file {path} is a directory: give the path of a JSON file")
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except OSError as exc:
-        raise GraphError(f"cannot read graph file {path}: {exc.strerror}") from None
+        raise error(f"cannot read {what} file {path}: {exc.strerror or exc}") from None
     try:
-        data = json.loads(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise error(f"{what} file {path} is not UTF-8 text (byte {exc.start}); is it a JSON {what} file?") from None
+    if not text.strip():
+        raise error(f"{what} file {path} is empty: write the {what} JSON into it")
+    try:
+        return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise GraphError(f"{path} is not JSON ({exc.msg} at line {exc.lineno})") from None
-    return graph_from_dict(data, default_name=path.stem)
+        raise error(f"{path} is not JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
+                    f"is the file truncated?") from None
+    except (ValueError, RecursionError) as exc:  # ints beyond Python's digit limit, absurd nesting
+        raise error(f"{path} is not a readable JSON {what}: {_first_line(exc)}") from None
 
 
 def graph_from_dict(data: Any, default_name: str = "graph") -> Graph:
     """Dispatch on the layout: coop JSON, Checkmate node-link, or random layered node-link."""
     if not isinstance(data, dict):
-        raise GraphError("a graph file must hold a JSON object")
+        raise GraphError(f"a graph file must hold a JSON object, not {json_type_name(data)}: "
+                         "write coop JSON or networkx node-link JSON")
     if data.get("format") == GRAPH_FORMAT:
         return Graph.model_validate(data)
     if "format" in data:
-        raise GraphError(f"unknown graph format {data['format']!r} (coop reads {GRAPH_FORMAT!r} and networkx node-link)")
+        raise GraphError(f"unknown graph format {short_repr(data['format'])} (coop reads {GRAPH_FORMAT!r} and networkx "
+                         "node-link)")
     if "nodes" in data and "links" in data:
-        links = data["links"]
-        if links and "0" in links[0]:
-            return _from_random_layered(data, default_name)
-        return _from_checkmate(data, default_name)
-    raise GraphError("unrecognised graph file: expected coop JSON or networkx node-link with 'nodes' and 'links'")
+        nodes, links = _node_link_lists(data)
+        if _is_random_layered(nodes, links):
+            return _from_random_layered(data, nodes, links, default_name)
+        return _from_checkmate(data, nodes, links, default_name)
+    if "nodes" in data:
+        raise GraphError(f"graph file has 'nodes' but neither 'links' nor a format tag: add \"format\": {GRAPH_FORMAT!r} "
+                         "(coop JSON) or the 'links' list (networkx node-link)")
+    raise GraphError("unrecognised graph file: expected coop JSON (\"format\": \"coop.graph\") or networkx node-link "
+                     "with 'nodes' and 'links'")
 
 
-def _from_checkmate(data: dict[str, Any], default_name: str) -> Graph:
+def _node_link_lists(data: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The ``nodes`` and ``links`` lists of a node-link file, each entry checked to be an object."""
+    for key in ("nodes", "links"):
+        if not isinstance(data[key], list):
+            raise GraphError(f"graph field {key!r} must be a list, not {json_type_name(data[key])}")
+        for index, entry in enumerate(data[key]):
+            if not isinstance(entry, dict):
+                what = "node" if key == "nodes" else "link"
+                raise GraphError(f"{what} at position {index}: must be a JSON object, not {json_type_name(entry)}")
+    graph_attrs = data.get("graph", {})
+    if graph_attrs is not None and not isinstance(graph_attrs, dict):
+        raise GraphError(f"graph field 'graph' (the graph's attributes) must be an object, not {json_type_name(graph_attrs)}")
+    return data["nodes"], data["links"]
+
+
+def _is_random_layered(nodes: list[dict[str, Any]], links: list[dict[str, Any]]) -> bool:
+    """Gagrani et al.'s layout names its link ends "0" and "1" and its nodes carry ``out_cost``."""
+    if links:
+        return "0" in links[0] or "1" in links[0]
+    return bool(nodes) and "out_cost" in nodes[0] and "cost_ram" not in nodes[0]
+
+
+def _node_ids(nodes: list[dict[str, Any]], id_field: str) -> list[int]:
+    """Each node's id (``id_field``), checked present, an integer and unique, in node order."""
+    ids: list[int] = []
+    seen: set[int] = set()
+    for index, raw in enumerate(nodes):
+        if id_field not in raw:
+            raise GraphError(f"node at position {index}: field {id_field!r} (its id) is missing; give every node an id")
+        node_id = raw[id_field]
+        if isinstance(node_id, bool) or not isinstance(node_id, int) or node_id < 0:
+            raise GraphError(f"node at position {index}: field {id_field!r} is {short_repr(node_id)}; "
+                             "a node id must be a non-negative integer")
+        if node_id in seen:
+            raise GraphError(f"node {node_id} (position {index}): duplicate node id; give every node its own id")
+        seen.add(node_id)
+        ids.append(node_id)
+    return ids
+
+
+def _inputs_from_links(links: list[dict[str, Any]], ids: list[int], source_key: str,
+                       target_key: str) -> dict[int, list[int]]:
+    """Each node's inputs from the links; a link to a node that does not exist, a self-loop or a repeat
+    is an error naming the link (never dropped in silence)."""
+    known = set(ids)
+    inputs: dict[int, list[int]] = {}
+    first_seen: dict[tuple[int, int], int] = {}
+    for index, link in enumerate(links):
+        ends = []
+        for key in (source_key, target_key):
+            if key not in link:
+                raise GraphError(f"link at position {index}: field {key!r} is missing; a link needs "
+                                 f"{source_key!r} and {target_key!r}")
+            end = link[key]
+            if isinstance(end, bool) or not isinstance(end, int):
+                raise GraphError(f"link at position {index}: field {key!r} is {short_repr(end)}, not a node id")
+            ends.append(end)
+        source, target = ends
+        where = f"link at position {index} ({source} -> {target})"
+        for role, end in (("source", source), ("target", target)):
+            if end not in known:
+                raise GraphError(f"{where}: {role} {end} is not a node id; add node {end} or remove the link")
+        if source == target:
+            raise GraphError(f"{where}: a self-loop (node {source} reads its own output); remove the link")
+        if (source, target) in first_seen:
+            raise GraphError(f"{where}: repeats the link at position {first_seen[source, target]}; remove one")
+        first_seen[source, target] = index
+        inputs.setdefault(target, []).append(source)
+    return inputs
+
+
+def _required(raw: dict[str, Any], node_id: int, fields: tuple[str, ...]) -> None:
+    for field in fields:
+        if field not in raw:
+            name = f" ({raw['name']})" if isinstance(raw.get("name"), str) else ""
+            raise GraphError(f"node {node_id}{name}: field {field!r} is missing; add it to the node")
+
+
+def _from_checkmate(data: dict[str, Any], raw_nodes: list[dict[str, Any]], links: list[dict[str, Any]],
+                    default_name: str) -> Graph:
     """Checkmate's layout: nodes {id, name, backward, cost_cpu, cost_ram}, links {source, target}."""
-    inputs: dict[Any, list[Any]] = {}
-    for link in data["links"]:
-        inputs.setdefault(link["target"], []).append(link["source"])
+    ids = _node_ids(raw_nodes, "id")
+    inputs = _inputs_from_links(links, ids, "source", "target")
     nodes = []
-    for index, raw in enumerate(data["nodes"]):
-        if "id" not in raw:
-            raise GraphError(f"node at position {index}: field 'id' is missing")
-        for field in ("cost_ram", "cost_cpu"):
-            if field not in raw:
-                raise GraphError(f"node {raw['id']} ({raw.get('name', '?')}): field {field!r} is missing")
+    for node_id, raw in zip(ids, raw_nodes, strict=True):
+        _required(raw, node_id, ("cost_ram", "cost_cpu"))
         nodes.append(
             {
-                "id": raw["id"],
-                "name": str(raw.get("name", raw["id"])),
+                "id": node_id,
+                "name": str(raw.get("name", node_id)),
                 "op": str(raw.get("name", "")),
-                "inputs": inputs.get(raw["id"], []),
+                "inputs": inputs.get(node_id, []),
                 "mem": raw["cost_ram"],
                 "cost": raw["cost_cpu"],
                 "kind": "backward" if raw.get("backward") else "forward",
             }
         )
-    graph_attrs = data.get("graph", {}) or {}
+    graph_attrs = data.get("graph") or {}
+    title = graph_attrs.get("name", default_name)
     return Graph.model_validate(
         {
             "name": default_name,
             "nodes": nodes,
-            "meta": {"source": "checkmate", "title": graph_attrs.get("name", default_name), "mem_unit": "bytes", "cost_unit": "profiled units"},
+            "meta": {"source": "checkmate", "title": title if isinstance(title, str) else default_name,
+                     "mem_unit": "bytes", "cost_unit": "profiled units"},
         }
     )
 
 
-def _from_random_layered(data: dict[str, Any], default_name: str) -> Graph:
+def _from_random_layered(data: dict[str, Any], raw_nodes: list[dict[str, Any]], links: list[dict[str, Any]],
+                         default_name: str) -> Graph:
     """Gagrani et al.'s layout: nodes {name, out_cost, duration}, links {"0": src, "1": dst}."""
-    inputs: dict[Any, list[Any]] = {}
-    for link in data["links"]:
-        inputs.setdefault(link["1"], []).append(link["0"])
+    ids = _node_ids(raw_nodes, "name")
+    inputs = _inputs_from_links(links, ids, "0", "1")
     nodes = []
-    for index, raw in enumerate(data["nodes"]):
-        if "name" not in raw:
-            raise GraphError(f"node at position {index}: field 'name' (its id) is missing")
-        for field in ("out_cost", "duration"):
-            if field not in raw:
-                raise GraphError(f"node {raw['name']}: field {field!r} is missing")
+    for node_id, raw in zip(ids, raw_nodes, strict=True):
+        _required(raw, node_id, ("out_cost", "duration"))
         nodes.append(
             {
-                "id": raw["name"],
-                "name": str(raw["name"]),
-                "inputs": inputs.get(raw["name"], []),
+                "id": node_id,
+                "name": str(node_id),
+                "inputs": inputs.get(node_id, []),
                 "mem": raw["out_cost"],
                 "cost": raw["duration"],
             }
         )
-    graph_attrs = data.get("graph", {}) or {}
+    graph_attrs = data.get("graph") or {}
+    name = graph_attrs.get("name", default_name)
     return Graph.model_validate(
         {
-            "name": graph_attrs.get("name", default_name),
+            "name": name if isinstance(name, str) else default_name,
             "nodes": nodes,
             "order": graph_attrs.get("order", []),
             "meta": {"source": "random_layered", "mem_unit": "units", "cost_unit": "units"},
@@ -560,26 +701,89 @@ def _topological_order(nodes: Iterable[Node]) -> list[int]:
     return order
 
 
+#: What each field must hold: the fix named in a one-line validation error.
+_FIELD_RULES: dict[str, str] = {
+    "id": "a non-negative integer, unique in the graph",
+    "name": "a string",
+    "op": "a string",
+    "inputs": "a list of the ids of the nodes it reads",
+    "mem": f"an integer number of bytes (graph units) from 0 to 2**{MAX_MEM.bit_length() - 1}",
+    "workspace": f"an integer number of bytes (graph units) from 0 to 2**{MAX_MEM.bit_length() - 1}",
+    "cost": f"a finite number from 0 to {MAX_COST:g}",
+    "kind": "one of " + ", ".join(NodeKind.__args__),
+    "recomputable": "true or false",
+    "impls": "a list of {name, cost, mem, workspace} objects",
+    "output_of": "the id of the node whose op produces this extra output",
+    "outputs": "a list of node ids",
+    "order": "a list of node ids",
+    "nodes": "a non-empty list of node objects",
+    "meta": "a JSON object",
+    "version": f"the integer {GRAPH_VERSION}",
+    "format": repr(GRAPH_FORMAT),
+}
+
+
 def _describe_validation_error(exc: ValidationError, data: Any) -> str:
+    """One line for pydantic's first error: the node (id and name) or graph field, the value, the fix."""
     error = exc.errors()[0]
-    loc = error["loc"]
-    message = error["msg"]
-    if error["type"] == "missing":
-        message = f"field {loc[-1]!r} is missing"
-    elif error["type"] == "extra_forbidden":
-        message = f"unknown field {loc[-1]!r}"
-    elif loc:
-        message = f"field {loc[-1]!r}: {message}"
+    loc = tuple(error["loc"])
+    where = "graph"
     if len(loc) >= 2 and loc[0] == "nodes" and isinstance(loc[1], int):
-        raw = None
-        if isinstance(data, dict) and isinstance(data.get("nodes"), (list, tuple)) and loc[1] < len(data["nodes"]):
-            raw = data["nodes"][loc[1]]
-        raw_id = raw.get("id") if isinstance(raw, dict) else getattr(raw, "id", None)
-        where = f"node {raw_id}" if raw_id is not None else f"node at position {loc[1]}"
-        return f"{where}: {message}"
-    if loc == ("nodes",) and error["type"] == "missing":
-        return "graph: field 'nodes' is missing"
-    return f"graph: {message}"
+        where = _describe_node_at(data, loc[1])
+        loc = loc[2:]
+        if not loc:
+            return f"{where}: must be a JSON object with id, name, mem and cost, not {json_type_name(error['input'])}"
+    if not loc:
+        return f"graph: {_first_line(error['msg'])}; a graph file holds a JSON object with a 'nodes' list"
+    field = _field_path(loc)
+    rule = _FIELD_RULES.get(next((p for p in reversed(loc) if isinstance(p, str)), ""), "")
+    fix = f"; it must be {rule}" if rule else ""
+    if error["type"] == "missing":
+        return f"{where}: field {field} is missing; add it{fix.replace('; it must be', ' as')}"
+    if error["type"] == "extra_forbidden":
+        return f"{where}: unknown field {field}; remove it or check its spelling"
+    if fix:
+        return f"{where}: field {field} is {short_repr(error['input'])}{fix}"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    return f"{where}: field {field} is {short_repr(error['input'])}: {_first_line(message)}"
+
+
+def _describe_node_at(data: Any, position: int) -> str:
+    """'node 7 (relu)' when the raw node at ``position`` has a usable id, else 'node at position 3'."""
+    raw = None
+    if isinstance(data, dict) and isinstance(data.get("nodes"), (list, tuple)) and position < len(data["nodes"]):
+        raw = data["nodes"][position]
+    raw_id = raw.get("id") if isinstance(raw, dict) else getattr(raw, "id", None)
+    if isinstance(raw_id, bool) or not isinstance(raw_id, int):
+        return f"node at position {position}"
+    name = raw.get("name") if isinstance(raw, dict) else getattr(raw, "name", None)
+    return f"node {raw_id} ({name})" if isinstance(name, str) else f"node {raw_id}"
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    """('impls', 0, 'cost') -> "'impls[0].cost'"."""
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return repr(text)
+
+
+def json_type_name(value: Any) -> str:
+    """'a JSON list', 'a JSON number', ...: the JSON type of a value, with its article, for messages."""
+    names = {bool: "boolean", int: "number", float: "number", str: "string", list: "list", tuple: "list",
+             dict: "object", type(None): "null"}
+    return f"a JSON {names.get(type(value), type(value).__name__)}"
+
+
+def short_repr(value: Any, limit: int = 40) -> str:
+    """``repr(value)`` cut to ``limit`` characters: a message stays one short line."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _first_line(value: Any) -> str:
+    lines = str(value).strip().splitlines()
+    return lines[0] if lines else type(value).__name__
 
 
 def _digest(payload: Any) -> str:

@@ -43,7 +43,9 @@ def least_feasible_budget(graph: Graph, tolerance: float = TOLERANCE) -> LeastBu
     from coop.formulations.moccasin import greedy_eviction_schedule
 
     lower = min_budget(graph)
-    best: LeastBudget | None = None
+    # The baseline order always fits its own peak: the bisection starts from it.
+    baseline = Schedule.from_order(graph.order)
+    best = LeastBudget(simulate(graph, baseline).peak, baseline, "store-all", lower)
     for name, baseline in (("checkpoint-all", checkpoint_all), ("chen-greedy", chen_greedy), ("chen-sqrt", chen_sqrt)):
         try:
             result = baseline(graph, lower)
@@ -51,10 +53,9 @@ def least_feasible_budget(graph: Graph, tolerance: float = TOLERANCE) -> LeastBu
             continue
         if result.schedule is not None:
             peak = simulate(graph, result.schedule).peak
-            if best is None or peak < best.budget:
+            if peak < best.budget:
                 best = LeastBudget(peak, result.schedule, name, lower)
-    # Without a baseline, start above any peak: every value and workspace resident at once.
-    low, high = lower, best.budget if best is not None else graph.caller_owned_bytes + sum(n.mem + n.workspace for n in graph)
+    low, high = lower, best.budget
     while high - low > max(1, tolerance * lower):
         middle = (low + high) // 2
         schedule = greedy_eviction_schedule(graph, middle)
@@ -62,9 +63,7 @@ def least_feasible_budget(graph: Graph, tolerance: float = TOLERANCE) -> LeastBu
             low = middle
             continue
         peak = simulate(graph, schedule).peak
-        if best is None or peak < best.budget:
+        if peak < best.budget:
             best = LeastBudget(peak, schedule, "greedy-eviction", lower)
         high = min(middle, peak)
-    if best is None:
-        raise CoopError(f"no constructed schedule fits graph {graph.name!r} at any budget")
     return best
