@@ -19,6 +19,7 @@ from coop.graph_capture.cost import (
     analytic_seconds,
     bytes_moved,
     node_flops,
+    probe_storage_bytes,
     profile_seconds,
 )
 from coop.zoo import build
@@ -130,3 +131,25 @@ def test_fault_time_is_taken_out_of_default_allocator_steps(bench_replay: Module
     row = bench_replay.merge(warm, default)
     assert row["default_vs_store_all"] < 0
     assert row["default_vs_store_all_wo_faults"] == pytest.approx(0.1)
+
+
+def test_the_storage_probe_finds_kernels_whose_storage_exceeds_the_fake_one() -> None:
+    """A fake 0-d mse_loss claims 4 bytes; the CPU kernel's loss holds its 6 x 5 buffer (120 bytes).
+    A plain mean (which reduces into a fresh tensor) keeps its 4 bytes."""
+    module = _traced(lambda x, y: (torch.nn.functional.mse_loss(x, y), (x - y).mean(), x.t()),
+                     torch.randn(6, 5), torch.randn(6, 5))
+    mse, mean = _call(module, "mse_loss"), _call(module, "mean")
+    assert mse.meta["val"].untyped_storage().nbytes() == 4
+    probe = probe_storage_bytes(module)
+    assert probe.output_bytes[mse.name] == [6 * 5 * 4]
+    assert probe.output_bytes[mean.name] == [4]
+    # pointwise ops allocate exactly their broadcast shape and views allocate nothing: neither is run
+    assert _call(module, "sub").name not in probe.output_bytes and _call(module, "t").name not in probe.output_bytes
+    assert probe.failed == []
+
+
+def test_an_op_that_cannot_run_on_zeros_keeps_its_fake_size_and_is_named() -> None:
+    module = _traced(lambda p: torch.multinomial(p, 2), torch.rand(3, 4))  # all-zero probabilities are refused
+    node = _call(module, "multinomial")
+    probe = probe_storage_bytes(module)
+    assert probe.failed == [node.name] and node.name not in probe.output_bytes

@@ -1,9 +1,11 @@
-"""The memory meter counts each storage once, frees with the last tensor, and keeps a host pool."""
+"""The memory meter counts each storage once, frees with the last tensor, keeps a host pool and names
+the op at its peak."""
 
 from __future__ import annotations
 
 import torch
 
+from coop.graph_capture.cost import allocator_bytes
 from coop.runtime.meter import MemoryMeter, host_pool
 
 
@@ -66,3 +68,33 @@ def test_peak_of_a_training_step_is_at_least_the_parameters() -> None:
         model(torch.randn(8, 16)).sum().backward()
     param_bytes = sum(p.untyped_storage().nbytes() for p in params)
     assert meter.peak_bytes >= 2 * param_bytes  # weights plus their gradients
+
+
+def test_names_the_op_that_reaches_the_peak_and_records_a_timeline() -> None:
+    with MemoryMeter(record=True) as meter:
+        a = torch.ones(100)  # 400 B
+        b = torch.cat([a, a])  # 800 B: the peak, 1200 B
+        del a
+        c = b.sum()  # 4 B
+        del b
+    assert meter.peak_bytes == 1200 and meter.peak_op == "aten.cat.default"
+    ops = [op for op, _ in meter.timeline]
+    assert ops[meter.peak_index] == "aten.cat.default"
+    assert meter.timeline[-1] == ("aten.sum.default", 800 + 4) and c.item() == 200
+
+
+def test_a_reduced_loss_that_keeps_its_elementwise_buffer_counts_the_whole_buffer() -> None:
+    """CPU's mse_loss returns a 0-d loss whose storage is the 4 x 8 unreduced buffer: 128 bytes live,
+    not the 4 bytes of one float, as long as the loss lives."""
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    with MemoryMeter() as meter:
+        loss = torch.ops.aten.mse_loss.default(x, y, 1)
+        assert loss.dim() == 0 and meter.current_bytes == 4 * 8 * 4
+    assert meter.peak_bytes == 128
+
+
+def test_cuda_storages_count_whole_allocator_blocks() -> None:
+    """The CUDA caching allocator hands out 512-byte blocks; CPU storages count their own bytes."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert [allocator_bytes(n, cuda) for n in (0, 1, 512, 513, 4096)] == [0, 512, 512, 1024, 4096]
+    assert [allocator_bytes(n, cpu) for n in (0, 1, 513)] == [0, 1, 513]

@@ -153,4 +153,4 @@ def test_splits_replay_exactly_within_their_predicted_peak(which) -> None:
             meter.track(*flat, *captured.constants())
             outputs = Executor(captured, plan.schedule).run_flat(flat)
         assert all(torch.equal(a, b) for a, b in zip(outputs, reference, strict=True)), knob
-        assert meter.peak_bytes <= plan.simulation.peak * 1.02, knob
+        assert meter.peak_bytes <= plan.simulation.peak, (knob, meter.peak_op)  # no slack: an upper bound

@@ -4,7 +4,11 @@ Alias folding is decided by storage identity on the fake values, not by a list o
 first fx node whose output holds a storage owns it, and a node that creates no new storage (a
 view, ``t``, ``expand``, ``_unsafe_view``, a ``getitem`` of a multi-output op, a returned input)
 is folded into the owner of the storage it aliases. So every storage is counted once, in the
-node that allocates it, and ``mem`` is the sum of the node's new storages' bytes.
+node that allocates it, and ``mem`` is the sum of the node's new storages' bytes: the bytes of the
+storage the real kernel returns (some kernels return a storage larger than the fake tensor's, see
+:func:`coop.graph_capture.cost.probe_storage_bytes`), in whole allocator blocks on CUDA
+(:func:`coop.graph_capture.cost.allocator_bytes`), so that the measured peak of a replay never
+exceeds the simulator's prediction.
 
 A multi-output op (``native_batch_norm``, ``convolution_backward``, ``native_dropout``) owns
 only its first output; each further output becomes its own node (not recomputable, cost 0, input
@@ -30,7 +34,16 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from coop.graph import Graph, Node
-from coop.graph_capture.cost import BANDWIDTH, FLOP_RATE, NodeProfile, analytic_seconds, node_flops
+from coop.graph_capture.cost import (
+    BANDWIDTH,
+    FLOP_RATE,
+    NodeProfile,
+    StorageProbe,
+    allocator_bytes,
+    analytic_seconds,
+    node_flops,
+    probe_storage_bytes,
+)
 from coop.graph_capture.trace import TracedStep, is_random
 
 PLACEHOLDER_KIND = {"param": "param", "frozen": "param", "buffer": "buffer", "input": "input"}
@@ -74,6 +87,7 @@ def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: st
     placeholders = [n for n in fx_graph.nodes if n.op == "placeholder"]
     labels = dict(zip((n.name for n in placeholders), placeholder_names, strict=True))
 
+    probe = probe_storage_bytes(traced.module)
     pending: dict[int, int] = {}  # storage key of a not-yet-extracted extra output -> bytes
     producer: dict[int, int] = {}  # storage key of an extra output -> the node id of its op
     for fx_node in fx_graph.nodes:
@@ -81,10 +95,10 @@ def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: st
             continue
         tensors = _tensors(fx_node.meta.get("val"))
         new_storages: dict[int, int] = {}
-        for tensor in tensors:
+        for tensor, nbytes in zip(tensors, _storage_bytes(fx_node, tensors, probe), strict=True):
             key = storage_key(tensor)
             if key not in storage_owner and key not in new_storages:
-                new_storages[key] = tensor.untyped_storage().nbytes()
+                new_storages[key] = nbytes
         claimed = {k: pending.pop(k) for k in [storage_key(t) for t in tensors] if k in pending}
         extras: dict[int, int] = {}
         if len(new_storages) > 1 and fx_node.op == "call_function":
@@ -138,10 +152,21 @@ def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: st
         f"seconds (analytic: flops / {FLOP_RATE:.0e} FLOP/s + bytes moved / {BANDWIDTH:.0e} B/s)",
         "flops": sum(fx_flops.values()),
         "node_flops": {str(i): f for i, f in flops_per_node.items() if f},
+        "storage_probe_failed": probe.failed,
     }
     order = [i for i, f in fields.items() if f["kind"] not in PLACEHOLDER_KIND.values()]
     graph = Graph(name=name, nodes=tuple(nodes), outputs=tuple(dict.fromkeys(outputs["all"])), order=tuple(order), meta=meta)
     return Lowered(graph=graph, fx_names=fx_names, owner_of=owner_of, node_flops=flops_per_node, fx_flops=fx_flops)
+
+
+def _storage_bytes(fx_node: fx.Node, tensors: list[torch.Tensor], probe: StorageProbe) -> list[int]:
+    """Bytes the allocator holds for each output tensor's storage: the real kernel's storage when the
+    probe ran it (it may exceed the fake one, see :func:`probe_storage_bytes`), rounded as the device
+    allocator rounds it (:func:`allocator_bytes`)."""
+    real = probe.output_bytes.get(fx_node.name)
+    if real is None or len(real) != len(tensors):
+        real = [t.untyped_storage().nbytes() for t in tensors]
+    return [allocator_bytes(nbytes, t.device) for nbytes, t in zip(real, tensors, strict=True)]
 
 
 def _new_node_fields(fx_node: fx.Node, node_id: int, mem: int, labels: dict[str, tuple[str, str]]) -> dict[str, Any]:

@@ -8,9 +8,17 @@ moment the simulator measures (resident values + the new output). Tensors that e
 meter starts (parameters, the batch) are invisible to it: pass them to :meth:`track` to count
 them as the Graph counts its caller-owned values.
 
+The meter names the op at which the peak occurs (``peak_op``, with the op's index among those
+it saw in ``peak_index``) and, with ``record=True``, keeps the live bytes after every op
+(``timeline``), so a measurement above a prediction can be traced to the op that caused it.
+
 Storages allocated inside :func:`host_pool` (the host tier used for paging) are counted in a
-separate pool (``host_peak_bytes``) and never against the device peak. On CUDA the device peak
-is ``torch.cuda.max_memory_allocated`` relative to the start.
+separate pool (``host_peak_bytes``) and never against the device peak. On CUDA each storage counts
+the whole 512-byte blocks the caching allocator gives it (:func:`coop.graph_capture.cost.
+allocator_bytes`, as capture counts them), and ``cuda_peak_bytes`` is the allocator's own
+measure: ``torch.cuda.max_memory_allocated`` during the block minus what was allocated when it
+started, plus the tracked (caller-owned) bytes, which were allocated before it: the quantity the
+simulator predicts, workspaces of cuBLAS/cuDNN included.
 """
 
 from __future__ import annotations
@@ -24,6 +32,8 @@ from typing import Any, Self
 import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from coop.graph_capture.cost import allocator_bytes
 
 _HOST = threading.local()
 
@@ -40,6 +50,7 @@ def host_pool() -> Iterator[None]:
 
 
 def in_host_pool() -> bool:
+    """Whether allocations made now belong to the host tier (inside :func:`host_pool`)."""
     return getattr(_HOST, "active", False)
 
 
@@ -52,40 +63,50 @@ class MemoryMeter(TorchDispatchMode):
     >>> meter.peak_bytes
     """
 
-    def __init__(self, use_cuda: bool | None = None) -> None:
+    def __init__(self, use_cuda: bool | None = None, record: bool = False) -> None:
         super().__init__()
         self.use_cuda = torch.cuda.is_available() if use_cuda is None else use_cuda
+        self.record = record
         self.current_bytes = 0
         self.peak_bytes = 0
+        self.peak_op = "track"  # the op whose outputs first reached peak_bytes ("track": the tracked values)
+        self.peak_index = -1  # that op's index among the ops the meter saw (-1: none yet)
+        self.ops_seen = 0
+        self.timeline: list[tuple[str, int]] = []  # (op, live bytes right after it), with record=True
         self.host_current_bytes = 0
         self.host_peak_bytes = 0
+        self.tracked_bytes = 0
+        self.cuda_peak_bytes: int | None = None
         self._refs: dict[int, int] = {}  # storage key -> live tensors seen holding it
         self._sizes: dict[int, tuple[int, bool]] = {}  # storage key -> (bytes, on host tier)
         self._cuda_base = 0
 
     # ---------------------------------------------------------------- bookkeeping
     def track(self, *tensors: torch.Tensor) -> None:
-        """Count tensors created outside the meter (parameters, batch) as live."""
+        """Count tensors created before the meter started (parameters, batch) as live."""
         for tensor in tensors:
-            self._see(tensor, host=False)
-        self._update_peak()
+            self.tracked_bytes += self._see(tensor, host=False)
+        self._update_peak("track")
 
-    def _see(self, tensor: torch.Tensor, host: bool) -> None:
+    def _see(self, tensor: torch.Tensor, host: bool) -> int:
+        """Hold the tensor's storage; the bytes it adds (0 when another tensor already holds it)."""
         if tensor.device.type == "meta":
-            return
+            return 0
         storage = tensor.untyped_storage()
         key = storage._cdata
+        added = 0
         if key not in self._refs:
             self._refs[key] = 0
-            nbytes = storage.nbytes()
-            self._sizes[key] = (nbytes, host)
+            added = allocator_bytes(storage.nbytes(), tensor.device)
+            self._sizes[key] = (added, host)
             if host:
-                self.host_current_bytes += nbytes
+                self.host_current_bytes += added
                 self.host_peak_bytes = max(self.host_peak_bytes, self.host_current_bytes)
             else:
-                self.current_bytes += nbytes
+                self.current_bytes += added
         self._refs[key] += 1
         weakref.finalize(tensor, self._release, key)
+        return 0 if host else added
 
     def _release(self, key: int) -> None:
         count = self._refs.get(key)
@@ -101,8 +122,11 @@ class MemoryMeter(TorchDispatchMode):
         else:
             self.current_bytes -= nbytes
 
-    def _update_peak(self) -> None:
-        self.peak_bytes = max(self.peak_bytes, self.current_bytes)
+    def _update_peak(self, op: str) -> None:
+        if self.current_bytes > self.peak_bytes:
+            self.peak_bytes = self.current_bytes
+            self.peak_op = op
+            self.peak_index = self.ops_seen - 1
 
     # ---------------------------------------------------------------- dispatch
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
@@ -111,7 +135,11 @@ class MemoryMeter(TorchDispatchMode):
         for tensor in pytree.tree_leaves(out):
             if isinstance(tensor, torch.Tensor):
                 self._see(tensor, host=host)
-        self._update_peak()
+        self.ops_seen += 1
+        name = str(func)
+        self._update_peak(name)
+        if self.record:
+            self.timeline.append((name, self.current_bytes))
         return out
 
     def __enter__(self) -> Self:
@@ -126,9 +154,10 @@ class MemoryMeter(TorchDispatchMode):
         super().__exit__(*exc)
         if self.use_cuda:
             torch.cuda.synchronize()
-            self.cuda_peak_bytes = torch.cuda.max_memory_allocated() - self._cuda_base
+            self.cuda_peak_bytes = torch.cuda.max_memory_allocated() - self._cuda_base + self.tracked_bytes
 
     def reset_peak(self) -> None:
         """Start a new peak measurement from the bytes live now."""
         self.peak_bytes = self.current_bytes
+        self.peak_op, self.peak_index = "reset", self.ops_seen - 1
         self.host_peak_bytes = self.host_current_bytes
