@@ -50,6 +50,8 @@ class Outcome:
     notes: str = ""
     error: str | None = None
     error_detail: str = ""
+    #: the command that produced the section, when it is not ``run_all.py --only NAME`` (a module's own CLI)
+    command: str | None = None
 
 
 # ============================================================================ discovery
@@ -202,7 +204,7 @@ def _cell(value: Any) -> str:
 
 
 def render_section(outcome: Outcome, machine: str, quick: bool) -> str:
-    command = f"python benchmarks/run_all.py --only {outcome.name}" + (" --quick" if quick else "")
+    command = outcome.command or f"python benchmarks/run_all.py --only {outcome.name}" + (" --quick" if quick else "")
     lines = [
         f"<!-- bench:{outcome.name} -->",
         f"## {outcome.name}",
