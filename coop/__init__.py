@@ -1,7 +1,8 @@
 """coop: plan and replay memory-bounded PyTorch training steps.
 
 The public API: :func:`load_graph`, :class:`Graph`, :class:`Schedule`, :func:`simulate`,
-:func:`validate`, :func:`parse_budget`, :func:`min_budget`, :func:`capture`, :func:`plan`.
+:func:`validate`, :func:`parse_budget`, :func:`min_budget`, :func:`capture`, :func:`plan`, and
+:class:`ContextError` (plan.step in a training context its plan cannot serve).
 """
 
 from coop.budget import baseline_peak, min_budget, parse_budget
@@ -40,4 +41,8 @@ def __getattr__(name: str):  # lazy: importing coop must not import torch
         from coop import planner
 
         return getattr(planner, name)
+    if name in ("ContextError", "TrainingContext"):
+        from coop.graph_capture import captured
+
+        return getattr(captured, name)
     raise AttributeError(f"module 'coop' has no attribute {name!r}")

@@ -8,6 +8,7 @@ once per step).
 
 from __future__ import annotations
 
+import functools
 import json
 import warnings
 from collections.abc import Callable
@@ -18,13 +19,14 @@ import torch
 from torch import nn
 
 from coop.budget import baseline_peak, min_budget, parse_budget
-from coop.errors import CoopError, InfeasibleError
+from coop.errors import BudgetError, CoopError, InfeasibleError
 from coop.formulations import BASELINES, SolveResult, solve, solve_accepting
 from coop.graph import Graph, format_bytes
 from coop.graph_capture import Captured, capture
+from coop.graph_capture.captured import ContextError, TrainingContext
 from coop.planner.hints import online_hint
-from coop.runtime.executor import Executor, replay_graph
-from coop.runtime.fallback import DynamicPlan
+from coop.runtime.executor import Executor, GradientSync, replay_graph, unwrap_model, write_back
+from coop.runtime.fallback import DynamicPlan, batch_key, recapture
 from coop.runtime.static_arena import best_fit_placement
 from coop.schedule import Schedule, Simulation, Step, simulate, validate
 
@@ -33,14 +35,23 @@ LossFn = Callable[..., torch.Tensor]
 
 
 class Plan:
-    """A validated schedule for one model and batch shape, ready to replay every step."""
+    """A validated schedule for one model, batch shape and training context, ready to replay every step.
+
+    ``model`` is the module the step was captured from; under DistributedDataParallel it is the
+    wrapped module and ``wrapper`` the DDP instance whose reducer syncs the gradients.
+    """
 
     def __init__(self, model: nn.Module, captured: Captured, schedule: Schedule, budget: int, formulation: str,
-                 result: SolveResult | None = None, note: str = "", loss_fn: LossFn | None = None) -> None:
+                 result: SolveResult | None = None, note: str = "", loss_fn: LossFn | None = None,
+                 wrapper: nn.Module | None = None) -> None:
         self.model = model
+        self.wrapper = wrapper
+        self.sync = GradientSync(wrapper, captured) if wrapper is not None else None
         self.loss_fn = loss_fn
         self.arena_peak: int | None = None  # best-fit arena peak, set by plan(..., arena=True)
         self._dynamic_by_shape: dict[tuple, DynamicPlan] = {}
+        # Another training context -> its replay: None where the static plan's program still applies.
+        self._by_context: dict[tuple, Plan | DynamicPlan | None] = {}
         self.captured = captured
         self.schedule = schedule
         self.budget = budget
@@ -49,8 +60,6 @@ class Plan:
         self.note = note
         self.executor = Executor(captured, schedule)
         self.simulation: Simulation = self.executor.simulation
-        self._params = dict(model.named_parameters())
-        self._buffers = dict(model.named_buffers())
 
     # ---------------------------------------------------------------- numbers
     @property
@@ -99,30 +108,73 @@ class Plan:
 
     # ---------------------------------------------------------------- replay
     def step(self, *batch: torch.Tensor) -> torch.Tensor:
-        """Forward + backward under the plan: grads accumulate into ``p.grad``; returns the loss."""
+        """Forward + backward under the plan: grads accumulate into ``p.grad``; returns the loss.
+
+        A batch of other shapes runs captured again under online eviction within the same budget,
+        with a warning. A training context other than the capture's (autocast, train/eval, frozen
+        parameters: :meth:`TrainingContext.mismatch`) is re-planned for within the same budget,
+        with a warning (:meth:`_for_context`); one no re-plan can serve (gradients disabled,
+        another device) stops with one ContextError line. Under DDP the gradients are all-reduced
+        by the wrapper's own reducer, as in DDP eager (:class:`GradientSync`).
+        """
+        current = TrainingContext.current(self.model, batch)
+        change = self.captured.context.mismatch(current) if self.captured.context is not None else ""
+        other = self._for_context(current, change, batch) if change else None
+        if other is not None:
+            try:
+                return other.step(*batch)
+            except InfeasibleError as exc:
+                raise ContextError(f"{change}, and the step in this context does not fit the plan's budget ({exc}); "
+                                   "make a new plan in this context") from None
         mismatch = self._batch_mismatch(batch)
         if mismatch:
             return self._dynamic_fallback(batch, mismatch).step(*batch)
+        if self.sync is not None:
+            batch = self.sync.before_step(batch)
         outputs = self.executor.run_flat(self.captured.flat_inputs(self.model, batch))
-        grads = outputs[self.captured.grad_slice]
-        new_buffers = outputs[self.captured.buffer_slice]
-        with torch.no_grad():
-            for name, grad in zip(self.captured.grad_names, grads, strict=True):
-                param = self._params[name]
-                if param.grad is None:
-                    param.grad = grad
-                else:
-                    param.grad += grad
-            for name, value in zip(self.captured.buffer_names, new_buffers, strict=True):
-                buffer = self._buffers[name]
-                if value is not buffer:
-                    buffer.copy_(value)
-        return outputs[0]
+        return write_back(self.captured, self.model, outputs, self.sync)
+
+    def _for_context(self, current: TrainingContext, change: str,
+                     batch: tuple[torch.Tensor, ...]) -> Plan | DynamicPlan | None:
+        """The replay for a context other than the capture's (None: this plan's program still applies).
+
+        The step is captured again in the new context. When its program is the same (a setting
+        that changes no op, like deterministic algorithms on CPU) this plan stands. Otherwise it is
+        re-planned within the same budget, with a warning: the cheapest baseline schedule that fits
+        (no solver time inside a training loop), else online eviction (Coop's policy); a budget
+        nothing meets in the new context is a ContextError naming the difference.
+        """
+        key = (current, batch_key(batch))
+        if key in self._by_context:
+            return self._by_context[key]
+        again = recapture(self.model, batch, self.loss_fn, current)
+        if again.graph.structure_sha256 == self.captured.graph.structure_sha256:
+            self._by_context[key] = None
+            return None
+        other: Plan | DynamicPlan
+        try:
+            fallback, name = _best_baseline(replay_graph(again), self.budget)
+            other = Plan(self.model, again, fallback.schedule, self.budget, name, fallback, loss_fn=self.loss_fn,
+                         wrapper=self.wrapper, note=f"re-planned for another training context: {change}")
+            how = f"the {name} schedule"
+        except InfeasibleError:
+            try:
+                other = DynamicPlan(again, self.model, self.budget, policy="coop", wrapper=self.wrapper,
+                                    loss_fn=self.loss_fn)
+            except BudgetError as exc:
+                raise ContextError(f"{change}, and the step in this context does not fit the plan's budget ({exc}); "
+                                   "make a new plan in this context") from None
+            how = "online eviction (coop policy)"
+        warnings.warn(f"{change}; captured the step again for this context and running it with {how} within the "
+                      f"plan's budget of {format_bytes(self.budget)}; make a new plan in this context to get an "
+                      "optimized schedule", stacklevel=3)
+        self._by_context[key] = other
+        return other
 
     def _batch_mismatch(self, batch: tuple[torch.Tensor, ...]) -> str:
         """Why this batch does not fit the plan's shapes ('' when it does)."""
         expected = self.captured.batch_shapes
-        got = [(tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else (None, type(t)) for t in batch]
+        got = list(batch_key(batch))
         if len(got) != len(expected):
             return f"plan.step got {len(got)} batch tensors, the plan was made for {len(expected)}"
         for index, (have, want) in enumerate(zip(got, expected, strict=True)):
@@ -133,7 +185,7 @@ class Plan:
 
     def _dynamic_fallback(self, batch: tuple[torch.Tensor, ...], mismatch: str) -> DynamicPlan:
         """Online eviction (Coop's policy) under the same budget for a batch of unplanned shapes."""
-        key = tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else (None, type(t)) for t in batch)
+        key = batch_key(batch)
         dynamic = self._dynamic_by_shape.get(key)
         if dynamic is None:
             if len(key) != len(self.captured.batch_shapes):
@@ -141,8 +193,9 @@ class Plan:
             warnings.warn(f"{mismatch}; running this shape under online eviction (coop policy) within the plan's "
                           f"budget of {format_bytes(self.budget)}; make a new plan for it to get a static schedule",
                           stacklevel=3)
-            captured = capture(self.model, batch, loss_fn=self.loss_fn)
-            dynamic = DynamicPlan(captured, self.model, self.budget, policy="coop")
+            captured = recapture(self.model, batch, self.loss_fn, TrainingContext.current(self.model, batch))
+            dynamic = DynamicPlan(captured, self.model, self.budget, policy="coop", wrapper=self.wrapper,
+                                  loss_fn=self.loss_fn)
             self._dynamic_by_shape[key] = dynamic
         return dynamic
 
@@ -159,6 +212,9 @@ class Plan:
             "steps": [s.model_dump(exclude_none=True) for s in self.schedule.steps],
             "summary": self.summary(),
         }
+        if self.captured.context is not None:  # what the capture depends on, to name it when a load differs
+            document["context"] = {"autocast": [list(a) for a in self.captured.context.autocast],
+                                   "eval_modules": list(self.captured.context.eval_modules)}
         Path(path).write_text(json.dumps(document, indent=1) + "\n")
 
     def __repr__(self) -> str:
@@ -179,18 +235,31 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
     and the live-bytes budget is lowered by the fragmentation found until the arena peak fits.
     ``captured`` reuses an earlier :func:`coop.capture` of this model and batch (several budgets,
     one capture and one profile).
+
+    The plan records the training context it was captured in (autocast, grad mode, devices,
+    deterministic algorithms, train/eval; a ``captured`` without one is taken to be from the
+    current context) and ``step`` honours it. A model wrapped in DistributedDataParallel is
+    captured without the wrapper (``loss_fn`` receives the wrapped module) and its gradients are
+    synced by the wrapper's reducer; wrappers coop cannot honour (FSDP, DataParallel,
+    torch.compile) are refused with a CaptureError.
     """
+    module, wrapper = unwrap_model(model)
+    batch = tuple(example_batch) if isinstance(example_batch, (tuple, list)) else (example_batch,)
     if captured is None:
-        captured = capture(model, example_batch, loss_fn=loss_fn, profile=profile)
+        captured = capture(module, batch, loss_fn=loss_fn, profile=profile)
+    if captured.context is None:
+        captured.context = TrainingContext.current(module, batch)
     graph = captured.graph
     budget_bytes = parse_budget(budget, graph)
     if formulation == "dynamic":
-        return DynamicPlan(captured, model, budget_bytes, policy="coop")
+        return DynamicPlan(captured, module, budget_bytes, policy="coop", wrapper=wrapper, loss_fn=loss_fn)
+    within = functools.partial(_plan_within, module, captured, formulation=formulation, time_limit=time_limit,
+                               loss_fn=loss_fn, wrapper=wrapper)
     if not arena:
-        return _plan_within(model, captured, budget_bytes, formulation, time_limit, loss_fn)
+        return within(budget_bytes)
     live_budget = budget_bytes
     for _ in range(ARENA_ROUNDS):
-        candidate = _plan_within(model, captured, live_budget, formulation, time_limit, loss_fn)
+        candidate = within(live_budget)
         placement = best_fit_placement(candidate.graph, candidate.executor.schedule)
         candidate.arena_peak = placement.arena_peak
         if placement.arena_peak <= budget_bytes:
@@ -211,8 +280,8 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
 ARENA_ROUNDS = 4
 
 
-def _plan_within(model: nn.Module, captured: Captured, budget_bytes: int, formulation: str, time_limit: float,
-                 loss_fn: LossFn | None) -> Plan:
+def _plan_within(model: nn.Module, captured: Captured, budget_bytes: int, *, formulation: str, time_limit: float,
+                 loss_fn: LossFn | None, wrapper: nn.Module | None) -> Plan:
     """Solve within a live-bytes budget; fall back to the cheapest fitting baseline, and say so.
 
     Formulations see the graph with random draws recomputable (:func:`replay_graph`): the executor
@@ -223,10 +292,11 @@ def _plan_within(model: nn.Module, captured: Captured, budget_bytes: int, formul
     result = solve_accepting(graph, budget_bytes, formulation, time_limit=time_limit, captured=captured, hint=hint)
     if result.schedule is not None and validate(graph, result.schedule, budget_bytes).ok:
         return Plan(model, captured, result.schedule, budget_bytes, result.formulation, result, note=result.message,
-                    loss_fn=loss_fn)
+                    loss_fn=loss_fn, wrapper=wrapper)
     fallback, name = _best_baseline(graph, budget_bytes, failed=formulation)
     note = f"{formulation} found no schedule within the budget ({result.status}: {result.message}); fell back to {name}"
-    return Plan(model, captured, fallback.schedule, budget_bytes, name, fallback, note=note, loss_fn=loss_fn)
+    return Plan(model, captured, fallback.schedule, budget_bytes, name, fallback, note=note, loss_fn=loss_fn,
+                wrapper=wrapper)
 
 
 def _accepts_hint(formulation: str) -> bool:
@@ -267,10 +337,22 @@ def load_plan(path: str | Path, model: nn.Module, loss_fn: LossFn | None = None)
     if not isinstance(document, dict) or document.get("format") != PLAN_FORMAT:
         raise CoopError(f"{path} is not a coop plan (expected format {PLAN_FORMAT!r})")
     # Tracing runs on fake tensors, so a batch of zeros of the saved shapes captures the same graph.
-    batch = tuple(torch.zeros(b["shape"], dtype=getattr(torch, b["dtype"])) for b in document["batch"])
-    captured = capture(model, batch, loss_fn=loss_fn)
+    module, wrapper = unwrap_model(model)
+    device = next(module.parameters()).device
+    batch = tuple(torch.zeros(b["shape"], dtype=getattr(torch, b["dtype"]), device=device) for b in document["batch"])
+    captured = capture(module, batch, loss_fn=loss_fn)
+    captured.context = TrainingContext.current(module, batch)
     if captured.graph.structure_sha256 != document["graph"]["structure_sha256"]:
+        saved = document.get("context") or {}
+        now = {"autocast": [list(a) for a in captured.context.autocast], "eval_modules": list(captured.context.eval_modules)}
+        changed = [f"{key} was {saved[key] or 'off/none'} and is {now[key] or 'off/none'}"
+                   for key in now if key in saved and saved[key] != now[key]]
+        if changed:
+            raise ContextError(f"plan {path} was captured in another training context ({'; '.join(changed)}); load it "
+                               "in the context it was made in, or make a new plan with coop.plan")
         raise CoopError(f"plan {path} was made for a different model or batch shape (graph digest differs); "
                         "make a new plan with coop.plan")
     schedule = Schedule(steps=tuple(Step.model_validate(s) for s in document["steps"]))
-    return Plan(model, captured, schedule, int(document["budget"]), document["formulation"], loss_fn=loss_fn)
+    return Plan(module, captured, schedule, int(document["budget"]), document["formulation"], loss_fn=loss_fn,
+                wrapper=wrapper)
+

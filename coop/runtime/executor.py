@@ -20,17 +20,25 @@ op's first compute whatever step the schedule takes them at. The executor replay
 :func:`coop.schedule.take_extras_promptly` of the schedule (each extra output taken right after
 its op's first compute: the same memory and cost), so the op's output tuple dies at the op's step
 instead of living until a far-away ``getitem``.
+
+What a replay hands back to the model, and the context it runs in, live here too, shared by the
+static and the dynamic replay: :func:`write_back` (the one write-back of gradients and buffers),
+:func:`recorded_program` (autocast off: the capture holds its own casts), :func:`unwrap_model`
+(DistributedDataParallel unwrapped, wrappers coop cannot honour refused) and
+:class:`GradientSync` (a DDP wrapper's own reducer all-reducing the replayed gradients).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch import fx
+from torch import fx, nn
 
-from coop.errors import ScheduleError
+from coop.errors import CaptureError, ScheduleError
 from coop.graph import Graph
 from coop.graph_capture import Captured
 from coop.graph_capture.lower import output_nodes
@@ -225,9 +233,173 @@ class Executor:
 
     def run_flat(self, flat_inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         """Run on flat inputs: [loss, *gradients, *new buffer values]."""
-        with torch.no_grad():
+        with torch.no_grad(), recorded_program():
             return self.module(*flat_inputs)
 
     @property
     def code(self) -> str:
         return self.module.code
+
+
+# ---------------------------------------------------------------- the training context of a replay
+@contextlib.contextmanager
+def recorded_program() -> Iterator[None]:
+    """Run a captured program as recorded: autocast off, since the capture already holds its casts.
+
+    An ambient ``torch.autocast`` would cast the recorded ops' inputs a second time (and crash on
+    a program captured without it); the planner re-captures for another autocast setting instead.
+    """
+    with contextlib.ExitStack() as stack:
+        for device in ("cpu", "cuda"):
+            if device == "cpu" or torch.cuda.is_available():
+                stack.enter_context(torch.autocast(device, enabled=False))
+        yield
+
+
+def unwrap_model(model: nn.Module) -> tuple[nn.Module, Any]:
+    """The module to capture and the DistributedDataParallel wrapper around it (None without one).
+
+    A DDP-wrapped model is captured without its wrapper; :class:`GradientSync` then hands the
+    replayed gradients to the wrapper's own reducer. Wrappers whose semantics a replay of the
+    plain module cannot reproduce are refused with a CaptureError naming the wrapper and the fix.
+    """
+    refusal = _refused_wrapper(model)
+    if refusal:
+        raise CaptureError(refusal)
+    ddp_class = _ddp_class()
+    if ddp_class is None or not isinstance(model, ddp_class):
+        return model, None
+    if getattr(model, "_use_python_reducer", False) or getattr(model, "_delay_all_reduce_all_params", False):
+        raise CaptureError("coop cannot sync gradients of a DistributedDataParallel that uses the Python reducer or "
+                           "delays every all-reduce (compiled DDP); wrap the model in plain DistributedDataParallel")
+    if getattr(model, "mixed_precision", None) is not None:
+        raise CaptureError("coop cannot honour DistributedDataParallel(mixed_precision=...), which casts parameters "
+                           "inside forward; use torch.autocast around plan.step instead")
+    return model.module, model
+
+
+def _ddp_class() -> type | None:
+    if not torch.distributed.is_available():
+        return None
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel
+
+
+def _refused_wrapper(model: nn.Module) -> str:
+    """Why coop cannot plan for ``model`` as wrapped ('' when it can)."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    if isinstance(model, OptimizedModule):
+        return ("coop cannot plan a torch.compile'd module (coop replays its own program of the eager step); pass the "
+                "uncompiled module (model._orig_mod) to coop.plan")
+    ddp_class = _ddp_class()
+    for name, module in model.named_modules():
+        where = f"submodule {name!r}" if name else "the model"
+        if isinstance(module, nn.DataParallel):
+            return (f"coop cannot plan through torch.nn.DataParallel ({where}), which splits every batch across GPUs "
+                    "inside forward; pass its .module, or use DistributedDataParallel (one process per GPU)")
+        if _is_fsdp(module):
+            return (f"coop cannot plan a model sharded by FSDP ({where}: {type(module).__name__}), whose parameters are "
+                    "gathered inside forward; plan the unsharded module, or use DistributedDataParallel")
+        if name and ddp_class is not None and isinstance(module, ddp_class):
+            return (f"coop cannot plan a DistributedDataParallel nested inside the model ({where}); wrap the whole "
+                    "model in one DistributedDataParallel instead")
+    for name, param in model.named_parameters():
+        if type(param) is not nn.Parameter and type(param.data) is not torch.Tensor:
+            return (f"coop cannot plan parameter {name!r}, a {type(param.data).__name__} (tensor parallel or another "
+                    "tensor subclass); plan the model with plain tensors")
+    return ""
+
+
+def _is_fsdp(module: nn.Module) -> bool:
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+
+    return isinstance(module, (FullyShardedDataParallel, FSDPModule))
+
+
+class _ReleaseGradient(torch.autograd.Function):
+    """One link of a chain that hands precomputed gradients to autograd, one parameter at a time.
+
+    Its backward passes ``gradient`` to ``param`` (autograd's AccumulateGrad then adds it to
+    ``param.grad`` exactly as in eager backward and fires the hooks registered on it: DDP's
+    reducer) and the upstream gradient to the next link. AccumulateGrad runs before the next link
+    (the engine runs the most recently created node last), so parameters become ready in chain order.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, link: torch.Tensor, param: torch.Tensor, gradient: torch.Tensor) -> torch.Tensor:
+        ctx.gradient = gradient
+        return link.detach().clone()
+
+    @staticmethod
+    def backward(ctx: Any, upstream: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        gradient, ctx.gradient = ctx.gradient, None
+        return upstream, gradient, None
+
+
+class GradientSync:
+    """Gradients of a replayed step synchronized by a DistributedDataParallel wrapper's own reducer.
+
+    The replay bypasses ``module.forward`` and autograd, so DDP's all-reduce hooks would never
+    fire. Instead every step runs DDP's own machinery around the replay: ``_pre_forward`` (buffer
+    broadcast from rank 0, bucket rebuild, ``prepare_for_forward``) before it, and after it
+    ``_post_forward`` on a scalar whose backward releases each replayed gradient into autograd in
+    eager's ready order (the order the captured backward produced them). The reducer therefore
+    sees the hooks eager backward fires: the same buckets (``bucket_cap_mb``, the smaller first
+    bucket, rebuilt from the ready order after the first step), the same division by the world size,
+    the same collectives in the same order, comm hooks and ``no_sync()`` gradient accumulation
+    included, so every rank ends bit-identical to DDP eager.
+    """
+
+    def __init__(self, ddp: nn.Module, captured: Captured) -> None:
+        self.ddp = ddp
+        self.ready_order = _gradient_ready_order(captured)
+
+    def before_step(self, batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        """DDP's pre-forward: sync buffers, prepare the reducer; returns the batch DDP would forward."""
+        inputs, _ = self.ddp._pre_forward(*batch)
+        return tuple(inputs)
+
+    def release(self, params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+        """Accumulate ``grads`` into ``params`` through autograd, so DDP's hooks reduce them."""
+        link = torch.zeros((), dtype=torch.float32, device=params[0].device if params else "cpu")
+        for index in reversed(self.ready_order):
+            link = _ReleaseGradient.apply(link, params[index], grads[index])
+        self.ddp._post_forward(link).backward()
+
+
+def _gradient_ready_order(captured: Captured) -> list[int]:
+    """Indices into ``captured.grad_names`` in the order the captured backward completes each gradient."""
+    graph = captured.module.graph
+    position = {node: index for index, node in enumerate(graph.nodes)}
+    outputs = output_nodes(graph)[captured.grad_slice]
+    return sorted(range(len(outputs)), key=lambda i: (position.get(outputs[i], -1), i))
+
+
+def write_back(captured: Captured, module: nn.Module, outputs: list[Any], sync: GradientSync | None = None) -> Any:
+    """The one write-back of a replayed step: gradients accumulated into ``.grad``, new buffers copied in.
+
+    Gradients add to ``.grad`` as ``loss.backward()`` would (or, under DDP, go through the
+    wrapper's reducer: :class:`GradientSync`); buffers are written once. Returns the loss.
+    """
+    params = dict(module.named_parameters())
+    buffers = dict(module.named_buffers())
+    grads = outputs[captured.grad_slice]
+    with torch.no_grad():
+        for name, value in zip(captured.buffer_names, outputs[captured.buffer_slice], strict=True):
+            if value is not buffers[name]:
+                buffers[name].copy_(value)
+    targets = [params[name] for name in captured.grad_names]
+    if sync is not None:
+        sync.release(targets, list(grads))
+        return outputs[captured.loss_index]
+    with torch.no_grad():
+        for param, grad in zip(targets, grads, strict=True):
+            if param.grad is None:
+                param.grad = grad
+            else:
+                param.grad += grad
+    return outputs[captured.loss_index]

@@ -25,6 +25,7 @@ computed on first use from their (resident) inputs and are deleted with their ow
 from __future__ import annotations
 
 import operator
+import warnings
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,9 @@ from torch import fx, nn
 
 from coop.budget import min_budget, parse_budget
 from coop.errors import BudgetError, InfeasibleError
+from coop.graph import format_bytes
+from coop.graph_capture.captured import ContextError, TrainingContext
+from coop.runtime.executor import GradientSync, recorded_program, write_back
 from coop.runtime.online_sim import OnlineSimulator, _OutOfMemory, _Thrashing
 from coop.runtime.policies import EvictionPolicy, make_policy
 from coop.runtime.rng import RngState
@@ -169,7 +173,7 @@ def run_dynamic(
     engine = DynamicStep(captured, budget_bytes, make_policy(policy), max_overhead, replay_random)
     engine.bind(captured.flat_inputs(model, batch))
     try:
-        with torch.no_grad():
+        with torch.no_grad(), recorded_program():
             engine.run()
             outputs = engine.outputs()
     except (_OutOfMemory, _Thrashing) as exc:
@@ -194,6 +198,20 @@ def run_dynamic(
     return list(outputs), stats
 
 
+def batch_key(batch: tuple[Any, ...]) -> tuple:
+    """Shapes and dtypes of a batch (types for non-tensors): what a captured step is specific to."""
+    return tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else (None, type(t)) for t in batch)
+
+
+def recapture(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: Any, context: TrainingContext) -> Any:
+    """``model``'s step on ``batch`` captured again now, in ``context`` (which it records)."""
+    from coop.graph_capture import capture
+
+    again = capture(model, batch, loss_fn=loss_fn)
+    again.context = context
+    return again
+
+
 class DynamicPlan:
     """``coop.plan(..., formulation="dynamic")``: every step runs under online eviction.
 
@@ -202,13 +220,18 @@ class DynamicPlan:
     """
 
     def __init__(self, captured: Any, model: nn.Module, budget: int | str | float,  # noqa: PYI041
-                 policy: str | EvictionPolicy = "coop", replay_random: bool = True) -> None:
+                 policy: str | EvictionPolicy = "coop", replay_random: bool = True, *, wrapper: Any = None,
+                 loss_fn: Any = None) -> None:
         self.captured = captured
-        self.model = model
+        self.loss_fn = loss_fn  # how the step was captured: needed to capture it again for another context
+        self.model = model  # the module the step was captured from (inside ``wrapper`` under DDP)
+        self.wrapper = wrapper
+        self.sync = GradientSync(wrapper, captured) if wrapper is not None else None
         self.budget = parse_budget(budget, captured.graph)
         self.policy = policy
         self.replay_random = replay_random
         self.last_stats: DynamicStats | None = None
+        self._by_context: dict[tuple, DynamicPlan | None] = {}  # other context and batch -> its re-capture
 
     @property
     def graph(self) -> Any:
@@ -236,21 +259,50 @@ class DynamicPlan:
         }
 
     def step(self, *batch: torch.Tensor) -> torch.Tensor:
+        """Forward + backward under online eviction; grads accumulate into ``.grad``; returns the loss.
+
+        In a training context other than the capture's (autocast, train/eval, ...), or for a batch
+        of other shapes, the step is captured again for it, with a warning; where no re-capture can
+        help it stops with one line (:meth:`TrainingContext.mismatch`).
+        """
+        current = TrainingContext.current(self.model, batch)
+        recorded = self.captured.context
+        change = recorded.mismatch(current) if recorded is not None else ""
+        if batch_key(batch) != tuple(self.captured.batch_shapes):
+            shapes = [list(shape or ()) for shape, _ in batch_key(batch)]
+            planned = [list(shape) for shape, _ in self.captured.batch_shapes]
+            change = "; ".join(filter(None, [change, f"the batch has shapes {shapes}, the plan was made for {planned}"]))
+        other = self._for_context(current, change, batch) if change else None
+        if other is not None:
+            try:
+                return other.step(*batch)
+            except InfeasibleError as exc:
+                raise ContextError(f"{change}, and the step does not fit the plan's budget there ({exc}); make a new "
+                                   "plan for it") from None
+        if self.sync is not None:
+            batch = self.sync.before_step(tuple(batch))
         outputs, self.last_stats = run_dynamic(self.captured, self.model, tuple(batch), self.budget, self.policy,
                                                 replay_random=self.replay_random)
-        captured = self.captured
-        parameters = dict(self.model.named_parameters())
-        for name, gradient in zip(captured.grad_names, outputs[captured.grad_slice], strict=True):
-            parameter = parameters[name]
-            if parameter.grad is None:
-                parameter.grad = gradient
-            else:
-                parameter.grad += gradient
-        buffers = dict(self.model.named_buffers())
-        with torch.no_grad():
-            for name, value in zip(captured.buffer_names, outputs[captured.buffer_slice], strict=True):
-                buffers[name].copy_(value)
-        return outputs[captured.loss_index]
+        return write_back(self.captured, self.model, outputs, self.sync)
+
+    def _for_context(self, current: TrainingContext, change: str, batch: tuple[torch.Tensor, ...]) -> DynamicPlan | None:
+        """This plan captured again for ``current`` and ``batch`` (once each, with a warning); None: same program."""
+        key = (current, batch_key(batch))
+        if key not in self._by_context:
+            again = recapture(self.model, batch, self.loss_fn, current)
+            if again.graph.structure_sha256 == self.captured.graph.structure_sha256:
+                self._by_context[key] = None
+                return None
+            try:
+                other = DynamicPlan(again, self.model, self.budget, self.policy, self.replay_random,
+                                    wrapper=self.wrapper, loss_fn=self.loss_fn)
+            except BudgetError as exc:
+                raise ContextError(f"{change}, and the step does not fit the plan's budget there ({exc}); make a new "
+                                   "plan for it") from None
+            warnings.warn(f"{change}; captured the step again for it, running under online eviction within the budget "
+                          f"of {format_bytes(self.budget)}; make a new plan for it to avoid the re-capture", stacklevel=3)
+            self._by_context[key] = other
+        return self._by_context[key]
 
 
 __all__ = ["DynamicPlan", "DynamicStats", "DynamicStep", "run_dynamic"]

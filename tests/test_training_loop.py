@@ -1,0 +1,126 @@
+"""Every formulation's plan, and the dynamic fallback, inside a real training loop.
+
+Three AdamW optimizer steps, each accumulating gradients over two micro-batches (two
+``plan.step`` calls, gradients adding up in ``.grad``), against eager PyTorch doing the same
+(``loss.backward()`` twice per step) from the same weights and seeds. The oracle is eager PyTorch:
+after every optimizer step the loss of each micro-batch, every gradient, buffer (BatchNorm
+statistics) and parameter must be ``torch.equal`` to eager's. Each case also checks which
+formulation produced the plan (no silent fallback to a baseline) and that its budget made it
+recompute (predicted peak below the baseline peak, recomputations in the schedule).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import pytest
+import torch
+from torch import nn
+
+import coop
+from coop import simulate
+from coop.formulations import BASELINES, solve
+from coop.runtime.executor import replay_graph
+from coop.zoo import build
+
+#: The CNN has BatchNorm (buffers), in-place ReLU and Dropout2d; the transformer dropout and tied weights.
+SIZES = {"cnn": {}, "transformer": {"batch": 4}}
+TIME_LIMIT = 5  # seconds per solve: the solvers find their schedules here in 1-5 s
+
+
+@functools.cache
+def peaks(name: str) -> dict[str, int]:
+    """Baseline peak and each heuristic's own peak on the replayed graph (the budgets they are feasible at)."""
+    model, batch, loss_fn = build(name, **SIZES[name])
+    graph = replay_graph(coop.capture(model, batch, loss_fn))
+    found = {f: simulate(graph, solve(graph, 10**12, f).schedule).peak for f in BASELINES}
+    return {**found, "baseline": coop.baseline_peak(graph), "least": coop.min_budget(graph)}
+
+
+def fraction_budget(name: str, fraction: float) -> int:
+    return max(peaks(name)["least"], int(fraction * peaks(name)["baseline"]))
+
+
+def own_peak(name: str, formulation: str) -> int:
+    """The peak a baseline reaches on its own (checkpoint-all and chen-sqrt: below the baseline peak)."""
+    return peaks(name)[formulation]
+
+
+def mincut_peak(name: str) -> int:
+    model, batch, loss_fn = build(name, **SIZES[name])
+    captured = coop.capture(model, batch, loss_fn)
+    graph = replay_graph(captured)
+    return simulate(graph, solve(graph, 10**12, "pytorch-mincut", captured=captured).schedule).peak
+
+
+#: (model, formulation, budget in bytes, the formulation expected in the plan)
+CASES = [
+    pytest.param("cnn", "store-all", lambda: peaks("cnn")["baseline"], "store-all", id="store-all"),
+    *(pytest.param("cnn", f, functools.partial(own_peak, "cnn", f), f, id=f) for f in ("checkpoint-all", "chen-sqrt")),
+    pytest.param("cnn", "chen-greedy", lambda: fraction_budget("cnn", 0.8), "chen-greedy", id="chen-greedy"),
+    pytest.param("cnn", "pytorch-mincut", lambda: mincut_peak("cnn"), "pytorch-mincut", id="pytorch-mincut"),
+    pytest.param("cnn", "checkmate", lambda: fraction_budget("cnn", 0.85), "checkmate", id="checkmate"),
+    pytest.param("cnn", "checkmate-lp", lambda: fraction_budget("cnn", 0.85), "checkmate-lp", id="checkmate-lp"),
+    pytest.param("cnn", "auto", lambda: fraction_budget("cnn", 0.85), "checkmate", id="auto"),
+    pytest.param("transformer", "moccasin", lambda: fraction_budget("transformer", 0.8), "moccasin",
+                 id="moccasin-transformer"),
+    pytest.param("cnn", "dynamic", lambda: fraction_budget("cnn", 0.7), "dynamic (coop)", id="dynamic-cnn"),
+    pytest.param("transformer", "dynamic", lambda: fraction_budget("transformer", 0.8), "dynamic (coop)",
+                 id="dynamic-transformer"),
+]
+
+
+def micro_batches(batch: tuple[torch.Tensor, ...], step: int) -> list[tuple[torch.Tensor, ...]]:
+    """Two micro-batches of the planned shapes with fresh data (labels and tokens kept in range)."""
+    generator = torch.Generator().manual_seed(step)
+    out = []
+    for _ in range(2):
+        out.append(tuple(torch.randn(t.shape, generator=generator) if t.is_floating_point()
+                         else torch.randint(0, int(t.max()) + 1, t.shape, generator=generator) for t in batch))
+    return out
+
+
+def assert_state_equal(model: nn.Module, eager: nn.Module, where: str, grads: bool) -> None:
+    for (name, param), eager_param in zip(model.named_parameters(), eager.parameters(), strict=True):
+        assert torch.equal(param, eager_param), f"{where}: parameter {name}"
+        if grads:
+            assert torch.equal(param.grad, eager_param.grad), f"{where}: gradient {name}"
+    for (name, buffer), eager_buffer in zip(model.named_buffers(), eager.buffers(), strict=True):
+        assert torch.equal(buffer, eager_buffer), f"{where}: buffer {name}"
+
+
+@pytest.mark.parametrize(("name", "formulation", "budget", "expected"), CASES)
+def test_three_adamw_steps_with_two_micro_batches_equal_eager(name, formulation, budget, expected) -> None:
+    model, batch, loss_fn = build(name, **SIZES[name])
+    eager = copy.deepcopy(model)
+    budget_bytes = budget()
+    plan = coop.plan(model, budget_bytes, batch, loss_fn=loss_fn, formulation=formulation, time_limit=TIME_LIMIT)
+    assert plan.formulation == expected, plan.summary().get("note")
+    assert "fell back" not in str(plan.summary().get("note", ""))
+    if formulation != "store-all":
+        assert plan.budget < plan.baseline_peak  # the budget forces recomputation
+    if formulation != "dynamic":
+        assert plan.predicted_peak <= budget_bytes
+        assert (plan.simulation.recomputations > 0) == (formulation != "store-all"), plan.simulation.recomputations
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    eager_optimizer = torch.optim.AdamW(eager.parameters(), lr=0.01)
+    recomputed = 0
+    for step in range(3):
+        for micro, micro_batch in enumerate(micro_batches(batch, step)):
+            torch.manual_seed(10 * step + micro)
+            loss = plan.step(*micro_batch)
+            torch.manual_seed(10 * step + micro)
+            eager_loss = eager(*micro_batch)
+            eager_loss.backward()
+            assert torch.equal(loss, eager_loss.detach()), (formulation, step, micro)
+            if formulation == "dynamic":
+                recomputed += plan.last_stats.recomputations
+        assert_state_equal(model, eager, f"{formulation} step {step} before the update", grads=True)
+        optimizer.step()
+        eager_optimizer.step()
+        optimizer.zero_grad()
+        eager_optimizer.zero_grad()
+        assert_state_equal(model, eager, f"{formulation} step {step} after the update", grads=False)
+    if formulation == "dynamic":
+        assert recomputed > 0  # online eviction did evict and recompute under this budget
