@@ -6,7 +6,15 @@ The public API: :func:`load_graph`, :class:`Graph`, :class:`Schedule`, :func:`si
 """
 
 from coop.budget import baseline_peak, min_budget, parse_budget
-from coop.errors import BudgetError, CaptureError, CoopError, GraphError, InfeasibleError, ScheduleError
+from coop.errors import (
+    BudgetError,
+    CaptureError,
+    ContextError,
+    CoopError,
+    GraphError,
+    InfeasibleError,
+    ScheduleError,
+)
 from coop.graph import Graph, Node, load_graph
 from coop.schedule import Schedule, Step, simulate, validate
 
@@ -15,6 +23,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BudgetError",
     "CaptureError",
+    "ContextError",
     "CoopError",
     "Graph",
     "GraphError",
@@ -41,8 +50,8 @@ def __getattr__(name: str):  # lazy: importing coop must not import torch
         from coop import planner
 
         return getattr(planner, name)
-    if name in ("ContextError", "TrainingContext"):
-        from coop.graph_capture import captured
+    if name == "TrainingContext":
+        from coop.graph_capture.context import TrainingContext
 
-        return getattr(captured, name)
+        return TrainingContext
     raise AttributeError(f"module 'coop' has no attribute {name!r}")

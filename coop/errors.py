@@ -40,3 +40,7 @@ class InfeasibleError(CoopError):
 
 class SolverError(CoopError):
     """A solver that is not installed or failed to run."""
+
+
+class ContextError(CoopError):
+    """A step run in a training context its plan cannot honour (the message names the difference and the fix)."""

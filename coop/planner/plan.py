@@ -19,11 +19,11 @@ import torch
 from torch import nn
 
 from coop.budget import baseline_peak, min_budget, parse_budget
-from coop.errors import BudgetError, CoopError, InfeasibleError
+from coop.errors import BudgetError, ContextError, CoopError, InfeasibleError
 from coop.formulations import BASELINES, SolveResult, solve, solve_accepting
 from coop.graph import Graph, format_bytes
 from coop.graph_capture import Captured, capture
-from coop.graph_capture.captured import ContextError, TrainingContext
+from coop.graph_capture.context import TrainingContext
 from coop.planner.hints import online_hint
 from coop.runtime.executor import Executor, GradientSync, replay_graph, unwrap_model, write_back
 from coop.runtime.fallback import DynamicPlan, batch_key, recapture

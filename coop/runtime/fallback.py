@@ -34,9 +34,9 @@ import torch
 from torch import fx, nn
 
 from coop.budget import min_budget, parse_budget
-from coop.errors import BudgetError, InfeasibleError
+from coop.errors import BudgetError, ContextError, InfeasibleError
 from coop.graph import format_bytes
-from coop.graph_capture.captured import ContextError, TrainingContext
+from coop.graph_capture.context import TrainingContext
 from coop.runtime.executor import GradientSync, recorded_program, write_back
 from coop.runtime.online_sim import OnlineSimulator, _OutOfMemory, _Thrashing
 from coop.runtime.policies import EvictionPolicy, make_policy
