@@ -100,7 +100,7 @@ class Transformer(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1), target.flatten())
 
 
-ZOO_NAMES: tuple[str, ...] = ("mlp", "cnn", "transformer", "gpt2", "bert", "resnet")
+ZOO_NAMES: tuple[str, ...] = ("mlp", "cnn", "transformer", "gpt2", "bert", "resnet", "llama", "vit", "mobilenet")
 
 Built = tuple[nn.Module, tuple[torch.Tensor, ...], "Callable[..., torch.Tensor] | None"]
 
@@ -109,10 +109,11 @@ def build(name: str, **size: Any) -> Built:
     """``(model, example_batch, loss_fn | None)`` for a zoo model in train mode.
 
     Size options (all optional): ``layers``, ``hidden``, ``batch``, ``seq`` (token models),
-    ``image`` (image side for cnn/resnet), ``heads``, ``vocab``, ``seed`` (seeds the global RNG too,
+    ``image`` (image side for cnn/resnet/vit/mobilenet), ``heads`` (llama: half as many key/value heads), ``vocab``, ``seed`` (seeds the global RNG too,
     so the weights are the same on every call).
     """
-    builders = {"mlp": _mlp, "cnn": _cnn, "transformer": _transformer, "gpt2": _gpt2, "bert": _bert, "resnet": _resnet}
+    builders = {"mlp": _mlp, "cnn": _cnn, "transformer": _transformer, "gpt2": _gpt2, "bert": _bert, "resnet": _resnet,
+                "llama": _llama, "vit": _vit, "mobilenet": _mobilenet}
     if name not in builders:
         raise CoopError(f"unknown zoo model {name!r}: choose one of {', '.join(ZOO_NAMES)}")
     known = {"layers", "hidden", "batch", "seq", "image", "heads", "vocab", "seed"}
@@ -165,6 +166,43 @@ def _bert(generator: torch.Generator, layers: int = 2, hidden: int = 64, batch: 
     model = BertForMaskedLM(config)
     tokens = _tokens(generator, vocab, batch, seq)
     return model, (tokens,), _language_model_loss
+
+
+def _llama(generator: torch.Generator, layers: int = 2, hidden: int = 64, batch: int = 2, seq: int = 32,
+           heads: int = 4, vocab: int = 128, **_: Any) -> Built:
+    """Llama: RMSNorm, rotary embeddings, SwiGLU MLP, grouped-query attention (half as many kv heads)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
+                         num_key_value_heads=max(1, heads // 2), intermediate_size=2 * hidden, vocab_size=vocab,
+                         max_position_embeddings=max(seq, 32), attn_implementation="eager")
+    model = LlamaForCausalLM(config)
+    tokens = _tokens(generator, vocab, batch, seq)
+    return model, (tokens,), _language_model_loss
+
+
+def _vit(generator: torch.Generator, layers: int = 2, hidden: int = 64, batch: int = 2, image: int = 32,
+         heads: int = 4, **_: Any) -> Built:
+    from transformers import ViTConfig, ViTForImageClassification
+
+    config = ViTConfig(image_size=image, patch_size=8, num_hidden_layers=layers, hidden_size=hidden,
+                       num_attention_heads=heads, intermediate_size=4 * hidden, num_labels=10,
+                       hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, attn_implementation="eager")
+    model = ViTForImageClassification(config)
+    images = torch.randn(batch, 3, image, image, generator=generator)
+    labels = torch.randint(0, 10, (batch,), generator=generator)
+    return model, (images, labels), _classifier_loss
+
+
+def _mobilenet(generator: torch.Generator, batch: int = 2, image: int = 32, **_: Any) -> Built:
+    """MobileNetV2 at a quarter width: depthwise convolutions, BatchNorm buffers, ReLU6, dropout."""
+    from transformers import MobileNetV2Config, MobileNetV2ForImageClassification
+
+    config = MobileNetV2Config(image_size=image, depth_multiplier=0.25, num_labels=10)
+    model = MobileNetV2ForImageClassification(config)
+    images = torch.randn(batch, 3, image, image, generator=generator)
+    labels = torch.randint(0, 10, (batch,), generator=generator)
+    return model, (images, labels), _classifier_loss
 
 
 def _resnet(generator: torch.Generator, layers: int = 1, hidden: int = 8, batch: int = 2, image: int = 32,

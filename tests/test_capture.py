@@ -15,7 +15,8 @@ from coop.runtime.meter import MemoryMeter
 from coop.zoo import ZOO_NAMES, build
 
 SMALL = {"gpt2": {"layers": 1, "hidden": 32, "seq": 16}, "bert": {"layers": 1, "hidden": 32, "seq": 16},
-         "resnet": {"layers": 1, "hidden": 4, "image": 16}}
+         "resnet": {"layers": 1, "hidden": 4, "image": 16}, "llama": {"layers": 1, "hidden": 32, "seq": 16},
+         "vit": {"layers": 1, "hidden": 32, "image": 16}}
 
 
 @pytest.fixture(scope="module", params=ZOO_NAMES)

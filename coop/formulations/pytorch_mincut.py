@@ -194,7 +194,7 @@ def _check_same_graph(graph: Graph, captured: Any) -> None:
 
 # -------------------------------------------------------------------- the AOT-style joint graph
 def _find_seed(fx_graph: fx.Graph, loss: fx.Node) -> fx.Node:
-    """The ``ones_like(loss)`` that torch.func.grad seeds the backward with."""
+    """The ``ones_like(loss)`` that autograd.grad seeds the backward with."""
     seeds = [n for n in fx_graph.nodes
              if n.op == "call_function" and n.target is torch.ops.aten.ones_like.default and n.args[0] is loss]
     if len(seeds) != 1:

@@ -1,7 +1,7 @@
 """torch -> Graph: capture one training step (forward + backward) as a coop Graph.
 
-:func:`capture` traces the joint step with ``make_fx`` over ``torch.func.grad_and_value`` and
-``functionalize`` (see :mod:`coop.graph_capture.trace`), folds views and aliases into the node
+:func:`capture` traces the joint step (the forward and ``torch.autograd.grad``, functionalized)
+with ``make_fx`` (see :mod:`coop.graph_capture.trace`), folds views and aliases into the node
 that owns their storage and prices every node (:mod:`coop.graph_capture.lower`,
 :mod:`coop.graph_capture.cost`).
 """

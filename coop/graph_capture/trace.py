@@ -1,17 +1,25 @@
 """Trace one training step (forward + backward) at aten level into an fx joint graph.
 
-The step is ``torch.func.grad_and_value`` of the loss with respect to the parameters, run under
-``torch.func.functionalize`` and traced by ``make_fx`` on fake tensors, so nothing is computed
-and in-place ops (``relu_``, ``add_``, ``num_batches_tracked.add_``) become out-of-place ops.
-Buffers are explicit inputs of the step and their values after the step are explicit outputs.
+The step is the forward and ``torch.autograd.grad(loss, params)`` with ``create_graph=False``,
+traced by ``make_fx`` on fake tensors (nothing is computed) with functionalization enabled below
+autograd, as AOTAutograd traces its joint graphs: in-place ops (``relu_``, ``add_``,
+``num_batches_tracked.add_``) become out-of-place ops. Buffers are explicit inputs of the step
+and their values after the step are explicit outputs.
 
-Two mutations survive functionalization and are rewritten here, so that every node of the
-joint graph is a pure function of its inputs (and may be recomputed):
+Why not ``torch.func.grad_and_value``: functorch's grad differentiates with create_graph
+semantics, under which autograd picks the infinitely differentiable formula of a backward where
+derivatives.yaml offers two (``GradMode::is_enabled() ? ... : ...``): SiLU's backward became
+``sigmoid``/``sub``/``mul``/``add`` instead of eager's fused ``silu_backward`` kernel, Mish and
+GroupNorm likewise, so a replay differed from eager ``loss.backward()`` in the last bits (Llama,
+Qwen2 and Mistral through their SwiGLU MLPs); derivatives.yaml makes the same choice for the fused
+RMSNorm, ``logit``, CUDA's ``native_dropout`` and weight norm. ``autograd.grad`` without
+``create_graph`` records the very kernels eager's backward runs.
 
-* ``native_batch_norm`` in training updates the running statistics of its buffer arguments in
-  place: it becomes ``_native_batch_norm_legit_functional``, which returns the new statistics.
-* the trailing ``copy_`` of a new buffer value into its placeholder is dropped: the new value is
-  already an output of the step.
+One mutation survives functionalization and is rewritten here, so that every node of the joint
+graph is a pure function of its inputs (and may be recomputed): ``native_batch_norm`` in training
+updates the running statistics of its buffer arguments in place; it becomes
+``_native_batch_norm_legit_functional``, which returns the new statistics. Mutated inputs are not
+written back (no trailing ``copy_``): the new buffer values are outputs of the step.
 
 Any other op that writes into one of its arguments is refused with a CaptureError. Finally each
 dropout draw is split into a bool mask (the only non-recomputable node) and a recomputable cast
@@ -80,13 +88,18 @@ def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossF
         return _scalar_loss(out, loss_fn), new_buffers
 
     def step(params: dict, buffers: dict, frozen: dict, *batch: torch.Tensor) -> tuple:
-        grads, (loss, new_buffers) = torch.func.grad_and_value(loss_of, has_aux=True)(params, buffers, frozen, *batch)
-        return loss, grads, new_buffers
+        with torch.enable_grad():
+            loss, new_buffers = loss_of(params, buffers, frozen, *batch)
+        if not loss.requires_grad:
+            raise CaptureError(f"the loss of {type(model).__name__} does not depend on any trainable parameter "
+                               "(computed under no_grad or detached?); compute it from the model's output")
+        # create_graph=False, as in eager loss.backward(): autograd then calls the kernels eager
+        # calls (silu_backward, not torch.func.grad's infinitely differentiable formula)
+        grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True, materialize_grads=True)
+        return loss, dict(zip(params, grads, strict=True)), new_buffers
 
     try:
-        module = make_fx(torch.func.functionalize(step, remove="mutations"), tracing_mode="fake")(
-            params, buffers, frozen, *batch
-        )
+        module = make_fx(_functionalized(step), tracing_mode="fake")(params, buffers, frozen, *batch)
     except CoopError:
         raise
     except Exception as exc:  # noqa: BLE001 - tracing fails with many types; report the first line
@@ -94,7 +107,6 @@ def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossF
         hint = "data-dependent control flow (a Python branch on a tensor value) cannot be captured; " if _data_dependent(exc) else ""
         raise CaptureError(f"cannot trace the training step of {type(model).__name__}: {hint}{type(exc).__name__}: {first}") from None
     _functionalize_batch_norm(module.graph)
-    _drop_copies_into_inputs(module.graph)
     _refuse_mutations(module.graph)
     if compact_masks:
         compact_random_masks(module.graph)
@@ -111,6 +123,44 @@ def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossF
         output_grads=list(params),
         output_buffers=list(buffers),
     )
+
+
+def _functionalized(step: Callable[..., Any]) -> Callable[..., Any]:
+    """``step`` with in-place ops replaced by out-of-place ones, and autograd still running inside.
+
+    ``torch.func.functionalize`` is a functorch transform, inside which autograd cannot start
+    (no ``requires_grad`` leaves), and ``torch.func.grad`` differentiates with create_graph
+    semantics, which records other kernels than eager's backward. So this enables functionalization
+    below autograd directly, as AOTAutograd's joint tracing does: each input becomes a functional
+    wrapper with the input's autograd metadata, autograd differentiates those leaves, and the
+    functionalization layer underneath turns every mutation (``relu_``, ``add_`` on a buffer)
+    into an out-of-place op. New buffer values are outputs of the step, so mutated inputs are not
+    written back.
+    """
+    def functional_step(*args: Any) -> Any:
+        flat, spec = pytree.tree_flatten(args)
+        torch._enable_functionalization(reapply_views=True)
+        try:
+            wrapped = [_to_functional(a) if isinstance(a, torch.Tensor) else a for a in flat]
+            outputs = step(*pytree.tree_unflatten(wrapped, spec))
+            return pytree.tree_map_only(torch.Tensor, _from_functional, outputs)
+        finally:
+            torch._disable_functionalization()
+
+    return functional_step
+
+
+def _to_functional(tensor: torch.Tensor) -> torch.Tensor:
+    wrapper = torch._to_functional_tensor(tensor)
+    torch._mirror_autograd_meta_to(tensor, wrapper)  # requires_grad leaves stay leaves for autograd
+    return wrapper
+
+
+def _from_functional(tensor: torch.Tensor) -> torch.Tensor:
+    if not torch._is_functional_tensor(tensor):
+        return tensor
+    torch._sync(tensor)
+    return torch._from_functional_tensor(tensor)
 
 
 def _get(model: nn.Module, dotted: str) -> torch.Tensor:
@@ -176,14 +226,6 @@ def _redirect_later_uses(graph: fx.Graph, old: fx.Node, new: fx.Node, after: fx.
             continue
         if seen_after and old in node.all_input_nodes:
             node.replace_input_with(old, new)
-
-
-def _drop_copies_into_inputs(graph: fx.Graph) -> None:
-    """Functionalization writes new buffer values back with copy_; the outputs already carry them."""
-    for node in list(graph.nodes):
-        if node.target is aten.copy_.default and node.args[0].op == "placeholder":
-            node.replace_all_uses_with(node.args[1])
-            graph.erase_node(node)
 
 
 def _mutates(node: fx.Node) -> bool:
