@@ -27,7 +27,7 @@ from typing import Any
 
 from coop.compare import compare
 from coop.graph import Graph, load_graph
-from coop.runtime.policies import POLICIES
+from coop.online.policies import POLICIES
 
 GRAPH_DIR = Path(__file__).resolve().parents[2] / "shared" / "graphs" / "moccasin"
 FRACTIONS = (0.9, 0.7, 0.5)

@@ -11,7 +11,7 @@ towards small), and a budget between ``coop.min_budget`` and the baseline peak.
 On each graph:
 
 * every registered formulation (``coop.formulations.FORMULATIONS``; the exact ones, whose time
-  limit dominates, on a seeded subset) and every online policy (``coop.runtime.policies``) runs;
+  limit dominates, on a seeded subset) and every online policy (``coop.online.policies``) runs;
   every schedule returned is checked by ``coop.validate`` at the budget and by :func:`recount`,
   an independent replay of contract 2 written here (it never calls ``coop.schedule.simulate``),
   whose peak and cost must equal what the formulation and the validator predicted;
@@ -705,7 +705,7 @@ def cross_check(case: GraphCase, answers: list[Solved], findings: Findings) -> N
 
 def check_policy(case: GraphCase, policy: str, findings: Findings) -> list[Schedule]:
     """Run one online policy; when it claims to have run, its schedule must be legal and within budget."""
-    from coop.runtime.online_sim import simulate_online
+    from coop.online.online_sim import simulate_online
 
     row = f"online {policy}"
     reproduce = ["coop", "simulate", "GRAPH.json", "--policy", policy, "--budget", str(case.budget)]
@@ -963,7 +963,7 @@ def _formulations() -> list[str]:
 
 
 def _policies() -> list[str]:
-    from coop.runtime.policies import POLICIES
+    from coop.online.policies import POLICIES
 
     return list(POLICIES)
 

@@ -1,7 +1,7 @@
 """Online eviction on the Checkmate training graphs: DTR, DTR-eq, DTE and Coop side by side.
 
 For every ``*_train_nx.json`` graph in ``../shared/graphs/moccasin/`` and budgets of 90 to 40 %
-of the baseline peak, runs :func:`coop.runtime.online_sim.simulate_online` with each policy and
+of the baseline peak, runs :func:`coop.online.online_sim.simulate_online` with each policy and
 reports status, compute overhead, evictions, eviction-search time and Coop's fragmentation measure
 (mean free bytes / arena at failed allocations). A budget below the least feasible one
 (``coop.budget.min_budget``) is infeasible for every method; it is marked so.
@@ -34,8 +34,8 @@ from typing import Any
 
 from coop.budget import baseline_peak, min_budget
 from coop.graph import load_graph
-from coop.runtime.online_sim import simulate_online
-from coop.runtime.policies import POLICIES, CoopPolicy, EvictionPolicy
+from coop.online.online_sim import simulate_online
+from coop.online.policies import POLICIES, CoopPolicy, EvictionPolicy
 from coop.schedule import validate
 
 GRAPH_DIR = Path(__file__).resolve().parents[2] / "shared" / "graphs" / "moccasin"

@@ -552,7 +552,7 @@ def simulate_command(
 ) -> None:
     """Run an online eviction policy over the graph in an arena of the budget's size."""
     from coop.compare import simulate_report
-    from coop.runtime.policies import POLICIES
+    from coop.online.policies import POLICIES
 
     graph = load_graph(graph_path)
     if policy not in POLICIES:  # bad input (exit 2), named before any budget verdict

@@ -2,10 +2,10 @@
 
 For each budget (contract 3 specs, parsed by :func:`coop.budget.parse_budget`) this runs every
 registered static formulation (:data:`coop.formulations.FORMULATIONS`: the baselines always, the
-solvers when registered) and every online policy (:mod:`coop.runtime.policies`) and reports one
+solvers when registered) and every online policy (:mod:`coop.online.policies`) and reports one
 row per (method, budget): status, live peak (the most bytes resident at once), arena peak (the
 highest address used, fragmentation included: best fit over the schedule's lifetimes for static
-plans, :mod:`coop.runtime.static_arena`; the online arena's high-water mark for policies), compute
+plans, :mod:`coop.online.static_arena`; the online arena's high-water mark for policies), compute
 overhead, solve or eviction-search latency, and for static methods the break-even number of
 training steps versus each online policy.
 
@@ -37,11 +37,9 @@ from coop.config import SweepConfig
 from coop.errors import CoopError
 from coop.formulations import FORMULATIONS, get_formulation
 from coop.graph import Graph
-from coop.planner.hints import online_hint
-from coop.runtime.online_sim import OnlineResult, simulate_online
-from coop.runtime.policies import POLICIES
-from coop.runtime.static_arena import best_fit_placement
-from coop.schedule import Schedule
+from coop.online.online_sim import OnlineResult, simulate_online
+from coop.online.policies import POLICIES
+from coop.online.static_arena import best_fit_placement
 
 #: Registry names that are not static plans (an online fallback registered as a formulation).
 ONLINE_FORMULATION_NAMES = frozenset({"dynamic", "online"})
@@ -178,7 +176,6 @@ def compare(
     parsed = [(str(spec), parse_budget(spec, graph, check=False)) for spec in budgets]
     tasks = [(spec, units, name, "static") for spec, units in parsed for name in formulation_names]
     tasks += [(spec, units, name, "online") for spec, units in parsed for name in policy_names]
-    hints: dict[int, tuple[Schedule | None, float]] = {}  # budget -> (online warm start, seconds it took)
     with _progress_bar(progress, len(tasks), graph.name) as advance:
         for spec, units, name, kind in tasks:
             advance(f"{name} @ {spec}")
@@ -187,7 +184,7 @@ def compare(
                            message=f"budget {units} is below the least feasible budget {least}")
             elif kind == "static":
                 options = {"time_limit": time_limit} | (solver_options or {}).get(name, {})
-                row = _static_row(static_graph, name, spec, units, peak, options, hints)
+                row = _static_row(static_graph, name, spec, units, peak, options)
             else:
                 row = _online_row(graph, name, spec, units, peak)
             report.rows.append(row)
@@ -232,21 +229,13 @@ def _row(method: str, kind: str, spec: str, budget: int, reference_peak: int, **
     return row
 
 
-def _static_row(graph: Graph, name: str, spec: str, budget: int, peak: int, options: dict[str, Any],
-                hints: dict[int, tuple[Schedule | None, float]]) -> dict[str, Any]:
+def _static_row(graph: Graph, name: str, spec: str, budget: int, peak: int, options: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     try:
         function = get_formulation(name)
-        accepted = _accepted(function, options)
-        if "hint" in inspect.signature(function).parameters and "hint" not in accepted:
-            # The online engine's best schedule as a warm start; its time counts in this solve.
-            if budget not in hints:
-                hint_started = time.perf_counter()
-                schedule = online_hint(graph, budget)
-                hints[budget] = (schedule, time.perf_counter() - hint_started)
-            accepted["hint"], hint_s = hints[budget]
-            started -= hint_s
-        result = function(graph, budget, **accepted)
+        # Warm starts, the online policies' schedules among them, are collected by the solver itself
+        # (coop.formulations.warm_start), so their time counts in this solve.
+        result = function(graph, budget, **_accepted(function, options))
     except (CoopError, ImportError) as exc:
         return _row(name, "static", spec, budget, peak, status="skipped", message=str(exc).splitlines()[0],
                     solve_s=time.perf_counter() - started)

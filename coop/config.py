@@ -98,7 +98,7 @@ class SweepConfig(BaseModel):
     @field_validator("policies")
     @classmethod
     def _known_policies(cls, value: list[str] | str) -> list[str] | str:
-        from coop.runtime.policies import POLICIES
+        from coop.online.policies import POLICIES
 
         if isinstance(value, list):
             for name in value:

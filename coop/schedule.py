@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from coop.budget import MAX_BUDGET
 from coop.errors import ScheduleError
 from coop.graph import Graph, json_type_name, read_json_file, short_repr
 
@@ -452,6 +453,9 @@ def _check_document_fields(data: dict[str, Any], origin: str) -> None:
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget <= 0):
         raise ScheduleError(f"{origin}: field 'budget' is {short_repr(budget)}; it must be a positive integer "
                             "(bytes or graph units) or absent")
+    if budget is not None and budget > MAX_BUDGET:
+        raise ScheduleError(f"{origin}: field 'budget' is {short_repr(budget)}, larger than coop accepts "
+                            "(2**60 = 1 EiB); check its unit, or leave it out and pass --budget")
     made_for = data.get("graph") or {}
     for key in ("name", "sha256"):
         if made_for.get(key) is not None and not isinstance(made_for[key], str):

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coop.errors import CoopError
-from coop.runtime.arena import Arena, ArenaError
+from coop.online.arena import Arena, ArenaError
 
 # An operation: ("alloc", size, from_end) or ("free", index into the live tags).
 _operations = st.lists(

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from coop.budget import baseline_peak, min_budget, parse_budget
 from coop.errors import BudgetError
 from coop.graph import Graph
-from coop.schedule import Schedule, simulate
+from coop.schedule import simulate
+from tests.bruteforce import least_peak, store_all_peak
 from tests.strategies import random_graphs, random_schedules
 
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -56,7 +57,8 @@ def test_parse_budget_sizes(byte_graph: Graph, spec: object, expected: int) -> N
 
 @pytest.mark.parametrize(("spec", "fraction"), [("90%", 0.9), (0.9, 0.9), ("0.5", 0.5), ("1e-1", 0.1)])
 def test_parse_budget_fractions_of_the_baseline_peak(byte_graph: Graph, spec: object, fraction: float) -> None:
-    assert parse_budget(spec, byte_graph, check=False) == math.ceil(fraction * baseline_peak(byte_graph))  # type: ignore[arg-type]
+    # The fixture's baseline peak, counted by hand: a + b + x at b's step = 3 GiB + 1.
+    assert parse_budget(spec, byte_graph, check=False) == math.ceil(fraction * (3 * 2**30 + 1))  # type: ignore[arg-type]
 
 
 def test_fraction_rounds_up(unit_graph: Graph) -> None:
@@ -91,7 +93,7 @@ def test_bytes_on_a_unit_graph_are_rejected(unit_graph: Graph) -> None:
 
 
 def test_budget_below_the_minimum_names_it(byte_graph: Graph) -> None:
-    least = min_budget(byte_graph)
+    least = 3 * 2**30 + 1  # b's step: its input a, b itself and the input x, counted by hand
     with pytest.raises(BudgetError) as caught:
         parse_budget("1GiB", byte_graph)
     assert str(least) in str(caught.value) and "\n" not in str(caught.value)
@@ -119,4 +121,12 @@ def test_min_budget_is_a_lower_bound_for_every_legal_schedule(data: st.DataObjec
 @given(random_graphs())
 def test_min_budget_never_exceeds_the_baseline_peak(graph: Graph) -> None:
     assert min_budget(graph) <= baseline_peak(graph)
-    assert baseline_peak(graph) == simulate(graph, Schedule.from_order(graph.order)).peak
+    # An independent recount by live intervals (tests/bruteforce.py), not the simulator.
+    assert baseline_peak(graph) == store_all_peak(graph)
+
+
+@PROPERTY
+@given(random_graphs(max_nodes=6))
+def test_min_budget_is_below_the_brute_force_least_peak(graph: Graph) -> None:
+    # The least peak over every schedule, found by exhaustive search: min_budget must not exceed it.
+    assert min_budget(graph) <= least_peak(graph) <= baseline_peak(graph)

@@ -11,10 +11,12 @@ from hypothesis import strategies as st
 
 from coop.budget import baseline_peak, min_budget
 from coop.errors import SolverError
+from coop.formulations import solve
 from coop.formulations.checkmate import checkmate, checkmate_lp
 from coop.formulations.progress import Progress, stderr_progress
 from coop.graph import Graph
 from coop.schedule import simulate, validate
+from tests.bruteforce import least_peak, optimal_cost
 from tests.strategies import random_graphs
 
 SETTINGS = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -81,7 +83,9 @@ def test_solvers_agree_on_the_optimum(solver):
     graph = chain_with_skips()
     # min_budget is met exactly on this graph (checked by the simulator in assert_fits).
     budgets = [min_budget(graph), min_budget(graph) + 1, min_budget(graph) + 3, baseline_peak(graph) - 1]
-    reference = [checkmate(graph, b, solver="cbc").objective for b in budgets]
+    # The reference is the brute force over Checkmate's staged space, not one of the solvers.
+    reference = [optimal_cost(graph, b, "staged") for b in budgets]
+    assert reference == [23.0, 13.0, 13.0, 13.0]
     for budget, expected in zip(budgets, reference):
         result = checkmate(graph, budget, solver=solver)
         assert result.status == "optimal", (solver, budget, result.message)
@@ -96,13 +100,14 @@ def test_random_graphs_cbc_and_cp_sat_agree_and_fit(graph, fraction):
     budget = least + math.floor(fraction * (peak - least))
     cbc = checkmate(graph, budget, solver="cbc")
     cp_sat = checkmate(graph, budget, solver="cp-sat")
-    assert cbc.status in ("optimal", "infeasible")
-    assert cp_sat.status == cbc.status
-    if cbc.status == "optimal":
-        assert_fits(graph, cbc, budget)
-        assert_fits(graph, cp_sat, budget)
-        assert cbc.objective == pytest.approx(cp_sat.objective)
-        assert cbc.objective >= graph.baseline_cost - 1e-9
+    staged = optimal_cost(graph, budget, "staged")  # brute force over Checkmate's space
+    for result in (cbc, cp_sat):
+        if staged is None:
+            assert result.status == "infeasible" and result.schedule is None, result.message
+        else:
+            assert result.status == "optimal", result.message
+            assert_fits(graph, result, budget)
+            assert result.objective == pytest.approx(staged)
     if budget >= peak:  # store-all fits, so the optimum is exactly the baseline cost
         assert cbc.status == "optimal" and cbc.objective == pytest.approx(graph.baseline_cost)
 
@@ -131,8 +136,10 @@ def test_cost_limit_keeps_the_optimum_and_proves_nothing_cheaper_exists(graph, f
     least, peak = min_budget(graph), baseline_peak(graph)
     budget = least + math.floor(fraction * (peak - least))
     optimum = checkmate(graph, budget, solver="cbc")
-    if optimum.status != "optimal":
+    if optimal_cost(graph, budget, "staged") is None:  # brute force: nothing of Checkmate's space fits
+        assert optimum.status == "infeasible", optimum.message
         return
+    assert optimum.status == "optimal", optimum.message
     at_optimum = checkmate(graph, budget, solver=solver, cost_limit=optimum.objective)
     assert at_optimum.status == "optimal"
     assert_fits(graph, at_optimum, budget)
@@ -159,12 +166,16 @@ def test_non_recomputable_nodes_are_computed_once():
     graph = Graph.model_validate(data)
     free_run = checkmate(chain_with_skips(), min_budget(graph) + 2)
     assert free_run.simulation.recomputations > 0
+    least = least_peak(graph, "staged")  # brute force; pinning f1 and f2 raises it above min_budget
+    assert min_budget(graph) < least < baseline_peak(graph)
     for budget in range(min_budget(graph), baseline_peak(graph) + 1):
         result = checkmate(graph, budget)
-        if result.status == "infeasible":
+        if budget < least:
+            assert result.status == "infeasible", (budget, result.message)
             continue
         assert result.status == "optimal"
         assert_fits(graph, result, budget)
+        assert result.objective == optimal_cost(graph, budget, "staged")
         computes = [s.node for s in result.schedule.steps if s.op == "compute"]
         assert computes.count(1) == 1 and computes.count(2) == 1
 
@@ -180,11 +191,14 @@ def test_outputs_are_resident_at_the_end_and_workspace_counts():
     result = checkmate(with_workspace, budget)
     assert result.status == "optimal"
     assert_fits(with_workspace, result, budget)
-    # The same budget without the workspace term in the model would be cheaper or equal;
-    # check the workspace is honoured by tightening until the simulator and MILP must agree.
-    tighter = checkmate(with_workspace, min_budget(with_workspace))
-    if tighter.found:
-        assert_fits(with_workspace, tighter, min_budget(with_workspace))
+    # g1's step holds g2 (4), f0 (4), the input x (2), g1 (4) and its workspace (6): 20, the least
+    # peak of every schedule (brute force), met by the MILP only if it counts the workspace there.
+    assert min_budget(with_workspace) == least_peak(with_workspace, "staged") == 20
+    tighter = checkmate(with_workspace, 20)
+    assert tighter.status == "optimal"
+    assert_fits(with_workspace, tighter, 20)
+    assert tighter.objective == optimal_cost(with_workspace, 20, "staged")
+    assert checkmate(with_workspace, 19).status == "infeasible"
 
 
 def test_progress_reports_start_and_end(capsys):
@@ -237,17 +251,20 @@ def test_lp_rounding_returns_only_fitting_schedules(graph, fraction):
     least, peak = min_budget(graph), baseline_peak(graph)
     budget = least + math.floor(fraction * (peak - least))
     result = checkmate_lp(graph, budget, random_roundings=4)
-    assert result.status in ("feasible", "unknown", "infeasible")
+    staged = optimal_cost(graph, budget, "staged")  # brute force over the space the LP relaxes
     if result.found:
+        assert result.status == "feasible"
         assert_fits(graph, result, budget)
-        assert result.bound <= result.objective + 1e-6
-        optimum = checkmate(graph, budget)
-        assert optimum.status == "optimal"
-        # LP bound <= MILP optimum <= a rounding's cost.
-        assert result.bound <= optimum.objective + 1e-6
-        assert optimum.objective <= result.objective + 1e-9
+        # LP bound <= the optimum <= a rounding's cost.
+        assert staged is not None
+        assert result.bound <= staged + 1e-6
+        assert staged <= result.objective + 1e-9
     else:
-        assert result.schedule is None and result.message
+        assert result.status in ("unknown", "infeasible") and result.message
+        if result.status == "infeasible":  # an infeasible relaxation proves the space empty
+            assert staged is None
+    if budget >= peak:  # store-all is a rounding of the relaxation's all-ones retention
+        assert result.found and result.objective == pytest.approx(graph.baseline_cost)
 
 
 def test_lp_rounding_at_the_baseline_peak_keeps_everything():
@@ -265,12 +282,11 @@ def test_coarse_memory_levels_stay_within_budget_but_claim_no_proof():
     coarse = checkmate(graph, budget, solver="cp-sat", memory_levels=7)
     assert exact.status == "optimal" and exact.extra["memory_exact"]
     assert not coarse.extra["memory_exact"]
-    if coarse.found:  # rounded sizes up and budget down: still fits, never cheaper than exact
-        assert coarse.status == "feasible" and coarse.bound is None
-        assert_fits(graph, coarse, budget)
-        assert coarse.objective >= exact.objective - 1e-9
-    else:
-        assert coarse.status == "unknown" and "memory_levels" in coarse.message
+    # Budget 19 in 7 levels: a unit of ceil(17 / 7) = 3 bytes, so 4-byte values take 2 units and
+    # the 17 bytes left after x only 5 units: g2's step (g3, f1 and g2: 6 units) cannot fit, so
+    # the coarse model is infeasible, which proves nothing about the exact one (optimal above).
+    assert coarse.status == "unknown" and coarse.schedule is None
+    assert "memory_levels" in coarse.message
 
 
 def test_cbc_bound_is_read_from_its_log():
@@ -287,13 +303,18 @@ def test_time_limited_solve_reports_a_consistent_status(moccasin_dir):
     graph = load_graph(moccasin_dir / "fcn_8_vgg_32_416_608_3_train_nx.json")
     budget = math.ceil(0.7 * baseline_peak(graph))
     result = checkmate(graph, budget, solver="cp-sat", time_limit=1.0)
-    assert result.status in ("optimal", "feasible", "unknown")
     assert result.wall_s < 30
-    if result.found:
+    # Each status must be self-consistent; a proof of infeasibility would be wrong: the baseline
+    # chen-greedy schedule fits this budget.
+    assert solve(graph, budget, "chen-greedy").extra["fits"]
+    if result.status == "unknown":
+        assert result.schedule is None and result.message
+    else:
+        assert result.status in ("optimal", "feasible"), result.status
         assert_fits(graph, result, budget)
         assert result.bound is not None and result.bound <= result.objective + 1e-6
-    if result.status == "feasible":
-        assert result.gap is not None and result.gap >= 0
+        assert result.objective >= graph.baseline_cost
+        assert result.gap == 0.0 if result.status == "optimal" else result.gap >= 0
 
 
 # -------------------------------------------------------------------- LP robustness on real magnitudes

@@ -12,8 +12,8 @@ from coop.budget import baseline_peak, min_budget
 from coop.compare import FITS_NOTE, break_even_steps, compare, simulate_report
 from coop.config import ConfigError, load_config, parse_config
 from coop.graph import Graph
-from coop.runtime.online_sim import simulate_online
-from coop.runtime.static_arena import best_fit_placement
+from coop.online.online_sim import simulate_online
+from coop.online.static_arena import best_fit_placement
 from coop.schedule import Schedule, simulate
 
 REPO = Path(__file__).resolve().parents[1]

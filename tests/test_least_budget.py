@@ -6,8 +6,8 @@ from hypothesis import HealthCheck, given, settings
 
 from coop.budget import min_budget
 from coop.formulations.baselines import checkpoint_all
+from coop.formulations.heuristics import greedy_eviction_schedule
 from coop.formulations.least_budget import least_feasible_budget
-from coop.formulations.moccasin import greedy_eviction_schedule
 from coop.graph import Graph
 from coop.schedule import simulate, validate
 from tests.strategies import random_graphs

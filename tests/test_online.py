@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from coop.budget import baseline_peak, min_budget
 from coop.errors import CoopError
 from coop.graph import Graph, is_seeded_random_op, load_graph
-from coop.runtime.online_sim import OnlineSimulator, replayable_random_ids, simulate_online
-from coop.runtime.policies import LAYOUTS, POLICIES, WINDOW_COSTS, CoopPolicy, cheapest_window, make_policy
+from coop.online.online_sim import OnlineSimulator, replayable_random_ids, simulate_online
+from coop.online.policies import LAYOUTS, POLICIES, WINDOW_COSTS, CoopPolicy, cheapest_window, make_policy
 from coop.schedule import simulate, validate
 
 POLICY_NAMES = tuple(POLICIES)
@@ -340,7 +340,7 @@ class _FakeView:
     """A lineage a - b - c - d (a chain) with b and c evicted; only d and a resident."""
 
     def __init__(self) -> None:
-        from coop.runtime.arena import Arena
+        from coop.online.arena import Arena
 
         self.clock = 10.0
         self.arena = Arena(100)
@@ -359,7 +359,7 @@ class _FakeView:
 
 
 def test_e_star_counts_the_evicted_neighbourhood_exactly_and_by_classes() -> None:
-    from coop.runtime.policies import DTREquivalencePolicy, DTRPolicy, TensorInfo
+    from coop.online.policies import DTREquivalencePolicy, DTRPolicy, TensorInfo
 
     view = _FakeView()
     info_d = TensorInfo("d", 10, 8.0, 5.0, True)

@@ -199,7 +199,7 @@ def test_transformers_models_replay_equal_to_eager_under_every_baseline(name: st
 
 def test_budget_as_an_arena_size_bounds_the_best_fit_arena_peak() -> None:
     """Issue 5: with arena=True the budget bounds the address-ordered arena, fragmentation included."""
-    from coop.runtime.static_arena import best_fit_placement
+    from coop.online.static_arena import best_fit_placement
 
     model, batch, loss_fn = build("cnn")
     graph = capture(model, batch, loss_fn).graph

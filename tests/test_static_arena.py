@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from coop.errors import CoopError
 from coop.graph import Graph, load_graph
-from coop.runtime.static_arena import Placement, best_fit_placement, exact_placement, schedule_lifetimes
+from coop.online.static_arena import Placement, best_fit_placement, exact_placement, schedule_lifetimes
 from coop.schedule import Schedule, simulate
 from tests.strategies import random_graphs, random_schedules
 

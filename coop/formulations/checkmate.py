@@ -54,6 +54,12 @@ LP_BUDGET_FACTORS = (1.0, 0.9, 0.8, 0.7)
 #: CP-SAT reasons over integers; beyond this many memory levels the budget is coarsened.
 CP_SAT_MEMORY_LEVELS = 1 << 40
 
+#: What Checkmate's proofs of infeasibility speak about, for messages: the frontier-advancing stages
+#: and the one restriction coop adds (an extra output is taken right after its op, in a stage that
+#: recomputes nothing, so that no step comes between unseen).
+SEARCH_SPACE = ("Checkmate's space: frontier-advancing stages over graph.order, each extra output of a "
+                "multi-output op taken in its own stage right after the op, with nothing recomputed there")
+
 # A matrix entry is a model variable index (int) or a constant fixed by the stage structure.
 Entry = int | bool
 
@@ -382,8 +388,10 @@ def checkmate(
     installed). ``memory_levels`` coarsens memory to at most that many units of the budget
     (CP-SAT defaults to 2**40: exact for any realistic graph); a coarsened model's optimum is
     reported as ``feasible``, since its proof holds for the rounded sizes only. Checkmate's space
-    is the frontier-advancing schedules over ``graph.order``: ``infeasible`` above the least
-    feasible budget means no such schedule fits. Options other than these are rejected.
+    is the frontier-advancing schedules over ``graph.order`` whose extra outputs (of multi-output
+    ops) are taken right after their op, in a stage that recomputes nothing (:data:`SEARCH_SPACE`):
+    ``infeasible`` above the least feasible budget means no such schedule fits. Options other
+    than these are rejected.
 
     ``cost_limit`` searches only the schedules that cost at most that much (e.g. just below an
     incumbent's cost, to prove it optimal or find a cheaper one): every schedule of the space
@@ -404,8 +412,9 @@ def checkmate(
     model, variables = _build_model(problem)
     if cost_limit is not None:
         _limit_cost(model, problem, variables, cost_limit)
-    # Building the model counts against the time limit (seconds for a few hundred nodes).
-    remaining = max(1.0, time_limit - (time.perf_counter() - started))
+    # Building the model counts against the time limit (seconds for a few hundred nodes); the
+    # solver gets what is left, even a few milliseconds: that solves a small model.
+    remaining = time_limit - (time.perf_counter() - started)
     solution = solve_milp(model, solver, time_limit=remaining, threads=threads, progress=progress, verbose=verbose)
     solution.wall_s = time.perf_counter() - started  # the whole solve, model building included
     return _result_from_milp(graph, budget, problem, variables, solution, solver, len(model.rows), model.num_vars,
@@ -509,8 +518,8 @@ def _lp_failure(relaxation: MilpSolution, model: LinearModel, budget: int, time_
     extra = {"variables": model.num_vars, "constraints": len(model.rows), "lp_wall_s": relaxation.wall_s}
     if relaxation.status == "infeasible":
         return SolveResult("checkmate-lp", "infeasible", wall_s=wall, extra=extra,
-                           message=f"LP relaxation proven infeasible: no frontier-advancing schedule over "
-                                   f"graph.order fits budget {budget}; try a larger budget or moccasin")
+                           message=f"LP relaxation proven infeasible: no schedule fits budget {budget} in "
+                                   f"{SEARCH_SPACE}; try a larger budget or moccasin")
     return SolveResult("checkmate-lp", "unknown", wall_s=wall, extra=extra,
                        message=f"LP relaxation ({model.num_vars} variables, {len(model.rows)} constraints) not "
                                f"solved within the {time_limit:g} s time limit [{relaxation.message}]; raise "
@@ -574,8 +583,8 @@ def _result_from_milp(graph: Graph, budget: int, problem: _Problem, variables: _
         message = solution.message or solution.status
         if status == "infeasible":
             at_cost = "" if cost_limit is None else f" at a cost of at most {cost_limit:g}"
-            message = (f"no frontier-advancing schedule over graph.order fits budget {budget}{at_cost} "
-                       f"(proven by {solver}); try a larger budget or moccasin")
+            message = (f"no schedule fits budget {budget}{at_cost} in {SEARCH_SPACE} (proven by {solver}); "
+                       f"try a larger budget or moccasin")
         if solution.status == "infeasible" and not problem.exact:
             message = "infeasible with memory rounded up to the coarse unit; retry with a larger memory_levels"
         return SolveResult("checkmate", status, wall_s=solution.wall_s, message=message, extra=extra)

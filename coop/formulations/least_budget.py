@@ -5,7 +5,7 @@ feasible budget lies between it and the peak of the lowest-memory schedule anyon
 module finds such a schedule: the lowest of the peaks of checkpoint-all (keep only what may not
 be recomputed, rebuild everything else at each use) and of Chen's baselines asked for the lower
 bound, and the lowest budget at which the greedy eviction heuristic
-(:func:`coop.formulations.moccasin.greedy_eviction_schedule`, offline DTR with exact next uses)
+(:func:`coop.formulations.heuristics.greedy_eviction_schedule`, offline DTR with exact next uses)
 still finds a schedule, located by bisection between the two bounds.
 """
 
@@ -40,7 +40,7 @@ class LeastBudget:
 def least_feasible_budget(graph: Graph, tolerance: float = TOLERANCE) -> LeastBudget:
     """The lowest budget that a constructed schedule fits (see the module docstring)."""
     from coop.formulations.baselines import checkpoint_all, chen_greedy, chen_sqrt
-    from coop.formulations.moccasin import greedy_eviction_schedule
+    from coop.formulations.heuristics import greedy_eviction_schedule
 
     lower = min_budget(graph)
     # The baseline order always fits its own peak: the bisection starts from it.

@@ -4,26 +4,36 @@ A formulation builds a :class:`LinearModel` (variables, linear constraints, a li
 to minimise, optional hint values) once; :func:`solve_milp` hands it to the chosen backend and
 :func:`solve_lp_relaxation` solves its continuous relaxation. Backends:
 
-* ``cbc``: PuLP's bundled CBC (command line; bound and gap parsed from its log);
+* ``cbc``: PuLP's bundled CBC (command line; bound parsed from its log, rounded down);
 * ``scip``, ``highs``: OR-Tools' ``pywraplp`` (never ``highspy``: it clashes with OR-Tools);
 * ``cp-sat``: OR-Tools' CP-SAT; every constraint coefficient must be an integer;
 * ``gurobi``, ``cplex``: through PuLP when the user has them installed and licensed.
 
 Statuses follow :data:`coop.formulations.result.SolveStatus`: ``optimal`` only when proven,
 ``feasible`` when stopped with an incumbent, ``infeasible`` when proven, ``unknown`` otherwise.
+A bound is a proven lower bound or None, never an estimate.
+
+Solvers' own logs never reach stdout, which carries coop's output (``coop solve --json``): they
+are discarded, or sent to stderr with ``verbose=True``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import math
 import os
 import re
 import shlex
 import shutil
+import sys
 import tempfile
+import threading
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, Literal
 
@@ -69,6 +79,11 @@ class LinearModel:
             merged[var] = merged.get(var, 0.0) + coef
         self.rows.append(([(v, c) for v, c in merged.items() if c != 0], sense, rhs))
 
+    @property
+    def nonzeros(self) -> int:
+        """Constraint coefficients: what loading the model into a solver costs time in proportion to."""
+        return sum(len(terms) for terms, _, _ in self.rows)
+
 
 @dataclass
 class MilpSolution:
@@ -99,7 +114,9 @@ def solve_milp(
         raise SolverError(f"unknown MILP solver {solver!r}: choose one of {', '.join(MILP_SOLVERS)}")
     clock = ProgressClock(progress)
     clock.report(message=f"{name}: {model.num_vars} variables, {len(model.rows)} constraints")
-    if name == "cp-sat":
+    if time_limit <= 0:
+        result = MilpSolution(status="unknown", message=f"{name}: time limit reached while building the model")
+    elif name == "cp-sat":
         result = _solve_cp_sat(model, time_limit, threads, clock, verbose)
     elif name in ("scip", "highs"):
         result = _solve_pywraplp(model, name.upper(), time_limit, threads, integer=True, verbose=verbose)
@@ -116,8 +133,16 @@ def solve_milp(
 #: LP backends in the order tried: HiGHS' simplex solved the scaled Checkmate relaxation of a
 #: 309-node transformer in 14 s where GLOP and PDLP had not finished after 60 s.
 LP_BACKENDS = ("HIGHS", "GLOP", "PDLP")
-#: Below this many seconds left, another backend is not started (loading the model alone takes longer).
-_LEAST_USEFUL_SECONDS = 1.0
+#: A solve is not started with less time left than loading the model takes plus this much (a
+#: few milliseconds solve a tiny model; the solver gets what is left, not this).
+_LEAST_SOLVE_S = 0.005
+#: Loading a model through pywraplp, measured on Checkmate models of fuzzed graphs (3.6-3.9 us).
+_PYWRAPLP_LOAD_S_PER_NONZERO = 4e-6
+
+
+def _least_useful_seconds(model: LinearModel, load_s_per_nonzero: float) -> float:
+    """Below this many seconds left, starting a solve is pointless: loading the model alone takes longer."""
+    return _LEAST_SOLVE_S + load_s_per_nonzero * model.nonzeros
 
 
 def solve_lp_relaxation(
@@ -126,6 +151,7 @@ def solve_lp_relaxation(
     time_limit: float = 60.0,
     threads: int = 2,
     backends: tuple[str, ...] = LP_BACKENDS,
+    verbose: bool = False,
 ) -> MilpSolution:
     """The continuous relaxation (integrality dropped), rescaled, tried with each backend in turn.
 
@@ -140,12 +166,13 @@ def solve_lp_relaxation(
     scaled, column_scale, objective_scale = _scaled_for_lp(model)
     attempts: list[str] = []
     result = MilpSolution(status="unknown")
+    least_useful = _least_useful_seconds(scaled, _PYWRAPLP_LOAD_S_PER_NONZERO)
     for backend in backends:
         remaining = time_limit - (time.perf_counter() - start)
-        if remaining < _LEAST_USEFUL_SECONDS:
+        if remaining < least_useful:
             attempts.append(f"{backend} not started (time limit)")
             continue
-        result = _solve_pywraplp(scaled, backend, remaining, threads, integer=False, verbose=False)
+        result = _solve_pywraplp(scaled, backend, remaining, threads, integer=False, verbose=verbose)
         attempts.append(f"{backend}: {result.status}" + (f" ({result.message})" if result.message else ""))
         if result.status in ("optimal", "infeasible"):
             break
@@ -189,6 +216,70 @@ def _scaled_for_lp(model: LinearModel) -> tuple[LinearModel, list[float], float]
     return scaled, column_scale, objective_scale
 
 
+def _nowhere_or_stderr(verbose: bool) -> int:
+    """A new file descriptor: stderr's when ``verbose``, else /dev/null's."""
+    return os.dup(2) if verbose else os.open(os.devnull, os.O_WRONLY)
+
+
+def _flush_c_stdio() -> None:
+    """Flush the C library's stdio buffers, so that what a solver printf'd lands where it was meant to."""
+    try:
+        ctypes.CDLL(None).fflush(None)
+    except (OSError, AttributeError, TypeError):  # no C library to speak to (e.g. Windows): nothing buffered there
+        pass
+
+
+class _StdoutGuard:
+    """Descriptor 1 redirected while any solver runs (threads may overlap), restored after the last."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.depth = 0
+        self.saved: int | None = None
+
+    def enter(self, verbose: bool) -> None:
+        with self.lock:
+            self.depth += 1
+            if self.depth > 1:
+                return
+            try:
+                sys.stdout.flush()
+                _flush_c_stdio()
+                self.saved = os.dup(1)
+                target = _nowhere_or_stderr(verbose)
+                os.dup2(target, 1)
+                os.close(target)
+            except (OSError, ValueError, AttributeError):  # no descriptor 1 (a closed or replaced stdout): nothing to guard
+                self.saved = None
+
+    def leave(self) -> None:
+        with self.lock:
+            self.depth -= 1
+            if self.depth == 0 and self.saved is not None:
+                _flush_c_stdio()
+                os.dup2(self.saved, 1)
+                os.close(self.saved)
+                self.saved = None
+
+
+_STDOUT_GUARD = _StdoutGuard()
+
+
+@contextlib.contextmanager
+def _solver_output(verbose: bool) -> Iterator[None]:
+    """Keep a native solver's output off stdout while it runs: to stderr when ``verbose``, else discarded.
+
+    HiGHS prints its banner through OR-Tools whatever the options say, and SCIP and CP-SAT log to
+    file descriptor 1 from C++: only redirecting the descriptor keeps ``coop solve --json``'s
+    stdout pure JSON.
+    """
+    _STDOUT_GUARD.enter(verbose)
+    try:
+        yield
+    finally:
+        _STDOUT_GUARD.leave()
+
+
 def _add_constant(result: MilpSolution, constant: float) -> None:
     """Backends see the objective without its constant term; add it back."""
     if result.objective is not None:
@@ -200,6 +291,13 @@ def _add_constant(result: MilpSolution, constant: float) -> None:
 # -------------------------------------------------------------------- OR-Tools pywraplp
 def _solve_pywraplp(model: LinearModel, backend: str, time_limit: float, threads: int, *, integer: bool,
                     verbose: bool) -> MilpSolution:
+    """One pywraplp solve, its native output kept off stdout (see :func:`_solver_output`)."""
+    with _solver_output(verbose):
+        return _solve_pywraplp_here(model, backend, time_limit, threads, integer=integer, verbose=verbose)
+
+
+def _solve_pywraplp_here(model: LinearModel, backend: str, time_limit: float, threads: int, *, integer: bool,
+                         verbose: bool) -> MilpSolution:
     from ortools.linear_solver import pywraplp
 
     started = time.perf_counter()
@@ -283,6 +381,10 @@ def _solve_cp_sat(model: LinearModel, time_limit: float, threads: int, clock: Pr
     solver.parameters.max_time_in_seconds = float(time_limit)
     solver.parameters.num_workers = max(1, threads)
     solver.parameters.log_search_progress = verbose
+    # CP-SAT's log goes through a Python callback to stderr: stdout carries coop's own output.
+    solver.parameters.log_to_stdout = False
+    if verbose:
+        solver.log_callback = lambda line: print(line, file=sys.stderr, flush=True)
 
     class _Reporter(cp_model.CpSolverSolutionCallback):
         def on_solution_callback(self) -> None:
@@ -325,9 +427,8 @@ def _solve_pulp(model: LinearModel, name: str, time_limit: float, threads: int, 
     # Building the PuLP model, writing it as MPS and reading the solution back take seconds on
     # large models (about 8 us per nonzero, measured on a 1.1M-nonzero Checkmate model): they
     # count against the limit.
-    nonzeros = sum(len(terms) for terms, _, _ in model.rows)
-    time_limit -= time.perf_counter() - started + _PULP_IO_S_PER_NONZERO * nonzeros
-    if time_limit < _LEAST_USEFUL_SECONDS:
+    time_limit -= time.perf_counter() - started + _PULP_IO_S_PER_NONZERO * model.nonzeros
+    if time_limit < _LEAST_SOLVE_S:
         return MilpSolution(status="unknown", message=f"{name}: time limit reached while building the model")
     with tempfile.TemporaryDirectory(prefix="coop-cbc-") as folder:
         log_path = os.path.join(folder, "solver.log")
@@ -337,7 +438,8 @@ def _solve_pulp(model: LinearModel, name: str, time_limit: float, threads: int, 
             backend = _pulp_backend(pulp, name, time_limit, threads, verbose, bool(model.hint), log_path, folder)
         solver_started = time.perf_counter()
         try:
-            problem.solve(backend)
+            with _solver_output(verbose):  # CBC writes to its log file; Gurobi and CPLEX to stdout
+                problem.solve(backend)
         except pulp.PulpSolverError as exc:
             if name == "cbc" and time.perf_counter() - solver_started >= time_limit + _CBC_GRACE_S:
                 return MilpSolution(status="unknown", message=(
@@ -345,6 +447,8 @@ def _solve_pulp(model: LinearModel, name: str, time_limit: float, threads: int, 
                     f"preprocessing and was stopped {_CBC_GRACE_S:.0f} s later)"))
             raise SolverError(f"{name} failed to run: {str(exc).splitlines()[0]}") from None
         log = Path(log_path).read_text() if os.path.exists(log_path) else ""
+    if verbose and log:
+        print(log, file=sys.stderr, end="" if log.endswith("\n") else "\n", flush=True)
     has_solution = problem.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
     if problem.status == pulp.LpStatusInfeasible:
         return MilpSolution(status="infeasible", message=f"{name}: proven infeasible")
@@ -368,12 +472,12 @@ _PULP_IO_S_PER_NONZERO = 8e-6
 def _pulp_backend(pulp: Any, name: str, time_limit: float, threads: int, verbose: bool, warm: bool,
                   log_path: str, folder: str) -> Any:
     if name == "cbc":
-        bundled = pulp.PULP_CBC_CMD(msg=verbose).path
+        bundled = pulp.PULP_CBC_CMD(msg=False).path
         watchdog = _cbc_watchdog(folder, bundled, time_limit + _CBC_GRACE_S)
         if watchdog is None:
-            return pulp.PULP_CBC_CMD(msg=verbose, timeLimit=time_limit, threads=threads, warmStart=warm,
+            return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, threads=threads, warmStart=warm,
                                      logPath=log_path)
-        return pulp.COIN_CMD(path=watchdog, msg=verbose, timeLimit=time_limit, threads=threads, warmStart=warm,
+        return pulp.COIN_CMD(path=watchdog, msg=False, timeLimit=time_limit, threads=threads, warmStart=warm,
                              logPath=log_path)
     candidates = {"gurobi": ("GUROBI", "GUROBI_CMD"), "cplex": ("CPLEX_PY", "CPLEX_CMD")}[name]
     for class_name in candidates:
@@ -399,13 +503,40 @@ def _cbc_watchdog(folder: str, cbc_path: str, hard_limit: float) -> str | None:
     return str(script)
 
 
-_CBC_BOUND = re.compile(r"^Lower bound:\s*([-+0-9.eE]+)", re.MULTILINE)
+#: CBC's search messages: "Partial search - best objective X (best possible Y), ..." (Cbc0005I, the main
+#: model's end of search) and "After N nodes, ..., best possible Y (...)" (Cbc0010I, while it searches).
+_CBC_BEST_POSSIBLE = re.compile(r"^Cbc00(?:05|10)I .*best possible ([-+0-9.eE]+)", re.MULTILINE)
+#: The result summary: "Lower bound: Y", printed with "%.3f" (0.00095 shows as 0.001).
+_CBC_LOWER_BOUND = re.compile(r"^Lower bound:\s*([-+0-9.eE]+)", re.MULTILINE)
+#: CBC's "no bound yet" is about -1e50.
+_CBC_NO_BOUND = 1e40
 
 
 def _cbc_bound(log: str) -> float | None:
-    """CBC prints 'Lower bound: X' in its result summary when stopped early."""
-    match = _CBC_BOUND.search(log)
-    return float(match.group(1)) if match else None
+    """The lower bound CBC proved when stopped early, read from its log; None when it printed none.
+
+    The search messages carry more digits than the summary's three decimals, so the last of them
+    is preferred. A printed number is rounded; :func:`_printed_lower_bound` lowers it by one unit
+    in its last digit, so that the print can never lift the bound above what CBC proved (the
+    summary's 0.001 for a proven 0.00095467587 did, above the optimum 0.000954676).
+    """
+    found = _CBC_BEST_POSSIBLE.findall(log) or _CBC_LOWER_BOUND.findall(log)
+    if not found:
+        return None
+    bound = _printed_lower_bound(found[-1])
+    return bound if bound is not None and abs(bound) < _CBC_NO_BOUND else None
+
+
+def _printed_lower_bound(text: str) -> float | None:
+    """A float no larger than any real number that prints as ``text`` (rounded to its digits)."""
+    try:
+        printed = Decimal(text)
+    except InvalidOperation:
+        return None
+    if not printed.is_finite():
+        return None
+    last_digit = Decimal(1).scaleb(printed.as_tuple().exponent)  # type: ignore[arg-type]
+    return math.nextafter(float(printed - last_digit), -math.inf)
 
 
 __all__ = ["LP_BACKENDS", "MILP_SOLVERS", "LinearModel", "MilpSolution", "solve_lp_relaxation", "solve_milp"]

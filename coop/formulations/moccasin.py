@@ -15,10 +15,10 @@ Efficient Tensor Rematerialization for Neural Networks", ICML 2023 (arXiv 2304.1
 Beyond the paper (DESIGN.md records that on OR-Tools 9.15 the published model finds no feasible
 schedule in 300 s for the larger graphs), this module
 
-* builds a complete warm start from the best of Checkmate's LP rounding (small graphs), peak
-  shaving, a fast eviction heuristic and the baseline schedules that fit (and any ``hint`` s),
-  and passes it as a hint; on large graphs a destroy-and-repair local search
-  (:func:`improve_by_local_search`) improves it before CP-SAT runs;
+* starts from the best warm start of :mod:`coop.formulations.warm_start` (Checkmate's LP
+  rounding on small graphs, the heuristics, the baselines, the online policies' schedules and any
+  ``hint`` s) and passes it to CP-SAT as a hint; on large graphs the destroy-and-repair local
+  search of :mod:`coop.formulations.heuristics` improves it before CP-SAT runs;
 * keeps the first computations in the baseline order (``graph.prompt_order``: extra outputs right
   after their op, the same memory) on training-step graphs (``keep_order``, the restriction
   Checkmate makes), which removes most of the symmetry of the time axis, and tightens each first
@@ -42,10 +42,8 @@ ends) that is always checked with the one simulator, :func:`coop.schedule.simula
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import math
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,9 +52,12 @@ from typing import Any
 from ortools.sat.python import cp_model
 
 from coop.budget import baseline_peak, min_budget
-from coop.errors import CoopError, ScheduleError
+from coop.errors import CoopError
+from coop.formulations.heuristics import improve_by_local_search
 from coop.formulations.progress import ProgressCallback, ProgressClock
 from coop.formulations.result import SolveResult
+from coop.formulations.slot_problem import SlotProblem
+from coop.formulations.warm_start import best_warm_start, ordered_draws
 from coop.graph import Graph
 from coop.schedule import Schedule, Simulation, Step, simulate, take_extras_promptly
 
@@ -64,62 +65,6 @@ FORMULATION = "moccasin"
 
 #: One retention interval on the slot axis: computed at ``start``, resident through ``end``.
 Interval = tuple[int, int]
-
-
-# ==================================================================== the problem in slot terms
-@dataclass
-class _Problem:
-    """The computed nodes of a graph with their integer costs and the memory capacity."""
-
-    graph: Graph
-    budget: int
-    order: list[int]
-    inputs: dict[int, list[int]]  # computed inputs only; caller-owned ones are always resident
-    consumers: dict[int, list[int]]
-    mem: dict[int, int]
-    workspace: dict[int, int]
-    cost: dict[int, int]  # integer costs for CP-SAT (scaled when the graph's are fractional)
-    cost_scale: float
-    recomputable: dict[int, bool]
-    outputs: set[int]
-    capacity: int  # budget - caller-owned bytes
-    output_of: dict[int, int] = field(default_factory=dict)  # extra output -> its op
-
-    @classmethod
-    def build(cls, graph: Graph, budget: int) -> _Problem:
-        order = list(graph.prompt_order)  # extra outputs right after their op: the same memory
-        computed = set(order)
-        inputs = {v: [u for u in graph.node(v).inputs if u in computed] for v in order}
-        consumers = {v: [c for c in graph.consumers[v] if c in computed] for v in order}
-        raw_costs = [graph.node(v).cost for v in order]
-        scale = _cost_scale(raw_costs)
-        return cls(
-            graph=graph,
-            budget=budget,
-            order=order,
-            inputs=inputs,
-            consumers=consumers,
-            mem={v: graph.node(v).mem for v in order},
-            workspace={v: graph.node(v).workspace for v in order},
-            cost={v: math.floor(graph.node(v).cost * scale) for v in order},
-            cost_scale=scale,
-            recomputable={v: graph.node(v).recomputable for v in order},
-            outputs={v for v in graph.outputs if v in computed},
-            capacity=budget - graph.caller_owned_bytes,
-            output_of={v: graph.node(v).output_of for v in order if graph.node(v).output_of is not None},
-        )
-
-
-def _cost_scale(costs: list[float]) -> float:
-    """1 for integer costs (the objective is then exact); else a factor giving ~1e6 resolution.
-
-    Scaled costs are rounded down (see :meth:`_Problem.build`), so the model's objective never
-    exceeds a schedule's true cost and CP-SAT's bound stays a valid lower bound.
-    """
-    if all(float(c).is_integer() for c in costs):
-        return 1.0
-    largest = max(costs, default=0.0)
-    return 1e6 / largest if largest > 0 else 1.0
 
 
 # ==================================================================== what a proof of optimality needs
@@ -131,7 +76,7 @@ PROOF_MAX_CHOICES = 60_000
 _UNBOUNDED = 10**6
 
 
-def sufficient_intervals(problem: _Problem, extra_cost: float | None) -> dict[int, int]:
+def sufficient_intervals(problem: SlotProblem, extra_cost: float | None) -> dict[int, int]:
     """Per node, an upper bound on its computations in some schedule that is at least as good.
 
     Take any legal schedule whose first computations are in baseline order and whose extra cost
@@ -159,7 +104,7 @@ def sufficient_intervals(problem: _Problem, extra_cost: float | None) -> dict[in
     return limits
 
 
-def sufficient_horizon(problem: _Problem, limits: dict[int, int], extra_cost: float | None) -> int:
+def sufficient_horizon(problem: SlotProblem, limits: dict[int, int], extra_cost: float | None) -> int:
     """The most computations such a schedule makes: n plus the most recomputations that
     ``limits`` allow within ``extra_cost`` (cheapest first, which maximises their number)."""
     recomputations = 0
@@ -175,294 +120,15 @@ def sufficient_horizon(problem: _Problem, limits: dict[int, int], extra_cost: fl
     return len(problem.order) + min(recomputations, _UNBOUNDED)
 
 
-def _choice_literals(problem: _Problem, per_node: dict[int, int]) -> int:
+def _choice_literals(problem: SlotProblem, per_node: dict[int, int]) -> int:
     """How many precedence choice literals :func:`_add_precedences` creates for ``per_node``."""
     return sum(per_node[v] * per_node[u] for v in problem.order for u in problem.inputs[v] if per_node[u] > 1)
 
 
-def _affordable(problem: _Problem, per_node: dict[int, int], horizon: int) -> bool:
+def _affordable(problem: SlotProblem, per_node: dict[int, int], horizon: int) -> bool:
     n = len(problem.order)
     return (sum(per_node.values()) <= PROOF_MAX_INTERVALS_FACTOR * n and horizon <= PROOF_MAX_INTERVALS_FACTOR * n
             and _choice_literals(problem, per_node) <= PROOF_MAX_CHOICES)
-
-
-# ==================================================================== warm start: eviction heuristic
-def greedy_eviction_schedule(graph: Graph, budget: int) -> Schedule | None:
-    """A fast schedule under ``budget``, or None when the heuristic gets stuck.
-
-    Walks the baseline order; before each compute it makes room by freeing the resident value
-    with the smallest ``recompute cost / (bytes x distance to next use)`` that the pending
-    computations do not need, and recomputes freed inputs on demand (recursively). In the spirit
-    of DTR (Kirisame et al. 2021), but offline with exact next-use distances of the baseline order.
-    """
-    problem = _Problem.build(graph, budget)
-    return _GreedyEvictor(problem).run()
-
-
-class _Stuck(Exception):
-    """The heuristic found no value it may free to make room."""
-
-
-#: The eviction heuristic gives up after this many computes per node (it is thrashing).
-COMPUTE_LIMIT_FACTOR = 20
-
-
-class _GreedyEvictor:
-    def __init__(self, problem: _Problem) -> None:
-        self.p = problem
-        self.position = {v: k for k, v in enumerate(problem.order)}
-        self.uses = {v: sorted(self.position[c] for c in problem.consumers[v]) for v in problem.order}
-        self.resident: set[int] = set()
-        self.used = 0
-        self.steps: list[Step] = []
-        self.now = 0
-        self.computes = 0
-        self.compute_limit = COMPUTE_LIMIT_FACTOR * len(problem.order) + 100  # stops thrashing: it gives up
-        # A value that is never recomputed stays until no rebuild can read it any more.
-        kept = {v for v in problem.order if not problem.recomputable[v]}
-        self.release_after = problem.graph.release_positions(problem.order, kept)
-
-    def run(self) -> Schedule | None:
-        try:
-            for k, v in enumerate(self.p.order):
-                self.now = k
-                self.compute(v, pinned=set())
-                self.drop_dead_values()
-        except _Stuck:
-            return None
-        return Schedule(steps=tuple(self.steps))
-
-    def next_use(self, u: int) -> float:
-        uses = self.uses[u]
-        i = bisect.bisect_left(uses, self.now)
-        return uses[i] if i < len(uses) else math.inf
-
-    def drop_dead_values(self) -> None:
-        """Values with no later reader in the baseline order (and not outputs) are released; a
-        value that is never recomputed only once no later rebuild can need it either."""
-        for u in [u for u in self.resident if u not in self.p.outputs and self.next_use(u) == math.inf
-                  and self.release_after.get(u, -1) <= self.now]:
-            self.resident.discard(u)
-            self.used -= self.p.mem[u]
-            self.steps.append(Step(op="free", node=u))
-
-    def compute(self, v: int, pinned: set[int]) -> None:
-        """Compute v, first rebuilding its missing inputs.
-
-        The rebuild set is the closure of v's missing inputs over their missing ancestors, computed
-        in baseline (topological) order; while it runs, every resident input of a pending compute
-        is held, so nothing the rebuild relies on is freed under it.
-        """
-        rebuild = self.missing_ancestors(v)
-        pending = [*rebuild, v]
-        for index, x in enumerate(pending):
-            hold = set(pinned)
-            for y in pending[index:]:
-                hold.update(self.p.inputs[y])
-            self.make_room(self.p.mem[x] + self.p.workspace[x], hold)
-            self.steps.append(Step(op="compute", node=x))
-            self.resident.add(x)
-            self.used += self.p.mem[x]
-            self.computes += 1
-        if self.computes > self.compute_limit:
-            raise _Stuck
-
-    def missing_ancestors(self, v: int) -> list[int]:
-        """The non-resident values v needs rebuilt (transitively), in baseline order."""
-        needed: set[int] = set()
-        stack = [u for u in self.p.inputs[v] if u not in self.resident]
-        while stack:
-            u = stack.pop()
-            if u in needed:
-                continue
-            if not self.p.recomputable[u]:
-                raise _Stuck
-            needed.add(u)
-            stack.extend(w for w in self.p.inputs[u] if w not in self.resident and w not in needed)
-        return sorted(needed, key=self.position.__getitem__)
-
-    def make_room(self, need: int, hold: set[int]) -> None:
-        while self.used + need > self.p.capacity:
-            victim = self.cheapest_victim(hold)
-            if victim is None:
-                raise _Stuck
-            self.resident.discard(victim)
-            self.used -= self.p.mem[victim]
-            self.steps.append(Step(op="free", node=victim))
-
-    def cheapest_victim(self, hold: set[int]) -> int | None:
-        best, best_score = None, math.inf
-        rebuild: dict[int, int] = {}
-        for u in self.resident:
-            if u in hold or u in self.p.outputs or not self.p.recomputable[u] or self.p.mem[u] == 0:
-                continue
-            distance = self.next_use(u) - self.now + 1
-            score = (self.rebuild_cost(u, rebuild) + 1) / (self.p.mem[u] * distance)
-            if score < best_score:
-                best, best_score = u, score
-        return best
-
-    def rebuild_cost(self, u: int, memo: dict[int, int]) -> int:
-        """Cost of recomputing u from what is resident now: u plus its missing ancestors (DTR's e*)."""
-        if u in memo:
-            return memo[u]
-        total, stack, seen = 0, [u], {u}
-        while stack:
-            w = stack.pop()
-            total += self.p.cost[w]
-            for x in self.p.inputs[w]:
-                if x not in self.resident and x not in seen:
-                    seen.add(x)
-                    stack.append(x)
-        memo[u] = total
-        return total
-
-
-# ==================================================================== warm start: peak shaving
-def peak_shaving_schedule(graph: Graph, budget: int, max_rounds: int | None = None) -> Schedule | None:
-    """A schedule under ``budget`` made by repeatedly shaving the peak of the baseline order.
-
-    Starts from store-all (a sequence of computes, lifetimes from the simulator). While the peak
-    step p is over budget, it picks the value u resident across p but not read there whose
-    recomputation just before its next read b saves the most memory at p per unit of cost
-    (saving = mem_u minus the inputs of u whose lifetimes must now stretch over p to reach b),
-    and inserts ``compute u`` before b. Returns None when no such value is left.
-    """
-    problem = _Problem.build(graph, budget)
-    sequence = _shave(problem, list(problem.order), max_rounds)
-    return None if sequence is None else Schedule.from_order(sequence)
-
-
-def _shave(problem: _Problem, sequence: list[int], max_rounds: int | None = None,
-           rng: random.Random | None = None) -> list[int] | None:
-    """Shave the peak of a compute sequence until it fits (see :func:`peak_shaving_schedule`).
-
-    With ``rng`` the candidate moves are tried in a randomly perturbed order (for the local
-    search's repairs); returns the new sequence, or None when no move lowers the overflow.
-    """
-    graph, budget = problem.graph, problem.budget
-    rounds = max_rounds if max_rounds is not None else 4 * len(sequence) + 10
-    sim = simulate(graph, Schedule.from_order(sequence))
-    for _ in range(rounds):
-        if sim.peak <= budget:
-            return sequence
-        excess = _excess(sim, budget)
-        candidates = _shave_candidates(problem, sequence, sim)[:_SHAVE_TRIALS]
-        if rng is not None and len(candidates) > 1 and rng.random() < 0.5:
-            # Swap the best move with a random runner-up now and then: diversity for the repairs.
-            k = rng.randrange(1, len(candidates))
-            candidates[0], candidates[k] = candidates[k], candidates[0]
-        for node, before in candidates:
-            trial = sequence[:before] + [node] + sequence[before:]
-            trial_sim = simulate(graph, Schedule.from_order(trial))
-            # Accept only progress on the total overflow, so the peak cannot just move around.
-            if _excess(trial_sim, budget) < excess:
-                sequence, sim = trial, trial_sim
-                break
-        else:
-            return None
-    return None
-
-
-def improve_by_local_search(graph: Graph, budget: int, schedule: Schedule, time_limit: float,
-                            seed: int = 0, max_stall: int | None = None) -> Schedule:
-    """A schedule at most as costly as ``schedule`` under ``budget``, by destroy-and-repair.
-
-    A large-neighbourhood search over compute sequences (Shaw 1998; Pisinger and Ropke 2010):
-    first drop every recomputation the budget does not need, then repeatedly remove one to three
-    recomputations that lie close together in the sequence, repair the overflow with randomised
-    peak shaving, drop what the repair made redundant, and keep the result when it is cheaper.
-    Every candidate is judged by the one simulator; first computations keep their order. Stops
-    at ``time_limit`` seconds, or after ``max_stall`` repairs in a row found nothing cheaper.
-    """
-    problem = _Problem.build(graph, budget)
-    rng = random.Random(seed)
-    deadline = time.perf_counter() + time_limit
-    sequence = [step.node for step in schedule.steps if step.op == "compute"]
-    if simulate(graph, Schedule.from_order(sequence)).peak > budget:
-        return schedule  # explicit frees were needed to fit: leave it alone
-    sequence = _drop_redundant(problem, sequence, deadline)
-    cost = _sequence_cost(problem, sequence)
-    stalled = 0
-    while time.perf_counter() < deadline and (max_stall is None or stalled < max_stall):
-        stalled += 1
-        recomputed = _recompute_positions(sequence)
-        if not recomputed:
-            break
-        centre = rng.choice(recomputed)
-        near = sorted(recomputed, key=lambda j: abs(j - centre))[: rng.randint(1, 3)]
-        trial = [v for j, v in enumerate(sequence) if j not in set(near)]
-        repaired = _shave(problem, trial, max_rounds=4 * len(near) + 8, rng=rng)
-        if repaired is None:
-            continue
-        repaired = _drop_redundant(problem, repaired, deadline)
-        repaired_cost = _sequence_cost(problem, repaired)
-        if repaired_cost < cost:
-            sequence, cost, stalled = repaired, repaired_cost, 0
-    candidate = Schedule.from_order(sequence)
-    return candidate if simulate(graph, candidate).cost <= simulate(graph, schedule).cost else schedule
-
-
-def _recompute_positions(sequence: list[int]) -> list[int]:
-    seen: set[int] = set()
-    positions = []
-    for j, v in enumerate(sequence):
-        if v in seen:
-            positions.append(j)
-        seen.add(v)
-    return positions
-
-
-def _sequence_cost(problem: _Problem, sequence: list[int]) -> float:
-    return sum(problem.graph.node(v).cost for v in sequence)
-
-
-def _drop_redundant(problem: _Problem, sequence: list[int], deadline: float) -> list[int]:
-    """Remove recomputations one at a time, costliest first, while the sequence still fits."""
-    for j in sorted(_recompute_positions(sequence), key=lambda j: -problem.graph.node(sequence[j]).cost):
-        if time.perf_counter() >= deadline:
-            break
-        trial = sequence[:j] + [None] + sequence[j + 1:]  # keep positions stable while we scan
-        compact = [v for v in trial if v is not None]
-        if simulate(problem.graph, Schedule.from_order(compact)).peak <= problem.budget:
-            sequence = trial
-    return [v for v in sequence if v is not None]
-
-
-#: How many of the best-scored shaving moves are simulated before giving up on a round.
-_SHAVE_TRIALS = 8
-
-
-def _excess(sim: Simulation, budget: int) -> int:
-    """Total memory over budget summed over all steps."""
-    return sum(m - budget for m in sim.memory if m > budget)
-
-
-def _shave_candidates(problem: _Problem, sequence: list[int], sim: Simulation) -> list[tuple[int, int]]:
-    """Moves (recompute u before step b) that lower the peak step's memory, best ratio first."""
-    p = sim.peak_step
-    current_end: dict[int, int] = {}  # node -> end of its instance current at step p
-    alive_at_p: list[int] = []
-    for inst in sim.instances:
-        if inst.start <= p:
-            current_end[inst.node] = inst.end
-            if inst.end > p and inst.start < p:
-                alive_at_p.append(inst.node)
-    read_at_p = set(problem.inputs[sequence[p]])
-    scored: list[tuple[float, int, int]] = []
-    for u in alive_at_p:
-        if u in read_at_p or not problem.recomputable[u] or problem.mem[u] == 0:
-            continue
-        b = next((j for j in range(p + 1, len(sequence)) if u in problem.inputs[sequence[j]]), None)
-        if b is None:
-            continue  # alive only because it is an output: it must stay
-        stretched = sum(problem.mem[w] for w in problem.inputs[u] if current_end.get(w, -1) < p)
-        saving = problem.mem[u] - stretched
-        if saving <= 0:
-            continue
-        scored.append(((problem.cost[u] + 1) / saving, u, b))
-    scored.sort()
-    return [(u, b) for _, u, b in scored]
 
 
 # ==================================================================== schedules <-> intervals
@@ -491,7 +157,7 @@ def schedule_intervals(graph: Graph, schedule: Schedule) -> tuple[dict[int, list
     return intervals, slot + 1
 
 
-def intervals_to_schedule(problem: _Problem, intervals: dict[int, list[Interval]]) -> Schedule:
+def intervals_to_schedule(problem: SlotProblem, intervals: dict[int, list[Interval]]) -> Schedule:
     """Computes at interval starts in time order; a free after the slot where an interval ends.
 
     The final interval of a graph output is never freed (it must be resident at the end).
@@ -523,7 +189,7 @@ class _Model:
     choices: list[tuple[int, int, int, list[Any]]] = field(default_factory=list)  # (u, v, i, b_j)
 
 
-def _ancestor_counts(problem: _Problem) -> tuple[dict[int, int], dict[int, int]]:
+def _ancestor_counts(problem: SlotProblem) -> tuple[dict[int, int], dict[int, int]]:
     """Number of computed ancestors and descendants of each node (bitsets over positions)."""
     position = {v: k for k, v in enumerate(problem.order)}
     ancestors: dict[int, int] = {}
@@ -541,7 +207,7 @@ def _ancestor_counts(problem: _Problem) -> tuple[dict[int, int], dict[int, int]]
     return ({v: ancestors[v].bit_count() for v in problem.order}, {v: descendants[v].bit_count() for v in problem.order})
 
 
-def build_model(problem: _Problem, horizon: int, intervals_per_node: dict[int, int], keep_order: bool,
+def build_model(problem: SlotProblem, horizon: int, intervals_per_node: dict[int, int], keep_order: bool,
                 relax_memory: bool = False) -> _Model:
     """The Moccasin model (paper's s_vi, e_vi, p_vi) on ``horizon`` compute slots.
 
@@ -619,14 +285,14 @@ def build_model(problem: _Problem, horizon: int, intervals_per_node: dict[int, i
     else:
         # Random ops (computed once, not extra outputs) must still draw in the captured order, or
         # the replay would draw different numbers than eager PyTorch.
-        draws = _random_draws(problem.graph)
+        draws = ordered_draws(problem.graph)
         for a, b in itertools.pairwise([v for v in problem.order if v in draws]):
             model.Add(starts[a][0] < starts[b][0])
     model.Minimize(objective)
     return built
 
 
-def _add_precedences(problem: _Problem, built: _Model) -> None:
+def _add_precedences(problem: SlotProblem, built: _Model) -> None:
     """Each present interval of v starts strictly inside a present interval of each input u."""
     model = built.model
     for v in problem.order:
@@ -706,79 +372,6 @@ class _ProgressReporter(cp_model.CpSolverSolutionCallback):
             self.clock.report(None, bound, f"moccasin: {self.Value(self.overflow)} over the budget")
         else:
             self.clock.report(self.to_cost(self.ObjectiveValue()), bound, "moccasin")
-
-
-# ==================================================================== warm starts
-#: Checkmate's LP rounding (O(n^2) variables) is a warm start only on graphs up to this size.
-LP_WARM_START_MAX_NODES = 150
-
-
-def _candidate_warm_starts(graph: Graph, budget: int, hint: Any, lp_time_limit: float) -> list[tuple[str, Schedule]]:
-    """Schedules to start from: the caller's hint, Checkmate's LP rounding on small graphs, the
-    peak-shaving and eviction heuristics, the baselines."""
-    candidates: list[tuple[str, Schedule]] = []
-    for given in hint if isinstance(hint, list | tuple) else [hint]:
-        schedule = getattr(given, "schedule", given)
-        if isinstance(schedule, Schedule):
-            candidates.append((f"hint ({given.formulation})" if hasattr(given, "formulation") else "hint", schedule))
-    if len(graph.order) <= LP_WARM_START_MAX_NODES and lp_time_limit > 0:
-        from coop.formulations.checkmate import checkmate_lp
-
-        try:
-            rounded = checkmate_lp(graph, budget, time_limit=lp_time_limit, threads=1)
-        except CoopError:  # no LP solver: one warm start fewer
-            rounded = None
-        if rounded is not None and rounded.schedule is not None:
-            candidates.append(("checkmate-lp", rounded.schedule))
-    heuristics: list[tuple[str, Callable[[Graph, int], Schedule | None]]] = [
-        ("peak-shaving", peak_shaving_schedule), ("greedy-eviction", greedy_eviction_schedule)]
-    for name, heuristic in heuristics:
-        schedule = heuristic(graph, budget)
-        if schedule is not None:
-            candidates.append((name, schedule))
-    try:
-        from coop.formulations import baselines
-    except ImportError:  # the baselines module is optional for this formulation
-        baselines = None
-    if baselines is not None:
-        for name in ("store_all", "checkpoint_all", "chen_sqrt", "chen_greedy"):
-            function = getattr(baselines, name, None)
-            if function is None:
-                continue
-            try:
-                result = function(graph, budget)
-            except CoopError:  # a baseline that cannot meet the budget is one warm start fewer
-                continue
-            if result.schedule is not None:
-                candidates.append((name, result.schedule))
-    return candidates
-
-
-def best_warm_start(graph: Graph, budget: int, hint: Any = None,
-                    lp_time_limit: float = 10.0) -> tuple[str, Schedule, Simulation] | None:
-    """The cheapest candidate warm start whose simulated peak fits the budget and whose random
-    draws follow the baseline order (a replay must draw them in eager PyTorch's order)."""
-    best = None
-    draws = _random_draws(graph)
-    for name, schedule in _candidate_warm_starts(graph, budget, hint, lp_time_limit):
-        try:
-            sim = simulate(graph, schedule)
-        except ScheduleError:  # an illegal candidate (e.g. a caller's hint) is skipped
-            continue
-        firsts = [node for node in dict.fromkeys(s.node for s in schedule.steps if s.op == "compute") if node in draws]
-        if firsts != [v for v in graph.order if v in draws]:
-            continue
-        if sim.peak <= budget and (best is None or sim.cost < best[2].cost):
-            best = (name, schedule, sim)
-    return best
-
-
-def _random_draws(graph: Graph) -> set[int]:
-    """Random ops, whose first draws must keep their order: the graph's torch random draws (also when
-    they are recomputable by replay, :meth:`Graph.with_random_replay`) and, for graphs without op
-    names, the nodes computed once that are not extra outputs."""
-    once = {n.id for n in graph.nodes if not n.caller_owned and not n.recomputable and n.output_of is None}
-    return once | graph.random_draws
 
 
 # ==================================================================== entry point
@@ -869,7 +462,7 @@ def moccasin(
         sim = simulate(graph, schedule)
         return SolveResult(FORMULATION, "optimal", schedule, sim, sim.cost, graph.baseline_cost, clock.elapsed_s,
                            "the baseline order fits the budget", {"warm_start": "store_all"})
-    problem = _Problem.build(graph, budget)
+    problem = SlotProblem.build(graph, budget)
     lp_time = min(10.0, time_limit / 4) if lp_warm_start else 0.0
     warm = best_warm_start(graph, budget, hint, lp_time)
     incumbent = _Incumbent(*warm) if warm is not None else None
@@ -907,7 +500,7 @@ LOCAL_SEARCH_MIN_NODES = 200
 LOCAL_SEARCH_SMALL_STALL = 300
 
 
-def _locally_improved(incumbent: _Incumbent, problem: _Problem, seconds: float, seed: int,
+def _locally_improved(incumbent: _Incumbent, problem: SlotProblem, seconds: float, seed: int,
                       clock: ProgressClock, max_stall: int | None) -> _Incumbent:
     schedule = improve_by_local_search(problem.graph, problem.budget, incumbent.schedule, seconds, seed, max_stall)
     sim = simulate(problem.graph, schedule)
@@ -929,7 +522,7 @@ class _Settings:
     options: dict[str, Any]
 
 
-def _model_shape(problem: _Problem, incumbent: _Incumbent | None, settings: _Settings
+def _model_shape(problem: SlotProblem, incumbent: _Incumbent | None, settings: _Settings
                  ) -> tuple[dict[int, list[Interval]], dict[int, int], int, bool]:
     """The start intervals, intervals per node, horizon, and whether the model covers every
     schedule at least as good as the incumbent (every schedule at all when there is none)."""
@@ -954,7 +547,7 @@ def _model_shape(problem: _Problem, incumbent: _Incumbent | None, settings: _Set
     return intervals, least, slots + slack, False
 
 
-def _solve_round(problem: _Problem, incumbent: _Incumbent | None, settings: _Settings, clock: ProgressClock
+def _solve_round(problem: SlotProblem, incumbent: _Incumbent | None, settings: _Settings, clock: ProgressClock
                  ) -> tuple[_Round, _Incumbent | None]:
     """Build the model around the incumbent, hint it, solve for the remaining time."""
     graph = problem.graph
@@ -1008,7 +601,7 @@ def _solve_round(problem: _Problem, incumbent: _Incumbent | None, settings: _Set
     return round_, _Incumbent("cp-sat", schedule, sim)
 
 
-def _worth_another_round(problem: _Problem, incumbent: _Incumbent | None, last: _Round, settings: _Settings,
+def _worth_another_round(problem: SlotProblem, incumbent: _Incumbent | None, last: _Round, settings: _Settings,
                          clock: ProgressClock) -> bool:
     """Another solve helps when a relaxed model just found the first schedule that fits, or when
     a restricted model was solved to the end and a model that can prove the result is now small
@@ -1022,13 +615,13 @@ def _worth_another_round(problem: _Problem, incumbent: _Incumbent | None, last: 
     return _model_shape(problem, incumbent, settings)[3]
 
 
-def _proven(problem: _Problem, last: _Round) -> bool:
+def _proven(problem: SlotProblem, last: _Round) -> bool:
     """An optimal solve of a model covering every schedule at least as good, with exact costs."""
     return (last.status == "OPTIMAL" and last.covers and not last.relaxed and last.overflow == 0
             and problem.cost_scale == 1.0)
 
 
-def _result(problem: _Problem, incumbent: _Incumbent | None, warm: tuple[str, Schedule, Simulation] | None,
+def _result(problem: SlotProblem, incumbent: _Incumbent | None, warm: tuple[str, Schedule, Simulation] | None,
             rounds: list[_Round], clock: ProgressClock) -> SolveResult:
     budget, last = problem.budget, rounds[-1]
     extra: dict[str, Any] = {
@@ -1081,7 +674,7 @@ def _result(problem: _Problem, incumbent: _Incumbent | None, warm: tuple[str, Sc
                        message=f"CP-SAT found no schedule within the budget {budget} in {clock.elapsed_s:.0f} s{best}")
 
 
-def _first_computes_in_order(problem: _Problem, intervals: dict[int, list[Interval]]) -> bool:
+def _first_computes_in_order(problem: SlotProblem, intervals: dict[int, list[Interval]]) -> bool:
     """Whether the first computations of these intervals follow the baseline order."""
     firsts = [intervals[v][0][0] for v in problem.order]
     return all(a < b for a, b in itertools.pairwise(firsts))

@@ -45,8 +45,8 @@ from typing import Any, Literal
 
 from coop.budget import parse_budget
 from coop.graph import Graph
-from coop.runtime.arena import Arena, Block
-from coop.runtime.policies import EvictionPolicy, TensorInfo, make_policy
+from coop.online.arena import Arena, Block
+from coop.online.policies import EvictionPolicy, TensorInfo, make_policy
 from coop.schedule import Schedule, Step
 
 OnlineStatus = Literal["ok", "thrashed", "oom"]
@@ -319,7 +319,7 @@ class OnlineSimulator:
                 self.evictions += 1
 
     def _place(self, key: Hashable, size: int, placement: str, permanent: bool, record: bool) -> bool:
-        """One allocation attempt (``placement``: one of :data:`coop.runtime.arena.PLACEMENTS`);
+        """One allocation attempt (``placement``: one of :data:`coop.online.arena.PLACEMENTS`);
         never-evictable values go next to the other never-evictable blocks."""
         if permanent:
             start = self._permanent_address(size)

@@ -3,8 +3,8 @@
 Each policy sees an abstract view of the engine (:class:`EngineView`): tensors as opaque keys
 with a size, a compute cost, a last-access time on a logical clock (the sum of the costs of the
 operations executed so far) and an evictable flag; their lineage neighbours; and the
-address-ordered :class:`~coop.runtime.arena.Arena`. Nothing here knows the Graph, so the pure
-simulator (:mod:`coop.runtime.online_sim`) and a runtime engine that holds real tensors drive the
+address-ordered :class:`~coop.online.arena.Arena`. Nothing here knows the Graph, so the pure
+simulator (:mod:`coop.online.online_sim`) and a runtime engine that holds real tensors drive the
 same policy objects.
 
 Policies:
@@ -45,7 +45,7 @@ from typing import Protocol
 from sortedcontainers import SortedList
 
 from coop.errors import CoopError
-from coop.runtime.arena import Arena, Block
+from coop.online.arena import Arena, Block
 
 #: Staleness floor: a value touched at this very clock tick still gets a finite score.
 _MIN_STALENESS = 1e-9
@@ -110,7 +110,7 @@ class EvictionPolicy:
         return False
 
     def placement(self, size: int, cost: float) -> str:
-        """Where a new tensor goes: one of :data:`coop.runtime.arena.PLACEMENTS` (default: best fit,
+        """Where a new tensor goes: one of :data:`coop.online.arena.PLACEMENTS` (default: best fit,
         or the top of the highest hole when :meth:`from_end` says so)."""
         return "top" if self.from_end(size, cost) else "best"
 

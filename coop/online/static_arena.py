@@ -7,7 +7,7 @@ dynamic-storage-allocation view of Coop (Zhang et al., NeurIPS 2023, "Coop: Memo
 Commodity") applied to a static schedule, where every lifetime is known in advance:
 
 * :func:`best_fit_placement` replays the schedule's lifetimes (the simulator's ``instances``)
-  in schedule order over the :class:`~coop.runtime.arena.Arena` model: best fit, lowest address
+  in schedule order over the :class:`~coop.online.arena.Arena` model: best fit, lowest address
   on ties, free neighbours merged; caller-owned values take the lowest addresses first.
 * :func:`exact_placement` solves the offset assignment exactly with CP-SAT for small schedules:
   each instance is a rectangle (lifetime x address range), ``AddNoOverlap2D`` keeps rectangles
@@ -27,7 +27,7 @@ from typing import Literal
 
 from coop.errors import CoopError
 from coop.graph import Graph
-from coop.runtime.arena import Arena
+from coop.online.arena import Arena
 from coop.schedule import Schedule, simulate
 
 #: CP-SAT placement is attempted only up to this many blocks unless the caller asks for more.

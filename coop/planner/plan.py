@@ -24,10 +24,9 @@ from coop.formulations import BASELINES, SolveResult, solve, solve_accepting
 from coop.graph import Graph, format_bytes
 from coop.graph_capture import Captured, capture
 from coop.graph_capture.context import TrainingContext
-from coop.planner.hints import online_hint
+from coop.online.static_arena import best_fit_placement
 from coop.runtime.executor import Executor, GradientSync, replay_graph, unwrap_model, write_back
 from coop.runtime.fallback import DynamicPlan, batch_key, recapture
-from coop.runtime.static_arena import best_fit_placement
 from coop.schedule import Schedule, Simulation, Step, simulate, validate
 
 PLAN_FORMAT = "coop.plan/1"
@@ -231,7 +230,7 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
     fits, Checkmate's MILP on small graphs, Moccasin's CP-SAT on large ones). A formulation that
     returns no schedule within the budget falls back to the cheapest fitting baseline, and the
     plan's ``note`` (and ``summary()["note"]``) says so. With ``arena=True`` the budget is the size
-    of an address-ordered arena: every value gets a best-fit address (coop.runtime.static_arena),
+    of an address-ordered arena: every value gets a best-fit address (coop.online.static_arena),
     and the live-bytes budget is lowered by the fragmentation found until the arena peak fits.
     ``captured`` reuses an earlier :func:`coop.capture` of this model and batch (several budgets,
     one capture and one profile).
@@ -288,8 +287,7 @@ def _plan_within(model: nn.Module, captured: Captured, budget_bytes: int, *, for
     replays a recomputed dropout mask from its saved generator state, bit for bit.
     """
     graph = replay_graph(captured)
-    hint = online_hint(graph, budget_bytes) if _accepts_hint(formulation) else None
-    result = solve_accepting(graph, budget_bytes, formulation, time_limit=time_limit, captured=captured, hint=hint)
+    result = solve_accepting(graph, budget_bytes, formulation, time_limit=time_limit, captured=captured)
     if result.schedule is not None and validate(graph, result.schedule, budget_bytes).ok:
         return Plan(model, captured, result.schedule, budget_bytes, result.formulation, result, note=result.message,
                     loss_fn=loss_fn, wrapper=wrapper)
@@ -297,14 +295,6 @@ def _plan_within(model: nn.Module, captured: Captured, budget_bytes: int, *, for
     note = f"{formulation} found no schedule within the budget ({result.status}: {result.message}); fell back to {name}"
     return Plan(model, captured, fallback.schedule, budget_bytes, name, fallback, note=note, loss_fn=loss_fn,
                 wrapper=wrapper)
-
-
-def _accepts_hint(formulation: str) -> bool:
-    import inspect
-
-    from coop.formulations import get_formulation
-
-    return "hint" in inspect.signature(get_formulation(formulation)).parameters
 
 
 def _best_baseline(graph: Graph, budget: int, failed: str | None = None) -> tuple[SolveResult, str]:

@@ -2,7 +2,7 @@
 
 When no static plan fits the situation, :class:`DynamicStep` executes the captured joint fx graph
 op by op with the *same* engine and policy objects as the pure simulator
-(:class:`coop.runtime.online_sim.OnlineSimulator`, policies DTR / DTR-eq / DTE / Coop): it is an
+(:class:`coop.online.online_sim.OnlineSimulator`, policies DTR / DTR-eq / DTE / Coop): it is an
 EngineView whose values are real tensors. Sizes are the Graph's ``mem`` (the capture measured
 them from the storages of these very ops), costs the Graph's ``cost``. When an allocation does
 not fit the arena, the policy picks victims and their tensors are deleted; a value needed again is
@@ -37,9 +37,9 @@ from coop.budget import min_budget, parse_budget
 from coop.errors import BudgetError, ContextError, InfeasibleError
 from coop.graph import format_bytes
 from coop.graph_capture.context import TrainingContext
+from coop.online.online_sim import OnlineSimulator, _OutOfMemory, _Thrashing
+from coop.online.policies import EvictionPolicy, make_policy
 from coop.runtime.executor import GradientSync, recorded_program, write_back
-from coop.runtime.online_sim import OnlineSimulator, _OutOfMemory, _Thrashing
-from coop.runtime.policies import EvictionPolicy, make_policy
 from coop.runtime.rng import RngState
 
 

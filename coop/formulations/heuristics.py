@@ -1,0 +1,302 @@
+"""Fast schedules under a budget without a solver: warm starts for the exact formulations.
+
+* :func:`greedy_eviction_schedule`: offline eviction over the baseline order, in the spirit of DTR
+  (Kirisame, Lyubomirsky, Haan, Brennan, He, Roesch, Chen, Tatlock: "Dynamic Tensor
+  Rematerialization", ICLR 2021) but with exact next-use distances;
+* :func:`peak_shaving_schedule`: recompute the value that lowers the peak step most per unit cost
+  until the baseline order fits;
+* :func:`improve_by_local_search`: destroy-and-repair over compute sequences (Shaw 1998; Pisinger
+  and Ropke 2010).
+
+Every candidate is judged by the one simulator, :func:`coop.schedule.simulate`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+import time
+
+from coop.formulations.slot_problem import SlotProblem
+from coop.graph import Graph
+from coop.schedule import Schedule, Simulation, Step, simulate
+
+
+# ==================================================================== eviction heuristic
+def greedy_eviction_schedule(graph: Graph, budget: int) -> Schedule | None:
+    """A fast schedule under ``budget``, or None when the heuristic gets stuck.
+
+    Walks the baseline order; before each compute it makes room by freeing the resident value
+    with the smallest ``recompute cost / (bytes x distance to next use)`` that the pending
+    computations do not need, and recomputes freed inputs on demand (recursively). In the spirit
+    of DTR (Kirisame et al. 2021), but offline with exact next-use distances of the baseline order.
+    """
+    problem = SlotProblem.build(graph, budget)
+    return _GreedyEvictor(problem).run()
+
+
+class _Stuck(Exception):
+    """The heuristic found no value it may free to make room."""
+
+
+#: The eviction heuristic gives up after this many computes per node (it is thrashing).
+COMPUTE_LIMIT_FACTOR = 20
+
+
+class _GreedyEvictor:
+    def __init__(self, problem: SlotProblem) -> None:
+        self.p = problem
+        self.position = {v: k for k, v in enumerate(problem.order)}
+        self.uses = {v: sorted(self.position[c] for c in problem.consumers[v]) for v in problem.order}
+        self.resident: set[int] = set()
+        self.used = 0
+        self.steps: list[Step] = []
+        self.now = 0
+        self.computes = 0
+        self.compute_limit = COMPUTE_LIMIT_FACTOR * len(problem.order) + 100  # stops thrashing: it gives up
+        # A value that is never recomputed stays until no rebuild can read it any more.
+        kept = {v for v in problem.order if not problem.recomputable[v]}
+        self.release_after = problem.graph.release_positions(problem.order, kept)
+
+    def run(self) -> Schedule | None:
+        try:
+            for k, v in enumerate(self.p.order):
+                self.now = k
+                self.compute(v, pinned=set())
+                self.drop_dead_values()
+        except _Stuck:
+            return None
+        return Schedule(steps=tuple(self.steps))
+
+    def next_use(self, u: int) -> float:
+        uses = self.uses[u]
+        i = bisect.bisect_left(uses, self.now)
+        return uses[i] if i < len(uses) else math.inf
+
+    def drop_dead_values(self) -> None:
+        """Values with no later reader in the baseline order (and not outputs) are released; a
+        value that is never recomputed only once no later rebuild can need it either."""
+        for u in [u for u in self.resident if u not in self.p.outputs and self.next_use(u) == math.inf
+                  and self.release_after.get(u, -1) <= self.now]:
+            self.resident.discard(u)
+            self.used -= self.p.mem[u]
+            self.steps.append(Step(op="free", node=u))
+
+    def compute(self, v: int, pinned: set[int]) -> None:
+        """Compute v, first rebuilding its missing inputs.
+
+        The rebuild set is the closure of v's missing inputs over their missing ancestors, computed
+        in baseline (topological) order; while it runs, every resident input of a pending compute
+        is held, so nothing the rebuild relies on is freed under it.
+        """
+        rebuild = self.missing_ancestors(v)
+        pending = [*rebuild, v]
+        for index, x in enumerate(pending):
+            hold = set(pinned)
+            for y in pending[index:]:
+                hold.update(self.p.inputs[y])
+            self.make_room(self.p.mem[x] + self.p.workspace[x], hold)
+            self.steps.append(Step(op="compute", node=x))
+            self.resident.add(x)
+            self.used += self.p.mem[x]
+            self.computes += 1
+        if self.computes > self.compute_limit:
+            raise _Stuck
+
+    def missing_ancestors(self, v: int) -> list[int]:
+        """The non-resident values v needs rebuilt (transitively), in baseline order."""
+        needed: set[int] = set()
+        stack = [u for u in self.p.inputs[v] if u not in self.resident]
+        while stack:
+            u = stack.pop()
+            if u in needed:
+                continue
+            if not self.p.recomputable[u]:
+                raise _Stuck
+            needed.add(u)
+            stack.extend(w for w in self.p.inputs[u] if w not in self.resident and w not in needed)
+        return sorted(needed, key=self.position.__getitem__)
+
+    def make_room(self, need: int, hold: set[int]) -> None:
+        while self.used + need > self.p.capacity:
+            victim = self.cheapest_victim(hold)
+            if victim is None:
+                raise _Stuck
+            self.resident.discard(victim)
+            self.used -= self.p.mem[victim]
+            self.steps.append(Step(op="free", node=victim))
+
+    def cheapest_victim(self, hold: set[int]) -> int | None:
+        best, best_score = None, math.inf
+        rebuild: dict[int, int] = {}
+        for u in self.resident:
+            if u in hold or u in self.p.outputs or not self.p.recomputable[u] or self.p.mem[u] == 0:
+                continue
+            distance = self.next_use(u) - self.now + 1
+            score = (self.rebuild_cost(u, rebuild) + 1) / (self.p.mem[u] * distance)
+            if score < best_score:
+                best, best_score = u, score
+        return best
+
+    def rebuild_cost(self, u: int, memo: dict[int, int]) -> int:
+        """Cost of recomputing u from what is resident now: u plus its missing ancestors (DTR's e*)."""
+        if u in memo:
+            return memo[u]
+        total, stack, seen = 0, [u], {u}
+        while stack:
+            w = stack.pop()
+            total += self.p.cost[w]
+            for x in self.p.inputs[w]:
+                if x not in self.resident and x not in seen:
+                    seen.add(x)
+                    stack.append(x)
+        memo[u] = total
+        return total
+
+
+# ==================================================================== peak shaving
+def peak_shaving_schedule(graph: Graph, budget: int, max_rounds: int | None = None) -> Schedule | None:
+    """A schedule under ``budget`` made by repeatedly shaving the peak of the baseline order.
+
+    Starts from store-all (a sequence of computes, lifetimes from the simulator). While the peak
+    step p is over budget, it picks the value u resident across p but not read there whose
+    recomputation just before its next read b saves the most memory at p per unit of cost
+    (saving = mem_u minus the inputs of u whose lifetimes must now stretch over p to reach b),
+    and inserts ``compute u`` before b. Returns None when no such value is left.
+    """
+    problem = SlotProblem.build(graph, budget)
+    sequence = _shave(problem, list(problem.order), max_rounds)
+    return None if sequence is None else Schedule.from_order(sequence)
+
+
+def _shave(problem: SlotProblem, sequence: list[int], max_rounds: int | None = None,
+           rng: random.Random | None = None) -> list[int] | None:
+    """Shave the peak of a compute sequence until it fits (see :func:`peak_shaving_schedule`).
+
+    With ``rng`` the candidate moves are tried in a randomly perturbed order (for the local
+    search's repairs); returns the new sequence, or None when no move lowers the overflow.
+    """
+    graph, budget = problem.graph, problem.budget
+    rounds = max_rounds if max_rounds is not None else 4 * len(sequence) + 10
+    sim = simulate(graph, Schedule.from_order(sequence))
+    for _ in range(rounds):
+        if sim.peak <= budget:
+            return sequence
+        excess = _excess(sim, budget)
+        candidates = _shave_candidates(problem, sequence, sim)[:_SHAVE_TRIALS]
+        if rng is not None and len(candidates) > 1 and rng.random() < 0.5:
+            # Swap the best move with a random runner-up now and then: diversity for the repairs.
+            k = rng.randrange(1, len(candidates))
+            candidates[0], candidates[k] = candidates[k], candidates[0]
+        for node, before in candidates:
+            trial = sequence[:before] + [node] + sequence[before:]
+            trial_sim = simulate(graph, Schedule.from_order(trial))
+            # Accept only progress on the total overflow, so the peak cannot just move around.
+            if _excess(trial_sim, budget) < excess:
+                sequence, sim = trial, trial_sim
+                break
+        else:
+            return None
+    return None
+
+
+def improve_by_local_search(graph: Graph, budget: int, schedule: Schedule, time_limit: float,
+                            seed: int = 0, max_stall: int | None = None) -> Schedule:
+    """A schedule at most as costly as ``schedule`` under ``budget``, by destroy-and-repair.
+
+    A large-neighbourhood search over compute sequences (Shaw 1998; Pisinger and Ropke 2010):
+    first drop every recomputation the budget does not need, then repeatedly remove one to three
+    recomputations that lie close together in the sequence, repair the overflow with randomised
+    peak shaving, drop what the repair made redundant, and keep the result when it is cheaper.
+    Every candidate is judged by the one simulator; first computations keep their order. Stops
+    at ``time_limit`` seconds, or after ``max_stall`` repairs in a row found nothing cheaper.
+    """
+    problem = SlotProblem.build(graph, budget)
+    rng = random.Random(seed)
+    deadline = time.perf_counter() + time_limit
+    sequence = [step.node for step in schedule.steps if step.op == "compute"]
+    if simulate(graph, Schedule.from_order(sequence)).peak > budget:
+        return schedule  # explicit frees were needed to fit: leave it alone
+    sequence = _drop_redundant(problem, sequence, deadline)
+    cost = _sequence_cost(problem, sequence)
+    stalled = 0
+    while time.perf_counter() < deadline and (max_stall is None or stalled < max_stall):
+        stalled += 1
+        recomputed = _recompute_positions(sequence)
+        if not recomputed:
+            break
+        centre = rng.choice(recomputed)
+        near = sorted(recomputed, key=lambda j: abs(j - centre))[: rng.randint(1, 3)]
+        trial = [v for j, v in enumerate(sequence) if j not in set(near)]
+        repaired = _shave(problem, trial, max_rounds=4 * len(near) + 8, rng=rng)
+        if repaired is None:
+            continue
+        repaired = _drop_redundant(problem, repaired, deadline)
+        repaired_cost = _sequence_cost(problem, repaired)
+        if repaired_cost < cost:
+            sequence, cost, stalled = repaired, repaired_cost, 0
+    candidate = Schedule.from_order(sequence)
+    return candidate if simulate(graph, candidate).cost <= simulate(graph, schedule).cost else schedule
+
+
+def _recompute_positions(sequence: list[int]) -> list[int]:
+    seen: set[int] = set()
+    positions = []
+    for j, v in enumerate(sequence):
+        if v in seen:
+            positions.append(j)
+        seen.add(v)
+    return positions
+
+
+def _sequence_cost(problem: SlotProblem, sequence: list[int]) -> float:
+    return sum(problem.graph.node(v).cost for v in sequence)
+
+
+def _drop_redundant(problem: SlotProblem, sequence: list[int], deadline: float) -> list[int]:
+    """Remove recomputations one at a time, costliest first, while the sequence still fits."""
+    for j in sorted(_recompute_positions(sequence), key=lambda j: -problem.graph.node(sequence[j]).cost):
+        if time.perf_counter() >= deadline:
+            break
+        trial = sequence[:j] + [None] + sequence[j + 1:]  # keep positions stable while we scan
+        compact = [v for v in trial if v is not None]
+        if simulate(problem.graph, Schedule.from_order(compact)).peak <= problem.budget:
+            sequence = trial
+    return [v for v in sequence if v is not None]
+
+
+#: How many of the best-scored shaving moves are simulated before giving up on a round.
+_SHAVE_TRIALS = 8
+
+
+def _excess(sim: Simulation, budget: int) -> int:
+    """Total memory over budget summed over all steps."""
+    return sum(m - budget for m in sim.memory if m > budget)
+
+
+def _shave_candidates(problem: SlotProblem, sequence: list[int], sim: Simulation) -> list[tuple[int, int]]:
+    """Moves (recompute u before step b) that lower the peak step's memory, best ratio first."""
+    p = sim.peak_step
+    current_end: dict[int, int] = {}  # node -> end of its instance current at step p
+    alive_at_p: list[int] = []
+    for inst in sim.instances:
+        if inst.start <= p:
+            current_end[inst.node] = inst.end
+            if inst.end > p and inst.start < p:
+                alive_at_p.append(inst.node)
+    read_at_p = set(problem.inputs[sequence[p]])
+    scored: list[tuple[float, int, int]] = []
+    for u in alive_at_p:
+        if u in read_at_p or not problem.recomputable[u] or problem.mem[u] == 0:
+            continue
+        b = next((j for j in range(p + 1, len(sequence)) if u in problem.inputs[sequence[j]]), None)
+        if b is None:
+            continue  # alive only because it is an output: it must stay
+        stretched = sum(problem.mem[w] for w in problem.inputs[u] if current_end.get(w, -1) < p)
+        saving = problem.mem[u] - stretched
+        if saving <= 0:
+            continue
+        scored.append(((problem.cost[u] + 1) / saving, u, b))
+    scored.sort()
+    return [(u, b) for _, u, b in scored]
