@@ -57,7 +57,7 @@ for _folder in (REPO, REPO / "benchmarks", REPO / "tests"):
 from coop.budget import baseline_peak, min_budget
 from coop.errors import CoopError
 from coop.graph import CALLER_OWNED_KINDS, Graph
-from coop.schedule import PagingCosts, Schedule, Step, schedule_to_json, simulate, validate
+from coop.schedule import PagingCosts, Schedule, Step, prompt_order, schedule_to_json, simulate, validate
 
 #: Formulations that stop at a time limit: run on a seeded subset of the graphs (``exact_fraction``).
 EXACT = ("checkmate", "checkmate-lp", "moccasin", "auto")
@@ -208,7 +208,7 @@ def _training_nodes(rng: random.Random, forward_count: int) -> dict[int, dict[st
     for i in range(forward_count):
         previous = forward[-1] if forward else batch
         if forward and rng.random() < 0.15:  # dropout: random, its mask an extra output
-            op = add(f"dropout{i}", "forward", [previous], rng.choice(RANDOM_OPS), recomputable=False)
+            op = add(f"dropout{i}", "forward", [previous], rng.choice(RANDOM_OPS), recomputable=False, random=True)
             saved_extra[op] = _extra_output(add, nodes, op, f"mask{i}")
             forward.append(op)
             continue
@@ -273,7 +273,7 @@ def _decorate(rng: random.Random, nodes: dict[int, dict[str, Any]], integer: boo
         return
     for v in rng.sample(computed, min(len(computed), rng.randint(0, 2))):
         if "impls" not in nodes[v]:
-            nodes[v].update(op=rng.choice(RANDOM_OPS), recomputable=False)
+            nodes[v].update(op=rng.choice(RANDOM_OPS), recomputable=False, random=True)
     next_id = max(nodes) + 1
     for v in rng.sample(computed, min(len(computed), rng.randint(0, 2))):
         readers = [r for r, n in nodes.items() if v in n["inputs"]]
@@ -646,11 +646,11 @@ def first_computes_follow_order(graph: Graph, schedule: Schedule) -> bool:
 
 
 def in_checkmate_space(graph: Graph, schedule: Schedule) -> bool:
-    """Whether the schedule lies in Checkmate's space: frontier-advancing over ``graph.prompt_order`` (stage t
+    """Whether the schedule lies in Checkmate's space: frontier-advancing over ``prompt_order(graph)`` (stage t
     recomputes earlier nodes, each at most once and in order, then computes node t for the first time, so
     nothing is computed after the last node's first computation), where the stage of an extra output holds
     nothing else and its op is still resident (coop.formulations.checkmate takes extra outputs promptly)."""
-    position = {v: p for p, v in enumerate(graph.prompt_order)}
+    position = {v: p for p, v in enumerate(prompt_order(graph))}
     frontier, last = -1, -1
     freed_since_frontier: set[int] = set()
     for step in schedule.steps:

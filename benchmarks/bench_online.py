@@ -211,7 +211,7 @@ def run_fallback(steps: int = 3, fraction: float = 0.5) -> list[dict[str, Any]]:
     import torch
 
     from coop.graph_capture import capture
-    from coop.runtime.fallback import DynamicPlan
+    from coop.planner import DynamicPlan
     from coop.runtime.meter import MemoryMeter
     from coop.zoo import build
 

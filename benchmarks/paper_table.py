@@ -25,6 +25,7 @@ from typing import Any
 from coop.budget import baseline_peak
 from coop.formulations.moccasin import moccasin
 from coop.graph import load_graph
+from coop.schedule import relative_overhead
 
 GRAPHS_DIR = Path(__file__).resolve().parents[2] / "shared" / "graphs" / "moccasin"
 
@@ -79,7 +80,7 @@ def run(time_limit: float = 60.0, threads: int = 2, graphs_dir: Path = GRAPHS_DI
 
 def _warm_tdi(result: Any, baseline_cost: float) -> float | None:
     cost = result.extra.get("warm_start_cost")
-    return None if cost is None else 100 * (cost - baseline_cost) / baseline_cost
+    return None if cost is None else 100 * relative_overhead(cost - baseline_cost, baseline_cost)
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:

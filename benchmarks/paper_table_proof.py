@@ -36,6 +36,7 @@ from coop.budget import baseline_peak
 from coop.formulations.checkmate import checkmate
 from coop.formulations.moccasin import moccasin
 from coop.graph import Graph, load_graph
+from coop.schedule import relative_overhead
 
 #: Seconds for each proof (HiGHS' presolve alone takes about 5 minutes on ResNet50).
 PROOF_TIME_LIMIT = 1800.0
@@ -84,8 +85,8 @@ def run(proof_time_limit: float = PROOF_TIME_LIMIT, threads: int = 2, graphs_dir
             "published_interval": f"[{max(0.0, published - 0.05):.2f}, {published + 0.05:.2f})",
             "proof_status": proof.status,
             "cheaper_TDI": None if proof.simulation is None else 100 * proof.simulation.overhead,
-            "bound_TDI": None if proof.bound is None else 100 * (proof.bound - graph.baseline_cost)
-            / graph.baseline_cost,
+            "bound_TDI": None if proof.bound is None else 100 * relative_overhead(proof.bound - graph.baseline_cost,
+                                                                                   graph.baseline_cost),
             "proof_wall_s": proof_wall,
             "verdict": verdict,
         })

@@ -1,7 +1,8 @@
 """coop: plan and replay memory-bounded PyTorch training steps.
 
 The public API: :func:`load_graph`, :class:`Graph`, :class:`Schedule`, :func:`simulate`,
-:func:`validate`, :func:`parse_budget`, :func:`min_budget`, :func:`capture`, :func:`plan`, and
+:func:`validate`, :func:`parse_budget`, :func:`min_budget`, :func:`capture`, :func:`plan` (which
+returns a :class:`Plan` or a :class:`DynamicPlan`, both with the face of :class:`BasePlan`), and
 :class:`ContextError` (plan.step in a training context its plan cannot serve).
 """
 
@@ -46,7 +47,7 @@ def __getattr__(name: str):  # lazy: importing coop must not import torch
         from coop.graph_capture import capture
 
         return capture
-    if name in ("plan", "Plan", "load_plan"):
+    if name in ("plan", "Plan", "DynamicPlan", "BasePlan", "load_plan"):
         from coop import planner
 
         return getattr(planner, name)

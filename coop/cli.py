@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import importlib
-import importlib.util
 import inspect
 import json
 import math
@@ -469,16 +467,15 @@ def capture(
         raise CoopError("coop capture needs -o GRAPH.json: where to write the graph")
     if (target is None) == (model is None):
         raise CoopError("coop capture needs exactly one model: --model NAME (the zoo) or FILE.py:FACTORY")
+    from coop.graph_capture import capture as capture_step
+    from coop.zoo import model_from_factory, model_from_zoo
+
     if target is not None:
-        module, example_batch, loss_fn = _from_factory(target)
+        module, example_batch, loss_fn = model_from_factory(target)
     else:
         given = {"layers": layers, "hidden": hidden, "batch": batch, "seq": seq, "image": image}
         size = {k: v for k, v in given.items() if v is not None}
-        module, example_batch, loss_fn = _from_zoo(str(model), size)
-    try:
-        from coop.graph_capture import capture as capture_step
-    except ImportError as exc:
-        raise CoopError(f"graph capture is not available in this install ({exc}); reinstall coop") from None
+        module, example_batch, loss_fn = model_from_zoo(str(model), size)
     result = capture_step(module, example_batch, loss_fn=loss_fn, profile=profile)
     graph: Graph = result.graph
     output.parent.mkdir(parents=True, exist_ok=True)
@@ -491,55 +488,6 @@ def capture(
         _print_info(graph, facts)
 
 
-def _from_zoo(name: str, size: dict[str, int]) -> tuple[Any, Any, Any]:
-    try:
-        zoo = importlib.import_module("coop.zoo")
-    except ImportError as exc:
-        raise CoopError(f"the model zoo is not available in this install ({exc}); use FILE.py:FACTORY") from None
-    if name not in zoo.ZOO_NAMES:
-        raise CoopError(f"unknown zoo model {name!r}: choose one of {', '.join(zoo.ZOO_NAMES)}")
-    return _unpack_factory_result(zoo.build(name, **size), f"zoo model {name!r}")
-
-
-def _from_factory(target: str) -> tuple[Any, Any, Any]:
-    """Import FILE.py and call FACTORY() from it."""
-    file_name, sep, factory_name = target.rpartition(":")
-    if not sep or not file_name or not factory_name:
-        raise CoopError(f"model {target!r} is not FILE.py:FACTORY (for example models.py:make_model)")
-    path = Path(file_name)
-    if not path.is_file():
-        raise CoopError(f"model file {path} does not exist")
-    spec = importlib.util.spec_from_file_location(f"coop_user_model_{path.stem}", path)
-    if spec is None or spec.loader is None:
-        raise CoopError(f"cannot import {path}: is it a Python file?")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses in the file look their module up there
-    sys.path.insert(0, str(path.resolve().parent))  # so the file can import its neighbours
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:  # noqa: BLE001 - user code: report it in one line
-        raise CoopError(f"importing {path} failed: {type(exc).__name__}: {exc}") from None
-    finally:
-        sys.path.pop(0)
-    factory = getattr(module, factory_name, None)
-    if not callable(factory):
-        raise CoopError(f"{path} has no function {factory_name!r}")
-    try:
-        produced = factory()
-    except Exception as exc:  # noqa: BLE001 - user code: report it in one line
-        raise CoopError(f"{target}() failed: {type(exc).__name__}: {exc}") from None
-    return _unpack_factory_result(produced, f"{target}()")
-
-
-def _unpack_factory_result(produced: Any, origin: str) -> tuple[Any, Any, Any]:
-    if not isinstance(produced, tuple) or len(produced) not in (2, 3):
-        raise CoopError(f"{origin} must return (model, batch) or (model, batch, loss_fn)")
-    module, example_batch, *rest = produced
-    return module, example_batch, (rest[0] if rest else None)
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
 
 
 # ============================================================================ simulate / compare
@@ -607,8 +555,9 @@ def compare_command(
         graph = load_graph(graph_path)
     else:
         from coop.graph_capture import capture as capture_step
+        from coop.zoo import model_from_zoo
 
-        module, example_batch, loss_fn = _from_zoo(str(model), {})
+        module, example_batch, loss_fn = model_from_zoo(str(model), {})
         graph = capture_step(module, example_batch, loss_fn=loss_fn).graph
     names = [b.strip() for b in budgets.split(",") if b.strip()]
     if not names:
@@ -633,3 +582,7 @@ def compare_command(
 
 def _split(value: str | None) -> list[str] | None:
     return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
+
+
+if __name__ == "__main__":  # pragma: no cover  (after every command is registered)
+    sys.exit(main())

@@ -13,7 +13,6 @@ node and the problem.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import heapq
 import json
@@ -26,9 +25,12 @@ import networkx as nx
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from coop.errors import CoopError, GraphError
+from coop.graph_v1 import upgrade_v1
 
 GRAPH_FORMAT = "coop.graph"
-GRAPH_VERSION = 1
+#: Version 2 added ``Node.random`` (set by the capture); version-1 files are upgraded on reading
+#: (:mod:`coop.graph_v1`).
+GRAPH_VERSION = 2
 
 NodeKind = Literal["input", "param", "buffer", "forward", "backward", "other"]
 #: Values owned by the caller: resident for the whole step, never computed nor freed by a schedule.
@@ -90,6 +92,10 @@ class Node(BaseModel):
     workspace: Bytes = 0
     kind: NodeKind = "forward"
     recomputable: Flag = True
+    #: A seeded random op (dropout, bernoulli, rand*): it draws from a torch generator, so its first
+    #: computes keep the baseline order and a recomputation must replay the saved generator state.
+    #: The capture sets it from the traced op (``Tag.nondeterministic_seeded``).
+    random: Flag = False
     impls: tuple[Impl, ...] = ()
     #: For an extra output of a multi-output op (batch norm's saved mean, a pooling's indices,
     #: a convolution backward's weight gradient): the id of the op node whose call produces it.
@@ -101,32 +107,6 @@ class Node(BaseModel):
     def caller_owned(self) -> bool:
         """Inputs, parameters and buffers: resident for the whole step, owned by the caller."""
         return self.kind in CALLER_OWNED_KINDS
-
-
-def is_seeded_random_op(op: str) -> bool:
-    """Whether ``op`` ("namespace.name.overload") is a torch op that draws from a generator.
-
-    That is the ``Tag.nondeterministic_seeded`` tag: aten's dropout/bernoulli/rand* and coop's own
-    ``coop.bernoulli_mask`` (:mod:`coop.graph_capture.random_ops`). Free-text ops of imported
-    graphs are not torch ops: False (and torch is not imported for them).
-    """
-    return _seeded_random(op)
-
-
-@functools.cache
-def _seeded_random(op: str) -> bool:
-    parts = op.split(".")
-    if len(parts) != 3 or not all(parts):
-        return False
-    import torch  # only names shaped like torch ops get here
-
-    if parts[0] == "coop":
-        import coop.graph_capture.random_ops  # noqa: F401  (registers torch.ops.coop.*)
-    try:
-        overload = getattr(getattr(getattr(torch.ops, parts[0]), parts[1]), parts[2])
-    except (AttributeError, RuntimeError):
-        return False
-    return torch.Tag.nondeterministic_seeded in getattr(overload, "tags", ())
 
 
 class Graph(BaseModel):
@@ -152,6 +132,8 @@ class Graph(BaseModel):
     @classmethod
     def _one_line_errors(cls, data: Any, handler: Any) -> Graph:
         """Turn pydantic's multi-line field errors into one line that names the node."""
+        if isinstance(data, dict) and type(data.get("version")) is int and data["version"] == 1:
+            data = upgrade_v1(data, GRAPH_VERSION)
         try:
             return handler(data)
         except ValidationError as exc:
@@ -160,7 +142,7 @@ class Graph(BaseModel):
     @model_validator(mode="after")
     def _check_structure(self) -> Graph:
         if self.version != GRAPH_VERSION:
-            raise GraphError(f"graph version {self.version} is not supported (this coop reads {GRAPH_VERSION})")
+            raise GraphError(f"graph version {self.version} is not supported (this coop reads 1 and {GRAPH_VERSION})")
         if not self.nodes:
             raise GraphError(f"graph {self.name!r} is empty: it needs at least one node")
         seen: set[int] = set()
@@ -296,22 +278,6 @@ class Graph(BaseModel):
                 result.setdefault(node.output_of, []).append(node.id)
         return {k: tuple(v) for k, v in result.items()}
 
-    @cached_property
-    def prompt_order(self) -> tuple[int, ...]:
-        """``order`` with each extra output moved right after its op: the same memory (contract 2
-        counts an extra output from its op's first compute), and no step between that undercounts."""
-        extras = self.extra_outputs
-        if not extras:
-            return self.order
-        moved = {e for group in extras.values() for e in group}
-        result: list[int] = []
-        for node_id in self.order:
-            if node_id in moved:
-                continue
-            result.append(node_id)
-            result.extend(extras.get(node_id, ()))
-        return tuple(result)
-
     def release_positions(self, order: tuple[int, ...] | list[int], kept: set[int]) -> dict[int, int]:
         """For each ``kept`` value (never recomputed, e.g. a random op's output), the position in
         ``order`` after which no recomputation can read it.
@@ -349,13 +315,13 @@ class Graph(BaseModel):
 
     @cached_property
     def random_draws(self) -> frozenset[int]:
-        """Computed nodes whose op draws from a torch generator (:func:`is_seeded_random_op`).
+        """Computed nodes marked ``random``: their op draws from a torch generator.
 
         Their first computes must keep the order of ``order`` (one generator, drawn in eager
         PyTorch's order); a replay that restores the generator state saved before a draw repeats
         it exactly (:meth:`with_random_replay`). Imported graphs (free-text ops) have none.
         """
-        return frozenset(n.id for n in self.nodes if not n.caller_owned and is_seeded_random_op(n.op))
+        return frozenset(n.id for n in self.nodes if not n.caller_owned and n.random)
 
     def with_random_replay(self) -> Graph:
         """This graph with its random draws marked recomputable: the graph a replaying engine plans on.
@@ -409,16 +375,22 @@ class Graph(BaseModel):
 
     @cached_property
     def sha256(self) -> str:
-        """Digest of everything a schedule depends on: nodes (costs included), outputs, order."""
-        return _digest({"nodes": self.to_dict()["nodes"], "outputs": list(self.outputs), "order": list(self.order)})
+        """Digest of everything a schedule depends on: nodes (costs included), outputs, order.
+
+        ``random`` is left out: the simulator does not read it, and a captured node's flag follows
+        from its op, so graphs (and the schedules and plans that name them) keep the digest they
+        had in version 1.
+        """
+        return _digest({"nodes": self._digest_nodes(()), "outputs": list(self.outputs), "order": list(self.order)})
 
     @cached_property
     def structure_sha256(self) -> str:
         """Digest without costs: the same model and batch shapes give the same digest."""
-        nodes = [
-            {k: v for k, v in n.items() if k not in ("cost", "impls")} for n in self.to_dict()["nodes"]
-        ]
-        return _digest({"nodes": nodes, "outputs": list(self.outputs), "order": list(self.order)})
+        return _digest({"nodes": self._digest_nodes(("cost", "impls")), "outputs": list(self.outputs),
+                        "order": list(self.order)})
+
+    def _digest_nodes(self, left_out: tuple[str, ...]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in n.items() if k not in ("random", *left_out)} for n in self.to_dict()["nodes"]]
 
     # ---------------------------------------------------------------- networkx
     def to_networkx(self) -> nx.DiGraph:
@@ -712,13 +684,14 @@ _FIELD_RULES: dict[str, str] = {
     "cost": f"a finite number from 0 to {MAX_COST:g}",
     "kind": "one of " + ", ".join(NodeKind.__args__),
     "recomputable": "true or false",
+    "random": "true or false",
     "impls": "a list of {name, cost, mem, workspace} objects",
     "output_of": "the id of the node whose op produces this extra output",
     "outputs": "a list of node ids",
     "order": "a list of node ids",
     "nodes": "a non-empty list of node objects",
     "meta": "a JSON object",
-    "version": f"the integer {GRAPH_VERSION}",
+    "version": f"the integer 1 or {GRAPH_VERSION}",
     "format": repr(GRAPH_FORMAT),
 }
 

@@ -77,21 +77,44 @@ class Schedule(BaseModel):
         return "\n".join(f"{i:5d}: {s}" for i, s in enumerate(self.steps))
 
 
+#: Inclusive step ranges (first, last) during which a value is on the device.
+Intervals = tuple[tuple[int, int], ...]
+
+
 @dataclass(frozen=True)
 class Instance:
     """One resident copy of a value of ``mem`` bytes, alive from ``start`` through ``end``
-    (inclusive): from its compute, or for an extra output from right after its op's first compute."""
+    (inclusive): from its compute, or for an extra output from right after its op's first compute.
+
+    ``device`` is where it counts against the budget: ``[start, end]`` less the steps it spends
+    paged out to the host, one interval per stay on the device (empty if it never is).
+    """
 
     node: int
     start: int
     end: int
     mem: int = 0
     computed_at: int = -1  # the step that computes (takes) it; ``start`` for all but extra outputs
+    device: Intervals = ()
+
+
+def relative_overhead(extra_cost: float, baseline_cost: float) -> float:
+    """Extra compute as a fraction of the baseline cost (Moccasin's TDI): 0.05 is 5 % more work.
+
+    The one overhead formula: the simulator, the online engines and the dynamic fallback report it.
+    A graph whose baseline costs nothing has no overhead.
+    """
+    return extra_cost / baseline_cost if baseline_cost else 0.0
 
 
 @dataclass
 class Simulation:
-    """What the simulator found: peak and cost, and the memory at every step."""
+    """What the simulator found: peak and cost, and the memory at every step.
+
+    ``memory[j]`` is the sum of the device intervals alive at step j (``instances[k].device`` and
+    ``owned_device``) plus ``workspace[j]``, the workspace of the node computed at step j (of the
+    implementation it names) or 0; static address placement reads the same three.
+    """
 
     peak: int
     cost: float
@@ -100,11 +123,14 @@ class Simulation:
     instances: list[Instance] = field(repr=False)
     recomputations: int = 0
     page_cost: float = 0.0
+    workspace: list[int] = field(default_factory=list, repr=False)
+    #: Each caller-owned value's device intervals: the whole step unless the schedule pages it.
+    owned_device: dict[int, Intervals] = field(default_factory=dict, repr=False)
 
     @property
     def overhead(self) -> float:
         """Extra compute relative to the baseline: (cost - baseline) / baseline."""
-        return (self.cost - self.baseline_cost) / self.baseline_cost if self.baseline_cost else 0.0
+        return relative_overhead(self.cost - self.baseline_cost, self.baseline_cost)
 
     @property
     def peak_step(self) -> int:
@@ -145,9 +171,10 @@ def simulate(graph: Graph, schedule: Schedule, paging: PagingCosts | None = None
     last_read: list[int] = []
     explicit_end: list[int | None] = []
     on_device: dict[int, bool] = {v: True for v in graph.caller_owned_ids}
-    # Residency intervals on the device for paged values: list of (instance, from, to_exclusive).
-    device_gaps: list[tuple[int, int, int]] = []  # (node, page_out step, page_in step) of gaps
-    owned_gaps: list[tuple[int, int, int]] = []
+    # Steps off the device, half-open [page_out step, page_in or retiring step), in step order:
+    # per instance (index into starts) for computed values, per node for caller-owned ones.
+    device_gaps: dict[int, list[tuple[int, int]]] = {}
+    owned_gaps: dict[int, list[tuple[int, int]]] = {}
     paged_at: dict[int, int] = {}
     computed: set[int] = set()
     cost = 0.0
@@ -216,8 +243,8 @@ def simulate(graph: Graph, schedule: Schedule, paging: PagingCosts | None = None
             if on_device.get(node.id, True) or not (node.caller_owned or node.id in current):
                 raise ScheduleError(f"step {j} ({step}): node {node.id} is not paged out")
             on_device[node.id] = True
-            gap = (node.id, paged_at.pop(node.id), j)
-            (owned_gaps if node.caller_owned else device_gaps).append(gap)
+            gaps = owned_gaps.setdefault(node.id, []) if node.caller_owned else device_gaps.setdefault(current[node.id], [])
+            gaps.append((paged_at.pop(node.id), j))
             page_cost += paging.cost(_resident_mem(node, current, starts, new_mem))
 
     missing = [v for v in graph.order if v not in computed]
@@ -233,12 +260,13 @@ def simulate(graph: Graph, schedule: Schedule, paging: PagingCosts | None = None
         if not on_device[output]:
             raise ScheduleError(f"output {output} ({index[output].name}) is paged out at the end; page it in")
     for node_id, since in paged_at.items():  # still on the host at the end
-        (owned_gaps if index[node_id].caller_owned else device_gaps).append((node_id, since, num_steps))
+        gaps = owned_gaps.setdefault(node_id, []) if index[node_id].caller_owned else device_gaps.setdefault(current[node_id], [])
+        gaps.append((since, num_steps))
 
-    # Pass 2: lifetimes, then memory per step with a difference array.
-    delta = [0] * (num_steps + 1)
+    # Pass 2: lifetimes and device intervals, then memory per step with a difference array.
+    last_step = max(num_steps, 1) - 1  # caller-owned values are resident even in a step with no steps
+    delta = [0] * (last_step + 2)
     instances: list[Instance] = []
-    instance_mem: list[int] = []
     final_instance = {node_id: k for node_id, k in current.items()}
     for k, start in enumerate(starts):
         node_id = inst_node[k]
@@ -247,30 +275,29 @@ def simulate(graph: Graph, schedule: Schedule, paging: PagingCosts | None = None
             end = num_steps - 1 if (node_id in outputs and final_instance.get(node_id) == k) else last_read[k]
         end = max(end, start)
         mem = new_mem[start]
-        delta[alive_from[k]] += mem
-        delta[end + 1] -= mem
-        instances.append(Instance(node_id, alive_from[k], end, mem, start))
-        instance_mem.append(mem)
-    for node_id, out_step, in_step in device_gaps:
-        # The value is off the device from its page_out step up to (not incl.) its page_in step.
-        k = _instance_alive_at(instances, node_id, out_step)
-        if k is None:
-            continue
-        mem = instance_mem[k]
-        stop = min(in_step, instances[k].end + 1)
-        if stop > out_step:
-            delta[out_step] -= mem
-            delta[stop] += mem
-    owned = graph.caller_owned_bytes
-    for node_id, out_step, in_step in owned_gaps:
-        delta[out_step] -= index[node_id].mem
-        delta[in_step] += index[node_id].mem
+        if k in device_gaps:
+            device = _on_device(alive_from[k], end, device_gaps[k])
+            for first, last in device:
+                delta[first] += mem
+                delta[last + 1] -= mem
+        else:  # never paged: on the device for its whole lifetime
+            device = ((alive_from[k], end),)
+            delta[alive_from[k]] += mem
+            delta[end + 1] -= mem
+        instances.append(Instance(node_id, alive_from[k], end, mem, start, device))
+    owned_device: dict[int, Intervals] = {}
+    for node_id in graph.caller_owned_ids:
+        mem = index[node_id].mem
+        owned_device[node_id] = _on_device(0, last_step, owned_gaps.get(node_id, ()))
+        for first, last in owned_device[node_id]:
+            delta[first] += mem
+            delta[last + 1] -= mem
     memory = []
-    running = owned
+    running = 0
     for j in range(num_steps):
         running += delta[j]
         memory.append(running + workspace[j])
-    peak = max(memory) if memory else owned
+    peak = max(memory) if memory else graph.caller_owned_bytes
     return Simulation(
         peak=peak,
         cost=cost + page_cost,
@@ -279,7 +306,26 @@ def simulate(graph: Graph, schedule: Schedule, paging: PagingCosts | None = None
         instances=instances,
         recomputations=recomputations,
         page_cost=page_cost,
+        workspace=workspace,
+        owned_device=owned_device,
     )
+
+
+def _on_device(first: int, last: int, gaps: list[tuple[int, int]] | tuple[()]) -> Intervals:
+    """The inclusive range ``[first, last]`` less the half-open paging ``gaps`` (in step order)."""
+    if not gaps:
+        return ((first, last),)
+    pieces: list[tuple[int, int]] = []
+    cursor = first
+    for gap_start, gap_end in gaps:
+        if gap_end <= cursor or gap_start > last:
+            continue
+        if gap_start > cursor:
+            pieces.append((cursor, gap_start - 1))
+        cursor = gap_end
+    if cursor <= last:
+        pieces.append((cursor, last))
+    return tuple(pieces)
 
 
 def _implementation(node: Any, step: Step, j: int) -> tuple[float, int, int]:
@@ -298,20 +344,12 @@ def _resident_mem(node: Any, current: dict[int, int], starts: list[int], new_mem
 
 
 def _retire(current: dict[int, int], node_id: int, on_device: dict[int, bool], paged_at: dict[int, int],
-            device_gaps: list[tuple[int, int, int]], j: int) -> None:
+            device_gaps: dict[int, list[tuple[int, int]]], j: int) -> None:
     """Drop the resident instance of node_id (superseded or freed), closing any paging gap."""
-    del current[node_id]
+    k = current.pop(node_id)
     if not on_device.get(node_id, True):
-        device_gaps.append((node_id, paged_at.pop(node_id), j))
+        device_gaps.setdefault(k, []).append((paged_at.pop(node_id), j))
     on_device[node_id] = True
-
-
-def _instance_alive_at(instances: list[Instance], node_id: int, step: int) -> int | None:
-    for k in range(len(instances) - 1, -1, -1):
-        inst = instances[k]
-        if inst.node == node_id and inst.start <= step:
-            return k
-    return None
 
 
 def take_extras_promptly(graph: Graph, schedule: Schedule) -> Schedule:
@@ -339,6 +377,21 @@ def take_extras_promptly(graph: Graph, schedule: Schedule) -> Schedule:
                     steps.append(Step(op="compute", node=extra))
                     placed.add(extra)
     return Schedule(steps=tuple(steps))
+
+
+def prompt_order(graph: Graph) -> tuple[int, ...]:
+    """``graph.order`` with each extra output moved right after its op (:func:`take_extras_promptly`).
+
+    The same memory as ``order`` (contract 2 counts an extra output from its op's first compute),
+    with no step in between that undercounts it: the order the formulations number their stages
+    by and the online engines run.
+    """
+    def build() -> tuple[int, ...]:
+        if not graph.extra_outputs:
+            return graph.order
+        return tuple(step.node for step in take_extras_promptly(graph, Schedule.from_order(graph.order)).steps)
+
+    return graph.memo("prompt_order", build)
 
 
 @dataclass

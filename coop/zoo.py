@@ -5,13 +5,17 @@ own forward returns the loss (or an object with ``.loss``, as transformers model
 hand-written models (MLP, CNN with BatchNorm + in-place ReLU + dropout, a transformer stack with
 tied embeddings) live here so the package never imports from ``tests``; ``tests/models.py``
 re-exports them. transformers models are built from small configs with random weights: nothing
-is downloaded.
+is downloaded. :func:`model_from_factory` loads a user's own model the same way (``coop capture
+FILE.py:FACTORY``).
 """
 
 from __future__ import annotations
 
+import importlib.util
+import sys
 from collections.abc import Callable
 from itertools import pairwise
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -224,3 +228,48 @@ def _language_model_loss(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor
 
 def _classifier_loss(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return model(pixel_values=images, labels=labels).loss
+
+
+# ============================================================================ user models
+def model_from_zoo(name: str, size: dict[str, int]) -> Built:
+    """``(model, batch, loss_fn)`` of a zoo model by name (``coop capture --model``)."""
+    if name not in ZOO_NAMES:
+        raise CoopError(f"unknown zoo model {name!r}: choose one of {', '.join(ZOO_NAMES)}")
+    return build(name, **size)
+
+
+def model_from_factory(target: str) -> Built:
+    """A user's model: import FILE.py and call FACTORY() from it (``coop capture FILE.py:FACTORY``)."""
+    file_name, sep, factory_name = target.rpartition(":")
+    if not sep or not file_name or not factory_name:
+        raise CoopError(f"model {target!r} is not FILE.py:FACTORY (for example models.py:make_model)")
+    path = Path(file_name)
+    if not path.is_file():
+        raise CoopError(f"model file {path} does not exist")
+    spec = importlib.util.spec_from_file_location(f"coop_user_model_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise CoopError(f"cannot import {path}: is it a Python file?")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses in the file look their module up there
+    sys.path.insert(0, str(path.resolve().parent))  # so the file can import its neighbours
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001 - user code: report it in one line
+        raise CoopError(f"importing {path} failed: {type(exc).__name__}: {exc}") from None
+    finally:
+        sys.path.pop(0)
+    factory = getattr(module, factory_name, None)
+    if not callable(factory):
+        raise CoopError(f"{path} has no function {factory_name!r}")
+    try:
+        produced = factory()
+    except Exception as exc:  # noqa: BLE001 - user code: report it in one line
+        raise CoopError(f"{target}() failed: {type(exc).__name__}: {exc}") from None
+    return _unpack_factory(produced, f"{target}()")
+
+
+def _unpack_factory(produced: Any, origin: str) -> Built:
+    if not isinstance(produced, tuple) or len(produced) not in (2, 3):
+        raise CoopError(f"{origin} must return (model, batch) or (model, batch, loss_fn)")
+    module, example_batch, *rest = produced
+    return module, example_batch, (rest[0] if rest else None)

@@ -97,6 +97,49 @@ def test_random_ops_are_not_recomputable() -> None:
     assert random_nodes and not any(n.recomputable for n in random_nodes)
 
 
+def _tagged_seeded(op: str) -> bool:
+    """Whether torch tags the op "namespace.name.overload" nondeterministic_seeded."""
+    namespace, name, overload = op.split(".")
+    try:
+        target = getattr(getattr(getattr(torch.ops, namespace), name), overload)
+    except (AttributeError, RuntimeError):
+        return False
+    return torch.Tag.nondeterministic_seeded in target.tags
+
+
+@pytest.mark.parametrize("compact_masks", [True, False])
+def test_capture_marks_exactly_the_random_ops(compact_masks: bool) -> None:
+    """``Node.random`` is set from the traced op: every node whose op draws, and no other."""
+    model, batch, _ = build("transformer")
+    graph = capture(model, batch, compact_masks=compact_masks).graph
+    marked = {n.id for n in graph.nodes if n.random}
+    drawing = {n.id for n in graph.nodes if n.op.count(".") == 2 and _tagged_seeded(n.op)}
+    expected_op = "coop.bernoulli_mask.default" if compact_masks else "aten.bernoulli.p"
+    assert marked == drawing == {n.id for n in graph.nodes if n.op == expected_op}
+    assert len(marked) == 6  # 2 blocks x 3 dropouts
+    assert graph.random_draws == marked and not any(graph.node(v).recomputable for v in marked)
+    # A version-1 file of this graph (no flags) reads back with the same random ops.
+    data = graph.to_dict()
+    data["version"] = 1
+    for node in data["nodes"]:
+        node.pop("random", None)
+    assert Graph.model_validate(data) == graph
+
+
+def test_the_version_1_table_is_torchs_seeded_tag() -> None:
+    """coop.graph_v1 reads version-1 files without torch: its table is the tag it stands for."""
+    from coop.graph_v1 import SEEDED_RANDOM_OPS
+
+    known = set()
+    for full_name in torch._C._dispatch_get_all_op_names():  # "aten::bernoulli.p", "coop::bernoulli_mask"
+        namespace, _, name = full_name.partition("::")
+        packet, _, overload = name.partition(".")
+        known.add(f"{namespace}.{packet}.{overload or 'default'}")
+    assert {op for op in known if _tagged_seeded(op)} <= SEEDED_RANDOM_OPS
+    assert all(_tagged_seeded(op) for op in SEEDED_RANDOM_OPS & known)
+    assert "coop.bernoulli_mask.default" in known & SEEDED_RANDOM_OPS
+
+
 def test_batch_norm_buffers_are_outputs_and_in_place_ops_are_gone() -> None:
     model, batch, _ = build("cnn")
     captured = capture(model, batch)

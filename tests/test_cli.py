@@ -285,3 +285,13 @@ def test_console_entry_prints_one_line_and_no_traceback(argv: list[str]) -> None
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     one_error_line(done.stderr)
+
+
+@pytest.mark.parametrize("command", ["simulate", "compare", "solve"])
+def test_python_m_coop_cli_knows_every_command(command: str) -> None:
+    """``python -m coop.cli`` runs its main only after every command is registered (simulate and compare
+    were registered after the ``__main__`` block once, so they were unknown there)."""
+    done = subprocess.run([sys.executable, "-m", "coop.cli", command, "--help"], capture_output=True, text=True,
+                          cwd=REPO, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert f"Usage: coop {command}" in done.stdout

@@ -13,8 +13,10 @@ from coop.graph_capture import capture
 from coop.graph_capture.random_ops import bernoulli_mask
 from coop.online.online_sim import replayable_random_ids, simulate_online
 from coop.online.policies import POLICIES
-from coop.runtime.fallback import DynamicPlan, RngState, run_dynamic
+from coop.planner import DynamicPlan
+from coop.runtime.fallback import run_dynamic
 from coop.runtime.meter import MemoryMeter
+from coop.runtime.rng import RngState
 from coop.schedule import validate
 from coop.zoo import build
 

@@ -27,7 +27,7 @@ from coop.cli import main
 from coop.config import ConfigError, load_config, parse_config
 from coop.errors import CoopError
 from coop.graph import Graph, load_graph
-from coop.schedule import Schedule, schedule_to_json
+from coop.schedule import Schedule, prompt_order, schedule_to_json
 from tests.corruptions import MUST_FAIL, corruptions, encode
 from tests.strategies import random_graphs
 
@@ -133,7 +133,7 @@ def test_validate_on_corrupted_schedules(graph: Graph, seed: int, workdir: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     graph_path = workdir / "graph.json"
     graph.save(graph_path)
-    schedule = Schedule.from_order(graph.prompt_order)
+    schedule = Schedule.from_order(prompt_order(graph))
     valid = schedule_to_json(graph, schedule, budget=10**9, formulation="store-all")
     schedule_path = workdir / "schedule.json"
     schedule_path.write_bytes(encode(valid))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -167,3 +168,93 @@ def test_checkmate_graphs_keep_sizes_and_backward_flags(moccasin_dir: Path, file
     backward = {n["id"] for n in raw["nodes"] if n.get("backward")}
     assert {n.id for n in graph.nodes if n.kind == "backward"} == backward
     assert graph.has_backward
+
+
+# -------------------------------------------------------------------- format versions and random ops
+#: A version-1 file as coop wrote it before nodes carried ``random``: a dropout's bool mask drawn by
+#: coop's own op, its recomputable cast, a native_dropout with its mask as an extra output, a matmul,
+#: and an imported graph's free-text "dropout" (not a torch op).
+V1_NODES = [
+    {"id": 0, "name": "batch[0]", "mem": 64, "cost": 0.0, "op": "input", "kind": "input", "recomputable": False},
+    {"id": 1, "name": "mask", "mem": 16, "cost": 1.0, "op": "coop.bernoulli_mask.default", "recomputable": False},
+    {"id": 2, "name": "noise", "mem": 64, "cost": 1.0, "op": "aten._to_copy.default", "inputs": [1]},
+    {"id": 3, "name": "drop", "mem": 64, "cost": 1.0, "op": "aten.native_dropout.default", "inputs": [0, 2],
+     "workspace": 16, "recomputable": False},
+    {"id": 4, "name": "keep", "mem": 16, "cost": 0.0, "op": "<built-in function getitem>", "inputs": [3],
+     "recomputable": False, "output_of": 3},
+    {"id": 5, "name": "mm", "mem": 64, "cost": 1.0, "op": "aten.mm.default", "inputs": [3, 4]},
+    {"id": 6, "name": "imported", "mem": 8, "cost": 1.0, "op": "dropout", "inputs": [5], "recomputable": False},
+]
+
+
+def _v1_document() -> dict:
+    return {"format": "coop.graph", "version": 1, "name": "v1", "nodes": [dict(n) for n in V1_NODES],
+            "outputs": [6], "order": [1, 2, 3, 4, 5, 6], "meta": {"mem_unit": "bytes"}}
+
+
+def test_a_version_1_file_still_loads_with_the_same_random_draws(tmp_path: Path) -> None:
+    path = tmp_path / "v1.json"
+    path.write_text(json.dumps(_v1_document()))
+    graph = load_graph(path)
+    # Version 1 read a node as random when torch tags its op nondeterministic_seeded: the mask and
+    # native_dropout; neither the getitem that takes native_dropout's mask nor free text.
+    assert graph.random_draws == {1, 3}
+    assert {n.id for n in graph.nodes if n.random} == {1, 3}
+    assert graph.version == 2  # upgraded on reading; saved again it is a version-2 file
+    graph.save(tmp_path / "v2.json")
+    saved = json.loads((tmp_path / "v2.json").read_text())
+    assert saved["version"] == 2 and [n["id"] for n in saved["nodes"] if n.get("random")] == [1, 3]
+    assert load_graph(tmp_path / "v2.json") == graph
+    # The digest is the one version 1 gave (``random`` is not part of it), so schedules and plans
+    # saved for the file still name it.
+    payload = {"nodes": V1_NODES, "order": [1, 2, 3, 4, 5, 6], "outputs": [6]}
+    assert graph.sha256 == hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def test_in_version_2_the_node_flag_alone_makes_a_random_op() -> None:
+    data = _v1_document()
+    data["version"] = 2
+    data["nodes"][5]["random"] = True  # any op the capture marked, whatever its name
+    graph = graph_from_dict(data)
+    assert graph.random_draws == {5}  # the unmarked mask and native_dropout are not random in version 2
+    replay = graph.with_random_replay()
+    assert replay.random_draws == {5} and replay.node(5).recomputable
+
+
+def test_unknown_graph_versions_and_flags_are_refused() -> None:
+    data = _v1_document()
+    data["version"] = 3
+    with pytest.raises(GraphError, match="graph version 3 is not supported"):
+        graph_from_dict(data)
+    data["version"] = 2
+    data["nodes"][1]["random"] = "yes"
+    with pytest.raises(GraphError, match=r"node 1 \(mask\): field 'random' is 'yes'; it must be true or false"):
+        graph_from_dict(data)
+
+
+#: The ground floor of the package (DESIGN.md): it imports neither torch nor anything above it.
+GROUND_FLOOR = ("coop.errors", "coop.graph", "coop.graph_v1", "coop.schedule", "coop.budget")
+
+
+def _imported_modules(module: str) -> set[str]:
+    """Every module that ``module``'s source imports, at top level or inside functions."""
+    path = Path(__file__).resolve().parents[1] / (module.replace(".", "/") + ".py")
+    imported: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            imported.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            imported.add(node.module)
+    return imported
+
+
+@pytest.mark.parametrize("module", GROUND_FLOOR)
+def test_the_ground_floor_imports_no_torch_and_nothing_above_it(module: str) -> None:
+    imported = _imported_modules(module)
+    assert not {m for m in imported if m == "torch" or m.startswith("torch.")}
+    assert {m for m in imported if m == "coop" or m.startswith("coop.")} <= set(GROUND_FLOOR) - {module}
+
+
+def test_graph_reads_only_errors_and_its_version_1_table_from_coop() -> None:
+    assert {m for m in _imported_modules("coop.graph") if m.startswith("coop")} == {"coop.errors", "coop.graph_v1"}
+    assert not {m for m in _imported_modules("coop.graph_v1") if m.startswith("coop")}

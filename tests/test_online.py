@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from coop.budget import baseline_peak, min_budget
 from coop.errors import CoopError
-from coop.graph import Graph, is_seeded_random_op, load_graph
+from coop.graph import Graph, load_graph
+from coop.graph_v1 import is_seeded_random_op
 from coop.online.online_sim import OnlineSimulator, replayable_random_ids, simulate_online
 from coop.online.policies import LAYOUTS, POLICIES, WINDOW_COSTS, CoopPolicy, cheapest_window, make_policy
 from coop.schedule import simulate, validate
@@ -125,7 +126,7 @@ def _with_random_ops(graph: Graph) -> Graph:
     data = graph.model_dump()
     for node in data["nodes"]:
         if node["kind"] not in ("input", "param", "buffer") and not node["recomputable"]:
-            node["op"] = "aten.bernoulli.p"
+            node["op"], node["random"] = "aten.bernoulli.p", True
     return Graph.model_validate(data)
 
 
@@ -155,7 +156,7 @@ def test_replaying_random_ops_lowers_the_overhead_of_a_tight_chain(policy: str) 
     data = _chain(8).model_dump()
     for node in data["nodes"]:
         if node["id"] in (2, 5):  # two dropout-like draws in the forward chain
-            node["op"], node["recomputable"] = "aten.bernoulli.p", False
+            node["op"], node["recomputable"], node["random"] = "aten.bernoulli.p", False, True
     graph = Graph.model_validate(data)
     budget = min_budget(graph) + 8
     replayed = simulate_online(graph, budget, policy)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from typing import Any
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 
 from coop.errors import GraphError, ScheduleError
 from coop.graph import Graph
-from coop.schedule import Schedule, Step, load_schedule, schedule_to_json, simulate, validate
+from coop.schedule import Schedule, Step, load_schedule, prompt_order, schedule_to_json, simulate, validate
 from tests.strategies import random_graphs, random_schedules
 
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -93,6 +94,36 @@ def test_simulator_matches_brute_force_recount(data: st.DataObject) -> None:
     assert sim.memory == expected
     assert sim.peak == (max(expected) if expected else graph.caller_owned_bytes)
     assert validate(graph, schedule).ok
+
+
+@PROPERTY
+@given(st.data())
+def test_device_intervals_and_workspace_add_up_to_the_memory(data: st.DataObject) -> None:
+    """What the simulator exposes for address placement: each value's stays on the device and each
+    step's workspace; summed per step they are its memory, and a value is off the device inside its
+    lifetime only while paged out."""
+    graph = data.draw(random_graphs(with_impls=data.draw(st.booleans())))
+    schedule = data.draw(random_schedules(graph))
+    sim = simulate(graph, schedule)
+    steps = schedule.steps
+    recount = list(sim.workspace)
+    assert recount == [_impl_fields(graph, s)[1] if s.op == "compute" else 0 for s in steps]
+    blocks = [(graph.node(v).mem, intervals) for v, intervals in sim.owned_device.items()]
+    assert set(sim.owned_device) == set(graph.caller_owned_ids)
+    blocks += [(instance.mem, instance.device) for instance in sim.instances]
+    for mem, intervals in blocks:
+        assert all(first <= last for first, last in intervals)
+        assert all(a[1] < b[0] for a, b in itertools.pairwise(intervals))  # disjoint, in order
+        for first, last in intervals:
+            for j in range(first, min(last, len(steps) - 1) + 1):
+                recount[j] += mem
+    assert recount == sim.memory
+    for instance in sim.instances:
+        on = {j for first, last in instance.device for j in range(first, last + 1)}
+        assert on <= set(range(instance.start, instance.end + 1))
+        for j in set(range(instance.start, instance.end + 1)) - on:  # off the device: its latest event is a page_out
+            latest = next(steps[i] for i in range(j, -1, -1) if steps[i].node == instance.node)
+            assert latest.op == "page_out"
 
 
 @PROPERTY
@@ -208,6 +239,10 @@ def test_validate_accepts_impls_paging_and_reports_budget_overrun(tiny: Graph) -
     sim = simulate(tiny, schedule)
     # a(2)+x(4) | a+d+x | a (x and d gone: page_out step, d read only at 1) | a+b(0, inplace) | x+b | x+b+c
     assert sim.memory == [6, 7, 2, 2, 4, 5]
+    assert sim.workspace == [0] * 6
+    assert sim.owned_device == {10: ((0, 1), (4, 5))}  # x is on the host from its page_out to its page_in
+    assert [(i.node, i.device) for i in sim.instances] == [(1, ((0, 3),)), (4, ((1, 1),)), (2, ((3, 5),)),
+                                                            (3, ((5, 5),))]
     assert validate(tiny, schedule, budget=7).ok
     verdict = validate(tiny, schedule, budget=6)
     assert not verdict.ok and verdict.step == 1 and "exceeds the budget 6" in verdict.reason
@@ -232,7 +267,7 @@ def test_an_extra_output_counts_from_its_ops_first_compute_whenever_it_is_taken(
     # op's step: x + op + workspace (e inside); then e is resident although taken only at step 2.
     assert late.memory == [1 + 10 + 4, 1 + 10 + 4 + 2, 1 + 4 + 2, 1 + 4 + 2 + 3]
     assert late.peak == prompt.peak == 17
-    assert with_extra.prompt_order == (1, 2, 3, 4)
+    assert prompt_order(with_extra) == (1, 2, 3, 4)
 
 
 def test_an_extra_output_does_not_read_its_op_and_needs_it_to_have_run(with_extra: Graph) -> None:

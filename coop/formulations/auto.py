@@ -1,10 +1,11 @@
-"""``auto``: pick a formulation per graph and fall back to the best fitting baseline.
+"""``auto``: pick a formulation per graph and fall back to the cheapest fitting baseline.
 
 The choice: the baseline order when it already fits (no solve needed); otherwise Checkmate's MILP
 (Jain et al. 2020, exact and fast on small graphs) up to ``exact_max_nodes`` computed nodes and
 Moccasin's CP-SAT model (Bartan et al. 2023, O(n) variables) above that. When the chosen solver
 returns no schedule within the budget, the cheapest baseline schedule that fits is returned
-instead, and the result's message says so.
+instead (:func:`cheapest_fitting_baseline`, which the planner uses too), and the result's message
+says so.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from coop.errors import CoopError
+from coop.errors import CoopError, InfeasibleError
 from coop.formulations.result import SolveResult
-from coop.graph import Graph
+from coop.graph import Graph, format_bytes
+from coop.schedule import validate
 
 #: Above this many computed nodes the O(n^2) MILP gets slow; Moccasin's O(n) model takes over.
 EXACT_MAX_NODES = 120
@@ -31,36 +33,27 @@ def choose_formulation(graph: Graph, budget: int, *, captured: Any = None) -> st
 
 def auto(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int = 2, progress: Any = None,
          captured: Any = None, hint: Any = None) -> SolveResult:
-    """Solve with the formulation chosen for this graph; fall back to the best fitting baseline."""
-    from coop.formulations import BASELINES, solve, solve_accepting
+    """Solve with the formulation chosen for this graph; fall back to the cheapest fitting baseline."""
+    from coop.formulations import solve_accepting
 
     started = time.perf_counter()
     chosen = choose_formulation(graph, budget)
-    notes: list[str] = []
     try:
         result = solve_accepting(graph, budget, chosen, time_limit=time_limit, threads=threads, progress=progress,
                                  captured=captured, hint=hint)
     except CoopError as exc:
         result = SolveResult(formulation=chosen, status="unknown", message=str(exc))
-    if _fits(result, budget):
+    if result.schedule is not None and result.simulation is not None and result.simulation.peak <= budget:
         result.extra["auto"] = chosen
         return result
-    notes.append(f"{chosen}: {result.message or result.status}")
-    fallback: SolveResult | None = None
-    for name in BASELINES:
-        try:
-            candidate = solve(graph, budget, name)
-        except CoopError as exc:
-            notes.append(f"{name}: {exc}")
-            continue
-        if _fits(candidate, budget) and (fallback is None or candidate.simulation.cost < fallback.simulation.cost):
-            fallback = candidate
-    if fallback is None:
+    try:
+        fallback = cheapest_fitting_baseline(graph, budget)
+    except InfeasibleError as exc:
         return SolveResult(
             formulation="auto",
             status="unknown",
             wall_s=time.perf_counter() - started,
-            message="no schedule fits: " + "; ".join(notes),
+            message=f"no schedule fits: {chosen}: {result.message or result.status}; {exc}",
         )
     fallback.message = f"{chosen} found no schedule within the budget; fell back to the {fallback.formulation} baseline"
     fallback.extra["auto"] = fallback.formulation
@@ -68,5 +61,37 @@ def auto(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int = 
     return fallback
 
 
-def _fits(result: SolveResult, budget: int) -> bool:
-    return result.schedule is not None and result.simulation is not None and result.simulation.peak <= budget
+def cheapest_fitting_baseline(graph: Graph, budget: int, *, failed: str | None = None) -> SolveResult:
+    """The baseline schedule of least cost whose validated peak fits ``budget`` (graph units).
+
+    The one fallback for a formulation that found no schedule within the budget (``auto``, the
+    planner) and for a step re-planned inside a training loop: baselines take no solver time.
+    Raises InfeasibleError naming ``failed`` (the formulation tried first) and the best peak any
+    baseline reached.
+    """
+    from coop.formulations import BASELINES, solve
+
+    best: SolveResult | None = None
+    best_cost = 0.0
+    best_peak: int | None = None
+    errors: list[str] = []
+    for name in BASELINES:
+        try:
+            result = solve(graph, budget, name)
+        except CoopError as exc:
+            errors.append(f"{name}: {exc}")
+            continue
+        if result.schedule is None:
+            continue
+        check = validate(graph, result.schedule, budget)
+        if check.peak is not None:
+            best_peak = check.peak if best_peak is None else min(best_peak, check.peak)
+        if check.ok and check.cost is not None and (best is None or check.cost < best_cost):
+            best, best_cost = result, check.cost
+    if best is None:
+        what = f"{failed} and the baselines" if failed else "the baselines"
+        reached = f"; the best peak reached is {best_peak} B ({format_bytes(best_peak)})" if best_peak else ""
+        failures = "".join(f"; {error}" for error in errors)
+        raise InfeasibleError(f"budget {budget} B ({format_bytes(budget)}) is infeasible for {what}{reached}"
+                              f"{failures}; raise the budget or choose another formulation")
+    return best

@@ -4,7 +4,7 @@ Jain, Jain, Paranjape, Nrusimha, Gholami, Abbeel, Keutzer, Stoica, Gonzalez, "Ch
 Breaking the Memory Wall with Optimal Tensor Rematerialization", MLSys 2020.
 
 The schedule is split into T frontier-advancing stages, T = the number of computed nodes and
-position t = the t-th node of ``graph.prompt_order``. Stage t computes node t (``R[t,t] = 1``) and may
+position t = the t-th node of ``prompt_order(graph)``. Stage t computes node t (``R[t,t] = 1``) and may
 recompute earlier nodes; nothing later is touched (``R`` lower triangular, ``S`` strictly so).
 Variables (section 4 of the paper, the same names below):
 
@@ -45,7 +45,7 @@ from coop.formulations.milp_backends import LinearModel, MilpSolution, solve_lp_
 from coop.formulations.progress import Progress, ProgressCallback
 from coop.formulations.result import SolveResult
 from coop.graph import Graph
-from coop.schedule import Schedule, Simulation, Step, simulate
+from coop.schedule import Schedule, Simulation, Step, prompt_order, simulate
 
 DEFAULT_MAX_NODES = 600
 #: The LP is solved at the budget, then, while no rounding fits and time remains, at these
@@ -87,10 +87,10 @@ class _Problem:
 
 
 def _project(graph: Graph, budget: int, memory_levels: int | None) -> _Problem:
-    """Positions in ``graph.prompt_order`` (extra outputs right after their op); memory divided by
+    """Positions in ``prompt_order(graph)`` (extra outputs right after their op); memory divided by
     the gcd of all sizes (exact), or rounded up to a coarser unit when that leaves more than
     ``memory_levels`` levels (feasibility kept: sizes round up, the budget rounds down)."""
-    order = graph.prompt_order
+    order = prompt_order(graph)
     position = {node_id: p for p, node_id in enumerate(order)}
     nodes = [graph.node(i) for i in order]
     sizes = [n.mem for n in nodes] + [n.workspace for n in nodes]

@@ -34,6 +34,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
+from functools import reduce
 from pathlib import Path
 from typing import Any, Literal
 
@@ -409,6 +410,31 @@ def _solve_pulp(model: LinearModel, name: str, time_limit: float, threads: int, 
     import pulp
 
     started = time.perf_counter()
+    problem, variables = _pulp_problem(pulp, model)
+    # Building the PuLP model, writing it as MPS and reading the solution back take seconds on
+    # large models (about 8 us per nonzero, measured on a 1.1M-nonzero Checkmate model): they
+    # count against the limit.
+    deadline = started + time_limit - _PULP_IO_S_PER_NONZERO * model.nonzeros
+    options = _cbc_options(model) if name == "cbc" else ()
+    log = _run_pulp(pulp, problem, name, deadline, threads, verbose, bool(model.hint), options)
+    if isinstance(log, MilpSolution):
+        return log
+    if name == "cbc" and problem.status == pulp.LpStatusInfeasible and _CBC_PREPROCESSING_INFEASIBLE in log:
+        # CBC's pre-processing says "infeasible" when the time limit interrupts it (bench_fuzz found
+        # a feasible Checkmate model refused so at 0.8-1 s) and on some numerically delicate models
+        # (coin-or/Cbc issues 466, 737, 740): only a search without it may prove infeasibility.
+        unconfirmed = "cbc's pre-processing said infeasible, unconfirmed: CBC says so when its time limit interrupts it"
+        if deadline - time.perf_counter() < _LEAST_SOLVE_S:
+            return MilpSolution(status="unknown", message=f"{unconfirmed}; no time left to search without it")
+        log = _run_pulp(pulp, problem, name, deadline, threads, verbose, bool(model.hint), (*options, "preprocess off"))
+        if isinstance(log, MilpSolution):
+            log.message = f"{log.message} ({unconfirmed})"
+            return log
+    return _pulp_solution(pulp, problem, variables, name, log)
+
+
+def _pulp_problem(pulp: Any, model: LinearModel) -> tuple[Any, list[Any]]:
+    """The model as a PuLP problem, and its variables in the model's order (hint values set)."""
     problem = pulp.LpProblem("coop", pulp.LpMinimize)
     variables = []
     for index, (kind, lo, hi) in enumerate(zip(model.kinds, model.lower, model.upper)):
@@ -424,10 +450,14 @@ def _solve_pulp(model: LinearModel, name: str, time_limit: float, threads: int, 
         problem += {"<=": expr <= rhs, ">=": expr >= rhs, "==": expr == rhs}[sense]
     for var, value in model.hint.items():
         variables[var].setInitialValue(value)
-    # Building the PuLP model, writing it as MPS and reading the solution back take seconds on
-    # large models (about 8 us per nonzero, measured on a 1.1M-nonzero Checkmate model): they
-    # count against the limit.
-    time_limit -= time.perf_counter() - started + _PULP_IO_S_PER_NONZERO * model.nonzeros
+    return problem, variables
+
+
+def _run_pulp(pulp: Any, problem: Any, name: str, deadline: float, threads: int, verbose: bool, warm: bool,
+              options: tuple[str, ...]) -> str | MilpSolution:
+    """Solve ``problem`` in place until ``deadline`` (perf_counter); returns the solver's log, or the
+    MilpSolution to report when no solve could be made (no time left, CBC overran and was stopped)."""
+    time_limit = deadline - time.perf_counter()
     if time_limit < _LEAST_SOLVE_S:
         return MilpSolution(status="unknown", message=f"{name}: time limit reached while building the model")
     with tempfile.TemporaryDirectory(prefix="coop-cbc-") as folder:
@@ -435,7 +465,7 @@ def _solve_pulp(model: LinearModel, name: str, time_limit: float, threads: int, 
         with warnings.catch_warnings():
             # PuLP 3.3 flags its bundled CBC as deprecated for 4.0; it is still the one shipped.
             warnings.simplefilter("ignore", DeprecationWarning)
-            backend = _pulp_backend(pulp, name, time_limit, threads, verbose, bool(model.hint), log_path, folder)
+            backend = _pulp_backend(pulp, name, time_limit, threads, verbose, warm, log_path, folder, options)
         solver_started = time.perf_counter()
         try:
             with _solver_output(verbose):  # CBC writes to its log file; Gurobi and CPLEX to stdout
@@ -449,6 +479,11 @@ def _solve_pulp(model: LinearModel, name: str, time_limit: float, threads: int, 
         log = Path(log_path).read_text() if os.path.exists(log_path) else ""
     if verbose and log:
         print(log, file=sys.stderr, end="" if log.endswith("\n") else "\n", flush=True)
+    return log
+
+
+def _pulp_solution(pulp: Any, problem: Any, variables: list[Any], name: str, log: str) -> MilpSolution:
+    """The answer of a solved PuLP problem; for CBC stopped early, the bound its log proves."""
     has_solution = problem.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
     if problem.status == pulp.LpStatusInfeasible:
         return MilpSolution(status="infeasible", message=f"{name}: proven infeasible")
@@ -460,6 +495,8 @@ def _solve_pulp(model: LinearModel, name: str, time_limit: float, threads: int, 
     proven = problem.sol_status == pulp.LpSolutionOptimal and "Stopped on time" not in log
     status = "optimal" if proven else "feasible"
     bound = objective if proven else _cbc_bound(log)
+    if bound is not None:
+        bound = min(bound, objective)  # CBC's own bound may lag behind its last incumbent
     return MilpSolution(status=status, values=values, objective=objective, bound=bound)
 
 
@@ -467,18 +504,37 @@ def _solve_pulp(model: LinearModel, name: str, time_limit: float, threads: int, 
 #: A watchdog interrupts it this long after the limit, and kills it a few seconds later.
 _CBC_GRACE_S = 2.0
 _PULP_IO_S_PER_NONZERO = 8e-6
+_CBC_PREPROCESSING_INFEASIBLE = "Pre-processing says infeasible"
+
+
+def _cbc_options(model: LinearModel) -> tuple[str, ...]:
+    """CBC's cutoff increment, set so that "optimal" and its bounds are exact.
+
+    CBC prunes every node that cannot beat the incumbent by its cutoff increment, 1e-5 by default
+    in the objective's units: on a Checkmate model costed in seconds (extra costs ~1e-3) it called
+    a schedule optimal that was 9e-6 dearer than the optimum (bench_fuzz, seed 5, graph 153). When
+    every objective term is an integer coefficient on an integer variable, objective values are
+    multiples of the coefficients' gcd and nothing in between can exist (what CBC itself assumes
+    when it detects this, but an explicit increment turns its detection off); otherwise 0.
+    """
+    coefficients = [c for _, c in model.objective if c]
+    integral = all(float(c).is_integer() and model.kinds[v] != "continuous" for v, c in model.objective if c)
+    if coefficients and integral:
+        step = reduce(math.gcd, (abs(int(c)) for c in coefficients))
+        return (f"increment {0.9999 * step:g}",)
+    return ("increment 0",)
 
 
 def _pulp_backend(pulp: Any, name: str, time_limit: float, threads: int, verbose: bool, warm: bool,
-                  log_path: str, folder: str) -> Any:
+                  log_path: str, folder: str, options: tuple[str, ...] = ()) -> Any:
     if name == "cbc":
         bundled = pulp.PULP_CBC_CMD(msg=False).path
         watchdog = _cbc_watchdog(folder, bundled, time_limit + _CBC_GRACE_S)
         if watchdog is None:
             return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, threads=threads, warmStart=warm,
-                                     logPath=log_path)
+                                     logPath=log_path, options=list(options))
         return pulp.COIN_CMD(path=watchdog, msg=False, timeLimit=time_limit, threads=threads, warmStart=warm,
-                             logPath=log_path)
+                             logPath=log_path, options=list(options))
     candidates = {"gurobi": ("GUROBI", "GUROBI_CMD"), "cplex": ("CPLEX_PY", "CPLEX_CMD")}[name]
     for class_name in candidates:
         backend = getattr(pulp, class_name)(msg=verbose, timeLimit=time_limit, threads=threads, warmStart=warm)
@@ -516,8 +572,8 @@ def _cbc_bound(log: str) -> float | None:
     """The lower bound CBC proved when stopped early, read from its log; None when it printed none.
 
     The search messages carry more digits than the summary's three decimals, so the last of them
-    is preferred. A printed number is rounded; :func:`_printed_lower_bound` lowers it by one unit
-    in its last digit, so that the print can never lift the bound above what CBC proved (the
+    is preferred. A printed number is rounded; :func:`_printed_lower_bound` lowers it by half a
+    unit in its last digit, so that the print can never lift the bound above what CBC proved (the
     summary's 0.001 for a proven 0.00095467587 did, above the optimum 0.000954676).
     """
     found = _CBC_BEST_POSSIBLE.findall(log) or _CBC_LOWER_BOUND.findall(log)
@@ -528,15 +584,19 @@ def _cbc_bound(log: str) -> float | None:
 
 
 def _printed_lower_bound(text: str) -> float | None:
-    """A float no larger than any real number that prints as ``text`` (rounded to its digits)."""
+    """A float no larger than any real number that prints as ``text`` (rounded to nearest at its digits).
+
+    printf rounds to nearest, so the number printed lies within half a unit of the last digit:
+    that much lower, and one float lower still (the conversion to binary rounds too), is safe.
+    """
     try:
         printed = Decimal(text)
     except InvalidOperation:
         return None
     if not printed.is_finite():
         return None
-    last_digit = Decimal(1).scaleb(printed.as_tuple().exponent)  # type: ignore[arg-type]
-    return math.nextafter(float(printed - last_digit), -math.inf)
+    half_unit = Decimal(5).scaleb(printed.as_tuple().exponent - 1)  # type: ignore[operator]
+    return math.nextafter(float(printed - half_unit), -math.inf)
 
 
 __all__ = ["LP_BACKENDS", "MILP_SOLVERS", "LinearModel", "MilpSolution", "solve_lp_relaxation", "solve_milp"]

@@ -19,7 +19,7 @@ schedule in 300 s for the larger graphs), this module
   rounding on small graphs, the heuristics, the baselines, the online policies' schedules and any
   ``hint`` s) and passes it to CP-SAT as a hint; on large graphs the destroy-and-repair local
   search of :mod:`coop.formulations.heuristics` improves it before CP-SAT runs;
-* keeps the first computations in the baseline order (``graph.prompt_order``: extra outputs right
+* keeps the first computations in the baseline order (``prompt_order(graph)``: extra outputs right
   after their op, the same memory) on training-step graphs (``keep_order``, the restriction
   Checkmate makes), which removes most of the symmetry of the time axis, and tightens each first
   start by the node's ancestor and descendant counts; on graphs without a backward part (the
@@ -34,7 +34,15 @@ schedule in 300 s for the larger graphs), this module
   warm start needs them) on the warm start's slots plus a slack: its optimum is only optimal
   within the restriction and is reported as ``feasible`` with ``extra["restricted_bound"]``.
   When a restricted solve finishes and the cheaper incumbent makes a proof model small enough,
-  a second round solves that.
+  a second round solves that;
+* when no warm start fits, first asks CP-SAT whether anything of the space fits at all, in a
+  time-indexed model with the hard capacity and no objective (:func:`build_feasibility_model`:
+  one compute per slot, residency per slot, the :func:`sufficient_intervals` and
+  :func:`sufficient_horizon` of any cost). That model contains every schedule of the space, so
+  its INFEASIBLE is a proof ("infeasible"); it often comes in a fraction of a second where the
+  capacity-relaxed interval model (minimise overflow) ran 30 s without one, just below the least
+  peak. A solution becomes the incumbent; an open answer leaves the rest of the time to the
+  relaxed model as before.
 
 The solution becomes a coop Schedule (computes at interval starts in time order, frees at interval
 ends) that is always checked with the one simulator, :func:`coop.schedule.simulate`.
@@ -374,6 +382,240 @@ class _ProgressReporter(cp_model.CpSolverSolutionCallback):
             self.clock.report(self.to_cost(self.ObjectiveValue()), bound, "moccasin")
 
 
+# ==================================================================== the feasibility question
+#: Share of the time limit spent asking whether any schedule of the space fits, when no warm start does.
+FEASIBILITY_SHARE = 0.25
+#: Above this many (node, slot) cells the feasibility model is not built (it would not be a proof in time).
+FEASIBILITY_MAX_CELLS = 40_000
+
+
+@dataclass
+class _SlotGrid:
+    """A time-indexed model of the compute/free schedules of a space (Checkmate's R and S, no stages).
+
+    ``compute[v][t]``: v is computed at slot t (one compute per slot; extra outputs take no slot);
+    ``resident[v][t]``: an instance of v is alive while slot t runs (``t == horizon``: at the end);
+    ``first[p][t]``: op p's first compute is at slot t (only for ops with extra outputs).
+    """
+
+    model: cp_model.CpModel
+    horizon: int
+    ops: list[int]
+    compute: dict[int, list[Any]]
+    resident: dict[int, list[Any]]
+    first: dict[int, list[Any]]
+    memory: list[cp_model.LinearExpr]
+
+
+def feasibility_horizon(problem: SlotProblem) -> tuple[dict[int, int], int]:
+    """Per node the computations some fitting schedule needs at most, and the slots they fill.
+
+    :func:`sufficient_intervals` without a cost bound: dropping computations that nothing reads
+    never raises memory nor leaves the space, so if any schedule of the space fits, one within
+    these limits does, and it makes at most :func:`sufficient_horizon` computations.
+    """
+    limits = sufficient_intervals(problem, None)
+    return limits, sufficient_horizon(problem, limits, None)
+
+
+def build_feasibility_model(problem: SlotProblem, keep_order: bool, horizon: int, limits: dict[int, int],
+                            capacity: int | Any) -> _SlotGrid:
+    """A model that contains every schedule of moccasin's space with at most ``limits`` computations.
+
+    It relaxes contract 2 only where that cannot hide a schedule (an extra output may be dropped
+    as soon as its op ran; its op's workspace covers it at that step), so INFEASIBLE is a proof
+    that no schedule of the space fits ``capacity`` (bytes beyond the caller-owned values). Every
+    legal schedule maps onto it: slot t holds its t-th compute, ``resident`` the instances alive
+    at that compute. Empty slots come only at the end (removing an empty slot changes nothing),
+    and v is never recomputed while an instance of it is alive (freeing it first is the same
+    memory). With ``keep_order`` first computations follow ``problem.order``; else only random
+    ops' first draws do (:func:`ordered_draws`), as in :func:`build_model`.
+    """
+    model = cp_model.CpModel()
+    ops = [v for v in problem.order if v not in problem.output_of]
+    extras: dict[int, list[int]] = {}
+    for extra, op in problem.output_of.items():
+        extras.setdefault(op, []).append(extra)
+    compute = {v: [model.NewBoolVar(f"R_{v}_{t}") for t in range(horizon)] for v in ops}
+    resident = {v: [model.NewConstant(0)] + [model.NewBoolVar(f"S_{v}_{t}") for t in range(1, horizon + 1)]
+                for v in problem.order}
+    done = {v: [model.NewBoolVar(f"C_{v}_{t}") for t in range(horizon)] for v in ops}  # computed by slot t
+    first = {p: [model.NewBoolVar(f"F_{p}_{t}") for t in range(horizon)] for p in extras}
+    for v in ops:
+        _add_node_rules(model, problem, v, compute[v], resident, done[v], limits[v])
+    for p, taken in extras.items():
+        model.AddExactlyOne(first[p])
+        for t in range(horizon):
+            model.AddImplication(first[p][t], compute[p][t])
+            if t > 0:
+                model.AddImplication(first[p][t], done[p][t - 1].Not())
+            for e in taken:  # an extra output exists only from its op's first compute on
+                model.Add(resident[e][t + 1] <= resident[e][t] + first[p][t])
+    memory = []
+    for t in range(horizon):
+        busy = sum(compute[v][t] for v in ops)
+        model.Add(busy <= 1)
+        if t > 0:
+            model.Add(busy <= sum(compute[v][t - 1] for v in ops))  # compacted: empty slots at the end
+        used = (sum(problem.mem[v] * resident[v][t] for v in problem.order)
+                + sum((problem.mem[v] + problem.workspace[v]) * compute[v][t] for v in ops))
+        model.Add(used <= capacity)
+        memory.append(used)
+    for output in problem.outputs:
+        model.Add(resident[output][horizon] == 1)
+    ordered = ops if keep_order else [v for v in ops if v in ordered_draws(problem.graph)]
+    for a, b in itertools.pairwise(ordered):
+        model.Add(done[b][0] == 0)
+        for t in range(1, horizon):
+            model.AddImplication(done[b][t], done[a][t - 1])
+    return _SlotGrid(model, horizon, ops, compute, resident, first, memory)
+
+
+def _add_node_rules(model: cp_model.CpModel, problem: SlotProblem, v: int, compute: list[Any],
+                    resident: dict[int, list[Any]], done: list[Any], limit: int) -> None:
+    """v is computed 1..limit times (once if not recomputable), from resident inputs, and stays
+    resident only from a compute on; ``done`` marks the slots from its first compute on."""
+    model.Add(sum(compute) >= 1)
+    model.Add(sum(compute) <= (limit if problem.recomputable[v] else 1))
+    for t, run in enumerate(compute):
+        model.Add(resident[v][t + 1] <= resident[v][t] + run)
+        model.AddBoolOr([run.Not(), resident[v][t].Not()])
+        for u in problem.inputs[v]:
+            model.AddImplication(run, resident[u][t])
+        model.AddImplication(run, done[t])
+        if t > 0:
+            model.AddImplication(done[t - 1], done[t])
+            model.Add(done[t] <= done[t - 1] + run)
+        else:
+            model.Add(done[0] <= run)
+
+
+def _grid_schedule(problem: SlotProblem, grid: _SlotGrid, solver: cp_model.CpSolver) -> Schedule:
+    """The solution's computes in slot order, each extra output taken right after its op's first
+    compute; values are freed after their last use (the simulator's default)."""
+    steps: list[Step] = []
+    taken: set[int] = set()
+    for t in range(grid.horizon):
+        for v in grid.ops:
+            if solver.BooleanValue(grid.compute[v][t]):
+                steps.append(Step(op="compute", node=v))
+                for extra, op in problem.output_of.items():
+                    if op == v and extra not in taken:
+                        steps.append(Step(op="compute", node=extra))
+                        taken.add(extra)
+    return Schedule(steps=tuple(steps))
+
+
+@dataclass
+class _FeasibilityCheck:
+    """What the feasibility question found: CP-SAT's status, or why it was not asked."""
+
+    status: str = "NOT_RUN"
+    reason: str = ""
+    horizon: int = 0
+    wall_s: float = 0.0
+    least_peak: int | None = None  # of the space, when proven (after an INFEASIBLE answer)
+    least_peak_exact: bool = False  # a schedule at least_peak was simulated
+
+
+def _feasibility_check(problem: SlotProblem, settings: _Settings, clock: ProgressClock
+                       ) -> tuple[_FeasibilityCheck, _Incumbent | None]:
+    """Ask CP-SAT whether any schedule of the space fits the hard capacity, within a share of the time.
+
+    The capacity-relaxed model (minimise overflow) can spend the whole limit without proving that
+    nothing fits just below the least peak; this question, with no objective, often settles it
+    in a fraction of a second. A schedule found here becomes the incumbent.
+    """
+    check = _FeasibilityCheck()
+    if not settings.prove:
+        check.reason = "skipped: prove=False (no proof models)"
+        return check, None
+    limits, horizon = feasibility_horizon(problem)
+    check.horizon = horizon
+    cells = horizon * len(problem.order)
+    if cells > FEASIBILITY_MAX_CELLS:
+        check.reason = (f"skipped: a proof needs {horizon} slots x {len(problem.order)} nodes, above "
+                        f"{FEASIBILITY_MAX_CELLS} cells")
+        return check, None
+    seconds = min(FEASIBILITY_SHARE * settings.time_limit, settings.time_limit - clock.elapsed_s - 0.5)
+    if seconds < 0.05:
+        check.reason = "skipped: no time left"
+        return check, None
+    grid = build_feasibility_model(problem, settings.keep_order, horizon, limits, problem.capacity)
+    solver = _feasibility_solver(settings, seconds)
+    started = time.perf_counter()
+    status = solver.Solve(grid.model)
+    check.wall_s = time.perf_counter() - started
+    check.status = solver.StatusName(status)
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        schedule = _grid_schedule(problem, grid, solver)
+        sim = simulate(problem.graph, schedule)
+        if sim.peak <= problem.budget:
+            clock.report(sim.cost, None, "moccasin: feasibility model")
+            return check, _Incumbent("cp-sat-feasibility", schedule, sim)
+    elif status == cp_model.INFEASIBLE:
+        _find_least_peak(problem, settings, clock, check, limits)
+    return check, None
+
+
+def _feasibility_solver(settings: _Settings, seconds: float) -> cp_model.CpSolver:
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.01, seconds)
+    solver.parameters.num_workers = max(1, settings.threads)
+    solver.parameters.random_seed = settings.seed
+    for key, value in settings.options.items():
+        setattr(solver.parameters, key, value)
+    return solver
+
+
+def _find_least_peak(problem: SlotProblem, settings: _Settings, clock: ProgressClock, check: _FeasibilityCheck,
+                     limits: dict[int, int]) -> None:
+    """After INFEASIBLE: the least peak of the space, so that the message can name a budget that fits.
+
+    The same model minimises its largest step instead (from budget + 1, which is proven). Its
+    optimum is a lower bound on the least peak (the model relaxes the space); it is exact when
+    the simulator confirms the solution's schedule at that peak.
+    """
+    seconds = min(FEASIBILITY_SHARE * settings.time_limit - check.wall_s, settings.time_limit - clock.elapsed_s - 0.5)
+    owned = problem.budget - problem.capacity
+    most = sum(problem.mem.values()) + max(problem.workspace.values(), default=0)
+    if seconds < 0.05 or problem.capacity + 1 > most:
+        return
+    grid = build_feasibility_model(problem, settings.keep_order, check.horizon, limits, most)
+    model_peak = grid.model.NewIntVar(problem.capacity + 1, most, "peak")
+    for used in grid.memory:
+        grid.model.Add(used <= model_peak)
+    grid.model.Minimize(model_peak)
+    solver = _feasibility_solver(settings, seconds)
+    status = solver.Solve(grid.model)
+    if status != cp_model.OPTIMAL:
+        return
+    check.least_peak = owned + int(solver.Value(model_peak))
+    sim = simulate(problem.graph, _grid_schedule(problem, grid, solver))
+    check.least_peak_exact = sim.peak == check.least_peak
+
+
+def _space_words(problem: SlotProblem, keep_order: bool) -> str:
+    """The schedules a proof speaks about, in words."""
+    if keep_order:
+        return "no schedule with first computations in graph.order"
+    if len(ordered_draws(problem.graph) & set(problem.order)) > 1:
+        return "no schedule in any order (random ops drawing in graph.order)"
+    return "no schedule in any order"
+
+
+def _infeasible_result(problem: SlotProblem, check: _FeasibilityCheck, keep_order: bool, clock: ProgressClock
+                       ) -> SolveResult:
+    budget = problem.budget
+    least = ""
+    if check.least_peak is not None:
+        least = f" (least peak {check.least_peak})" if check.least_peak_exact else f" (least peak >= {check.least_peak})"
+    message = (f"{_space_words(problem, keep_order)} fits budget {budget}{least}: CP-SAT proved its feasibility "
+               f"model infeasible in {check.wall_s:.2f} s; raise the budget")
+    return SolveResult(FORMULATION, "infeasible", wall_s=clock.elapsed_s, message=message,
+                       extra={"feasibility": check.__dict__, "proof_model": True, "cp_sat_status": check.status})
+
+
 # ==================================================================== entry point
 @dataclass
 class _Incumbent:
@@ -437,14 +679,18 @@ def moccasin(
     ``options`` are CP-SAT parameters by name (e.g. ``log_search_progress=True``).
 
     What the statuses prove. ``optimal``: no legal schedule (contract 2) whose first
-    computations follow ``graph.prompt_order`` (so none following ``graph.order`` either: taking
+    computations follow ``prompt_order(graph)`` (so none following ``graph.order`` either: taking
     an extra output earlier never adds memory) costs less than the one returned. It is claimed
     only when
     CP-SAT proved its model optimal, the graph's costs are integers (the model's costs are then
     exact) and the model has at least :func:`sufficient_intervals` intervals per node and
     :func:`sufficient_horizon` slots for the returned cost, so that it contains a schedule at
-    least as good as any schedule of lower cost. ``infeasible``: no such schedule fits (proven
-    the same way, or the budget is below :func:`coop.budget.min_budget`). ``feasible``: a
+    least as good as any schedule of lower cost. ``infeasible``: no such schedule fits (CP-SAT
+    proved the feasibility model or a proof model infeasible, or the budget is below
+    :func:`coop.budget.min_budget`); without ``keep_order`` the space is every order in which the
+    random ops draw as captured. ``extra["feasibility"]`` says whether the feasibility question
+    was asked (not when a warm start fits, nor with ``prove=False``, nor when the model would exceed
+    FEASIBILITY_MAX_CELLS) and what CP-SAT answered; it gets FEASIBILITY_SHARE of the time limit. ``feasible``: a
     schedule that fits; ``bound`` is then a valid lower bound on every such schedule's cost when
     the last model was large enough for the proof, else None, and the bound within the restricted
     model (at most C intervals per node, the given horizon) is ``extra["restricted_bound"]``.
@@ -478,6 +724,14 @@ def moccasin(
     if keep_order is None:
         keep_order = graph.has_backward
     settings = _Settings(time_limit, threads, seed, max_intervals, keep_order, extra_slots, prove, options)
+    check = None
+    if incumbent is None:
+        # Nothing fits yet: first ask whether anything of the space fits at all (a proof is often
+        # quick where the capacity-relaxed model below would spend the whole limit).
+        check, found = _feasibility_check(problem, settings, clock)
+        if check.status == "INFEASIBLE":
+            return _infeasible_result(problem, check, keep_order, clock)
+        incumbent = found
     rounds: list[_Round] = []
     while True:  # at least one round, so that every result says what CP-SAT did
         round_, found = _solve_round(problem, incumbent, settings, clock)
@@ -486,7 +740,10 @@ def moccasin(
             incumbent = found
         if not _worth_another_round(problem, incumbent, round_, settings, clock):
             break
-    return _result(problem, incumbent, warm, rounds, clock)
+    result = _result(problem, incumbent, warm, rounds, clock)
+    if check is not None:
+        result.extra["feasibility"] = check.__dict__
+    return result
 
 
 #: Above this many retention intervals the CP-SAT model is not built (see :func:`_solve_round`).

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from coop.graph import Graph
+from coop.schedule import prompt_order
 
 
 @dataclass
@@ -34,7 +35,7 @@ class SlotProblem:
 
     @classmethod
     def build(cls, graph: Graph, budget: int) -> SlotProblem:
-        order = list(graph.prompt_order)  # extra outputs right after their op: the same memory
+        order = list(prompt_order(graph))  # extra outputs right after their op: the same memory
         computed = set(order)
         inputs = {v: [u for u in graph.node(v).inputs if u in computed] for v in order}
         consumers = {v: [c for c in graph.consumers[v] if c in computed] for v in order}

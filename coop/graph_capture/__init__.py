@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from coop.errors import CaptureError
-from coop.graph_capture.captured import Captured
+from coop.graph_capture.captured import Captured, flat_values
 from coop.graph_capture.cost import NodeProfile, profile_nodes
 from coop.graph_capture.lower import lower
 from coop.graph_capture.trace import flat_names, split_state, trace_step
@@ -42,7 +42,7 @@ def capture(model: nn.Module, example_batch: torch.Tensor | tuple | list, loss_f
     profiled: NodeProfile | None = None
     if profile:
         state = {**params, **buffers, **frozen}
-        flat = [batch[int(n[6:-1])] if k == "input" else state[n] for k, n in placeholders]
+        flat = flat_values(placeholders, state, batch)
         with torch.random.fork_rng(devices=[]):  # profiling must not advance the caller's RNG
             profiled = profile_nodes(traced.module, flat)
     lowered = lower(traced, placeholders, name=type(model).__name__, profiled=profiled)

@@ -1,14 +1,26 @@
-"""The result of a capture: the Graph, the joint fx module, and what a replay needs."""
+"""The result of a capture: the Graph, the joint fx module, and what a replay needs.
+
+A replay (the static executor, the dynamic fallback) runs :attr:`Captured.module`'s program in
+some order and hands its flat outputs back here: :meth:`Captured.write_back` is the one place
+that turns them into what eager ``loss.backward()`` leaves behind.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import fx, nn
 
 from coop.graph import Graph
 from coop.graph_capture.context import TrainingContext
+from coop.graph_capture.lower import output_nodes
+
+#: How a replay's gradients reach ``.grad`` when not by plain accumulation: ``release(params, grads)``
+#: (a DistributedDataParallel reducer, :class:`coop.runtime.executor.GradientSync`).
+GradientRelease = Callable[[list[torch.Tensor], list[torch.Tensor]], None]
 
 
 @dataclass
@@ -17,10 +29,10 @@ class Captured:
 
     ``graph`` is the coop Graph; ``module`` the fx GraphModule of the joint step, whose flat
     inputs are ``placeholders`` (``(kind, name)`` with kind param/frozen/buffer/input; ``name``
-    the dotted name in the model or ``batch[i]``) and whose flat outputs are the loss, the
-    gradient of each parameter in ``grad_names`` and the new value of each buffer in
-    ``buffer_names``. ``fx_names[node_id]`` lists the fx nodes a Graph node owns: the
-    storage-producing node first, then the folded views/getitems in program order.
+    the dotted name in the model, or the label ``batch[i]`` of a batch tensor) and whose flat
+    outputs are the loss, the gradient of each parameter in ``grad_names`` and the new value of
+    each buffer in ``buffer_names``. ``fx_names[node_id]`` lists the fx nodes a Graph node owns:
+    the storage-producing node first, then the folded views/getitems in program order.
     """
 
     graph: Graph
@@ -40,6 +52,7 @@ class Captured:
         """Total FLOPs of one step (forward + backward), FlopCounterMode's formulas."""
         return sum(self.node_flops.values())
 
+    # ---------------------------------------------------------------- flat outputs
     @property
     def loss_index(self) -> int:
         """Position of the loss among the flat outputs (always first)."""
@@ -47,20 +60,50 @@ class Captured:
 
     @property
     def grad_slice(self) -> slice:
+        """Positions of the parameter gradients (``grad_names`` order) among the flat outputs."""
         return slice(1, 1 + len(self.grad_names))
 
     @property
     def buffer_slice(self) -> slice:
+        """Positions of the new buffer values (``buffer_names`` order) among the flat outputs."""
         start = 1 + len(self.grad_names)
         return slice(start, start + len(self.buffer_names))
 
+    def output_nodes(self) -> list[fx.Node | None]:
+        """The fx nodes of the flat outputs (None for a constant output): loss, gradients, buffers."""
+        return output_nodes(self.module.graph)
+
+    def write_back(self, model: nn.Module, outputs: Sequence[Any], release: GradientRelease | None = None) -> Any:
+        """The one write-back of a replayed step into ``model``; returns the loss.
+
+        New buffer values (BatchNorm statistics) are copied in once. Gradients add to ``.grad``
+        as ``loss.backward()`` would, so micro-batches accumulate; with ``release`` (a DDP
+        reducer) they are handed to it instead, which accumulates and all-reduces them.
+        """
+        params = dict(model.named_parameters())
+        buffers = dict(model.named_buffers())
+        with torch.no_grad():
+            for name, value in zip(self.buffer_names, outputs[self.buffer_slice], strict=True):
+                if value is not buffers[name]:
+                    buffers[name].copy_(value)
+        targets = [params[name] for name in self.grad_names]
+        grads = list(outputs[self.grad_slice])
+        if release is not None:
+            release(targets, grads)
+            return outputs[self.loss_index]
+        with torch.no_grad():
+            for param, grad in zip(targets, grads, strict=True):
+                if param.grad is None:
+                    param.grad = grad
+                else:
+                    param.grad += grad
+        return outputs[self.loss_index]
+
+    # ---------------------------------------------------------------- flat inputs
     def flat_inputs(self, model: nn.Module, batch: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
         """The module's flat inputs for this model's current tensors and a batch."""
         state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
-        values = []
-        for kind, name in self.placeholders:
-            values.append(batch[int(name[6:-1])] if kind == "input" else state[name])
-        return values
+        return flat_values(self.placeholders, state, batch)
 
     def constants(self) -> list[torch.Tensor]:
         """Constant tensors of the traced module (caller-owned ``buffer`` nodes named ``constant:*``)."""
@@ -70,3 +113,21 @@ class Captured:
         """Run the captured module (program order) on real tensors: flat outputs."""
         with torch.no_grad():
             return self.module(*self.flat_inputs(model, batch))
+
+
+def batch_positions(placeholders: Sequence[tuple[str, str]]) -> list[int]:
+    """Index of each batch tensor's placeholder among the flat inputs, ``batch[0]`` first.
+
+    The trace lays the batch out after the model's state, in batch order
+    (:func:`coop.graph_capture.trace.flat_names`): the i-th ``input`` placeholder is ``batch[i]``.
+    """
+    return [position for position, (kind, _) in enumerate(placeholders) if kind == "input"]
+
+
+def flat_values(placeholders: Sequence[tuple[str, str]], state: Mapping[str, torch.Tensor],
+                batch: Sequence[Any]) -> list[Any]:
+    """The flat inputs of a captured step: ``state`` (parameters, buffers by name) and the batch."""
+    values: list[Any] = [None if kind == "input" else state[name] for kind, name in placeholders]
+    for position, value in zip(batch_positions(placeholders), batch, strict=True):
+        values[position] = value
+    return values

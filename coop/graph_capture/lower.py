@@ -21,7 +21,8 @@ at, which is where the executor takes them.
 Kinds: placeholders are ``param`` (trainable and frozen parameters), ``buffer`` or ``input``
 (the batch); constant tensors of the traced module (``get_attr``) are ``buffer`` s too. A computed node is ``forward`` when the loss or a new buffer value depends on it,
 else ``backward``: it exists only to compute gradients. Random ops (``Tag.nondeterministic_seeded``:
-dropout, bernoulli, rand*) are not recomputable.
+dropout, bernoulli, rand*) are not recomputable, and the node a random op creates is marked
+``random``: the one definition of a random op that everything downstream of the capture reads.
 """
 
 from __future__ import annotations
@@ -178,7 +179,7 @@ def _new_node_fields(fx_node: fx.Node, node_id: int, mem: int, labels: dict[str,
         return {"id": node_id, "name": f"constant:{fx_node.target}", "op": "constant", "inputs": [], "mem": mem,
                 "cost": 0.0, "kind": "buffer", "recomputable": False}
     return {"id": node_id, "name": fx_node.name, "op": str(fx_node.target), "inputs": [], "mem": mem, "cost": 0.0,
-            "kind": "backward", "recomputable": True}
+            "kind": "backward", "recomputable": True, "random": is_random(fx_node)}
 
 
 def output_nodes(fx_graph: fx.Graph) -> list[fx.Node | None]:

@@ -245,7 +245,11 @@ def _refuse_mutations(graph: fx.Graph) -> None:
 
 
 def is_random(node: fx.Node) -> bool:
-    """Random ops (dropout, bernoulli, rand*): replaying them must not draw new numbers."""
+    """Random ops (dropout, bernoulli, rand*): replaying them must not draw new numbers.
+
+    The one definition of a random op: the lowering marks the Graph node it creates (``Node.random``),
+    and everything that reads the Graph reads that flag.
+    """
     tags = getattr(node.target, "tags", ())
     return torch.Tag.nondeterministic_seeded in tags
 

@@ -47,7 +47,7 @@ from coop.budget import parse_budget
 from coop.graph import Graph
 from coop.online.arena import Arena, Block
 from coop.online.policies import EvictionPolicy, TensorInfo, make_policy
-from coop.schedule import Schedule, Step
+from coop.schedule import Schedule, Step, prompt_order, relative_overhead
 
 OnlineStatus = Literal["ok", "thrashed", "oom"]
 
@@ -94,12 +94,12 @@ class OnlineResult:
         return {k: v for k, v in self.__dict__.items() if k != "schedule"}
 
 
-class _OutOfMemory(Exception):
-    """Nothing evictable can make room for an allocation."""
+class OutOfMemory(Exception):
+    """Nothing evictable can make room for an allocation (the engine stops; callers report it)."""
 
 
-class _Thrashing(Exception):
-    """The extra compute passed the caller's limit."""
+class Thrashing(Exception):
+    """The extra compute passed the caller's limit (the engine stops; callers report it)."""
 
 
 class _Workspace:
@@ -131,7 +131,7 @@ class OnlineSimulator:
         self._clock = 0.0
         self.max_extra_cost = max_overhead * graph.baseline_cost
         # Extra outputs right after their op: contract 2 counts them from the op's compute anyway.
-        self.order = graph.prompt_order
+        self.order = prompt_order(graph)
         self.max_recomputations = int(max_overhead * max(len(self.order), 1)) + len(self.order)
         nodes = {n.id: n for n in graph.nodes}
         self._size = {i: n.mem for i, n in nodes.items()}
@@ -212,7 +212,7 @@ class OnlineSimulator:
     def run(self) -> None:
         for owned in self.graph.caller_owned_ids:
             if self._size[owned] and self._arena.allocate(self._size[owned], owned) is None:
-                raise _OutOfMemory(f"the caller-owned values ({self.graph.caller_owned_bytes}) do not fit the budget")
+                raise OutOfMemory(f"the caller-owned values ({self.graph.caller_owned_bytes}) do not fit the budget")
         for position, v in enumerate(self.order):
             self._materialize(v, program_step=True)
             for kept in self._release_at.get(position, ()):
@@ -288,7 +288,7 @@ class OnlineSimulator:
             self.random_replays += node in self.replayable
             self.extra_cost += self._cost[node]
             if self.extra_cost > self.max_extra_cost or self.recomputations > self.max_recomputations:
-                raise _Thrashing(f"recomputation passed the limit after {self.recomputations} recomputes")
+                raise Thrashing(f"recomputation passed the limit after {self.recomputations} recomputes")
 
     def _run_node(self, node: int) -> None:
         """Hook: the op runs here, once its output and workspace have room (a real engine computes)."""
@@ -310,7 +310,7 @@ class OnlineSimulator:
             victims = self.policy.choose(size, self)
             self.search_s += time.perf_counter() - started
             if not victims:
-                raise _OutOfMemory(
+                raise OutOfMemory(
                     f"no eviction makes room for {size} (free {self._arena.free_bytes}, "
                     f"largest free block {self._arena.largest_free})"
                 )
@@ -409,16 +409,16 @@ def simulate_online(
     message = ""
     try:
         engine.run()
-    except _OutOfMemory as exc:
+    except OutOfMemory as exc:
         status, message = "oom", str(exc)
-    except _Thrashing as exc:
+    except Thrashing as exc:
         status, message = "thrashed", str(exc)
     wall_s = time.perf_counter() - started
     cost = sum(engine.cost(v) for v in engine.executed)
     baseline = graph.baseline_cost
-    overhead = (cost - baseline) / baseline if baseline else 0.0
+    overhead = relative_overhead(cost - baseline, baseline)
     if status != "ok":  # a run cut short: the recomputation it paid for so far, not its unfinished cost
-        overhead = engine.extra_cost / baseline if baseline else 0.0
+        overhead = relative_overhead(engine.extra_cost, baseline)
     schedule = None
     if status == "ok":
         schedule = Schedule(steps=tuple(Step(op="compute", node=v) for v in engine.executed))

@@ -98,24 +98,19 @@ class Placement:
 def schedule_lifetimes(graph: Graph, schedule: Schedule) -> tuple[list[Lifetime], int]:
     """The device blocks of a legal schedule and its live peak (the simulator's, unchanged).
 
-    Lifetimes come from :func:`coop.schedule.simulate`'s ``instances``; paging gaps split them.
+    The blocks are what :func:`coop.schedule.simulate` counts: each caller-owned value's and each
+    instance's device intervals (one block per stay on the device) and each step's workspace.
     """
     sim = simulate(graph, schedule)
-    num_steps = max(len(schedule.steps), 1)
-    gaps = _paging_gaps(graph, schedule)
     lifetimes: list[Lifetime] = []
-    for owned in graph.caller_owned_ids:
-        size = graph.node(owned).mem
-        lifetimes.extend(_split(f"owned %{owned}", owned, 0, num_steps - 1, size, gaps.get(owned, [])))
+    for owned, intervals in sim.owned_device.items():
+        lifetimes.extend(_blocks(f"owned %{owned}", owned, intervals, graph.node(owned).mem))
     for k, instance in enumerate(sim.instances):
-        size = instance.mem
-        label = f"%{instance.node}#{k}"
-        lifetimes.extend(_split(label, instance.node, instance.start, instance.end, size, gaps.get(instance.node, [])))
-    for j, step in enumerate(schedule.steps):
-        if step.op == "compute":
-            workspace = _workspace(graph, step.node, step.impl)
-            if workspace:
-                lifetimes.append(Lifetime(f"workspace %{step.node}@{j}", step.node, j, j, workspace))
+        lifetimes.extend(_blocks(f"%{instance.node}#{k}", instance.node, instance.device, instance.mem))
+    for j, workspace in enumerate(sim.workspace):
+        if workspace:
+            node = schedule.steps[j].node
+            lifetimes.append(Lifetime(f"workspace %{node}@{j}", node, j, j, workspace))
     return [b for b in lifetimes if b.size > 0], sim.peak
 
 
@@ -220,41 +215,11 @@ def _best_fit(lifetimes: list[Lifetime]) -> list[int]:
     return offsets
 
 
-def _paging_gaps(graph: Graph, schedule: Schedule) -> dict[int, list[tuple[int, int]]]:
-    """Per node, the half-open step ranges [page_out, page_in) during which it is off the device."""
-    gaps: dict[int, list[tuple[int, int]]] = {}
-    out_since: dict[int, int] = {}
-    for j, step in enumerate(schedule.steps):
-        if step.op == "page_out":
-            out_since[step.node] = j
-        elif step.node in out_since:  # page_in, or a free/recompute that retires the paged instance
-            gaps.setdefault(step.node, []).append((out_since.pop(step.node), j))
-    for node, since in out_since.items():
-        gaps.setdefault(node, []).append((since, len(schedule.steps)))
-    return gaps
-
-
-def _split(label: str, node: int, start: int, end: int, size: int, gaps: list[tuple[int, int]]) -> list[Lifetime]:
-    """The lifetime [start, end] minus the paging gaps that fall inside it."""
-    pieces = []
-    cursor = start
-    for gap_start, gap_end in sorted(gaps):
-        if gap_end <= cursor or gap_start > end:
-            continue
-        if gap_start > cursor:
-            pieces.append((cursor, gap_start - 1))
-        cursor = max(cursor, gap_end)
-    if cursor <= end:
-        pieces.append((cursor, end))
-    suffix = len(pieces) > 1
-    return [Lifetime(f"{label}.{i}" if suffix else label, node, a, b, size) for i, (a, b) in enumerate(pieces)]
-
-
-def _workspace(graph: Graph, node_id: int, impl: str | None) -> int:
-    node = graph.node(node_id)
-    if impl is None:
-        return node.workspace
-    return next(i.workspace for i in node.impls if i.name == impl)
+def _blocks(label: str, node: int, intervals: tuple[tuple[int, int], ...], size: int) -> list[Lifetime]:
+    """One block per device interval; a value paged out and back gets a suffix per stay."""
+    suffix = len(intervals) > 1
+    return [Lifetime(f"{label}.{i}" if suffix else label, node, first, last, size)
+            for i, (first, last) in enumerate(intervals)]
 
 
 __all__ = ["Lifetime", "Placement", "best_fit_placement", "exact_placement", "place", "schedule_lifetimes"]

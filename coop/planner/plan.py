@@ -1,9 +1,10 @@
-"""coop.plan: capture -> budget -> formulation -> validate -> executor, and the Plan object.
+"""coop.plan: capture -> budget -> formulation -> validate -> executor, and the static Plan.
 
 Orchestration only: the capture, the one budget parser, the formulations, the one simulator and
-validator and the executor do the work; this module chooses among schedules and wires the replay
-into the model (gradients accumulated into ``p.grad`` like ``loss.backward()``, buffers updated
-once per step).
+validator and the executor do the work; this module chooses among schedules (falling back to
+:func:`coop.formulations.auto.cheapest_fitting_baseline`) and returns a plan with the common face
+of :class:`coop.planner.base.BasePlan`: a static :class:`Plan`, or with ``formulation="dynamic"``
+a :class:`coop.planner.dynamic.DynamicPlan`.
 """
 
 from __future__ import annotations
@@ -11,29 +12,29 @@ from __future__ import annotations
 import functools
 import json
 import warnings
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from coop.budget import baseline_peak, min_budget, parse_budget
-from coop.errors import BudgetError, ContextError, CoopError, InfeasibleError
-from coop.formulations import BASELINES, SolveResult, solve, solve_accepting
+from coop.budget import min_budget, parse_budget
+from coop.errors import ContextError, CoopError, InfeasibleError
+from coop.formulations import SolveResult, solve_accepting
+from coop.formulations.auto import cheapest_fitting_baseline
 from coop.graph import Graph, format_bytes
 from coop.graph_capture import Captured, capture
 from coop.graph_capture.context import TrainingContext
 from coop.online.static_arena import best_fit_placement
-from coop.runtime.executor import Executor, GradientSync, replay_graph, unwrap_model, write_back
-from coop.runtime.fallback import DynamicPlan, batch_key, recapture
+from coop.planner.base import BasePlan, LossFn, batch_key, recapture
+from coop.planner.dynamic import DynamicPlan
+from coop.runtime.executor import Executor, replay_graph, unwrap_model
 from coop.schedule import Schedule, Simulation, Step, simulate, validate
 
 PLAN_FORMAT = "coop.plan/1"
-LossFn = Callable[..., torch.Tensor]
 
 
-class Plan:
+class Plan(BasePlan):
     """A validated schedule for one model, batch shape and training context, ready to replay every step.
 
     ``model`` is the module the step was captured from; under DistributedDataParallel it is the
@@ -43,17 +44,10 @@ class Plan:
     def __init__(self, model: nn.Module, captured: Captured, schedule: Schedule, budget: int, formulation: str,
                  result: SolveResult | None = None, note: str = "", loss_fn: LossFn | None = None,
                  wrapper: nn.Module | None = None) -> None:
-        self.model = model
-        self.wrapper = wrapper
-        self.sync = GradientSync(wrapper, captured) if wrapper is not None else None
-        self.loss_fn = loss_fn
+        super().__init__(model, captured, budget, loss_fn=loss_fn, wrapper=wrapper)
         self.arena_peak: int | None = None  # best-fit arena peak, set by plan(..., arena=True)
         self._dynamic_by_shape: dict[tuple, DynamicPlan] = {}
-        # Another training context -> its replay: None where the static plan's program still applies.
-        self._by_context: dict[tuple, Plan | DynamicPlan | None] = {}
-        self.captured = captured
         self.schedule = schedule
-        self.budget = budget
         self.formulation = formulation
         self.result = result
         self.note = note
@@ -67,10 +61,6 @@ class Plan:
         return self.executor.graph
 
     @property
-    def baseline_peak(self) -> int:
-        return baseline_peak(self.graph)
-
-    @property
     def predicted_peak(self) -> int:
         return self.simulation.peak
 
@@ -82,11 +72,7 @@ class Plan:
         """Peak, overhead, budget and solver status as a JSON-ready dict."""
         result = self.result
         return {
-            "model": self.graph.name,
-            "formulation": self.formulation,
-            "budget": self.budget,
-            "baseline_peak": self.baseline_peak,
-            "predicted_peak": self.predicted_peak,
+            **super().summary(),
             "peak_fraction": self.predicted_peak / self.baseline_peak,
             "predicted_overhead": self.predicted_overhead,
             "min_budget": min_budget(self.graph),
@@ -106,69 +92,27 @@ class Plan:
         return {"plan": list(self.simulation.memory), "baseline": list(baseline)}
 
     # ---------------------------------------------------------------- replay
-    def step(self, *batch: torch.Tensor) -> torch.Tensor:
-        """Forward + backward under the plan: grads accumulate into ``p.grad``; returns the loss.
-
-        A batch of other shapes runs captured again under online eviction within the same budget,
-        with a warning. A training context other than the capture's (autocast, train/eval, frozen
-        parameters: :meth:`TrainingContext.mismatch`) is re-planned for within the same budget,
-        with a warning (:meth:`_for_context`); one no re-plan can serve (gradients disabled,
-        another device) stops with one ContextError line. Under DDP the gradients are all-reduced
-        by the wrapper's own reducer, as in DDP eager (:class:`GradientSync`).
-        """
-        current = TrainingContext.current(self.model, batch)
-        change = self.captured.context.mismatch(current) if self.captured.context is not None else ""
-        other = self._for_context(current, change, batch) if change else None
-        if other is not None:
-            try:
-                return other.step(*batch)
-            except InfeasibleError as exc:
-                raise ContextError(f"{change}, and the step in this context does not fit the plan's budget ({exc}); "
-                                   "make a new plan in this context") from None
+    def _step_here(self, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """Replay the schedule; a batch of other shapes runs captured again under online eviction, with a warning."""
         mismatch = self._batch_mismatch(batch)
         if mismatch:
             return self._dynamic_fallback(batch, mismatch).step(*batch)
-        if self.sync is not None:
-            batch = self.sync.before_step(batch)
-        outputs = self.executor.run_flat(self.captured.flat_inputs(self.model, batch))
-        return write_back(self.captured, self.model, outputs, self.sync)
+        return super()._step_here(batch)
 
-    def _for_context(self, current: TrainingContext, change: str,
-                     batch: tuple[torch.Tensor, ...]) -> Plan | DynamicPlan | None:
-        """The replay for a context other than the capture's (None: this plan's program still applies).
+    def _run(self, batch: tuple[torch.Tensor, ...]) -> list[Any]:
+        return self.executor.run_flat(self.captured.flat_inputs(self.model, batch))
 
-        The step is captured again in the new context. When its program is the same (a setting
-        that changes no op, like deterministic algorithms on CPU) this plan stands. Otherwise it is
-        re-planned within the same budget, with a warning: the cheapest baseline schedule that fits
-        (no solver time inside a training loop), else online eviction (Coop's policy); a budget
-        nothing meets in the new context is a ContextError naming the difference.
-        """
-        key = (current, batch_key(batch))
-        if key in self._by_context:
-            return self._by_context[key]
-        again = recapture(self.model, batch, self.loss_fn, current)
-        if again.graph.structure_sha256 == self.captured.graph.structure_sha256:
-            self._by_context[key] = None
-            return None
-        other: Plan | DynamicPlan
+    def _replan(self, captured: Captured, change: str) -> tuple[BasePlan, str]:
+        """The cheapest baseline schedule that fits (no solver time inside a training loop), else online eviction."""
         try:
-            fallback, name = _best_baseline(replay_graph(again), self.budget)
-            other = Plan(self.model, again, fallback.schedule, self.budget, name, fallback, loss_fn=self.loss_fn,
-                         wrapper=self.wrapper, note=f"re-planned for another training context: {change}")
-            how = f"the {name} schedule"
+            fallback = cheapest_fitting_baseline(replay_graph(captured), self.budget)
         except InfeasibleError:
-            try:
-                other = DynamicPlan(again, self.model, self.budget, policy="coop", wrapper=self.wrapper,
-                                    loss_fn=self.loss_fn)
-            except BudgetError as exc:
-                raise ContextError(f"{change}, and the step in this context does not fit the plan's budget ({exc}); "
-                                   "make a new plan in this context") from None
-            how = "online eviction (coop policy)"
-        warnings.warn(f"{change}; captured the step again for this context and running it with {how} within the "
-                      f"plan's budget of {format_bytes(self.budget)}; make a new plan in this context to get an "
-                      "optimized schedule", stacklevel=3)
-        self._by_context[key] = other
-        return other
+            dynamic = DynamicPlan(captured, self.model, self.budget, policy="coop", wrapper=self.wrapper,
+                                  loss_fn=self.loss_fn)
+            return dynamic, "online eviction (coop policy)"
+        other = Plan(self.model, captured, fallback.schedule, self.budget, fallback.formulation, fallback,
+                     loss_fn=self.loss_fn, wrapper=self.wrapper, note=f"re-planned for another training context: {change}")
+        return other, f"the {fallback.formulation} schedule"
 
     def _batch_mismatch(self, batch: tuple[torch.Tensor, ...]) -> str:
         """Why this batch does not fit the plan's shapes ('' when it does)."""
@@ -191,7 +135,7 @@ class Plan:
                 raise CoopError(mismatch)
             warnings.warn(f"{mismatch}; running this shape under online eviction (coop policy) within the plan's "
                           f"budget of {format_bytes(self.budget)}; make a new plan for it to get a static schedule",
-                          stacklevel=3)
+                          stacklevel=4)
             captured = recapture(self.model, batch, self.loss_fn, TrainingContext.current(self.model, batch))
             dynamic = DynamicPlan(captured, self.model, self.budget, policy="coop", wrapper=self.wrapper,
                                   loss_fn=self.loss_fn)
@@ -291,31 +235,11 @@ def _plan_within(model: nn.Module, captured: Captured, budget_bytes: int, *, for
     if result.schedule is not None and validate(graph, result.schedule, budget_bytes).ok:
         return Plan(model, captured, result.schedule, budget_bytes, result.formulation, result, note=result.message,
                     loss_fn=loss_fn, wrapper=wrapper)
-    fallback, name = _best_baseline(graph, budget_bytes, failed=formulation)
-    note = f"{formulation} found no schedule within the budget ({result.status}: {result.message}); fell back to {name}"
-    return Plan(model, captured, fallback.schedule, budget_bytes, name, fallback, note=note, loss_fn=loss_fn,
-                wrapper=wrapper)
-
-
-def _best_baseline(graph: Graph, budget: int, failed: str | None = None) -> tuple[SolveResult, str]:
-    """The cheapest baseline schedule whose validated peak fits the budget."""
-    best: tuple[float, SolveResult, str] | None = None
-    best_peak: int | None = None
-    for name in BASELINES:
-        result = solve(graph, budget, name)
-        if result.schedule is None:
-            continue
-        check = validate(graph, result.schedule, budget)
-        if check.peak is not None:
-            best_peak = check.peak if best_peak is None else min(best_peak, check.peak)
-        if check.ok and (best is None or check.cost < best[0]):
-            best = (check.cost, result, name)
-    if best is None:
-        what = f"{failed} and the baselines" if failed else "the baselines"
-        reached = f"; the best peak reached is {best_peak} B ({format_bytes(best_peak)})" if best_peak else ""
-        raise InfeasibleError(f"budget {budget} B ({format_bytes(budget)}) is infeasible for {what}{reached}; "
-                              "raise the budget or choose another formulation")
-    return best[1], best[2]
+    fallback = cheapest_fitting_baseline(graph, budget_bytes, failed=formulation)
+    note = (f"{formulation} found no schedule within the budget ({result.status}: {result.message}); fell back to "
+            f"{fallback.formulation}")
+    return Plan(model, captured, fallback.schedule, budget_bytes, fallback.formulation, fallback, note=note,
+                loss_fn=loss_fn, wrapper=wrapper)
 
 
 def load_plan(path: str | Path, model: nn.Module, loss_fn: LossFn | None = None) -> Plan:

@@ -21,11 +21,11 @@ op's first compute whatever step the schedule takes them at. The executor replay
 its op's first compute: the same memory and cost), so the op's output tuple dies at the op's step
 instead of living until a far-away ``getitem``.
 
-What a replay hands back to the model, and the context it runs in, live here too, shared by the
-static and the dynamic replay: :func:`write_back` (the one write-back of gradients and buffers),
+The context a replay runs in lives here too, shared by the static and the dynamic replay:
 :func:`recorded_program` (autocast off: the capture holds its own casts), :func:`unwrap_model`
 (DistributedDataParallel unwrapped, wrappers coop cannot honour refused) and
-:class:`GradientSync` (a DDP wrapper's own reducer all-reducing the replayed gradients).
+:class:`GradientSync` (a DDP wrapper's own reducer all-reducing the replayed gradients). What a
+replay hands back to the model is written by :meth:`Captured.write_back`.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ from torch import fx, nn
 from coop.errors import CaptureError, ScheduleError
 from coop.graph import Graph
 from coop.graph_capture import Captured
-from coop.graph_capture.lower import output_nodes
 from coop.graph_capture.trace import is_random
 from coop.runtime.meter import host_pool
 from coop.runtime.rng import output_device, restore_generator_state, save_generator_state, swap_generator_state
@@ -172,7 +171,7 @@ class _ProgramBuilder:
         raise ScheduleError(f"node {node_id} has no tensor value to page")
 
     def finish(self) -> fx.GraphModule:
-        outputs = [self.lookup(n) if n is not None else None for n in output_nodes(self.source)]
+        outputs = [self.lookup(n) if n is not None else None for n in self.captured.output_nodes()]
         self.graph.output(outputs)
         self.graph.lint()
         return fx.GraphModule(self.captured.module, self.graph)
@@ -373,33 +372,7 @@ class GradientSync:
 
 def _gradient_ready_order(captured: Captured) -> list[int]:
     """Indices into ``captured.grad_names`` in the order the captured backward completes each gradient."""
-    graph = captured.module.graph
-    position = {node: index for index, node in enumerate(graph.nodes)}
-    outputs = output_nodes(graph)[captured.grad_slice]
+    position = {node: index for index, node in enumerate(captured.module.graph.nodes)}
+    outputs = captured.output_nodes()[captured.grad_slice]
     return sorted(range(len(outputs)), key=lambda i: (position.get(outputs[i], -1), i))
 
-
-def write_back(captured: Captured, module: nn.Module, outputs: list[Any], sync: GradientSync | None = None) -> Any:
-    """The one write-back of a replayed step: gradients accumulated into ``.grad``, new buffers copied in.
-
-    Gradients add to ``.grad`` as ``loss.backward()`` would (or, under DDP, go through the
-    wrapper's reducer: :class:`GradientSync`); buffers are written once. Returns the loss.
-    """
-    params = dict(module.named_parameters())
-    buffers = dict(module.named_buffers())
-    grads = outputs[captured.grad_slice]
-    with torch.no_grad():
-        for name, value in zip(captured.buffer_names, outputs[captured.buffer_slice], strict=True):
-            if value is not buffers[name]:
-                buffers[name].copy_(value)
-    targets = [params[name] for name in captured.grad_names]
-    if sync is not None:
-        sync.release(targets, list(grads))
-        return outputs[captured.loss_index]
-    with torch.no_grad():
-        for param, grad in zip(targets, grads, strict=True):
-            if param.grad is None:
-                param.grad = grad
-            else:
-                param.grad += grad
-    return outputs[captured.loss_index]

@@ -1,9 +1,9 @@
-"""The dynamic fallback: run a captured training step on real tensors under a budget, evicting online.
+"""The dynamic fallback's engine: run a captured training step on real tensors under a budget, evicting online.
 
-When no static plan fits the situation, :class:`DynamicStep` executes the captured joint fx graph
-op by op with the *same* engine and policy objects as the pure simulator
-(:class:`coop.online.online_sim.OnlineSimulator`, policies DTR / DTR-eq / DTE / Coop): it is an
-EngineView whose values are real tensors. Sizes are the Graph's ``mem`` (the capture measured
+When no static plan fits the situation (the planner's :class:`coop.planner.dynamic.DynamicPlan`),
+:class:`DynamicStep` executes the captured joint fx graph op by op with the *same* engine and
+policy objects as the pure simulator (:class:`coop.online.online_sim.OnlineSimulator`, policies
+DTR / DTR-eq / DTE / Coop): it is an EngineView whose values are real tensors. Sizes are the Graph's ``mem`` (the capture measured
 them from the storages of these very ops), costs the Graph's ``cost``. When an allocation does
 not fit the arena, the policy picks victims and their tensors are deleted; a value needed again is
 recomputed from its fx lineage (Kirisame et al., "Dynamic Tensor Rematerialization", ICLR 2021;
@@ -25,7 +25,6 @@ computed on first use from their (resident) inputs and are deleted with their ow
 from __future__ import annotations
 
 import operator
-import warnings
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,13 +33,13 @@ import torch
 from torch import fx, nn
 
 from coop.budget import min_budget, parse_budget
-from coop.errors import BudgetError, ContextError, InfeasibleError
-from coop.graph import format_bytes
-from coop.graph_capture.context import TrainingContext
-from coop.online.online_sim import OnlineSimulator, _OutOfMemory, _Thrashing
+from coop.errors import BudgetError, InfeasibleError
+from coop.graph_capture import Captured
+from coop.online.online_sim import OnlineSimulator, OutOfMemory, Thrashing
 from coop.online.policies import EvictionPolicy, make_policy
-from coop.runtime.executor import GradientSync, recorded_program, write_back
+from coop.runtime.executor import recorded_program
 from coop.runtime.rng import RngState
+from coop.schedule import relative_overhead
 
 
 @dataclass
@@ -62,7 +61,7 @@ class DynamicStats:
 class DynamicStep(OnlineSimulator):
     """One training step of a Captured module on real tensors, evicting by policy within ``budget``."""
 
-    def __init__(self, captured: Any, budget: int, policy: EvictionPolicy, max_overhead: float = 10.0,
+    def __init__(self, captured: Captured, budget: int, policy: EvictionPolicy, max_overhead: float = 10.0,
                  replay_random: bool = True) -> None:
         super().__init__(captured.graph, budget, policy, max_overhead, replay_random)
         self.module: fx.GraphModule = captured.module
@@ -148,7 +147,7 @@ class DynamicStep(OnlineSimulator):
 
 
 def run_dynamic(
-    captured: Any,
+    captured: Captured,
     model: nn.Module,
     batch: tuple[torch.Tensor, ...],
     budget: int | str | float,  # noqa: PYI041 (int: bytes, float: fraction)
@@ -176,7 +175,7 @@ def run_dynamic(
         with torch.no_grad(), recorded_program():
             engine.run()
             outputs = engine.outputs()
-    except (_OutOfMemory, _Thrashing) as exc:
+    except (OutOfMemory, Thrashing) as exc:
         raise InfeasibleError(f"dynamic fallback ({engine.policy.name}) cannot run within {budget_bytes} B: {exc}") from None
     cost = sum(engine.cost(v) for v in engine.executed)
     baseline = graph.baseline_cost
@@ -186,7 +185,7 @@ def run_dynamic(
         budget=budget_bytes,
         evictions=engine.evictions,
         recomputations=engine.recomputations,
-        overhead=(cost - baseline) / baseline if baseline else 0.0,
+        overhead=relative_overhead(cost - baseline, baseline),
         peak=arena.peak_used,
         arena_peak=arena.high_water,
         search_s=engine.search_s,
@@ -198,111 +197,4 @@ def run_dynamic(
     return list(outputs), stats
 
 
-def batch_key(batch: tuple[Any, ...]) -> tuple:
-    """Shapes and dtypes of a batch (types for non-tensors): what a captured step is specific to."""
-    return tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else (None, type(t)) for t in batch)
-
-
-def recapture(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: Any, context: TrainingContext) -> Any:
-    """``model``'s step on ``batch`` captured again now, in ``context`` (which it records)."""
-    from coop.graph_capture import capture
-
-    again = capture(model, batch, loss_fn=loss_fn)
-    again.context = context
-    return again
-
-
-class DynamicPlan:
-    """``coop.plan(..., formulation="dynamic")``: every step runs under online eviction.
-
-    ``step(*batch)`` returns the loss, accumulates gradients into ``.grad`` as ``backward()``
-    would and writes new buffer values (BatchNorm statistics) into the model.
-    """
-
-    def __init__(self, captured: Any, model: nn.Module, budget: int | str | float,  # noqa: PYI041
-                 policy: str | EvictionPolicy = "coop", replay_random: bool = True, *, wrapper: Any = None,
-                 loss_fn: Any = None) -> None:
-        self.captured = captured
-        self.loss_fn = loss_fn  # how the step was captured: needed to capture it again for another context
-        self.model = model  # the module the step was captured from (inside ``wrapper`` under DDP)
-        self.wrapper = wrapper
-        self.sync = GradientSync(wrapper, captured) if wrapper is not None else None
-        self.budget = parse_budget(budget, captured.graph)
-        self.policy = policy
-        self.replay_random = replay_random
-        self.last_stats: DynamicStats | None = None
-        self._by_context: dict[tuple, DynamicPlan | None] = {}  # other context and batch -> its re-capture
-
-    @property
-    def graph(self) -> Any:
-        return self.captured.graph
-
-    @property
-    def formulation(self) -> str:
-        return f"dynamic ({self.policy if isinstance(self.policy, str) else type(self.policy).__name__})"
-
-    @property
-    def baseline_peak(self) -> int:
-        from coop.budget import baseline_peak
-
-        return baseline_peak(self.captured.graph)
-
-    def summary(self) -> dict[str, Any]:
-        """Budget, baseline peak and the last step's eviction statistics."""
-        stats = self.last_stats
-        return {
-            "model": self.graph.name,
-            "formulation": self.formulation,
-            "budget": self.budget,
-            "baseline_peak": self.baseline_peak,
-            "last_step": None if stats is None else {k: v for k, v in vars(stats).items() if not k.startswith("_")},
-        }
-
-    def step(self, *batch: torch.Tensor) -> torch.Tensor:
-        """Forward + backward under online eviction; grads accumulate into ``.grad``; returns the loss.
-
-        In a training context other than the capture's (autocast, train/eval, ...), or for a batch
-        of other shapes, the step is captured again for it, with a warning; where no re-capture can
-        help it stops with one line (:meth:`TrainingContext.mismatch`).
-        """
-        current = TrainingContext.current(self.model, batch)
-        recorded = self.captured.context
-        change = recorded.mismatch(current) if recorded is not None else ""
-        if batch_key(batch) != tuple(self.captured.batch_shapes):
-            shapes = [list(shape or ()) for shape, _ in batch_key(batch)]
-            planned = [list(shape) for shape, _ in self.captured.batch_shapes]
-            change = "; ".join(filter(None, [change, f"the batch has shapes {shapes}, the plan was made for {planned}"]))
-        other = self._for_context(current, change, batch) if change else None
-        if other is not None:
-            try:
-                return other.step(*batch)
-            except InfeasibleError as exc:
-                raise ContextError(f"{change}, and the step does not fit the plan's budget there ({exc}); make a new "
-                                   "plan for it") from None
-        if self.sync is not None:
-            batch = self.sync.before_step(tuple(batch))
-        outputs, self.last_stats = run_dynamic(self.captured, self.model, tuple(batch), self.budget, self.policy,
-                                                replay_random=self.replay_random)
-        return write_back(self.captured, self.model, outputs, self.sync)
-
-    def _for_context(self, current: TrainingContext, change: str, batch: tuple[torch.Tensor, ...]) -> DynamicPlan | None:
-        """This plan captured again for ``current`` and ``batch`` (once each, with a warning); None: same program."""
-        key = (current, batch_key(batch))
-        if key not in self._by_context:
-            again = recapture(self.model, batch, self.loss_fn, current)
-            if again.graph.structure_sha256 == self.captured.graph.structure_sha256:
-                self._by_context[key] = None
-                return None
-            try:
-                other = DynamicPlan(again, self.model, self.budget, self.policy, self.replay_random,
-                                    wrapper=self.wrapper, loss_fn=self.loss_fn)
-            except BudgetError as exc:
-                raise ContextError(f"{change}, and the step does not fit the plan's budget there ({exc}); make a new "
-                                   "plan for it") from None
-            warnings.warn(f"{change}; captured the step again for it, running under online eviction within the budget "
-                          f"of {format_bytes(self.budget)}; make a new plan for it to avoid the re-capture", stacklevel=3)
-            self._by_context[key] = other
-        return self._by_context[key]
-
-
-__all__ = ["DynamicPlan", "DynamicStats", "DynamicStep", "run_dynamic"]
+__all__ = ["DynamicStats", "DynamicStep", "run_dynamic"]

@@ -1,0 +1,169 @@
+"""The face every plan shows: :class:`BasePlan`, whether its steps replay a static schedule or evict online.
+
+``coop.plan`` returns a :class:`coop.planner.plan.Plan` (a validated schedule replayed by the
+executor) or a :class:`coop.planner.dynamic.DynamicPlan` (online eviction on real tensors). A
+training loop uses either the same way: ``step(*batch)`` returns the loss and leaves gradients in
+``.grad`` (written back by :meth:`Captured.write_back`); ``budget``, ``formulation``,
+``predicted_peak``, ``baseline_peak`` and ``summary()`` describe it; ``save(path)`` writes it
+where a plan has a schedule to write.
+
+What both kinds share lives here once: the training-context check before every step, and the
+re-plan, with one warning, for a context other than the capture's (:meth:`BasePlan._for_context`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from coop.budget import baseline_peak
+from coop.errors import BudgetError, ContextError, CoopError, InfeasibleError
+from coop.graph import Graph, format_bytes
+from coop.graph_capture import Captured, capture
+from coop.graph_capture.context import TrainingContext
+from coop.runtime.executor import GradientSync
+
+LossFn = Callable[..., torch.Tensor]
+
+
+class BasePlan(ABC):
+    """A plan for one model, batch shape and training context: ``step`` runs a training step within ``budget``.
+
+    ``model`` is the module the step was captured from; under DistributedDataParallel it is the
+    wrapped module and ``wrapper`` the DDP instance whose reducer syncs the gradients
+    (:class:`GradientSync`). ``loss_fn`` is how the step was captured, kept to capture it again
+    in another training context.
+    """
+
+    formulation: str
+
+    def __init__(self, model: nn.Module, captured: Captured, budget: int, *, loss_fn: LossFn | None = None,
+                 wrapper: nn.Module | None = None) -> None:
+        self.model = model
+        self.captured = captured
+        self.budget = budget
+        self.loss_fn = loss_fn
+        self.wrapper = wrapper
+        self.sync = GradientSync(wrapper, captured) if wrapper is not None else None
+        # Another training context (and batch) -> its replay: None where this plan's program still applies.
+        self._by_context: dict[tuple, BasePlan | None] = {}
+
+    # ---------------------------------------------------------------- numbers
+    @property
+    def graph(self) -> Graph:
+        """The Graph the plan's steps run on."""
+        return self.captured.graph
+
+    @property
+    def baseline_peak(self) -> int:
+        """Peak bytes of the captured program order with no recomputation."""
+        return baseline_peak(self.graph)
+
+    @property
+    @abstractmethod
+    def predicted_peak(self) -> int | None:
+        """Peak bytes the simulator predicts for a step (None where run-time decisions set it)."""
+
+    def summary(self) -> dict[str, Any]:
+        """What every plan reports, as a JSON-ready dict; each kind adds its own entries."""
+        return {
+            "model": self.graph.name,
+            "formulation": self.formulation,
+            "budget": self.budget,
+            "baseline_peak": self.baseline_peak,
+            "predicted_peak": self.predicted_peak,
+        }
+
+    def save(self, path: str | Path) -> None:
+        """Write the plan to ``path``; a plan without a schedule has nothing to write."""
+        raise CoopError(f"a {self.formulation} plan decides its evictions while it runs and has no schedule to save; "
+                        "save a plan made with a static formulation")
+
+    # ---------------------------------------------------------------- replay
+    def step(self, *batch: torch.Tensor) -> torch.Tensor:
+        """Forward + backward within the budget: grads accumulate into ``p.grad``; returns the loss.
+
+        A training context other than the capture's (autocast, train/eval, frozen parameters:
+        :meth:`TrainingContext.mismatch`) is re-planned for within the same budget, with a warning
+        (:meth:`_for_context`); one no re-plan can serve (gradients disabled, another device)
+        stops with one ContextError line. Under DDP the gradients are all-reduced by the wrapper's
+        own reducer, as in DDP eager (:class:`GradientSync`).
+        """
+        current = TrainingContext.current(self.model, batch)
+        change = self._change(current, batch)
+        other = self._for_context(current, change, batch) if change else None
+        if other is not None:
+            try:
+                return other.step(*batch)
+            except InfeasibleError as exc:
+                raise _does_not_fit(change, exc) from None
+        return self._step_here(tuple(batch))
+
+    def _change(self, current: TrainingContext, batch: tuple[torch.Tensor, ...]) -> str:
+        """What differs from the capture that a re-plan serves ('' when nothing does)."""
+        recorded = self.captured.context
+        return recorded.mismatch(current) if recorded is not None else ""
+
+    def _step_here(self, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """Run the step with this plan's own program and write the results back into the model."""
+        if self.sync is not None:
+            batch = self.sync.before_step(batch)
+        release = self.sync.release if self.sync is not None else None
+        return self.captured.write_back(self.model, self._run(batch), release)
+
+    @abstractmethod
+    def _run(self, batch: tuple[torch.Tensor, ...]) -> list[Any]:
+        """The step's flat outputs (loss, gradients, new buffers) on this batch."""
+
+    @abstractmethod
+    def _replan(self, captured: Captured, change: str) -> tuple[BasePlan, str]:
+        """A plan for the step captured again in another context, within this budget, and how it runs."""
+
+    def _for_context(self, current: TrainingContext, change: str,
+                     batch: tuple[torch.Tensor, ...]) -> BasePlan | None:
+        """The replay for a context other than the capture's (None: this plan's program still applies).
+
+        The step is captured again in the new context. When its program is the same (a setting
+        that changes no op, like deterministic algorithms on CPU) this plan stands. Otherwise it is
+        re-planned within the same budget (:meth:`_replan`), once per context and batch shape, with
+        a warning; a budget nothing meets there is a ContextError naming the difference.
+        """
+        key = (current, batch_key(batch))
+        if key in self._by_context:
+            return self._by_context[key]
+        again = recapture(self.model, batch, self.loss_fn, current)
+        if again.graph.structure_sha256 == self.captured.graph.structure_sha256:
+            self._by_context[key] = None
+            return None
+        try:
+            other, how = self._replan(again, change)
+        except BudgetError as exc:
+            raise _does_not_fit(change, exc) from None
+        warnings.warn(f"{change}; captured the step again for it and running it with {how} within the plan's budget "
+                      f"of {format_bytes(self.budget)}; make a new plan for it to get an optimized schedule",
+                      stacklevel=3)
+        self._by_context[key] = other
+        return other
+
+
+def _does_not_fit(change: str, exc: Exception) -> ContextError:
+    return ContextError(f"{change}, and the step does not fit the plan's budget there ({exc}); make a new plan for it")
+
+
+def batch_key(batch: tuple[Any, ...]) -> tuple:
+    """Shapes and dtypes of a batch (types for non-tensors): what a captured step is specific to."""
+    return tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else (None, type(t)) for t in batch)
+
+
+def recapture(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossFn | None,
+              context: TrainingContext) -> Captured:
+    """``model``'s step on ``batch`` captured again now, in ``context`` (which it records)."""
+    again = capture(model, batch, loss_fn=loss_fn)
+    again.context = context
+    return again
