@@ -3,7 +3,7 @@ training graphs at budgets ceil(m x baseline peak), m = 0.9, 0.8, 0.7.
 
 Each row records the graph, m, the budget, the solver, its status, TDI (the simulated total
 duration increase, (cost - baseline cost) / baseline cost), the simulated peak, gap and wall
-time. A budget below the least feasible budget (coop.budget.min_budget) is reported as
+time. A budget below coop.budget.min_budget (the proven lower bound) is reported as
 infeasible without solving: no schedule of any method can meet it.
 
 The default backend is HiGHS (through OR-Tools): on this 2-core machine it proved fcn_8_vgg at

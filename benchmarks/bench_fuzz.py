@@ -128,7 +128,7 @@ def make_graph(seed: int, index: int, max_nodes: int) -> Graph:
 
 
 def draw_budget(rng: random.Random, graph: Graph) -> int:
-    """A budget between the least feasible budget and the baseline peak (either end now and then)."""
+    """A budget between min_budget (the proven lower bound) and the baseline peak (either end now and then)."""
     low, high = min_budget(graph), baseline_peak(graph)
     roll = rng.random()
     if roll < 0.1:

@@ -3,8 +3,8 @@
 For every ``*_train_nx.json`` graph in ``../shared/graphs/moccasin/`` and budgets of 90 to 40 %
 of the baseline peak, runs :func:`coop.online.online_sim.simulate_online` with each policy and
 reports status, compute overhead, evictions, eviction-search time and Coop's fragmentation measure
-(mean free bytes / arena at failed allocations). A budget below the least feasible one
-(``coop.budget.min_budget``) is infeasible for every method; it is marked so.
+(mean free bytes / arena at failed allocations). A budget below ``coop.budget.min_budget`` (the
+proven lower bound) is infeasible for every method; it is marked so.
 
 Besides the registered policies it runs Coop ablations (``ABLATIONS``): the previous default
 (``coop-prev``: window score summing DTR's ``h``, cheap tensors from the arena's top), each of its

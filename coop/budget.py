@@ -1,8 +1,9 @@
-"""Budgets: the one parser and the least feasible budget (DESIGN.md, contract 3).
+"""Budgets: the one parser, the proven lower bound ``min_budget`` and the one check against it (contract 3).
 
 A budget is ``"6GiB"``, ``"750MB"``, ``"132156"`` (graph units: bytes for captured graphs),
-``"90%"`` or a float fraction such as ``0.9`` of the baseline peak (rounded up). Below the least
-feasible budget no schedule exists; such a budget is an error that names the minimum.
+``"90%"`` or a float fraction such as ``0.9`` of the baseline peak (rounded up). Below
+:func:`min_budget` no schedule exists; :func:`below_min_budget` words that verdict once for every
+caller, and :func:`format_memory` prints any amount of a graph's memory in its own unit.
 """
 
 from __future__ import annotations
@@ -39,17 +40,25 @@ def parse_budget(spec: str | float, graph: Graph, *, check: bool = True) -> int:
     ``int`` -> graph units; ``float`` in (0, ...) -> fraction of the baseline peak; strings:
     ``"90%"``, ``"0.9"`` (a fraction when it has a decimal point and no unit), ``"6GiB"``,
     ``"750MB"``, ``"132156"``. With ``check`` a budget below :func:`min_budget` raises a
-    BudgetError that names the minimum.
+    BudgetError with the message of :func:`below_min_budget`.
     """
     budget = _parse(spec, graph)
-    if check:
-        least = min_budget(graph)
-        if budget < least:
-            raise BudgetError(
-                f"budget {_show(budget, graph)} is below the least feasible budget {_show(least, graph)} "
-                f"of graph {graph.name!r}; no schedule can fit it: use at least {least}"
-            )
+    if check and (message := below_min_budget(budget, graph)):
+        raise BudgetError(message)
     return budget
+
+
+def below_min_budget(budget: int, graph: Graph) -> str | None:
+    """The one-line verdict for a budget below :func:`min_budget`, or None when the budget is not below it.
+
+    Every module that meets such a budget (the parser, the formulations, compare, the fallback)
+    reports it with this line, so a user reads the same bound and the same fix everywhere.
+    """
+    least = min_budget(graph)
+    if budget >= least:
+        return None
+    return (f"budget {format_memory(budget, graph)} is below min_budget {format_memory(least, graph)} of graph "
+            f"{graph.name!r}, the proven lower bound: no schedule can fit it; use at least {least}")
 
 
 #: The largest budget coop accepts (1 EiB): larger numbers are typos, and would overflow the
@@ -63,7 +72,7 @@ def check_budget_syntax(spec: object) -> None:
     """Raise the one-line BudgetError that :func:`parse_budget` would for ``spec`` on any graph.
 
     For inputs read before a graph exists (sweep configs): a spec that passes may still be refused
-    later for a graph (bytes on a graph in abstract units, or below its least feasible budget).
+    later for a graph (bytes on a graph in abstract units, or below its min_budget).
     """
     _parse_spec(spec)
 
@@ -174,7 +183,14 @@ def _min_budget(graph: Graph, paging: bool) -> int:
     return max(largest_step, at_end)
 
 
-def _show(value: int, graph: Graph) -> str:
+def format_memory(value: float | None, graph: Graph) -> str:
+    """An amount of ``graph``'s memory as text: ``"1,200 units"`` on graphs in abstract units,
+    ``"1,536 B (1.5KiB)"`` on graphs in bytes (the binary size only from 1 KiB up), ``"-"`` for None.
+
+    The one memory formatter of coop: messages, the CLI and plans print sizes through it.
+    """
+    if value is None:
+        return "-"
     if graph.meta.get("mem_unit") == "units":
-        return f"{value} units"
-    return f"{value} B ({format_bytes(value)})" if value >= 1024 else f"{value} B"
+        return f"{value:,.0f} units"
+    return f"{value:,.0f} B ({format_bytes(value)})" if abs(value) >= 1024 else f"{value:,.0f} B"

@@ -29,11 +29,11 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from coop.budget import baseline_peak, min_budget, parse_budget
+from coop.budget import baseline_peak, format_memory, min_budget, parse_budget
 from coop.errors import BudgetError, CoopError, InfeasibleError, ScheduleError
 from coop.formulations import FORMULATIONS
-from coop.formulations.least_budget import least_feasible_budget
-from coop.graph import Graph, format_bytes, load_graph
+from coop.formulations.constructed_budget import constructed_budget
+from coop.graph import Graph, load_graph
 from coop.schedule import Schedule, check_schedule_nodes, load_schedule, schedule_to_json, simulate, validate
 
 EXIT_OK = 0
@@ -122,14 +122,6 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
-def _show_mem(value: float | None, graph: Graph) -> str:
-    if value is None:
-        return "-"
-    if graph.meta.get("mem_unit") == "units":
-        return f"{value:,.0f} units"
-    return f"{value:,.0f} B ({format_bytes(value)})"
-
-
 def _percent(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.2f}%"
 
@@ -148,7 +140,7 @@ def graph_info(graph: Graph, top: int = 5) -> dict[str, Any]:
     """The facts `coop info` reports, as a JSON-ready dict."""
     peak = baseline_peak(graph)
     least = min_budget(graph)
-    known = least_feasible_budget(graph)  # never fails: the baseline order fits its own peak
+    constructed = constructed_budget(graph)  # never fails: the baseline order fits its own peak
     largest = sorted(graph.nodes, key=lambda n: (-n.mem, n.id))[:top]
     return {
         "name": graph.name,
@@ -160,9 +152,9 @@ def graph_info(graph: Graph, top: int = 5) -> dict[str, Any]:
         "baseline_cost": graph.baseline_cost,
         "min_budget": least,
         "min_budget_fraction": least / peak if peak else None,
-        "least_feasible_budget": known.budget,
-        "least_feasible_fraction": known.budget / peak if peak else None,
-        "least_feasible_source": known.source,
+        "constructed_budget": constructed.budget,
+        "constructed_budget_fraction": constructed.budget / peak if peak else None,
+        "constructed_budget_source": constructed.source,
         "caller_owned": graph.caller_owned_bytes,
         "units": {"mem": graph.meta.get("mem_unit", "bytes"), "cost": graph.meta.get("cost_unit", "unknown")},
         "kinds": dict(sorted(collections.Counter(n.kind for n in graph.nodes).items())),
@@ -172,7 +164,7 @@ def graph_info(graph: Graph, top: int = 5) -> dict[str, Any]:
 
 @app.command()
 def info(graph_path: GraphArg, json_output: JsonFlag = False) -> None:
-    """Size, baseline peak and cost, the least budget (lower bound and known to fit), largest values."""
+    """Size, baseline peak and cost, min_budget (the proven lower bound), the constructed budget, largest values."""
     graph = load_graph(graph_path)
     facts = graph_info(graph)
     if json_output:
@@ -181,9 +173,9 @@ def info(graph_path: GraphArg, json_output: JsonFlag = False) -> None:
     _print_info(graph, facts)
 
 
-def _least_known_row(facts: dict[str, Any], graph: Graph) -> str:
-    return (f"{_show_mem(facts['least_feasible_budget'], graph)}  = {_percent(facts['least_feasible_fraction'])} "
-            f"of the baseline peak ({facts['least_feasible_source']})")
+def _constructed_row(facts: dict[str, Any], graph: Graph) -> str:
+    return (f"{format_memory(facts['constructed_budget'], graph)}  = {_percent(facts['constructed_budget_fraction'])} "
+            f"of the baseline peak ({facts['constructed_budget_source']})")
 
 
 def _print_info(graph: Graph, facts: dict[str, Any]) -> None:
@@ -193,12 +185,12 @@ def _print_info(graph: Graph, facts: dict[str, Any]) -> None:
         ("kinds", kinds),
         ("outputs", str(facts["outputs"])),
         ("units", f"memory: {facts['units']['mem']}, cost: {facts['units']['cost']}"),
-        ("baseline peak", _show_mem(facts["baseline_peak"], graph)),
+        ("baseline peak", format_memory(facts["baseline_peak"], graph)),
         ("baseline cost", f"{facts['baseline_cost']:.6g}"),
-        ("min budget (lower bound)", (f"{_show_mem(facts['min_budget'], graph)}  "
+        ("min budget (lower bound)", (f"{format_memory(facts['min_budget'], graph)}  "
                                      f"= {_percent(facts['min_budget_fraction'])} of the baseline peak")),
-        ("least budget known to fit", _least_known_row(facts, graph)),
-        ("caller-owned", _show_mem(facts["caller_owned"], graph)),
+        ("constructed budget (upper bound)", _constructed_row(facts, graph)),
+        ("caller-owned", format_memory(facts["caller_owned"], graph)),
         ("sha256", facts["sha256"][:16] + "..."),
     ]
     console.print(_key_value_table(f"graph {graph.name}", rows))
@@ -206,7 +198,7 @@ def _print_info(graph: Graph, facts: dict[str, Any]) -> None:
     for column in ("id", "name", "kind", "mem"):
         largest.add_column(column, justify="right" if column in ("id", "mem") else "left")
     for entry in facts["largest"]:
-        largest.add_row(str(entry["id"]), entry["name"], entry["kind"], _show_mem(entry["mem"], graph))
+        largest.add_row(str(entry["id"]), entry["name"], entry["kind"], format_memory(entry["mem"], graph))
     console.print(largest)
 
 
@@ -266,7 +258,7 @@ def _check_time_limit(seconds: float | None) -> None:
 
 
 def _parse_budget_or_verdict(spec: str, graph: Graph) -> int:
-    """Budget syntax errors are bad input (exit 2); a budget below the least feasible one is a verdict (exit 1)."""
+    """Budget syntax errors are bad input (exit 2); a budget below min_budget is a verdict (exit 1)."""
     parse_budget(spec, graph, check=False)
     try:
         return parse_budget(spec, graph)
@@ -326,11 +318,11 @@ def _solve_report(graph: Graph, result: Any, budget: int, formulation: str, outp
 
 def _print_solve(graph: Graph, report: dict[str, Any]) -> None:
     solver = report["solver"]
-    rows = [("budget", _show_mem(report["budget"], graph)), ("status", str(solver["status"]))]
+    rows = [("budget", format_memory(report["budget"], graph)), ("status", str(solver["status"]))]
     if "predicted" in report:
         predicted = report["predicted"]
         rows += [
-            ("peak", (f"{_show_mem(predicted['peak'], graph)}  = {_percent(predicted['peak'] / report['budget'])} "
+            ("peak", (f"{format_memory(predicted['peak'], graph)}  = {_percent(predicted['peak'] / report['budget'])} "
                      f"of the budget, {_percent(predicted['peak'] / report['baseline_peak'])} of the baseline peak")),
             ("cost", f"{predicted['cost']:.6g} (baseline {predicted['baseline_cost']:.6g})"),
             ("overhead (TDI)", _percent(predicted["overhead"])),
@@ -395,9 +387,9 @@ def validate_command(
 
 def _print_validation(graph: Graph, report: dict[str, Any]) -> None:
     verdict = "[green]valid[/green]" if report["ok"] else f"[red]invalid[/red]: {report['reason']}"
-    rows = [("verdict", verdict), ("steps", str(report["steps"])), ("budget", _show_mem(report["budget"], graph))]
+    rows = [("verdict", verdict), ("steps", str(report["steps"])), ("budget", format_memory(report["budget"], graph))]
     if report["peak"] is not None:
-        rows += [("peak", _show_mem(report["peak"], graph)), ("cost", f"{report['cost']:.6g}"),
+        rows += [("peak", format_memory(report["peak"], graph)), ("cost", f"{report['cost']:.6g}"),
                  ("overhead (TDI)", _percent(report["overhead"]))]
     if report["predicted_matches"] is False:
         rows.append(("note", f"the file predicted peak {report['predicted_peak']}, the simulator says {report['peak']}"))
@@ -437,7 +429,7 @@ def plot(
     if json_output:
         _emit_json({"output": str(output), "budget": budget_units, "peaks": peaks})
     else:
-        console.print(f"wrote {output}: " + ", ".join(f"{k} peak {_show_mem(v, graph)}" for k, v in peaks.items()))
+        console.print(f"wrote {output}: " + ", ".join(f"{k} peak {format_memory(v, graph)}" for k, v in peaks.items()))
 
 
 def _unique_label(label: str, taken: dict[str, Any]) -> str:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coop.budget import baseline_peak, min_budget, parse_budget
+from coop.budget import baseline_peak, below_min_budget, min_budget, parse_budget
 from coop.config import SweepConfig
 from coop.errors import CoopError
 from coop.formulations import FORMULATIONS, get_formulation
@@ -98,7 +98,7 @@ class CompareReport:
         columns = ["method", "kind", "budget_spec", "status", "fits", "live_peak", "arena_peak", "overhead", "solve_s",
                    "search_s", *break_even]
         lines = [
-            (f"**{self.graph}**: baseline peak {self.baseline_peak}, least feasible budget {self.min_budget}, "
+            (f"**{self.graph}**: baseline peak {self.baseline_peak}, min_budget (lower bound) {self.min_budget}, "
              f"cost unit {self.cost_unit}"),
             "",
             "| " + " | ".join(c.replace("break_even_vs_", "break-even vs ") for c in columns) + " |",
@@ -125,7 +125,7 @@ class CompareReport:
 def simulate_report(graph: Graph, policy: str, budget: str | int | float) -> dict[str, Any]:  # noqa: PYI041 (int: graph units)
     """``coop simulate``: one online policy on one graph and budget, as a JSON-ready dict.
 
-    A budget below the least feasible one is reported (status "infeasible"), not raised.
+    A budget below :func:`coop.budget.min_budget` is reported (status "infeasible"), not raised.
     """
     budget_units = parse_budget(budget, graph, check=False)
     least = min_budget(graph)
@@ -136,8 +136,8 @@ def simulate_report(graph: Graph, policy: str, budget: str | int | float) -> dic
         "min_budget": least,
         "baseline_peak": baseline_peak(graph),
     }
-    if budget_units < least:
-        return report | {"status": "infeasible", "message": f"budget {budget_units} is below the least feasible budget {least}"}
+    if below := below_min_budget(budget_units, graph):
+        return report | {"status": "infeasible", "message": below}
     result = simulate_online(graph, budget_units, policy)
     return report | result.to_dict() | {"ok": result.status == "ok"}
 
@@ -179,9 +179,8 @@ def compare(
     with _progress_bar(progress, len(tasks), graph.name) as advance:
         for spec, units, name, kind in tasks:
             advance(f"{name} @ {spec}")
-            if units < least:
-                row = _row(name, kind, spec, units, peak, status="infeasible",
-                           message=f"budget {units} is below the least feasible budget {least}")
+            if below := below_min_budget(units, graph):
+                row = _row(name, kind, spec, units, peak, status="infeasible", message=below)
             elif kind == "static":
                 options = {"time_limit": time_limit} | (solver_options or {}).get(name, {})
                 row = _static_row(static_graph, name, spec, units, peak, options)
@@ -379,11 +378,7 @@ def _jsonable(value: Any) -> Any:
 
 
 def _csv_value(value: Any) -> Any:
-    if value is None:
-        return ""
-    if isinstance(value, float) and math.isinf(value):
-        return "never"
-    return value
+    return "" if value is None else _jsonable(value)
 
 
 def _cell(value: Any) -> str:

@@ -23,7 +23,7 @@ class GraphError(CoopError):
 
 
 class BudgetError(CoopError):
-    """A budget that cannot be parsed, or one below the least feasible budget."""
+    """A budget that cannot be parsed, or one below min_budget (the proven lower bound)."""
 
 
 class ScheduleError(CoopError):
@@ -35,7 +35,7 @@ class CaptureError(CoopError):
 
 
 class InfeasibleError(CoopError):
-    """A budget above the least feasible one that a method could not meet."""
+    """A budget at or above min_budget that a method could not meet."""
 
 
 class SolverError(CoopError):

@@ -49,11 +49,7 @@ def plot_memory_timeline(
         axes.set_ylabel("memory in use" + ("" if mem_unit == "bytes" else f" ({mem_unit})"))
         axes.yaxis.set_major_formatter(FuncFormatter(lambda value, _: _format_value(value, mem_unit)))
         axes.set_ylim(bottom=0)
-        axes.grid(alpha=0.3)
-        axes.legend(loc="best", fontsize="small")
-        if title:
-            axes.set_title(title)
-        return _save(figure, path)
+        return _finish(figure, axes, path, title)
     finally:
         plt.close(figure)
 
@@ -87,16 +83,23 @@ def plot_overhead_vs_budget(rows: Iterable[Mapping[str, Any]], path: str | Path,
         axes.set_xlabel(xlabel)
         axes.set_yscale("symlog", linthresh=1.0)  # checkpoint-all sits orders of magnitude above the rest
         axes.set_ylabel("compute overhead (%, log scale above 1%)")
-        axes.grid(alpha=0.3)
-        axes.legend(loc="best", fontsize="small")
-        if title:
-            axes.set_title(title)
-        return _save(figure, path)
+        return _finish(figure, axes, path, title)
     finally:
         plt.close(figure)
 
 
+def _finish(figure: Any, axes: Any, path: str | Path, title: str | None) -> Path:
+    """The common look of every coop plot (light grid, small legend, optional title), then the file."""
+    axes.grid(alpha=0.3)
+    axes.legend(loc="best", fontsize="small")
+    if title:
+        axes.set_title(title)
+    return _save(figure, path)
+
+
 def _format_value(value: float, mem_unit: str) -> str:
+    """A compact axis or legend label (binary size for bytes, grouped digits for units); messages and
+    tables use :func:`coop.budget.format_memory`, whose exact byte count is too long for a tick."""
     if mem_unit == "bytes":
         return format_bytes(value)
     return f"{value:,.0f}"

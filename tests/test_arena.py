@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from coop.errors import CoopError
 from coop.online.arena import Arena, ArenaError
 
-# An operation: ("alloc", size, from_end) or ("free", index into the live tags).
+# An operation: ("alloc", size, at_top) or ("free", index into the live tags); at_top: placement "top".
 _operations = st.lists(
     st.one_of(
         st.tuples(st.just("alloc"), st.integers(1, 40), st.booleans()),
@@ -27,14 +27,14 @@ def test_random_alloc_free_keeps_the_arena_tiled_and_merged(size: int, operation
     arena = Arena(size)
     live: dict[int, tuple[int, int]] = {}  # tag -> (start, size)
     next_tag = 0
-    for kind, amount, from_end in operations:
+    for kind, amount, at_top in operations:
         if kind == "alloc":
             could_fit = arena.largest_free >= amount
-            start = arena.allocate(amount, next_tag, from_end)
+            start = arena.allocate(amount, next_tag, "top" if at_top else "best")
             assert (start is not None) == could_fit
             if start is not None:
                 assert 0 <= start and start + amount <= size
-                if from_end:  # carved from the top of the block it came from
+                if at_top:  # carved from the top of the block it came from
                     block_after = next((b for b in arena.blocks() if b.start == start + amount), None)
                     assert block_after is None or not block_after.free
                 live[next_tag] = (start, amount)
@@ -61,10 +61,10 @@ def test_best_fit_takes_the_smallest_hole() -> None:
     assert arena.allocate(25, "y") == 10
 
 
-def test_from_end_allocates_at_the_top() -> None:
+def test_top_placement_allocates_at_the_top() -> None:
     arena = Arena(100)
     assert arena.allocate(10, "low") == 0
-    assert arena.allocate(10, "high", from_end=True) == 90
+    assert arena.allocate(10, "high", placement="top") == 90
     assert arena.high_water == 100
 
 
@@ -154,6 +154,6 @@ def test_best_top_carves_the_best_fit_hole_from_its_top() -> None:
     arena.free(1)  # hole of 30 at [10, 40)
     arena.free(3)  # hole of 20 at [50, 70)
     assert arena.allocate(15, "x", placement="best-top") == 55  # the 20-byte hole, at its top
-    assert arena.allocate(6, "y", from_end=True) == 34  # "top": the highest hole that fits, [10, 40)
+    assert arena.allocate(6, "y", placement="top") == 34  # "top": the highest hole that fits, [10, 40)
     with pytest.raises(ArenaError, match="unknown placement"):
         arena.allocate(5, "z", placement="middle")

@@ -1,4 +1,4 @@
-"""Budgets (contract 3): the parser and the least feasible budget."""
+"""Budgets (contract 3): the parser, min_budget (the proven lower bound) and the one check against it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coop.budget import baseline_peak, min_budget, parse_budget
+from coop.budget import baseline_peak, below_min_budget, format_memory, min_budget, parse_budget
 from coop.errors import BudgetError
 from coop.graph import Graph
 from coop.schedule import simulate
@@ -45,6 +45,26 @@ def unit_graph() -> Graph:
 def test_baseline_peak_of_the_fixture(byte_graph: Graph) -> None:
     assert baseline_peak(byte_graph) == 3 * 2**30 + 1
     assert min_budget(byte_graph) == 3 * 2**30 + 1
+
+
+def test_one_check_below_min_budget_names_the_bound_and_the_fix(byte_graph: Graph, unit_graph: Graph) -> None:
+    least = min_budget(byte_graph)
+    assert below_min_budget(least, byte_graph) is None
+    message = below_min_budget(least - 1, byte_graph)
+    assert message is not None
+    assert "below min_budget 3,221,225,473 B (3.0GiB)" in message and message.endswith(f"use at least {least}")
+    with pytest.raises(BudgetError) as raised:
+        parse_budget(least - 1, byte_graph)
+    assert str(raised.value) == message  # the parser raises the one message
+    assert "below min_budget 133 units" in (below_min_budget(1, unit_graph) or "")
+
+
+def test_format_memory_prints_units_as_units_and_bytes_with_their_binary_size(byte_graph: Graph,
+                                                                              unit_graph: Graph) -> None:
+    assert format_memory(1200, unit_graph) == "1,200 units"
+    assert format_memory(1536, byte_graph) == "1,536 B (1.5KiB)"
+    assert format_memory(512, byte_graph) == "512 B"
+    assert format_memory(None, byte_graph) == "-"
 
 
 @pytest.mark.parametrize(

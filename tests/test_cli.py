@@ -98,10 +98,10 @@ def test_info_json_reports_published_baselines(moccasin_dir: Path, capsys: pytes
 def test_info_table_names_the_largest_value(graph_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
     status, out, _ = run(["info", graph_file], capsys)
     assert status == 0
-    assert "baseline peak" in out and "min budget (lower bound)" in out and "least budget known to fit" in out
+    assert "baseline peak" in out and "min budget (lower bound)" in out and "constructed budget (upper bound)" in out
     status, out, _ = run(["info", graph_file, "--json"], capsys)
     facts = json.loads(out)
-    assert facts["min_budget"] <= facts["least_feasible_budget"] <= facts["baseline_peak"]
+    assert facts["min_budget"] <= facts["constructed_budget"] <= facts["baseline_peak"]
     assert facts["kinds"] == {"backward": 3, "forward": 4, "input": 1, "param": 1}
     assert facts["largest"][0]["mem"] == 8
 
@@ -150,7 +150,7 @@ def test_budget_below_minimum_names_it(graph_file: Path, tmp_path: Path, capsys:
     status, _, err = run(["solve", graph_file, "--budget", least - 1, "-f", "order", "-o", out_file], capsys)
     line = one_error_line(err)
     assert status == 1
-    assert str(least) in line and "least feasible" in line
+    assert str(least) in line and "below min_budget" in line and f"use at least {least}" in line
     assert not out_file.exists()
 
 

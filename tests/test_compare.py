@@ -43,7 +43,7 @@ def test_compare_rows_cover_every_method_and_budget() -> None:
     report = compare(graph, budgets, formulations=["store-all", "chen-sqrt"], policies=["dtr", "coop"])
     assert len(report.rows) == len(budgets) * 4
     below = [r for r in report.rows if r["budget"] == least - 1]
-    assert len(below) == 4 and all(r["status"] == "infeasible" and "least feasible" in r["message"] for r in below)
+    assert len(below) == 4 and all(r["status"] == "infeasible" and "below min_budget" in r["message"] for r in below)
     assert not any(r["fits"] for r in below)
     # at the baseline peak every method runs: each row has both peaks, and fits by the same arena rule
     full = [r for r in report.rows if r["budget_spec"] == "100%"]

@@ -126,7 +126,7 @@ def test_rng_replay_draws_the_same_bits_and_leaves_the_generator_alone(draw: str
     assert torch.equal(op(), third)  # the program's generator did not move
 
 
-def test_below_the_least_feasible_budget_is_an_error(gpt2) -> None:
+def test_below_min_budget_is_an_error(gpt2) -> None:
     model, batch, _, captured = gpt2
-    with pytest.raises(BudgetError, match="least feasible"):
+    with pytest.raises(BudgetError, match="below min_budget"):
         run_dynamic(captured, model, batch, 1, "coop")

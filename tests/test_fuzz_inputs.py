@@ -35,7 +35,7 @@ FUZZ = settings(deadline=None, derandomize=True, suppress_health_check=[HealthCh
                                                                        HealthCheck.function_scoped_fixture])
 SEEDS = st.integers(0, 2**32 - 1)
 #: Words that make an exit 1 a verdict on well-formed input rather than a rejected file.
-VERDICTS = ("infeasible", "least feasible budget", "invalid schedule", "best peak reached")
+VERDICTS = ("infeasible", "below min_budget", "invalid schedule", "best peak reached")
 PUBLISHED = ("VGG16_256_224_224_3_train_nx.json", "random_layered_n100_w0.27_nlv0.75_ed0.2_scd0.14.json")
 
 

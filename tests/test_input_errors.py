@@ -211,10 +211,10 @@ def test_info_prints_every_fact_of_a_graph_without_forward_and_backward(tmp_path
     facts = json.loads(out)
     assert (facts["nodes"], facts["edges"], facts["baseline_peak"], facts["baseline_cost"]) == (1, 0, 7, 3.0)
     assert facts["min_budget"] == 7
-    assert facts["least_feasible_budget"] == 7  # the one schedule there is: the baseline order
+    assert facts["constructed_budget"] == 7  # the one schedule there is: the baseline order
     status, out, err = run(["info", path], capsys)
     assert status == 0, err
-    assert "baseline peak" in out and "min budget (lower bound)" in out and "least budget known to fit" in out
+    assert "baseline peak" in out and "min budget (lower bound)" in out and "constructed budget (upper bound)" in out
 
 
 # ---------------------------------------------------------------------------- schedule files
@@ -313,7 +313,7 @@ def test_budget_fractions_above_one_and_tiny_ones_are_sizes() -> None:
     graph = Graph.model_validate(coop_graph_doc())
     assert parse_budget("150%", graph, check=False) == 42  # 1.5 x the hand-counted peak 28
     assert parse_budget(1e-12, graph, check=False) == 1  # rounded up, never to 0
-    with pytest.raises(BudgetError, match="least feasible"):
+    with pytest.raises(BudgetError, match="below min_budget"):
         parse_budget(1e-12, graph)
 
 

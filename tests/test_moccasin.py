@@ -85,11 +85,11 @@ def test_matches_brute_force_on_tiny_graph() -> None:
     assert result.simulation.cost == brute
 
 
-def test_below_least_budget_is_infeasible_with_a_reason() -> None:
+def test_below_min_budget_is_infeasible_with_a_reason() -> None:
     graph = _chain_with_skips()
     result = moccasin(graph, min_budget(graph) - 1, **FAST)
     assert result.status == "infeasible" and result.schedule is None
-    assert "least feasible budget" in result.message
+    assert "below min_budget" in result.message
 
 
 def test_budget_between_lower_bound_and_true_minimum_gets_a_clear_status() -> None:

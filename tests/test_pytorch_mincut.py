@@ -101,7 +101,7 @@ def test_unreachable_budget_returns_lowest_peak_with_fits_false(transformer) -> 
     budget = min_budget(graph)
     result = pytorch_mincut(graph, budget, captured=transformer, memory_budgets=KNOBS)
     lowest = min(row["peak"] for row in result.extra["sweep"])
-    assert lowest > budget  # this tiny transformer's sweep never reaches its least feasible budget
+    assert lowest > budget  # this tiny transformer's sweep never reaches min_budget
     assert result.simulation.peak == lowest
     assert result.extra["fits"] is False
     assert "no activation_memory_budget" in result.message and "\n" not in result.message

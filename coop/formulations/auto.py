@@ -13,9 +13,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from coop.budget import format_memory
 from coop.errors import CoopError, InfeasibleError
 from coop.formulations.result import SolveResult
-from coop.graph import Graph, format_bytes
+from coop.graph import Graph
 from coop.schedule import validate
 
 #: Above this many computed nodes the O(n^2) MILP gets slow; Moccasin's O(n) model takes over.
@@ -90,8 +91,8 @@ def cheapest_fitting_baseline(graph: Graph, budget: int, *, failed: str | None =
             best, best_cost = result, check.cost
     if best is None:
         what = f"{failed} and the baselines" if failed else "the baselines"
-        reached = f"; the best peak reached is {best_peak} B ({format_bytes(best_peak)})" if best_peak else ""
+        reached = f"; the best peak reached is {format_memory(best_peak, graph)}" if best_peak else ""
         failures = "".join(f"; {error}" for error in errors)
-        raise InfeasibleError(f"budget {budget} B ({format_bytes(budget)}) is infeasible for {what}{reached}"
+        raise InfeasibleError(f"budget {format_memory(budget, graph)} is infeasible for {what}{reached}"
                               f"{failures}; raise the budget or choose another formulation")
     return best

@@ -12,8 +12,8 @@ Efficient Tensor Rematerialization for Neural Networks", ICML 2023 (arXiv 2304.1
   node's workspace on its unit compute interval) and capacity = budget - caller-owned bytes;
 * objective: the total duration, ``sum_vi cost_v * p_vi``. O(n C) integer variables.
 
-Beyond the paper (DESIGN.md records that on OR-Tools 9.15 the published model finds no feasible
-schedule in 300 s for the larger graphs), this module
+Beyond the paper (on current OR-Tools the published model alone may find no feasible schedule
+for large graphs within a practical time limit; DESIGN.md records the measurements), this module
 
 * starts from the best warm start of :mod:`coop.formulations.warm_start` (Checkmate's LP
   rounding on small graphs, the heuristics, the baselines, the online policies' schedules and any
@@ -39,9 +39,9 @@ schedule in 300 s for the larger graphs), this module
   time-indexed model with the hard capacity and no objective (:func:`build_feasibility_model`:
   one compute per slot, residency per slot, the :func:`sufficient_intervals` and
   :func:`sufficient_horizon` of any cost). That model contains every schedule of the space, so
-  its INFEASIBLE is a proof ("infeasible"); it often comes in a fraction of a second where the
-  capacity-relaxed interval model (minimise overflow) ran 30 s without one, just below the least
-  peak. A solution becomes the incumbent; an open answer leaves the rest of the time to the
+  its INFEASIBLE is a proof ("infeasible"), and it tends to come much sooner than one from the
+  capacity-relaxed interval model (minimise overflow), which may never prove it just below the
+  least peak. A solution becomes the incumbent; an open answer leaves the rest of the time to the
   relaxed model as before.
 
 The solution becomes a coop Schedule (computes at interval starts in time order, frees at interval
@@ -59,7 +59,7 @@ from typing import Any
 
 from ortools.sat.python import cp_model
 
-from coop.budget import baseline_peak, min_budget
+from coop.budget import baseline_peak, below_min_budget
 from coop.errors import CoopError
 from coop.formulations.heuristics import improve_by_local_search
 from coop.formulations.progress import ProgressCallback, ProgressClock
@@ -667,9 +667,9 @@ def moccasin(
     ``keep_order`` keeps first computations in the baseline order (Checkmate's restriction); None
     (default) keeps it on graphs of a training step (a backward part: the order is all but forced,
     a forward chain then its reverse, and fixing it removes the time axis' symmetry) and frees it
-    elsewhere (on the random layered graphs the order itself is a large
-    degree of freedom: n250 at 0.9 x the baseline peak, 0.90 % TDI with the order kept, 0.0 %
-    without: a reordering fits); ``extra_slots`` is how many compute slots beyond the warm start's a
+    elsewhere (on graphs without a backward part, such as the random layered graphs, the order
+    itself is a large degree of freedom: a reordering may fit a budget with no recomputation at
+    all, see BENCHMARKS.md); ``extra_slots`` is how many compute slots beyond the warm start's a
     restricted model's horizon gets (default n // 5 + 2); ``lp_warm_start`` adds Checkmate's LP
     rounding to the warm starts on graphs of at most LP_WARM_START_MAX_NODES nodes;
     ``local_search`` is the share of the time spent in :func:`improve_by_local_search` before
@@ -698,10 +698,8 @@ def moccasin(
     clock = ProgressClock(progress)
     if max_intervals < 1:
         raise CoopError(f"max_intervals={max_intervals} must be at least 1 (the paper's C)")
-    least = min_budget(graph)
-    if budget < least:
-        return SolveResult(FORMULATION, "infeasible", wall_s=clock.elapsed_s,
-                           message=f"budget {budget} is below the least feasible budget {least}; no schedule fits")
+    if below := below_min_budget(budget, graph):
+        return SolveResult(FORMULATION, "infeasible", wall_s=clock.elapsed_s, message=below)
     if budget >= baseline_peak(graph):
         # Store-all fits, and no schedule costs less than computing every node once.
         schedule = Schedule.from_order(graph.order)

@@ -6,7 +6,7 @@ al., NeurIPS 2023, "Coop: Memory is not a Commodity") measures that waste; this 
 
 * the blocks tile ``[0, size)`` in address order; a block is free or holds one tagged value;
 * ``allocate`` places a block by one of :data:`PLACEMENTS`: "best" is best fit (the smallest free
-  block that fits, lowest address on ties, the block at its bottom); "top" (``from_end=True``)
+  block that fits, lowest address on ties, the block at its bottom); "top"
   carves from the top of the highest free block that fits; "best-top" takes the best-fit free
   block but carves from its top (Coop keeps its cheap and expensive tensors at opposite ends);
 * ``free`` merges the freed block with free neighbours, so two free blocks are never adjacent;
@@ -78,18 +78,15 @@ class Arena:
         self._add_free(0, size)
 
     # ---------------------------------------------------------------- allocation
-    def allocate(self, size: int, tag: Hashable, from_end: bool = False, *, record: bool = True,
-                 placement: str | None = None) -> int | None:
+    def allocate(self, size: int, tag: Hashable, placement: str = "best", *, record: bool = True) -> int | None:
         """The start address of a new block for ``tag``, or None when nothing fits.
 
-        ``placement`` is one of :data:`PLACEMENTS` (default: "top" when ``from_end``, else "best").
+        ``placement`` is one of :data:`PLACEMENTS`: the one hook that says where a block goes.
         A failure is recorded in :attr:`failures` unless ``record`` is False (the engine retries
         one request after each eviction and records only its first failure).
         """
         self._check_new(size, tag)
-        if placement is None:
-            placement = "top" if from_end else "best"
-        elif placement not in PLACEMENTS:
+        if placement not in PLACEMENTS:
             raise ArenaError(f"unknown placement {placement!r}: use one of {', '.join(PLACEMENTS)}")
         found = self._highest_fit(size) if placement == "top" else self._best_fit(size)
         if found is None:

@@ -266,8 +266,8 @@ class OnlineSimulator:
     def _execute(self, node: int, recompute: bool) -> None:
         size = self._size[node]
         self._pin(node)  # the output under construction is not evictable
-        hint = self._previous_address.get(node) if self.policy.in_place_recompute else None
-        self._allocate(node, size, self._cost[node], hint, permanent=self._never_evictable(node))
+        previous = self._previous_address.get(node) if self.policy.in_place_recompute else None
+        self._allocate(node, size, self._cost[node], previous, permanent=self._never_evictable(node))
         workspace = self.graph.node(node).workspace
         if workspace:
             self._allocate(_Workspace(node), workspace, 0.0, None)
@@ -293,14 +293,16 @@ class OnlineSimulator:
     def _run_node(self, node: int) -> None:
         """Hook: the op runs here, once its output and workspace have room (a real engine computes)."""
 
-    def _allocate(self, key: Hashable, size: int, cost: float, hint: int | None, permanent: bool = False) -> None:
+    def _allocate(self, key: Hashable, size: int, cost: float, previous_address: int | None,
+                  permanent: bool = False) -> None:
         """Place ``key`` in the arena, evicting policy-chosen victims until it fits.
 
-        ``permanent`` values (never evictable) go to the high end whatever the policy.
+        ``previous_address`` (in-place recompute) is tried first when given; ``permanent`` values
+        (never evictable) go to the high end whatever the policy.
         """
         if size == 0:
             return
-        if hint is not None and self._arena.allocate_at(hint, size, key):
+        if previous_address is not None and self._arena.allocate_at(previous_address, size, key):
             return
         placement = "top" if permanent else self.policy.placement(size, cost)
         first_try = True
@@ -399,7 +401,7 @@ def simulate_online(
     """Run ``graph.order`` under ``budget`` with an online eviction ``policy`` ("dtr", "dtr-eq", "dte", "coop").
 
     The budget is in graph units, or any spec :func:`coop.budget.parse_budget` reads (a budget
-    below the least feasible one is not an error here: the run reports "oom").
+    below :func:`coop.budget.min_budget` is not an error here: the run reports "oom").
     """
     budget_units = parse_budget(budget, graph, check=False)
     policy_object = make_policy(policy)

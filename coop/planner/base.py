@@ -22,9 +22,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from coop.budget import baseline_peak
+from coop.budget import baseline_peak, format_memory
 from coop.errors import BudgetError, ContextError, CoopError, InfeasibleError
-from coop.graph import Graph, format_bytes
+from coop.graph import Graph
 from coop.graph_capture import Captured, capture
 from coop.graph_capture.context import TrainingContext
 from coop.runtime.executor import GradientSync
@@ -146,7 +146,7 @@ class BasePlan(ABC):
         except BudgetError as exc:
             raise _does_not_fit(change, exc) from None
         warnings.warn(f"{change}; captured the step again for it and running it with {how} within the plan's budget "
-                      f"of {format_bytes(self.budget)}; make a new plan for it to get an optimized schedule",
+                      f"of {format_memory(self.budget, self.graph)}; make a new plan for it to get an optimized schedule",
                       stacklevel=3)
         self._by_context[key] = other
         return other

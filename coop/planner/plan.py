@@ -18,11 +18,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from coop.budget import min_budget, parse_budget
+from coop.budget import format_memory, min_budget, parse_budget
 from coop.errors import ContextError, CoopError, InfeasibleError
 from coop.formulations import SolveResult, solve_accepting
 from coop.formulations.auto import cheapest_fitting_baseline
-from coop.graph import Graph, format_bytes
+from coop.graph import Graph
 from coop.graph_capture import Captured, capture
 from coop.graph_capture.context import TrainingContext
 from coop.online.static_arena import best_fit_placement
@@ -134,7 +134,7 @@ class Plan(BasePlan):
             if len(key) != len(self.captured.batch_shapes):
                 raise CoopError(mismatch)
             warnings.warn(f"{mismatch}; running this shape under online eviction (coop policy) within the plan's "
-                          f"budget of {format_bytes(self.budget)}; make a new plan for it to get a static schedule",
+                          f"budget of {format_memory(self.budget, self.graph)}; make a new plan for it to get a static schedule",
                           stacklevel=4)
             captured = recapture(self.model, batch, self.loss_fn, TrainingContext.current(self.model, batch))
             dynamic = DynamicPlan(captured, self.model, self.budget, policy="coop", wrapper=self.wrapper,
@@ -161,8 +161,8 @@ class Plan(BasePlan):
         Path(path).write_text(json.dumps(document, indent=1) + "\n")
 
     def __repr__(self) -> str:
-        return (f"Plan({self.graph.name}, {self.formulation}, peak {format_bytes(self.predicted_peak)} of "
-                f"{format_bytes(self.baseline_peak)}, overhead {self.predicted_overhead:.1%})")
+        return (f"Plan({self.graph.name}, {self.formulation}, peak {format_memory(self.predicted_peak, self.graph)} of "
+                f"{format_memory(self.baseline_peak, self.graph)}, overhead {self.predicted_overhead:.1%})")
 
 
 def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: LossFn | None = None,
@@ -207,16 +207,17 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
         candidate.arena_peak = placement.arena_peak
         if placement.arena_peak <= budget_bytes:
             candidate.note = (candidate.note + "; " if candidate.note else "") + (
-                f"arena {format_bytes(budget_bytes)}: best-fit arena peak {format_bytes(placement.arena_peak)} "
-                f"(live-bytes budget {format_bytes(live_budget)})")
+                f"arena {format_memory(budget_bytes, graph)}: best-fit arena peak "
+                f"{format_memory(placement.arena_peak, graph)} (live-bytes budget {format_memory(live_budget, graph)})")
             return candidate
         # Aim the live peak below what this fragmentation ratio allows, and strictly lower each round.
         scaled = candidate.predicted_peak * budget_bytes // placement.arena_peak
         live_budget = min(live_budget - (placement.arena_peak - budget_bytes), scaled)
         if live_budget < min_budget(graph):
             break
-    raise InfeasibleError(f"no plan fits an arena of {budget_bytes} B ({format_bytes(budget_bytes)}): fragmentation "
-                          f"keeps the best-fit arena peak above it (last {candidate.arena_peak} B); raise the budget")
+    raise InfeasibleError(f"no plan fits an arena of {format_memory(budget_bytes, graph)}: fragmentation keeps the "
+                          f"best-fit arena peak above it (last {format_memory(candidate.arena_peak, graph)}); "
+                          "raise the budget")
 
 
 #: How often ``arena=True`` lowers the live-bytes budget by the fragmentation it found.

@@ -71,15 +71,18 @@ class _Unavailable:
 
 
 class _ProgramBuilder:
+    """Writes the replay fx program of one schedule: copies nodes of the captured fx graph (``source``) into
+    ``program`` in schedule order, by the coop Graph (``schedule_graph``) the schedule is legal on."""
+
     def __init__(self, captured: Captured, graph: Graph, replayed: set[int]) -> None:
         self.captured = captured
-        self.graph_ir = graph  # the Graph the schedule is legal on (random draws recomputable or not)
+        self.schedule_graph = graph  # the coop Graph the schedule is legal on (random draws recomputable or not)
         self.replayed = replayed  # random nodes the schedule recomputes: their generator state is saved
         self.saved_states: dict[fx.Node, fx.Node] = {}  # random fx node -> program value of its saved state
-        self.source = captured.module.graph
+        self.source = captured.module.graph  # the captured fx graph, read
         self.position = {n: i for i, n in enumerate(self.source.nodes)}
         self.by_name = {n.name: n for n in self.source.nodes}
-        self.graph = fx.Graph()
+        self.program = fx.Graph()  # the replay fx graph, written in schedule order
         self.env: dict[fx.Node, Any] = {}
         self.hosts: dict[int, fx.Node] = {}
         self.computed: set[int] = set()
@@ -96,7 +99,7 @@ class _ProgramBuilder:
         return value
 
     def emit(self, node: fx.Node) -> None:
-        new = self.graph.node_copy(node, self.lookup)
+        new = self.program.node_copy(node, self.lookup)
         new.meta = dict(node.meta)
         self.env[node] = new
 
@@ -113,7 +116,7 @@ class _ProgramBuilder:
                 self.emit(node)
 
     def compute(self, index: int, node_id: int) -> None:
-        graph_node = self.graph_ir.node(node_id)
+        graph_node = self.schedule_graph.node(node_id)
         first = node_id not in self.computed
         if not first and not graph_node.recomputable:
             raise ScheduleError(f"step {index} (compute %{node_id}): node {node_id} ({graph_node.name}) is not "
@@ -129,7 +132,7 @@ class _ProgramBuilder:
                 self.last_random = self.position[node]
                 if node_id in self.replayed:
                     device = str(output_device(node))
-                    self.saved_states[node] = self.graph.call_function(save_generator_state, (device,))
+                    self.saved_states[node] = self.program.call_function(save_generator_state, (device,))
                 self.emit(node)
             else:
                 self.replay(node)
@@ -137,9 +140,9 @@ class _ProgramBuilder:
     def replay(self, node: fx.Node) -> None:
         """Recompute a random op from the generator state saved before its first draw."""
         saved = self.saved_states[node]
-        previous = self.graph.call_function(swap_generator_state, (saved,))
+        previous = self.program.call_function(swap_generator_state, (saved,))
         self.emit(node)
-        self.env[node] = self.graph.call_function(restore_generator_state, (previous, saved, self.env[node]))
+        self.env[node] = self.program.call_function(restore_generator_state, (previous, saved, self.env[node]))
 
     def drop(self, node_id: int, why: str) -> None:
         for node in self.group(node_id):
@@ -149,14 +152,14 @@ class _ProgramBuilder:
         if self.captured.graph.node(node_id).caller_owned:
             return  # the caller holds its own reference; there is nothing the replay can free
         base = self._base(node_id)
-        self.hosts[node_id] = self.graph.call_function(to_host, (self.lookup(base),))
+        self.hosts[node_id] = self.program.call_function(to_host, (self.lookup(base),))
         self.drop(node_id, "paged out")
 
     def page_in(self, node_id: int) -> None:
         if self.captured.graph.node(node_id).caller_owned:
             return
         base = self._base(node_id)
-        self.env[base] = self.graph.call_function(to_device, (self.hosts.pop(node_id),))
+        self.env[base] = self.program.call_function(to_device, (self.hosts.pop(node_id),))
         for node in self.group(node_id):
             # re-derive the views of the value; outputs taken from a tuple stay unavailable
             if self.position[node] > self.position[base] and all(
@@ -172,9 +175,9 @@ class _ProgramBuilder:
 
     def finish(self) -> fx.GraphModule:
         outputs = [self.lookup(n) if n is not None else None for n in self.captured.output_nodes()]
-        self.graph.output(outputs)
-        self.graph.lint()
-        return fx.GraphModule(self.captured.module, self.graph)
+        self.program.output(outputs)
+        self.program.lint()
+        return fx.GraphModule(self.captured.module, self.program)
 
 
 def replay_graph(captured: Captured, replay_random: bool = True) -> Graph:

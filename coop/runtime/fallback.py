@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from coop.budget import min_budget, parse_budget
+from coop.budget import parse_budget
 from coop.errors import BudgetError, InfeasibleError
 from coop.graph_capture import Captured
 from coop.online.online_sim import OnlineSimulator, OutOfMemory, Thrashing
@@ -161,14 +161,11 @@ def run_dynamic(
     With ``replay_random`` (the default) random ops are evictable and recomputed by replaying
     their saved generator state; without it they stay resident until no recomputation needs them.
 
-    Raises BudgetError below the least feasible budget and InfeasibleError when the policy runs
+    Raises BudgetError below :func:`coop.budget.min_budget` and InfeasibleError when the policy runs
     out of evictable memory or thrashes past ``max_overhead``.
     """
     graph = captured.graph
-    budget_bytes = parse_budget(budget, graph, check=False)
-    least = min_budget(graph)
-    if budget_bytes < least:
-        raise BudgetError(f"budget {budget_bytes} is below the least feasible budget {least} of {graph.name!r}")
+    budget_bytes = parse_budget(budget, graph)  # below min_budget: the one BudgetError of coop.budget
     engine = DynamicStep(captured, budget_bytes, make_policy(policy), max_overhead, replay_random)
     engine.bind(captured.flat_inputs(model, batch))
     try:

@@ -1,8 +1,8 @@
-"""The least feasible budget a graph is known to fit: an upper bound found by construction.
+"""The constructed budget: the lowest budget a graph is known to fit, an upper bound found by construction.
 
-:func:`coop.budget.min_budget` is a lower bound (no schedule fits below it); the true least
-feasible budget lies between it and the peak of the lowest-memory schedule anyone finds. This
-module finds such a schedule: the lowest of the peaks of checkpoint-all (keep only what may not
+:func:`coop.budget.min_budget` is the proven lower bound (no schedule fits below it); the least
+budget any schedule fits lies between it and the peak of the lowest-memory schedule anyone
+constructs. This module constructs such a schedule: the lowest of the peaks of checkpoint-all (keep only what may not
 be recomputed, rebuild everything else at each use) and of Chen's baselines asked for the lower
 bound, and the lowest budget at which the greedy eviction heuristic
 (:func:`coop.formulations.heuristics.greedy_eviction_schedule`, offline DTR with exact next uses)
@@ -23,21 +23,21 @@ TOLERANCE = 0.002
 
 
 @dataclass(frozen=True)
-class LeastBudget:
+class ConstructedBudget:
     """A budget that some schedule fits (its simulated peak), the schedule, and where it came from."""
 
     budget: int
     schedule: Schedule
     source: str
-    lower_bound: int  # min_budget: no schedule fits below it
+    lower_bound: int  # min_budget: the proven lower bound, no schedule fits below it
 
     @property
     def gap(self) -> float:
-        """How far the known budget may be above the true least one, relative to the latter's bound."""
+        """How far the constructed budget may be above the least feasible one, relative to min_budget."""
         return (self.budget - self.lower_bound) / self.lower_bound if self.lower_bound else 0.0
 
 
-def least_feasible_budget(graph: Graph, tolerance: float = TOLERANCE) -> LeastBudget:
+def constructed_budget(graph: Graph, tolerance: float = TOLERANCE) -> ConstructedBudget:
     """The lowest budget that a constructed schedule fits (see the module docstring)."""
     from coop.formulations.baselines import checkpoint_all, chen_greedy, chen_sqrt
     from coop.formulations.heuristics import greedy_eviction_schedule
@@ -45,7 +45,7 @@ def least_feasible_budget(graph: Graph, tolerance: float = TOLERANCE) -> LeastBu
     lower = min_budget(graph)
     # The baseline order always fits its own peak: the bisection starts from it.
     baseline = Schedule.from_order(graph.order)
-    best = LeastBudget(simulate(graph, baseline).peak, baseline, "store-all", lower)
+    best = ConstructedBudget(simulate(graph, baseline).peak, baseline, "store-all", lower)
     for name, baseline in (("checkpoint-all", checkpoint_all), ("chen-greedy", chen_greedy), ("chen-sqrt", chen_sqrt)):
         try:
             result = baseline(graph, lower)
@@ -54,7 +54,7 @@ def least_feasible_budget(graph: Graph, tolerance: float = TOLERANCE) -> LeastBu
         if result.schedule is not None:
             peak = simulate(graph, result.schedule).peak
             if peak < best.budget:
-                best = LeastBudget(peak, result.schedule, name, lower)
+                best = ConstructedBudget(peak, result.schedule, name, lower)
     low, high = lower, best.budget
     while high - low > max(1, tolerance * lower):
         middle = (low + high) // 2
@@ -64,6 +64,6 @@ def least_feasible_budget(graph: Graph, tolerance: float = TOLERANCE) -> LeastBu
             continue
         peak = simulate(graph, schedule).peak
         if peak < best.budget:
-            best = LeastBudget(peak, schedule, "greedy-eviction", lower)
+            best = ConstructedBudget(peak, schedule, "greedy-eviction", lower)
         high = min(middle, peak)
     return best

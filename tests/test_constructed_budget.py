@@ -1,4 +1,4 @@
-"""The least feasible budget known by construction, and the greedy eviction heuristic behind it."""
+"""The constructed budget (an upper bound found by construction), and the greedy eviction heuristic behind it."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from hypothesis import HealthCheck, given, settings
 
 from coop.budget import min_budget
 from coop.formulations.baselines import checkpoint_all
+from coop.formulations.constructed_budget import constructed_budget
 from coop.formulations.heuristics import greedy_eviction_schedule
-from coop.formulations.least_budget import least_feasible_budget
 from coop.graph import Graph
 from coop.schedule import simulate, validate
 from tests.strategies import random_graphs
@@ -37,11 +37,11 @@ def test_greedy_eviction_keeps_a_random_value_while_a_rebuild_may_read_it() -> N
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(graph=random_graphs(max_nodes=10))
-def test_the_least_known_budget_is_fitted_and_bracketed_by_the_bounds(graph: Graph) -> None:
-    least = least_feasible_budget(graph)
-    assert least.lower_bound == min_budget(graph) <= least.budget
-    verdict = validate(graph, least.schedule, least.budget)
+def test_the_constructed_budget_is_fitted_and_bracketed_by_the_bounds(graph: Graph) -> None:
+    constructed = constructed_budget(graph)
+    assert constructed.lower_bound == min_budget(graph) <= constructed.budget
+    verdict = validate(graph, constructed.schedule, constructed.budget)
     assert verdict.ok, verdict.reason
-    assert verdict.peak == least.budget
-    assert least.budget <= simulate(graph, checkpoint_all(graph, least.budget).schedule).peak
-    assert least.gap >= 0
+    assert verdict.peak == constructed.budget
+    assert constructed.budget <= simulate(graph, checkpoint_all(graph, constructed.budget).schedule).peak
+    assert constructed.gap >= 0
