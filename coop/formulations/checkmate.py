@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from functools import reduce
 from typing import Any
 
-from coop.budget import min_budget
+from coop.budget import below_min_budget
 from coop.errors import SolverError
 from coop.formulations.milp_backends import LinearModel, MilpSolution, solve_lp_relaxation, solve_milp
 from coop.formulations.progress import Progress, ProgressCallback
@@ -390,7 +390,7 @@ def checkmate(
     reported as ``feasible``, since its proof holds for the rounded sizes only. Checkmate's space
     is the frontier-advancing schedules over ``graph.order`` whose extra outputs (of multi-output
     ops) are taken right after their op, in a stage that recomputes nothing (:data:`SEARCH_SPACE`):
-    ``infeasible`` above the least feasible budget means no such schedule fits. Options other
+    ``infeasible`` above min_budget means no such schedule fits. Options other
     than these are rejected.
 
     ``cost_limit`` searches only the schedules that cost at most that much (e.g. just below an
@@ -561,15 +561,14 @@ def _reject_unknown(options: dict[str, Any]) -> None:
 
 
 def _early_result(name: str, graph: Graph, budget: int, max_nodes: int) -> SolveResult | None:
-    """Refuse graphs too big for an O(n^2) model; answer budgets below the least feasible one."""
+    """Refuse graphs too big for an O(n^2) model; answer budgets below min_budget."""
     if len(graph.order) > max_nodes:
         raise SolverError(
             f"graph {graph.name!r} has {len(graph.order)} computed nodes, above max_nodes={max_nodes}: "
             f"Checkmate's MILP has O(n^2) variables; use moccasin, or raise max_nodes"
         )
-    least = min_budget(graph)
-    if budget < least:
-        return SolveResult(name, "infeasible", message=f"budget {budget} is below the least feasible budget {least}")
+    if below := below_min_budget(budget, graph):
+        return SolveResult(name, "infeasible", message=below)
     return None
 
 
