@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import inspect
 import json
 import math
 import os
@@ -218,7 +217,8 @@ def solve(
     json_output: JsonFlag = False,
 ) -> None:
     """Solve for a schedule within BUDGET; exit 0 only when one was found."""
-    from coop.formulations import get_formulation  # looked up at call time: tests register stand-ins
+    from coop.formulations import formulation_options  # the one options contract
+    from coop.formulations import solve as run_formulation
 
     _check_time_limit(time_limit)
     graph = load_graph(graph_path)
@@ -226,12 +226,12 @@ def solve(
         raise CoopError(f"unknown formulation {formulation!r}: choose one of {', '.join(FORMULATIONS)}")
     budget_units = _parse_budget_or_verdict(budget, graph)
     try:
-        function = get_formulation(formulation)
+        takes = formulation_options(formulation)
     except ImportError as exc:  # a formulation whose solver or module is not installed
         raise CoopError(f"formulation {formulation!r} is not available in this install: {exc}") from None
-    options = _options_for(function, formulation, {"time_limit": time_limit, "solver": solver, "threads": threads})
+    options: dict[str, Any] = {"time_limit": time_limit, "threads": threads, "solver": solver}
     show_progress = sys.stderr.isatty() if progress is None else progress
-    reports_progress = _accepts(function, "progress")
+    reports_progress = "progress" in takes
     if show_progress and reports_progress:
         from coop.formulations.progress import stderr_progress
 
@@ -239,7 +239,7 @@ def solve(
     spinner = show_progress and not reports_progress and not json_output and sys.stderr.isatty()
     try:
         with Console(stderr=True).status(f"solving with {formulation} ...") if spinner else contextlib.nullcontext():
-            result = function(graph, budget_units, **options)
+            result = run_formulation(graph, budget_units, formulation, **options)
     except InfeasibleError as exc:
         raise VerdictFailure(str(exc)) from None
     report = _solve_report(graph, result, budget_units, formulation, output)
@@ -264,23 +264,6 @@ def _parse_budget_or_verdict(spec: str, graph: Graph) -> int:
         return parse_budget(spec, graph)
     except BudgetError as exc:
         raise VerdictFailure(str(exc)) from None
-
-
-def _options_for(function: Any, formulation: str, given: dict[str, Any]) -> dict[str, Any]:
-    """The options the formulation accepts; the others are named on stderr, not silently dropped."""
-    given = {k: v for k, v in given.items() if v is not None}
-    parameters = inspect.signature(function).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        return given
-    accepted = {k: v for k, v in given.items() if k in parameters}
-    for name in sorted(set(given) - set(accepted)):
-        print(f"coop: note: {formulation} has no option --{name.replace('_', '-')}; ignored", file=sys.stderr)
-    return accepted
-
-
-def _accepts(function: Any, name: str) -> bool:
-    parameters = inspect.signature(function).parameters
-    return name in parameters or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
 
 
 def _solve_report(graph: Graph, result: Any, budget: int, formulation: str, output: Path | None) -> dict[str, Any]:

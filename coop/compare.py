@@ -24,7 +24,6 @@ Checkmate graphs count profiled units) the break-even is left empty and the repo
 from __future__ import annotations
 
 import csv
-import inspect
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -35,7 +34,7 @@ from typing import Any
 from coop.budget import baseline_peak, below_min_budget, min_budget, parse_budget
 from coop.config import SweepConfig
 from coop.errors import CoopError
-from coop.formulations import FORMULATIONS, get_formulation
+from coop.formulations import FORMULATIONS, solve
 from coop.graph import Graph
 from coop.online.online_sim import OnlineResult, simulate_online
 from coop.online.policies import POLICIES
@@ -231,10 +230,9 @@ def _row(method: str, kind: str, spec: str, budget: int, reference_peak: int, **
 def _static_row(graph: Graph, name: str, spec: str, budget: int, peak: int, options: dict[str, Any]) -> dict[str, Any]:
     started = time.perf_counter()
     try:
-        function = get_formulation(name)
         # Warm starts, the online policies' schedules among them, are collected by the solver itself
         # (coop.formulations.warm_start), so their time counts in this solve.
-        result = function(graph, budget, **_accepted(function, options))
+        result = solve(graph, budget, name, **options)
     except (CoopError, ImportError) as exc:
         return _row(name, "static", spec, budget, peak, status="skipped", message=str(exc).splitlines()[0],
                     solve_s=time.perf_counter() - started)
@@ -268,12 +266,6 @@ def _online_row(graph: Graph, name: str, spec: str, budget: int, peak: int) -> d
                 arena_peak=result.arena_peak, overhead=result.overhead if finished else None,
                 search_s=result.search_s, step_s=_step_seconds(graph, result.overhead, result.search_s) if finished else None,
                 evictions=result.evictions, fragmentation=result.fragmentation, message=result.message)
-
-
-def _accepted(function: Callable[..., Any], options: dict[str, Any]) -> dict[str, Any]:
-    """The options ``function`` takes by name (formulations reject unknown options)."""
-    parameters = inspect.signature(function).parameters
-    return {k: v for k, v in options.items() if k in parameters}
 
 
 # -------------------------------------------------------------------- break-even

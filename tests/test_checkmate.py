@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from coop.budget import baseline_peak, min_budget
-from coop.errors import SolverError
+from coop.errors import CoopError, SolverError
 from coop.formulations import solve
 from coop.formulations.checkmate import checkmate, checkmate_lp
 from coop.formulations.progress import Progress, stderr_progress
@@ -231,8 +231,8 @@ def test_unknown_solver_and_option_and_missing_commercial_solver():
     graph = chain_with_skips()
     with pytest.raises(SolverError, match="unknown MILP solver"):
         checkmate(graph, 30, solver="nope")
-    with pytest.raises(SolverError, match="unknown checkmate option"):
-        checkmate(graph, 30, bogus=1)
+    with pytest.raises(CoopError, match="formulation 'checkmate' has no option 'bogus'"):
+        solve(graph, 30, "checkmate", bogus=1)
     try:
         import pulp
 
@@ -246,7 +246,7 @@ def test_unknown_solver_and_option_and_missing_commercial_solver():
 
 # -------------------------------------------------------------------- LP rounding
 @SETTINGS
-@given(graph=random_graphs(max_nodes=8), fraction=st.floats(0.0, 1.0))
+@given(graph=random_graphs(max_nodes=7), fraction=st.floats(0.0, 1.0))  # <= 13 computed nodes with extras: brute-forceable
 def test_lp_rounding_returns_only_fitting_schedules(graph, fraction):
     least, peak = min_budget(graph), baseline_peak(graph)
     budget = least + math.floor(fraction * (peak - least))
@@ -293,7 +293,8 @@ def test_cbc_bound_is_read_from_its_log():
     from coop.formulations.milp_backends import _cbc_bound
 
     log = "Result - Stopped on time limit\n\nObjective value:                12.5\nLower bound:                    10.25\nGap: 0.2\n"
-    assert _cbc_bound(log) == 10.25
+    bound = _cbc_bound(log)  # printed rounded: anything printed as 10.25 is at least 10.245
+    assert bound is not None and 10.245 - 1e-9 <= bound <= 10.245
     assert _cbc_bound("Result - Optimal solution found\n") is None
 
 
@@ -375,7 +376,7 @@ def test_every_backend_keeps_a_binary_fixed_by_its_bounds(solver):
 
 def test_lp_rounding_stops_at_its_time_limit_with_a_clear_status():
     graph = _rescaled(chain_with_skips(), 1_000_003, 1e-6)
-    result = checkmate_lp(graph, min_budget(graph), time_limit=0.5)
+    result = checkmate_lp(graph, min_budget(graph), time_limit=1e-3)
     assert result.status == "unknown" and result.schedule is None
     assert "time limit" in result.message and "not solved" in result.message
     assert result.wall_s < 5

@@ -1,7 +1,8 @@
 """Formulations: Graph + budget -> SolveResult, one module per paper.
 
-Every formulation is a plain function ``solve(graph, budget, **options) -> SolveResult`` where
-``budget`` is already parsed to graph units (coop.budget.parse_budget). :data:`FORMULATIONS`
+Every formulation is a plain function ``f(graph, budget, *, options) -> SolveResult`` where
+``budget`` is already parsed to graph units (coop.budget.parse_budget); callers run it through
+:func:`solve`, the one options contract. :data:`FORMULATIONS`
 maps the names used by the CLI and ``coop.plan`` to those functions; modules are imported lazily
 so that a missing optional solver only matters when it is asked for.
 """
@@ -42,25 +43,31 @@ def get_formulation(name: str) -> Callable[..., SolveResult]:
     return getattr(importlib.import_module(module_name), function_name)
 
 
+#: Options every formulation takes by these names, keyword-only: callers offer them to any formulation
+#: and one that has no use for an option (a baseline and a time limit) leaves it unused.
+COMMON_OPTIONS = frozenset({"time_limit", "threads", "progress", "hint", "captured"})
+
+
+def formulation_options(formulation: str) -> frozenset[str]:
+    """The keyword options the formulation's function names (its own and the common ones it uses)."""
+    parameters = inspect.signature(get_formulation(formulation)).parameters
+    return frozenset(name for name, parameter in parameters.items() if parameter.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
 def solve(graph: Graph, budget: int, formulation: str, **options: Any) -> SolveResult:
-    """Run one formulation on a graph under a budget in graph units."""
-    return get_formulation(formulation)(graph, budget, **options)
+    """Run one formulation on a graph under a budget in graph units: the one options contract.
 
-
-def solve_accepting(graph: Graph, budget: int, formulation: str, **options: Any) -> SolveResult:
-    """Like :func:`solve`, passing only the options the formulation names in its signature.
-
-    For callers that offer the same options to every formulation (the planner, ``auto``,
-    ``coop compare``): a time limit means nothing to a baseline, a captured module nothing to a
-    solver over the Graph alone.
+    Every formulation is ``function(graph, budget, *, ...)`` with keyword-only options. The
+    :data:`COMMON_OPTIONS` may be given to any formulation (``None`` means the default); any other
+    option the formulation does not name is refused with one line that lists what it takes.
     """
-    function = get_formulation(formulation)
-    named = {
-        name
-        for name, parameter in inspect.signature(function).parameters.items()
-        if parameter.kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    }
-    return function(graph, budget, **{k: v for k, v in options.items() if k in named and v is not None})
+    takes = formulation_options(formulation)
+    options = {name: value for name, value in options.items() if value is not None}  # None: the default
+    unknown = sorted(set(options) - takes - COMMON_OPTIONS)
+    if unknown:
+        raise CoopError(f"formulation {formulation!r} has no option {unknown[0]!r}: it takes "
+                        f"{', '.join(sorted(takes | COMMON_OPTIONS))}")
+    return get_formulation(formulation)(graph, budget, **{name: options[name] for name in takes & set(options)})
 
 
-__all__ = ["BASELINES", "FORMULATIONS", "SolveResult", "get_formulation", "solve", "solve_accepting"]
+__all__ = ["BASELINES", "COMMON_OPTIONS", "FORMULATIONS", "SolveResult", "formulation_options", "get_formulation", "solve"]

@@ -35,12 +35,12 @@ def choose_formulation(graph: Graph, budget: int, *, captured: Any = None) -> st
 def auto(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int = 2, progress: Any = None,
          captured: Any = None, hint: Any = None) -> SolveResult:
     """Solve with the formulation chosen for this graph; fall back to the cheapest fitting baseline."""
-    from coop.formulations import solve_accepting
+    from coop.formulations import solve
 
     started = time.perf_counter()
     chosen = choose_formulation(graph, budget)
     try:
-        result = solve_accepting(graph, budget, chosen, time_limit=time_limit, threads=threads, progress=progress,
+        result = solve(graph, budget, chosen, time_limit=time_limit, threads=threads, progress=progress,
                                  captured=captured, hint=hint)
     except CoopError as exc:
         result = SolveResult(formulation=chosen, status="unknown", message=str(exc))

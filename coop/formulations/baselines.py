@@ -45,14 +45,14 @@ __all__ = ["checkpoint_all", "chen_greedy", "chen_sqrt", "store_all"]
 
 
 # -------------------------------------------------------------------- entry points
-def store_all(graph: Graph, budget: int, **options: Any) -> SolveResult:
+def store_all(graph: Graph, budget: int) -> SolveResult:
     """The baseline order with no recomputation: each value is freed after its last use."""
     started = time.perf_counter()
     schedule = Schedule.from_order(graph.order)
     return _result("store-all", graph, budget, schedule, started)
 
 
-def checkpoint_all(graph: Graph, budget: int, **options: Any) -> SolveResult:
+def checkpoint_all(graph: Graph, budget: int) -> SolveResult:
     """Keep only values that cannot be recomputed; recompute the rest at every backward use.
 
     K = non-recomputable forward values (random ops) and forward outputs; caller-owned values are
@@ -66,7 +66,7 @@ def checkpoint_all(graph: Graph, budget: int, **options: Any) -> SolveResult:
     return _result("checkpoint-all", graph, budget, schedule, started, checkpoints=[])
 
 
-def chen_sqrt(graph: Graph, budget: int, *, use_articulation_points: bool = True, **options: Any) -> SolveResult:
+def chen_sqrt(graph: Graph, budget: int, *, use_articulation_points: bool = True) -> SolveResult:
     """Chen et al. 2016's sqrt(n) checkpointing (section 4.1), over the linearised forward.
 
     The forward's n nodes in topological order form a chain; boundaries every about sqrt(n)
@@ -98,7 +98,6 @@ def chen_greedy(
     *,
     use_articulation_points: bool = True,
     grid_size: int = 24,
-    **options: Any,
 ) -> SolveResult:
     """Chen et al. 2016's greedy segmentation under a per-segment memory threshold ``b``.
 

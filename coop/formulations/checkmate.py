@@ -380,7 +380,6 @@ def checkmate(
     memory_levels: int | None = None,
     cost_limit: float | None = None,
     verbose: bool = False,
-    **options: Any,
 ) -> SolveResult:
     """The Checkmate MILP (Jain et al. 2020, section 4) solved with ``solver``.
 
@@ -401,7 +400,6 @@ def checkmate(
     then means that no schedule of the space fits the budget at that cost; ``optimal`` still
     means optimal over the whole space (every schedule left out costs more).
     """
-    _reject_unknown(options)
     early = _early_result("checkmate", graph, budget, max_nodes)
     if early is not None:
         return early
@@ -444,7 +442,6 @@ def checkmate_lp(
     thresholds: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
     random_roundings: int = 16,
     seed: int = 0,
-    **options: Any,
 ) -> SolveResult:
     """Checkmate's two-phase LP rounding (Jain et al. 2020, section 5).
 
@@ -456,7 +453,6 @@ def checkmate_lp(
     full budget, a lower bound on every schedule's cost. Model building, every LP and every
     rounding count against ``time_limit``.
     """
-    _reject_unknown(options)
     started = time.perf_counter()
     early = _early_result("checkmate-lp", graph, budget, max_nodes)
     if early is not None:
@@ -553,11 +549,6 @@ def _random_rule(retention: Any, rng: random.Random) -> Any:
         return draws[(t, i)]
 
     return keep
-
-
-def _reject_unknown(options: dict[str, Any]) -> None:
-    if options:
-        raise SolverError(f"unknown checkmate option(s): {', '.join(sorted(options))}")
 
 
 def _early_result(name: str, graph: Graph, budget: int, max_nodes: int) -> SolveResult | None:

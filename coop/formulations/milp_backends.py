@@ -410,31 +410,21 @@ def _solve_pulp(model: LinearModel, name: str, time_limit: float, threads: int, 
     import pulp
 
     started = time.perf_counter()
-    problem, variables = _pulp_problem(pulp, model)
+    objective_scale, options = _cbc_settings(model) if name == "cbc" else (1.0, ())
+    problem, variables = _pulp_problem(pulp, model, objective_scale)
     # Building the PuLP model, writing it as MPS and reading the solution back take seconds on
     # large models (about 8 us per nonzero, measured on a 1.1M-nonzero Checkmate model): they
     # count against the limit.
     deadline = started + time_limit - _PULP_IO_S_PER_NONZERO * model.nonzeros
-    options = _cbc_options(model) if name == "cbc" else ()
     log = _run_pulp(pulp, problem, name, deadline, threads, verbose, bool(model.hint), options)
     if isinstance(log, MilpSolution):
         return log
-    if name == "cbc" and problem.status == pulp.LpStatusInfeasible and _CBC_PREPROCESSING_INFEASIBLE in log:
-        # CBC's pre-processing says "infeasible" when the time limit interrupts it (bench_fuzz found
-        # a feasible Checkmate model refused so at 0.8-1 s) and on some numerically delicate models
-        # (coin-or/Cbc issues 466, 737, 740): only a search without it may prove infeasibility.
-        unconfirmed = "cbc's pre-processing said infeasible, unconfirmed: CBC says so when its time limit interrupts it"
-        if deadline - time.perf_counter() < _LEAST_SOLVE_S:
-            return MilpSolution(status="unknown", message=f"{unconfirmed}; no time left to search without it")
-        log = _run_pulp(pulp, problem, name, deadline, threads, verbose, bool(model.hint), (*options, "preprocess off"))
-        if isinstance(log, MilpSolution):
-            log.message = f"{log.message} ({unconfirmed})"
-            return log
-    return _pulp_solution(pulp, problem, variables, name, log)
+    return _pulp_solution(pulp, problem, variables, model, name, log, objective_scale)
 
 
-def _pulp_problem(pulp: Any, model: LinearModel) -> tuple[Any, list[Any]]:
-    """The model as a PuLP problem, and its variables in the model's order (hint values set)."""
+def _pulp_problem(pulp: Any, model: LinearModel, objective_scale: float) -> tuple[Any, list[Any]]:
+    """The model as a PuLP problem (objective divided by ``objective_scale``), and its variables in
+    the model's order (hint values set)."""
     problem = pulp.LpProblem("coop", pulp.LpMinimize)
     variables = []
     for index, (kind, lo, hi) in enumerate(zip(model.kinds, model.lower, model.upper)):
@@ -444,7 +434,7 @@ def _pulp_problem(pulp: Any, model: LinearModel) -> tuple[Any, list[Any]]:
         if kind == "binary" and (lo, hi) != (0.0, 1.0):  # PuLP sets binaries to [0, 1]: keep a fixing
             variable.lowBound, variable.upBound = lo, hi
         variables.append(variable)
-    problem += pulp.LpAffineExpression([(variables[v], c) for v, c in model.objective])
+    problem += pulp.LpAffineExpression([(variables[v], c / objective_scale) for v, c in model.objective])
     for terms, sense, rhs in model.rows:
         expr = pulp.LpAffineExpression([(variables[v], c) for v, c in terms])
         problem += {"<=": expr <= rhs, ">=": expr >= rhs, "==": expr == rhs}[sense]
@@ -482,21 +472,24 @@ def _run_pulp(pulp: Any, problem: Any, name: str, deadline: float, threads: int,
     return log
 
 
-def _pulp_solution(pulp: Any, problem: Any, variables: list[Any], name: str, log: str) -> MilpSolution:
-    """The answer of a solved PuLP problem; for CBC stopped early, the bound its log proves."""
+def _pulp_solution(pulp: Any, problem: Any, variables: list[Any], model: LinearModel, name: str, log: str,
+                   objective_scale: float) -> MilpSolution:
+    """The answer of a solved PuLP problem in the model's units; for CBC stopped early, the bound
+    its log proves (CBC saw the objective divided by ``objective_scale``)."""
     has_solution = problem.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
     if problem.status == pulp.LpStatusInfeasible:
         return MilpSolution(status="infeasible", message=f"{name}: proven infeasible")
     if not has_solution:
         return MilpSolution(status="unknown", message=f"{name}: no solution ({pulp.LpStatus[problem.status]})")
     values = [v.varValue if v.varValue is not None else 0.0 for v in variables]
-    objective = pulp.value(problem.objective)
-    objective = float(objective) if objective is not None else 0.0
+    objective = math.fsum(c * values[v] for v, c in model.objective)
     proven = problem.sol_status == pulp.LpSolutionOptimal and "Stopped on time" not in log
     status = "optimal" if proven else "feasible"
     bound = objective if proven else _cbc_bound(log)
-    if bound is not None:
-        bound = min(bound, objective)  # CBC's own bound may lag behind its last incumbent
+    if bound is not None and not proven:
+        # Back to the model's units, one float lower (the product rounds); CBC's bound may also
+        # lag behind its last incumbent.
+        bound = min(math.nextafter(bound * objective_scale, -math.inf), objective)
     return MilpSolution(status=status, values=values, objective=objective, bound=bound)
 
 
@@ -504,25 +497,30 @@ def _pulp_solution(pulp: Any, problem: Any, variables: list[Any], name: str, log
 #: A watchdog interrupts it this long after the limit, and kills it a few seconds later.
 _CBC_GRACE_S = 2.0
 _PULP_IO_S_PER_NONZERO = 8e-6
-_CBC_PREPROCESSING_INFEASIBLE = "Pre-processing says infeasible"
 
 
-def _cbc_options(model: LinearModel) -> tuple[str, ...]:
-    """CBC's cutoff increment, set so that "optimal" and its bounds are exact.
+def _cbc_settings(model: LinearModel) -> tuple[float, tuple[str, ...]]:
+    """What CBC 2.10 (PuLP's bundled one) needs to answer exactly: the factor its objective is
+    divided by, and its options. Each was found by bench_fuzz on a Checkmate model costed in seconds.
 
-    CBC prunes every node that cannot beat the incumbent by its cutoff increment, 1e-5 by default
-    in the objective's units: on a Checkmate model costed in seconds (extra costs ~1e-3) it called
-    a schedule optimal that was 9e-6 dearer than the optimum (bench_fuzz, seed 5, graph 153). When
-    every objective term is an integer coefficient on an integer variable, objective values are
-    multiples of the coefficients' gcd and nothing in between can exist (what CBC itself assumes
-    when it detects this, but an explicit increment turns its detection off); otherwise 0.
+    * Its pre-processing claimed "optimal" for a schedule dearer than store-all's (it fixed
+      variables wrongly; seed 7, graph 39), and "infeasible" when its time limit interrupted it
+      (seed 5, graph 158), as in coin-or/Cbc issues 466, 737, 740: it is turned off.
+    * Its absolute tolerances suit objectives near 1, not extra costs of 1e-4 seconds: a
+      non-integral objective is divided by its largest coefficient (also 30x faster on graph 298).
+    * It prunes every node that cannot beat the incumbent by its cutoff increment, 1e-5 by
+      default: it called a schedule optimal that was 9e-6 dearer than the optimum (seed 5, graph
+      153). The increment is 0, or, when every objective term is an integer coefficient on an
+      integer variable (objective values are then multiples of the coefficients' gcd, what CBC
+      itself assumes when it detects this), just under that gcd.
     """
     coefficients = [c for _, c in model.objective if c]
     integral = all(float(c).is_integer() and model.kinds[v] != "continuous" for v, c in model.objective if c)
     if coefficients and integral:
         step = reduce(math.gcd, (abs(int(c)) for c in coefficients))
-        return (f"increment {0.9999 * step:g}",)
-    return ("increment 0",)
+        return 1.0, ("preprocess off", f"increment {0.9999 * step:g}")
+    scale = max((abs(c) for c in coefficients), default=1.0)
+    return scale, ("preprocess off", "increment 0")
 
 
 def _pulp_backend(pulp: Any, name: str, time_limit: float, threads: int, verbose: bool, warm: bool,

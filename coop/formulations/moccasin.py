@@ -655,7 +655,7 @@ def moccasin(
     prove: bool = True,
     lp_warm_start: bool = True,
     local_search: float | None = None,
-    **options: Any,
+    cp_sat_parameters: dict[str, Any] | None = None,
 ) -> SolveResult:
     """Solve rematerialization under ``budget`` with the Moccasin CP-SAT model (Bartan et al. 2023).
 
@@ -675,8 +675,8 @@ def moccasin(
     ``local_search`` is the share of the time spent in :func:`improve_by_local_search` before
     CP-SAT (default 0.5 on graphs of at least LOCAL_SEARCH_MIN_NODES nodes, where CP-SAT alone
     rarely improves the warm start within a minute; else at most 0.25, ending early once
-    LOCAL_SEARCH_SMALL_STALL repairs in a row found nothing cheaper); remaining
-    ``options`` are CP-SAT parameters by name (e.g. ``log_search_progress=True``).
+    LOCAL_SEARCH_SMALL_STALL repairs in a row found nothing cheaper); ``cp_sat_parameters``
+    are CP-SAT parameters by name (e.g. ``{"log_search_progress": True}``).
 
     What the statuses prove. ``optimal``: no legal schedule (contract 2) whose first
     computations follow ``prompt_order(graph)`` (so none following ``graph.order`` either: taking
@@ -721,7 +721,8 @@ def moccasin(
                                           stall)
     if keep_order is None:
         keep_order = graph.has_backward
-    settings = _Settings(time_limit, threads, seed, max_intervals, keep_order, extra_slots, prove, options)
+    settings = _Settings(time_limit, threads, seed, max_intervals, keep_order, extra_slots, prove,
+                         dict(cp_sat_parameters or {}))
     check = None
     if incumbent is None:
         # Nothing fits yet: first ask whether anything of the space fits at all (a proof is often

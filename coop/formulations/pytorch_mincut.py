@@ -100,8 +100,8 @@ class SplitPlan:
 
 
 # -------------------------------------------------------------------- entry point
-def pytorch_mincut(graph: Graph, budget: int, *, captured: Any = None, memory_budgets: Sequence[float] | None = None,
-                   **options: Any) -> SolveResult:
+def pytorch_mincut(graph: Graph, budget: int, *, captured: Any = None,
+                   memory_budgets: Sequence[float] | None = None) -> SolveResult:
     """Sweep PyTorch's ``activation_memory_budget`` and keep the cheapest split that fits.
 
     ``captured`` is the :class:`coop.graph_capture.Captured` whose ``graph`` this is (same

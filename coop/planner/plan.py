@@ -20,7 +20,7 @@ from torch import nn
 
 from coop.budget import format_memory, min_budget, parse_budget
 from coop.errors import ContextError, CoopError, InfeasibleError
-from coop.formulations import SolveResult, solve_accepting
+from coop.formulations import SolveResult, solve
 from coop.formulations.auto import cheapest_fitting_baseline
 from coop.graph import Graph
 from coop.graph_capture import Captured, capture
@@ -232,7 +232,7 @@ def _plan_within(model: nn.Module, captured: Captured, budget_bytes: int, *, for
     replays a recomputed dropout mask from its saved generator state, bit for bit.
     """
     graph = replay_graph(captured)
-    result = solve_accepting(graph, budget_bytes, formulation, time_limit=time_limit, captured=captured)
+    result = solve(graph, budget_bytes, formulation, time_limit=time_limit, captured=captured)
     if result.schedule is not None and validate(graph, result.schedule, budget_bytes).ok:
         return Plan(model, captured, result.schedule, budget_bytes, result.formulation, result, note=result.message,
                     loss_fn=loss_fn, wrapper=wrapper)
