@@ -131,8 +131,8 @@ def solve_milp(
     return result
 
 
-#: LP backends in the order tried: HiGHS' simplex solved the scaled Checkmate relaxation of a
-#: 309-node transformer in 14 s where GLOP and PDLP had not finished after 60 s.
+#: LP backends in the order tried: HiGHS' simplex first, as it solves the scaled Checkmate
+#: relaxations of captured transformers where GLOP and PDLP run out of time.
 LP_BACKENDS = ("HIGHS", "GLOP", "PDLP")
 #: A solve is not started with less time left than loading the model takes plus this much (a
 #: few milliseconds solve a tiny model; the solver gets what is left, not this).

@@ -194,9 +194,8 @@ class TimingInterpreter(fx.Interpreter):
 
 
 #: Timed runs per profile. Each node keeps its fastest run: a neighbour's load only ever adds time,
-#: and with 2 OpenMP threads on a shared 2-core machine it slows small pointwise ops (most of what a
-#: plan recomputes) far more than matmuls, so a noisy profile over-predicts a plan's overhead (GPT-2
-#: small at 50 %: 22 % predicted and 21.5 % measured under steady load, 10 % and 8.5 % when quiet).
+#: and on a shared machine it slows small pointwise ops (most of what a plan recomputes) far more
+#: than matmuls, so a noisy profile over-predicts a plan's overhead (BENCHMARKS.md, bench_replay).
 PROFILE_REPEATS = 4
 
 

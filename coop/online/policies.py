@@ -338,9 +338,8 @@ class CoopPolicy(DTREquivalencePolicy):
 
     def placement(self, size: int, cost: float) -> str:
         # "hole-ends" keeps best fit's choice of hole, so a cheap tensor never splits a larger
-        # hole (the top one, typically) while a smaller one fits: measured on the Checkmate
-        # graphs, "ends" split the top hole and left the free bytes in pieces (VGG19 0.9,
-        # segnet 0.5; the bench_online ablation coop-ends).
+        # hole (the top one, typically) while a smaller one fits; plain "ends" split the top hole
+        # and left the free bytes in pieces (the bench_online ablation coop-ends).
         cheap = self.from_end(size, cost)
         if not cheap:
             return "best"
