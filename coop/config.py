@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import glob
 import tomllib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -89,22 +90,14 @@ class SweepConfig(BaseModel):
     def _known_formulations(cls, value: list[str] | str) -> list[str] | str:
         from coop.formulations import FORMULATIONS
 
-        if isinstance(value, list):
-            for name in value:
-                if name not in FORMULATIONS:
-                    raise ValueError(f"unknown formulation {name!r} (choose from {', '.join(FORMULATIONS)})")
-        return value
+        return _known_names(value, FORMULATIONS, "formulation")
 
     @field_validator("policies")
     @classmethod
     def _known_policies(cls, value: list[str] | str) -> list[str] | str:
         from coop.online.policies import POLICIES
 
-        if isinstance(value, list):
-            for name in value:
-                if name not in POLICIES:
-                    raise ValueError(f"unknown policy {name!r} (choose from {', '.join(POLICIES)})")
-        return value
+        return _known_names(value, POLICIES, "policy")
 
     @property
     def formulation_names(self) -> list[str] | None:
@@ -200,3 +193,12 @@ _UNION_TAGS = frozenset({"str", "float", "int", "list[str]", "literal['all']", "
 
 
 __all__ = ["ConfigError", "GraphSource", "SweepConfig", "load_config", "parse_config"]
+
+
+def _known_names(value: list[str] | str, known: Iterable[str], what: str) -> list[str] | str:
+    """``value`` when it is a keyword (e.g. "all") or a list of names that are all ``known``."""
+    known = list(known)
+    for name in value if isinstance(value, list) else []:
+        if name not in known:
+            raise ValueError(f"unknown {what} {name!r} (choose from {', '.join(known)})")
+    return value
