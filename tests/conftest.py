@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# The suite draws the same examples on every run (CI stays reproducible: a failure is a bug, not a
+# draw); `HYPOTHESIS_PROFILE=explore` draws new ones, and benchmarks/bench_fuzz explores at scale.
+settings.register_profile("reproducible", derandomize=True, database=None)
+settings.register_profile("explore")
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "reproducible"))
 
 # Plain `pytest` (not `python -m pytest`) does not put the checkout on sys.path; the tests import
 # `coop` and `tests.strategies` from it without an install.

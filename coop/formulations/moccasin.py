@@ -51,7 +51,6 @@ ends) that is always checked with the one simulator, :func:`coop.schedule.simula
 from __future__ import annotations
 
 import itertools
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -64,7 +63,14 @@ from coop.errors import CoopError
 from coop.formulations.heuristics import improve_by_local_search
 from coop.formulations.progress import ProgressCallback, ProgressClock
 from coop.formulations.result import SolveResult
-from coop.formulations.slot_problem import SlotProblem
+from coop.formulations.slot_feasibility import (
+    FeasibilityCheck,
+    build_feasibility_model,
+    feasibility_horizon,
+    grid_schedule,
+    space_words,
+)
+from coop.formulations.slot_problem import SlotProblem, sufficient_horizon, sufficient_intervals
 from coop.formulations.warm_start import best_warm_start, ordered_draws
 from coop.graph import Graph
 from coop.schedule import Schedule, Simulation, Step, simulate, take_extras_promptly
@@ -80,54 +86,6 @@ Interval = tuple[int, int]
 PROOF_MAX_INTERVALS_FACTOR = 8
 #: Above this many precedence choice literals, the model that would prove optimality is not built.
 PROOF_MAX_CHOICES = 60_000
-#: Cap on a per-node interval count when nothing bounds it (only the consumer recursion does).
-_UNBOUNDED = 10**6
-
-
-def sufficient_intervals(problem: SlotProblem, extra_cost: float | None) -> dict[int, int]:
-    """Per node, an upper bound on its computations in some schedule that is at least as good.
-
-    Take any legal schedule whose first computations are in baseline order and whose extra cost
-    (cost - baseline cost, in the graph's cost units) is at most ``extra_cost`` (None: any cost).
-    Dropping a computation whose instance is never read, that is not the node's first and not
-    the final instance of an output, lowers neither legality nor first-computation order and
-    raises neither cost nor any step's memory. After dropping all such computations, each
-    instance of v other than its first and an output's final one is read by a computation of a
-    consumer, and one consumer computation reads one instance of v, so
-    ``computations(v) <= 1 + [v is an output] + sum over consumers c of computations(c)``; and a
-    node with cost c_v > 0 is recomputed at most ``floor(extra_cost / c_v)`` times. Non-recomputable
-    nodes are computed once. Evaluated in reverse baseline (topological) order.
-    """
-    limits: dict[int, int] = {}
-    for v in reversed(problem.order):
-        if not problem.recomputable[v]:
-            limits[v] = 1
-            continue
-        reads = sum(limits[c] for c in problem.consumers[v]) + (1 if v in problem.outputs else 0)
-        limit = min(1 + reads, _UNBOUNDED)
-        cost = problem.graph.node(v).cost
-        if extra_cost is not None and cost > 0:
-            limit = min(limit, 1 + math.floor(extra_cost / cost + 1e-9))
-        limits[v] = limit
-    return limits
-
-
-def sufficient_horizon(problem: SlotProblem, limits: dict[int, int], extra_cost: float | None) -> int:
-    """The most computations such a schedule makes: n plus the most recomputations that
-    ``limits`` allow within ``extra_cost`` (cheapest first, which maximises their number)."""
-    recomputations = 0
-    remaining = math.inf if extra_cost is None else extra_cost + 1e-9
-    for v in sorted(problem.order, key=lambda v: problem.graph.node(v).cost):
-        allowed = limits[v] - 1
-        cost = problem.graph.node(v).cost
-        if allowed <= 0:
-            continue
-        taken = allowed if cost <= 0 or math.isinf(remaining) else min(allowed, math.floor(remaining / cost))
-        recomputations += taken
-        remaining -= taken * cost
-    return len(problem.order) + min(recomputations, _UNBOUNDED)
-
-
 def _choice_literals(problem: SlotProblem, per_node: dict[int, int]) -> int:
     """How many precedence choice literals :func:`_add_precedences` creates for ``per_node``."""
     return sum(per_node[v] * per_node[u] for v in problem.order for u in problem.inputs[v] if per_node[u] > 1)
@@ -389,144 +347,15 @@ FEASIBILITY_SHARE = 0.25
 FEASIBILITY_MAX_CELLS = 40_000
 
 
-@dataclass
-class _SlotGrid:
-    """A time-indexed model of the compute/free schedules of a space (Checkmate's R and S, no stages).
-
-    ``compute[v][t]``: v is computed at slot t (one compute per slot; extra outputs take no slot);
-    ``resident[v][t]``: an instance of v is alive while slot t runs (``t == horizon``: at the end);
-    ``first[p][t]``: op p's first compute is at slot t (only for ops with extra outputs).
-    """
-
-    model: cp_model.CpModel
-    horizon: int
-    ops: list[int]
-    compute: dict[int, list[Any]]
-    resident: dict[int, list[Any]]
-    first: dict[int, list[Any]]
-    memory: list[cp_model.LinearExpr]
-
-
-def feasibility_horizon(problem: SlotProblem) -> tuple[dict[int, int], int]:
-    """Per node the computations some fitting schedule needs at most, and the slots they fill.
-
-    :func:`sufficient_intervals` without a cost bound: dropping computations that nothing reads
-    never raises memory nor leaves the space, so if any schedule of the space fits, one within
-    these limits does, and it makes at most :func:`sufficient_horizon` computations.
-    """
-    limits = sufficient_intervals(problem, None)
-    return limits, sufficient_horizon(problem, limits, None)
-
-
-def build_feasibility_model(problem: SlotProblem, keep_order: bool, horizon: int, limits: dict[int, int],
-                            capacity: int | Any) -> _SlotGrid:
-    """A model that contains every schedule of moccasin's space with at most ``limits`` computations.
-
-    It relaxes contract 2 only where that cannot hide a schedule (an extra output may be dropped
-    as soon as its op ran; its op's workspace covers it at that step), so INFEASIBLE is a proof
-    that no schedule of the space fits ``capacity`` (bytes beyond the caller-owned values). Every
-    legal schedule maps onto it: slot t holds its t-th compute, ``resident`` the instances alive
-    at that compute. Empty slots come only at the end (removing an empty slot changes nothing),
-    and v is never recomputed while an instance of it is alive (freeing it first is the same
-    memory). With ``keep_order`` first computations follow ``problem.order``; else only random
-    ops' first draws do (:func:`ordered_draws`), as in :func:`build_model`.
-    """
-    model = cp_model.CpModel()
-    ops = [v for v in problem.order if v not in problem.output_of]
-    extras: dict[int, list[int]] = {}
-    for extra, op in problem.output_of.items():
-        extras.setdefault(op, []).append(extra)
-    compute = {v: [model.NewBoolVar(f"R_{v}_{t}") for t in range(horizon)] for v in ops}
-    resident = {v: [model.NewConstant(0)] + [model.NewBoolVar(f"S_{v}_{t}") for t in range(1, horizon + 1)]
-                for v in problem.order}
-    done = {v: [model.NewBoolVar(f"C_{v}_{t}") for t in range(horizon)] for v in ops}  # computed by slot t
-    first = {p: [model.NewBoolVar(f"F_{p}_{t}") for t in range(horizon)] for p in extras}
-    for v in ops:
-        _add_node_rules(model, problem, v, compute[v], resident, done[v], limits[v])
-    for p, taken in extras.items():
-        model.AddExactlyOne(first[p])
-        for t in range(horizon):
-            model.AddImplication(first[p][t], compute[p][t])
-            if t > 0:
-                model.AddImplication(first[p][t], done[p][t - 1].Not())
-            for e in taken:  # an extra output exists only from its op's first compute on
-                model.Add(resident[e][t + 1] <= resident[e][t] + first[p][t])
-    memory = []
-    for t in range(horizon):
-        busy = sum(compute[v][t] for v in ops)
-        model.Add(busy <= 1)
-        if t > 0:
-            model.Add(busy <= sum(compute[v][t - 1] for v in ops))  # compacted: empty slots at the end
-        used = (sum(problem.mem[v] * resident[v][t] for v in problem.order)
-                + sum((problem.mem[v] + problem.workspace[v]) * compute[v][t] for v in ops))
-        model.Add(used <= capacity)
-        memory.append(used)
-    for output in problem.outputs:
-        model.Add(resident[output][horizon] == 1)
-    ordered = ops if keep_order else [v for v in ops if v in ordered_draws(problem.graph)]
-    for a, b in itertools.pairwise(ordered):
-        model.Add(done[b][0] == 0)
-        for t in range(1, horizon):
-            model.AddImplication(done[b][t], done[a][t - 1])
-    return _SlotGrid(model, horizon, ops, compute, resident, first, memory)
-
-
-def _add_node_rules(model: cp_model.CpModel, problem: SlotProblem, v: int, compute: list[Any],
-                    resident: dict[int, list[Any]], done: list[Any], limit: int) -> None:
-    """v is computed 1..limit times (once if not recomputable), from resident inputs, and stays
-    resident only from a compute on; ``done`` marks the slots from its first compute on."""
-    model.Add(sum(compute) >= 1)
-    model.Add(sum(compute) <= (limit if problem.recomputable[v] else 1))
-    for t, run in enumerate(compute):
-        model.Add(resident[v][t + 1] <= resident[v][t] + run)
-        model.AddBoolOr([run.Not(), resident[v][t].Not()])
-        for u in problem.inputs[v]:
-            model.AddImplication(run, resident[u][t])
-        model.AddImplication(run, done[t])
-        if t > 0:
-            model.AddImplication(done[t - 1], done[t])
-            model.Add(done[t] <= done[t - 1] + run)
-        else:
-            model.Add(done[0] <= run)
-
-
-def _grid_schedule(problem: SlotProblem, grid: _SlotGrid, solver: cp_model.CpSolver) -> Schedule:
-    """The solution's computes in slot order, each extra output taken right after its op's first
-    compute; values are freed after their last use (the simulator's default)."""
-    steps: list[Step] = []
-    taken: set[int] = set()
-    for t in range(grid.horizon):
-        for v in grid.ops:
-            if solver.BooleanValue(grid.compute[v][t]):
-                steps.append(Step(op="compute", node=v))
-                for extra, op in problem.output_of.items():
-                    if op == v and extra not in taken:
-                        steps.append(Step(op="compute", node=extra))
-                        taken.add(extra)
-    return Schedule(steps=tuple(steps))
-
-
-@dataclass
-class _FeasibilityCheck:
-    """What the feasibility question found: CP-SAT's status, or why it was not asked."""
-
-    status: str = "NOT_RUN"
-    reason: str = ""
-    horizon: int = 0
-    wall_s: float = 0.0
-    least_peak: int | None = None  # of the space, when proven (after an INFEASIBLE answer)
-    least_peak_exact: bool = False  # a schedule at least_peak was simulated
-
-
 def _feasibility_check(problem: SlotProblem, settings: _Settings, clock: ProgressClock
-                       ) -> tuple[_FeasibilityCheck, _Incumbent | None]:
+                       ) -> tuple[FeasibilityCheck, _Incumbent | None]:
     """Ask CP-SAT whether any schedule of the space fits the hard capacity, within a share of the time.
 
     The capacity-relaxed model (minimise overflow) can spend the whole limit without proving that
     nothing fits just below the least peak; this question, with no objective, often settles it
     in a fraction of a second. A schedule found here becomes the incumbent.
     """
-    check = _FeasibilityCheck()
+    check = FeasibilityCheck()
     if not settings.prove:
         check.reason = "skipped: prove=False (no proof models)"
         return check, None
@@ -548,7 +377,7 @@ def _feasibility_check(problem: SlotProblem, settings: _Settings, clock: Progres
     check.wall_s = time.perf_counter() - started
     check.status = solver.StatusName(status)
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        schedule = _grid_schedule(problem, grid, solver)
+        schedule = grid_schedule(problem, grid, solver)
         sim = simulate(problem.graph, schedule)
         if sim.peak <= problem.budget:
             clock.report(sim.cost, None, "moccasin: feasibility model")
@@ -568,7 +397,7 @@ def _feasibility_solver(settings: _Settings, seconds: float) -> cp_model.CpSolve
     return solver
 
 
-def _find_least_peak(problem: SlotProblem, settings: _Settings, clock: ProgressClock, check: _FeasibilityCheck,
+def _find_least_peak(problem: SlotProblem, settings: _Settings, clock: ProgressClock, check: FeasibilityCheck,
                      limits: dict[int, int]) -> None:
     """After INFEASIBLE: the least peak of the space, so that the message can name a budget that fits.
 
@@ -591,26 +420,17 @@ def _find_least_peak(problem: SlotProblem, settings: _Settings, clock: ProgressC
     if status != cp_model.OPTIMAL:
         return
     check.least_peak = owned + int(solver.Value(model_peak))
-    sim = simulate(problem.graph, _grid_schedule(problem, grid, solver))
+    sim = simulate(problem.graph, grid_schedule(problem, grid, solver))
     check.least_peak_exact = sim.peak == check.least_peak
 
 
-def _space_words(problem: SlotProblem, keep_order: bool) -> str:
-    """The schedules a proof speaks about, in words."""
-    if keep_order:
-        return "no schedule with first computations in graph.order"
-    if len(ordered_draws(problem.graph) & set(problem.order)) > 1:
-        return "no schedule in any order (random ops drawing in graph.order)"
-    return "no schedule in any order"
-
-
-def _infeasible_result(problem: SlotProblem, check: _FeasibilityCheck, keep_order: bool, clock: ProgressClock
+def _infeasible_result(problem: SlotProblem, check: FeasibilityCheck, keep_order: bool, clock: ProgressClock
                        ) -> SolveResult:
     budget = problem.budget
     least = ""
     if check.least_peak is not None:
         least = f" (least peak {check.least_peak})" if check.least_peak_exact else f" (least peak >= {check.least_peak})"
-    message = (f"{_space_words(problem, keep_order)} fits budget {budget}{least}: CP-SAT proved its feasibility "
+    message = (f"{space_words(problem, keep_order)} fits budget {budget}{least}: CP-SAT proved its feasibility "
                f"model infeasible in {check.wall_s:.2f} s; raise the budget")
     return SolveResult(FORMULATION, "infeasible", wall_s=clock.elapsed_s, message=message,
                        extra={"feasibility": check.__dict__, "proof_model": True, "cp_sat_status": check.status})

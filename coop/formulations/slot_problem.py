@@ -68,3 +68,51 @@ def integer_cost_scale(costs: list[float]) -> float:
         return 1.0
     largest = max(costs, default=0.0)
     return 1e6 / largest if largest > 0 else 1.0
+
+
+#: Cap on a per-node interval count when nothing bounds it (only the consumer recursion does).
+_UNBOUNDED = 10**6
+
+
+def sufficient_intervals(problem: SlotProblem, extra_cost: float | None) -> dict[int, int]:
+    """Per node, an upper bound on its computations in some schedule that is at least as good.
+
+    Take any legal schedule whose first computations are in baseline order and whose extra cost
+    (cost - baseline cost, in the graph's cost units) is at most ``extra_cost`` (None: any cost).
+    Dropping a computation whose instance is never read, that is not the node's first and not
+    the final instance of an output, lowers neither legality nor first-computation order and
+    raises neither cost nor any step's memory. After dropping all such computations, each
+    instance of v other than its first and an output's final one is read by a computation of a
+    consumer, and one consumer computation reads one instance of v, so
+    ``computations(v) <= 1 + [v is an output] + sum over consumers c of computations(c)``; and a
+    node with cost c_v > 0 is recomputed at most ``floor(extra_cost / c_v)`` times. Non-recomputable
+    nodes are computed once. Evaluated in reverse baseline (topological) order.
+    """
+    limits: dict[int, int] = {}
+    for v in reversed(problem.order):
+        if not problem.recomputable[v]:
+            limits[v] = 1
+            continue
+        reads = sum(limits[c] for c in problem.consumers[v]) + (1 if v in problem.outputs else 0)
+        limit = min(1 + reads, _UNBOUNDED)
+        cost = problem.graph.node(v).cost
+        if extra_cost is not None and cost > 0:
+            limit = min(limit, 1 + math.floor(extra_cost / cost + 1e-9))
+        limits[v] = limit
+    return limits
+
+
+def sufficient_horizon(problem: SlotProblem, limits: dict[int, int], extra_cost: float | None) -> int:
+    """The most computations such a schedule makes: n plus the most recomputations that
+    ``limits`` allow within ``extra_cost`` (cheapest first, which maximises their number)."""
+    recomputations = 0
+    remaining = math.inf if extra_cost is None else extra_cost + 1e-9
+    for v in sorted(problem.order, key=lambda v: problem.graph.node(v).cost):
+        allowed = limits[v] - 1
+        cost = problem.graph.node(v).cost
+        if allowed <= 0:
+            continue
+        taken = allowed if cost <= 0 or math.isinf(remaining) else min(allowed, math.floor(remaining / cost))
+        recomputations += taken
+        remaining -= taken * cost
+    return len(problem.order) + min(recomputations, _UNBOUNDED)
