@@ -13,7 +13,6 @@ from coop.formulations import baselines
 from coop.formulations.heuristics import improve_by_local_search, peak_shaving_schedule
 from coop.formulations.moccasin import moccasin, schedule_intervals
 from coop.formulations.slot_problem import SlotProblem, sufficient_horizon, sufficient_intervals
-from coop.formulations.warm_start import ordered_draws
 from coop.graph import Graph, load_graph
 from coop.schedule import Schedule, prompt_order, simulate, validate
 from tests.bruteforce import least_peak, least_peak_schedule, optimal_cost
@@ -228,8 +227,8 @@ def _op_with_two_extra_outputs() -> Graph:
         {"id": 1, "name": "op", "inputs": [0], "mem": 8, "cost": 2, "workspace": 2},
         {"id": 2, "name": "mean", "inputs": [1], "mem": 1, "cost": 0, "output_of": 1, "recomputable": False},
         {"id": 3, "name": "rstd", "inputs": [1], "mem": 1, "cost": 0, "output_of": 1, "recomputable": False},
-        {"id": 4, "name": "r", "inputs": [1], "mem": 1, "cost": 1, "recomputable": False},
-        {"id": 5, "name": "s", "inputs": [0], "mem": 1, "cost": 1, "recomputable": False},
+        {"id": 4, "name": "r", "inputs": [1], "mem": 1, "cost": 1, "recomputable": False, "random": True},
+        {"id": 5, "name": "s", "inputs": [0], "mem": 1, "cost": 1, "recomputable": False, "random": True},
         {"id": 8, "name": "big", "inputs": [0], "mem": 30, "cost": 1},
         {"id": 6, "name": "y", "inputs": [4, 5, 8], "mem": 8, "cost": 2},
         {"id": 9, "name": "z", "inputs": [6], "mem": 20, "cost": 1},
@@ -338,7 +337,7 @@ def test_one_unit_below_the_in_order_least_peak_nothing_of_the_space_fits(graph:
 def test_one_unit_below_the_least_peak_of_any_order_is_infeasible(graph: Graph) -> None:
     # Free order (no backward part): moccasin's space is every schedule whose random ops draw in
     # the captured order; with at most one random op that is every schedule.
-    assert len(ordered_draws(graph)) <= 1 and not graph.has_backward
+    assert len(graph.random_draws) <= 1 and not graph.has_backward
     least = least_peak(graph, "all")
     assume(least - 1 >= min_budget(graph))  # else the lower bound alone answers
     result = moccasin(graph, least - 1, **QUICK)

@@ -71,7 +71,7 @@ from coop.formulations.slot_feasibility import (
     space_words,
 )
 from coop.formulations.slot_problem import SlotProblem, sufficient_horizon, sufficient_intervals
-from coop.formulations.warm_start import best_warm_start, ordered_draws
+from coop.formulations.warm_start import best_warm_start
 from coop.graph import Graph
 from coop.schedule import Schedule, Simulation, Step, simulate, take_extras_promptly
 
@@ -249,9 +249,9 @@ def build_model(problem: SlotProblem, horizon: int, intervals_per_node: dict[int
         for a, b in itertools.pairwise(problem.order):
             model.Add(starts[a][0] < starts[b][0])
     else:
-        # Random ops (computed once, not extra outputs) must still draw in the captured order, or
+        # Random ops (Node.random) must still draw in the captured order, or
         # the replay would draw different numbers than eager PyTorch.
-        draws = ordered_draws(problem.graph)
+        draws = problem.graph.random_draws
         for a, b in itertools.pairwise([v for v in problem.order if v in draws]):
             model.Add(starts[a][0] < starts[b][0])
     model.Minimize(objective)

@@ -16,7 +16,6 @@ from typing import Any
 from ortools.sat.python import cp_model
 
 from coop.formulations.slot_problem import SlotProblem, sufficient_horizon, sufficient_intervals
-from coop.formulations.warm_start import ordered_draws
 from coop.schedule import Schedule, Step
 
 
@@ -72,7 +71,7 @@ def build_feasibility_model(problem: SlotProblem, keep_order: bool, horizon: int
     at that compute. Empty slots come only at the end (removing an empty slot changes nothing),
     and v is never recomputed while an instance of it is alive (freeing it first is the same
     memory). With ``keep_order`` first computations follow ``problem.order``; else only random
-    ops' first draws do (:func:`ordered_draws`), as in :func:`build_model`.
+    ops' first draws do (``Graph.random_draws``), as in :func:`build_model`.
     """
     model = cp_model.CpModel()
     ops = [v for v in problem.order if v not in problem.output_of]
@@ -106,7 +105,7 @@ def build_feasibility_model(problem: SlotProblem, keep_order: bool, horizon: int
         memory.append(used)
     for output in problem.outputs:
         model.Add(resident[output][horizon] == 1)
-    ordered = ops if keep_order else [v for v in ops if v in ordered_draws(problem.graph)]
+    ordered = ops if keep_order else [v for v in ops if v in problem.graph.random_draws]
     for a, b in itertools.pairwise(ordered):
         model.Add(done[b][0] == 0)
         for t in range(1, horizon):
@@ -153,6 +152,6 @@ def space_words(problem: SlotProblem, keep_order: bool) -> str:
     """The schedules a proof speaks about, in words."""
     if keep_order:
         return "no schedule with first computations in graph.order"
-    if len(ordered_draws(problem.graph) & set(problem.order)) > 1:
+    if len(problem.graph.random_draws & set(problem.order)) > 1:
         return "no schedule in any order (random ops drawing in graph.order)"
     return "no schedule in any order"

@@ -88,7 +88,7 @@ def best_warm_start(graph: Graph, budget: int, hint: Any = None,
     """The cheapest candidate warm start whose simulated peak fits the budget and whose random
     draws follow the baseline order (a replay must draw them in eager PyTorch's order)."""
     best = None
-    draws = ordered_draws(graph)
+    draws = graph.random_draws
     for name, schedule in candidate_warm_starts(graph, budget, hint, lp_time_limit):
         try:
             sim = simulate(graph, schedule)
@@ -100,11 +100,3 @@ def best_warm_start(graph: Graph, budget: int, hint: Any = None,
         if sim.peak <= budget and (best is None or sim.cost < best[2].cost):
             best = (name, schedule, sim)
     return best
-
-
-def ordered_draws(graph: Graph) -> set[int]:
-    """Random ops, whose first draws must keep their order: the graph's torch random draws (also when
-    they are recomputable by replay, :meth:`Graph.with_random_replay`) and, for graphs without op
-    names, the nodes computed once that are not extra outputs."""
-    once = {n.id for n in graph.nodes if not n.caller_owned and not n.recomputable and n.output_of is None}
-    return once | graph.random_draws
