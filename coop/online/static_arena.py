@@ -222,4 +222,18 @@ def _blocks(label: str, node: int, intervals: tuple[tuple[int, int], ...], size:
             for i, (first, last) in enumerate(intervals)]
 
 
-__all__ = ["Lifetime", "Placement", "best_fit_placement", "exact_placement", "place", "schedule_lifetimes"]
+#: How often a solve aimed at an arena lowers its live-bytes budget by the fragmentation it found.
+ARENA_ROUNDS = 4
+
+
+def next_live_budget(live_budget: int, live_peak: int, arena_peak: int, arena_budget: int) -> int:
+    """The live-bytes budget to solve at next when a schedule's best-fit arena peak exceeds the arena.
+
+    Aims the live peak below what this schedule's fragmentation ratio allows, and strictly lower
+    than this round's budget (by at least the overflow), so rounds never repeat a solve.
+    """
+    return min(live_budget - (arena_peak - arena_budget), live_peak * arena_budget // arena_peak)
+
+
+__all__ = ["ARENA_ROUNDS", "Lifetime", "Placement", "best_fit_placement", "exact_placement", "next_live_budget", "place",
+           "schedule_lifetimes"]

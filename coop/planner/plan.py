@@ -25,7 +25,7 @@ from coop.formulations.auto import cheapest_fitting_baseline
 from coop.graph import Graph
 from coop.graph_capture import Captured, capture
 from coop.graph_capture.context import TrainingContext
-from coop.online.static_arena import best_fit_placement
+from coop.online.static_arena import ARENA_ROUNDS, best_fit_placement, next_live_budget
 from coop.planner.base import BasePlan, LossFn, batch_key, recapture
 from coop.planner.dynamic import DynamicPlan
 from coop.runtime.executor import Executor, replay_graph, unwrap_model
@@ -210,18 +210,12 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
                 f"arena {format_memory(budget_bytes, graph)}: best-fit arena peak "
                 f"{format_memory(placement.arena_peak, graph)} (live-bytes budget {format_memory(live_budget, graph)})")
             return candidate
-        # Aim the live peak below what this fragmentation ratio allows, and strictly lower each round.
-        scaled = candidate.predicted_peak * budget_bytes // placement.arena_peak
-        live_budget = min(live_budget - (placement.arena_peak - budget_bytes), scaled)
+        live_budget = next_live_budget(live_budget, candidate.predicted_peak, placement.arena_peak, budget_bytes)
         if live_budget < min_budget(graph):
             break
     raise InfeasibleError(f"no plan fits an arena of {format_memory(budget_bytes, graph)}: fragmentation keeps the "
                           f"best-fit arena peak above it (last {format_memory(candidate.arena_peak, graph)}); "
                           "raise the budget")
-
-
-#: How often ``arena=True`` lowers the live-bytes budget by the fragmentation it found.
-ARENA_ROUNDS = 4
 
 
 def _plan_within(model: nn.Module, captured: Captured, budget_bytes: int, *, formulation: str, time_limit: float,
