@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
 import os
@@ -18,6 +17,7 @@ from coop.errors import GraphError
 from coop.graph import Graph, graph_from_dict, load_graph
 from coop.schedule import Schedule, simulate
 from tests.strategies import MALFORMATIONS, malformed_graph_dict, malformed_graphs, random_graphs
+from tests.test_layering import imported_modules
 
 PROPERTY = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -236,25 +236,13 @@ def test_unknown_graph_versions_and_flags_are_refused() -> None:
 GROUND_FLOOR = ("coop.errors", "coop.graph", "coop.graph_v1", "coop.schedule", "coop.budget")
 
 
-def _imported_modules(module: str) -> set[str]:
-    """Every module that ``module``'s source imports, at top level or inside functions."""
-    path = Path(__file__).resolve().parents[1] / (module.replace(".", "/") + ".py")
-    imported: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            imported.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            imported.add(node.module)
-    return imported
-
-
 @pytest.mark.parametrize("module", GROUND_FLOOR)
 def test_the_ground_floor_imports_no_torch_and_nothing_above_it(module: str) -> None:
-    imported = _imported_modules(module)
+    imported = imported_modules(module)
     assert not {m for m in imported if m == "torch" or m.startswith("torch.")}
     assert {m for m in imported if m == "coop" or m.startswith("coop.")} <= set(GROUND_FLOOR) - {module}
 
 
 def test_graph_reads_only_errors_and_its_version_1_table_from_coop() -> None:
-    assert {m for m in _imported_modules("coop.graph") if m.startswith("coop")} == {"coop.errors", "coop.graph_v1"}
-    assert not {m for m in _imported_modules("coop.graph_v1") if m.startswith("coop")}
+    assert {m for m in imported_modules("coop.graph") if m.startswith("coop")} == {"coop.errors", "coop.graph_v1"}
+    assert not {m for m in imported_modules("coop.graph_v1") if m.startswith("coop")}
