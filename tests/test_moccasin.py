@@ -407,10 +407,11 @@ def _ten_nodes_optimum_18() -> Graph:
     return Graph(name="ten", nodes=nodes, outputs=(92, 75, 90), order=(38, 49, 11, 72, 80, 90, 93, 94, 92, 75))
 
 
-@pytest.mark.xfail(strict=True, reason="known weakness: CP-SAT finds the optimum (18) but does not prove it in 5 s")
 def test_moccasin_proves_the_optimum_of_a_ten_node_graph() -> None:
+    """The proof takes about 2.5 s on one idle thread (38 intervals) and over 5 s on a loaded
+    machine, so the limit is generous: a timeout fails this test, it never passes on one."""
     graph = _ten_nodes_optimum_18()
     assert optimal_cost(graph, 44, "in_order") == 18.0
-    result = moccasin(graph, 44, max_intervals=2, time_limit=5.0, threads=1)
-    assert result.objective == 18.0  # found: this part holds today
+    result = moccasin(graph, 44, max_intervals=2, time_limit=60.0, threads=1)
+    assert result.objective == 18.0
     assert result.status == "optimal", result.message
