@@ -24,7 +24,7 @@ from typing import Any
 
 from coop.budget import baseline_peak, min_budget
 from coop.formulations.checkmate import checkmate
-from coop.graph import load_graph
+from coop.graph_files import load_graph
 
 GRAPH_DIR = Path(__file__).resolve().parents[2] / "shared" / "graphs" / "moccasin"
 GRAPHS = (

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from coop.compare import compare
-from coop.graph import Graph, load_graph
+from coop.graph import Graph
+from coop.graph_files import load_graph
 from coop.online.policies import POLICIES
 
 GRAPH_DIR = Path(__file__).resolve().parents[2] / "shared" / "graphs" / "moccasin"

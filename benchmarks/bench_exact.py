@@ -22,7 +22,8 @@ from coop.budget import baseline_peak, min_budget
 from coop.formulations.checkmate import checkmate
 from coop.formulations.moccasin import moccasin
 from coop.formulations.result import SolveResult
-from coop.graph import Graph, load_graph
+from coop.graph import Graph
+from coop.graph_files import load_graph
 
 GRAPHS_DIR = Path(__file__).resolve().parents[2] / "shared" / "graphs" / "moccasin"
 

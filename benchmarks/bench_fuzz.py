@@ -817,7 +817,7 @@ def networkx_documents(graph: Graph) -> dict[str, dict[str, Any]]:
 
 def check_corruptions(case: GraphCase, findings: Findings) -> None:
     """Corrupt the graph file (every layout it has) and a schedule file; each must succeed or fail in one line."""
-    from coop.graph import load_graph
+    from coop.graph_files import load_graph
 
     corruptions, must_fail = load_corruptions()
     graph_path = case.workdir / "graph.json"

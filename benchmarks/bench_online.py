@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from coop.budget import baseline_peak, min_budget
-from coop.graph import load_graph
+from coop.graph_files import load_graph
 from coop.online.online_sim import simulate_online
 from coop.online.policies import POLICIES, CoopPolicy, EvictionPolicy
 from coop.schedule import validate

@@ -24,7 +24,7 @@ from typing import Any
 
 from coop.budget import baseline_peak
 from coop.formulations.moccasin import moccasin
-from coop.graph import load_graph
+from coop.graph_files import load_graph
 from coop.schedule import relative_overhead
 
 GRAPHS_DIR = Path(__file__).resolve().parents[2] / "shared" / "graphs" / "moccasin"

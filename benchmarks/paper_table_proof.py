@@ -35,7 +35,8 @@ from paper_table import GRAPHS_DIR, PUBLISHED
 from coop.budget import baseline_peak
 from coop.formulations.checkmate import checkmate
 from coop.formulations.moccasin import moccasin
-from coop.graph import Graph, load_graph
+from coop.graph import Graph
+from coop.graph_files import load_graph
 from coop.schedule import relative_overhead
 
 #: Seconds for each proof (HiGHS' presolve alone takes about 5 minutes on ResNet50).

@@ -16,7 +16,8 @@ from coop.errors import (
     InfeasibleError,
     ScheduleError,
 )
-from coop.graph import Graph, Node, load_graph
+from coop.graph import Graph, Node
+from coop.graph_files import load_graph
 from coop.schedule import Schedule, Step, simulate, validate
 
 __version__ = "0.1.0"

@@ -32,7 +32,8 @@ from coop.budget import baseline_peak, format_memory, min_budget, parse_budget
 from coop.errors import BudgetError, CoopError, InfeasibleError, ScheduleError
 from coop.formulations import FORMULATIONS
 from coop.formulations.constructed_budget import constructed_budget
-from coop.graph import Graph, load_graph
+from coop.graph import Graph
+from coop.graph_files import load_graph
 from coop.schedule import Schedule, check_schedule_nodes, load_schedule, schedule_to_json, simulate, validate
 
 EXIT_OK = 0

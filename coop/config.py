@@ -113,7 +113,7 @@ class SweepConfig(BaseModel):
 
     def load_graphs(self) -> list[Graph]:
         """Every graph of the sweep, in config order (zoo models are built and captured here)."""
-        from coop.graph import load_graph
+        from coop.graph_files import load_graph
 
         graphs: list[Graph] = []
         for source in self.graphs:

@@ -5,8 +5,8 @@ A :class:`Graph` is a DAG of :class:`Node` s. A node is one operation whose outp
 aliases are folded by the capture, so every node owns its storage and memory is counted once.
 
 Graphs are pydantic models: they serialise to JSON with a ``format`` tag and a version, hash to a
-stable content digest, convert to and from networkx, and import both node-link layouts of the
-published benchmark graphs (Checkmate's and the random layered graphs of Gagrani et al. 2022).
+stable content digest and convert to and from networkx; reading files (coop JSON and both
+node-link layouts of the published benchmark graphs) is :mod:`coop.graph_files`.
 A malformed graph is rejected with a one-line :class:`~coop.errors.GraphError` that names the
 node and the problem.
 """
@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal
 import networkx as nx
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from coop.errors import CoopError, GraphError
+from coop.errors import GraphError
 from coop.graph_v1 import upgrade_v1
 
 GRAPH_FORMAT = "coop.graph"
@@ -446,200 +446,6 @@ def _networkx_id(label: Any) -> Any:
     return label
 
 
-# -------------------------------------------------------------------- loading
-def load_graph(path: str | Path) -> Graph:
-    """Read a graph file: coop JSON, or either networkx node-link layout of ../shared/graphs."""
-    path = Path(path)
-    return graph_from_dict(read_json_file(path, "graph", GraphError), default_name=path.stem)
-
-
-def read_json_file(path: Path, what: str, error: type[CoopError]) -> Any:
-    """The JSON document in ``path``; ``error`` (one line naming the file and the fix) when there is none.
-
-    Shared by the graph and schedule loaders: a missing file, a folder, bytes that are not UTF-8,
-    truncated or non-JSON text and absurdly deep nesting all end here, never in a traceback.
-    """
-    if path.is_dir():
-        raise error(f"{what} file {path} is a directory: give the path of a JSON file")
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise error(f"cannot read {what} file {path}: {exc.strerror or exc}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise error(f"{what} file {path} is not UTF-8 text (byte {exc.start}); is it a JSON {what} file?") from None
-    if not text.strip():
-        raise error(f"{what} file {path} is empty: write the {what} JSON into it")
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise error(f"{path} is not JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
-                    f"is the file truncated?") from None
-    except (ValueError, RecursionError) as exc:  # ints beyond Python's digit limit, absurd nesting
-        raise error(f"{path} is not a readable JSON {what}: {_first_line(exc)}") from None
-
-
-def graph_from_dict(data: Any, default_name: str = "graph") -> Graph:
-    """Dispatch on the layout: coop JSON, Checkmate node-link, or random layered node-link."""
-    if not isinstance(data, dict):
-        raise GraphError(f"a graph file must hold a JSON object, not {json_type_name(data)}: "
-                         "write coop JSON or networkx node-link JSON")
-    if data.get("format") == GRAPH_FORMAT:
-        return Graph.model_validate(data)
-    if "format" in data:
-        raise GraphError(f"unknown graph format {short_repr(data['format'])} (coop reads {GRAPH_FORMAT!r} and networkx "
-                         "node-link)")
-    if "nodes" in data and "links" in data:
-        nodes, links = _node_link_lists(data)
-        if _is_random_layered(nodes, links):
-            return _from_random_layered(data, nodes, links, default_name)
-        return _from_checkmate(data, nodes, links, default_name)
-    if "nodes" in data:
-        raise GraphError(f"graph file has 'nodes' but neither 'links' nor a format tag: add \"format\": {GRAPH_FORMAT!r} "
-                         "(coop JSON) or the 'links' list (networkx node-link)")
-    raise GraphError("unrecognised graph file: expected coop JSON (\"format\": \"coop.graph\") or networkx node-link "
-                     "with 'nodes' and 'links'")
-
-
-def _node_link_lists(data: dict[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The ``nodes`` and ``links`` lists of a node-link file, each entry checked to be an object."""
-    for key in ("nodes", "links"):
-        if not isinstance(data[key], list):
-            raise GraphError(f"graph field {key!r} must be a list, not {json_type_name(data[key])}")
-        for index, entry in enumerate(data[key]):
-            if not isinstance(entry, dict):
-                what = "node" if key == "nodes" else "link"
-                raise GraphError(f"{what} at position {index}: must be a JSON object, not {json_type_name(entry)}")
-    graph_attrs = data.get("graph", {})
-    if graph_attrs is not None and not isinstance(graph_attrs, dict):
-        raise GraphError(f"graph field 'graph' (the graph's attributes) must be an object, not {json_type_name(graph_attrs)}")
-    return data["nodes"], data["links"]
-
-
-def _is_random_layered(nodes: list[dict[str, Any]], links: list[dict[str, Any]]) -> bool:
-    """Gagrani et al.'s layout names its link ends "0" and "1" and its nodes carry ``out_cost``."""
-    if links:
-        return "0" in links[0] or "1" in links[0]
-    return bool(nodes) and "out_cost" in nodes[0] and "cost_ram" not in nodes[0]
-
-
-def _node_ids(nodes: list[dict[str, Any]], id_field: str) -> list[int]:
-    """Each node's id (``id_field``), checked present, an integer and unique, in node order."""
-    ids: list[int] = []
-    seen: set[int] = set()
-    for index, raw in enumerate(nodes):
-        if id_field not in raw:
-            raise GraphError(f"node at position {index}: field {id_field!r} (its id) is missing; give every node an id")
-        node_id = raw[id_field]
-        if isinstance(node_id, bool) or not isinstance(node_id, int) or node_id < 0:
-            raise GraphError(f"node at position {index}: field {id_field!r} is {short_repr(node_id)}; "
-                             "a node id must be a non-negative integer")
-        if node_id in seen:
-            raise GraphError(f"node {node_id} (position {index}): duplicate node id; give every node its own id")
-        seen.add(node_id)
-        ids.append(node_id)
-    return ids
-
-
-def _inputs_from_links(links: list[dict[str, Any]], ids: list[int], source_key: str,
-                       target_key: str) -> dict[int, list[int]]:
-    """Each node's inputs from the links; a link to a node that does not exist, a self-loop or a repeat
-    is an error naming the link (never dropped in silence)."""
-    known = set(ids)
-    inputs: dict[int, list[int]] = {}
-    first_seen: dict[tuple[int, int], int] = {}
-    for index, link in enumerate(links):
-        ends = []
-        for key in (source_key, target_key):
-            if key not in link:
-                raise GraphError(f"link at position {index}: field {key!r} is missing; a link needs "
-                                 f"{source_key!r} and {target_key!r}")
-            end = link[key]
-            if isinstance(end, bool) or not isinstance(end, int):
-                raise GraphError(f"link at position {index}: field {key!r} is {short_repr(end)}, not a node id")
-            ends.append(end)
-        source, target = ends
-        where = f"link at position {index} ({source} -> {target})"
-        for role, end in (("source", source), ("target", target)):
-            if end not in known:
-                raise GraphError(f"{where}: {role} {end} is not a node id; add node {end} or remove the link")
-        if source == target:
-            raise GraphError(f"{where}: a self-loop (node {source} reads its own output); remove the link")
-        if (source, target) in first_seen:
-            raise GraphError(f"{where}: repeats the link at position {first_seen[source, target]}; remove one")
-        first_seen[source, target] = index
-        inputs.setdefault(target, []).append(source)
-    return inputs
-
-
-def _required(raw: dict[str, Any], node_id: int, fields: tuple[str, ...]) -> None:
-    for field in fields:
-        if field not in raw:
-            name = f" ({raw['name']})" if isinstance(raw.get("name"), str) else ""
-            raise GraphError(f"node {node_id}{name}: field {field!r} is missing; add it to the node")
-
-
-def _from_checkmate(data: dict[str, Any], raw_nodes: list[dict[str, Any]], links: list[dict[str, Any]],
-                    default_name: str) -> Graph:
-    """Checkmate's layout: nodes {id, name, backward, cost_cpu, cost_ram}, links {source, target}."""
-    ids = _node_ids(raw_nodes, "id")
-    inputs = _inputs_from_links(links, ids, "source", "target")
-    nodes = []
-    for node_id, raw in zip(ids, raw_nodes, strict=True):
-        _required(raw, node_id, ("cost_ram", "cost_cpu"))
-        nodes.append(
-            {
-                "id": node_id,
-                "name": str(raw.get("name", node_id)),
-                "op": str(raw.get("name", "")),
-                "inputs": inputs.get(node_id, []),
-                "mem": raw["cost_ram"],
-                "cost": raw["cost_cpu"],
-                "kind": "backward" if raw.get("backward") else "forward",
-            }
-        )
-    graph_attrs = data.get("graph") or {}
-    title = graph_attrs.get("name", default_name)
-    return Graph.model_validate(
-        {
-            "name": default_name,
-            "nodes": nodes,
-            "meta": {"source": "checkmate", "title": title if isinstance(title, str) else default_name,
-                     "mem_unit": "bytes", "cost_unit": "profiled units"},
-        }
-    )
-
-
-def _from_random_layered(data: dict[str, Any], raw_nodes: list[dict[str, Any]], links: list[dict[str, Any]],
-                         default_name: str) -> Graph:
-    """Gagrani et al.'s layout: nodes {name, out_cost, duration}, links {"0": src, "1": dst}."""
-    ids = _node_ids(raw_nodes, "name")
-    inputs = _inputs_from_links(links, ids, "0", "1")
-    nodes = []
-    for node_id, raw in zip(ids, raw_nodes, strict=True):
-        _required(raw, node_id, ("out_cost", "duration"))
-        nodes.append(
-            {
-                "id": node_id,
-                "name": str(node_id),
-                "inputs": inputs.get(node_id, []),
-                "mem": raw["out_cost"],
-                "cost": raw["duration"],
-            }
-        )
-    graph_attrs = data.get("graph") or {}
-    name = graph_attrs.get("name", default_name)
-    return Graph.model_validate(
-        {
-            "name": name if isinstance(name, str) else default_name,
-            "nodes": nodes,
-            "order": graph_attrs.get("order", []),
-            "meta": {"source": "random_layered", "mem_unit": "units", "cost_unit": "units"},
-        }
-    )
-
-
 # -------------------------------------------------------------------- helpers
 def _topological_order(nodes: Iterable[Node]) -> list[int]:
     """Kahn's algorithm, ties broken by position; a cycle raises GraphError naming a node on it."""
@@ -707,7 +513,7 @@ def _describe_validation_error(exc: ValidationError, data: Any) -> str:
         if not loc:
             return f"{where}: must be a JSON object with id, name, mem and cost, not {json_type_name(error['input'])}"
     if not loc:
-        return f"graph: {_first_line(error['msg'])}; a graph file holds a JSON object with a 'nodes' list"
+        return f"graph: {first_line(error['msg'])}; a graph file holds a JSON object with a 'nodes' list"
     field = _field_path(loc)
     rule = _FIELD_RULES.get(next((p for p in reversed(loc) if isinstance(p, str)), ""), "")
     fix = f"; it must be {rule}" if rule else ""
@@ -718,7 +524,7 @@ def _describe_validation_error(exc: ValidationError, data: Any) -> str:
     if fix:
         return f"{where}: field {field} is {short_repr(error['input'])}{fix}"
     message = str(error["msg"]).removeprefix("Value error, ")
-    return f"{where}: field {field} is {short_repr(error['input'])}: {_first_line(message)}"
+    return f"{where}: field {field} is {short_repr(error['input'])}: {first_line(message)}"
 
 
 def _describe_node_at(data: Any, position: int) -> str:
@@ -754,7 +560,7 @@ def short_repr(value: Any, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _first_line(value: Any) -> str:
+def first_line(value: Any) -> str:
     lines = str(value).strip().splitlines()
     return lines[0] if lines else type(value).__name__
 

@@ -34,7 +34,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from coop.budget import MAX_BUDGET
 from coop.errors import ScheduleError
-from coop.graph import Graph, json_type_name, read_json_file, short_repr
+from coop.graph import Graph, json_type_name, short_repr
+from coop.graph_files import read_json_file
 
 SCHEDULE_FORMAT = "coop.schedule/1"
 

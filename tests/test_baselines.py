@@ -12,7 +12,8 @@ from coop.budget import baseline_peak, min_budget
 from coop.errors import CoopError
 from coop.formulations import BASELINES, solve
 from coop.formulations.baselines import checkpoint_all, chen_greedy, chen_sqrt, store_all
-from coop.graph import Graph, load_graph
+from coop.graph import Graph
+from coop.graph_files import load_graph
 from coop.schedule import Schedule, simulate, validate
 from tests.strategies import random_graphs
 

@@ -299,7 +299,7 @@ def test_cbc_bound_is_read_from_its_log():
 
 
 def test_time_limited_solve_reports_a_consistent_status(moccasin_dir):
-    from coop.graph import load_graph
+    from coop.graph_files import load_graph
 
     graph = load_graph(moccasin_dir / "fcn_8_vgg_32_416_608_3_train_nx.json")
     budget = math.ceil(0.7 * baseline_peak(graph))

@@ -13,7 +13,8 @@ import coop.formulations
 from coop.budget import min_budget
 from coop.cli import main
 from coop.formulations.result import SolveResult
-from coop.graph import Graph, load_graph
+from coop.graph import Graph
+from coop.graph_files import load_graph
 from coop.schedule import Schedule, simulate
 
 N250 = "random_layered_n250_w0.43_nlv0.75_ed0.2_scd0.14.json"

@@ -26,7 +26,8 @@ from hypothesis import strategies as st
 from coop.cli import main
 from coop.config import ConfigError, load_config, parse_config
 from coop.errors import CoopError
-from coop.graph import Graph, load_graph
+from coop.graph import Graph
+from coop.graph_files import load_graph
 from coop.schedule import Schedule, prompt_order, schedule_to_json
 from tests.corruptions import MUST_FAIL, corruptions, encode
 from tests.strategies import random_graphs

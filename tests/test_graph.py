@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 
 from coop.budget import baseline_peak
 from coop.errors import GraphError
-from coop.graph import Graph, graph_from_dict, load_graph
+from coop.graph import Graph
+from coop.graph_files import graph_from_dict, load_graph
 from coop.schedule import Schedule, simulate
 from tests.strategies import MALFORMATIONS, malformed_graph_dict, malformed_graphs, random_graphs
 from tests.test_layering import imported_modules
@@ -233,7 +234,7 @@ def test_unknown_graph_versions_and_flags_are_refused() -> None:
 
 
 #: The ground floor of the package (DESIGN.md): it imports neither torch nor anything above it.
-GROUND_FLOOR = ("coop.errors", "coop.graph", "coop.graph_v1", "coop.schedule", "coop.budget")
+GROUND_FLOOR = ("coop.errors", "coop.graph", "coop.graph_v1", "coop.graph_files", "coop.schedule", "coop.budget")
 
 
 @pytest.mark.parametrize("module", GROUND_FLOOR)

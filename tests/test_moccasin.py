@@ -13,7 +13,8 @@ from coop.formulations import baselines
 from coop.formulations.heuristics import improve_by_local_search, peak_shaving_schedule
 from coop.formulations.moccasin import moccasin, schedule_intervals
 from coop.formulations.slot_problem import SlotProblem, sufficient_horizon, sufficient_intervals
-from coop.graph import Graph, load_graph
+from coop.graph import Graph
+from coop.graph_files import load_graph
 from coop.schedule import Schedule, prompt_order, simulate, validate
 from tests.bruteforce import least_peak, least_peak_schedule, optimal_cost
 from tests.strategies import random_graphs

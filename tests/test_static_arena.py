@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coop.errors import CoopError
-from coop.graph import Graph, load_graph
+from coop.graph import Graph
+from coop.graph_files import load_graph
 from coop.online.static_arena import Placement, best_fit_placement, exact_placement, schedule_lifetimes
 from coop.schedule import Schedule, simulate
 from tests.strategies import random_graphs, random_schedules
