@@ -382,10 +382,10 @@ def test_infeasible_message_names_the_space_and_the_least_peak() -> None:
 
 
 def test_a_feasibility_model_too_large_is_skipped_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    from coop.formulations import moccasin as module
+    from coop.formulations import slot_feasibility
 
     graph = _diamond()
-    monkeypatch.setattr(module, "FEASIBILITY_MAX_CELLS", 1)
+    monkeypatch.setattr(slot_feasibility, "FEASIBILITY_MAX_CELLS", 1)
     result = moccasin(graph, 29, **QUICK)
     assert result.schedule is None and result.status in ("infeasible", "unknown")
     assert result.extra["feasibility"]["status"] == "NOT_RUN"

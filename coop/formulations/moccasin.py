@@ -64,10 +64,10 @@ from coop.formulations.heuristics import improve_by_local_search
 from coop.formulations.progress import ProgressCallback, ProgressClock
 from coop.formulations.result import SolveResult
 from coop.formulations.slot_feasibility import (
+    FEASIBILITY_SHARE,
+    CpSatParameters,
     FeasibilityCheck,
-    build_feasibility_model,
-    feasibility_horizon,
-    grid_schedule,
+    check_feasibility,
     space_words,
 )
 from coop.formulations.slot_problem import SlotProblem, sufficient_horizon, sufficient_intervals
@@ -341,87 +341,22 @@ class _ProgressReporter(cp_model.CpSolverSolutionCallback):
 
 
 # ==================================================================== the feasibility question
-#: Share of the time limit spent asking whether any schedule of the space fits, when no warm start does.
-FEASIBILITY_SHARE = 0.25
-#: Above this many (node, slot) cells the feasibility model is not built (it would not be a proof in time).
-FEASIBILITY_MAX_CELLS = 40_000
-
-
 def _feasibility_check(problem: SlotProblem, settings: _Settings, clock: ProgressClock
                        ) -> tuple[FeasibilityCheck, _Incumbent | None]:
-    """Ask CP-SAT whether any schedule of the space fits the hard capacity, within a share of the time.
-
-    The capacity-relaxed model (minimise overflow) can spend the whole limit without proving that
-    nothing fits just below the least peak; this question, with no objective, often settles it
-    in a fraction of a second. A schedule found here becomes the incumbent.
-    """
-    check = FeasibilityCheck()
+    """Ask whether any schedule of the space fits before the capacity-relaxed model runs; a
+    schedule found there becomes the incumbent (:func:`check_feasibility`)."""
     if not settings.prove:
-        check.reason = "skipped: prove=False (no proof models)"
-        return check, None
-    limits, horizon = feasibility_horizon(problem)
-    check.horizon = horizon
-    cells = horizon * len(problem.order)
-    if cells > FEASIBILITY_MAX_CELLS:
-        check.reason = (f"skipped: a proof needs {horizon} slots x {len(problem.order)} nodes, above "
-                        f"{FEASIBILITY_MAX_CELLS} cells")
-        return check, None
-    seconds = min(FEASIBILITY_SHARE * settings.time_limit, settings.time_limit - clock.elapsed_s - 0.5)
-    if seconds < 0.05:
-        check.reason = "skipped: no time left"
-        return check, None
-    grid = build_feasibility_model(problem, settings.keep_order, horizon, limits, problem.capacity)
-    solver = _feasibility_solver(settings, seconds)
-    started = time.perf_counter()
-    status = solver.Solve(grid.model)
-    check.wall_s = time.perf_counter() - started
-    check.status = solver.StatusName(status)
-    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        schedule = grid_schedule(problem, grid, solver)
+        return FeasibilityCheck(reason="skipped: prove=False (no proof models)"), None
+    check, schedule = check_feasibility(
+        problem, keep_order=settings.keep_order, share_s=FEASIBILITY_SHARE * settings.time_limit,
+        left_s=lambda: settings.time_limit - clock.elapsed_s - 0.5,
+        parameters=CpSatParameters(settings.threads, settings.seed, settings.options))
+    if schedule is not None:
         sim = simulate(problem.graph, schedule)
         if sim.peak <= problem.budget:
             clock.report(sim.cost, None, "moccasin: feasibility model")
             return check, _Incumbent("cp-sat-feasibility", schedule, sim)
-    elif status == cp_model.INFEASIBLE:
-        _find_least_peak(problem, settings, clock, check, limits)
     return check, None
-
-
-def _feasibility_solver(settings: _Settings, seconds: float) -> cp_model.CpSolver:
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.01, seconds)
-    solver.parameters.num_workers = max(1, settings.threads)
-    solver.parameters.random_seed = settings.seed
-    for key, value in settings.options.items():
-        setattr(solver.parameters, key, value)
-    return solver
-
-
-def _find_least_peak(problem: SlotProblem, settings: _Settings, clock: ProgressClock, check: FeasibilityCheck,
-                     limits: dict[int, int]) -> None:
-    """After INFEASIBLE: the least peak of the space, so that the message can name a budget that fits.
-
-    The same model minimises its largest step instead (from budget + 1, which is proven). Its
-    optimum is a lower bound on the least peak (the model relaxes the space); it is exact when
-    the simulator confirms the solution's schedule at that peak.
-    """
-    seconds = min(FEASIBILITY_SHARE * settings.time_limit - check.wall_s, settings.time_limit - clock.elapsed_s - 0.5)
-    owned = problem.budget - problem.capacity
-    most = sum(problem.mem.values()) + max(problem.workspace.values(), default=0)
-    if seconds < 0.05 or problem.capacity + 1 > most:
-        return
-    grid = build_feasibility_model(problem, settings.keep_order, check.horizon, limits, most)
-    model_peak = grid.model.NewIntVar(problem.capacity + 1, most, "peak")
-    for used in grid.memory:
-        grid.model.Add(used <= model_peak)
-    grid.model.Minimize(model_peak)
-    solver = _feasibility_solver(settings, seconds)
-    status = solver.Solve(grid.model)
-    if status != cp_model.OPTIMAL:
-        return
-    check.least_peak = owned + int(solver.Value(model_peak))
-    sim = simulate(problem.graph, grid_schedule(problem, grid, solver))
-    check.least_peak_exact = sim.peak == check.least_peak
 
 
 def _infeasible_result(problem: SlotProblem, check: FeasibilityCheck, keep_order: bool, clock: ProgressClock
@@ -510,8 +445,8 @@ def moccasin(
     :func:`coop.budget.min_budget`); without ``keep_order`` the space is every order in which the
     random ops draw as captured. ``extra["feasibility"]`` says whether the feasibility question
     was asked (not when a warm start fits, nor with ``prove=False``, nor when the model would exceed
-    FEASIBILITY_MAX_CELLS) and what CP-SAT answered; it gets FEASIBILITY_SHARE of the time limit. ``feasible``: a
-    schedule that fits; ``bound`` is then a valid lower bound on every such schedule's cost when
+    ``slot_feasibility.FEASIBILITY_MAX_CELLS``) and what CP-SAT answered; it gets FEASIBILITY_SHARE
+    of the time limit. ``feasible``: a schedule that fits; ``bound`` is then a valid lower bound on every such schedule's cost when
     the last model was large enough for the proof, else None, and the bound within the restricted
     model (at most C intervals per node, the given horizon) is ``extra["restricted_bound"]``.
     """

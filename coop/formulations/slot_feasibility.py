@@ -10,13 +10,15 @@ so that INFEASIBLE is a proof for the whole space.
 from __future__ import annotations
 
 import itertools
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ortools.sat.python import cp_model
 
 from coop.formulations.slot_problem import SlotProblem, sufficient_horizon, sufficient_intervals
-from coop.schedule import Schedule, Step
+from coop.schedule import Schedule, Step, simulate
 
 
 @dataclass
@@ -155,3 +157,89 @@ def space_words(problem: SlotProblem, keep_order: bool) -> str:
     if len(problem.graph.random_draws & set(problem.order)) > 1:
         return "no schedule in any order (random ops drawing in graph.order)"
     return "no schedule in any order"
+
+
+# ==================================================================== asking the question
+#: Share of the time limit spent asking whether any schedule of the space fits, when no warm start does.
+FEASIBILITY_SHARE = 0.25
+#: Above this many (node, slot) cells the feasibility model is not built (it would not be a proof in time).
+FEASIBILITY_MAX_CELLS = 40_000
+
+
+@dataclass(frozen=True)
+class CpSatParameters:
+    """How the caller runs CP-SAT: workers, seed and any further solver parameters by name."""
+
+    threads: int
+    seed: int
+    options: dict[str, Any]
+
+    def solver(self, seconds: float) -> cp_model.CpSolver:
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = max(0.01, seconds)
+        solver.parameters.num_workers = max(1, self.threads)
+        solver.parameters.random_seed = self.seed
+        for key, value in self.options.items():
+            setattr(solver.parameters, key, value)
+        return solver
+
+
+def check_feasibility(problem: SlotProblem, *, keep_order: bool, share_s: float, left_s: Callable[[], float],
+                      parameters: CpSatParameters) -> tuple[FeasibilityCheck, Schedule | None]:
+    """Ask CP-SAT whether any schedule of the space fits the hard capacity, within ``share_s`` seconds.
+
+    Moccasin's capacity-relaxed model (minimise overflow) can spend the whole limit without proving
+    that nothing fits just below the least peak; this question, with no objective, often settles
+    it in a fraction of a second. ``left_s()`` is the time the caller has left. Returns what CP-SAT
+    answered and, when it found one, a schedule of the grid (the caller simulates it). After an
+    INFEASIBLE answer the space's least peak is sought too (:func:`_find_least_peak`).
+    """
+    check = FeasibilityCheck()
+    limits, horizon = feasibility_horizon(problem)
+    check.horizon = horizon
+    cells = horizon * len(problem.order)
+    if cells > FEASIBILITY_MAX_CELLS:
+        check.reason = (f"skipped: a proof needs {horizon} slots x {len(problem.order)} nodes, above "
+                        f"{FEASIBILITY_MAX_CELLS} cells")
+        return check, None
+    seconds = min(share_s, left_s())
+    if seconds < 0.05:
+        check.reason = "skipped: no time left"
+        return check, None
+    grid = build_feasibility_model(problem, keep_order, horizon, limits, problem.capacity)
+    solver = parameters.solver(seconds)
+    started = time.perf_counter()
+    status = solver.Solve(grid.model)
+    check.wall_s = time.perf_counter() - started
+    check.status = solver.StatusName(status)
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return check, grid_schedule(problem, grid, solver)
+    if status == cp_model.INFEASIBLE:
+        _find_least_peak(problem, keep_order, min(share_s - check.wall_s, left_s()), parameters, check, limits)
+    return check, None
+
+
+def _find_least_peak(problem: SlotProblem, keep_order: bool, seconds: float, parameters: CpSatParameters,
+                     check: FeasibilityCheck, limits: dict[int, int]) -> None:
+    """After INFEASIBLE: the least peak of the space, so that the message can name a budget that fits.
+
+    The same model minimises its largest step instead (from budget + 1, which is proven). Its
+    optimum is a lower bound on the least peak (the model relaxes the space); it is exact when
+    the simulator confirms the solution's schedule at that peak.
+    """
+    owned = problem.budget - problem.capacity
+    most = sum(problem.mem.values()) + max(problem.workspace.values(), default=0)
+    if seconds < 0.05 or problem.capacity + 1 > most:
+        return
+    grid = build_feasibility_model(problem, keep_order, check.horizon, limits, most)
+    model_peak = grid.model.NewIntVar(problem.capacity + 1, most, "peak")
+    for used in grid.memory:
+        grid.model.Add(used <= model_peak)
+    grid.model.Minimize(model_peak)
+    solver = parameters.solver(seconds)
+    status = solver.Solve(grid.model)
+    if status != cp_model.OPTIMAL:
+        return
+    check.least_peak = owned + int(solver.Value(model_peak))
+    sim = simulate(problem.graph, grid_schedule(problem, grid, solver))
+    check.least_peak_exact = sim.peak == check.least_peak
