@@ -12,7 +12,7 @@ import math
 import re
 
 from coop.errors import BudgetError
-from coop.graph import Graph, Node, format_bytes
+from coop.graph import Graph, Impl, Node, format_bytes
 
 _UNITS = {
     "": 1,
@@ -158,21 +158,30 @@ def _smallest_value(node: Node) -> int:
     return min([node.mem, *(impl.mem for impl in node.impls)])
 
 
+def _step_footprint(graph: Graph, node: Node, impl: Impl | None, paging: bool) -> int:
+    """What one compute of ``node`` under ``impl`` holds at least: what it reads, its workspace and,
+    unless it runs in place (its output then takes over an input's storage), its output."""
+    reads = node.inputs if impl is None else node.reads(impl)
+    held = 0
+    for source in reads:
+        value = graph.node(source)
+        if not value.caller_owned:
+            held += _smallest_value(value)
+        elif paging:
+            held += value.mem
+    if impl is None:
+        return held + node.mem + node.workspace
+    return held + impl.workspace + (0 if impl.inplace_of is not None else impl.mem)
+
+
 def _min_budget(graph: Graph, paging: bool) -> int:
     always = 0 if paging else graph.caller_owned_bytes
     largest_step = always
     for node in graph.nodes:
-        if node.caller_owned:
+        if node.caller_owned or node.optional:  # an optional value need never be computed
             continue
-        inputs = 0
-        for source in node.inputs:
-            value = graph.node(source)
-            if not value.caller_owned:
-                inputs += _smallest_value(value)
-            elif paging:
-                inputs += value.mem
-        own = min([node.mem + node.workspace, *(impl.mem + impl.workspace for impl in node.impls)])
-        largest_step = max(largest_step, always + inputs + own)
+        step = min(_step_footprint(graph, node, impl, paging) for impl in (None, *node.impls))
+        largest_step = max(largest_step, always + step)
     at_end = always
     for output in set(graph.outputs):
         value = graph.node(output)

@@ -25,12 +25,13 @@ import networkx as nx
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from coop.errors import GraphError
-from coop.graph_v1 import upgrade_v1
+from coop.graph_v1 import upgrade_v1, upgrade_v2
 
 GRAPH_FORMAT = "coop.graph"
-#: Version 2 added ``Node.random`` (set by the capture); version-1 files are upgraded on reading
-#: (:mod:`coop.graph_v1`).
-GRAPH_VERSION = 2
+#: Version 2 added ``Node.random`` (set by the capture); version 3 added MONeT's implementation
+#: links (``Impl.inputs``, ``Impl.inplace_of``, ``Impl.exact``/``tolerance``) and ``Node.optional``.
+#: Older files are upgraded on reading (:mod:`coop.graph_v1`).
+GRAPH_VERSION = 3
 
 NodeKind = Literal["input", "param", "buffer", "forward", "backward", "other"]
 #: Values owned by the caller: resident for the whole step, never computed nor freed by a schedule.
@@ -68,7 +69,20 @@ Flag = Annotated[bool, BeforeValidator(_reject_non_bool)]
 
 
 class Impl(BaseModel):
-    """One implementation of a node (MONeT, Shah et al. 2021): its own cost, output and workspace."""
+    """One implementation of a node (MONeT, Shah et al. 2021): its own cost, output and workspace,
+    the values it reads and whether it runs in place.
+
+    * ``inputs``: the node ids this implementation reads instead of the node's ``inputs`` (None:
+      the same). A ReLU backward that reads a compact mask names the mask node here, so its
+      schedule need not keep the float activation. The ids may name ``optional`` nodes.
+    * ``inplace_of``: one of the values it reads whose storage its output takes over (an in-place
+      activation). The compute consumes that input's resident instance: no new bytes, the
+      instance's bytes move to the new value, and no later step may read the consumed instance.
+      Its ``mem`` must equal the input node's ``mem``.
+    * ``exact``: False for different arithmetic (output-activated normalisation, a fused
+      attention kernel) whose results differ from the default within ``tolerance`` (relative);
+      plans solved with ``exact=True`` never choose it.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -76,6 +90,10 @@ class Impl(BaseModel):
     cost: Cost
     mem: Bytes
     workspace: Bytes = 0
+    inputs: tuple[NodeId, ...] | None = None
+    inplace_of: NodeId | None = None
+    exact: Flag = True
+    tolerance: Cost = 0.0
 
 
 class Node(BaseModel):
@@ -102,11 +120,25 @@ class Node(BaseModel):
     #: Such a value exists from the op's first compute (contract 2); the op's ``workspace``
     #: covers it at the op's own step.
     output_of: NodeId | None = None
+    #: A value that exists only to serve some implementations (a ReLU's compact mask): no schedule
+    #: has to compute it, only a chosen implementation may read it (``Impl.inputs``), and it is
+    #: not in ``Graph.order`` nor in the baseline (contract 2: every non-optional node is computed).
+    optional: Flag = False
 
     @property
     def caller_owned(self) -> bool:
         """Inputs, parameters and buffers: resident for the whole step, owned by the caller."""
         return self.kind in CALLER_OWNED_KINDS
+
+    def implementation(self, name: str | None) -> Impl | None:
+        """The implementation called ``name`` (None for the default one, or when there is none)."""
+        if name is None:
+            return None
+        return next((impl for impl in self.impls if impl.name == name), None)
+
+    def reads(self, impl: Impl | None = None) -> tuple[int, ...]:
+        """The node ids a compute of this node reads under ``impl`` (None: the default implementation)."""
+        return self.inputs if impl is None or impl.inputs is None else impl.inputs
 
 
 class Graph(BaseModel):
@@ -134,6 +166,8 @@ class Graph(BaseModel):
         """Turn pydantic's multi-line field errors into one line that names the node."""
         if isinstance(data, dict) and type(data.get("version")) is int and data["version"] == 1:
             data = upgrade_v1(data, GRAPH_VERSION)
+        elif isinstance(data, dict) and type(data.get("version")) is int and data["version"] == 2:
+            data = upgrade_v2(data, GRAPH_VERSION)
         try:
             return handler(data)
         except ValidationError as exc:
@@ -142,7 +176,7 @@ class Graph(BaseModel):
     @model_validator(mode="after")
     def _check_structure(self) -> Graph:
         if self.version != GRAPH_VERSION:
-            raise GraphError(f"graph version {self.version} is not supported (this coop reads 1 and {GRAPH_VERSION})")
+            raise GraphError(f"graph version {self.version} is not supported (this coop reads 1, 2 and {GRAPH_VERSION})")
         if not self.nodes:
             raise GraphError(f"graph {self.name!r} is empty: it needs at least one node")
         seen: set[int] = set()
@@ -169,8 +203,12 @@ class Graph(BaseModel):
         for output in self.outputs:
             if output not in seen:
                 raise GraphError(f"graph output {output} is not a node id; remove it from outputs or add node {output}")
-        topo = _topological_order(self.nodes)
-        computed = [n.id for n in self.nodes if not n.caller_owned]
+        self._check_impls()
+        self._check_optional()
+        # Implementation inputs are edges too: a cycle through them is refused, and the default
+        # order puts every node after whatever any of its implementations reads.
+        topo = _topological_order(_with_impl_edges(self.nodes))
+        computed = [n.id for n in self.nodes if not n.caller_owned and not n.optional]
         if not self.order:
             object.__setattr__(self, "order", tuple(i for i in topo if i in set(computed)))
         else:
@@ -200,6 +238,36 @@ class Graph(BaseModel):
                 raise GraphError(f"node {op.id} ({op.name}): workspace {op.workspace} is less than its extra outputs' "
                                  f"{extra_bytes} bytes; they all exist while it runs, so count them in its workspace")
 
+    def _check_impls(self) -> None:
+        """Implementation names are unique; their inputs name other nodes, once each; an in-place
+        implementation overwrites a computed value it reads, of its own size."""
+        by_id = {n.id: n for n in self.nodes}
+        for node in self.nodes:
+            names = [impl.name for impl in node.impls]
+            if len(set(names)) != len(names):
+                raise GraphError(f"node {node.id} ({node.name}): two implementations share a name; name each once")
+            if node.impls and (node.caller_owned or node.output_of is not None):
+                raise GraphError(f"node {node.id} ({node.name}): a {node.kind if node.caller_owned else 'extra output'} "
+                                 "has no implementations; remove its impls")
+            for impl in node.impls:
+                _check_impl(node, impl, by_id)
+
+    def _check_optional(self) -> None:
+        """An optional value is computed, no graph output, and read only by implementations (or
+        other optional values): a schedule that never computes it must stay legal."""
+        optional = {n.id for n in self.nodes if n.optional}
+        for node in self.nodes:
+            where = f"node {node.id} ({node.name})"
+            if node.optional and (node.caller_owned or node.output_of is not None):
+                raise GraphError(f"{where}: a {node.kind if node.caller_owned else 'extra output'} cannot be optional; "
+                                 "remove optional")
+            if node.optional and node.id in self.outputs:
+                raise GraphError(f"{where}: an optional node cannot be a graph output; remove optional or the output")
+            needed = [i for i in node.inputs if i in optional]
+            if needed and not node.optional:
+                raise GraphError(f"{where}: its inputs name optional node {needed[0]}; only an implementation "
+                                 "(impls[].inputs) may read an optional value")
+
     def _check_order(self, computed: list[int]) -> None:
         position: dict[int, int] = {}
         by_id = {n.id: n for n in self.nodes}
@@ -208,6 +276,9 @@ class Graph(BaseModel):
                 raise GraphError(f"order lists {node_id}, which is not a node id; remove it from order")
             if by_id[node_id].caller_owned:
                 raise GraphError(f"order lists node {node_id}, a caller-owned {by_id[node_id].kind}; leave it out")
+            if by_id[node_id].optional:
+                raise GraphError(f"order lists node {node_id}, an optional value; leave it out (it is computed only "
+                                 "where an implementation reads it)")
             if node_id in position:
                 raise GraphError(f"order lists node {node_id} twice; list every computed node once")
             position[node_id] = index
@@ -215,11 +286,13 @@ class Graph(BaseModel):
         if missing:
             raise GraphError(f"order misses node {missing[0]} ({by_id[missing[0]].name}); it must list every computed node")
         for node_id in self.order:
-            for source in by_id[node_id].inputs:
-                if not by_id[source].caller_owned and position[source] > position[node_id]:
+            node = by_id[node_id]
+            for source in node.inputs + tuple(i for impl in node.impls for i in impl.inputs or ()):
+                if source in position and position[source] > position[node_id]:
                     raise GraphError(
-                        f"order puts node {node_id} ({by_id[node_id].name}) before its input {source}; list every "
-                        "node after its inputs (or leave order out for a topological order)"
+                        f"order puts node {node_id} ({node.name}) before its input {source}; list every "
+                        "node after its inputs and its implementations' inputs (or leave order out for a "
+                        "topological order)"
                     )
 
     # ---------------------------------------------------------------- lookups
@@ -349,8 +422,30 @@ class Graph(BaseModel):
 
     @cached_property
     def baseline_cost(self) -> float:
-        """Sum of the costs of all computed nodes (each computed once, default implementation)."""
-        return float(sum(n.cost for n in self.nodes if not n.caller_owned))
+        """Sum of the costs of all computed nodes (each computed once, default implementation; optional
+        values are not part of the baseline)."""
+        return float(sum(n.cost for n in self.nodes if not n.caller_owned and not n.optional))
+
+    @cached_property
+    def has_impls(self) -> bool:
+        """Whether any node has implementations to choose from (MONeT)."""
+        return any(n.impls for n in self.nodes)
+
+    def remat_only(self) -> Graph:
+        """This graph as recomputation alone sees it: default implementations, no optional values."""
+        def build() -> Graph:
+            if not self.has_impls and not self.optional_ids:
+                return self
+            data = self.model_dump()
+            data["nodes"] = [node | {"impls": ()} for node in data["nodes"] if not node["optional"]]
+            return Graph.model_validate(data)
+
+        return self.memo("remat_only", build)
+
+    @cached_property
+    def optional_ids(self) -> tuple[int, ...]:
+        """The optional values: computed only where a chosen implementation reads them."""
+        return tuple(n.id for n in self.nodes if n.optional)
 
     @cached_property
     def has_backward(self) -> bool:
@@ -430,9 +525,11 @@ class Graph(BaseModel):
         for node in self.nodes:
             args = ", ".join(f"%{i}" for i in node.inputs)
             flags = node.kind + ("" if node.recomputable or node.caller_owned else ", not recomputable")
+            flags += ", optional" if node.optional else ""
             lines.append(
                 f"  %{node.id} = {node.op or node.name}({args})  mem={format_bytes(node.mem)} cost={node.cost:.4g}  [{flags}]"
             )
+            lines.extend(f"      | {_describe_impl(node, impl)}" for impl in node.impls)
         if self.outputs:
             lines.append("  outputs: " + ", ".join(f"%{i}" for i in self.outputs))
         return "\n".join(lines)
@@ -447,6 +544,53 @@ def _networkx_id(label: Any) -> Any:
 
 
 # -------------------------------------------------------------------- helpers
+def _check_impl(node: Node, impl: Impl, by_id: dict[int, Node]) -> None:
+    """One implementation's links: its inputs and the input it overwrites in place."""
+    where = f"node {node.id} ({node.name}), implementation {impl.name!r}"
+    reads = node.reads(impl)
+    for source in impl.inputs or ():
+        if source not in by_id:
+            raise GraphError(f"{where}: unknown input id {source}; add node {source} or remove it from the "
+                             "implementation's inputs")
+        if source == node.id:
+            raise GraphError(f"{where}: reads its own output (a cycle); remove {source} from its inputs")
+        if by_id[source].output_of == node.id:
+            raise GraphError(f"{where}: reads node {source}, an extra output of this very op (a cycle); remove it")
+    if len(set(reads)) != len(reads):
+        raise GraphError(f"{where}: an input id is listed twice; list each input once")
+    if impl.inplace_of is None:
+        return
+    if impl.inplace_of not in reads:
+        raise GraphError(f"{where}: runs in place of node {impl.inplace_of}, which it does not read; name one of "
+                         f"its inputs {list(reads)}")
+    target = by_id[impl.inplace_of]
+    if target.caller_owned or target.output_of is not None:
+        raise GraphError(f"{where}: cannot overwrite node {target.id}, a "
+                         f"{target.kind if target.caller_owned else 'extra output'}; only a computed value's "
+                         "storage can be taken over")
+    if impl.mem != target.mem:
+        raise GraphError(f"{where}: runs in place of node {target.id} ({target.mem} bytes) but declares mem "
+                         f"{impl.mem}; an in-place output has the size of the storage it takes over")
+
+
+def _describe_impl(node: Node, impl: Impl) -> str:
+    """One implementation as a line of the printed graph."""
+    reads = ", ".join(f"%{i}" for i in node.reads(impl))
+    text = f"{impl.name}({reads})  mem={format_bytes(impl.mem)} cost={impl.cost:.4g}"
+    text += f" workspace={format_bytes(impl.workspace)}" if impl.workspace else ""
+    text += f"  in place of %{impl.inplace_of}" if impl.inplace_of is not None else ""
+    return text + ("" if impl.exact else f"  inexact (tolerance {impl.tolerance:g})")
+
+
+def _with_impl_edges(nodes: Iterable[Node]) -> list[Node]:
+    """The nodes with every implementation's inputs added to their inputs (for ordering and cycles)."""
+    result = []
+    for node in nodes:
+        extra = tuple(dict.fromkeys(i for impl in node.impls for i in impl.inputs or () if i not in node.inputs))
+        result.append(node.model_copy(update={"inputs": node.inputs + extra}) if extra else node)
+    return result
+
+
 def _topological_order(nodes: Iterable[Node]) -> list[int]:
     """Kahn's algorithm, ties broken by position; a cycle raises GraphError naming a node on it."""
     nodes = list(nodes)
@@ -491,13 +635,14 @@ _FIELD_RULES: dict[str, str] = {
     "kind": "one of " + ", ".join(NodeKind.__args__),
     "recomputable": "true or false",
     "random": "true or false",
-    "impls": "a list of {name, cost, mem, workspace} objects",
+    "impls": "a list of {name, cost, mem, workspace, inputs, inplace_of, exact, tolerance} objects",
+    "optional": "true or false",
     "output_of": "the id of the node whose op produces this extra output",
     "outputs": "a list of node ids",
     "order": "a list of node ids",
     "nodes": "a non-empty list of node objects",
     "meta": "a JSON object",
-    "version": f"the integer 1 or {GRAPH_VERSION}",
+    "version": f"the integer 1, 2 or {GRAPH_VERSION}",
     "format": repr(GRAPH_FORMAT),
 }
 

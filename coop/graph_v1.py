@@ -1,4 +1,4 @@
-"""Reading version-1 coop graph files: the one thing version 2 added is ``Node.random``.
+"""Reading older coop graph files: version 2 added ``Node.random``, version 3 only optional fields.
 
 Version 1 had no field that marked a seeded random op; coop decided it from a node's ``op`` name
 by asking torch whether that op carries ``Tag.nondeterministic_seeded``. Version 2 lets the
@@ -123,3 +123,12 @@ def upgrade_v1(data: dict[str, Any], current_version: int) -> dict[str, Any]:
             node = {**node, "random": is_seeded_random_op(node["op"])}
         upgraded.append(node)
     return {**data, "version": current_version, "nodes": upgraded}
+
+
+def upgrade_v2(data: dict[str, Any], current_version: int) -> dict[str, Any]:
+    """A version-2 graph document as the current version.
+
+    Version 3 only added fields whose defaults are version 2's meaning (an implementation reads the
+    node's inputs, runs out of place and is exact; no node is optional), so only the tag changes.
+    """
+    return {**data, "version": current_version}

@@ -19,6 +19,19 @@ Memory semantics (those of Checkmate, Jain et al. 2020, and Moccasin, Bartan et 
   (the op's workspace covers it at the step itself). Its own compute step costs nothing, does not
   read the op (which may be gone by then) and must come after the op's first compute; a
   recomputation of the op makes a fresh copy that is dropped at once (again its workspace).
+* Implementations (MONeT, Shah et al. 2021; ``Node.impls``): a compute that names ``impl`` costs
+  that implementation's ``cost``, makes an instance of its ``mem`` and needs its ``workspace``, and
+  reads the implementation's ``inputs`` (when it names them) instead of the node's: a backward that
+  reads a compact mask needs the mask resident, not the activation. A compute with no ``impl``
+  runs the node's own fields.
+* Optional values (``Node.optional``, e.g. that mask) need not be computed; when a step computes
+  one it is an ordinary value. Every non-optional computed node (every node of ``graph.order``)
+  is computed at least once.
+* In place (``Impl.inplace_of = u``): the compute consumes the resident instance of u, which it
+  also reads. That instance ends at the step before; the new value's instance starts at the step
+  with the consumed instance's bytes (the storage moves: no new bytes). Nothing may read, free or
+  page that instance of u afterwards (it is no longer resident: a later read of u needs u
+  recomputed), and an output u must be recomputed to be resident at the end.
 
 :func:`simulate` is the only implementation of these semantics; every formulation, the
 validator, the executor's predictions and the CLI call it.
@@ -34,7 +47,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from coop.budget import MAX_BUDGET
 from coop.errors import ScheduleError
-from coop.graph import Graph, json_type_name, short_repr
+from coop.graph import Graph, Impl, Node, json_type_name, short_repr
 from coop.graph_files import read_json_file
 
 SCHEDULE_FORMAT = "coop.schedule/1"
@@ -153,9 +166,10 @@ def simulate(graph: Graph, schedule: Schedule, paging: PagingCosts | None = None
     """Run the schedule under contract 2's semantics; raise ScheduleError at the first illegal step.
 
     O(steps + reads). Legal means: every step names a node of the graph; a compute reads only
-    device-resident instances and never targets a caller-owned value; free/page steps act on a
-    resident instance; every computed node is computed at least once; every output is resident
-    at the end; an ``impl`` names one of the node's implementations.
+    device-resident instances (those its implementation reads) and never targets a caller-owned
+    value; free/page steps act on a resident instance; every non-optional computed node is
+    computed at least once; every output is resident at the end; an ``impl`` names one of the
+    node's implementations; an in-place compute consumes the instance it overwrites.
     """
     paging = paging or PagingCosts()
     steps = schedule.steps
@@ -194,7 +208,8 @@ def simulate(graph: Graph, schedule: Schedule, paging: PagingCosts | None = None
             if node.output_of is not None and node.output_of not in first_compute:
                 raise ScheduleError(f"step {j} ({step}): node {node.id} ({node.name}) is an extra output of node "
                                     f"{node.output_of}, which has not run yet; compute {node.output_of} first")
-            for source in node.inputs if node.output_of is None else ():
+            impl = _implementation(node, step, j)
+            for source in node.reads(impl) if node.output_of is None else ():
                 if index[source].caller_owned:
                     if not on_device[source]:
                         raise ScheduleError(f"step {j} ({step}): input {source} is paged out; page it in first")
@@ -208,7 +223,14 @@ def simulate(graph: Graph, schedule: Schedule, paging: PagingCosts | None = None
             if node.id in computed and not node.recomputable:
                 raise ScheduleError(f"step {j} ({step}): node {node.id} ({node.name}) is not recomputable (a random op "
                                     "or an extra output); it may be computed only once")
-            step_cost, step_mem, step_workspace = _implementation(node, step, j)
+            step_cost, step_mem, step_workspace = (node.cost, node.mem, node.workspace) if impl is None else (
+                impl.cost, impl.mem, impl.workspace)
+            if impl is not None and impl.inplace_of is not None:
+                # The storage of the consumed instance becomes the new value's: its bytes move.
+                consumed = current[impl.inplace_of]
+                step_mem = new_mem[starts[consumed]]
+                explicit_end[consumed] = j - 1
+                _retire(current, impl.inplace_of, on_device, paged_at, device_gaps, j)
             if node.id in current:
                 _retire(current, node.id, on_device, paged_at, device_gaps, j)
             current[node.id] = len(starts)
@@ -248,7 +270,7 @@ def simulate(graph: Graph, schedule: Schedule, paging: PagingCosts | None = None
             gaps.append((paged_at.pop(node.id), j))
             page_cost += paging.cost(_resident_mem(node, current, starts, new_mem))
 
-    missing = [v for v in graph.order if v not in computed]
+    missing = [v for v in graph.order if v not in computed]  # optional values are not in the order
     if missing:
         raise ScheduleError(f"node {missing[0]} ({index[missing[0]].name}) is never computed; every node must be computed at least once")
     for output in graph.outputs:
@@ -329,12 +351,13 @@ def _on_device(first: int, last: int, gaps: list[tuple[int, int]] | tuple[()]) -
     return tuple(pieces)
 
 
-def _implementation(node: Any, step: Step, j: int) -> tuple[float, int, int]:
+def _implementation(node: Node, step: Step, j: int) -> Impl | None:
+    """The implementation a compute step names (None: the node's own fields); ScheduleError if unknown."""
     if step.impl is None:
-        return node.cost, node.mem, node.workspace
-    for impl in node.impls:
-        if impl.name == step.impl:
-            return impl.cost, impl.mem, impl.workspace
+        return None
+    impl = node.implementation(step.impl)
+    if impl is not None:
+        return impl
     names = ", ".join(i.name for i in node.impls) or "none"
     raise ScheduleError(f"step {j} ({step}): node {node.id} has no implementation {step.impl!r} (has: {names})")
 

@@ -287,3 +287,228 @@ def store_all_peak(graph: Graph) -> int:
         memory[k] += node.workspace
     owned = sum(n.mem for n in graph.nodes if n.kind in OWNED_KINDS)
     return owned + max(memory, default=0)
+
+
+# -------------------------------------------------------------------- implementations (MONeT)
+# A second search, for graphs with implementations (``Node.impls``), optional values and in-place
+# execution. It is written from contract 2 as DESIGN.md and coop.schedule's docstring state it,
+# not from the simulator or the monet formulation:
+#
+# * a compute names one implementation: the node's own fields or one of ``impls``; it costs that
+#   implementation's cost, needs every value that implementation reads (``Impl.inputs`` when given,
+#   else the node's inputs) resident, and memory at the step = caller-owned + resident values +
+#   its output + its workspace;
+# * in place (``Impl.inplace_of = u``): u's resident copy is consumed; memory at the step =
+#   caller-owned + resident values (u's bytes, now the new value's) + workspace; afterwards the new
+#   value holds u's bytes and u is not resident;
+# * optional values need not be computed; every other computed node is, at least once.
+#
+# Spaces: "all" (every legal schedule) and "staged" (Checkmate's stages over the positions of
+# :func:`impl_positions`: stage t first computes position t -- an optional value may be skipped
+# instead -- after recomputing earlier recomputable positions, each at most once, in increasing
+# position).
+
+#: One step of a found schedule: ("compute" | "free", node id, implementation name or None).
+ImplStep = tuple[str, int, str | None]
+
+
+@dataclass(frozen=True)
+class FoundImpl:
+    """A schedule with implementations, its peak and its total cost (hand-summed)."""
+
+    cost: float
+    peak: int
+    steps: tuple[ImplStep, ...]
+
+
+@dataclass(frozen=True)
+class _Option:
+    name: str | None
+    cost: float
+    mem: int
+    workspace: int
+    needs: int        # bitmask of the positions it reads
+    inplace: int      # position it overwrites, -1 for none
+
+
+@dataclass(frozen=True)
+class _ImplTiny:
+    ids: tuple[int, ...]
+    options: tuple[tuple[_Option, ...], ...]
+    recomputable: tuple[bool, ...]
+    optional: tuple[bool, ...]
+    extra: tuple[bool, ...]
+    extras_of: tuple[int, ...]
+    mem: tuple[int, ...]          # an extra output's bytes
+    outputs: int
+    mandatory: int
+    owned_bytes: int
+
+
+def impl_positions(graph: Graph) -> list[int]:
+    """``graph.order`` with extra outputs right after their op, and each optional value placed
+    before the first node (not an extra output) that comes once all its computed inputs are placed."""
+    nodes = {n.id: n for n in graph.nodes}
+    extras: dict[int, list[int]] = {}
+    for node in graph.nodes:
+        if node.output_of is not None:
+            extras.setdefault(node.output_of, []).append(node.id)
+    owned = {n.id for n in graph.nodes if n.kind in OWNED_KINDS}
+    waiting = [n.id for n in graph.nodes if n.optional]
+    result: list[int] = []
+
+    def place_ready() -> None:
+        again = True
+        while again:
+            again = False
+            for value in list(waiting):
+                if all(i in owned or i in result for i in nodes[value].inputs):
+                    result.append(value)
+                    waiting.remove(value)
+                    again = True
+
+    for node_id in graph.order:
+        if nodes[node_id].output_of is None:
+            place_ready()
+            result.append(node_id)
+            result.extend(extras.get(node_id, ()))
+    place_ready()
+    return result + waiting
+
+
+def _impl_tiny(graph: Graph, exact: bool) -> _ImplTiny:
+    nodes = {n.id: n for n in graph.nodes}
+    order = impl_positions(graph)
+    if len(order) > MAX_COMPUTED_NODES:
+        raise ValueError(f"{len(order)} positions: the brute force is for at most {MAX_COMPUTED_NODES}")
+    position = {node_id: p for p, node_id in enumerate(order)}
+
+    def mask(ids: tuple[int, ...] | list[int]) -> int:
+        return sum(1 << position[i] for i in set(ids) if i in position)
+
+    options = []
+    for node_id in order:
+        node = nodes[node_id]
+        reads = () if node.output_of is not None else node.inputs
+        row = [_Option(None, float(node.cost), node.mem, node.workspace, mask(reads), -1)]
+        for impl in node.impls:
+            if exact and not impl.exact:
+                continue
+            row.append(_Option(impl.name, float(impl.cost), impl.mem, impl.workspace,
+                               mask(node.inputs if impl.inputs is None else impl.inputs),
+                               -1 if impl.inplace_of is None else position[impl.inplace_of]))
+        options.append(tuple(row))
+    extras: dict[int, list[int]] = {}
+    for node in graph.nodes:
+        if node.output_of is not None:
+            extras.setdefault(node.output_of, []).append(node.id)
+    return _ImplTiny(
+        ids=tuple(order), options=tuple(options),
+        recomputable=tuple(nodes[i].recomputable and nodes[i].output_of is None for i in order),
+        optional=tuple(nodes[i].optional for i in order),
+        extra=tuple(nodes[i].output_of is not None for i in order),
+        extras_of=tuple(mask(extras.get(i, [])) for i in order),
+        mem=tuple(nodes[i].mem for i in order),
+        outputs=mask(graph.outputs), mandatory=mask([i for i in order if not nodes[i].optional]),
+        owned_bytes=sum(n.mem for n in graph.nodes if n.kind in OWNED_KINDS),
+    )
+
+
+# (bytes of each position's resident copy, -1 when none; computed mask; stage; last recomputed)
+_ImplState = tuple[tuple[int, ...], int, int, int]
+
+
+def _impl_moves(tiny: _ImplTiny, state: _ImplState, space: Space) -> Iterator[tuple[tuple[ImplStep, ...], float,
+                                                                                   int | None, _ImplState]]:
+    held, computed, stage, last = state
+    resident = sum(1 << p for p, b in enumerate(held) if b >= 0)
+    resident_bytes = sum(b for b in held if b >= 0)
+    for p, size in enumerate(held):
+        if size >= 0:
+            yield (("free", tiny.ids[p], None),), 0.0, None, (held[:p] + (-1,) + held[p + 1:], computed, stage, last)
+    if space == "staged" and stage < len(held) and tiny.optional[stage]:
+        yield (), 0.0, None, (held, computed, stage + 1, -1)  # skip the optional value of this stage
+    for p in range(len(held)):
+        if tiny.extra[p] or held[p] >= 0:
+            continue
+        first = not computed >> p & 1
+        if not first and not tiny.recomputable[p]:
+            continue
+        if space == "staged":
+            own = p == stage
+            if not own and not (tiny.recomputable[p] and last < p < stage < len(held)):
+                continue
+        for option in tiny.options[p]:
+            if option.needs & ~resident:
+                continue
+            made = 1 << p | (tiny.extras_of[p] if first else 0)
+            after = list(held)
+            if option.inplace >= 0:
+                memory = tiny.owned_bytes + resident_bytes + option.workspace
+                after[p], after[option.inplace] = held[option.inplace], -1
+            else:
+                memory = tiny.owned_bytes + resident_bytes + option.mem + option.workspace
+                after[p] = option.mem
+            extras = [q for q in range(len(held)) if (made >> q & 1) and q != p]
+            for q in extras:
+                after[q] = tiny.mem[q]
+            steps = (("compute", tiny.ids[p], option.name),) + tuple(("compute", tiny.ids[q], None) for q in extras)
+            next_stage, next_last = stage, last
+            if space == "staged":
+                next_stage, next_last = (p + 1 + len(extras), -1) if p == stage else (stage, p)
+            yield steps, option.cost, memory, (tuple(after), computed | made, next_stage, next_last)
+
+
+def _impl_search(graph: Graph, budget: int | None, space: Space, exact: bool, by_peak: bool) -> FoundImpl | None:
+    """Dijkstra on (cost, peak), or on (peak, cost) with ``by_peak``; None when nothing fits ``budget``."""
+    if space not in ("all", "staged"):
+        raise ValueError("the implementation search knows the spaces 'all' and 'staged'")
+    tiny = _impl_tiny(graph, exact)
+    start: _ImplState = (tuple([-1] * len(tiny.ids)), 0, 0, -1)
+    if budget is not None and tiny.owned_bytes > budget:
+        return None
+    first_key = (tiny.owned_bytes, 0.0) if by_peak else (0.0, tiny.owned_bytes)
+    best: dict[_ImplState, tuple[float, float]] = {start: first_key}
+    parents: dict[_ImplState, tuple[_ImplState, tuple[ImplStep, ...]] | None] = {start: None}
+    counter = itertools.count()
+    queue = [(*first_key, next(counter), start)]
+    while queue:
+        a, b, _, state = heapq.heappop(queue)
+        if best[state] != (a, b):
+            continue
+        held, computed, _, _ = state
+        resident = sum(1 << p for p, size in enumerate(held) if size >= 0)
+        if computed & tiny.mandatory == tiny.mandatory and tiny.outputs & ~resident == 0:
+            cost, peak = (b, a) if by_peak else (a, b)
+            return FoundImpl(cost, int(peak), _rebuild(parents, state))  # type: ignore[arg-type]
+        for steps, step_cost, memory, nxt in _impl_moves(tiny, state, space):
+            if budget is not None and memory is not None and memory > budget:
+                continue
+            cost, peak = (b, a) if by_peak else (a, b)
+            cost, peak = cost + step_cost, max(peak, memory or 0)
+            key = (peak, cost) if by_peak else (cost, peak)
+            if nxt not in best or key < best[nxt]:
+                best[nxt] = key
+                parents[nxt] = (state, steps)  # type: ignore[assignment]
+                heapq.heappush(queue, (*key, next(counter), nxt))
+    return None
+
+
+def optimal_impl_schedule(graph: Graph, budget: int, space: Space = "all", exact: bool = False) -> FoundImpl | None:
+    """The cheapest schedule (implementations chosen) of ``space`` within ``budget``; None if none fits.
+    ``exact`` leaves out implementations marked inexact."""
+    return _impl_search(graph, budget, space, exact, by_peak=False)
+
+
+def least_impl_peak(graph: Graph, space: Space = "all", exact: bool = False) -> int:
+    """The least peak any schedule of ``space`` reaches with the graph's implementations."""
+    found = _impl_search(graph, None, space, exact, by_peak=True)
+    assert found is not None, "every graph has a schedule: store-all with the default implementations"
+    return found.peak
+
+
+def without_impls(graph: Graph) -> Graph:
+    """The graph with no implementations and no optional values: what recomputation alone sees."""
+    data = graph.model_dump()
+    data["nodes"] = [n | {"impls": ()} for n in data["nodes"] if not n["optional"]]
+    return Graph.model_validate(data)

@@ -27,7 +27,9 @@ FORMULATIONS: dict[str, str] = {
     "checkmate": "coop.formulations.checkmate:checkmate",
     "checkmate-lp": "coop.formulations.checkmate:checkmate_lp",
     "moccasin": "coop.formulations.moccasin:moccasin",
+    "monet": "coop.formulations.monet:monet",
     "pytorch-mincut": "coop.formulations.pytorch_mincut:pytorch_mincut",
+    "poet": "coop.formulations.poet:poet",
     "auto": "coop.formulations.auto:auto",
 }
 

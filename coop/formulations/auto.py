@@ -1,6 +1,8 @@
 """``auto``: pick a formulation per graph and fall back to the cheapest fitting baseline.
 
-The choice: the baseline order when it already fits (no solve needed); otherwise Checkmate's MILP
+The choice: the baseline order when it already fits (no solve needed); MONeT (Shah et al. 2021)
+when the graph has implementations and recomputation alone provably cannot reach the budget (or
+the remat-only solver found nothing within it); otherwise Checkmate's MILP
 (Jain et al. 2020, exact and fast on small graphs) up to ``exact_max_nodes`` computed nodes and
 Moccasin's CP-SAT model (Bartan et al. 2023, O(n) variables) above that. When the chosen solver
 returns no schedule within the budget, the cheapest baseline schedule that fits is returned
@@ -29,7 +31,17 @@ def choose_formulation(graph: Graph, budget: int, *, captured: Any = None) -> st
 
     if budget >= baseline_peak(graph):
         return "store-all"
+    if needs_implementations(graph, budget):
+        return "monet"
     return "checkmate" if len(graph.order) <= EXACT_MAX_NODES else "moccasin"
+
+
+def needs_implementations(graph: Graph, budget: int) -> bool:
+    """Whether the graph has implementations (MONeT) and recomputation alone provably cannot reach
+    the budget: it is below min_budget of the graph with default implementations only."""
+    from coop.budget import min_budget
+
+    return graph.has_impls and len(graph.order) <= EXACT_MAX_NODES and budget < min_budget(graph.remat_only())
 
 
 def auto(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int = 2, progress: Any = None,
@@ -47,6 +59,12 @@ def auto(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int = 
     if result.schedule is not None and result.simulation is not None and result.simulation.peak <= budget:
         result.extra["auto"] = chosen
         return result
+    if graph.has_impls and chosen != "monet" and len(graph.order) <= EXACT_MAX_NODES:
+        # Recomputation alone fell short: let MONeT choose implementations too.
+        monet = solve(graph, budget, "monet", time_limit=time_limit, threads=threads, progress=progress, hint=hint)
+        if monet.schedule is not None and monet.simulation is not None and monet.simulation.peak <= budget:
+            monet.extra["auto"] = "monet"
+            return monet
     try:
         fallback = cheapest_fitting_baseline(graph, budget)
     except InfeasibleError as exc:

@@ -1,0 +1,514 @@
+"""MONeT: checkpointing, operator implementations and in-place execution chosen in one MILP.
+
+Shah, Wu, Chandrashekaran, Goyal, Yu, "Memory Optimization for Deep Networks", ICLR 2021.
+
+MONeT's point is that what a training step keeps depends on *how* each operator runs, not only on
+what is recomputed: a ReLU backward that reads a 1-bit mask instead of the float output, an
+activation that runs in place over its input, a convolution algorithm that trades workspace for
+time. It decides checkpointing and these choices jointly, with each implementation's workspace
+inside the memory constraints, and reaches budgets that recomputation alone cannot.
+
+The implementations come from the graph (contract 1): ``Node.impls`` with their cost, output,
+workspace, the values they read (``Impl.inputs``, possibly ``optional`` values such as a mask)
+and the input they overwrite (``Impl.inplace_of``). This module solves a Checkmate-style
+frontier-advancing stage model (Jain et al. 2020, the space of :mod:`coop.formulations.checkmate`)
+extended the way MONeT extends its checkpointing MILP with per-operator implementation variables:
+
+* positions: ``prompt_order(graph)`` with each optional value inserted before the first regular
+  node once its inputs are placed (:func:`stage_order`); stage t computes position t (an optional
+  value: may skip it) after recomputing earlier positions in increasing order;
+* ``R[t,i,p]`` -- position i is (re)computed in stage t with implementation p (p = 0 the node's
+  own fields); at most one p per (t, i), exactly one at t = i for a non-optional node;
+* ``S[t,i]`` -- i is retained from stage t-1 into stage t; ``S[t+1,i] <= sum_p R[t,i,p] + S[t,i]``;
+* a read: ``sum_{p reads i} R[t,k,p] <= sum_q R[t,i,q] + S[t,i]``;
+* in place (p of k overwrites u): ``R[t,k,p] + S[t+1,u] <= 1`` and no later reader of u in the
+  stage; the step adds no bytes and u's bytes become k's;
+* ``FREE[t,i,k]`` -- i freed right after k in stage t (k read it, nobody later in the stage does,
+  not retained), ``U[t,k]`` the memory while k runs; ``U[t,k] + sum_p workspace[k,p] R[t,k,p] <=
+  budget - caller-owned bytes`` (MONeT's workspace term);
+* objective: ``sum cost[i,p] R[t,i,p]``.
+
+A value counts at the largest size its implementations may give it (exact when they agree, as
+for every captured op; otherwise the model is conservative and its optimum is reported as
+``feasible``). An in-place implementation is offered only where every implementation of the
+overwritten node has the in-place output's size. ``exact=True`` drops implementations marked
+``exact: false``.
+
+Scaling: O(T^2 x implementations) binaries and O(T^2 x reads) rows for T positions, like
+Checkmate's MILP; tens of nodes solve to optimality in seconds, a few hundred within minutes.
+MONeT's own default limit was 24 hours; here ``time_limit`` (seconds to minutes) stops the solver,
+which returns its incumbent with status ``feasible`` and the gap, and graphs above ``max_nodes``
+positions are refused with a message naming moccasin (remat only) as the way out. The model is
+warm-started from the best remat-only schedule: moccasin's (Bartan et al. 2023) on the graph with
+default implementations, given :data:`REMAT_SHARE` of the time limit, itself started from the one
+warm-start collector (:func:`coop.formulations.warm_start.best_warm_start`), and the caller's
+``hint`` s. The MILP then searches only schedules cheaper than it (an objective cutoff), and when it
+finds none in time that schedule is returned (status ``feasible``): monet is never worse than that
+remat-only schedule at the same budget. Pass moccasin's or checkmate's own result as ``hint`` to
+make that hold against a run given the whole time limit.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from functools import reduce
+from typing import Any
+
+from coop.budget import below_min_budget
+from coop.errors import CoopError, SolverError
+from coop.formulations.milp_backends import LinearModel, MilpSolution, solve_milp
+from coop.formulations.progress import ProgressCallback
+from coop.formulations.result import SolveResult
+from coop.formulations.warm_start import best_warm_start
+from coop.graph import Graph, Impl, Node
+from coop.schedule import Schedule, Simulation, Step, prompt_order, simulate
+
+#: The share of the time limit the remat-only warm start (moccasin) may take.
+REMAT_SHARE = 0.3
+#: Above this many positions (computed nodes plus optional values) the O(T^2) model is refused.
+DEFAULT_MAX_NODES = 300
+
+Entry = int | bool
+#: A linear expression: (variable, coefficient) terms and a constant.
+Linear = tuple[list[tuple[int, float]], float]
+
+
+@dataclass(frozen=True)
+class _Choice:
+    """One implementation of a position, in the model's memory units."""
+
+    name: str | None          # None: the node's own fields
+    cost: float
+    mem: int
+    workspace: int
+    reads: tuple[int, ...]    # positions of the computed values it reads
+    inplace: int | None       # position whose instance it consumes
+
+
+@dataclass(frozen=True)
+class _Problem:
+    ids: tuple[int, ...]
+    choices: tuple[tuple[_Choice, ...], ...]
+    size: tuple[int, ...]                  # the largest instance any choice makes (units)
+    recomputable: tuple[bool, ...]
+    optional: tuple[bool, ...]
+    extra_output: tuple[bool, ...]
+    readers: tuple[tuple[int, ...], ...]   # positions that may read each position, ascending
+    outputs: frozenset[int]
+    capacity: int
+    unit: int
+    exact_memory: bool                     # every choice of a node makes the same size
+
+    @property
+    def positions(self) -> int:
+        return len(self.ids)
+
+    def reading(self, k: int, i: int) -> list[int]:
+        """The choices of k that read i."""
+        return [p for p, choice in enumerate(self.choices[k]) if i in choice.reads]
+
+
+def stage_order(graph: Graph) -> tuple[int, ...]:
+    """``prompt_order(graph)`` with each optional value placed before the first regular (not an extra
+    output) node that comes once all its inputs are placed: the positions of the stage model."""
+    placed = set(graph.caller_owned_ids)
+    pending = [n.id for n in graph.nodes if n.optional]
+    result: list[int] = []
+
+    def flush() -> None:
+        progress = True
+        while progress:
+            progress = False
+            for value in list(pending):
+                if all(i in placed for i in graph.node(value).inputs):
+                    result.append(value)
+                    placed.add(value)
+                    pending.remove(value)
+                    progress = True
+
+    for node_id in prompt_order(graph):
+        if graph.node(node_id).output_of is None:
+            flush()
+        result.append(node_id)
+        placed.add(node_id)
+    flush()
+    return tuple(result + pending)
+
+
+def _usable(node: Node, impl: Impl, exact: bool, uniform_size: dict[int, int | None]) -> bool:
+    if exact and not impl.exact:
+        return False
+    return impl.inplace_of is None or uniform_size[impl.inplace_of] == impl.mem
+
+
+def _project(graph: Graph, budget: int, exact: bool) -> _Problem:
+    order = stage_order(graph)
+    position = {node_id: p for p, node_id in enumerate(order)}
+    nodes = [graph.node(i) for i in order]
+    uniform_size = {n.id: n.mem if all(i.mem == n.mem for i in n.impls) else None for n in graph.nodes}
+    raw: list[list[tuple[Impl | None, Node]]] = []
+    for node in nodes:
+        impls = [impl for impl in node.impls if _usable(node, impl, exact, uniform_size)]
+        raw.append([(None, node), *((impl, node) for impl in impls)])
+    sizes = [n.mem for n in nodes] + [x.mem for n in nodes for x in n.impls] + [n.workspace for n in nodes]
+    sizes += [x.workspace for n in nodes for x in n.impls]
+    unit = reduce(math.gcd, [s for s in sizes if s > 0], 0) or 1
+    choices: list[tuple[_Choice, ...]] = []
+    readers: list[set[int]] = [set() for _ in order]
+    for k, options in enumerate(raw):
+        row = []
+        for impl, node in options:
+            reads = () if node.output_of is not None else node.reads(impl)
+            at = tuple(sorted(position[i] for i in reads if i in position))
+            if any(p >= k for p in at):
+                continue  # reads a value placed later (a user-given order): not offered in this space
+            source = impl or node
+            row.append(_Choice(None if impl is None else impl.name, float(source.cost), -(-source.mem // unit),
+                               -(-source.workspace // unit), at,
+                               None if impl is None or impl.inplace_of is None else position[impl.inplace_of]))
+            for p in at:
+                readers[p].add(k)
+        choices.append(tuple(row))
+    capacity = budget - graph.caller_owned_bytes
+    return _Problem(
+        ids=order, choices=tuple(choices), size=tuple(max(c.mem for c in row) for row in choices),
+        recomputable=tuple(n.recomputable and n.output_of is None for n in nodes),
+        optional=tuple(n.optional for n in nodes), extra_output=tuple(n.output_of is not None for n in nodes),
+        readers=tuple(tuple(sorted(r)) for r in readers),
+        outputs=frozenset(position[i] for i in graph.outputs if i in position),
+        capacity=capacity // unit if capacity >= 0 else -1, unit=unit,
+        exact_memory=all(uniform_size[n.id] is not None for n in nodes),
+    )
+
+
+# -------------------------------------------------------------------- the model
+@dataclass
+class _Variables:
+    R: list[list[list[Entry]]]   # R[t][i][p], i <= t
+    S: list[list[Entry]]         # S[t][i], i < t, t = 0..T
+
+
+def _total(entries: list[Entry]) -> Linear:
+    terms, constant = [], 0.0
+    for entry in entries:
+        if entry is True:
+            constant += 1
+        elif entry is not False:
+            terms.append((entry, 1.0))
+    return terms, constant
+
+
+def _plus(*parts: Linear) -> Linear:
+    return [t for terms, _ in parts for t in terms], sum(c for _, c in parts)
+
+
+def _at_most(model: LinearModel, left: Linear, right: Linear) -> None:
+    """left <= right over 0-1 entries; a row between constants is checked here (a violated one
+    makes the model infeasible through a variable fixed to 0 that must be 1)."""
+    terms = left[0] + [(v, -c) for v, c in right[0]]
+    if not left[0] and left[1] <= 0 and all(c < 0 for _, c in terms):
+        return  # 0 <= a sum of non-negative terms plus a non-negative constant
+    if not terms:
+        if left[1] > right[1]:
+            model.add_row([(model.add_var("violated", "binary", 0.0, 0.0), 1.0)], ">=", 1.0)
+        return
+    model.add_row(terms, "<=", right[1] - left[1])
+
+
+def _build(problem: _Problem) -> tuple[LinearModel, _Variables]:
+    model = LinearModel()
+    T = problem.positions
+    latest = _latest_reads(problem)
+    R: list[list[list[Entry]]] = []
+    for t in range(T):
+        row: list[list[Entry]] = []
+        for i in range(t + 1):
+            options = problem.choices[i]
+            if i == t and len(options) == 1 and not problem.optional[i]:
+                row.append([True])
+            elif i == t or (problem.recomputable[i] and not problem.extra_output[t]):
+                row.append([model.add_var(f"R[{t},{i},{p}]") for p in range(len(options))])
+                if i == t and not problem.optional[i]:
+                    model.add_row([(v, 1.0) for v in row[-1]], "==", 1.0)
+                elif len(options) > 1:
+                    model.add_row([(v, 1.0) for v in row[-1]], "<=", 1.0)
+            else:
+                row.append([False] * len(options))
+        R.append(row)
+    S: list[list[Entry]] = [[]]
+    for t in range(1, T + 1):
+        S.append([(i in problem.outputs) if t == T else
+                  (model.add_var(f"S[{t},{i}]") if latest[i] >= t or i in problem.outputs else False)
+                  for i in range(t)])
+
+    def present(t: int, i: int) -> Linear:
+        return _plus(_total(R[t][i]), _total([S[t][i]] if i < t else []))
+
+    for t in range(T):
+        for k in range(t + 1):
+            for i in {i for c in problem.choices[k] for i in c.reads}:
+                _at_most(model, _total([R[t][k][p] for p in problem.reading(k, i)]), present(t, i))
+            _add_in_place(model, problem, t, k, R, S)
+        for i in range(t + 1):
+            _at_most(model, _total([S[t + 1][i]]), present(t, i))
+        _add_stage_memory(model, problem, t, R, S)
+    for t in range(T):
+        for i in range(t + 1):
+            for p, entry in enumerate(R[t][i]):
+                cost = problem.choices[i][p].cost
+                if entry is True:
+                    model.objective_constant += cost
+                elif entry is not False and cost:
+                    model.objective.append((entry, cost))
+    return model, _Variables(R=R, S=S)
+
+
+def _latest_reads(problem: _Problem) -> list[int]:
+    """For each position, the last stage in which any schedule of the space may read it."""
+    T = problem.positions
+    latest = [-1] * T
+    for i in range(T - 1, -1, -1):
+        for j in problem.readers[i]:
+            until = max(j, latest[j]) if problem.recomputable[j] else j
+            if problem.recomputable[j] and j in problem.outputs:
+                until = T - 1
+            latest[i] = max(latest[i], until)
+    return latest
+
+
+def _add_in_place(model: LinearModel, problem: _Problem, t: int, k: int, R: list[list[list[Entry]]],
+                  S: list[list[Entry]]) -> None:
+    """An in-place choice consumes u: u is not retained past the stage and no later node of the stage reads it."""
+    for p, choice in enumerate(problem.choices[k]):
+        u = choice.inplace
+        if u is None or R[t][k][p] is False:
+            continue
+        mine = _total([R[t][k][p]])
+        _at_most(model, _plus(mine, _total([S[t + 1][u]])), ([], 1.0))
+        for j in problem.readers[u]:
+            if k < j <= t:
+                _at_most(model, _plus(mine, _total([R[t][j][q] for q in problem.reading(j, u)])), ([], 1.0))
+
+
+def _reads(problem: _Problem, R: list[list[list[Entry]]], t: int, k: int, i: int) -> Linear:
+    """Whether k runs in stage t reading i (i = k: whether k runs at all)."""
+    return _total(R[t][k] if i == k else [R[t][k][p] for p in problem.reading(k, i)])
+
+
+def _add_stage_memory(model: LinearModel, problem: _Problem, t: int, R: list[list[list[Entry]]],
+                      S: list[list[Entry]]) -> None:
+    """Checkmate's U/FREE recurrence over the stage, with each choice's bytes and workspace; an
+    in-place choice adds its output less the consumed input and gives the consumed input's free back."""
+    previous: int | None = None
+    carried: Linear = ([], 0.0)  # -(frees after the previous compute) + in-place give-backs
+    for k in range(t + 1):
+        if all(e is False for e in R[t][k]):
+            continue
+        u_var = model.add_var(f"U[{t},{k}]", "continuous", 0.0, float(max(problem.capacity, 0)))
+        added: Linear = ([], 0.0)
+        for p, choice in enumerate(problem.choices[k]):
+            new_bytes = problem.size[k] - (problem.size[choice.inplace] if choice.inplace is not None else 0)
+            added = _plus(added, _scaled(_total([R[t][k][p]]), new_bytes))
+        if previous is None:
+            start = ([], 0.0)
+            for i in range(t):
+                start = _plus(start, _scaled(_total([S[t][i]]), problem.size[i]))
+            before = start
+        else:
+            before = _plus(([(previous, 1.0)], 0.0), carried)
+        rhs = _plus(before, added)
+        model.add_row([(u_var, 1.0)] + [(v, -c) for v, c in rhs[0]], "==", rhs[1])
+        workspace = ([], 0.0)
+        for p, choice in enumerate(problem.choices[k]):
+            workspace = _plus(workspace, _scaled(_total([R[t][k][p]]), choice.workspace))
+        if workspace[0] or workspace[1]:
+            model.add_row([(u_var, 1.0)] + workspace[0], "<=", problem.capacity - workspace[1])
+        carried = _frees_after(model, problem, t, k, R, S)
+        previous = u_var
+
+
+def _scaled(expression: Linear, factor: float) -> Linear:
+    return [(v, c * factor) for v, c in expression[0]], expression[1] * factor
+
+
+def _frees_after(model: LinearModel, problem: _Problem, t: int, k: int, R: list[list[list[Entry]]],
+                 S: list[list[Entry]]) -> Linear:
+    """FREE[t,i,k] for what k reads and k itself, as the memory change after k: minus the freed
+    bytes, plus the consumed input's bytes when k ran in place (they now belong to k)."""
+    change: Linear = ([], 0.0)
+    candidates = sorted({i for c in problem.choices[k] for i in c.reads} | {k})
+    for i in candidates:
+        read = _reads(problem, R, t, k, i)
+        later = [_reads(problem, R, t, j, i) for j in problem.readers[i] if k < j <= t]
+        kept = _total([S[t + 1][i]])
+        hazards = [kept, *later]
+        if (not read[0] and read[1] <= 0) or any(not h[0] and h[1] >= 1 for h in hazards):
+            continue
+        if not read[0] and all(not h[0] and h[1] <= 0 for h in hazards):
+            change = _plus(change, ([], -float(problem.size[i])))
+            continue
+        free = model.add_var(f"FREE[{t},{i},{k}]")
+        _at_most(model, ([(free, 1.0)], 0.0), read)
+        for hazard in hazards:
+            _at_most(model, _plus(([(free, 1.0)], 0.0), hazard), ([], 1.0))
+        # 1 - FREE <= (1 - read) + kept + later reads
+        _at_most(model, _plus(read, ([], 0.0)), _plus(([(free, 1.0)], 0.0), *hazards))
+        change = _plus(change, ([(free, -float(problem.size[i]))], 0.0))
+    for p, choice in enumerate(problem.choices[k]):
+        if choice.inplace is not None:
+            change = _plus(change, _scaled(_total([R[t][k][p]]), problem.size[choice.inplace]))
+    return change
+
+
+# -------------------------------------------------------------------- from the solution to a Schedule
+def _chosen(entries: list[Entry], values: list[float]) -> int | None:
+    for p, entry in enumerate(entries):
+        if entry is True or (entry is not False and values[entry] > 0.5):
+            return p
+    return None
+
+
+def _schedule(problem: _Problem, variables: _Variables, values: list[float]) -> Schedule:
+    """Stage by stage, in position order; after each compute free what it read (and itself) when
+    no later compute of the stage reads it and it is not retained (a consumed input is gone already)."""
+    steps: list[Step] = []
+    T = problem.positions
+    for t in range(T):
+        stage = [(k, p) for k in range(t + 1) if (p := _chosen(variables.R[t][k], values)) is not None]
+        kept = {i for i in range(t + 1) if _value(variables.S[t + 1][i], values)}
+        for index, (k, p) in enumerate(stage):
+            choice = problem.choices[k][p]
+            steps.append(Step(op="compute", node=problem.ids[k], impl=choice.name))
+            for i in (*choice.reads, k):
+                if i == choice.inplace or i in kept:
+                    continue
+                if any(i in problem.choices[j][q].reads for j, q in stage[index + 1:]):
+                    continue
+                steps.append(Step(op="free", node=problem.ids[i]))
+    return Schedule(steps=tuple(steps))
+
+
+def _value(entry: Entry, values: list[float]) -> bool:
+    return entry if isinstance(entry, bool) else values[entry] > 0.5
+
+
+# -------------------------------------------------------------------- entry point
+def monet(
+    graph: Graph,
+    budget: int,
+    *,
+    time_limit: float = 60.0,
+    threads: int = 2,
+    progress: ProgressCallback | None = None,
+    hint: Any = None,
+    captured: Any = None,
+    exact: bool = False,
+    solver: str = "highs",
+    max_nodes: int = DEFAULT_MAX_NODES,
+    warm_start: bool = True,
+    verbose: bool = False,
+) -> SolveResult:
+    """MONeT's joint MILP (Shah et al. 2021) over the stage model described in the module docstring.
+
+    ``exact=True`` never chooses an implementation marked inexact. ``solver``: highs (OR-Tools),
+    cbc (PuLP), scip or cp-sat. Status ``optimal`` means optimal over the stage space with every
+    implementation offered; ``feasible`` a schedule whose optimality is not proven (time limit,
+    conservative sizes, or the remat-only warm start kept because the solver found nothing cheaper).
+    """
+    del captured  # implementations and their costs come from the graph
+    started = time.perf_counter()
+    positions = len(stage_order(graph))
+    if positions > max_nodes:
+        raise SolverError(f"graph {graph.name!r} has {positions} positions (computed nodes and optional values), above "
+                          f"max_nodes={max_nodes}: MONeT's MILP has O(n^2) variables; raise max_nodes and time_limit, or "
+                          "use moccasin (recomputation only)")
+    if below := below_min_budget(budget, graph):
+        return SolveResult("monet", "infeasible", message=below)
+    warm = _remat_warm_start(graph, budget, hint, time_limit, threads) if warm_start else None
+    problem = _project(graph, budget, exact)
+    if problem.capacity < 0:
+        return SolveResult("monet", "infeasible", wall_s=time.perf_counter() - started,
+                           message=f"budget {budget} is below the caller-owned values' {graph.caller_owned_bytes}")
+    model, variables = _build(problem)
+    if warm is not None and model.objective:  # only schedules cheaper than the warm start are of interest
+        model.add_row(list(model.objective), "<=", warm[2].cost * (1 + 1e-9) + 1e-9 - model.objective_constant)
+    remaining = time_limit - (time.perf_counter() - started)
+    solution = solve_milp(model, solver, time_limit=remaining, threads=threads, progress=progress, verbose=verbose)
+    result = _result(graph, budget, problem, variables, solution, warm, exact)
+    result.wall_s = time.perf_counter() - started
+    result.extra.update({"solver": solver, "variables": model.num_vars, "constraints": len(model.rows),
+                         "memory_unit": problem.unit, "memory_exact": problem.exact_memory, "exact": exact})
+    return result
+
+
+def _remat_warm_start(graph: Graph, budget: int, hint: Any, time_limit: float,
+                      threads: int) -> tuple[str, Schedule, Simulation] | None:
+    """The best remat-only schedule: moccasin's (Bartan et al. 2023, given :data:`REMAT_SHARE` of the
+    time limit) among the warm-start collector's candidates, so that monet is never worse than it."""
+    from coop.formulations import solve
+
+    hints = list(hint) if isinstance(hint, list | tuple) else ([] if hint is None else [hint])
+    try:
+        remat = solve(graph.remat_only(), budget, "moccasin", time_limit=REMAT_SHARE * time_limit, threads=threads)
+    except CoopError:  # no schedule from moccasin: the collector's own candidates remain
+        remat = None
+    if remat is None or remat.schedule is None:
+        return best_warm_start(graph, budget, hints, lp_time_limit=min(10.0, time_limit / 10))
+    best: tuple[str, Schedule, Simulation] | None = None
+    for name, given in [("moccasin", remat), *(("hint", h) for h in hints)]:  # moccasin already ran the collector
+        schedule = getattr(given, "schedule", given)
+        try:
+            sim = simulate(graph, schedule)
+        except (CoopError, TypeError, AttributeError):  # an illegal hint is skipped
+            continue
+        if sim.peak <= budget and (best is None or sim.cost < best[2].cost):
+            best = (name, schedule, sim)
+    return best
+
+
+def _result(graph: Graph, budget: int, problem: _Problem, variables: _Variables, solution: MilpSolution,
+            warm: tuple[str, Schedule, Simulation] | None, exact: bool) -> SolveResult:
+    found: tuple[Schedule, Simulation] | None = None
+    if solution.values is not None:
+        schedule = _schedule(problem, variables, solution.values)
+        sim = simulate(graph, schedule)
+        if sim.peak <= budget and not (exact and _uses_inexact(graph, schedule)):
+            found = (schedule, sim)
+    if found is not None and (warm is None or found[1].cost <= warm[2].cost):
+        status = solution.status if solution.status == "optimal" and problem.exact_memory else "feasible"
+        bound = solution.bound if problem.exact_memory else None  # a conservative model bounds nothing
+        if status == "optimal":
+            bound = min(bound if bound is not None else found[1].cost, found[1].cost)
+        return SolveResult("monet", status, schedule=found[0], simulation=found[1], objective=found[1].cost,
+                           bound=bound, message=solution.message, extra=_choices(graph, found[0]))
+    if warm is not None:
+        note = ("the solver proved nothing in its space is cheaper" if solution.status in ("infeasible", "optimal")
+                else f"the solver found nothing cheaper in time ({solution.message or solution.status})")
+        bound = warm[2].cost if solution.status == "infeasible" else solution.bound
+        bound = bound if problem.exact_memory else None
+        return SolveResult("monet", "feasible", schedule=warm[1], simulation=warm[2], objective=warm[2].cost,
+                           bound=None if bound is None else min(bound, warm[2].cost),
+                           message=f"kept the remat-only warm start ({warm[0]}): {note}",
+                           extra={"warm_start": warm[0], **_choices(graph, warm[1])})
+    if solution.status == "infeasible" and problem.exact_memory:
+        return SolveResult("monet", "infeasible", message=f"no schedule fits budget {budget} in MONeT's stage space "
+                           "with these implementations (proven); try a larger budget")
+    return SolveResult("monet", "unknown", bound=solution.bound,
+                       message=f"no schedule within the time limit ({solution.message or solution.status}); "
+                               "raise time_limit")
+
+
+def _uses_inexact(graph: Graph, schedule: Schedule) -> bool:
+    return any(not graph.node(s.node).implementation(s.impl).exact for s in schedule.steps if s.impl is not None)
+
+
+def _choices(graph: Graph, schedule: Schedule) -> dict[str, Any]:
+    """Which implementations the plan uses (a plan says which inexact ones it relies on)."""
+    used = sorted({(s.node, s.impl) for s in schedule.steps if s.op == "compute" and s.impl is not None})
+    inexact = [f"{node}:{impl}" for node, impl in used if not graph.node(node).implementation(impl).exact]
+    return {"implementations": [f"{node}:{impl}" for node, impl in used], "inexact_implementations": inexact}
+
+
+__all__ = ["monet", "stage_order"]
