@@ -199,13 +199,13 @@ def test_transformers_models_replay_equal_to_eager_under_every_baseline(name: st
 
 def test_budget_as_an_arena_size_bounds_the_best_fit_arena_peak() -> None:
     """Issue 5: with arena=True the budget bounds the address-ordered arena, fragmentation included."""
-    from coop.online.static_arena import best_fit_placement
+    from coop.online.static_arena import execution_placement
 
     model, batch, loss_fn = build("cnn")
     graph = capture(model, batch, loss_fn).graph
     budget = int(0.85 * coop.baseline_peak(graph))
     plan = coop.plan(model, budget, batch, loss_fn=loss_fn, formulation="checkmate", time_limit=10, arena=True)
     assert plan.formulation == "checkmate", plan.note  # not a baseline fallback after a solver timeout
-    arena_peak = best_fit_placement(plan.graph, plan.executor.schedule).arena_peak
+    arena_peak = execution_placement(plan.graph, plan.executor.schedule).arena_peak
     assert plan.summary()["arena_peak"] == arena_peak <= budget
     assert plan.predicted_peak <= plan.budget <= budget

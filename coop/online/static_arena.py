@@ -22,7 +22,7 @@ block and may come back at another address. Workspaces are blocks live at their 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from coop.errors import CoopError
@@ -45,6 +45,7 @@ class Lifetime:
     start: int
     end: int
     size: int
+    instance: int = -1  # index into the simulation's instances (-1: a caller-owned value or a workspace)
 
     def overlaps(self, other: Lifetime) -> bool:
         return self.start <= other.end and other.start <= self.end
@@ -95,33 +96,68 @@ class Placement:
         }
 
 
-def schedule_lifetimes(graph: Graph, schedule: Schedule) -> tuple[list[Lifetime], int]:
+def schedule_lifetimes(graph: Graph, schedule: Schedule, *, alignment: int = 1,
+                       extras_from_op: bool = False) -> tuple[list[Lifetime], int]:
     """The device blocks of a legal schedule and its live peak (the simulator's, unchanged).
 
     The blocks are what :func:`coop.schedule.simulate` counts: each caller-owned value's and each
     instance's device intervals (one block per stay on the device) and each step's workspace.
+
+    For execution in an arena (:mod:`coop.runtime.arena_replay`) two options make the blocks
+    addressable by real kernels without changing the bytes live at any step: ``alignment`` rounds
+    every block up to a multiple of it (so every offset is one: a view of any dtype can start
+    there, and vectorized kernels see aligned pointers), and ``extras_from_op`` starts each extra
+    output's block (``Node.output_of``) at its op's step, where the simulator counts it inside the
+    op's workspace, and takes it out of that workspace: the op then writes the extra output once,
+    at the address it keeps for its whole life.
     """
     sim = simulate(graph, schedule)
     lifetimes: list[Lifetime] = []
     for owned, intervals in sim.owned_device.items():
         lifetimes.extend(_blocks(f"owned %{owned}", owned, intervals, graph.node(owned).mem))
+    workspace = list(sim.workspace)
     for k, instance in enumerate(sim.instances):
-        lifetimes.extend(_blocks(f"%{instance.node}#{k}", instance.node, instance.device, instance.mem))
-    for j, workspace in enumerate(sim.workspace):
-        if workspace:
+        device = instance.device
+        if extras_from_op and device and graph.node(instance.node).output_of is not None:
+            op_step = instance.start - 1  # the simulator counts an extra output from the step after its op's
+            first, last = device[0]
+            if first == instance.start and op_step >= 0:
+                device = ((op_step, last), *device[1:])
+                workspace[op_step] = max(0, workspace[op_step] - instance.mem)
+        lifetimes.extend(_blocks(f"%{instance.node}#{k}", instance.node, device, instance.mem, k))
+    for j, size in enumerate(workspace):
+        if size:
             node = schedule.steps[j].node
-            lifetimes.append(Lifetime(f"workspace %{node}@{j}", node, j, j, workspace))
+            lifetimes.append(Lifetime(f"workspace %{node}@{j}", node, j, j, size))
+    if alignment > 1:
+        lifetimes = [replace(b, size=-(-b.size // alignment) * alignment) for b in lifetimes]
     return [b for b in lifetimes if b.size > 0], sim.peak
 
 
-def best_fit_placement(graph: Graph, schedule: Schedule) -> Placement:
-    """Place every block in schedule order with best fit over the Arena model (lowest address on ties)."""
+def best_fit_placement(graph: Graph, schedule: Schedule, *, alignment: int = 1,
+                       extras_from_op: bool = False) -> Placement:
+    """Place every block in schedule order with best fit over the Arena model (lowest address on ties).
+
+    ``alignment`` and ``extras_from_op`` as in :func:`schedule_lifetimes`; they are recorded in
+    ``extra`` so that an executor can refuse a placement made without them.
+    """
     started = time.perf_counter()
-    lifetimes, live_peak = schedule_lifetimes(graph, schedule)
+    lifetimes, live_peak = schedule_lifetimes(graph, schedule, alignment=alignment, extras_from_op=extras_from_op)
     offsets = _best_fit(lifetimes)
     arena_peak = max((o + b.size for o, b in zip(offsets, lifetimes)), default=0)
     return Placement("best-fit", "heuristic", lifetimes, offsets, arena_peak, live_peak,
-                     time.perf_counter() - started, bound=live_peak)
+                     time.perf_counter() - started, bound=live_peak,
+                     extra={"alignment": alignment, "extras_from_op": extras_from_op})
+
+
+#: Byte alignment of every block placed for execution: a multiple of every dtype's size and of a
+#: cache line, so views of any dtype start on aligned addresses (:func:`execution_placement`).
+ARENA_ALIGNMENT = 64
+
+
+def execution_placement(graph: Graph, schedule: Schedule, alignment: int = ARENA_ALIGNMENT) -> Placement:
+    """The best-fit placement an arena replay executes: aligned blocks, extra outputs placed from their op's step."""
+    return best_fit_placement(graph, schedule, alignment=alignment, extras_from_op=True)
 
 
 def exact_placement(
@@ -215,10 +251,11 @@ def _best_fit(lifetimes: list[Lifetime]) -> list[int]:
     return offsets
 
 
-def _blocks(label: str, node: int, intervals: tuple[tuple[int, int], ...], size: int) -> list[Lifetime]:
+def _blocks(label: str, node: int, intervals: tuple[tuple[int, int], ...], size: int,
+            instance: int = -1) -> list[Lifetime]:
     """One block per device interval; a value paged out and back gets a suffix per stay."""
     suffix = len(intervals) > 1
-    return [Lifetime(f"{label}.{i}" if suffix else label, node, first, last, size)
+    return [Lifetime(f"{label}.{i}" if suffix else label, node, first, last, size, instance)
             for i, (first, last) in enumerate(intervals)]
 
 
@@ -235,5 +272,5 @@ def next_live_budget(live_budget: int, live_peak: int, arena_peak: int, arena_bu
     return min(live_budget - (arena_peak - arena_budget), live_peak * arena_budget // arena_peak)
 
 
-__all__ = ["ARENA_ROUNDS", "Lifetime", "Placement", "best_fit_placement", "exact_placement", "next_live_budget", "place",
+__all__ = ["ARENA_ALIGNMENT", "ARENA_ROUNDS", "Lifetime", "Placement", "best_fit_placement", "exact_placement", "execution_placement", "next_live_budget", "place",
            "schedule_lifetimes"]

@@ -25,7 +25,7 @@ from coop.formulations.auto import cheapest_fitting_baseline
 from coop.graph import Graph
 from coop.graph_capture import Captured, capture
 from coop.graph_capture.context import TrainingContext
-from coop.online.static_arena import ARENA_ROUNDS, best_fit_placement, next_live_budget
+from coop.online.static_arena import ARENA_ROUNDS, execution_placement, next_live_budget
 from coop.planner.base import BasePlan, LossFn, batch_key, recapture
 from coop.planner.dynamic import DynamicPlan
 from coop.runtime.executor import Executor, replay_graph, unwrap_model
@@ -53,6 +53,11 @@ class Plan(BasePlan):
         self.note = note
         self.executor = Executor(captured, schedule)
         self.simulation: Simulation = self.executor.simulation
+
+    def use_arena(self, placement: Any) -> None:
+        """Replay inside one arena per device at ``placement``'s offsets (coop.runtime.arena_replay)."""
+        self.executor = Executor(self.captured, self.schedule, arena=placement)
+        self.arena_peak = placement.arena_peak
 
     # ---------------------------------------------------------------- numbers
     @property
@@ -175,7 +180,8 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
     returns no schedule within the budget falls back to the cheapest fitting baseline, and the
     plan's ``note`` (and ``summary()["note"]``) says so. With ``arena=True`` the budget is the size
     of an address-ordered arena: every value gets a best-fit address (coop.online.static_arena),
-    and the live-bytes budget is lowered by the fragmentation found until the arena peak fits.
+    the live-bytes budget is lowered by the fragmentation found until the arena peak fits, and
+    the plan replays inside that arena (coop.runtime.arena_replay: one buffer per device and step).
     ``captured`` reuses an earlier :func:`coop.capture` of this model and batch (several budgets,
     one capture and one profile).
 
@@ -203,14 +209,24 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
     live_budget = budget_bytes
     for _ in range(ARENA_ROUNDS):
         candidate = within(live_budget)
-        placement = best_fit_placement(candidate.graph, candidate.executor.schedule)
+        placement = execution_placement(candidate.graph, candidate.executor.schedule)
         candidate.arena_peak = placement.arena_peak
+        live_peak = candidate.predicted_peak
         if placement.arena_peak <= budget_bytes:
+            candidate.use_arena(placement)
+            # the arena replay's own footprint (outputs computed outside the arena included) must fit too
+            footprint = max(placement.arena_peak, candidate.predicted_peak)
+        if placement.arena_peak <= budget_bytes and footprint <= budget_bytes:
             candidate.note = (candidate.note + "; " if candidate.note else "") + (
                 f"arena {format_memory(budget_bytes, graph)}: best-fit arena peak "
                 f"{format_memory(placement.arena_peak, graph)} (live-bytes budget {format_memory(live_budget, graph)})")
+            transients = candidate.executor.arena_program.transients
+            if transients:  # ops without an in-place kernel: computed outside the arena, then copied in
+                candidate.note += (f"; the arena replay allocates {len(transients)} transient outputs outside the arena "
+                                   f"(largest {format_memory(max(t.nbytes for t in transients), graph)})")
             return candidate
-        live_budget = next_live_budget(live_budget, candidate.predicted_peak, placement.arena_peak, budget_bytes)
+        overflowing = max(placement.arena_peak, candidate.predicted_peak)
+        live_budget = next_live_budget(live_budget, live_peak, overflowing, budget_bytes)
         if live_budget < min_budget(graph):
             break
     raise InfeasibleError(f"no plan fits an arena of {format_memory(budget_bytes, graph)}: fragmentation keeps the "

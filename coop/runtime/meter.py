@@ -77,6 +77,9 @@ class MemoryMeter(TorchDispatchMode):
         self.host_peak_bytes = 0
         self.tracked_bytes = 0
         self.cuda_peak_bytes: int | None = None
+        #: (op, bytes) of every new device storage the block allocated, in order (tracked tensors excluded)
+        self.allocations: list[tuple[str, int]] = []
+        self._op = "track"
         self._refs: dict[int, int] = {}  # storage key -> live tensors seen holding it
         self._sizes: dict[int, tuple[int, bool]] = {}  # storage key -> (bytes, on host tier)
         self._cuda_base = 0
@@ -84,6 +87,7 @@ class MemoryMeter(TorchDispatchMode):
     # ---------------------------------------------------------------- bookkeeping
     def track(self, *tensors: torch.Tensor) -> None:
         """Count tensors created before the meter started (parameters, batch) as live."""
+        self._op = "track"
         for tensor in tensors:
             self.tracked_bytes += self._see(tensor, host=False)
         self._update_peak("track")
@@ -104,6 +108,8 @@ class MemoryMeter(TorchDispatchMode):
                 self.host_peak_bytes = max(self.host_peak_bytes, self.host_current_bytes)
             else:
                 self.current_bytes += added
+                if added and self._op != "track":
+                    self.allocations.append((self._op, added))
         self._refs[key] += 1
         weakref.finalize(tensor, self._release, key)
         return 0 if host else added
@@ -132,6 +138,7 @@ class MemoryMeter(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
         host = in_host_pool()
+        self._op = str(func)
         for tensor in pytree.tree_leaves(out):
             if isinstance(tensor, torch.Tensor):
                 self._see(tensor, host=host)
