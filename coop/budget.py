@@ -12,7 +12,8 @@ import math
 import re
 
 from coop.errors import BudgetError
-from coop.graph import Graph, Impl, Node, format_bytes
+from coop.graph import Graph, Impl, Node
+from coop.text import format_bytes
 
 _UNITS = {
     "": 1,

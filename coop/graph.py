@@ -26,6 +26,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from coop.errors import GraphError
 from coop.graph_v1 import upgrade_v1, upgrade_v2
+from coop.text import first_line, format_bytes, json_type_name, short_repr
 
 GRAPH_FORMAT = "coop.graph"
 #: Version 2 added ``Node.random`` (set by the capture); version 3 added MONeT's implementation
@@ -692,36 +693,9 @@ def _field_path(loc: tuple[Any, ...]) -> str:
     return repr(text)
 
 
-def json_type_name(value: Any) -> str:
-    """'a JSON list', 'a JSON number', ...: the JSON type of a value, with its article, for messages."""
-    names = {bool: "boolean", int: "number", float: "number", str: "string", list: "list", tuple: "list",
-             dict: "object", type(None): "null"}
-    return f"a JSON {names.get(type(value), type(value).__name__)}"
-
-
-def short_repr(value: Any, limit: int = 40) -> str:
-    """``repr(value)`` cut to ``limit`` characters: a message stays one short line."""
-    text = " ".join(repr(value).split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def first_line(value: Any) -> str:
-    lines = str(value).strip().splitlines()
-    return lines[0] if lines else type(value).__name__
-
-
 def _digest(payload: Any) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
-
-
-def format_bytes(num: float) -> str:
-    """Human-readable binary size: 1536 -> '1.5KiB'."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(num) < 1024 or unit == "TiB":
-            return f"{num:.0f}{unit}" if unit == "B" else f"{num:.1f}{unit}"
-        num /= 1024
-    raise AssertionError("unreachable")

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from coop.errors import CoopError, GraphError
-from coop.graph import GRAPH_FORMAT, Graph, first_line, json_type_name, short_repr
+from coop.graph import GRAPH_FORMAT, Graph
+from coop.text import first_line, json_type_name, short_repr
 
 
 def load_graph(path: str | Path) -> Graph:

@@ -47,8 +47,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from coop.budget import MAX_BUDGET
 from coop.errors import ScheduleError
-from coop.graph import Graph, Impl, Node, json_type_name, short_repr
+from coop.graph import Graph, Impl, Node
 from coop.graph_files import read_json_file
+from coop.text import json_type_name, short_repr
 
 SCHEDULE_FORMAT = "coop.schedule/1"
 

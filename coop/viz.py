@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt
 from matplotlib.ticker import FuncFormatter
 
 from coop.errors import CoopError
-from coop.graph import format_bytes
+from coop.text import format_bytes
 
 
 def plot_memory_timeline(

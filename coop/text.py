@@ -1,0 +1,37 @@
+"""Short text for messages: JSON type names, cut reprs, first lines and binary sizes.
+
+Shared by every loader and message of the ground floor (graph, graph files, schedule, budget);
+imports nothing of coop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def json_type_name(value: Any) -> str:
+    """'a JSON list', 'a JSON number', ...: the JSON type of a value, with its article, for messages."""
+    names = {bool: "boolean", int: "number", float: "number", str: "string", list: "list", tuple: "list",
+             dict: "object", type(None): "null"}
+    return f"a JSON {names.get(type(value), type(value).__name__)}"
+
+
+def short_repr(value: Any, limit: int = 40) -> str:
+    """``repr(value)`` cut to ``limit`` characters: a message stays one short line."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def first_line(value: Any) -> str:
+    """The first line of a value's text (an exception's message), or its type's name when empty."""
+    lines = str(value).strip().splitlines()
+    return lines[0] if lines else type(value).__name__
+
+
+def format_bytes(num: float) -> str:
+    """Human-readable binary size: 1536 -> '1.5KiB'."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(num) < 1024 or unit == "TiB":
+            return f"{num:.0f}{unit}" if unit == "B" else f"{num:.1f}{unit}"
+        num /= 1024
+    raise AssertionError("unreachable")
