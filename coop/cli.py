@@ -215,6 +215,13 @@ def solve(
     progress: Annotated[bool | None, typer.Option("--progress/--quiet", help="Report incumbent, bound and "
                                                   "elapsed time on stderr (default: when stderr is a terminal).")]
     = None,
+    objective: Annotated[str | None, typer.Option("--objective", help="poet: minimise 'energy' (J) or 'time' (s) "
+                                                  "on the device profile.")] = None,
+    device_profile: Annotated[str | None, typer.Option("--device-profile", help="poet: a device profile name "
+                                                       "(m0, m4, a72, a100-pcie4, ...) or a .toml file.")] = None,
+    runtime_budget: Annotated[float | None, typer.Option("--runtime-budget", help="poet: compute + paging time at "
+                                                         "most this factor (>= 1) of the baseline compute time.")]
+    = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Solve for a schedule within BUDGET; exit 0 only when one was found."""
@@ -230,7 +237,8 @@ def solve(
         takes = formulation_options(formulation)
     except ImportError as exc:  # a formulation whose solver or module is not installed
         raise CoopError(f"formulation {formulation!r} is not available in this install: {exc}") from None
-    options: dict[str, Any] = {"time_limit": time_limit, "threads": threads, "solver": solver}
+    options: dict[str, Any] = {"time_limit": time_limit, "threads": threads, "solver": solver, "objective": objective,
+                               "device_profile": device_profile, "runtime_budget": runtime_budget}
     show_progress = sys.stderr.isatty() if progress is None else progress
     reports_progress = "progress" in takes
     if show_progress and reports_progress:
@@ -289,6 +297,9 @@ def _solve_report(graph: Graph, result: Any, budget: int, formulation: str, outp
     report["predicted"] = document["predicted"]
     report["steps"] = len(result.schedule)
     report["recomputations"] = sim.recomputations
+    if "energy_j" in result.extra:  # poet: the schedule priced on its device profile
+        report["price"] = {key: result.extra[key] for key in ("device_profile", "objective", "energy_j", "time_s",
+                                                             "page_ins", "page_outs", "paged_bytes")}
     if sim.peak > budget:
         report.update(ok=False, reason=f"infeasible for {formulation}: best peak reached {sim.peak} > budget {budget}")
         return report
@@ -312,6 +323,11 @@ def _print_solve(graph: Graph, report: dict[str, Any]) -> None:
             ("overhead (TDI)", _percent(predicted["overhead"])),
             ("steps / recomputations", f"{report['steps']} / {report['recomputations']}"),
         ]
+    if "price" in report:
+        price = report["price"]
+        rows += [(f"energy / time on {price['device_profile']}", f"{price['energy_j']:.6g} J / {price['time_s']:.6g} s"),
+                 ("page-ins / page-outs", (f"{price['page_ins']} / {price['page_outs']} "
+                                           f"({format_memory(price['paged_bytes'], graph)} moved)"))]
     rows += [
         ("objective / bound", f"{_fmt(solver['objective'])} / {_fmt(solver['bound'])}"),
         ("gap", _percent(solver["gap"])),
@@ -507,6 +523,9 @@ def compare_command(
     plot_path: Annotated[Path | None, typer.Option("--plot", help="Write overhead against budget as a PNG here.")] = None,
     output_dir: Annotated[Path | None, typer.Option("--output-dir", "-o", help="With --config: where to write "
                                                     "CSV, markdown and plots.")] = None,
+    device_profile: Annotated[str | None, typer.Option("--device-profile", help="Add poet (recomputation and "
+                                                       "paging) priced on this device profile: energy and paged "
+                                                       "bytes beside cost.")] = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Static formulations and online policies side by side at each budget, with break-even steps."""
@@ -545,6 +564,7 @@ def compare_command(
         policies=_split(policies),
         time_limit=time_limit,
         progress=show_progress,
+        device_profile=device_profile,
     )
     if csv is not None:
         report.to_csv(csv)

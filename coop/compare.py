@@ -33,6 +33,7 @@ from typing import Any
 
 from coop.budget import baseline_peak, below_min_budget, min_budget, parse_budget
 from coop.config import SweepConfig
+from coop.device_profiles import load_device_profile
 from coop.errors import CoopError
 from coop.formulations import BASELINES, FORMULATIONS, solve
 from coop.graph import Graph
@@ -94,8 +95,9 @@ class CompareReport:
     def to_markdown(self) -> str:
         """A GitHub table of the main columns, then the notes."""
         break_even = [c for c in self.columns if c.startswith("break_even_vs_")]
-        columns = ["method", "kind", "budget_spec", "status", "fits", "live_peak", "arena_peak", "overhead", "solve_s",
-                   "search_s", *break_even]
+        priced = [c for c in ("energy_j", "paged_bytes") if c in self.columns]  # poet rows (device profile)
+        columns = ["method", "kind", "budget_spec", "status", "fits", "live_peak", "arena_peak", "overhead", *priced,
+                   "solve_s", "search_s", *break_even]
         lines = [
             (f"**{self.graph}**: baseline peak {self.baseline_peak}, min_budget (lower bound) {self.min_budget}, "
              f"cost unit {self.cost_unit}"),
@@ -151,15 +153,22 @@ def compare(
     *,
     solver_options: dict[str, dict[str, Any]] | None = None,
     on_row: Callable[[dict[str, Any]], None] | None = None,
+    device_profile: str | None = None,
 ) -> CompareReport:
     """Run the static formulations and online policies on ``graph`` at every budget.
 
     ``formulations`` / ``policies`` default to all registered ones; a formulation that raises a
     CoopError on this graph (e.g. a baseline that needs a forward/backward split) gets a
     "skipped" row with the reason. ``time_limit`` is passed to formulations that take one;
-    ``solver_options`` adds per-formulation keyword options. ``progress`` shows a rich bar.
+    ``solver_options`` adds per-formulation keyword options. ``progress`` shows a rich bar. By
+    default ``monet`` runs only on graphs with implementations (elsewhere it is moccasin's search
+    again) and ``poet`` only with a ``device_profile``, whose energy and paged bytes its rows show.
     """
-    formulation_names = _formulation_names(formulations)
+    formulation_names = _formulation_names(formulations, graph, device_profile)
+    if device_profile is not None:
+        load_device_profile(device_profile)  # an unknown name or a bad file: one line before any solve
+        solver_options = {**(solver_options or {})}
+        solver_options["poet"] = {"device_profile": device_profile, **solver_options.get("poet", {})}
     policy_names = list(policies) if policies is not None else list(POLICIES)
     for name in policy_names:
         if name not in POLICIES:
@@ -209,9 +218,10 @@ def run_sweep(config: SweepConfig, progress: bool = False, output_dir: str | Pat
 
 
 # -------------------------------------------------------------------- rows
-def _formulation_names(formulations: Iterable[str] | None) -> list[str]:
+def _formulation_names(formulations: Iterable[str] | None, graph: Graph, device_profile: str | None) -> list[str]:
     if formulations is None:
-        return [n for n in FORMULATIONS if n not in ONLINE_FORMULATION_NAMES]
+        applies = {"monet": graph.has_impls, "poet": device_profile is not None}
+        return [n for n in FORMULATIONS if n not in ONLINE_FORMULATION_NAMES and applies.get(n, True)]
     names = list(formulations)
     for name in names:
         if name not in FORMULATIONS:
@@ -261,9 +271,11 @@ def _static_row(graph: Graph, name: str, spec: str, budget: int, peak: int, opti
     sim = result.simulation
     arena_peak = best_fit_placement(graph, result.schedule).arena_peak
     status, message = _static_verdict(result.status, sim.peak, arena_peak, budget)
+    # POET's rows: the schedule priced on its device profile (coop.formulations.poet.price_schedule).
+    priced = {key: result.extra[key] for key in ("energy_j", "paged_bytes") if key in result.extra}
     return _row(name, "static", spec, budget, peak, status=status, fits=arena_peak <= budget, live_peak=sim.peak,
                 arena_peak=arena_peak, overhead=sim.overhead, solve_s=solve_s,
-                step_s=_step_seconds(graph, sim.overhead, 0.0), message=message or result.message)
+                step_s=_step_seconds(graph, sim.overhead, 0.0), message=message or result.message, **priced)
 
 
 def _static_verdict(solver_status: str, live_peak: int, arena_peak: int, budget: int) -> tuple[str, str]:

@@ -11,6 +11,7 @@ import pytest
 from coop.budget import baseline_peak, min_budget
 from coop.compare import FITS_NOTE, break_even_steps, compare, simulate_report
 from coop.config import ConfigError, load_config, parse_config
+from coop.errors import CoopError
 from coop.graph import Graph
 from coop.online.online_sim import simulate_online
 from coop.online.static_arena import best_fit_placement
@@ -182,3 +183,22 @@ def test_bad_toml_and_missing_files(tmp_path: Path) -> None:
     missing.write_text('budgets = ["90%"]\n[[graphs]]\npath = "nope.json"\n')
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(missing).graph_paths()
+
+
+def test_poet_joins_compare_with_a_device_profile_and_prices_its_rows() -> None:
+    """Without a profile neither poet (needs one) nor monet (the graph has no implementations) runs; with the m4
+    profile poet's row at the baseline peak is store-all's compute energy: sum(cost) x FLOP/s / FLOP-per-J
+    of POET's published nRF52840 figures (6,369,910.1 FLOP/s, 580,010,757.7 FLOP/J), nothing paged."""
+    graph = _training_graph()
+    plain = compare(graph, ["100%"], policies=[])
+    assert {r["method"] for r in plain.rows}.isdisjoint({"poet", "monet"})
+    priced = compare(graph, ["100%"], formulations=["store-all", "poet"], policies=[], device_profile="m4")
+    poet = next(r for r in priced.rows if r["method"] == "poet")
+    expected = sum(n.cost for n in graph.nodes) * 6369910.145264308 / 580010757.690879
+    assert poet["energy_j"] == pytest.approx(expected, rel=1e-9) and poet["paged_bytes"] == 0
+    assert "energy_j" in priced.to_markdown()
+
+
+def test_an_unknown_device_profile_stops_compare_in_one_line() -> None:
+    with pytest.raises(CoopError, match="unknown device profile 'nope'"):
+        compare(_training_graph(), ["100%"], policies=[], device_profile="nope")

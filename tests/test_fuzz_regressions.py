@@ -277,3 +277,18 @@ def test_infeasible_message_names_the_extra_output_restriction(bench_fuzz: Modul
         assert "\n" not in result.message and str(budget) in result.message
         assert "frontier-advancing" in result.message and "extra output" in result.message
         assert "nothing recomputed" in result.message
+
+
+@pytest.mark.parametrize("solver", ["highs", "scip", "cbc", "cp-sat"])
+def test_a_hinted_milp_solves_on_every_backend(solver: str) -> None:
+    """OR-Tools 9.15's HiGHS crashed the process (SIGSEGV) on any SetHint; a hint must never cost the process.
+    Oracle: the optimum of min x + 2y subject to x + y >= 1 over binaries is 1 (x = 1), counted by hand."""
+    from coop.formulations.milp_backends import LinearModel, solve_milp
+
+    model = LinearModel()
+    x, y = model.add_var("x"), model.add_var("y")
+    model.add_row([(x, 1.0), (y, 1.0)], ">=", 1.0)
+    model.objective = [(x, 1.0), (y, 2.0)]
+    model.hint = {x: 0.0, y: 1.0}  # feasible but not optimal
+    solution = solve_milp(model, solver, time_limit=10.0, threads=1)
+    assert solution.status == "optimal" and solution.objective == pytest.approx(1.0)

@@ -7,7 +7,9 @@ the remat-only solver found nothing within it); otherwise Checkmate's MILP
 Moccasin's CP-SAT model (Bartan et al. 2023, O(n) variables) above that. When the chosen solver
 returns no schedule within the budget, the cheapest baseline schedule that fits is returned
 instead (:func:`cheapest_fitting_baseline`, which the planner uses too), and the result's message
-says so.
+says so. Given a ``device_profile`` (a device with a slower memory tier), a budget that recomputation
+alone did not reach goes to POET (Patil et al. 2022, :mod:`coop.formulations.poet`), which pages to
+that tier as well as recomputing (its warm starts include the baselines).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def needs_implementations(graph: Graph, budget: int) -> bool:
 
 
 def auto(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int = 2, progress: Any = None,
-         captured: Any = None, hint: Any = None) -> SolveResult:
+         captured: Any = None, hint: Any = None, device_profile: Any = None) -> SolveResult:
     """Solve with the formulation chosen for this graph; fall back to the cheapest fitting baseline."""
     from coop.formulations import solve
 
@@ -65,6 +67,10 @@ def auto(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int = 
         if monet.schedule is not None and monet.simulation is not None and monet.simulation.peak <= budget:
             monet.extra["auto"] = "monet"
             return monet
+    if device_profile is not None:
+        paged = _poet_fallback(graph, budget, device_profile, time_limit, threads, progress, hint, chosen, result)
+        if paged is not None:
+            return paged
     try:
         fallback = cheapest_fitting_baseline(graph, budget)
     except InfeasibleError as exc:
@@ -78,6 +84,21 @@ def auto(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int = 
     fallback.extra["auto"] = fallback.formulation
     fallback.wall_s = time.perf_counter() - started
     return fallback
+
+
+def _poet_fallback(graph: Graph, budget: int, device_profile: Any, time_limit: float, threads: int, progress: Any,
+                   hint: Any, chosen: str, failed: SolveResult) -> SolveResult | None:
+    """POET's schedule when recomputation alone (``chosen``) found none within the budget, else None."""
+    from coop.formulations import solve
+
+    paged = solve(graph, budget, "poet", device_profile=device_profile, time_limit=time_limit, threads=threads,
+                  progress=progress, hint=hint)
+    if paged.schedule is None or paged.simulation is None or paged.simulation.peak > budget:
+        return None
+    paged.message = (f"{chosen} (recomputation alone) found no schedule within the budget ({failed.status}); "
+                     f"poet pages to {paged.extra.get('device_profile')}'s slower tier: {paged.message}")
+    paged.extra["auto"] = "poet"
+    return paged
 
 
 def cheapest_fitting_baseline(graph: Graph, budget: int, *, failed: str | None = None) -> SolveResult:

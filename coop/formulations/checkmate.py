@@ -37,7 +37,7 @@ import random
 import time
 from dataclasses import dataclass
 from functools import reduce
-from typing import Any
+from typing import Any, Protocol
 
 from coop.budget import below_min_budget
 from coop.errors import SolverError
@@ -132,7 +132,23 @@ class _Variables:
     S: list[list[Entry]]                     # S[t][i], i < t, t = 0..T (S[T] = after the last stage)
 
 
-def _build_model(problem: _Problem) -> tuple[LinearModel, _Variables]:
+class ModelExtension(Protocol):
+    """A hook that adds a formulation's own variables to Checkmate's model (POET's paging).
+
+    ``add_variables`` runs once R and S exist; ``retention_sources(t, i)`` lists variables that may
+    also make i resident at the start of stage t+1 (a page-in), added to the right of
+    ``S[t+1,i] <= R[t,i] + S[t,i]``; ``kept_to_stage_end(t, i)`` lists variables that, when 1, keep
+    i on the device to the end of stage t (a page-out there), added as hazards of FREE.
+    """
+
+    def add_variables(self, model: LinearModel, problem: _Problem, R: list[list[Entry]], S: list[list[Entry]]) -> None: ...
+
+    def retention_sources(self, t: int, i: int) -> list[int]: ...
+
+    def kept_to_stage_end(self, t: int, i: int) -> list[int]: ...
+
+
+def _build_model(problem: _Problem, extension: ModelExtension | None = None) -> tuple[LinearModel, _Variables]:
     model = LinearModel()
     T = problem.size
     last_use = _latest_possible_reads(problem)
@@ -166,6 +182,8 @@ def _build_model(problem: _Problem) -> tuple[LinearModel, _Variables]:
             else:
                 row.append(False)
         S.append(row)
+    if extension is not None:
+        extension.add_variables(model, problem, R, S)
 
     def available(t: int, i: int) -> tuple[list[tuple[int, float]], float]:
         """R[t,i] + S[t,i] as (terms, constant)."""
@@ -186,10 +204,12 @@ def _build_model(problem: _Problem) -> tuple[LinearModel, _Variables]:
         for i in range(t + 1):
             # Retention needs a copy in the previous stage: S[t+1,i] <= R[t,i] + S[t,i].
             terms, constant = available(t, i)
+            if extension is not None:
+                terms += [(v, 1.0) for v in extension.retention_sources(t, i)]
             _add_implication(model, S[t + 1][i], terms, constant)
 
     for t in range(T):
-        _add_stage_memory(model, problem, t, R, S)
+        _add_stage_memory(model, problem, t, R, S, extension)
 
     offset = 0.0
     for t in range(T):
@@ -230,7 +250,7 @@ def _add_implication(model: LinearModel, lhs: Entry, terms: list[tuple[int, floa
 
 
 def _add_stage_memory(model: LinearModel, problem: _Problem, t: int, R: list[list[Entry]],
-                      S: list[list[Entry]]) -> None:
+                      S: list[list[Entry]], extension: ModelExtension | None = None) -> None:
     """U[t,k] and FREE[t,i,k] of stage t, and the budget at every compute of the stage.
 
     U is only materialised at positions that may compute (R[t,k] not fixed to 0): between two
@@ -269,12 +289,13 @@ def _add_stage_memory(model: LinearModel, problem: _Problem, t: int, R: list[lis
                 model.add_row([(u, 1.0)], "<=", problem.capacity - problem.workspace[k])
             else:
                 model.add_row([(u, 1.0), (R[t][k], float(problem.workspace[k]))], "<=", problem.capacity)
-        pending_frees, pending_constant = _add_frees_after(model, problem, t, k, R, S)
+        pending_frees, pending_constant = _add_frees_after(model, problem, t, k, R, S, extension)
         previous_u = u
 
 
 def _add_frees_after(model: LinearModel, problem: _Problem, t: int, k: int, R: list[list[Entry]],
-                     S: list[list[Entry]]) -> tuple[list[tuple[int, float]], float]:
+                     S: list[list[Entry]], extension: ModelExtension | None = None
+                     ) -> tuple[list[tuple[int, float]], float]:
     """FREE[t,i,k] for i in DEPS[k] + {k}; returns the freed memory as (M_i, FREE) terms and a
     constant for frees fixed to 1.
 
@@ -288,6 +309,8 @@ def _add_frees_after(model: LinearModel, problem: _Problem, t: int, k: int, R: l
         hazards: list[tuple[Entry, bool]] = [(R[t][k], True)]  # (entry, whether FREE <= entry)
         hazards.append((S[t + 1][i] if i < t + 1 else False, False))
         hazards += [(R[t][j], False) for j in problem.users[i] if k < j <= t]
+        if extension is not None:
+            hazards += [(v, False) for v in extension.kept_to_stage_end(t, i)]
         if any(entry is (not positive) for entry, positive in hazards):
             continue  # a hazard always present: never freed here
         live = [(entry, positive) for entry, positive in hazards if not isinstance(entry, bool)]
@@ -323,20 +346,28 @@ def _stages_from_solution(variables: _Variables, values: list[float], size: int)
     return computed, retained
 
 
-def _schedule_from_stages(problem: _Problem, computed: list[list[int]], retained: list[set[int]]) -> Schedule:
+def _schedule_from_stages(problem: _Problem, computed: list[list[int]], retained: list[set[int]],
+                          boundaries: list[tuple[list[int], list[int]]] | None = None) -> Schedule:
     """Stage by stage: compute the R[t,i] = 1 nodes in order; free a value right after its last
-    user in the stage when it is not retained into the next stage (the paper's FREE)."""
+    user in the stage when it is not retained into the next stage (the paper's FREE).
+
+    ``boundaries[t]`` = (page-outs, page-ins) after stage t (POET): a value paged out there is kept
+    to the end of the stage; the page-outs, then the page-ins, follow the stage's last step.
+    """
     steps: list[Step] = []
     size = problem.size
     for t in range(size):
         in_stage = set(computed[t])
-        keep_next = retained[t + 1] if t + 1 <= size else set()
+        page_out, page_in = boundaries[t] if boundaries is not None else ([], [])
+        keep_next = (retained[t + 1] if t + 1 <= size else set()) | set(page_out)
         for k in computed[t]:
             steps.append(Step(op="compute", node=problem.ids[k]))
             for i in problem.deps[k] + (k,):
                 later_user = any(j in in_stage for j in problem.users[i] if k < j <= t)
                 if not later_user and i not in keep_next:
                     steps.append(Step(op="free", node=problem.ids[i]))
+        steps += [Step(op="page_out", node=problem.ids[i]) for i in page_out]
+        steps += [Step(op="page_in", node=problem.ids[i]) for i in page_in]
     return Schedule(steps=tuple(steps))
 
 

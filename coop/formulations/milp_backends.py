@@ -323,7 +323,8 @@ def _solve_pywraplp_here(model: LinearModel, backend: str, time_limit: float, th
     for var, coef in model.objective:
         objective.SetCoefficient(variables[var], objective.GetCoefficient(variables[var]) + coef)
     objective.SetMinimization()
-    if integer and model.hint:
+    # OR-Tools 9.15's HiGHS crashes the process (SIGSEGV) on any SetHint: HiGHS solves without one.
+    if integer and model.hint and backend.upper() != "HIGHS":
         solver.SetHint([variables[v] for v in model.hint], list(model.hint.values()))
     # Loading a large model through the wrapper takes seconds: they count against the limit too.
     left = time_limit - (time.perf_counter() - started)

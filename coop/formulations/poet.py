@@ -1,0 +1,480 @@
+"""POET: rematerialization and paging to a slower tier, for energy or time, on a device profile.
+
+Patil, Jain, Dutta, Stoica, Gonzalez, "POET: Training Neural Networks on Tiny Devices with
+Integrated Rematerialization and Paging", ICML 2022. A value may be recomputed (Checkmate) or
+written out to a slower memory tier and read back before its next use; the solver trades one
+against the other by their energy or time on a device (:mod:`coop.device_profiles`).
+
+The model is Checkmate's MILP (:mod:`coop.formulations.checkmate`, built by the same code through
+its :class:`~coop.formulations.checkmate.ModelExtension` hook) over frontier-advancing stages,
+with POET's paging variables (section 3 of the paper, the same names):
+
+* ``R[t,i]`` compute i in stage t; ``S_RAM[t,i]`` (Checkmate's ``S``) i on the device at the start
+  of stage t; ``FREE`` and ``U`` as in Checkmate, with the memory budget on the device tier only;
+* ``S_SD[t,i]`` i on the slow tier at the start of stage t;
+* ``M_out[t,i]`` / ``M_in[t,i]`` page i out / in between stage t and stage t+1.
+
+Constraints: ``M_out <= R + S_RAM`` (only a device copy is paged out) and it keeps i on the device
+to the end of stage t (a FREE hazard); ``S_RAM[t+1,i] <= R[t,i] + S_RAM[t,i] + M_in[t,i]``;
+``M_in <= S_SD``; ``S_SD[t+1,i] <= S_SD[t,i] + M_out[t,i] - M_in[t,i]``. Where coop differs from
+the published model, to match coop's one simulator (:func:`coop.schedule.simulate`, contract 2)
+exactly: a page moves a value (``S_RAM + S_SD <= 1``; a value paged back in and out again pays the
+page-out again; recomputing a paged-out value drops its host copy, ``S_SD[t+1,i] <= 1 - R[t,i] +
+M_out[t,i]``); paging happens between stages (page-outs, then page-ins, after stage t's last
+compute, none before the stage of an extra output), so a page-in counts against the budget from
+the start of the next stage, as in POET. Caller-owned values (inputs, parameters) stay on the
+device: POET too keeps parameters out of paging.
+
+Objective (``objective="energy"``, POET's): ``sum R compute_j + sum M_in pagein_j + sum M_out
+pageout_j``; or ``"time"``: the same with seconds. ``runtime_budget`` (a factor of the baseline
+compute time) bounds compute plus paging time (POET's published solver counts compute only).
+The extracted schedule is re-simulated; the reported peak is the simulator's and the energy and
+time are :func:`price_schedule`'s, the one place a schedule is priced on a profile.
+
+Warm start and fallback: Checkmate's model without paging (remat only, the same objective) is
+solved first and hints the full model; the answer is the best of the full model, the remat-only
+model and :func:`coop.formulations.warm_start.best_warm_start`, so poet is never worse than
+remat-only at the same budget and objective. The T x T model has about 5 T^2 / 2 binaries: above
+``max_nodes`` (:data:`DEFAULT_MAX_NODES`) computed nodes it is not built and the best remat-only
+warm start is returned with status ``heuristic`` and a message that says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from coop.budget import below_min_budget
+from coop.device_profiles import DeviceProfile, load_device_profile
+from coop.errors import CoopError
+from coop.formulations.checkmate import (
+    Entry,
+    _build_model,
+    _latest_possible_reads,
+    _Problem,
+    _project,
+    _schedule_from_stages,
+    _stages_from_solution,
+)
+from coop.formulations.milp_backends import LinearModel, MilpSolution, solve_milp
+from coop.formulations.progress import Progress, ProgressCallback
+from coop.formulations.result import SolveResult
+from coop.graph import Graph
+from coop.schedule import Schedule, ScheduleError, simulate
+
+#: Above this many computed nodes the T x T model (about 5 T^2 / 2 binaries and Checkmate's FREE
+#: rows) is not built: poet returns the best remat-only warm start and says so.
+DEFAULT_MAX_NODES = 300
+#: The profile used when none is given: coop's usual target, a data-centre GPU paging over PCIe.
+DEFAULT_DEVICE_PROFILE = "h100-sxm-pcie5"
+OBJECTIVES = ("energy", "time")
+#: The solver sees the objective scaled so that the baseline schedule scores this (joules of a
+#: microcontroller are 1e-5: CBC's absolute tolerances would swallow them).
+OBJECTIVE_SCALE = 1e4
+
+Objective = Literal["energy", "time"]
+
+
+class PoetError(CoopError):
+    """A bad option of the poet formulation (objective, runtime budget)."""
+
+
+# -------------------------------------------------------------------- prices (the one place)
+@dataclass(frozen=True)
+class NodePrice:
+    """What one compute, page-in and page-out of a node costs on a profile, in seconds and joules."""
+
+    compute_s: float
+    compute_j: float
+    pagein_s: float
+    pagein_j: float
+    pageout_s: float
+    pageout_j: float
+
+    def compute(self, objective: Objective) -> float:
+        return self.compute_j if objective == "energy" else self.compute_s
+
+    def pagein(self, objective: Objective) -> float:
+        return self.pagein_j if objective == "energy" else self.pagein_s
+
+    def pageout(self, objective: Objective) -> float:
+        return self.pageout_j if objective == "energy" else self.pageout_s
+
+
+def node_price(runtime_s: float, num_bytes: int, profile: DeviceProfile) -> NodePrice:
+    """POET's model: compute_j = runtime x FLOP/s / FLOP-per-J; paging (latency + bytes / throughput) x memory power.
+
+    The graph's cost is read as seconds on the profiled device (POET's graphs: ``runtime_s``) and
+    its memory as bytes.
+    """
+    return NodePrice(runtime_s, profile.compute_j(runtime_s), profile.pagein_s(num_bytes), profile.pagein_j(num_bytes),
+                     profile.pageout_s(num_bytes), profile.pageout_j(num_bytes))
+
+
+@dataclass
+class SchedulePrice:
+    """A schedule priced on a profile: energy and time, split into compute and paging."""
+
+    compute_j: float = 0.0
+    paging_j: float = 0.0
+    compute_s: float = 0.0
+    paging_s: float = 0.0
+    page_ins: int = 0
+    page_outs: int = 0
+    paged_bytes: int = 0
+
+    @property
+    def energy_j(self) -> float:
+        return self.compute_j + self.paging_j
+
+    @property
+    def time_s(self) -> float:
+        return self.compute_s + self.paging_s
+
+    def value(self, objective: Objective) -> float:
+        return self.energy_j if objective == "energy" else self.time_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "energy_j": self.energy_j, "time_s": self.time_s}
+
+
+def price_schedule(graph: Graph, schedule: Schedule, profile: DeviceProfile | str) -> SchedulePrice:
+    """Energy and time of every step of the schedule on the profile (steps are not checked here)."""
+    profile = load_device_profile(profile)
+    price = SchedulePrice()
+    for step in schedule.steps:
+        node = graph.node(step.node)
+        cost, mem = node.cost, node.mem
+        if step.impl is not None:
+            impl = next(i for i in node.impls if i.name == step.impl)
+            cost, mem = impl.cost, impl.mem
+        each = node_price(float(cost), mem, profile)
+        if step.op == "compute":
+            price.compute_s += each.compute_s
+            price.compute_j += each.compute_j
+        elif step.op == "page_in":
+            price.paging_s += each.pagein_s
+            price.paging_j += each.pagein_j
+            price.page_ins += 1
+            price.paged_bytes += mem
+        elif step.op == "page_out":
+            price.paging_s += each.pageout_s
+            price.paging_j += each.pageout_j
+            price.page_outs += 1
+            price.paged_bytes += mem
+    return price
+
+
+# -------------------------------------------------------------------- the paging variables
+class _Paging:
+    """POET's S_SD, M_in and M_out added to Checkmate's model (a ModelExtension)."""
+
+    def __init__(self, prices: list[NodePrice], objective: Objective, scale: float) -> None:
+        self.prices, self.objective, self.scale = prices, objective, scale
+        self.SSD: dict[tuple[int, int], int] = {}    # S_SD[t,i]: on the slow tier at the start of stage t
+        self.MOUT: dict[tuple[int, int], int] = {}   # M_out[t,i]: paged out after stage t
+        self.MIN: dict[tuple[int, int], int] = {}    # M_in[t,i]: paged in after stage t
+
+    def add_variables(self, model: LinearModel, problem: _Problem, R: list[list[Entry]], S: list[list[Entry]]) -> None:
+        T = problem.size
+        last_use = _latest_possible_reads(problem)
+        for i in range(T):
+            if problem.mem[i] == 0:
+                continue  # paging nothing only costs latency
+            needed_until = T if i in problem.outputs else last_use[i]
+            for t in range(i, min(needed_until, T - 1)):  # page out after stage t: useful if read in a later stage
+                if not problem.extra_output[t + 1]:
+                    self.MOUT[t, i] = model.add_var(f"M_out[{t},{i}]")
+                if any((u, i) in self.MOUT for u in range(i, t)) and S[t][i] is not False:
+                    self.SSD[t, i] = model.add_var(f"S_SD[{t},{i}]")
+                    if not problem.extra_output[t + 1] and S[t + 1][i] is not False:
+                        self.MIN[t, i] = model.add_var(f"M_in[{t},{i}]")
+            t = T - 1  # the last boundary: only page-ins, of graph outputs
+            if i in problem.outputs and i < t and any((u, i) in self.MOUT for u in range(i, t)):
+                self.SSD[t, i] = model.add_var(f"S_SD[{t},{i}]")
+                self.MIN[t, i] = model.add_var(f"M_in[{t},{i}]")
+        self._add_rows(model, problem, R, S)
+        for (t, i), var in self.MOUT.items():
+            model.objective.append((var, self.prices[i].pageout(self.objective) * self.scale))
+        for (t, i), var in self.MIN.items():
+            model.objective.append((var, self.prices[i].pagein(self.objective) * self.scale))
+
+    def _add_rows(self, model: LinearModel, problem: _Problem, R: list[list[Entry]], S: list[list[Entry]]) -> None:
+        for (t, i), out in self.MOUT.items():
+            # M_out <= R[t,i] + S_RAM[t,i]; a value paged out is not on the device next stage.
+            _row(model, [(out, 1.0), (R[t][i], -1.0), (S[t][i] if i < t else False, -1.0)], "<=", 0.0)
+            _row(model, [(out, 1.0), (S[t + 1][i], 1.0)], "<=", 1.0)
+        for (t, i), ssd in self.SSD.items():
+            # On the slow tier only after a page-out that no page-in undid, and never on both tiers.
+            terms: list[tuple[Entry, float]] = [(ssd, 1.0), (S[t][i], 1.0)]
+            _row(model, terms, "<=", 1.0)
+            previous = [(self.SSD.get((t - 1, i), False), -1.0), (self.MOUT.get((t - 1, i), False), -1.0),
+                        (self.MIN.get((t - 1, i), False), 1.0)]
+            _row(model, [(ssd, 1.0)] + previous, "<=", 0.0)
+            # Recomputing a paged-out value drops its host copy (unless it is paged out again).
+            _row(model, [(ssd, 1.0), (R[t - 1][i], 1.0), (self.MOUT.get((t - 1, i), False), -1.0)], "<=", 1.0)
+        for (t, i), page_in in self.MIN.items():
+            _row(model, [(page_in, 1.0), (self.SSD[t, i], -1.0)], "<=", 0.0)  # M_in <= S_SD
+            _row(model, [(page_in, 1.0), (R[t][i], 1.0)], "<=", 1.0)         # no page-in of a dropped copy
+
+    def retention_sources(self, t: int, i: int) -> list[int]:
+        return [self.MIN[t, i]] if (t, i) in self.MIN else []
+
+    def kept_to_stage_end(self, t: int, i: int) -> list[int]:
+        return [self.MOUT[t, i]] if (t, i) in self.MOUT else []
+
+    def boundaries(self, values: list[float], size: int) -> list[tuple[list[int], list[int]]]:
+        """Per stage: (positions paged out, positions paged in) after it, in position order."""
+        result: list[tuple[list[int], list[int]]] = [([], []) for _ in range(size)]
+        for (t, i), var in sorted(self.MOUT.items()):
+            if values[var] > 0.5:
+                result[t][0].append(i)
+        for (t, i), var in sorted(self.MIN.items()):
+            if values[var] > 0.5:
+                result[t][1].append(i)
+        return result
+
+
+def _row(model: LinearModel, terms: list[tuple[Entry, float]], sense: str, rhs: float) -> None:
+    """A row over entries that may be constants (True/False fixed by the stage structure)."""
+    live: list[tuple[int, float]] = []
+    for entry, coef in terms:
+        if isinstance(entry, bool):
+            rhs -= coef * entry
+        else:
+            live.append((entry, coef))
+    if live:
+        model.add_row(live, sense, rhs)  # type: ignore[arg-type]
+    elif (sense == "<=" and rhs < -1e-9) or (sense == ">=" and rhs > 1e-9):
+        raise AssertionError("a constant row that never holds")  # the stage structure rules this out
+
+
+# -------------------------------------------------------------------- entry point
+def poet(
+    graph: Graph,
+    budget: int,
+    *,
+    objective: Objective = "energy",
+    device_profile: str | DeviceProfile | None = None,
+    runtime_budget: float | None = None,
+    remat: bool = True,
+    paging: bool = True,
+    solver: str = "cbc",
+    time_limit: float = 60.0,
+    threads: int = 2,
+    progress: ProgressCallback | None = None,
+    hint: Any = None,
+    captured: Any = None,
+    max_nodes: int = DEFAULT_MAX_NODES,
+    verbose: bool = False,
+) -> SolveResult:
+    """POET's MILP (Patil et al. 2022): recompute or page to the device profile's slower tier.
+
+    ``objective``: ``"energy"`` (joules) or ``"time"`` (seconds, paging included) on
+    ``device_profile`` (a shipped name, a .toml path or a DeviceProfile; default
+    :data:`DEFAULT_DEVICE_PROFILE`). ``runtime_budget``: a factor (>= 1) of the baseline compute
+    time that compute plus paging time must stay within. ``remat=False`` forbids recomputation
+    (paging only, as Capuchin), ``paging=False`` forbids paging (remat only, Checkmate with POET's
+    objective). ``solver``: a :mod:`~coop.formulations.milp_backends` name (cbc, highs, scip, ...).
+    ``max_nodes``: the largest graph the T x T model is built for (see the module docstring).
+    ``captured`` is accepted (the common options) and unused. The result's ``objective`` and
+    ``bound`` are in the objective's unit; ``extra`` holds the schedule's price (energy, time,
+    page-ins and -outs, paged bytes).
+    """
+    started = time.perf_counter()
+    if objective not in OBJECTIVES:
+        raise PoetError(f"unknown objective {objective!r} for poet: choose energy or time")
+    if runtime_budget is not None and (isinstance(runtime_budget, bool) or not math.isfinite(runtime_budget)
+                                       or runtime_budget < 1):
+        raise PoetError(f"runtime budget {runtime_budget!r} is not a factor >= 1 of the baseline compute time "
+                        "(every node is computed at least once); give e.g. 1.5")
+    profile = load_device_profile(device_profile or DEFAULT_DEVICE_PROFILE)
+    if not remat and not paging:
+        raise PoetError("poet with remat=False and paging=False can only run the baseline; use store-all")
+    if below := below_min_budget(budget, graph):
+        return SolveResult("poet", "infeasible", message=below)
+    setting = _Setting(graph, budget, objective, profile, runtime_budget, remat, paging)
+    fallback = _best_fallback(setting, hint, time_limit)
+    if len(graph.order) > max_nodes:
+        return _too_large(setting, fallback, max_nodes, time.perf_counter() - started)
+    result = _solve_models(setting, solver, time_limit, threads, progress, verbose, fallback)
+    result.wall_s = time.perf_counter() - started
+    return result
+
+
+@dataclass
+class _Setting:
+    graph: Graph
+    budget: int
+    objective: Objective
+    profile: DeviceProfile
+    runtime_budget: float | None
+    remat: bool
+    paging: bool
+
+    def price(self, schedule: Schedule) -> SchedulePrice:
+        return price_schedule(self.graph, schedule, self.profile)
+
+    def admits(self, schedule: Schedule) -> bool:
+        """Legal, within the memory budget, within the runtime budget, and of the allowed kind."""
+        try:
+            sim = simulate(self.graph, schedule)
+        except ScheduleError:
+            return False
+        price = self.price(schedule)
+        if sim.peak > self.budget or (not self.remat and sim.recomputations):
+            return False
+        if not self.paging and (price.page_ins or price.page_outs):
+            return False
+        return self.runtime_budget is None or price.time_s <= self.runtime_budget * self.graph.baseline_cost * (1 + 1e-9)
+
+
+def _best_fallback(setting: _Setting, hint: Any, time_limit: float) -> tuple[str, Schedule] | None:
+    """The best remat-only warm start (coop.formulations.warm_start) that the setting admits."""
+    if not setting.remat:
+        return None
+    from coop.formulations.warm_start import best_warm_start
+
+    found = best_warm_start(setting.graph, setting.budget, hint, lp_time_limit=min(10.0, time_limit / 6))
+    if found is None or not setting.admits(found[1]):
+        return None
+    return found[0], found[1]
+
+
+def _too_large(setting: _Setting, fallback: tuple[str, Schedule] | None, max_nodes: int, wall: float) -> SolveResult:
+    size = len(setting.graph.order)
+    why = (f"graph {setting.graph.name!r} has {size} computed nodes, above max_nodes={max_nodes}: POET's T x T model "
+           f"(about {5 * size * size // 2} binaries) is not built")
+    if fallback is None:
+        return SolveResult("poet", "unknown", wall_s=wall, message=f"{why}, and no remat-only warm start fits the budget; "
+                                                                  "raise max_nodes or the budget")
+    name, schedule = fallback
+    return _result(setting, schedule, "heuristic", None, wall,
+                   f"{why}; returned the best remat-only warm start ({name}), no paging; raise max_nodes to solve it",
+                   {"source": name})
+
+
+def _solve_models(setting: _Setting, solver: str, time_limit: float, threads: int, progress: ProgressCallback | None,
+                  verbose: bool, fallback: tuple[str, Schedule] | None) -> SolveResult:
+    """Remat-only model first (a hint and a floor), then the full model; the best admitted schedule wins."""
+    deadline = time.perf_counter() + time_limit
+    problem, prices, scale = _priced_problem(setting)
+    candidates: list[tuple[str, Schedule]] = [fallback] if fallback else []
+    notes: list[str] = []
+    first_hint: dict[str, float] = {}
+    if setting.remat and setting.paging:  # the remat-only model: the full model's hint
+        remat_only = dataclasses.replace(setting, paging=False)
+        model, variables, extension = _model(remat_only, problem, prices, scale)
+        solution = solve_milp(model, solver, time_limit=(deadline - time.perf_counter()) / 3, threads=threads,
+                              verbose=verbose)
+        notes.append(f"remat-only model: {solution.status}")
+        if solution.values is not None:
+            first_hint = {model.names[v]: value for v, value in enumerate(solution.values)}
+            candidates.append(("remat-only model", _extract(problem, variables, extension, solution.values)))
+    model, variables, extension = _model(setting, problem, prices, scale)
+    if first_hint:  # (milp_backends drops it for HiGHS, where OR-Tools 9.15 crashes on SetHint)
+        model.hint = {v: min(max(first_hint.get(name, 0.0), model.lower[v]), model.upper[v])
+                      for v, name in enumerate(model.names)}
+        for v, kind in enumerate(model.kinds):
+            if kind != "continuous":
+                model.hint[v] = float(round(model.hint[v]))
+    solution = solve_milp(model, solver, time_limit=deadline - time.perf_counter(), threads=threads,
+                          progress=_unscaled(progress, scale), verbose=verbose)
+    notes.append(f"full model: {solution.status}")
+    if solution.values is not None:
+        candidates.insert(0, ("milp", _extract(problem, variables, extension, solution.values)))
+    admitted = [(setting.price(s).value(setting.objective), n, s) for n, s in candidates if setting.admits(s)]
+    return _final(setting, solution, scale, admitted, model, "; ".join(notes))
+
+
+def _final(setting: _Setting, solution: MilpSolution, scale: float, admitted: list[tuple[float, str, Schedule]],
+           model: LinearModel, notes: str) -> SolveResult:
+    extra = {"variables": model.num_vars, "constraints": len(model.rows), "models": notes,
+             "milp_status": solution.status,
+             "milp_objective": None if solution.objective is None else solution.objective / scale}
+    bound = None if solution.bound is None else solution.bound / scale
+    if not admitted:
+        status = "infeasible" if solution.status == "infeasible" else "unknown"
+        what = ("no schedule of POET's space (frontier-advancing stages with paging between them) fits budget "
+                f"{setting.budget}" if status == "infeasible" else f"no schedule found in time ({notes})")
+        return SolveResult("poet", status, bound=bound, wall_s=solution.wall_s, extra=extra,
+                           message=f"{what}; try a larger budget or time_limit")
+    value, name, schedule = min(admitted, key=lambda item: (item[0], item[1] != "milp"))
+    status = "optimal" if solution.status == "optimal" else "feasible"
+    if status == "optimal" and bound is not None:
+        bound = min(bound, value)
+    message = f"{solution.status} ({notes})" + ("" if name == "milp" else f"; the best schedule came from the {name}")
+    return _result(setting, schedule, status, bound, solution.wall_s, message, {**extra, "source": name})
+
+
+def _result(setting: _Setting, schedule: Schedule, status: Any, bound: float | None, wall: float, message: str,
+            extra: dict[str, Any]) -> SolveResult:
+    sim = simulate(setting.graph, schedule)
+    price = setting.price(schedule)
+    extra = {**extra, "objective": setting.objective, "device_profile": setting.profile.name, **price.to_dict(),
+             "recomputations": sim.recomputations}
+    return SolveResult("poet", status, schedule=schedule, simulation=sim, objective=price.value(setting.objective),
+                       bound=bound, wall_s=wall, message=message, extra=extra)
+
+
+def _priced_problem(setting: _Setting) -> tuple[_Problem, list[NodePrice], float]:
+    """Checkmate's projection (exact memory units), the prices per position, and the objective scale."""
+    problem = _project(setting.graph, setting.budget, None)
+    prices = [node_price(c, setting.graph.node(i).mem, setting.profile) for i, c in zip(problem.ids, problem.cost)]
+    baseline = sum(p.compute(setting.objective) for p in prices)
+    scale = OBJECTIVE_SCALE / baseline if baseline > 0 else 1.0
+    return problem, prices, scale
+
+
+def _model(setting: _Setting, problem: _Problem, prices: list[NodePrice],
+           scale: float) -> tuple[LinearModel, Any, _Paging | None]:
+    """Checkmate's model with POET's objective, paging variables and runtime budget."""
+    priced = dataclasses.replace(problem, cost=tuple(p.compute(setting.objective) * scale for p in prices))
+    extension = _Paging(prices, setting.objective, scale) if setting.paging else None
+    model, variables = _build_model(priced, extension)
+    if not setting.remat:
+        for t, row in enumerate(variables.R):
+            for i in range(t):
+                if not isinstance(row[i], bool):
+                    model.upper[row[i]] = 0.0
+    if setting.runtime_budget is not None:
+        _add_runtime_budget(model, problem, prices, variables, extension, setting.runtime_budget)
+    return model, variables, extension
+
+
+def _add_runtime_budget(model: LinearModel, problem: _Problem, prices: list[NodePrice], variables: Any,
+                        extension: _Paging | None, factor: float) -> None:
+    """sum R compute_s + sum M_in pagein_s + sum M_out pageout_s <= factor x baseline compute time."""
+    terms: list[tuple[Entry, float]] = [(variables.R[t][i], prices[i].compute_s)
+                                        for t in range(problem.size) for i in range(t + 1)]
+    if extension is not None:
+        terms += [(v, prices[i].pageout_s) for (_, i), v in extension.MOUT.items()]
+        terms += [(v, prices[i].pagein_s) for (_, i), v in extension.MIN.items()]
+    baseline = sum(p.compute_s for p in prices)
+    _row(model, terms, "<=", factor * baseline * (1 + 1e-9))
+
+
+def _extract(problem: _Problem, variables: Any, extension: _Paging | None, values: list[float]) -> Schedule:
+    computed, retained = _stages_from_solution(variables, values, problem.size)
+    boundaries = extension.boundaries(values, problem.size) if extension is not None else None
+    return _schedule_from_stages(problem, computed, retained, boundaries)
+
+
+def _unscaled(progress: ProgressCallback | None, scale: float) -> ProgressCallback | None:
+    """The caller's callback, fed objectives in the objective's own unit."""
+    if progress is None:
+        return None
+
+    def report(event: Progress) -> None:
+        progress(dataclasses.replace(
+            event, incumbent=None if event.incumbent is None else event.incumbent / scale,
+            bound=None if event.bound is None else event.bound / scale))
+
+    return report
+
+
+__all__ = ["DEFAULT_DEVICE_PROFILE", "DEFAULT_MAX_NODES", "OBJECTIVES", "NodePrice", "SchedulePrice", "node_price",
+           "poet", "price_schedule"]
