@@ -416,3 +416,20 @@ def test_moccasin_proves_the_optimum_of_a_ten_node_graph() -> None:
     result = moccasin(graph, 44, max_intervals=2, time_limit=60.0, threads=1)
     assert result.objective == 18.0
     assert result.status == "optimal", result.message
+
+
+def test_the_warm_start_hint_is_feasible_on_a_graph_with_outputs() -> None:
+    """CP-SAT itself is the oracle: with every variable fixed to its hinted value the model must stay feasible.
+    The hint once ended an output's last interval at the warm start's last slot, while the model retains
+    outputs to ``horizon - 1`` (past it when the horizon has slack): INFEASIBLE on every captured graph."""
+    from coop.graph_capture import capture
+    from coop.zoo import build
+
+    model, batch, loss_fn = build("gpt2")
+    graph = capture(model, batch, loss_fn).graph.with_random_replay()
+    assert graph.outputs
+    budget = math.ceil(0.7 * baseline_peak(graph))
+    result = moccasin(graph, budget, time_limit=20.0, threads=1, prove=False,
+                      cp_sat_parameters={"fix_variables_to_their_hinted_value": True})
+    assert result.extra.get("warm_start") is not None, result.message
+    assert [r["status"] for r in result.extra["rounds"]] == ["OPTIMAL"], result.extra["rounds"]

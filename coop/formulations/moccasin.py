@@ -287,14 +287,20 @@ def _add_precedences(problem: SlotProblem, built: _Model) -> None:
                 built.choices.append((u, v, i, chosen))
 
 
-def _add_hint(built: _Model, intervals: dict[int, list[Interval]]) -> None:
-    """A complete hint: every s, e, p and precedence choice of the warm-start schedule."""
+def _add_hint(built: _Model, intervals: dict[int, list[Interval]], outputs: set[int]) -> None:
+    """A complete hint: every s, e, p and precedence choice of the warm-start schedule.
+
+    The model retains an output's last interval to its last slot (``horizon - 1``), which lies past
+    the warm start's own last slot when the horizon has slack: the hint ends it there too, or the
+    hint would be infeasible from the start.
+    """
     model = built.model
     for v, ivs in intervals.items():
         for i, s in enumerate(built.starts[v]):
             if i < len(ivs):
                 model.AddHint(s, ivs[i][0])
-                model.AddHint(built.ends[v][i], ivs[i][1])
+                end = built.horizon - 1 if v in outputs and i == len(ivs) - 1 else ivs[i][1]
+                model.AddHint(built.ends[v][i], end)
                 if i > 0:
                     model.AddHint(built.present[v][i], True)
             else:
@@ -570,7 +576,7 @@ def _solve_round(problem: SlotProblem, incumbent: _Incumbent | None, settings: _
                       status="NOT_RUN"), None
     keep_order = settings.keep_order and _first_computes_in_order(problem, intervals)
     built = build_model(problem, horizon, per_node, keep_order, relax_memory=incumbent is None)
-    _add_hint(built, intervals)
+    _add_hint(built, intervals, problem.outputs)
     round_ = _Round(horizon=horizon, intervals=sum(per_node.values()), covers=covers, relaxed=incumbent is None)
     solver = cp_model.CpSolver()
     # CP-SAT stops a little after its limit and the schedule is then rebuilt and simulated: keep a
