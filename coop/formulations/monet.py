@@ -35,17 +35,26 @@ overwritten node has the in-place output's size. ``exact=True`` drops implementa
 ``exact: false``.
 
 Scaling: O(T^2 x implementations) binaries and O(T^2 x reads) rows for T positions, like
-Checkmate's MILP; tens of nodes solve to optimality in seconds, a few hundred within minutes.
-MONeT's own default limit was 24 hours; here ``time_limit`` (seconds to minutes) stops the solver,
-which returns its incumbent with status ``feasible`` and the gap, and graphs above ``max_nodes``
-positions are refused with a message naming moccasin (remat only) as the way out. The model is
-warm-started from the best remat-only schedule: moccasin's (Bartan et al. 2023) on the graph with
+Checkmate's MILP; tens of nodes solve to optimality in seconds. This stage MILP is the *exact
+small-graph model*: it runs on graphs of at most ``max_nodes`` positions (default
+:data:`DEFAULT_MAX_NODES`). Above that (captured ResNet-50 has about 800 nodes), and always with
+``recompute=False`` or ``model="intervals"``, monet solves MONeT's problem on an O(n) interval model
+instead: Moccasin's retention intervals (Bartan et al. 2023) with one literal per node, interval and
+implementation, per-implementation memory, workspace and precedences, and in place
+(:mod:`coop.formulations.monet_intervals`, driven by :mod:`coop.formulations.monet_large`, warm-started
+from moccasin's remat-only schedule and from the lightest-implementation schedule of
+:mod:`coop.formulations.monet_warm`). MONeT's own default limit was 24 hours; here ``time_limit``
+(seconds to minutes) stops either solver, which returns its incumbent with status ``feasible`` and
+the gap (the interval model is restricted and reports ``extra["restricted_bound"]`` instead).
+
+The stage MILP is warm-started from the best remat-only schedule: moccasin's (Bartan et al. 2023) on the graph with
 default implementations, given :data:`REMAT_SHARE` of the time limit, itself started from the one
 warm-start collector (:func:`coop.formulations.warm_start.best_warm_start`), and the caller's
 ``hint`` s. The MILP then searches only schedules cheaper than it (an objective cutoff), and when it
 finds none in time that schedule is returned (status ``feasible``): monet is never worse than that
 remat-only schedule at the same budget. Pass moccasin's or checkmate's own result as ``hint`` to
-make that hold against a run given the whole time limit.
+make that hold against a run given the whole time limit. On a graph without implementations the
+interval path runs moccasin itself with the whole time limit.
 """
 
 from __future__ import annotations
@@ -57,7 +66,7 @@ from functools import reduce
 from typing import Any
 
 from coop.budget import below_min_budget
-from coop.errors import CoopError, SolverError
+from coop.errors import CoopError
 from coop.formulations.milp_backends import LinearModel, MilpSolution, solve_milp
 from coop.formulations.progress import ProgressCallback
 from coop.formulations.result import SolveResult
@@ -67,8 +76,9 @@ from coop.schedule import Schedule, Simulation, Step, prompt_order, simulate
 
 #: The share of the time limit the remat-only warm start (moccasin) may take.
 REMAT_SHARE = 0.3
-#: Above this many positions (computed nodes plus optional values) the O(T^2) model is refused.
-DEFAULT_MAX_NODES = 300
+#: Above this many positions (computed nodes plus optional values) the O(T^2) stage model gives way to
+#: the O(n) interval model (:mod:`coop.formulations.monet_large`).
+DEFAULT_MAX_NODES = 40
 
 Entry = int | bool
 #: A linear expression: (variable, coefficient) terms and a constant.
@@ -409,6 +419,9 @@ def monet(
     max_nodes: int = DEFAULT_MAX_NODES,
     warm_start: bool = True,
     verbose: bool = False,
+    recompute: bool = True,
+    model: str = "auto",
+    max_intervals: int = 2,
 ) -> SolveResult:
     """MONeT's joint MILP (Shah et al. 2021) over the stage model described in the module docstring.
 
@@ -416,14 +429,22 @@ def monet(
     cbc (PuLP), scip or cp-sat. Status ``optimal`` means optimal over the stage space with every
     implementation offered; ``feasible`` a schedule whose optimality is not proven (time limit,
     conservative sizes, or the remat-only warm start kept because the solver found nothing cheaper).
+
+    ``model``: ``"stage"`` (the exact stage MILP), ``"intervals"`` (the O(n) interval model) or ``"auto"``:
+    the stage MILP up to ``max_nodes`` positions, the interval model above. ``recompute=False`` (MONeT's
+    "implementation choice only" ablation: every node computed once, the interval model) and
+    ``max_intervals`` (the interval model's C) apply to the interval model.
     """
     del captured  # implementations and their costs come from the graph
     started = time.perf_counter()
+    if model not in ("auto", "stage", "intervals"):
+        raise CoopError(f"monet model {model!r} is unknown: choose auto, stage or intervals")
     positions = len(stage_order(graph))
-    if positions > max_nodes:
-        raise SolverError(f"graph {graph.name!r} has {positions} positions (computed nodes and optional values), above "
-                          f"max_nodes={max_nodes}: MONeT's MILP has O(n^2) variables; raise max_nodes and time_limit, or "
-                          "use moccasin (recomputation only)")
+    if model == "intervals" or not recompute or (model == "auto" and positions > max_nodes):
+        from coop.formulations.monet_large import monet_intervals
+
+        return monet_intervals(graph, budget, time_limit=time_limit, threads=threads, progress=progress, hint=hint,
+                               exact=exact, recompute=recompute, max_intervals=max_intervals)
     if below := below_min_budget(budget, graph):
         return SolveResult("monet", "infeasible", message=below)
     warm = _remat_warm_start(graph, budget, hint, time_limit, threads) if warm_start else None

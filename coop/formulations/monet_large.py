@@ -1,0 +1,221 @@
+"""MONeT (Shah et al., ICLR 2021) on graphs too large for its quadratic MILP: the interval model driven.
+
+:func:`monet_intervals` is what :func:`coop.formulations.monet.monet` runs above its ``max_nodes``
+(and always for ``recompute=False``): warm starts (:mod:`coop.formulations.monet_warm`), then
+CP-SAT on the interval model of :mod:`coop.formulations.monet_intervals` hinted with the cheapest.
+
+1. The remat-only schedule: Moccasin (Bartan et al. 2023) on ``graph.remat_only()`` with
+   :data:`REMAT_SHARE` of the time limit and the caller's hints; on a graph without
+   implementations that *is* the problem, and Moccasin gets the whole limit and its result is returned.
+2. The lightest-implementation schedule: the graph with each node's lightest implementation fixed,
+   greedy eviction on it, or Moccasin (:data:`REMAT_SHARE` again) when no remat-only schedule fits
+   (budgets below what recomputation alone reaches).
+3. Either after in-place conversion; the cheapest that fits hints CP-SAT, which gets the rest of the time.
+
+monet therefore never returns a schedule costlier than the remat-only one it started from. Statuses
+are honest: the interval model is restricted (C intervals per node, the warm start's slots plus a
+slack), so a schedule is ``feasible`` with ``extra["restricted_bound"]``; ``optimal`` only for
+``recompute=False`` when CP-SAT proves its model (every compute-once schedule with first computations
+in the baseline order) optimal with integer costs; ``unknown`` when nothing fits in time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+from ortools.sat.python import cp_model
+
+from coop.budget import below_min_budget
+from coop.errors import CoopError, ScheduleError
+from coop.formulations.heuristics import greedy_eviction_schedule
+from coop.formulations.monet_intervals import (
+    ImplProblem,
+    add_hint,
+    build_model,
+    schedule_spans,
+    solution_spans,
+    spans_to_schedule,
+)
+from coop.formulations.monet_warm import apply_in_place, fixed_impl_graph, lightest_choices, with_choices
+from coop.formulations.progress import ProgressCallback, ProgressClock
+from coop.formulations.result import SolveResult
+from coop.graph import Graph
+from coop.schedule import Schedule, Simulation, simulate
+
+#: The share of the time limit each Moccasin warm start may take.
+REMAT_SHARE = 0.35
+#: The formulation name results carry.
+NAME = "monet"
+
+Candidate = tuple[str, Schedule, Simulation]
+
+
+def monet_intervals(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int = 2,
+                    progress: ProgressCallback | None = None, hint: Any = None, exact: bool = False,
+                    recompute: bool = True, max_intervals: int = 2, seed: int = 0) -> SolveResult:
+    """MONeT over the interval model (see the module docstring); ``recompute=False`` computes every node once."""
+    clock = ProgressClock(progress)
+    if below := below_min_budget(budget, graph):
+        return SolveResult(NAME, "infeasible", wall_s=clock.elapsed_s, message=below)
+    hints = list(hint) if isinstance(hint, list | tuple) else ([] if hint is None else [hint])
+    if recompute and not graph.has_impls:
+        return _moccasin_only(graph, budget, time_limit, threads, progress, hints)
+    candidates = _warm_starts(graph, budget, hints, exact, recompute, time_limit, threads)
+    best = min(candidates, key=lambda c: c[2].cost, default=None)
+    if best is not None:
+        clock.report(best[2].cost, None, f"monet: warm start {best[0]}")
+    result = _solve_model(graph, budget, best, exact, recompute, max_intervals, seed, threads,
+                          time_limit - clock.elapsed_s, clock)
+    result.wall_s = clock.elapsed_s
+    result.extra.update({"model": "intervals", "recompute": recompute, "exact": exact,
+                         "warm_starts": {name: sim.cost for name, _, sim in candidates}, **_choices(graph, result.schedule)})
+    return result
+
+
+def _moccasin_only(graph: Graph, budget: int, time_limit: float, threads: int, progress: ProgressCallback | None,
+                   hints: list[Any]) -> SolveResult:
+    """No implementations to choose: MONeT is Moccasin's problem, solved with the whole time limit."""
+    from coop.formulations import solve
+
+    result = solve(graph, budget, "moccasin", time_limit=time_limit, threads=threads, progress=progress,
+                   hint=hints or None)
+    result.formulation = NAME
+    result.extra.update({"model": "moccasin (the graph has no implementations)", "implementations": [],
+                         "inexact_implementations": []})
+    return result
+
+
+def _warm_starts(graph: Graph, budget: int, hints: list[Any], exact: bool, recompute: bool, time_limit: float,
+                 threads: int) -> list[Candidate]:
+    """The warm-start schedules that fit (after in-place conversion), cheapest first not required."""
+    raw: list[tuple[str, Schedule | None]] = []
+    choices = lightest_choices(graph, exact)
+    fixed = fixed_impl_graph(graph, choices)
+    if recompute:
+        remat = _moccasin(graph.remat_only(), budget, REMAT_SHARE * time_limit, threads, hints)
+        raw.append(("moccasin (remat only)", remat))
+        if remat is None or simulate(graph, remat).peak > budget:
+            raw.append(("moccasin (lightest implementations)",
+                        _with(_moccasin(fixed, budget, REMAT_SHARE * time_limit, threads, []), choices)))
+        else:
+            raw.append(("greedy eviction (lightest implementations)", _with(greedy_eviction_schedule(fixed, budget),
+                                                                             choices)))
+    raw.append(("store-all", Schedule.from_order(graph.order)))
+    raw.append(("store-all (lightest implementations)", with_choices(Schedule.from_order(fixed.order), choices)))
+    raw.extend(("hint", getattr(h, "schedule", h)) for h in hints)
+    found: list[Candidate] = []
+    for name, schedule in raw:
+        candidate = _checked(graph, budget, name, schedule, exact, recompute)
+        if candidate is not None:
+            found.append(candidate)
+    return found
+
+
+def _moccasin(graph: Graph, budget: int, time_limit: float, threads: int, hints: list[Any]) -> Schedule | None:
+    from coop.formulations import solve
+
+    try:
+        result = solve(graph, budget, "moccasin", time_limit=max(time_limit, 1.0), threads=threads, hint=hints or None)
+    except CoopError:
+        return None
+    return result.schedule
+
+
+def _with(schedule: Schedule | None, choices: dict[int, str | None]) -> Schedule | None:
+    return None if schedule is None else with_choices(schedule, choices)
+
+
+def _checked(graph: Graph, budget: int, name: str, schedule: Any, exact: bool, recompute: bool) -> Candidate | None:
+    """The schedule after in-place conversion, when it is legal, fits, keeps the random draws' order, uses
+    only exact implementations under ``exact`` and (without ``recompute``) computes every node once."""
+    if not isinstance(schedule, Schedule):
+        return None
+    try:
+        schedule = apply_in_place(graph, schedule, exact)
+        sim = simulate(graph, schedule)
+    except (ScheduleError, CoopError, KeyError):
+        return None
+    if sim.peak > budget or (not recompute and sim.recomputations):
+        return None
+    if exact and any(not graph.node(s.node).implementation(s.impl).exact for s in schedule.steps if s.impl):
+        return None
+    draws = graph.random_draws
+    firsts = [v for v in dict.fromkeys(s.node for s in schedule.steps if s.op == "compute") if v in draws]
+    if firsts != [v for v in graph.order if v in draws]:
+        return None
+    return name, schedule, sim
+
+
+def _solve_model(graph: Graph, budget: int, best: Candidate | None, exact: bool, recompute: bool, max_intervals: int,
+                 seed: int, threads: int, seconds: float, clock: ProgressClock) -> SolveResult:
+    """CP-SAT on the interval model, hinted with ``best``; the better of its schedule and ``best``."""
+    problem = ImplProblem.build(graph, budget, exact)
+    spans, slots = schedule_spans(graph, best[1]) if best is not None else ({}, 0)
+    if recompute:
+        per_node = {v: max(len(spans.get(v, ())), max_intervals if problem.recomputable[v] else 1)
+                    for v in problem.nodes}
+        horizon = max(slots, len(problem.order)) + len(problem.nodes) // 5 + 2
+    else:
+        per_node = {v: 1 for v in problem.nodes}
+        horizon = len(problem.nodes)
+    firsts = [spans[v][0][0] for v in problem.order] if spans else []
+    keep_order = graph.has_backward and all(a < b for a, b in itertools.pairwise(firsts))
+    extra: dict[str, Any] = {"horizon": horizon, "intervals": sum(per_node.values()), "keep_order": keep_order,
+                             "warm_start": None if best is None else best[0]}
+    if seconds < 0.5:
+        return _from_warm(best, "CP-SAT not run: no time left after the warm starts", extra, budget)
+    built = build_model(problem, horizon, per_node, keep_order)
+    if spans:
+        add_hint(problem, built, spans)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.1, seconds - 0.5 - 0.02 * seconds)
+    solver.parameters.num_workers = max(1, threads)
+    solver.parameters.random_seed = seed
+    started = time.perf_counter()
+    status = solver.Solve(built.model)
+    extra |= {"cp_sat_status": solver.StatusName(status), "solver_wall_s": time.perf_counter() - started}
+    found: Candidate | None = None
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        bound = solver.BestObjectiveBound() / problem.cost_scale
+        extra["restricted_bound"] = bound
+        schedule = spans_to_schedule(problem, solution_spans(solver, problem, built))
+        sim = simulate(graph, schedule)
+        if sim.peak > budget:  # never hand out a schedule the simulator rejects
+            raise AssertionError(f"monet interval schedule peaks at {sim.peak} > budget {budget}")
+        found = ("cp-sat", schedule, sim)
+    proven = (status == cp_model.OPTIMAL and not recompute and problem.cost_scale == 1.0 and keep_order)
+    if found is not None and (best is None or found[2].cost < best[2].cost or proven):
+        clock.report(found[2].cost, extra.get("restricted_bound"), "monet: CP-SAT")
+        if proven:
+            return SolveResult(NAME, "optimal", found[1], found[2], found[2].cost, found[2].cost, extra=extra,
+                               message="CP-SAT OPTIMAL over every schedule that computes each node once with first "
+                                       "computations in the baseline order")
+        return SolveResult(NAME, "feasible", found[1], found[2], found[2].cost, None, extra=extra,
+                           message=f"CP-SAT {extra['cp_sat_status']} on the restricted interval model "
+                                   f"({extra['intervals']} intervals, {horizon} slots)")
+    if best is None and status == cp_model.INFEASIBLE and not recompute and keep_order:
+        return SolveResult(NAME, "infeasible", extra=extra, message=f"no schedule that computes each node once with "
+                           f"first computations in the baseline order fits budget {budget} (CP-SAT proved it)")
+    return _from_warm(best, f"CP-SAT {extra['cp_sat_status']} found nothing cheaper", extra, budget)
+
+
+def _from_warm(best: Candidate | None, note: str, extra: dict[str, Any], budget: int) -> SolveResult:
+    if best is None:
+        return SolveResult(NAME, "unknown", extra=extra,
+                           message=f"no schedule within budget {budget} found in time ({note}); raise time_limit")
+    return SolveResult(NAME, "feasible", best[1], best[2], best[2].cost, None, extra=extra,
+                       message=f"kept the warm start {best[0]}: {note}")
+
+
+def _choices(graph: Graph, schedule: Schedule | None) -> dict[str, Any]:
+    """Which implementations the plan uses (a plan says which inexact ones it relies on)."""
+    if schedule is None:
+        return {"implementations": [], "inexact_implementations": []}
+    used = sorted({(s.node, s.impl) for s in schedule.steps if s.op == "compute" and s.impl is not None})
+    inexact = [f"{node}:{impl}" for node, impl in used if not graph.node(node).implementation(impl).exact]
+    return {"implementations": [f"{node}:{impl}" for node, impl in used], "inexact_implementations": inexact}
+
+
+__all__ = ["REMAT_SHARE", "monet_intervals"]
