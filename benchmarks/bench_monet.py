@@ -229,7 +229,7 @@ def _row(graph: Graph, budget: int, variant: tuple[str, str, dict[str, Any], boo
     } | ({"result": result} if formulation == "moccasin" else {})
 
 
-def run(quick: bool = False, time_limit: float = 60.0) -> dict[str, Any]:
+def run(quick: bool = False, time_limit: float = 30.0) -> dict[str, Any]:
     """One row per (model, budget, variant); notes say whether the graphs had implementations."""
     rows: list[dict[str, Any]] = []
     limit = 4.0 if quick else time_limit
