@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from coop.errors import CaptureError
+from coop.graph_capture.alternatives import add_alternatives
 from coop.graph_capture.captured import Captured, flat_values
 from coop.graph_capture.cost import NodeProfile, profile_nodes
 from coop.graph_capture.lower import lower
@@ -22,7 +23,7 @@ from coop.graph_capture.trace import flat_names, split_state, trace_step
 
 
 def capture(model: nn.Module, example_batch: torch.Tensor | tuple | list, loss_fn: Callable[..., torch.Tensor] | None = None,
-            profile: bool = False, compact_masks: bool = True) -> Captured:
+            profile: bool = False, compact_masks: bool = True, alternatives: bool = False) -> Captured:
     """Capture one training step of ``model`` on ``example_batch`` as a coop Graph.
 
     ``loss_fn(model, *batch)`` returns a scalar; without it ``model(*batch)`` must return a
@@ -31,6 +32,9 @@ def capture(model: nn.Module, example_batch: torch.Tensor | tuple | list, loss_f
     analytic model of :mod:`coop.graph_capture.cost`. With
     ``compact_masks`` (the default) each dropout draw is a bool mask, the only non-recomputable
     node of a dropout (:mod:`coop.graph_capture.random_ops`); ``False`` keeps the traced float draw.
+    With ``alternatives`` the Graph also holds the implementations PyTorch offers (MONeT: ReLU /
+    hardtanh backward from a compact mask, in-place activations; :mod:`coop.graph_capture.alternatives`),
+    priced like the nodes; formulations other than ``monet`` ignore them.
     """
     if not isinstance(model, nn.Module):
         raise CaptureError(f"capture needs an nn.Module, got {type(model).__name__}")
@@ -46,8 +50,9 @@ def capture(model: nn.Module, example_batch: torch.Tensor | tuple | list, loss_f
         with torch.random.fork_rng(devices=[]):  # profiling must not advance the caller's RNG
             profiled = profile_nodes(traced.module, flat)
     lowered = lower(traced, placeholders, name=type(model).__name__, profiled=profiled)
+    found = add_alternatives(traced.module, lowered.graph, lowered.fx_names, lowered.owner_of, profiled) if alternatives else None
     return Captured(
-        graph=lowered.graph,
+        graph=found.graph if found is not None else lowered.graph,
         module=traced.module,
         placeholders=placeholders,
         grad_names=traced.output_grads,
@@ -57,6 +62,8 @@ def capture(model: nn.Module, example_batch: torch.Tensor | tuple | list, loss_f
         node_flops=lowered.node_flops,
         batch_shapes=[(tuple(t.shape), t.dtype) for t in batch],
         capture_s=time.perf_counter() - start,
+        impl_fx=found.impl_fx if found is not None else {},
+        optional_fx=found.optional_fx if found is not None else {},
     )
 
 

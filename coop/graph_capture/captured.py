@@ -15,6 +15,7 @@ import torch
 from torch import fx, nn
 
 from coop.graph import Graph
+from coop.graph_capture.alternatives import ImplProgram
 from coop.graph_capture.context import TrainingContext
 from coop.graph_capture.lower import output_nodes
 
@@ -46,6 +47,10 @@ class Captured:
     batch_shapes: list[tuple[tuple[int, ...], torch.dtype]] = field(default_factory=list)
     capture_s: float = 0.0
     context: TrainingContext | None = None  # what the step was captured in (None: not recorded)
+    #: MONeT's alternatives (capture(..., alternatives=True)): node id -> implementation name -> the fx
+    #: program that replaces the node's owning fx node, and optional value id -> the program computing it.
+    impl_fx: dict[int, dict[str, ImplProgram]] = field(default_factory=dict)
+    optional_fx: dict[int, ImplProgram] = field(default_factory=dict)
 
     @property
     def flops(self) -> int:

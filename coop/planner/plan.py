@@ -89,6 +89,7 @@ class Plan(BasePlan):
             "solve_s": result.wall_s if result else 0.0,
             "note": self.note,
             "arena_peak": self.arena_peak,
+            **implementations_used(self.graph, self.schedule),
         }
 
     def memory_timeline(self) -> dict[str, list[int]]:
@@ -158,6 +159,7 @@ class Plan(BasePlan):
             "batch": [{"shape": list(shape), "dtype": str(dtype).removeprefix("torch.")}
                       for shape, dtype in self.captured.batch_shapes],
             "steps": [s.model_dump(exclude_none=True) for s in self.schedule.steps],
+            "alternatives": "alternatives" in self.captured.graph.meta,
             "summary": self.summary(),
         }
         if self.captured.context is not None:  # what the capture depends on, to name it when a load differs
@@ -172,7 +174,8 @@ class Plan(BasePlan):
 
 def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: LossFn | None = None,
          formulation: str = "auto", time_limit: float = 60, profile: bool = False,
-         arena: bool = False, captured: Captured | None = None) -> Plan | DynamicPlan:
+         arena: bool = False, captured: Captured | None = None, device_profile: Any = None,
+         alternatives: bool | None = None, exact: bool = False) -> Plan | DynamicPlan:
     """Capture a training step, solve for a schedule within ``budget`` and return its replay.
 
     ``formulation="auto"`` picks per graph (coop.formulations.auto: the baseline order when it
@@ -183,7 +186,14 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
     the live-bytes budget is lowered by the fragmentation found until the arena peak fits, and
     the plan replays inside that arena (coop.runtime.arena_replay: one buffer per device and step).
     ``captured`` reuses an earlier :func:`coop.capture` of this model and batch (several budgets,
-    one capture and one profile).
+    one capture and one profile). ``device_profile`` (a name such as ``"a100-pcie4"``, a .toml path or a
+    :class:`coop.device_profiles.DeviceProfile`) prices paging for ``formulation="poet"`` and lets ``auto``
+    page to the device's slower tier when recomputation alone cannot reach the budget.
+
+    ``alternatives`` captures the operator implementations PyTorch offers (MONeT: ReLU/hardtanh
+    backward from a compact mask, in-place activations; coop.graph_capture.alternatives); by default
+    only for ``formulation="monet"``. ``summary()`` lists the implementations a plan uses and which
+    are inexact; ``exact=True`` removes inexact implementations before solving.
 
     The plan records the training context it was captured in (autocast, grad mode, devices,
     deterministic algorithms, train/eval; a ``captured`` without one is taken to be from the
@@ -195,7 +205,8 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
     module, wrapper = unwrap_model(model)
     batch = tuple(example_batch) if isinstance(example_batch, (tuple, list)) else (example_batch,)
     if captured is None:
-        captured = capture(module, batch, loss_fn=loss_fn, profile=profile)
+        with_alternatives = formulation == "monet" if alternatives is None else alternatives
+        captured = capture(module, batch, loss_fn=loss_fn, profile=profile, alternatives=with_alternatives)
     if captured.context is None:
         captured.context = TrainingContext.current(module, batch)
     graph = captured.graph
@@ -203,7 +214,7 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
     if formulation == "dynamic":
         return DynamicPlan(captured, module, budget_bytes, policy="coop", wrapper=wrapper, loss_fn=loss_fn)
     within = functools.partial(_plan_within, module, captured, formulation=formulation, time_limit=time_limit,
-                               loss_fn=loss_fn, wrapper=wrapper)
+                               loss_fn=loss_fn, wrapper=wrapper, device_profile=device_profile, exact=exact)
     if not arena:
         return within(budget_bytes)
     live_budget = budget_bytes
@@ -235,14 +246,16 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
 
 
 def _plan_within(model: nn.Module, captured: Captured, budget_bytes: int, *, formulation: str, time_limit: float,
-                 loss_fn: LossFn | None, wrapper: nn.Module | None) -> Plan:
+                 loss_fn: LossFn | None, wrapper: nn.Module | None, device_profile: Any = None,
+                 exact: bool = False) -> Plan:
     """Solve within a live-bytes budget; fall back to the cheapest fitting baseline, and say so.
 
     Formulations see the graph with random draws recomputable (:func:`replay_graph`): the executor
     replays a recomputed dropout mask from its saved generator state, bit for bit.
     """
-    graph = replay_graph(captured)
-    result = solve(graph, budget_bytes, formulation, time_limit=time_limit, captured=captured)
+    graph = exact_only(replay_graph(captured)) if exact else replay_graph(captured)
+    result = solve(graph, budget_bytes, formulation, time_limit=time_limit, captured=captured,
+                   device_profile=device_profile)
     if result.schedule is not None and validate(graph, result.schedule, budget_bytes).ok:
         return Plan(model, captured, result.schedule, budget_bytes, result.formulation, result, note=result.message,
                     loss_fn=loss_fn, wrapper=wrapper)
@@ -251,6 +264,24 @@ def _plan_within(model: nn.Module, captured: Captured, budget_bytes: int, *, for
             f"{fallback.formulation}")
     return Plan(model, captured, fallback.schedule, budget_bytes, fallback.formulation, fallback, note=note,
                 loss_fn=loss_fn, wrapper=wrapper)
+
+
+def exact_only(graph: Graph) -> Graph:
+    """``graph`` without its inexact implementations (``plan(..., exact=True)``): no formulation can choose them."""
+    if all(impl.exact for node in graph.nodes for impl in node.impls):
+        return graph
+    data = graph.model_dump()
+    for node in data["nodes"]:
+        node["impls"] = [impl for impl in node["impls"] if impl["exact"]]
+    return Graph.model_validate(data)
+
+
+def implementations_used(graph: Graph, schedule: Schedule) -> dict[str, list[str]]:
+    """The implementations a schedule chooses (``node:impl``), and which of them are inexact (MONeT)."""
+    used = sorted({(s.node, s.impl) for s in schedule.steps if s.op == "compute" and s.impl is not None})
+    named = [(f"{node}:{impl}", graph.node(node).implementation(impl)) for node, impl in used]
+    return {"implementations": [name for name, _ in named],
+            "inexact_implementations": [f"{name} (tolerance {impl.tolerance:g})" for name, impl in named if not impl.exact]}
 
 
 def load_plan(path: str | Path, model: nn.Module, loss_fn: LossFn | None = None) -> Plan:
@@ -265,7 +296,7 @@ def load_plan(path: str | Path, model: nn.Module, loss_fn: LossFn | None = None)
     module, wrapper = unwrap_model(model)
     device = next(module.parameters()).device
     batch = tuple(torch.zeros(b["shape"], dtype=getattr(torch, b["dtype"]), device=device) for b in document["batch"])
-    captured = capture(module, batch, loss_fn=loss_fn)
+    captured = capture(module, batch, loss_fn=loss_fn, alternatives=bool(document.get("alternatives", False)))
     captured.context = TrainingContext.current(module, batch)
     if captured.graph.structure_sha256 != document["graph"]["structure_sha256"]:
         saved = document.get("context") or {}

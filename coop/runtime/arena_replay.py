@@ -361,6 +361,11 @@ def _into_views(computed: Any, views: tuple[torch.Tensor | None, ...]) -> Any:
 def build_arena_program(captured: Captured, graph: Any, schedule: Schedule, simulation: Simulation,
                         replayed: set[int], placement: Placement) -> tuple[fx.GraphModule, ArenaProgram]:
     """The replay program of ``schedule`` (already legal on ``graph``) writing into one arena per device."""
+    chosen = next((s for s in schedule.steps if s.op == "compute" and (s.impl is not None or graph.node(s.node).optional)),
+                  None)
+    if chosen is not None:
+        raise CoopError(f"arena replay does not run operator implementations (MONeT) yet: the schedule computes {chosen}; "
+                        "replay it without arena=True, or plan with another formulation")
     check_placement(captured, graph, schedule, placement)
     builder = ArenaProgramBuilder(captured, graph, replayed, simulation, placement)
     module = builder.run(schedule)

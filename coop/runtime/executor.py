@@ -21,6 +21,13 @@ op's first compute whatever step the schedule takes them at. The executor replay
 its op's first compute: the same memory and cost), so the op's output tuple dies at the op's step
 instead of living until a far-away ``getitem``.
 
+A compute that names an implementation (MONeT, ``Step.impl``) copies that implementation's fx
+program from the capture (``Captured.impl_fx``, :mod:`coop.graph_capture.alternatives`) in place of
+the node's storage-owning fx node, and an optional value (a compact mask) runs its own program
+(``Captured.optional_fx``) only where the schedule computes it. An in-place implementation emits
+the in-place aten op (``relu_``, ``masked_fill_``) on the overwritten value, which the replay then
+treats as gone, as the simulator does.
+
 The context a replay runs in lives here too, shared by the static and the dynamic replay:
 :func:`recorded_program` (autocast off: the capture holds its own casts), :func:`unwrap_model`
 (DistributedDataParallel unwrapped, wrappers coop cannot honour refused) and
@@ -88,6 +95,7 @@ class _ProgramBuilder:
         self.hosts: dict[int, fx.Node] = {}
         self.computed: set[int] = set()
         self.last_random = -1
+        self.optional_values: dict[int, Any] = {}  # optional value id -> its program value (or _Unavailable)
 
     def group(self, node_id: int) -> list[fx.Node]:
         return sorted((self.by_name[n] for n in self.captured.fx_names[node_id]), key=self.position.__getitem__)
@@ -116,13 +124,16 @@ class _ProgramBuilder:
             for node in self.group(node_id)[1:]:
                 self.emit(node)
 
-    def compute(self, index: int, node_id: int) -> None:
+    def compute(self, index: int, node_id: int, impl: str | None = None) -> None:
         graph_node = self.schedule_graph.node(node_id)
         first = node_id not in self.computed
         if not first and not graph_node.recomputable:
             raise ScheduleError(f"step {index} (compute %{node_id}): node {node_id} ({graph_node.name}) is not "
                                 "recomputable (a random op or an extracted output); keep it instead")
         self.computed.add(node_id)
+        if graph_node.optional or impl is not None:
+            self.compute_alternative(index, node_id, impl)
+            return
         for node in self.group(node_id):
             if not is_random(node):
                 self.emit(node)
@@ -138,6 +149,49 @@ class _ProgramBuilder:
             else:
                 self.replay(node)
 
+    def compute_alternative(self, index: int, node_id: int, impl: str | None) -> None:
+        """An optional value, or node ``node_id`` under implementation ``impl``: the captured program of it
+        (:mod:`coop.graph_capture.alternatives`); an in-place one consumes the value it overwrites."""
+        graph_node = self.schedule_graph.node(node_id)
+        where = f"step {index} (compute %{node_id}" + (f" [{impl}])" if impl else ")")
+        if graph_node.optional:
+            program = self.captured.optional_fx.get(node_id)
+        else:
+            program = self.captured.impl_fx.get(node_id, {}).get(impl or "")
+        if program is None:
+            raise ScheduleError(f"{where}: the capture has no fx program for it; capture with alternatives=True")
+        value = self.run_program(program)
+        if graph_node.optional:
+            self.optional_values[node_id] = value
+            return
+        group = self.group(node_id)
+        value.meta = {**value.meta, **group[0].meta}
+        self.env[group[0]] = value
+        for node in group[1:]:  # the folded views of the value
+            self.emit(node)
+        consumed = graph_node.implementation(impl).inplace_of
+        if consumed is not None:
+            self.drop(consumed, f"overwritten in place at step {index}")
+
+    def run_program(self, program: Any) -> fx.Node:
+        """Copy an implementation's fx program into the replay, its placeholders bound to the values it reads."""
+        local: dict[fx.Node, fx.Node] = {}
+        placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
+        for placeholder, read in zip(placeholders, program.reads, strict=True):
+            local[placeholder] = self.lookup(self.by_name[read]) if isinstance(read, str) else self.optional_value(read)
+        for node in program.calls:
+            new = self.program.node_copy(node, local.__getitem__)
+            new.meta = dict(node.meta)
+            local[node] = new
+        return local[program.output]
+
+    def optional_value(self, node_id: int) -> fx.Node:
+        value = self.optional_values.get(node_id)
+        if value is None or isinstance(value, _Unavailable):
+            why = value.why if isinstance(value, _Unavailable) else "never computed"
+            raise ScheduleError(f"the executor needs optional value {node_id}, which is {why}")
+        return value
+
     def replay(self, node: fx.Node) -> None:
         """Recompute a random op from the generator state saved before its first draw."""
         saved = self.saved_states[node]
@@ -146,18 +200,28 @@ class _ProgramBuilder:
         self.env[node] = self.program.call_function(restore_generator_state, (previous, saved, self.env[node]))
 
     def drop(self, node_id: int, why: str) -> None:
+        if node_id in self.optional_values:
+            self.optional_values[node_id] = _Unavailable(why)
+            return
         for node in self.group(node_id):
             self.env[node] = _Unavailable(why)
 
     def page_out(self, node_id: int) -> None:
         if self.captured.graph.node(node_id).caller_owned:
             return  # the caller holds its own reference; there is nothing the replay can free
+        if node_id in self.optional_values:
+            self.hosts[node_id] = self.program.call_function(to_host, (self.optional_value(node_id),))
+            self.optional_values[node_id] = _Unavailable("paged out")
+            return
         base = self._base(node_id)
         self.hosts[node_id] = self.program.call_function(to_host, (self.lookup(base),))
         self.drop(node_id, "paged out")
 
     def page_in(self, node_id: int) -> None:
         if self.captured.graph.node(node_id).caller_owned:
+            return
+        if node_id in self.optional_values:
+            self.optional_values[node_id] = self.program.call_function(to_device, (self.hosts.pop(node_id),))
             return
         base = self._base(node_id)
         self.env[base] = self.program.call_function(to_device, (self.hosts.pop(node_id),))
@@ -205,7 +269,7 @@ def _program(captured: Captured, graph: Graph, schedule: Schedule) -> fx.GraphMo
     builder.start()
     for index, step in enumerate(schedule.steps):
         if step.op == "compute":
-            builder.compute(index, step.node)
+            builder.compute(index, step.node, step.impl)
         elif step.op == "free":
             builder.drop(step.node, f"freed at step {index}")
         elif step.op == "page_out":

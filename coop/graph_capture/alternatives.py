@@ -1,0 +1,402 @@
+"""Operator implementations PyTorch really offers, found in a captured step (MONeT, Shah et al. 2021).
+
+MONeT ("Memory Optimization for Deep Networks", ICLR 2021) lowers a training step's memory by
+choosing *how* each operator runs together with what is recomputed. After lowering, this module
+finds in the joint fx graph the choices that are bit-identical to eager PyTorch and adds them to
+the Graph (contract 1: ``Node.impls``, optional values), with the fx code the executor runs for
+each in :class:`ImplProgram`:
+
+* **compact masks** -- ``threshold_backward(grad, v, t)`` (ReLU's backward) and
+  ``hardtanh_backward(grad, v, lo, hi)`` (ReLU6, hardtanh) read only *where* ``v`` blocks the
+  gradient. An optional value ``mask = le(v, t)`` (or ``not(lo < v < hi)``: hardtanh's kernel zeroes
+  the gradient at a NaN ``v``, ReLU's passes it), one byte per element, is computed from ``v`` while
+  it is alive, and the backward's implementation ``mask`` reads ``[grad, mask]`` and runs
+  ``masked_fill(grad, mask, 0)``; ``mask_inplace`` runs ``masked_fill_`` into ``grad``'s storage
+  (``Impl.inplace_of``). The float ``v`` need not be kept. The kernels write ``+0.0`` where the
+  mask holds and copy ``grad`` elsewhere, so the bits are identical (tests/test_alternatives.py
+  compares raw bits with signed zeros, NaN, infinities and values at the thresholds).
+* **backward from the output** -- ``hardtanh_backward`` reads hardtanh's *input*; its
+  implementation ``from_output`` reads the output instead (``out <= lo`` iff ``x <= lo`` since
+  ``out = clamp(x, lo, hi)``), which an in-place hardtanh leaves as the only value.
+* **in place** -- an activation with an in-place aten variant (``relu_``, ``hardtanh_``, ...)
+  over a value of its own size gets the implementation ``inplace`` (``Impl.inplace_of``): the
+  executor emits the in-place op on the input's value, whose storage the output takes over. The
+  schedule semantics (coop.schedule) decide when that is legal; capture only offers it.
+
+Costs follow MONeT's profiling: with a profiled capture each program is timed on real tensors of
+the captured shapes (the fastest of :data:`~coop.graph_capture.cost.PROFILE_REPEATS` runs after a
+warm-up, as :func:`~coop.graph_capture.cost.profile_nodes` times the nodes), else the analytic
+model that priced the nodes prices the programs too. Stored bytes are those of the storage a real
+run returns; the workspace is the program's peak of live intermediate storages (what a memory meter
+sees above the inputs) minus its output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx
+from torch._guards import detect_fake_mode
+from torch.utils import _pytree as pytree
+
+from coop.graph import Graph, Impl, Node
+from coop.graph_capture.cost import PROFILE_REPEATS, NodeProfile, allocator_bytes, analytic_seconds, node_flops
+
+aten = torch.ops.aten
+
+#: Activations with an in-place aten variant of the same arithmetic (same kernel, written into its input).
+IN_PLACE_VARIANTS: dict[Any, Any] = {
+    aten.relu.default: aten.relu_.default,
+    aten.hardtanh.default: aten.hardtanh_.default,
+    aten.leaky_relu.default: aten.leaky_relu_.default,
+    aten.silu.default: aten.silu_.default,
+    aten.sigmoid.default: aten.sigmoid_.default,
+    aten.tanh.default: aten.tanh_.default,
+}
+
+#: The implementations capture offers, by name.
+IMPL_NAMES = ("mask", "mask_inplace", "from_output", "inplace")
+
+#: A program reads a source fx node (by name) or an optional value (by its Graph node id).
+Read = str | int
+
+
+@dataclass
+class ImplProgram:
+    """The fx code of one implementation or optional value.
+
+    ``graph``'s placeholders are bound, in order, to ``reads`` (a captured fx node's name, or the
+    Graph id of an optional value); its output is the value. For an implementation of node v the
+    value replaces v's storage-owning fx node, and v's folded views are then taken from it.
+    """
+
+    graph: fx.Graph
+    reads: tuple[Read, ...]
+
+    @property
+    def calls(self) -> list[fx.Node]:
+        return [n for n in self.graph.nodes if n.op == "call_function"]
+
+    @property
+    def output(self) -> fx.Node:
+        (value,) = self.graph.output_node().args
+        return value
+
+
+@dataclass
+class Alternatives:
+    """The Graph with implementations and optional values, and their fx programs."""
+
+    graph: Graph
+    impl_fx: dict[int, dict[str, ImplProgram]] = field(default_factory=dict)  # node id -> impl name -> program
+    optional_fx: dict[int, ImplProgram] = field(default_factory=dict)  # optional node id -> program
+
+
+class _Builder:
+    """Writes one small fx program whose values carry fake tensors of the captured shapes."""
+
+    def __init__(self, reads: list[tuple[Read, torch.Tensor]]) -> None:
+        self.graph = fx.Graph()
+        self.reads = tuple(r for r, _ in reads)
+        self.mode = detect_fake_mode([v for _, v in reads])
+        self.inputs = []
+        for index, (_, value) in enumerate(reads):
+            node = self.graph.placeholder(f"read_{index}")
+            node.meta["val"] = value
+            self.inputs.append(node)
+
+    def call(self, op: Any, *args: Any) -> fx.Node:
+        values = [a.meta["val"] if isinstance(a, fx.Node) else a for a in args]
+        with self.mode if self.mode is not None else contextlib.nullcontext():
+            value = op(*values)
+        node = self.graph.call_function(op, tuple(args))
+        node.meta["val"] = value
+        return node
+
+    def done(self, value: fx.Node) -> ImplProgram:
+        self.graph.output(value)
+        return ImplProgram(self.graph, self.reads)
+
+
+# -------------------------------------------------------------------- the programs
+def mask_program(backward: fx.Node) -> ImplProgram:
+    """``mask`` of a threshold/hardtanh backward's saved value: True where its gradient is zero."""
+    value = backward.args[1]
+    builder = _Builder([(value.name, value.meta["val"])])
+    (v,) = builder.inputs
+    if backward.target is aten.threshold_backward.default:
+        return builder.done(builder.call(aten.le.Scalar, v, backward.args[2]))
+    # hardtanh_backward passes the gradient only where lo < v < hi: a NaN v gets 0, so the mask is
+    # not(lo < v < hi), not (v <= lo or v >= hi)
+    low, high = backward.args[2], backward.args[3]
+    inside = builder.call(aten.logical_and.default, builder.call(aten.gt.Scalar, v, low), builder.call(aten.lt.Scalar, v, high))
+    return builder.done(builder.call(aten.logical_not.default, inside))
+
+
+def masked_backward_program(backward: fx.Node, mask_id: int, mask: torch.Tensor, in_place: bool = False) -> ImplProgram:
+    """The backward from ``[grad, mask]``: ``masked_fill(grad, mask, 0)``, or ``masked_fill_`` into ``grad``."""
+    grad = backward.args[0]
+    builder = _Builder([(grad.name, grad.meta["val"]), (mask_id, mask)])
+    g, m = builder.inputs
+    op = aten.masked_fill_.Scalar if in_place else aten.masked_fill.Scalar
+    return builder.done(builder.call(op, g, m, 0))
+
+
+def from_output_program(backward: fx.Node, output: fx.Node) -> ImplProgram:
+    """``hardtanh_backward(grad, out, lo, hi)``: the same mask from hardtanh's output as from its input."""
+    grad = backward.args[0]
+    builder = _Builder([(grad.name, grad.meta["val"]), (output.name, output.meta["val"])])
+    g, out = builder.inputs
+    return builder.done(builder.call(aten.hardtanh_backward.default, g, out, *backward.args[2:]))
+
+
+def inplace_program(activation: fx.Node) -> ImplProgram:
+    """The activation's in-place variant on its input's value."""
+    source = activation.args[0]
+    builder = _Builder([(source.name, source.meta["val"])])
+    (x,) = builder.inputs
+    return builder.done(builder.call(IN_PLACE_VARIANTS[activation.target], x, *activation.args[1:]))
+
+
+# -------------------------------------------------------------------- finding the alternatives
+@dataclass
+class _Found:
+    """Programs found before they are priced: per node its implementations; optional values by key."""
+
+    impls: dict[int, dict[str, tuple[ImplProgram, dict[str, Any]]]] = field(default_factory=dict)
+    optional: dict[tuple[str, ...], tuple[int, ImplProgram, int]] = field(default_factory=dict)  # key -> id, program, reads
+
+
+def _owned(node: fx.Node, fx_names: dict[int, list[str]], owner_of: dict[str, int]) -> bool:
+    """The node is the storage-owning fx node of its Graph node (its value is the node's value)."""
+    return fx_names[owner_of[node.name]][0] == node.name
+
+
+def _same_layout(a: Any, b: Any) -> bool:
+    return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype
+            and a.stride() == b.stride() and a.device == b.device)
+
+
+def _whole_storage(value: Any) -> bool:
+    """A contiguous tensor that is its whole storage (an in-place op then writes exactly the node's bytes)."""
+    return (isinstance(value, torch.Tensor) and value.is_contiguous() and value.storage_offset() == 0
+            and value.numel() * value.element_size() == value.untyped_storage().nbytes())
+
+
+def find(module: fx.GraphModule, graph: Graph, fx_names: dict[int, list[str]], owner_of: dict[str, int]) -> _Found:
+    """The mask, from-output and in-place programs this captured graph allows."""
+    found = _Found()
+    next_id = max(n.id for n in graph.nodes) + 1
+    for node in module.graph.nodes:
+        if node.op != "call_function" or not _owned(node, fx_names, owner_of):
+            continue
+        node_id = owner_of[node.name]
+        if graph.node(node_id).random:
+            continue
+        if node.target in (aten.threshold_backward.default, aten.hardtanh_backward.default):
+            next_id = _find_mask(node, graph, owner_of, found, next_id)
+            if node.target is aten.hardtanh_backward.default:
+                _find_from_output(node, owner_of, found)
+        if node.target in IN_PLACE_VARIANTS:
+            _find_inplace(node, graph, owner_of, found)
+    return found
+
+
+def _find_mask(backward: fx.Node, graph: Graph, owner_of: dict[str, int], found: _Found, next_id: int) -> int:
+    grad, value = backward.args[0], backward.args[1]
+    if not isinstance(grad, fx.Node) or not isinstance(value, fx.Node):
+        return next_id
+    if graph.node(owner_of[value.name]).caller_owned:
+        return next_id  # a parameter or input stays resident anyway: a mask would only add bytes
+    key = (value.name, str(backward.target), *map(repr, backward.args[2:]))
+    if key not in found.optional:
+        found.optional[key] = (next_id, mask_program(backward), owner_of[value.name])
+        next_id += 1
+    mask_id, mask, _ = found.optional[key]
+    program = masked_backward_program(backward, mask_id, mask.output.meta["val"])
+    if not _same_layout(program.output.meta["val"], backward.meta["val"]):
+        return next_id
+    impls = found.impls.setdefault(owner_of[backward.name], {})
+    impls["mask"] = (program, {})
+    grad_node = graph.node(owner_of[grad.name])
+    if (not grad_node.caller_owned and grad_node.output_of is None and grad_node.mem == graph.node(owner_of[backward.name]).mem
+            and _whole_storage(grad.meta.get("val")) and _same_layout(grad.meta.get("val"), backward.meta["val"])):
+        program = masked_backward_program(backward, mask_id, mask.output.meta["val"], in_place=True)
+        impls["mask_inplace"] = (program, {"inplace_of": grad_node.id})
+    return next_id
+
+
+def _find_from_output(backward: fx.Node, owner_of: dict[str, int], found: _Found) -> None:
+    value = backward.args[1]
+    for user in value.users if isinstance(value, fx.Node) else ():
+        if user.target is aten.hardtanh.default and tuple(user.args[1:]) == tuple(backward.args[2:]):
+            program = from_output_program(backward, user)
+            if _same_layout(program.output.meta["val"], backward.meta["val"]):
+                found.impls.setdefault(owner_of[backward.name], {})["from_output"] = (program, {})
+            return
+
+
+def _find_inplace(activation: fx.Node, graph: Graph, owner_of: dict[str, int], found: _Found) -> None:
+    source = activation.args[0]
+    if not isinstance(source, fx.Node) or source.name not in owner_of:
+        return
+    source_node = graph.node(owner_of[source.name])
+    node = graph.node(owner_of[activation.name])
+    if source_node.caller_owned or source_node.output_of is not None or source_node.mem != node.mem:
+        return
+    if not (_whole_storage(source.meta.get("val")) and _same_layout(source.meta.get("val"), activation.meta.get("val"))):
+        return
+    found.impls.setdefault(node.id, {})["inplace"] = (inplace_program(activation), {"inplace_of": source_node.id})
+
+
+# -------------------------------------------------------------------- pricing
+@dataclass
+class Price:
+    """What one program costs: seconds, the bytes its output stores, its workspace."""
+
+    seconds: float
+    mem: int
+    workspace: int
+
+
+def price(program: ImplProgram, profiled: bool) -> Price:
+    """Time (timed runs when ``profiled``, else the analytic model), stored bytes and workspace of a program.
+
+    Bytes come from one real run on zero-filled tensors of the captured layouts: the output's
+    storage as the device allocator holds it, and the peak of live intermediates minus the output.
+    """
+    with torch.random.fork_rng(devices=[]):  # pricing must not advance the caller's RNG
+        inputs = [_materialize(p.meta["val"], random=profiled) for p in _placeholders(program)]
+    mem, workspace = _run_bytes(program, [t.clone() for t in inputs])
+    if not profiled:
+        return Price(sum(analytic_seconds(n, node_flops(n)) for n in program.calls), mem, workspace)
+    module = fx.GraphModule(torch.nn.Module(), program.graph)
+    in_place = any(n.target in IN_PLACE_VARIANTS.values() for n in program.calls)
+    best = float("inf")
+    with torch.no_grad():
+        for run in range(PROFILE_REPEATS + 1):
+            args = [t.clone() for t in inputs] if in_place or run == 0 else inputs
+            start = time.perf_counter()
+            module(*args)
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            if run:  # the first run is the warm-up
+                best = min(best, time.perf_counter() - start)
+    return Price(best, mem, workspace)
+
+
+def _placeholders(program: ImplProgram) -> list[fx.Node]:
+    return [n for n in program.graph.nodes if n.op == "placeholder"]
+
+
+def _materialize(value: torch.Tensor, random: bool) -> torch.Tensor:
+    """A real tensor with the fake value's layout: zeros, or random data for timing."""
+    size = value.untyped_storage().nbytes() // max(value.element_size(), 1)
+    if value.dtype == torch.bool:
+        base = torch.rand(size, device=value.device) < 0.5 if random else torch.zeros(size, dtype=torch.bool, device=value.device)
+    elif value.is_floating_point() and random:
+        base = torch.randn(size, dtype=value.dtype, device=value.device)
+    else:
+        base = torch.zeros(size, dtype=value.dtype, device=value.device)
+    return base.as_strided(value.shape, value.stride(), value.storage_offset())
+
+
+def _run_bytes(program: ImplProgram, inputs: list[torch.Tensor]) -> tuple[int, int]:
+    """(output bytes, workspace bytes) of one real run, each value freed after its last use as fx frees it."""
+    env: dict[fx.Node, Any] = dict(zip(_placeholders(program), inputs, strict=True))
+    input_storages = {t.untyped_storage()._cdata for t in inputs}
+    last_use = {v: n for n in program.graph.nodes for v in n.all_input_nodes}
+    live: dict[int, int] = {}
+    peak = 0
+    with torch.no_grad():
+        for node in program.calls:
+            value = node.target(*pytree.tree_map_only(fx.Node, env.__getitem__, node.args))
+            env[node] = value
+            key = value.untyped_storage()._cdata
+            if key not in input_storages:
+                live[key] = allocator_bytes(value.untyped_storage().nbytes(), value.device)
+            peak = max(peak, sum(live.values()))
+            for used in node.all_input_nodes:
+                if last_use.get(used) is node and used.op == "call_function":
+                    live.pop(env[used].untyped_storage()._cdata, None)
+    output = env[program.output]
+    key = output.untyped_storage()._cdata
+    out_bytes = live.get(key, 0)
+    return out_bytes, max(peak - out_bytes, 0)
+
+
+# -------------------------------------------------------------------- into the Graph
+def add_alternatives(module: fx.GraphModule, graph: Graph, fx_names: dict[int, list[str]], owner_of: dict[str, int],
+                     profiled: NodeProfile | None = None) -> Alternatives:
+    """``graph`` with the alternatives :func:`find` finds, priced by :func:`price` (timed when ``profiled``)."""
+    found = find(module, graph, fx_names, owner_of)
+    by_name = {n.name: n for n in module.graph.nodes}
+    owner_seconds = _owner_seconds(profiled)
+    result = Alternatives(graph=graph)
+    optional_nodes: list[Node] = []
+    for (value_name, *_), (mask_id, program, reads) in found.optional.items():
+        cost = price(program, profiled is not None)
+        source = graph.node(reads)
+        optional_nodes.append(Node(id=mask_id, name=f"mask_{value_name}", op=str(program.output.target), inputs=(reads,),
+                                   mem=cost.mem, cost=cost.seconds, workspace=cost.workspace, kind=source.kind,
+                                   optional=True))
+        result.optional_fx[mask_id] = program
+    nodes = []
+    for node in graph.nodes:
+        impls = []
+        for name, (program, extra) in found.impls.get(node.id, {}).items():
+            cost = price(program, profiled is not None)
+            owner = by_name[fx_names[node.id][0]]
+            seconds = max(node.cost - owner_seconds(owner) + cost.seconds, 0.0)
+            reads = _impl_reads(node, program, fx_names, owner_of, by_name)
+            mem = node.mem if "inplace_of" in extra else cost.mem  # in place: the overwritten input's bytes
+            impls.append(Impl(name=name, cost=seconds, mem=mem, workspace=cost.workspace,
+                              inputs=None if reads == node.inputs else reads, **extra))
+            result.impl_fx.setdefault(node.id, {})[name] = program
+        nodes.append(node.model_copy(update={"impls": tuple(impls)}) if impls else node)
+    used = {r for programs in result.impl_fx.values() for p in programs.values() for r in p.reads if isinstance(r, int)}
+    optional_nodes = [n for n in optional_nodes if n.id in used]
+    result.optional_fx = {k: v for k, v in result.optional_fx.items() if k in used}
+    counts = {name: sum(name in p for p in result.impl_fx.values()) for name in IMPL_NAMES}
+    meta = {**graph.meta, "alternatives": {**counts, "optional": len(optional_nodes)}}
+    result.graph = Graph(name=graph.name, nodes=(*nodes, *optional_nodes), outputs=graph.outputs, order=graph.order,
+                         meta=meta)
+    return result
+
+
+def _owner_seconds(profiled: NodeProfile | None) -> Callable[[fx.Node], float]:
+    """The cost of one captured fx node as the nodes were priced: measured, or the analytic model."""
+    def seconds(node: fx.Node) -> float:
+        if profiled is not None:
+            return profiled.seconds.get(node.name, 0.0)
+        return analytic_seconds(node, node_flops(node))
+
+    return seconds
+
+
+def _impl_reads(node: Node, program: ImplProgram, fx_names: dict[int, list[str]], owner_of: dict[str, int],
+                by_name: dict[str, fx.Node]) -> tuple[int, ...]:
+    """The Graph ids an implementation reads: its program's reads and those of the node's folded fx nodes."""
+    reads: set[int] = {r if isinstance(r, int) else owner_of[r] for r in program.reads}
+    for name in fx_names[node.id][1:]:
+        reads.update(owner_of[source.name] for source in by_name[name].all_input_nodes)
+    reads.discard(node.id)
+    ordered = [i for i in node.inputs if i in reads]
+    return (*ordered, *sorted(reads - set(ordered)))
+
+
+def programs(alternatives: Alternatives) -> Iterator[tuple[int, str | None, ImplProgram]]:
+    """Every program: (node id, implementation name or None for an optional value, program)."""
+    for node_id, program in alternatives.optional_fx.items():
+        yield node_id, None, program
+    for node_id, by_impl in alternatives.impl_fx.items():
+        for name, program in by_impl.items():
+            yield node_id, name, program
+
+
+__all__ = ["IMPL_NAMES", "IN_PLACE_VARIANTS", "Alternatives", "ImplProgram", "Price", "add_alternatives", "find", "price", "programs"]
