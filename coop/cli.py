@@ -452,6 +452,9 @@ def capture(
     seq: Annotated[int | None, typer.Option("--seq", min=1, help="Zoo size: sequence length.")] = None,
     image: Annotated[int | None, typer.Option("--image", min=1, help="Zoo size: image side in pixels.")] = None,
     profile: Annotated[bool, typer.Option("--profile", help="Time every op on this machine for node costs.")] = False,
+    alternatives: Annotated[bool, typer.Option("--alternatives", help="Record the operator implementations PyTorch "
+                                               "offers (MONeT: mask backwards, in-place activations) for "
+                                               "--formulation monet.")] = False,
     json_output: JsonFlag = False,
 ) -> None:
     """Capture one training step (forward + backward) of a model as a graph JSON file."""
@@ -468,7 +471,7 @@ def capture(
         given = {"layers": layers, "hidden": hidden, "batch": batch, "seq": seq, "image": image}
         size = {k: v for k, v in given.items() if v is not None}
         module, example_batch, loss_fn = model_from_zoo(str(model), size)
-    result = capture_step(module, example_batch, loss_fn=loss_fn, profile=profile)
+    result = capture_step(module, example_batch, loss_fn=loss_fn, profile=profile, alternatives=alternatives)
     graph: Graph = result.graph
     output.parent.mkdir(parents=True, exist_ok=True)
     graph.save(output)

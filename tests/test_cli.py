@@ -298,3 +298,19 @@ def test_python_m_coop_cli_knows_every_command(command: str) -> None:
                           cwd=REPO, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert f"Usage: coop {command}" in done.stdout
+
+
+def test_capture_with_alternatives_feeds_monet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`coop capture --alternatives` records MONeT's implementations: the zoo CNN's two ReLUs give two optional
+    1-byte-per-element masks (a ReLU output of 4 x 8 x 16 x 16 float32 = 32,768 B -> 8,192 B), and
+    `coop solve --formulation monet` reads them; without the flag the graph has none."""
+    plain, with_alternatives = tmp_path / "cnn.json", tmp_path / "cnn_alt.json"
+    assert run(["capture", "--model", "cnn", "-o", plain], capsys)[0] == 0
+    assert run(["capture", "--model", "cnn", "--alternatives", "-o", with_alternatives], capsys)[0] == 0
+    assert not load_graph(plain).has_impls
+    graph = load_graph(with_alternatives)
+    masks = [graph.node(v) for v in graph.optional_ids]
+    assert len(masks) == 2 and all(mask.mem == 8192 for mask in masks)
+    status, out, _ = run(["solve", with_alternatives, "-b", "95%", "-f", "monet", "--time-limit", "10", "--json"], capsys)
+    assert status == 0, out
+    assert json.loads(out)["formulation"] == "monet"
