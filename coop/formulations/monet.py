@@ -47,10 +47,12 @@ from moccasin's remat-only schedule and from the lightest-implementation schedul
 (seconds to minutes) stops either solver, which returns its incumbent with status ``feasible`` and
 the gap (the interval model is restricted and reports ``extra["restricted_bound"]`` instead).
 
-The stage MILP is warm-started from the best remat-only schedule: moccasin's (Bartan et al. 2023) on the graph with
-default implementations, given :data:`REMAT_SHARE` of the time limit, itself started from the one
-warm-start collector (:func:`coop.formulations.warm_start.best_warm_start`), and the caller's
-``hint`` s. The MILP then searches only schedules cheaper than it (an objective cutoff), and when it
+The stage MILP is warm-started from the cheapest of MONeT's warm starts
+(:func:`coop.formulations.monet_large.monet_warm_starts`): the best remat-only schedule, moccasin's
+(Bartan et al. 2023) on the graph with default implementations given ``monet_large.REMAT_SHARE`` of
+the time limit and itself started from the one warm-start collector; below the remat-only least
+peak the lightest-implementation schedule; and the caller's ``hint`` s. The MILP then searches only
+schedules cheaper than it (an objective cutoff), and when it
 finds none in time that schedule is returned (status ``feasible``): monet is never worse than that
 remat-only schedule at the same budget. Pass moccasin's or checkmate's own result as ``hint`` to
 make that hold against a run given the whole time limit. On a graph without implementations the
@@ -70,12 +72,9 @@ from coop.errors import CoopError
 from coop.formulations.milp_backends import LinearModel, MilpSolution, solve_milp
 from coop.formulations.progress import ProgressCallback
 from coop.formulations.result import SolveResult
-from coop.formulations.warm_start import best_warm_start
 from coop.graph import Graph, Impl, Node
 from coop.schedule import Schedule, Simulation, Step, prompt_order, simulate
 
-#: The share of the time limit the remat-only warm start (moccasin) may take.
-REMAT_SHARE = 0.3
 #: Above this many positions (computed nodes plus optional values) the O(T^2) stage model gives way to
 #: the O(n) interval model (:mod:`coop.formulations.monet_large`).
 DEFAULT_MAX_NODES = 40
@@ -447,7 +446,7 @@ def monet(
                                exact=exact, recompute=recompute, max_intervals=max_intervals)
     if below := below_min_budget(budget, graph):
         return SolveResult("monet", "infeasible", message=below)
-    warm = _remat_warm_start(graph, budget, hint, time_limit, threads) if warm_start else None
+    warm = _cheapest_warm_start(graph, budget, hint, exact, time_limit, threads) if warm_start else None
     problem = _project(graph, budget, exact)
     if problem.capacity < 0:
         return SolveResult("monet", "infeasible", wall_s=time.perf_counter() - started,
@@ -464,29 +463,17 @@ def monet(
     return result
 
 
-def _remat_warm_start(graph: Graph, budget: int, hint: Any, time_limit: float,
-                      threads: int) -> tuple[str, Schedule, Simulation] | None:
-    """The best remat-only schedule: moccasin's (Bartan et al. 2023, given :data:`REMAT_SHARE` of the
-    time limit) among the warm-start collector's candidates, so that monet is never worse than it."""
-    from coop.formulations import solve
+def _cheapest_warm_start(graph: Graph, budget: int, hint: Any, exact: bool, time_limit: float,
+                         threads: int) -> tuple[str, Schedule, Simulation] | None:
+    """The cheapest fitting warm start (:func:`coop.formulations.monet_large.monet_warm_starts`): the best
+    remat-only schedule (moccasin, Bartan et al. 2023), so
+    that monet is never worse than it, and below the remat-only least peak the lightest-implementation
+    schedule, so that the MILP starts from a point that fits."""
+    from coop.formulations.monet_large import monet_warm_starts
 
     hints = list(hint) if isinstance(hint, list | tuple) else ([] if hint is None else [hint])
-    try:
-        remat = solve(graph.remat_only(), budget, "moccasin", time_limit=REMAT_SHARE * time_limit, threads=threads)
-    except CoopError:  # no schedule from moccasin: the collector's own candidates remain
-        remat = None
-    if remat is None or remat.schedule is None:
-        return best_warm_start(graph, budget, hints, lp_time_limit=min(10.0, time_limit / 10))
-    best: tuple[str, Schedule, Simulation] | None = None
-    for name, given in [("moccasin", remat), *(("hint", h) for h in hints)]:  # moccasin already ran the collector
-        schedule = getattr(given, "schedule", given)
-        try:
-            sim = simulate(graph, schedule)
-        except (CoopError, TypeError, AttributeError):  # an illegal hint is skipped
-            continue
-        if sim.peak <= budget and (best is None or sim.cost < best[2].cost):
-            best = (name, schedule, sim)
-    return best
+    found = monet_warm_starts(graph, budget, hints, exact, True, time_limit, threads)
+    return min(found, key=lambda candidate: candidate[2].cost, default=None)
 
 
 def _result(graph: Graph, budget: int, problem: _Problem, variables: _Variables, solution: MilpSolution,

@@ -62,7 +62,7 @@ def monet_intervals(graph: Graph, budget: int, *, time_limit: float = 60.0, thre
     hints = list(hint) if isinstance(hint, list | tuple) else ([] if hint is None else [hint])
     if recompute and not graph.has_impls:
         return _moccasin_only(graph, budget, time_limit, threads, progress, hints)
-    candidates = _warm_starts(graph, budget, hints, exact, recompute, time_limit, threads)
+    candidates = monet_warm_starts(graph, budget, hints, exact, recompute, time_limit, threads)
     best = min(candidates, key=lambda c: c[2].cost, default=None)
     if best is not None:
         clock.report(best[2].cost, None, f"monet: warm start {best[0]}")
@@ -87,9 +87,10 @@ def _moccasin_only(graph: Graph, budget: int, time_limit: float, threads: int, p
     return result
 
 
-def _warm_starts(graph: Graph, budget: int, hints: list[Any], exact: bool, recompute: bool, time_limit: float,
+def monet_warm_starts(graph: Graph, budget: int, hints: list[Any], exact: bool, recompute: bool, time_limit: float,
                  threads: int) -> list[Candidate]:
-    """The warm-start schedules that fit (after in-place conversion), cheapest first not required."""
+    """MONeT's warm starts that fit (after in-place conversion), for the interval model and the stage MILP:
+    moccasin's remat-only schedule, the lightest-implementation schedule, store-all, the caller's hints."""
     raw: list[tuple[str, Schedule | None]] = []
     choices = lightest_choices(graph, exact)
     fixed = fixed_impl_graph(graph, choices)
