@@ -231,7 +231,7 @@ def test_a_captured_model_below_the_remat_only_budget_pages_and_replays_exactly(
     remat_only = solve(graph, budget, "checkmate", solver="highs", **LIMIT)
     assert remat_only.status == "infeasible", remat_only.message  # proven by HiGHS: recomputation alone cannot
     plan = coop.plan(model, budget, batch, loss_fn=loss_fn, formulation="poet", device_profile="a100-pcie4",
-                     time_limit=60, captured=captured)
+                     time_limit=10, captured=captured)
     assert plan.formulation == "poet", plan.note
     assert any(step.op == "page_out" for step in plan.schedule.steps)
     verdict = validate(graph, plan.schedule, budget)

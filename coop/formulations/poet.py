@@ -34,9 +34,11 @@ time are :func:`price_schedule`'s, the one place a schedule is priced on a profi
 Warm start and fallback: Checkmate's model without paging (remat only, the same objective) is
 solved first and hints the full model; the answer is the best of the full model, the remat-only
 model and :func:`coop.formulations.warm_start.best_warm_start`, so poet is never worse than
-remat-only at the same budget and objective. The T x T model has about 5 T^2 / 2 binaries: above
-``max_nodes`` (:data:`DEFAULT_MAX_NODES`) computed nodes it is not built and the best remat-only
-warm start is returned with status ``heuristic`` and a message that says so.
+remat-only at the same budget and objective; with paging the candidates include a paging-only
+heuristic (:mod:`coop.formulations.paging_heuristic`), a fitting incumbent below the least budget
+recomputation alone reaches. The T x T model has about 5 T^2 / 2 binaries: above ``max_nodes``
+(:data:`DEFAULT_MAX_NODES`) computed nodes it is not built and the best warm start is returned with
+status ``heuristic`` and a message that says so.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ from coop.graph import Graph
 from coop.schedule import Schedule, ScheduleError, simulate
 
 #: Above this many computed nodes the T x T model (about 5 T^2 / 2 binaries and Checkmate's FREE
-#: rows) is not built: poet returns the best remat-only warm start and says so.
+#: rows) is not built: poet returns the best warm start and says so.
 DEFAULT_MAX_NODES = 300
 #: The profile used when none is given: coop's usual target, a data-centre GPU paging over PCIe.
 DEFAULT_DEVICE_PROFILE = "h100-sxm-pcie5"
@@ -333,15 +335,26 @@ class _Setting:
 
 
 def _best_fallback(setting: _Setting, hint: Any, time_limit: float) -> tuple[str, Schedule] | None:
-    """The best remat-only warm start (coop.formulations.warm_start) that the setting admits."""
-    if not setting.remat:
-        return None
+    """The cheapest admitted warm start: the best remat-only one (coop.formulations.warm_start) and,
+    where paging is allowed, the paging-only heuristic (coop.formulations.paging_heuristic), which
+    fits in milliseconds below the least budget recomputation alone reaches."""
+    from coop.formulations.paging_heuristic import paging_schedule
     from coop.formulations.warm_start import best_warm_start
 
-    found = best_warm_start(setting.graph, setting.budget, hint, lp_time_limit=min(10.0, time_limit / 6))
-    if found is None or not setting.admits(found[1]):
+    candidates: list[tuple[str, Schedule]] = []
+    if setting.remat:
+        found = best_warm_start(setting.graph, setting.budget, hint, lp_time_limit=min(10.0, time_limit / 6))
+        if found is not None:
+            candidates.append((found[0], found[1]))
+    if setting.paging:
+        paged = paging_schedule(setting.graph, setting.budget)
+        if paged is not None:
+            candidates.append(("paging heuristic", paged))
+    admitted = [(setting.price(s).value(setting.objective), name, s) for name, s in candidates if setting.admits(s)]
+    if not admitted:
         return None
-    return found[0], found[1]
+    _, name, schedule = min(admitted, key=lambda item: item[0])
+    return name, schedule
 
 
 def _too_large(setting: _Setting, fallback: tuple[str, Schedule] | None, max_nodes: int, wall: float) -> SolveResult:
@@ -349,11 +362,11 @@ def _too_large(setting: _Setting, fallback: tuple[str, Schedule] | None, max_nod
     why = (f"graph {setting.graph.name!r} has {size} computed nodes, above max_nodes={max_nodes}: POET's T x T model "
            f"(about {5 * size * size // 2} binaries) is not built")
     if fallback is None:
-        return SolveResult("poet", "unknown", wall_s=wall, message=f"{why}, and no remat-only warm start fits the budget; "
+        return SolveResult("poet", "unknown", wall_s=wall, message=f"{why}, and no warm start fits the budget; "
                                                                   "raise max_nodes or the budget")
     name, schedule = fallback
     return _result(setting, schedule, "heuristic", None, wall,
-                   f"{why}; returned the best remat-only warm start ({name}), no paging; raise max_nodes to solve it",
+                   f"{why}; returned the best warm start ({name}); raise max_nodes to solve it",
                    {"source": name})
 
 
