@@ -1,8 +1,8 @@
 """Benchmark: POET (Patil et al., ICML 2022) on its own published graphs and device profiles.
 
 For every graph of ``../shared/graphs/poet/`` (POET's layer graphs of five models, costed by
-POET's code for m0, m4, a72 and a72nocache) and every device profile of
-``coop/configs/devices/`` (a graph is re-costed for a profile it was not exported for by POET's
+POET's code for m0, m4, a72 and a72nocache) and the profiles of :data:`FULL_PROFILES` (any profile of
+``coop/configs/devices/`` with ``run(profiles=...)``; a graph is re-costed for a profile it was not exported for by POET's
 runtime model, runtime = FLOPs / FLOP/s, from the a72 export), at POET's published budgets
 (resnet18_cifar: 737,719 B with runtime budget 1.5 on m4; 3,000,000 B with 7.6 on a72) and a sweep
 of fractions of the baseline peak, it solves three ways with the same MILP and objective
