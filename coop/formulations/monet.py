@@ -70,10 +70,11 @@ from typing import Any
 from coop.budget import below_min_budget
 from coop.errors import CoopError
 from coop.formulations.milp_backends import LinearModel, MilpSolution, solve_milp
+from coop.formulations.monet_warm import order_with_optional
 from coop.formulations.progress import ProgressCallback
 from coop.formulations.result import SolveResult
 from coop.graph import Graph, Impl, Node
-from coop.schedule import Schedule, Simulation, Step, prompt_order, simulate
+from coop.schedule import Schedule, Simulation, Step, simulate
 
 #: Above this many positions (computed nodes plus optional values) the O(T^2) stage model gives way to
 #: the O(n) interval model (:mod:`coop.formulations.monet_large`).
@@ -122,28 +123,7 @@ class _Problem:
 def stage_order(graph: Graph) -> tuple[int, ...]:
     """``prompt_order(graph)`` with each optional value placed before the first regular (not an extra
     output) node that comes once all its inputs are placed: the positions of the stage model."""
-    placed = set(graph.caller_owned_ids)
-    pending = [n.id for n in graph.nodes if n.optional]
-    result: list[int] = []
-
-    def flush() -> None:
-        progress = True
-        while progress:
-            progress = False
-            for value in list(pending):
-                if all(i in placed for i in graph.node(value).inputs):
-                    result.append(value)
-                    placed.add(value)
-                    pending.remove(value)
-                    progress = True
-
-    for node_id in prompt_order(graph):
-        if graph.node(node_id).output_of is None:
-            flush()
-        result.append(node_id)
-        placed.add(node_id)
-    flush()
-    return tuple(result + pending)
+    return tuple(order_with_optional(graph, set(graph.optional_ids)))
 
 
 def _usable(node: Node, impl: Impl, exact: bool, uniform_size: dict[int, int | None]) -> bool:

@@ -85,16 +85,17 @@ def fixed_impl_graph(graph: Graph, choices: dict[int, Choice]) -> Graph:
                 raise CoopError(f"node {node.id}: in-place implementation {impl.name!r} cannot be fixed in a plain graph")
             data |= {"cost": impl.cost, "mem": impl.mem, "workspace": impl.workspace, "inputs": node.reads(impl)}
         nodes.append(data)
-    order = _order_with(graph, needed)
+    order = order_with_optional(graph, needed)
     return Graph.model_validate({"name": f"{graph.name}+impls", "nodes": nodes, "outputs": graph.outputs,
                                  "order": order, "meta": graph.meta})
 
 
-def _order_with(graph: Graph, values: set[int]) -> list[int]:
+def order_with_optional(graph: Graph, values: set[int]) -> list[int]:
     """``prompt_order(graph)`` with each of ``values`` (optional values) placed before the first node
-    (not an extra output) that comes once its inputs are placed, so before every node that may read it."""
+    (not an extra output) that comes once its inputs are placed, so before every node that may read it;
+    values that become ready together keep the graph's node order."""
     placed = set(graph.caller_owned_ids)
-    pending = sorted(values)
+    pending = [node.id for node in graph.nodes if node.id in values]
     result: list[int] = []
 
     def flush() -> None:
@@ -181,4 +182,5 @@ def _in_place_candidate(graph: Graph, node: Node, current: Impl | None, exact: b
     return None
 
 
-__all__ = ["apply_in_place", "fixed_impl_graph", "lightest_choices", "usable_impls", "with_choices"]
+__all__ = ["apply_in_place", "fixed_impl_graph", "lightest_choices", "order_with_optional", "usable_impls",
+           "with_choices"]
