@@ -24,21 +24,10 @@ from coop.formulations.auto import choose_formulation
 from coop.graph import Graph
 from coop.schedule import validate
 from tests.bruteforce import least_impl_peak, least_peak, optimal_impl_schedule, without_impls
+from tests.test_impls import mask_graph  # x -> relu -> head -> relu_bwd, which may read relu's 1-unit mask
 
 SOLVER = {"time_limit": 30.0, "threads": 1}
 PROPERTY = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-def mask_graph() -> Graph:
-    """x -> relu -> head -> relu_bwd(head, relu); relu_bwd may read relu's 1-unit mask instead (cost 2)."""
-    return Graph.model_validate({"name": "mask", "outputs": [4], "nodes": [
-        {"id": 0, "name": "x", "kind": "input", "mem": 10, "cost": 0},
-        {"id": 1, "name": "relu", "inputs": [0], "mem": 10, "cost": 1},
-        {"id": 2, "name": "mask", "inputs": [1], "mem": 1, "cost": 1, "optional": True},
-        {"id": 3, "name": "head", "inputs": [1], "mem": 1, "cost": 1},
-        {"id": 4, "name": "relu_bwd", "kind": "backward", "inputs": [3, 1], "mem": 10, "cost": 1,
-         "impls": [{"name": "from_mask", "cost": 2, "mem": 10, "inputs": [3, 2]}]},
-    ]})
 
 
 # -------------------------------------------------------------------- random graphs with implementations
