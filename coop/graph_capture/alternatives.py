@@ -18,6 +18,11 @@ each in :class:`ImplProgram`:
 * **backward from the output** -- ``hardtanh_backward`` reads hardtanh's *input*; its
   implementation ``from_output`` reads the output instead (``out <= lo`` iff ``x <= lo`` since
   ``out = clamp(x, lo, hi)``), which an in-place hardtanh leaves as the only value.
+* **batch norm from its output** (inexact, MONeT's output-activated normalisation) --
+  ``native_batch_norm_backward``'s implementation ``from_output`` reads batch norm's output ``y``
+  instead of its input and recomputes ``x_hat = (y - beta) / gamma``
+  (:func:`batch_norm_from_output_program`); offered only where every ``gamma`` is nonzero in the real
+  ``values`` passed at capture, with ``exact=False`` and :data:`BATCH_NORM_FROM_OUTPUT_TOLERANCE`.
 * **in place** -- an activation with an in-place aten variant (``relu_``, ``hardtanh_``, ...)
   over a value of its own size gets the implementation ``inplace`` (``Impl.inplace_of``): the
   executor emits the in-place op on the input's value, whose storage the output takes over. The
@@ -34,8 +39,9 @@ sees above the inputs) minus its output.
 from __future__ import annotations
 
 import contextlib
+import operator
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -61,6 +67,18 @@ IN_PLACE_VARIANTS: dict[Any, Any] = {
 
 #: The implementations capture offers, by name.
 IMPL_NAMES = ("mask", "mask_inplace", "from_output", "inplace")
+
+#: Training-mode batch norm forwards whose saved statistics ``native_batch_norm_backward`` reads.
+BATCH_NORM_FORWARDS = (aten._native_batch_norm_legit_functional.default, aten.native_batch_norm.default,
+                       aten._native_batch_norm_legit.default)
+
+#: Declared relative error of batch norm's backward from its output against eager autograd, relative to the
+#: size of each gradient's terms (max |gamma * invstd| * max |g| for grad_input, the largest per-channel
+#: sum |g * x_hat| and sum |g| for grad_weight and grad_bias; relative to max |grad| itself the error is
+#: unbounded, as grad_input cancels to ~0 when few elements share a channel). Measured in float32 over 200
+#: random shapes (>= 16 elements a channel), 0.1 <= |gamma| <= 2, beta ~ N(0, 1): at most 6.1e-7; declared
+#: with a safety factor of ~16. It grows with |beta| / |gamma| (y - beta loses x_hat's low bits).
+BATCH_NORM_FROM_OUTPUT_TOLERANCE = 1e-5
 
 #: A program reads a source fx node (by name) or an optional value (by its Graph node id).
 Read = str | int
@@ -155,6 +173,61 @@ def from_output_program(backward: fx.Node, output: fx.Node) -> ImplProgram:
     return builder.done(builder.call(aten.hardtanh_backward.default, g, out, *backward.args[2:]))
 
 
+def batch_norm_gradients(grad_input: torch.Tensor | None, grad_weight: torch.Tensor | None,
+                         grad_bias: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    """The output tuple of ``native_batch_norm_backward`` (the program's last call packs it)."""
+    return grad_input, grad_weight, grad_bias
+
+
+def batch_norm_from_output_program(backward: fx.Node, output: fx.Node, bias: fx.Node | None) -> ImplProgram:
+    """``native_batch_norm_backward`` (training mode) from batch norm's output ``y`` instead of its input.
+
+    MONeT's output-activated normalisation: ``x_hat = (y - beta) / gamma`` per channel, then the
+    training-mode gradients with per-channel sums over every dimension but 1 and ``n`` elements each::
+
+        grad_bias   = sum(g)
+        grad_weight = sum(g * x_hat)
+        grad_input  = gamma * invstd * (g - grad_bias / n - x_hat * grad_weight / n)
+                    = (y - beta) * (-invstd * grad_weight / n) + g * (gamma * invstd) - gamma * invstd * grad_bias / n
+
+    The last form needs one full-size buffer at a time (written in place), so the program's workspace
+    is one activation that is freed before the output exists. The saved mean is not needed. It is
+    undefined where a ``gamma`` is zero (``y`` then holds nothing of ``x``): capture offers it only
+    where every weight is nonzero, and a weight trained to zero later makes its gradients NaN or inf.
+    Reads ``[grad, y, weight, (bias,) save_invstd]``.
+    """
+    grad, _, weight, *_, invstd = backward.args[:7]
+    output_mask = backward.args[9]
+    reads = [(grad.name, grad.meta["val"]), (output.name, output.meta["val"]), (weight.name, weight.meta["val"])]
+    reads += [(bias.name, bias.meta["val"])] if bias is not None else []
+    reads += [(invstd.name, invstd.meta["val"])]
+    builder = _Builder(reads)
+    g, y, gamma, *beta, inv = builder.inputs
+    y_value = y.meta["val"]
+    channels = y_value.shape[1]
+    shape = [1, channels] + [1] * (y_value.dim() - 2)
+    dims = [d for d in range(y_value.dim()) if d != 1]
+    count = y_value.numel() // max(channels, 1)
+    gamma_c, inv_c = builder.call(aten.view.default, gamma, shape), builder.call(aten.view.default, inv, shape)
+    beta_c = builder.call(aten.view.default, beta[0], shape) if beta else None
+
+    def centered() -> fx.Node:  # y - beta, a fresh buffer
+        return builder.call(aten.sub.Tensor, y, beta_c) if beta_c is not None else builder.call(aten.clone.default, y)
+
+    x_hat = builder.call(aten.div_.Tensor, centered(), gamma_c)
+    sum_g_xhat = builder.call(aten.sum.dim_IntList, builder.call(aten.mul_.Tensor, x_hat, g), dims, True)
+    sum_g = builder.call(aten.sum.dim_IntList, g, dims, True)
+    scale = builder.call(aten.mul.Tensor, gamma_c, inv_c)  # gamma * invstd
+    slope = builder.call(aten.mul.Scalar, builder.call(aten.mul.Tensor, inv_c, sum_g_xhat), -1.0 / count)
+    shift = builder.call(aten.mul.Scalar, builder.call(aten.mul.Tensor, scale, sum_g), -1.0 / count)
+    grad_input = builder.call(aten.mul_.Tensor, centered(), slope)
+    grad_input = builder.call(aten.addcmul_.default, grad_input, g, scale)
+    grad_input = builder.call(aten.add_.Tensor, grad_input, shift)
+    grad_weight = builder.call(aten.view.default, sum_g_xhat, [channels]) if output_mask[1] else None
+    grad_bias = builder.call(aten.view.default, sum_g, [channels]) if output_mask[2] else None
+    return builder.done(builder.call(batch_norm_gradients, grad_input if output_mask[0] else None, grad_weight, grad_bias))
+
+
 def inplace_program(activation: fx.Node) -> ImplProgram:
     """The activation's in-place variant on its input's value."""
     source = activation.args[0]
@@ -188,8 +261,13 @@ def _whole_storage(value: Any) -> bool:
             and value.numel() * value.element_size() == value.untyped_storage().nbytes())
 
 
-def find(module: fx.GraphModule, graph: Graph, fx_names: dict[int, list[str]], owner_of: dict[str, int]) -> _Found:
-    """The mask, from-output and in-place programs this captured graph allows."""
+def find(module: fx.GraphModule, graph: Graph, fx_names: dict[int, list[str]], owner_of: dict[str, int],
+         values: Mapping[str, torch.Tensor] | None = None) -> _Found:
+    """The mask, from-output and in-place programs this captured graph allows.
+
+    ``values`` (placeholder name -> the real tensor at capture) lets batch norm's backward from its
+    output be offered where every weight is nonzero; without it that implementation is not offered.
+    """
     found = _Found()
     next_id = max(n.id for n in graph.nodes) + 1
     for node in module.graph.nodes:
@@ -204,6 +282,8 @@ def find(module: fx.GraphModule, graph: Graph, fx_names: dict[int, list[str]], o
                 _find_from_output(node, owner_of, found)
         if node.target in IN_PLACE_VARIANTS:
             _find_inplace(node, graph, owner_of, found)
+        if node.target is aten.native_batch_norm_backward.default:
+            _find_batch_norm_from_output(node, owner_of, found, values or {})
     return found
 
 
@@ -239,6 +319,35 @@ def _find_from_output(backward: fx.Node, owner_of: dict[str, int], found: _Found
             if _same_layout(program.output.meta["val"], backward.meta["val"]):
                 found.impls.setdefault(owner_of[backward.name], {})["from_output"] = (program, {})
             return
+
+
+def _find_batch_norm_from_output(backward: fx.Node, owner_of: dict[str, int], found: _Found,
+                                 values: Mapping[str, torch.Tensor]) -> None:
+    """Batch norm's backward from its output: training mode, an affine forward whose weight is a
+    placeholder with no zero at capture, and an output of the layout the backward reads."""
+    grad, source, weight, *_, invstd = backward.args[:7]
+    training, output_mask = backward.args[7], backward.args[9]
+    if not (training and isinstance(grad, fx.Node) and isinstance(weight, fx.Node) and isinstance(invstd, fx.Node)):
+        return
+    forward = invstd.args[0] if invstd.target is operator.getitem else None
+    if not isinstance(forward, fx.Node) or forward.target not in BATCH_NORM_FORWARDS or forward.args[1] is not weight:
+        return
+    if forward.args[0] is not source or not all(isinstance(m, bool) for m in output_mask):
+        return
+    real = values.get(weight.name) if weight.op == "placeholder" else None
+    if real is None or not bool(torch.all(real != 0)):
+        return  # x_hat = (y - beta) / gamma is undefined at a zero gamma
+    bias = forward.args[2]
+    output = next((u for u in forward.users if u.target is operator.getitem and u.args[1] == 0), None)
+    if output is None or output.name not in owner_of or (bias is not None and not isinstance(bias, fx.Node)):
+        return
+    if not _same_layout(output.meta.get("val"), source.meta.get("val")):
+        return
+    program = batch_norm_from_output_program(backward, output, bias)
+    produced, expected = program.output.meta["val"], backward.meta["val"]
+    if all(a is None and b is None or _same_layout(a, b) for a, b in zip(produced, expected, strict=True)):
+        found.impls.setdefault(owner_of[backward.name], {})["from_output"] = (
+            program, {"exact": False, "tolerance": BATCH_NORM_FROM_OUTPUT_TOLERANCE})
 
 
 def _find_inplace(activation: fx.Node, graph: Graph, owner_of: dict[str, int], found: _Found) -> None:
@@ -317,24 +426,36 @@ def _run_bytes(program: ImplProgram, inputs: list[torch.Tensor]) -> tuple[int, i
         for node in program.calls:
             value = node.target(*pytree.tree_map_only(fx.Node, env.__getitem__, node.args))
             env[node] = value
-            key = value.untyped_storage()._cdata
-            if key not in input_storages:
-                live[key] = allocator_bytes(value.untyped_storage().nbytes(), value.device)
+            keys = _storage_keys(value)
+            for tensor in _tensors(value):
+                if tensor.untyped_storage()._cdata not in input_storages:
+                    live[tensor.untyped_storage()._cdata] = allocator_bytes(tensor.untyped_storage().nbytes(), tensor.device)
             peak = max(peak, sum(live.values()))
-            for used in node.all_input_nodes:
+            for used in node.all_input_nodes:  # an in-place or view result keeps its input's storage alive
                 if last_use.get(used) is node and used.op == "call_function":
-                    live.pop(env[used].untyped_storage()._cdata, None)
-    output = env[program.output]
-    key = output.untyped_storage()._cdata
-    out_bytes = live.get(key, 0)
-    return out_bytes, max(peak - out_bytes, 0)
+                    for key in _storage_keys(env[used]) - keys:
+                        live.pop(key, None)
+    outputs = _tensors(env[program.output])  # a tuple (batch norm's gradients): the node's value is the first
+    out_bytes = live.get(outputs[0].untyped_storage()._cdata, 0) if outputs else 0
+    all_out = sum(live.get(key, 0) for key in _storage_keys(env[program.output]))
+    return out_bytes, max(peak - all_out, 0)
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    return [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
+
+
+def _storage_keys(value: Any) -> set[int]:
+    return {t.untyped_storage()._cdata for t in _tensors(value)}
 
 
 # -------------------------------------------------------------------- into the Graph
 def add_alternatives(module: fx.GraphModule, graph: Graph, fx_names: dict[int, list[str]], owner_of: dict[str, int],
-                     profiled: NodeProfile | None = None) -> Alternatives:
-    """``graph`` with the alternatives :func:`find` finds, priced by :func:`price` (timed when ``profiled``)."""
-    found = find(module, graph, fx_names, owner_of)
+                     profiled: NodeProfile | None = None, values: Mapping[str, torch.Tensor] | None = None) -> Alternatives:
+    """``graph`` with the alternatives :func:`find` finds, priced by :func:`price` (timed when ``profiled``).
+
+    ``values``: placeholder name -> real tensor at capture (see :func:`find`)."""
+    found = find(module, graph, fx_names, owner_of, values)
     by_name = {n.name: n for n in module.graph.nodes}
     owner_seconds = _owner_seconds(profiled)
     result = Alternatives(graph=graph)
@@ -399,4 +520,4 @@ def programs(alternatives: Alternatives) -> Iterator[tuple[int, str | None, Impl
             yield node_id, name, program
 
 
-__all__ = ["IMPL_NAMES", "IN_PLACE_VARIANTS", "Alternatives", "ImplProgram", "Price", "add_alternatives", "find", "price", "programs"]
+__all__ = ["BATCH_NORM_FROM_OUTPUT_TOLERANCE", "IMPL_NAMES", "IN_PLACE_VARIANTS", "Alternatives", "ImplProgram", "Price", "add_alternatives", "find", "price", "programs"]
