@@ -7,7 +7,9 @@ fails (non-zero exit) on any missing dependency or wrong result:
 1. ``coop.plan`` on a small built-in model under 60 % of its baseline peak, three AdamW steps, each compared with eager
    PyTorch doing the same steps (loss and every gradient equal);
 2. ``coop simulate`` and ``coop compare`` on a published graph of ``../shared/graphs/moccasin`` (the graph of a zoo
-   model captured here when ``../shared`` is absent, as on a user's clone).
+   model captured here when ``../shared`` is absent, as on a user's clone);
+3. ``coop capture --alternatives`` of a zoo model, ``coop solve`` with monet on it, and poet on a device profile
+   read from the installed package's data (``coop/configs/devices``).
 """
 
 from __future__ import annotations
@@ -86,6 +88,11 @@ def main() -> None:
         run_cli("simulate", str(graph), "--policy", "coop", "--budget", "90%")
         run_cli("compare", str(graph), "--budgets", "90%,70%", "--time-limit", "5",
                 "--csv", str(Path(tmp) / "compare.csv"), "--plot", str(Path(tmp) / "compare.png"))
+        captured = str(Path(tmp) / "cnn_alternatives.json")
+        run_cli("capture", "--model", "cnn", "--alternatives", "-o", captured)
+        run_cli("solve", captured, "--budget", "95%", "--formulation", "monet", "--time-limit", "5")
+        run_cli("solve", captured, "--budget", "80%", "--formulation", "poet", "--device-profile", "m4",
+                "--time-limit", "5")
     print("smoke: passed")
 
 
