@@ -4,14 +4,14 @@ For each budget (contract 3 specs, parsed by :func:`coop.budget.parse_budget`) t
 registered static formulation (:data:`coop.formulations.FORMULATIONS`: the baselines always, the
 solvers when registered) and every online policy (:mod:`coop.online.policies`) and reports one
 row per (method, budget): status, live peak (the most bytes resident at once), arena peak (the
-highest address used, fragmentation included: best fit over the schedule's lifetimes for static
-plans, :mod:`coop.online.static_arena`; the online arena's high-water mark for policies), compute
+highest address used, fragmentation included: the packed placement of the schedule's lifetimes
+(the lower of best fit and greedy by size) for static plans, :mod:`coop.online.static_arena`; the online arena's high-water mark for policies), compute
 overhead, solve or eviction-search latency, and for static methods the break-even number of
 training steps versus each online policy.
 
 One rule decides ``fits`` for both kinds: the arena peak is within the budget. An online policy
 runs in an arena of exactly the budget's bytes, so it fits when it finishes; a static plan fits
-when the best-fit placement of its values needs no more than the budget, so a plan whose live
+when the packed placement of its values needs no more than the budget, so a plan whose live
 bytes fit but whose frees leave holes too small for the next value is "fragmented", not a fit.
 
 Break-even: a static plan pays its solve latency once and then ``baseline_cost x (1 + overhead)``
@@ -39,14 +39,14 @@ from coop.formulations import BASELINES, FORMULATIONS, solve
 from coop.graph import Graph
 from coop.online.online_sim import OnlineResult, simulate_online
 from coop.online.policies import POLICIES
-from coop.online.static_arena import ARENA_ROUNDS, best_fit_placement, next_live_budget
+from coop.online.static_arena import ARENA_ROUNDS, next_live_budget, packed_placement
 
 #: Registry names that are not static plans (an online fallback registered as a formulation).
 ONLINE_FORMULATION_NAMES = frozenset({"dynamic", "online"})
 
 #: How ``fits`` is decided, stated in every report.
 FITS_NOTE = ("fits: the arena peak (highest address used, fragmentation included) is within the budget, for static "
-             "plans (best-fit placement of the schedule's values) and online policies (which run in an arena of the "
+             "plans (packed placement of the schedule's values: the lower of best fit and greedy by size) and online policies (which run in an arena of the "
              "budget's size) alike; 'fragmented': the live peak fits but the placement does not")
 
 #: The columns of every row, in table order.
@@ -238,7 +238,7 @@ def _row(method: str, kind: str, spec: str, budget: int, reference_peak: int, **
 
 
 def _static_row(graph: Graph, name: str, spec: str, budget: int, peak: int, options: dict[str, Any]) -> dict[str, Any]:
-    """A static formulation aimed at the arena: solved at the budget in live bytes and, while its best-fit
+    """A static formulation aimed at the arena: solved at the budget in live bytes and, while its packed
     placement overflows the arena, solved again at a lower live budget (as ``coop.plan(arena=True)``); the
     solve time counts every round."""
     started = time.perf_counter()
@@ -261,7 +261,7 @@ def _static_row(graph: Graph, name: str, spec: str, budget: int, peak: int, opti
         fitted = result
         rounds += 1
         sim = result.simulation
-        arena_peak = best_fit_placement(graph, result.schedule).arena_peak
+        arena_peak = packed_placement(graph, result.schedule).arena_peak
         if arena_peak <= budget or sim.peak > live_budget or rounds == ARENA_ROUNDS or name in BASELINES:
             break  # fits; or a baseline / over-budget schedule that a lower budget would not change
         live_budget = next_live_budget(live_budget, sim.peak, arena_peak, budget)
@@ -269,7 +269,7 @@ def _static_row(graph: Graph, name: str, spec: str, budget: int, peak: int, opti
             break
     solve_s = time.perf_counter() - started
     sim = result.simulation
-    arena_peak = best_fit_placement(graph, result.schedule).arena_peak
+    arena_peak = packed_placement(graph, result.schedule).arena_peak
     status, message = _static_verdict(result.status, sim.peak, arena_peak, budget)
     # POET's rows: the schedule priced on its device profile (coop.formulations.poet.price_schedule).
     priced = {key: result.extra[key] for key in ("energy_j", "paged_bytes") if key in result.extra}
@@ -283,7 +283,7 @@ def _static_verdict(solver_status: str, live_peak: int, arena_peak: int, budget:
     if live_peak > budget:
         return "over-budget", f"live peak {live_peak} exceeds the budget {budget}"
     if arena_peak > budget:
-        return "fragmented", (f"live peak {live_peak} fits the budget {budget}, but placing its values (best fit) "
+        return "fragmented", (f"live peak {live_peak} fits the budget {budget}, but placing its values (packed) "
                               f"needs an arena of {arena_peak}: raise the budget to {arena_peak}")
     return solver_status, ""
 

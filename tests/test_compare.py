@@ -14,7 +14,7 @@ from coop.config import ConfigError, load_config, parse_config
 from coop.errors import CoopError
 from coop.graph import Graph
 from coop.online.online_sim import simulate_online
-from coop.online.static_arena import best_fit_placement
+from coop.online.static_arena import best_fit_placement, exact_placement, packed_placement
 from coop.schedule import Schedule, simulate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,35 +75,36 @@ def test_break_even_needs_seconds_and_is_consistent() -> None:
 
 
 def _fragmenting_graph() -> Graph:
-    """x (1) feeds a (2) -> b (2); d (3) from x; e (1) reads b and d. In the order a, b, d, e:
+    """x (1, caller-owned); n1 (1) from x; n2 (2) from n1, read by nobody; n3 (1) from n1; n4 (2) from x and n3.
 
-    step 0: a [1, 3) above x [0, 1)        live 1 + 2 = 3
-    step 1: b [3, 5); a dies after it       live 1 + 2 + 2 = 5
-    step 2: d needs 3 contiguous bytes; a's hole [1, 3) holds 2: d goes to [5, 8)   live 1 + 2 + 3 = 6
-    step 3: e fits a's hole at [1, 2)       live 1 + 2 + 3 + 1 = 7
-
-    Live peak 7, best-fit arena peak 8 (addresses counted by hand above).
+    Store-all in the order n1, n2, n3, n4 (frees right after the last read), counted by hand:
+    step 0 x + n1 = 2; step 1 x + n1 + n2 = 4 (n2 dies); step 2 x + n1 + n3 = 3 (n1 dies); step 3 x + n3 + n4 = 4.
+    Blocks: x [0..3] 1 B, n1 [0..2] 1 B, n2 [1..1] 2 B, n3 [2..3] 1 B, n4 [3..3] 2 B; live peak 4.
+    Best fit in order: x 0, n1 1, n2 [2, 4), n3 2, then n4 finds only n1's 1-byte hole: [3, 5), arena 5.
+    Greedy by size: n2 and n4 (never live together) at [0, 2), x 2, n1 3, n3 above all three: 4, arena 5.
+    An arena of 4 exists (x 0, n1 1, n2 [2, 4), n3 3, n4 [1, 3)): packing is a heuristic.
     """
     return Graph.model_validate({"name": "fragmenting", "nodes": [
         {"id": 0, "name": "x", "mem": 1, "cost": 0, "kind": "input"},
-        {"id": 1, "name": "a", "mem": 2, "cost": 1.0, "inputs": [0]},
-        {"id": 2, "name": "b", "mem": 2, "cost": 1.0, "inputs": [1]},
-        {"id": 3, "name": "d", "mem": 3, "cost": 1.0, "inputs": [0]},
-        {"id": 4, "name": "e", "mem": 1, "cost": 1.0, "inputs": [2, 3]},
+        {"id": 1, "name": "n1", "mem": 1, "cost": 1.0, "inputs": [0]},
+        {"id": 2, "name": "n2", "mem": 2, "cost": 1.0, "inputs": [1]},
+        {"id": 3, "name": "n3", "mem": 1, "cost": 1.0, "inputs": [1]},
+        {"id": 4, "name": "n4", "mem": 2, "cost": 1.0, "inputs": [0, 3]},
     ], "outputs": [4], "order": [1, 2, 3, 4]})
 
 
 def test_a_static_plan_whose_live_peak_fits_but_whose_arena_does_not_is_fragmented() -> None:
     graph = _fragmenting_graph()
-    assert min_budget(graph) == 7  # step 3: x + b + d + e
-    placement = best_fit_placement(graph, Schedule.from_order(graph.order))
-    offsets = {b.label: o for b, o in zip(placement.lifetimes, placement.offsets, strict=True)}
-    assert offsets == {"owned %0": 0, "%1#0": 1, "%2#1": 3, "%3#2": 5, "%4#3": 1}
-    report = compare(graph, [7, 8], formulations=["store-all"], policies=["dtr", "coop"])
-    tight, roomy = (next(r for r in report.rows if r["method"] == "store-all" and r["budget"] == b) for b in (7, 8))
-    assert (tight["live_peak"], tight["arena_peak"]) == (7, 8) == (roomy["live_peak"], roomy["arena_peak"])
+    schedule = Schedule.from_order(graph.order)
+    assert simulate(graph, schedule).peak == 4
+    assert best_fit_placement(graph, schedule).arena_peak == packed_placement(graph, schedule).arena_peak == 5
+    exact = exact_placement(graph, schedule, time_limit=5.0)
+    assert exact.status == "optimal" and exact.arena_peak == 4
+    report = compare(graph, [4, 5], formulations=["store-all"], policies=["dtr", "coop"])
+    tight, roomy = (next(r for r in report.rows if r["method"] == "store-all" and r["budget"] == b) for b in (4, 5))
+    assert (tight["live_peak"], tight["arena_peak"]) == (4, 5) == (roomy["live_peak"], roomy["arena_peak"])
     assert not tight["fits"] and tight["status"] == "fragmented"
-    assert "needs an arena of 8" in tight["message"] and "\n" not in tight["message"]
+    assert "needs an arena of 5" in tight["message"] and "\n" not in tight["message"]
     assert roomy["fits"] and roomy["status"] != "fragmented"
     assert FITS_NOTE in report.notes
     # online rows at the same budget: the same rule, checked against the online engine run directly

@@ -9,7 +9,13 @@ from hypothesis import strategies as st
 from coop.errors import CoopError
 from coop.graph import Graph
 from coop.graph_files import load_graph
-from coop.online.static_arena import Placement, best_fit_placement, exact_placement, schedule_lifetimes
+from coop.online.static_arena import (
+    Placement,
+    best_fit_placement,
+    exact_placement,
+    packed_placement,
+    schedule_lifetimes,
+)
 from coop.schedule import Schedule, simulate
 from tests.strategies import random_graphs, random_schedules
 
@@ -107,3 +113,29 @@ def test_exact_refuses_large_schedules(moccasin_dir) -> None:
     greedy = best_fit_placement(graph, schedule)
     _assert_disjoint(greedy)
     assert greedy.arena_peak >= greedy.live_peak
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=graphs_with_schedules(max_nodes=7))
+def test_packed_placement_is_disjoint_and_between_the_optimum_and_best_fit(case: tuple[Graph, Schedule]) -> None:
+    """Oracles: the live peak (no placement is lower), CP-SAT's proven optimum, and best fit (packed takes the lower)."""
+    graph, schedule = case
+    packed = packed_placement(graph, schedule)
+    _assert_disjoint(packed)
+    packed.check()
+    greedy = best_fit_placement(graph, schedule)
+    assert packed.live_peak <= packed.arena_peak <= greedy.arena_peak
+    exact = exact_placement(graph, schedule, time_limit=2.0, max_blocks=200)
+    if exact.status == "optimal":
+        assert exact.arena_peak <= packed.arena_peak
+
+
+def test_greedy_by_size_closes_the_hole_best_fit_leaves() -> None:
+    """Hand-placed: best fit in schedule order puts a (4) at 0 and b (4) at 4; a dies, and c (6), alive with b, cannot
+    use a's 4-byte hole, so it goes to 8, d (1) to 0 (arena 14). Largest first places c at 0, b at 6 (it overlaps
+    c), a at 0 (a and c never share a step), d on top at 10: arena 11 = the live peak b + c + d."""
+    graph = _fragmenting_graph()
+    schedule = Schedule.from_order(graph.order)
+    assert best_fit_placement(graph, schedule).arena_peak > simulate(graph, schedule).peak
+    packed = packed_placement(graph, schedule)
+    assert packed.method == "greedy-by-size" and packed.arena_peak == packed.live_peak == simulate(graph, schedule).peak

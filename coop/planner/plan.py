@@ -45,7 +45,7 @@ class Plan(BasePlan):
                  result: SolveResult | None = None, note: str = "", loss_fn: LossFn | None = None,
                  wrapper: nn.Module | None = None) -> None:
         super().__init__(model, captured, budget, loss_fn=loss_fn, wrapper=wrapper)
-        self.arena_peak: int | None = None  # best-fit arena peak, set by plan(..., arena=True)
+        self.arena_peak: int | None = None  # packed arena peak, set by plan(..., arena=True)
         self._dynamic_by_shape: dict[tuple, DynamicPlan] = {}
         self.schedule = schedule
         self.formulation = formulation
@@ -182,7 +182,7 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
     fits, Checkmate's MILP on small graphs, Moccasin's CP-SAT on large ones). A formulation that
     returns no schedule within the budget falls back to the cheapest fitting baseline, and the
     plan's ``note`` (and ``summary()["note"]``) says so. With ``arena=True`` the budget is the size
-    of an address-ordered arena: every value gets a best-fit address (coop.online.static_arena),
+    of an address-ordered arena: every value gets an address (coop.online.static_arena's packed placement),
     the live-bytes budget is lowered by the fragmentation found until the arena peak fits, and
     the plan replays inside that arena (coop.runtime.arena_replay: one buffer per device and step).
     ``captured`` reuses an earlier :func:`coop.capture` of this model and batch (several budgets,
@@ -229,7 +229,7 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
             footprint = max(placement.arena_peak, candidate.predicted_peak)
         if placement.arena_peak <= budget_bytes and footprint <= budget_bytes:
             candidate.note = (candidate.note + "; " if candidate.note else "") + (
-                f"arena {format_memory(budget_bytes, graph)}: best-fit arena peak "
+                f"arena {format_memory(budget_bytes, graph)}: {placement.method} arena peak "
                 f"{format_memory(placement.arena_peak, graph)} (live-bytes budget {format_memory(live_budget, graph)})")
             transients = candidate.executor.arena_program.transients
             if transients:  # ops without an in-place kernel: computed outside the arena, then copied in
@@ -241,7 +241,7 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
         if live_budget < min_budget(graph):
             break
     raise InfeasibleError(f"no plan fits an arena of {format_memory(budget_bytes, graph)}: fragmentation keeps the "
-                          f"best-fit arena peak above it (last {format_memory(candidate.arena_peak, graph)}); "
+                          f"packed arena peak above it (last {format_memory(candidate.arena_peak, graph)}); "
                           "raise the budget")
 
 
