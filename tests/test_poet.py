@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from torch import nn
 from torch.nn import functional as F
@@ -28,6 +28,7 @@ from coop.budget import baseline_peak, min_budget
 from coop.device_profiles import DeviceProfile, profile_from_dict
 from coop.errors import CoopError
 from coop.formulations import solve
+from coop.formulations.poet import poet
 from coop.graph import Graph
 from coop.schedule import validate
 from tests.bruteforce_paging import optimal_paging_schedule
@@ -245,3 +246,45 @@ def test_a_captured_model_below_the_remat_only_budget_pages_and_replays_exactly(
         assert torch.equal(param.grad, eager_param.grad)
     assert meter.peak_bytes <= plan.predicted_peak <= budget, meter.peak_op
     assert meter.host_peak_bytes > 0
+
+
+def _free_recompute_graph() -> Graph:
+    """Found by hypothesis: every node costs 0, so recomputing is free (0 J) while paging costs latency x power;
+    a paging schedule and the recomputing optimum tie on compute cost, and only the energy tells them apart."""
+    return Graph.model_validate({"name": "free-recompute", "order": [0, 2, 3, 1, 5, 6, 4], "nodes": [
+        {"id": 0, "name": "fwd0", "mem": 0, "cost": 0}, {"id": 2, "name": "fwd2", "mem": 0, "cost": 0},
+        {"id": 3, "name": "fwd3", "mem": 1, "cost": 0}, {"id": 1, "name": "fwd1", "mem": 1, "cost": 0},
+        {"id": 5, "name": "fwd0.extra", "inputs": [0], "mem": 0, "cost": 0, "recomputable": False, "output_of": 0},
+        {"id": 6, "name": "fwd1.extra", "inputs": [1], "mem": 0, "cost": 0, "recomputable": False, "output_of": 1},
+        {"id": 4, "name": "bwd0", "inputs": [3], "mem": 0, "cost": 0, "kind": "backward"}]})
+
+
+_SLOW_PAGING = profile_from_dict({"source": "hypothesis", "flops_per_s": 0.01, "flops_per_joule": 0.01, "power_w": 1.0,
+                                  "memory_power_w": 0.01, "pagein_latency_s": 0.01, "pageout_latency_s": 0.01,
+                                  "pagein_bytes_per_s": 1.0, "pageout_bytes_per_s": 1.0})
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(graph=_free_recompute_graph(), fraction=0.0, profile=_SLOW_PAGING)
+@given(graph=random_graphs(max_nodes=5), fraction=st.sampled_from([0.0, 0.2, 0.5]), profile=profiles())
+def test_a_hinted_schedule_competes_on_the_objective(graph: Graph, fraction: float, profile: DeviceProfile) -> None:
+    """With no MILP at all (max_nodes=0: the warm starts alone), poet handed the brute-force optimum as a hint returns
+    exactly its energy: hints compete on the objective, not on compute cost (a paging schedule's energy does not
+    follow its compute cost). Oracle: tests/bruteforce_paging.py and the hand-written prices."""
+    from coop.schedule import Schedule, Step
+
+    budget = budget_between(graph, fraction)
+    prices = prices_by_hand(graph, profile, "energy")
+    oracle = optimal_paging_schedule(graph, budget, *prices)
+    if oracle is None:
+        return
+    best = Schedule(steps=tuple(s if isinstance(s, Step) else Step(op=s[0], node=s[1]) for s in oracle.steps))
+    from coop.formulations.paging_heuristic import paging_schedule
+
+    # A paging schedule computes every node once (the least compute cost), so ranked by cost it would win over
+    # an optimum that recomputes: the hints must compete on energy.
+    paged = paging_schedule(graph, budget)
+    hints = [paged, best] if paged is not None else [best]
+    result = poet(graph, budget, device_profile=profile, max_nodes=0, hint=hints, time_limit=5, threads=1)
+    assert result.status == "heuristic" and result.schedule is not None
+    assert result.objective == pytest.approx(oracle.cost, rel=1e-9, abs=1e-12)

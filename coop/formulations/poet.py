@@ -335,9 +335,9 @@ class _Setting:
 
 
 def _best_fallback(setting: _Setting, hint: Any, time_limit: float) -> tuple[str, Schedule] | None:
-    """The cheapest admitted warm start: the best remat-only one (coop.formulations.warm_start) and,
-    where paging is allowed, the paging-only heuristic (coop.formulations.paging_heuristic), which
-    fits in milliseconds below the least budget recomputation alone reaches."""
+    """The cheapest admitted warm start on the objective: the best remat-only one (coop.formulations.
+    warm_start), where paging is allowed the paging-only heuristic (coop.formulations.paging_heuristic),
+    which fits in milliseconds below the least budget recomputation alone reaches, and every hint."""
     from coop.formulations.paging_heuristic import paging_schedule
     from coop.formulations.warm_start import best_warm_start
 
@@ -350,6 +350,12 @@ def _best_fallback(setting: _Setting, hint: Any, time_limit: float) -> tuple[str
         paged = paging_schedule(setting.graph, setting.budget)
         if paged is not None:
             candidates.append(("paging heuristic", paged))
+    # Every hint competes on the objective too (best_warm_start ranks by compute cost, which a paging
+    # schedule's energy does not follow).
+    for given in hint if isinstance(hint, list | tuple) else [hint]:
+        schedule = getattr(given, "schedule", given)
+        if isinstance(schedule, Schedule):
+            candidates.append(("hint", schedule))
     admitted = [(setting.price(s).value(setting.objective), name, s) for name, s in candidates if setting.admits(s)]
     if not admitted:
         return None
