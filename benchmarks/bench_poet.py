@@ -10,9 +10,18 @@ of fractions of the baseline peak, it solves three ways with the same MILP and o
 objective) and ``paging-only`` (``remat=False``, Capuchin-style). Each row: energy (J), runtime
 (compute + paging, s), recomputations, page-ins and page-outs, solve time and gap.
 
+Beside them, on every cell, ``published model, CBC``: POET's published MILP re-implemented from the
+paper (:mod:`benchmarks.poet_published`, PuLP + CBC, the published semantics: its runtime budget
+counts compute only, its slow-tier copy persists, a page-out needs the value resident at the stage's
+start) at the same time limit, its solution converted to a coop schedule, validated and priced by
+coop's device-profile model like the other rows (``published_objective_j``: the model's own
+objective; it is lower than ``energy_j`` only where the published model reuses a slow-tier copy that
+coop pays to page out again). The notes count the cells where poet's energy is no higher.
+
 ``--quick`` runs poet_linear and poet_transformer on m4 and a72 at two budgets with a 10 s limit.
 
-Run: ``.venv/bin/python -m benchmarks.bench_poet [--quick] [--time-limit 120] [--models linear,vgg16_cifar]``
+Run: ``.venv/bin/python -m benchmarks.bench_poet [--quick] [--time-limit 120] [--models linear,vgg16_cifar]
+[--fractions 0.6] [--no-published]``
 or ``python benchmarks/run_all.py --only bench_poet [--quick]``.
 """
 
@@ -31,6 +40,11 @@ from coop.formulations.poet import poet
 from coop.graph import Graph
 from coop.graph_files import load_graph
 
+try:  # run as ``python -m benchmarks.bench_poet`` or by run_all with the repository root on sys.path
+    from benchmarks.poet_published import solve_published
+except ImportError:  # run as a script from benchmarks/
+    from poet_published import solve_published  # type: ignore[no-redef]
+
 GRAPH_DIR = Path(__file__).resolve().parents[2] / "shared" / "graphs" / "poet"
 MODELS = ("linear", "transformer", "vgg16_cifar", "resnet18_cifar", "resnet18")
 EXPORTED = ("m0", "m4", "a72", "a72nocache")  # the platforms POET's code costed the graphs for
@@ -41,6 +55,10 @@ FULL_PROFILES = (*EXPORTED, "a100-pcie4")
 PUBLISHED = (("resnet18_cifar", "m4", 737_719, 1.5), ("resnet18_cifar", "a72", 3_000_000, 7.6))
 #: remat-only and paging-only run first: their schedules are poet's hints, so poet is never worse than either row.
 METHODS = {"remat-only": {"paging": False}, "paging-only": {"remat": False}, "poet": {}}
+PUBLISHED_METHOD = "published model, CBC"
+#: The full run solves the published model at POET's published budgets and 0.6 x peak (every cell would add
+#: about a third to the run); ``--quick`` and ``run(published_on=None)`` solve it on every cell.
+PUBLISHED_ON = ("published", "0.6 x peak")
 
 
 def graph_for(model: str, profile_name: str, graph_dir: Path = GRAPH_DIR) -> Graph:
@@ -75,16 +93,53 @@ def row(graph: Graph, profile_name: str, label: str, budget: int, runtime_budget
             "gap": None if result.gap is None else round(result.gap, 4)}, result.schedule
 
 
+def published_row(graph: Graph, profile_name: str, label: str, budget: int, runtime_budget: float | None,
+                  time_limit: float, threads: int) -> dict[str, Any]:
+    """The published model's row (benchmarks.poet_published), in the columns of :func:`row`."""
+    result = solve_published(graph, budget, profile_name, runtime_budget=runtime_budget, time_limit=time_limit,
+                             threads=threads)
+    return {"graph": graph.name, "nodes": len(graph.order), "profile": profile_name, "budget": label,
+            "budget_bytes": budget, "runtime_budget": runtime_budget, "method": PUBLISHED_METHOD,
+            "status": result.status, "energy_j": result.energy_j, "time_s": result.time_s,
+            "recomputations": result.recomputations, "page_ins": result.page_ins, "page_outs": result.page_outs,
+            "solve_s": round(result.wall_s, 2), "gap": None if result.gap is None else round(result.gap, 4),
+            "build_s": round(result.build_s, 2), "published_objective_j": result.objective, "note": result.message or None}
+
+
+def poet_vs_published(rows: list[dict[str, Any]]) -> str:
+    """The check line: poet's energy against the published model's, per cell where the latter found a schedule."""
+    cells: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        cells.setdefault((r["graph"], r["profile"], r["budget"]), {})[r["method"]] = r
+    compared = [(c["poet"], c[PUBLISHED_METHOD]) for c in cells.values()
+                if PUBLISHED_METHOD in c and "poet" in c and c[PUBLISHED_METHOD]["energy_j"] is not None
+                and c[PUBLISHED_METHOD]["status"] in ("optimal", "feasible")]
+    tolerance = 1e-9
+
+    def at_most(ours: Any, theirs: float) -> bool:
+        return ours is not None and ours <= theirs * (1 + tolerance) + 1e-15
+
+    priced = sum(at_most(ours["energy_j"], theirs["energy_j"]) for ours, theirs in compared)
+    own = sum(at_most(ours["energy_j"], theirs["published_objective_j"]) for ours, theirs in compared)
+    optimal = sum(theirs["status"] == "optimal" for _, theirs in compared)
+    return (f"poet <= published in {priced} of {len(compared)} cells where published found a schedule "
+            f"(both priced by coop's profile model; {own} of {len(compared)} against the published model's own "
+            f"objective; the published model proved {optimal} of them optimal).")
+
+
 def run(quick: bool = False, models: tuple[str, ...] | None = None, profiles: tuple[str, ...] | None = None,
         fractions: tuple[float, ...] | None = None, time_limit: float | None = None, threads: int = 2,
-        graph_dir: Path = GRAPH_DIR) -> dict[str, Any]:
-    """One row per (graph, profile, budget, method)."""
+        graph_dir: Path = GRAPH_DIR, published: bool = True,
+        published_on: tuple[str, ...] | None = PUBLISHED_ON) -> dict[str, Any]:
+    """One row per (graph, profile, budget, method); with ``published`` also the published model's row on the
+    budgets labelled in ``published_on`` (None: every budget; ``--quick``: every budget)."""
     if not graph_dir.is_dir():
         return {"rows": [], "notes": f"skipped: POET's graphs not found at {graph_dir}"}
     models = models or (("linear", "transformer") if quick else MODELS)
     profiles = profiles or (("m4", "a72") if quick else FULL_PROFILES)
     fractions = fractions or ((0.9, 0.6) if quick else FRACTIONS)
     time_limit = time_limit or (10.0 if quick else 20.0)
+    published_on = None if quick else published_on
     rows = []
     for model in models:
         for profile_name in profiles:
@@ -98,10 +153,19 @@ def run(quick: bool = False, models: tuple[str, ...] | None = None, profiles: tu
                     rows.append(result_row)
                     found += [schedule] if schedule is not None else []
                     print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+                if published and (published_on is None or label in published_on):
+                    rows.append(published_row(graph, profile_name, label, budget, runtime_budget, time_limit,
+                                              threads))
+                    print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     notes = (f"Energy objective, CBC, {time_limit:g} s per solve, {threads} threads. poet <= min(remat-only, "
              "paging-only) holds wherever all three are optimal (the three share one model: remat-only and "
              "paging-only fix variables of it). Re-costed graphs: runtime = FLOPs / the profile's FLOP/s from the a72 "
              "export (POET's runtime model); GPU profiles price compute and paging at board power (see their TOML).")
+    if published:
+        where = "every cell" if published_on is None else "the budgets " + ", ".join(published_on)
+        notes += (f" Published model, CBC, on {where}: {time_limit:g} s for CBC (model building timed apart, included in "
+                  "solve_s); published semantics, so at the published budgets its runtime budget counts compute only "
+                  "while poet's counts paging too. " + poet_vs_published(rows))
     return {"rows": rows, "notes": notes}
 
 
@@ -112,9 +176,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profiles", type=lambda s: tuple(s.split(",")))
     parser.add_argument("--time-limit", type=float)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--fractions", type=lambda s: tuple(float(f) for f in s.split(",")))
+    parser.add_argument("--no-published", action="store_true", help="skip the published model's rows")
     args = parser.parse_args(argv)
-    out = run(quick=args.quick, models=args.models, profiles=args.profiles, time_limit=args.time_limit,
-              threads=args.threads)
+    out = run(quick=args.quick, models=args.models, profiles=args.profiles, fractions=args.fractions,
+              time_limit=args.time_limit, threads=args.threads, published=not args.no_published)
     print(json.dumps(out, indent=1))
 
 
