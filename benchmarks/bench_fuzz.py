@@ -60,7 +60,10 @@ from coop.graph import CALLER_OWNED_KINDS, Graph
 from coop.schedule import PagingCosts, Schedule, Step, prompt_order, schedule_to_json, simulate, validate
 
 #: Formulations that stop at a time limit: run on a seeded subset of the graphs (``exact_fraction``).
-EXACT = ("checkmate", "checkmate-lp", "moccasin", "auto")
+EXACT = ("checkmate", "checkmate-lp", "moccasin", "monet", "poet", "auto")
+#: monet's stage MILP (Checkmate's space with implementation choice) runs up to this many positions; its proofs
+#: above it come from the interval model, whose space is not checked here.
+MONET_STAGE_POSITIONS = 40
 #: Formulations that cannot run on a graph without a captured torch model, and why (counted, not run).
 NEEDS_CAPTURE = {"pytorch-mincut": "needs a captured fx joint step; fuzz graphs are imported graphs"}
 DEFAULT_COUNT = 10_000
@@ -269,8 +272,23 @@ def _decorate(rng: random.Random, nodes: dict[int, dict[str, Any]], integer: boo
         if rng.random() < 0.15 and node.get("recomputable", True):
             node["impls"] = [_impl(rng, node, name, integer) for name in rng.sample(["inplace", "fast", "lean"],
                                                                                     rng.randint(1, 2))]
-    if not integer:
-        return
+    if integer:
+        _random_ops_and_extras(rng, nodes, computed)
+    _cover_extras(nodes)
+
+
+def _cover_extras(nodes: dict[int, dict[str, Any]]) -> None:
+    """Every implementation's workspace holds its op's extra outputs (contract 1: they exist while it runs)."""
+    extras: Counter = Counter()
+    for node in nodes.values():
+        if node.get("output_of") is not None:
+            extras[node["output_of"]] += node["mem"]
+    for v, node in nodes.items():
+        for impl in node.get("impls", []):
+            impl["workspace"] = max(impl["workspace"], extras[v])
+
+
+def _random_ops_and_extras(rng: random.Random, nodes: dict[int, dict[str, Any]], computed: list[int]) -> None:
     for v in rng.sample(computed, min(len(computed), rng.randint(0, 2))):
         if "impls" not in nodes[v]:
             nodes[v].update(op=rng.choice(RANDOM_OPS), recomputable=False, random=True)
@@ -542,8 +560,12 @@ def _one_line(exc: BaseException) -> bool:
 
 
 def _reproduce_solve(case: GraphCase, name: str) -> list[str]:
-    return ["coop", "solve", "GRAPH.json", "--budget", str(case.budget), "--formulation", name,
-            "--time-limit", str(case.config.time_limit), "--threads", "1"]
+    command = ["coop", "solve", "GRAPH.json", "--budget", str(case.budget), "--formulation", name,
+               "--time-limit", str(case.config.time_limit), "--threads", "1"]
+    if name == "poet":
+        setting = poet_setting(case)
+        command += ["--device-profile", setting["device_profile"], "--objective", setting["objective"]]
+    return command
 
 
 @dataclass
@@ -562,6 +584,8 @@ def check_formulation(case: GraphCase, name: str, findings: Findings) -> Solved 
     row = f"formulation {name}"
     findings.add(row, "graphs")
     options: dict[str, Any] = {"time_limit": case.config.time_limit, "threads": 1} if name in EXACT else {}
+    if name == "poet":
+        options.update(poet_setting(case))
     started = time.perf_counter()
     try:
         result = get_formulation(name)(case.graph, case.budget, **options)
@@ -586,6 +610,39 @@ def check_formulation(case: GraphCase, name: str, findings: Findings) -> Solved 
     return solved
 
 
+def poet_setting(case: GraphCase) -> dict[str, Any]:
+    """The device profile and objective poet runs with on this case (drawn from the case's seed)."""
+    from coop.device_profiles import known_profiles
+
+    rng = random.Random(f"poet/{case.config.seed}/{case.index}")
+    return {"device_profile": rng.choice(sorted(known_profiles())), "objective": rng.choice(("energy", "time"))}
+
+
+def priced_independently(graph: Graph, steps: tuple[Step, ...], setting: dict[str, Any]) -> float:
+    """Energy (J) or time (s) of a legal schedule on a device profile, summed here step by step: a compute
+    costs its implementation's graph cost read as seconds on the device, a page step the bytes of the copy it
+    moves (the most recent compute's size), at the profile's latency, bandwidth and memory power."""
+    from coop.device_profiles import load_device_profile
+
+    profile = load_device_profile(setting["device_profile"])
+    nodes = {n.id: n for n in graph.nodes}
+    size = {v: n.mem for v, n in nodes.items()}
+    seconds = joules = 0.0
+    for j, step in enumerate(steps):
+        if step.op == "compute":
+            mem, cost, _ = _chosen_implementation(nodes[step.node], step.impl, j)
+            size[step.node] = mem
+            seconds += float(cost)
+            joules += float(cost) * profile.flops_per_s / profile.flops_per_joule
+        elif step.op in ("page_in", "page_out"):
+            latency, rate = ((profile.pagein_latency_s, profile.pagein_bytes_per_s) if step.op == "page_in"
+                             else (profile.pageout_latency_s, profile.pageout_bytes_per_s))
+            moved = latency + size[step.node] / rate
+            seconds += moved
+            joules += moved * profile.memory_power_w
+    return joules if setting["objective"] == "energy" else seconds
+
+
 def _check_returned(case: GraphCase, name: str, result: Any, findings: Findings) -> float | None:
     """Count the schedule valid, over budget or failing; its re-counted cost when it is legal and fits."""
     row = f"formulation {name}"
@@ -606,7 +663,13 @@ def _check_returned(case: GraphCase, name: str, result: Any, findings: Findings)
     claims = [("validator", verdict.peak, verdict.cost)]
     if predicted is not None:
         claims.append(("formulation", predicted.peak, predicted.cost))
-    if result.objective is not None:
+    if name == "poet" and result.objective is not None:
+        priced = priced_independently(case.graph, result.schedule.steps, poet_setting(case))
+        if not _costs_equal(priced, result.objective):
+            findings.fail(row, "recount mismatch", case.index, case.graph,
+                          f"objective {result.objective!r}, priced here {priced!r}", reproduce)
+            return None
+    elif result.objective is not None:
         claims.append(("objective", counted.peak, result.objective))
     for source, peak, cost in claims:
         if peak != counted.peak or not _costs_equal(cost, counted.cost):
@@ -614,9 +677,10 @@ def _check_returned(case: GraphCase, name: str, result: Any, findings: Findings)
                           f"{source} says peak {peak} cost {cost!r}, re-count peak {counted.peak} cost {counted.cost!r}",
                           reproduce)
             return None
-    if result.bound is not None and result.bound > counted.cost + 1e-6 * max(1e-12, abs(counted.cost)):
+    own = priced if name == "poet" and result.objective is not None else counted.cost
+    if result.bound is not None and result.bound > own + 1e-6 * max(1e-12, abs(own)):
         findings.fail(row, "claim contradicted", case.index, case.graph,
-                      f"lower bound {result.bound!r} above the cost {counted.cost!r} of its own schedule", reproduce)
+                      f"lower bound {result.bound!r} above the cost {own!r} of its own schedule", reproduce)
     if counted.peak <= case.budget:
         findings.add(row, "valid")
         if result.extra.get("fits") is False:
@@ -673,10 +737,16 @@ def in_checkmate_space(graph: Graph, schedule: Schedule) -> bool:
 
 
 def proof_space(name: str, graph: Graph) -> Any:
-    """The schedules that formulation ``name``'s proofs (infeasible, bound, optimal) speak about."""
+    """The schedules that formulation ``name``'s proofs (infeasible, bound, optimal) speak about; None when not
+    checked here (monet's interval model above its stage MILP's size)."""
     if name == "moccasin":
         return first_computes_follow_order if graph.has_backward else (lambda _graph, _schedule: True)
-    return in_checkmate_space  # checkmate, checkmate-lp, and auto (which proves with checkmate)
+    if name == "monet" and len(prompt_order(graph)) > MONET_STAGE_POSITIONS:
+        return None
+    # checkmate, checkmate-lp, auto (which proves with checkmate), monet's stage MILP (Checkmate's space where
+    # each compute also chooses an implementation: the default is one choice) and poet (Checkmate's space plus
+    # paging; only its "infeasible" claims are checked, its bound is in joules or seconds)
+    return in_checkmate_space
 
 
 def cross_check(case: GraphCase, answers: list[Solved], findings: Findings) -> None:
@@ -686,10 +756,15 @@ def cross_check(case: GraphCase, answers: list[Solved], findings: Findings) -> N
     for answer in answers:
         result, row = answer.result, f"formulation {answer.name}"
         bound = result.bound if result.bound is not None else (result.objective if result.status == "optimal" else None)
+        if answer.name == "poet":
+            bound = None  # joules or seconds, not the graph's cost
         if result.status != "infeasible" and bound is None:
             continue
         space = proof_space(answer.name, case.graph)
-        witnesses = [w for w in fitting if space(case.graph, w.result.schedule)]
+        if space is None:
+            continue
+        witnesses = [w for w in fitting if space(case.graph, w.result.schedule)
+                     and _within_kind(w.result.schedule, implementations=answer.name == "monet")]
         if not witnesses:
             continue
         cheapest = min(witnesses, key=lambda w: w.fitting_cost)
@@ -701,6 +776,13 @@ def cross_check(case: GraphCase, answers: list[Solved], findings: Findings) -> N
         else:
             continue
         findings.fail(row, "claim contradicted", case.index, case.graph, detail, _reproduce_solve(case, answer.name))
+
+
+def _within_kind(schedule: Schedule, implementations: bool) -> bool:
+    """Whether a witness is a schedule the proof speaks about: no paging (no proof covers it), and no
+    implementation choice unless the proof is monet's."""
+    return all(step.op not in ("page_in", "page_out") and (implementations or step.impl is None)
+               for step in schedule.steps)
 
 
 def check_policy(case: GraphCase, policy: str, findings: Findings) -> list[Schedule]:
@@ -1053,14 +1135,17 @@ def report_notes(findings: Findings, config: FuzzConfig, wall_s: float) -> str:
         "validator or the policy said; claim contradicted: a proof (infeasible, a lower bound, optimal) that a "
         "schedule within the budget refutes (its own, or any formulation's schedule in the space the proof covers: "
         "Checkmate's frontier-advancing schedules; for Moccasin on training graphs first computations in "
-        "graph.order, else every schedule), at 1e-6 relative; over budget (said so): a baseline's schedule returned with extra['fits'] "
-        "False; infeasible/timeout: no schedule (infeasible, unknown, oom, thrashed and stopped). Online schedules "
-        "are checked on graph.with_random_replay(), the graph the online engines plan on."),
+        "graph.order, else every schedule; monet's stage MILP (up to 40 positions) the same space with "
+        "implementation choice; poet's infeasible claims only, its bound being joules or seconds; witnesses that "
+        "page, or choose implementations for a proof other than monet's, refute nothing), at 1e-6 relative; poet's "
+        "objective is re-priced here on its device profile (drawn per graph; energy or time); over budget (said "
+        "so): a baseline's schedule returned with extra['fits'] False; infeasible/timeout: no schedule "
+        "(infeasible, unknown, oom, thrashed and stopped). Online schedules are checked on "
+        "graph.with_random_replay(), the graph the online engines plan on."),
         "",
-        ("Schedule variants no formulation writes yet, through coop.simulate and the re-count, which must agree "
-        "on legality, peak and cost: implementations (MONeT impls) named on computes, page_out/page_in pairs "
-        "priced by PagingCosts, and one random edit (mostly illegal). Implementations are covered by the "
-        "validator and the simulator only: no formulation chooses them yet."),
+        ("Schedule variants, through coop.simulate and the re-count, which must agree on legality, peak and "
+        "cost: implementations (MONeT impls) named on computes at random, page_out/page_in pairs priced by "
+        "PagingCosts, and one random edit (mostly illegal)."),
         "",
         markdown_table(table_rows(findings, "variants", VARIANT_COLUMNS)),
         ("Corrupted files (tests/corruptions.py) through coop.load_graph and the CLI in-process: handled = a "
