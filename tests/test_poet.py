@@ -162,6 +162,25 @@ def test_a_hand_counted_paging_win() -> None:
     assert validate(graph, result.schedule, budget).ok
 
 
+def test_a_stopped_solve_states_the_baseline_energy_as_its_bound() -> None:
+    """Every node of the hand graph is computed once at least: 54 J (a 50, b, c, big, gb 1 each at 1 J/s) is a
+    proven bound even where the MILP is not run (max_nodes below the graph's size)."""
+    graph = Graph.model_validate({"name": "hand", "nodes": [
+        {"id": 0, "name": "x", "kind": "input", "mem": 0, "cost": 0},
+        {"id": 1, "name": "a", "inputs": [0], "mem": 100, "cost": 50},
+        {"id": 2, "name": "b", "inputs": [1], "mem": 20, "cost": 1},
+        {"id": 3, "name": "c", "inputs": [2], "mem": 20, "cost": 1},
+        {"id": 4, "name": "big", "inputs": [3], "mem": 100, "cost": 1},
+        {"id": 5, "name": "gb", "inputs": [4, 1], "mem": 10, "cost": 1, "kind": "backward"}], "outputs": [5]})
+    profile = profile_from_dict({"source": "hand", "flops_per_s": 2.0, "flops_per_joule": 1.0, "power_w": 1.0,
+                                 "memory_power_w": 1.0, "pagein_latency_s": 1.0, "pageout_latency_s": 1.0,
+                                 "pagein_bytes_per_s": 100.0, "pageout_bytes_per_s": 100.0})
+    result = solve(graph, 210, "poet", device_profile=profile, max_nodes=2, **LIMIT)
+    assert result.status == "heuristic"
+    assert result.bound == pytest.approx(2 * 54)  # 2 W while computing
+    assert result.objective >= result.bound and result.gap is not None
+
+
 # -------------------------------------------------------------------- POET's graphs
 @pytest.fixture(scope="module")
 def poet_dir() -> Path:

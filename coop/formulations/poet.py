@@ -371,7 +371,7 @@ def _too_large(setting: _Setting, fallback: tuple[str, Schedule] | None, max_nod
         return SolveResult("poet", "unknown", wall_s=wall, message=f"{why}, and no warm start fits the budget; "
                                                                   "raise max_nodes or the budget")
     name, schedule = fallback
-    return _result(setting, schedule, "heuristic", None, wall,
+    return _result(setting, schedule, "heuristic", _at_least_baseline(setting, None), wall,
                    f"{why}; returned the best warm start ({name}); raise max_nodes to solve it",
                    {"source": name})
 
@@ -414,7 +414,7 @@ def _final(setting: _Setting, solution: MilpSolution, scale: float, admitted: li
     extra = {"variables": model.num_vars, "constraints": len(model.rows), "models": notes,
              "milp_status": solution.status,
              "milp_objective": None if solution.objective is None else solution.objective / scale}
-    bound = None if solution.bound is None else solution.bound / scale
+    bound = _at_least_baseline(setting, None if solution.bound is None else solution.bound / scale)
     if not admitted:
         status = "infeasible" if solution.status == "infeasible" else "unknown"
         what = ("no schedule of POET's space (frontier-advancing stages with paging between them) fits budget "
@@ -427,6 +427,17 @@ def _final(setting: _Setting, solution: MilpSolution, scale: float, admitted: li
         bound = min(bound, value)
     message = f"{solution.status} ({notes})" + ("" if name == "milp" else f"; the best schedule came from the {name}")
     return _result(setting, schedule, status, bound, solution.wall_s, message, {**extra, "source": name})
+
+
+def _at_least_baseline(setting: _Setting, bound: float | None) -> float:
+    """A proven lower bound: the solver's, and never below the baseline's price (every node computed once,
+    nothing paged), which every legal schedule pays at least (paging costs >= 0), so that a solve stopped
+    before its root LP still states a gap."""
+    cheapest = [min([n.cost, *(i.cost for i in n.impls)]) for n in setting.graph.nodes
+                if not n.caller_owned and not n.optional]  # a hint may run a cheaper implementation
+    prices = [node_price(float(cost), 0, setting.profile) for cost in cheapest]
+    floor = sum(p.compute_j if setting.objective == "energy" else p.compute_s for p in prices)
+    return floor if bound is None else max(bound, floor)
 
 
 def _result(setting: _Setting, schedule: Schedule, status: Any, bound: float | None, wall: float, message: str,
