@@ -7,9 +7,9 @@ CP-SAT on the interval model of :mod:`coop.formulations.monet_intervals` hinted 
 1. The remat-only schedule: Moccasin (Bartan et al. 2023) on ``graph.remat_only()`` with
    :data:`REMAT_SHARE` of the time limit and the caller's hints; on a graph without
    implementations that *is* the problem, and Moccasin gets the whole limit and its result is returned.
-2. The lightest-implementation schedule: the graph with each node's lightest implementation fixed,
-   greedy eviction on it, or Moccasin (:data:`REMAT_SHARE` again) when no remat-only schedule fits
-   (budgets below what recomputation alone reaches).
+2. The lightest-implementation schedules: the graph with each node's lightest implementation fixed,
+   greedy eviction on it and Moccasin (:data:`REMAT_SHARE` again; lighter implementations leave room for
+   fewer recomputations at budgets remat alone reaches too, and reach budgets it does not).
 3. Either after in-place conversion; the cheapest that fits hints CP-SAT, which gets the rest of the time.
 
 monet therefore never returns a schedule costlier than the remat-only one it started from. Statuses
@@ -97,12 +97,13 @@ def monet_warm_starts(graph: Graph, budget: int, hints: list[Any], exact: bool, 
     if recompute:
         remat = _moccasin(graph.remat_only(), budget, REMAT_SHARE * time_limit, threads, hints)
         raw.append(("moccasin (remat only)", remat))
-        if remat is None or simulate(graph, remat).peak > budget:
+        # Lighter implementations leave room for fewer recomputations even where remat alone fits (and reach
+        # budgets where it does not): Moccasin on the graph with those choices fixed, and greedy eviction on it.
+        raw.append(("greedy eviction (lightest implementations)", _with(greedy_eviction_schedule(fixed, budget),
+                                                                         choices)))
+        if any(choice is not None for choice in choices.values()):
             raw.append(("moccasin (lightest implementations)",
                         _with(_moccasin(fixed, budget, REMAT_SHARE * time_limit, threads, []), choices)))
-        else:
-            raw.append(("greedy eviction (lightest implementations)", _with(greedy_eviction_schedule(fixed, budget),
-                                                                             choices)))
     raw.append(("store-all", Schedule.from_order(graph.order)))
     raw.append(("store-all (lightest implementations)", with_choices(Schedule.from_order(fixed.order), choices)))
     raw.extend(("hint", getattr(h, "schedule", h)) for h in hints)

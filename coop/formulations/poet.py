@@ -302,7 +302,9 @@ def poet(
     fallback = _best_fallback(setting, hint, time_limit)
     if len(graph.order) > max_nodes:
         return _too_large(setting, fallback, max_nodes, time.perf_counter() - started)
-    result = _solve_models(setting, solver, time_limit, threads, progress, verbose, fallback)
+    # the warm starts ran inside the limit: the models get what is left of it
+    remaining = max(0.5, time_limit - (time.perf_counter() - started))
+    result = _solve_models(setting, solver, remaining, threads, progress, verbose, fallback)
     result.wall_s = time.perf_counter() - started
     return result
 
