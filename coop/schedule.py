@@ -23,7 +23,10 @@ Memory semantics (those of Checkmate, Jain et al. 2020, and Moccasin, Bartan et 
   that implementation's ``cost``, makes an instance of its ``mem`` and needs its ``workspace``, and
   reads the implementation's ``inputs`` (when it names them) instead of the node's: a backward that
   reads a compact mask needs the mask resident, not the activation. A compute with no ``impl``
-  runs the node's own fields.
+  runs the node's own fields. An implementation's workspace covers the op's extra outputs at its
+  step as the node's does, also where it hands out storages it read instead of allocating them (a
+  split convolution backward passes on its optional value W's weight and bias gradients): those
+  bytes then count twice at that one step, an upper bound of what a meter sees, never less.
 * Optional values (``Node.optional``, e.g. that mask) need not be computed; when a step computes
   one it is an ordinary value. Every non-optional computed node (every node of ``graph.order``)
   is computed at least once.

@@ -28,6 +28,21 @@ each in :class:`ImplProgram`:
   executor emits the in-place op on the input's value, whose storage the output takes over. The
   schedule semantics (coop.schedule) decide when that is legal; capture only offers it.
 
+Steps of a CNN's backward that hold three activations at once get their own modules:
+
+* **convolution backward split** (:mod:`~coop.graph_capture.alternatives_conv`, ``split``): an
+  optional value W (weight and bias gradients, from grad_out and the input) and grad_input from
+  ``[grad_out, weight, W]``, as MONeT runs backward-data and backward-weight separately; exact.
+* **batch norm backward over its incoming gradient** (:mod:`~coop.graph_capture.alternatives_norm`,
+  ``grad_inplace``): the eager kernel in channel blocks, grad_input written over grad_out; exact
+  on CPU where offered.
+* **(log-)softmax backward over its incoming gradient** (:mod:`~coop.graph_capture.alternatives_softmax`,
+  ``grad_inplace``): the eager kernel on chunks of rows, each written over grad's rows; exact on CPU.
+* **max-pool backward from its indices** (:mod:`~coop.graph_capture.alternatives_pool`,
+  ``from_indices``): the pooled input is not read; exact.
+* **add over one operand** (:mod:`~coop.graph_capture.alternatives_add`, ``inplace`` /
+  ``inplace_other``): a residual add written over either operand, operands in eager's order; exact.
+
 Costs follow MONeT's profiling: with a profiled capture each program is timed on real tensors of
 the captured shapes (the fastest of :data:`~coop.graph_capture.cost.PROFILE_REPEATS` runs after a
 warm-up, as :func:`~coop.graph_capture.cost.profile_nodes` times the nodes), else the analytic
@@ -65,8 +80,10 @@ IN_PLACE_VARIANTS: dict[Any, Any] = {
     aten.tanh.default: aten.tanh_.default,
 }
 
-#: The implementations capture offers, by name.
-IMPL_NAMES = ("mask", "mask_inplace", "from_output", "inplace")
+#: The implementations capture offers, by name (``split``: coop.graph_capture.alternatives_conv;
+#: ``grad_inplace``: coop.graph_capture.alternatives_norm and alternatives_softmax; ``from_indices``: coop.graph_capture.alternatives_pool;
+#: ``inplace`` / ``inplace_other`` of an ``add``: coop.graph_capture.alternatives_add).
+IMPL_NAMES = ("mask", "mask_inplace", "from_output", "inplace", "split", "grad_inplace", "from_indices", "inplace_other")
 
 #: Training-mode batch norm forwards whose saved statistics ``native_batch_norm_backward`` reads.
 BATCH_NORM_FORWARDS = (aten._native_batch_norm_legit_functional.default, aten.native_batch_norm.default,
@@ -242,7 +259,31 @@ class _Found:
     """Programs found before they are priced: per node its implementations; optional values by key."""
 
     impls: dict[int, dict[str, tuple[ImplProgram, dict[str, Any]]]] = field(default_factory=dict)
-    optional: dict[tuple[str, ...], tuple[int, ImplProgram, int]] = field(default_factory=dict)  # key -> id, program, reads
+    #: key -> (id, program, the Graph id(s) it reads); the key's first item names the value: ``mask_<key[0]>``, or
+    #: key[0] itself where it holds a ":" (fx names never do), e.g. ``conv_weight_grad:<backward>``
+    optional: dict[tuple[str, ...], tuple[int, ImplProgram, int | tuple[int, ...]]] = field(default_factory=dict)
+    #: configuration -> program: nodes of equal shapes and arguments share one fx graph (see :func:`shared_program`)
+    programs: dict[tuple[Any, ...], ImplProgram] = field(default_factory=dict)
+
+
+def signature(node: fx.Node) -> tuple[Any, ...]:
+    """A node's configuration: its target, and each argument's layout (tensors) or value (the rest)."""
+    def describe(arg: Any) -> Any:
+        value = arg.meta.get("val") if isinstance(arg, fx.Node) else None
+        if isinstance(value, torch.Tensor):
+            return tuple(value.shape), str(value.dtype), tuple(value.stride()), str(value.device)
+        return repr(arg) if not isinstance(arg, fx.Node) else ("node", repr(value))
+    return (str(node.target), *(describe(a) for a in node.args))
+
+
+def shared_program(found: _Found, key: tuple[Any, ...], reads: tuple[Read, ...],
+                   build: Callable[[], ImplProgram]) -> ImplProgram:
+    """The program of configuration ``key`` bound to ``reads``: built once per capture (long programs, e.g. a
+    batch norm backward in channel blocks, cost a fake-tensor call per op), its fx graph shared by equal nodes."""
+    program = found.programs.get(key)
+    if program is None:
+        program = found.programs[key] = build()
+    return ImplProgram(program.graph, reads)
 
 
 def _owned(node: fx.Node, fx_names: dict[int, list[str]], owner_of: dict[str, int]) -> bool:
@@ -268,6 +309,12 @@ def find(module: fx.GraphModule, graph: Graph, fx_names: dict[int, list[str]], o
     ``values`` (placeholder name -> the real tensor at capture) lets batch norm's backward from its
     output be offered where every weight is nonzero; without it that implementation is not offered.
     """
+    from coop.graph_capture.alternatives_add import find_add_in_place
+    from coop.graph_capture.alternatives_conv import find_convolution_split
+    from coop.graph_capture.alternatives_norm import find_batch_norm_grad_inplace
+    from coop.graph_capture.alternatives_pool import find_max_pool_from_indices
+    from coop.graph_capture.alternatives_softmax import SOFTMAX_BACKWARDS, find_softmax_grad_inplace
+
     found = _Found()
     next_id = max(n.id for n in graph.nodes) + 1
     for node in module.graph.nodes:
@@ -284,6 +331,15 @@ def find(module: fx.GraphModule, graph: Graph, fx_names: dict[int, list[str]], o
             _find_inplace(node, graph, owner_of, found)
         if node.target is aten.native_batch_norm_backward.default:
             _find_batch_norm_from_output(node, owner_of, found, values or {})
+            find_batch_norm_grad_inplace(node, graph, owner_of, found)
+        if node.target is aten.convolution_backward.default:
+            next_id = find_convolution_split(node, graph, owner_of, found, next_id)
+        if node.target is aten.max_pool2d_with_indices_backward.default:
+            find_max_pool_from_indices(node, graph, owner_of, found)
+        if node.target is aten.add.Tensor:
+            find_add_in_place(node, graph, owner_of, found)
+        if node.target in SOFTMAX_BACKWARDS:
+            find_softmax_grad_inplace(node, graph, owner_of, found)
     return found
 
 
@@ -366,11 +422,13 @@ def _find_inplace(activation: fx.Node, graph: Graph, owner_of: dict[str, int], f
 # -------------------------------------------------------------------- pricing
 @dataclass
 class Price:
-    """What one program costs: seconds, the bytes its output stores, its workspace."""
+    """What one program costs: seconds, the bytes its output stores, its workspace; ``extra``: the bytes of
+    the further tensors of a tuple output (a multi-output op's extra outputs) that the program allocates."""
 
     seconds: float
     mem: int
     workspace: int
+    extra: int = 0
 
 
 def price(program: ImplProgram, profiled: bool) -> Price:
@@ -380,23 +438,29 @@ def price(program: ImplProgram, profiled: bool) -> Price:
     storage as the device allocator holds it, and the peak of live intermediates minus the output.
     """
     with torch.random.fork_rng(devices=[]):  # pricing must not advance the caller's RNG
-        inputs = [_materialize(p.meta["val"], random=profiled) for p in _placeholders(program)]
-    mem, workspace = _run_bytes(program, [t.clone() for t in inputs])
+        # a placeholder may hold a tuple (an optional value such as a convolution's weight and bias gradients)
+        inputs = [pytree.tree_map_only(torch.Tensor, lambda v: _materialize(v, random=profiled), p.meta["val"])
+                  for p in _placeholders(program)]
+    mem, workspace, extra = _run_bytes(program, _clones(inputs))
     if not profiled:
-        return Price(sum(analytic_seconds(n, node_flops(n)) for n in program.calls), mem, workspace)
+        return Price(sum(analytic_seconds(n, node_flops(n)) for n in program.calls), mem, workspace, extra)
     module = fx.GraphModule(torch.nn.Module(), program.graph)
     in_place = any(n.target in IN_PLACE_VARIANTS.values() for n in program.calls)
     best = float("inf")
     with torch.no_grad():
         for run in range(PROFILE_REPEATS + 1):
-            args = [t.clone() for t in inputs] if in_place or run == 0 else inputs
+            args = _clones(inputs) if in_place or run == 0 else inputs
             start = time.perf_counter()
             module(*args)
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             if run:  # the first run is the warm-up
                 best = min(best, time.perf_counter() - start)
-    return Price(best, mem, workspace)
+    return Price(best, mem, workspace, extra)
+
+
+def _clones(inputs: list[Any]) -> list[Any]:
+    return [pytree.tree_map_only(torch.Tensor, torch.Tensor.clone, value) for value in inputs]
 
 
 def _placeholders(program: ImplProgram) -> list[fx.Node]:
@@ -415,10 +479,11 @@ def _materialize(value: torch.Tensor, random: bool) -> torch.Tensor:
     return base.as_strided(value.shape, value.stride(), value.storage_offset())
 
 
-def _run_bytes(program: ImplProgram, inputs: list[torch.Tensor]) -> tuple[int, int]:
-    """(output bytes, workspace bytes) of one real run, each value freed after its last use as fx frees it."""
+def _run_bytes(program: ImplProgram, inputs: list[torch.Tensor]) -> tuple[int, int, int]:
+    """(output bytes, workspace bytes, the output's further new bytes) of one real run, each value freed after its
+    last use as fx frees it."""
     env: dict[fx.Node, Any] = dict(zip(_placeholders(program), inputs, strict=True))
-    input_storages = {t.untyped_storage()._cdata for t in inputs}
+    input_storages = _storage_keys(inputs)
     last_use = {v: n for n in program.graph.nodes for v in n.all_input_nodes}
     live: dict[int, int] = {}
     peak = 0
@@ -438,7 +503,7 @@ def _run_bytes(program: ImplProgram, inputs: list[torch.Tensor]) -> tuple[int, i
     outputs = _tensors(env[program.output])  # a tuple (batch norm's gradients): the node's value is the first
     out_bytes = live.get(outputs[0].untyped_storage()._cdata, 0) if outputs else 0
     all_out = sum(live.get(key, 0) for key in _storage_keys(env[program.output]))
-    return out_bytes, max(peak - all_out, 0)
+    return out_bytes, max(peak - all_out, 0), all_out - out_bytes
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -458,25 +523,38 @@ def add_alternatives(module: fx.GraphModule, graph: Graph, fx_names: dict[int, l
     found = find(module, graph, fx_names, owner_of, values)
     by_name = {n.name: n for n in module.graph.nodes}
     owner_seconds = _owner_seconds(profiled)
+    prices: dict[int, Price] = {}  # fx graph id -> its price: shared programs are priced once
+
+    def price_once(program: ImplProgram) -> Price:
+        if id(program.graph) not in prices:
+            prices[id(program.graph)] = price(program, profiled is not None)
+        return prices[id(program.graph)]
+
     result = Alternatives(graph=graph)
     optional_nodes: list[Node] = []
     for (value_name, *_), (mask_id, program, reads) in found.optional.items():
-        cost = price(program, profiled is not None)
-        source = graph.node(reads)
-        optional_nodes.append(Node(id=mask_id, name=f"mask_{value_name}", op=str(program.output.target), inputs=(reads,),
-                                   mem=cost.mem, cost=cost.seconds, workspace=cost.workspace, kind=source.kind,
-                                   optional=True))
+        cost = price_once(program)
+        inputs = reads if isinstance(reads, tuple) else (reads,)
+        source = graph.node(inputs[0])
+        # every tensor of a tuple value (W of a split convolution backward: weight and bias grads) is stored
+        optional_nodes.append(Node(id=mask_id, name=value_name if ":" in value_name else f"mask_{value_name}", op=str(program.output.target), inputs=inputs,
+                                   mem=cost.mem + cost.extra, cost=cost.seconds, workspace=cost.workspace,
+                                   kind=source.kind, optional=True))
         result.optional_fx[mask_id] = program
     nodes = []
     for node in graph.nodes:
         impls = []
         for name, (program, extra) in found.impls.get(node.id, {}).items():
-            cost = price(program, profiled is not None)
+            cost = price_once(program)
             owner = by_name[fx_names[node.id][0]]
             seconds = max(node.cost - owner_seconds(owner) + cost.seconds, 0.0)
             reads = _impl_reads(node, program, fx_names, owner_of, by_name)
             mem = node.mem if "inplace_of" in extra else cost.mem  # in place: the overwritten input's bytes
-            impls.append(Impl(name=name, cost=seconds, mem=mem, workspace=cost.workspace,
+            # a multi-output op's extra outputs exist at its step, where contract 2 counts them as its workspace (the
+            # Graph requires it): those it allocates (batch norm's weight/bias grads) or hands out (a split
+            # convolution's W, then also counted as a read value at that step: a weight-sized double count)
+            extras = sum(graph.node(e).mem for e in graph.extra_outputs.get(node.id, ()))
+            impls.append(Impl(name=name, cost=seconds, mem=mem, workspace=cost.workspace + max(cost.extra, extras),
                               inputs=None if reads == node.inputs else reads, **extra))
             result.impl_fx.setdefault(node.id, {})[name] = program
         nodes.append(node.model_copy(update={"impls": tuple(impls)}) if impls else node)

@@ -1,0 +1,227 @@
+"""Convolution backward split into its weight part and its data part (MONeT, Shah et al. 2021).
+
+Eager PyTorch runs a convolution's backward as one fused call,
+``convolution_backward(grad_out, input, weight, ..., output_mask=[True, True, True])``: grad_out,
+the input and the new grad_input (three activation-sized values) are resident at once. MONeT
+("Memory Optimization for Deep Networks", ICLR 2021, section 4) runs backward-data and
+backward-weight as separate operators so that no step needs all three. Here:
+
+* an optional value ``W`` = ``convolution_backward(..., output_mask=[False, True, bias])`` (the
+  weight and bias gradients: reads grad_out and the input, stores weight-sized bytes), computed
+  while the input is alive (:func:`weight_part_program`);
+* the node's implementation ``split`` reads ``[grad_out, weight, W]`` and computes grad_input with
+  ``output_mask=[True, False, False]``, handing out W's tensors as the weight/bias gradients
+  (:func:`data_part_program`). The data part needs only the input's *shape*: the kernels
+  (mkldnn and slow2d on CPU, cuDNN) call ``input.contiguous()`` first, so a zero-stride
+  ``expand`` (what ``torch.nn.grad.conv2d_input`` passes) is materialized into a full copy
+  (measured: +1 input of resident memory on CPU). The program instead passes grad_out's own
+  storage viewed in the input's contiguous shape (``as_strided``, no allocation), which exists
+  only where grad_out's storage holds at least as many elements as the input; elsewhere (a
+  channel-reducing or strided convolution whose grad_out is smaller) the split would keep the
+  same footprint and is not offered. The data kernel never reads the input's values:
+  tests/test_alternatives_conv.py fills that storage with NaN and infinities and still gets the
+  fused op's bits.
+
+Bits: on CPU each part equals the fused call bit for bit (``torch.equal``; the kernels compute the
+same reductions, the fused call only runs both), so ``split`` is exact. On other devices (cuDNN
+picks algorithms by shape; unmeasured here) capture offers it only where the bit check below passes.
+
+Memory (contract 2): the fused op's weight/bias gradients are extra outputs (``Node.output_of``),
+counted from the step after the op's first compute and, at that step, as the op's workspace (the
+Graph requires an op's workspace to cover its extra outputs, also under an implementation). Under
+``split`` they are W's storages: at the split step W is resident (a read) and the split's workspace
+covers the extra outputs too, so the prediction counts those weight-sized bytes twice at that one
+step (an upper bound of what a meter sees: the storages exist once); after it W is dead (its last
+read) and only the extra outputs count them.
+
+Where grad_out's storage is too small to stand for the input (a channel-reducing or strided
+convolution), :func:`chunked_data_part_program` allocates grad_input first and computes it in
+:data:`CHUNKS` chunks of input channels, each with a stand-in over grad_input's own unwritten
+storage; its workspace is one chunk. Chunking changes the kernel's blocking, and on a few shapes
+its bits (measured on CPU: a 1x1 convolution 512 -> 2048 at batch 1 differs in the last place):
+capture therefore runs the fused call and the split once on random tensors of each captured
+configuration and offers the chunked split only where they are bit-identical (same kernels on
+the same shapes take the same code path, so the run decides the summation order).
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from typing import Any
+
+import torch
+from torch import fx
+
+from coop.graph import Graph
+
+aten = torch.ops.aten
+
+
+#: Input-channel chunks of the chunked data part (each chunk's temporary is 1/CHUNKS of grad_input).
+CHUNKS = 8
+
+
+def convolution_gradients(grad_input: torch.Tensor | None, weight_part: tuple[Any, ...], *written: Any) -> tuple[Any, ...]:
+    """The output tuple of the fused ``convolution_backward``: the data part's grad_input, W's weight/bias grads
+    (``written``: the chunk copies into grad_input, listed so that they run first)."""
+    return grad_input, weight_part[1], weight_part[2]
+
+
+def _contiguous_strides(shape: tuple[int, ...] | torch.Size) -> list[int]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(int(size), 1)
+    return strides[::-1]
+
+
+def weight_part_program(backward: fx.Node) -> Any:
+    """W: ``convolution_backward`` with ``output_mask=[False, mask[1], mask[2]]``; reads grad_out, input, weight."""
+    from coop.graph_capture.alternatives import _Builder
+
+    grad, source, weight = backward.args[:3]
+    builder = _Builder([(grad.name, grad.meta["val"]), (source.name, source.meta["val"]), (weight.name, weight.meta["val"])])
+    g, x, w = builder.inputs
+    mask = backward.args[10]
+    return builder.done(builder.call(aten.convolution_backward.default, g, x, w, *backward.args[3:10],
+                                     [False, mask[1], mask[2]]))
+
+
+def data_part_program(backward: fx.Node, weight_part_id: int, weight_part: Any) -> Any:
+    """``split``: grad_input from ``[grad_out, weight, W]`` with the input's shape over grad_out's storage."""
+    from coop.graph_capture.alternatives import _Builder
+
+    grad, source, weight = backward.args[:3]
+    builder = _Builder([(grad.name, grad.meta["val"]), (weight.name, weight.meta["val"]), (weight_part_id, weight_part)])
+    g, w, part = builder.inputs
+    shape = list(source.meta["val"].shape)
+    like_input = builder.call(aten.as_strided.default, g, shape, _contiguous_strides(shape), 0)
+    data = builder.call(aten.convolution_backward.default, g, like_input, w, None, *backward.args[4:10],
+                        [True, False, False])
+    grad_input = builder.call(operator.getitem, data, 0)
+    return builder.done(builder.call(convolution_gradients, grad_input, part))
+
+
+def chunked_data_part_program(backward: fx.Node, weight_part_id: int, weight_part: Any) -> Any:
+    """``split`` where grad_out cannot stand for the input: grad_input in :data:`CHUNKS` chunks of input channels
+    (of whole groups for a grouped convolution), each computed from its weight slice (and grad_out slice) with a
+    stand-in over grad_input's own, not yet written, storage, then copied into its channels."""
+    from coop.graph_capture.alternatives import _Builder
+
+    grad, source, weight = backward.args[:3]
+    stride, padding, dilation, _, output_padding, groups = backward.args[4:10]
+    builder = _Builder([(grad.name, grad.meta["val"]), (weight.name, weight.meta["val"]), (weight_part_id, weight_part)])
+    g, w, part = builder.inputs
+    shape = list(source.meta["val"].shape)
+    channels, outputs = shape[1], grad.meta["val"].shape[1]
+    grad_input = builder.call(aten.new_empty.default, g, shape)
+    units = groups if groups > 1 else channels
+    per_in, per_out = channels // groups, outputs // groups
+    bounds = [units * i // min(units, CHUNKS) for i in range(min(units, CHUNKS) + 1)]
+    written = []
+    for a, b in itertools.pairwise(bounds):
+        if groups > 1:  # whole groups: their input and output channels, weight rows and grad_out channels
+            first, last = a * per_in, b * per_in
+            g_chunk = builder.call(aten.clone.default, builder.call(aten.slice.Tensor, g, 1, a * per_out, b * per_out))
+            w_chunk = builder.call(aten.clone.default, builder.call(aten.slice.Tensor, w, 0, a * per_out, b * per_out))
+        else:
+            first, last, g_chunk = a, b, g
+            w_chunk = builder.call(aten.clone.default, builder.call(aten.slice.Tensor, w, 1, a, b))
+        chunk_shape = [shape[0], last - first, *shape[2:]]
+        stand_in = builder.call(aten.as_strided.default, grad_input, chunk_shape, _contiguous_strides(chunk_shape), 0)
+        data = builder.call(aten.convolution_backward.default, g_chunk, stand_in, w_chunk, None, stride, padding,
+                            dilation, False, output_padding, b - a if groups > 1 else 1, [True, False, False])
+        target = builder.call(aten.slice.Tensor, grad_input, 1, first, last)
+        written.append(builder.call(aten.copy_.default, target, builder.call(operator.getitem, data, 0)))
+    return builder.done(builder.call(convolution_gradients, grad_input, part, *written))
+
+
+def _evaluate(graph: fx.Graph, inputs: list[Any]) -> Any:
+    """Run a program's fx graph op by op (no code generation: capture runs each check once)."""
+    env: dict[fx.Node, Any] = dict(zip((n for n in graph.nodes if n.op == "placeholder"), inputs, strict=True))
+    for node in graph.nodes:
+        if node.op == "call_function":
+            env[node] = node.target(*fx.node.map_arg(node.args, env.__getitem__))
+    (value,) = graph.output_node().args
+    return env[value]
+
+
+def _bits_match(backward: fx.Node, weight_program: Any, data_program: Any) -> bool:
+    """Whether W and the data part reproduce the fused call's bits on random tensors of the captured shapes.
+
+    The same kernels on the same shapes take the same code path, so one run decides whether the
+    chunked reduction order equals the fused one (it does for most shapes; see the module docstring)."""
+    from coop.graph_capture.alternatives import _materialize
+
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(0)
+        g, x, w = (_materialize(v.meta["val"], random=True) for v in backward.args[:3])
+        fused = aten.convolution_backward.default(g, x, w, *backward.args[3:])
+        split = _evaluate(data_program.graph, [g, w, _evaluate(weight_program.graph, [g, x, w])])
+    return all(a is None and b is None or a is not None and b is not None and torch.equal(a, b)
+               for a, b in zip(fused, split, strict=True))
+
+
+def _shape_cover(grad: torch.Tensor, source: torch.Tensor) -> bool:
+    """grad_out's storage can stand for the input's contiguous shape: same dtype and device, enough elements."""
+    return (grad.dtype == source.dtype and grad.device == source.device and grad.storage_offset() == 0
+            and grad.untyped_storage().nbytes() >= source.numel() * source.element_size())
+
+
+def find_convolution_split(backward: fx.Node, graph: Graph, owner_of: dict[str, int], found: Any, next_id: int) -> int:
+    """Offer ``split`` for a convolution backward that computes grad_input and the weight gradient.
+
+    Adds W to ``found.optional`` (key: the backward's name) and returns the next free node id.
+    """
+    from coop.graph_capture.alternatives import _same_layout, shared_program, signature
+
+    grad, source, weight = backward.args[:3]
+    mask = backward.args[10]
+    if not all(isinstance(v, fx.Node) for v in (grad, source, weight)) or not isinstance(mask, (list, tuple)):
+        return next_id
+    if not (mask[0] and mask[1]) or not all(isinstance(m, bool) for m in mask):
+        return next_id  # nothing to split: no grad_input (a first layer) or no weight gradient
+    if graph.node(owner_of[source.name]).caller_owned:
+        return next_id  # the input stays resident anyway: the fused call holds nothing more
+    grad_value, source_value = grad.meta.get("val"), source.meta.get("val")
+    if not isinstance(grad_value, torch.Tensor) or not isinstance(source_value, torch.Tensor):
+        return next_id
+    if not source_value.is_contiguous():
+        return next_id
+    weight_program = weight_part_program(backward)
+    covered = _shape_cover(grad_value, source_value)
+    if covered:
+        program = data_part_program(backward, next_id, weight_program.output.meta["val"])
+    elif backward.args[7] is False:
+        program = shared_program(found, ("split", *signature(backward)), (grad.name, weight.name, next_id),
+                                 lambda: chunked_data_part_program(backward, next_id, weight_program.output.meta["val"]))
+    else:
+        return next_id
+    produced, expected = program.output.meta["val"], backward.meta["val"]
+    if not all(a is None and b is None or _same_layout(a, b) for a, b in zip(produced, expected, strict=True)):
+        return next_id
+    proven = covered and source_value.device.type == "cpu"  # tests/test_alternatives_conv.py
+    if not proven and not _checked(backward, weight_program, program):
+        return next_id
+    found.optional[(f"conv_weight_grad:{backward.name}",)] = (next_id, weight_program, tuple(
+        dict.fromkeys(owner_of[v.name] for v in (grad, source, weight))))
+    found.impls.setdefault(owner_of[backward.name], {})["split"] = (program, {})
+    return next_id + 1
+
+
+#: Verdicts of :func:`_bits_match` by configuration, kept for the process (a verdict depends only on it).
+_CHECKED: dict[tuple[Any, ...], bool] = {}
+
+
+def _checked(backward: fx.Node, weight_program: Any, data_program: Any) -> bool:
+    """:func:`_bits_match`, once per configuration (shapes, dtypes and the op's other arguments)."""
+    from coop.graph_capture.alternatives import signature
+
+    key = signature(backward)  # layouts, dtypes and devices of grad_out, input and weight; the other arguments
+    if key not in _CHECKED:
+        _CHECKED[key] = _bits_match(backward, weight_program, data_program)
+    return _CHECKED[key]
+
+
+__all__ = ["CHUNKS", "chunked_data_part_program", "convolution_gradients", "data_part_program", "find_convolution_split", "weight_part_program"]
