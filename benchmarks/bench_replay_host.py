@@ -15,8 +15,11 @@ and the dispatcher, not kernels), the store-all schedule of the captured step re
 Times are medians over ``ROUNDS`` interleaved rounds of the best of 3 calls (ms per step, µs per node of
 the ordinary program; the arena program has more nodes: its views).
 ``allocs_*`` count the device storages one step allocates, by :class:`coop.runtime.meter.MemoryMeter`
-(the arena replay: its one arena plus the transients it reports); ``transients`` is how many ops the
-arena replay computes outside the arena and copies in.
+(the arena replay: ``allocs_arena_first`` its first step, which allocates its one persistent buffer, and
+``allocs_arena`` a later step, which reuses it; both plus the workspaces it reports); ``transients`` is how
+many ops are computed outside the arena and copied in, ``kernel_copies`` how many outputs a kernel that
+allocates its own outputs put outside its view (first calls only, while the replay learns which allocation
+is which).
 """
 
 from __future__ import annotations
@@ -109,8 +112,11 @@ def measure(name: str, rounds: int) -> dict[str, Any]:
     tracked = [*flat, *captured.constants()]
     row["allocs_eager"] = _allocations(eager, tracked)
     row["allocs_replay"] = _allocations(lambda: ordinary.run_flat(flat), tracked)
-    row["allocs_arena"] = _allocations(lambda: arena.run_flat(flat), tracked)
+    fresh = Executor(captured, ordinary.schedule, arena=execution_placement(ordinary.graph, ordinary.schedule))
+    row["allocs_arena_first"] = _allocations(lambda: fresh.run_flat(flat), tracked)
+    row["allocs_arena"] = _allocations(lambda: arena.run_flat(flat), [*tracked, *arena.arena_program.buffers.values()])
     row["transients"] = len(arena.arena_program.transients)
+    row["kernel_copies"] = len(arena.arena_program.kernel_copies)
     row["arena_bytes"] = arena.arena_program.arena_bytes
     return row
 

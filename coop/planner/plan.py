@@ -184,7 +184,8 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
     plan's ``note`` (and ``summary()["note"]``) says so. With ``arena=True`` the budget is the size
     of an address-ordered arena: every value gets an address (coop.online.static_arena's packed placement),
     the live-bytes budget is lowered by the fragmentation found until the arena peak fits, and
-    the plan replays inside that arena (coop.runtime.arena_replay: one buffer per device and step).
+    the plan replays inside that arena (coop.runtime.arena_replay: one buffer per device, allocated at the first
+    step and reused; the loss and new ``.grad`` values are copied into persistent slots after the arena).
     ``captured`` reuses an earlier :func:`coop.capture` of this model and batch (several budgets,
     one capture and one profile). ``device_profile`` (a name such as ``"a100-pcie4"``, a .toml path or a
     :class:`coop.device_profiles.DeviceProfile`) prices paging for ``formulation="poet"`` and lets ``auto``
@@ -232,8 +233,8 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
                 f"arena {format_memory(budget_bytes, graph)}: {placement.method} arena peak "
                 f"{format_memory(placement.arena_peak, graph)} (live-bytes budget {format_memory(live_budget, graph)})")
             transients = candidate.executor.arena_program.transients
-            if transients:  # ops without an in-place kernel: computed outside the arena, then copied in
-                candidate.note += (f"; the arena replay allocates {len(transients)} transient outputs outside the arena "
+            if transients:  # ops whose kernel allocates its own output: their workspace, computed then copied in
+                candidate.note += (f"; {len(transients)} ops allocate their own output as workspace outside the arena "
                                    f"(largest {format_memory(max(t.nbytes for t in transients), graph)})")
             return candidate
         overflowing = max(placement.arena_peak, candidate.predicted_peak)

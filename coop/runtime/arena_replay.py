@@ -1,43 +1,74 @@
-"""Arena replay: every planned value of a step lives at its planned offset in one buffer per device.
+"""Arena replay: every planned value of a step lives at its planned offset in one persistent buffer per device.
 
 A static plan knows each value's size, birth and death before the step runs, and
 :func:`coop.online.static_arena.execution_placement` gives every instance an address (best fit,
 Zhang et al. 2023, "Coop: Memory is not a Commodity", applied to a static schedule; blocks rounded
 to :data:`~coop.online.static_arena.ARENA_ALIGNMENT` bytes, extra outputs placed from their op's
-step). :class:`ArenaProgramBuilder` writes the executor's replay program so that the step
-allocates one uint8 buffer per device of the arena's size and materializes each value as an
-``as_strided`` view at its offset, with the dtype, shape and strides the eager kernel gives it.
+step). :class:`ArenaProgramBuilder` writes the executor's replay program so that each value is an
+``as_strided`` view of one uint8 buffer per device, at its offset, with the dtype, shape and
+strides the eager kernel gives it. The buffer is allocated once, at the plan's first step, and
+reused by every later step (fixed addresses: what a CUDA graph needs), so a step allocates nothing.
 
-How a value gets into its view was measured per op on the zoo models and transformers GPT-2,
-BERT, Llama, ViT, MobileNetV2 and ResNet (CPU, torch 2.13; the issue-15 report has the table):
+How a value gets into its view was measured per op on the zoo models (torch 2.13 CPU; the arena
+allocates nothing else when ``torch.profiler``'s memory events show no allocation of the output's
+size and the result is ``torch.equal`` to the functional op):
 
-* **Out kernels.** An op whose ``.out`` overload has a native CPU kernel that writes the given
-  tensor and allocates nothing (``torch.profiler`` memory events, and the out tensor keeps its
-  data pointer) runs as ``op.out(..., out=view)``: :data:`OUT_IN_PLACE`, bit-identical to the
-  functional call. Many ``.out`` overloads (``convolution``, ``relu``, ``native_layer_norm``,
-  ``native_batch_norm_backward``, ``embedding``, ``mul.Scalar`` ...) are generated wrappers
-  (CompositeExplicitAutograd) that call the functional op and copy its result: the transient
-  allocation would happen inside the kernel, where no meter sees it, so they are not used.
-* **Copies.** ``clone``, ``lift_fresh_copy`` and same-device ``_to_copy`` are ``view.copy_(x)``.
-* **Compute, then copy.** Every other op runs as in the ordinary replay and its result is copied
-  into the view; the op's own output is a transient allocation that lives for that one op. These
-  transients are not in the plan's simulation, so they are reported, never hidden:
-  :attr:`ArenaProgram.transients` lists each with its step, op and bytes, and
-  ``predicted_peak`` adds the largest to the arena and the caller-owned bytes.
+* **Out kernels** (:data:`OUT_IN_PLACE`): ``op.out(..., out=view)`` where the ``.out`` overload is
+  a native kernel that writes the given tensor. Many ``.out`` overloads (``convolution``,
+  ``native_layer_norm``, ``native_batch_norm_backward``, ``embedding`` ...) are generated wrappers
+  that call the functional op and copy its result, so they are not used.
+* **Same arithmetic, in place** (:data:`COMPOSITES` and the cases of :meth:`ArenaProgramBuilder._rewrite`):
+  the functional op's own body written into the view: ``masked_fill`` = copy + ``masked_fill_``,
+  ``slice_backward``/``select_backward`` = zero + copy into the slice, ``constant_pad_nd`` = fill +
+  copy, ``embedding`` = ``index_select.out``, ``embedding_dense_backward`` = zero + ``index_add_``
+  (the CPU kernel's add of each index in order), ``_native_batch_norm_legit_functional`` = its
+  in-place form ``_native_batch_norm_legit.out`` on copies of the running statistics,
+  ``_safe_softmax`` = ``_softmax.out`` then zero the rows whose maximum is -inf (a few bytes of
+  scratch per row), ``arange`` = ``arange.start_out``, copies and fills.
+* **Kernels that allocate their own outputs** (:data:`KERNEL_OUTPUT_OPS`: oneDNN convolution forward and
+  backward, layer norm forward and backward, batch norm backward; their ``.out`` overloads are
+  wrappers): :func:`kernel_into` runs the op's own CPU kernel with :class:`KernelOutputs` active,
+  which hands the kernel's output allocations the planned views, so the same kernel writes its
+  result in place. The kernel's other allocations are its workspace, made as in eager PyTorch; at a
+  call site's first call an output may land outside its view while the replay learns which
+  allocation is which (batch norm backward allocates two temporaries of its input's size first): it
+  is copied in and listed in :attr:`ArenaProgram.kernel_copies`.
+* **Compute, then copy** (:data:`WORKSPACE_OPS`, and any op none of the above covers): the op runs as in
+  the ordinary replay and its result is copied into the view; that allocation is the node's workspace,
+  reported in :attr:`ArenaProgram.transients` (step, op, bytes) and added to ``predicted_peak``. On the
+  zoo models (CPU) there is none.
 
-The outputs of the step (loss, gradients, new buffers) are views into the step's arena: the arena
-is released when the last of them dies (``optimizer.zero_grad()`` setting ``.grad`` to None).
+A recomputation's discarded extra outputs (batch-norm statistics, max-pool indices) are written
+into that step's workspace block of the placement (the simulator counts them there) or into the
+scratch region after the arena.
+
+**Outputs and ``.grad``.** The loss and the gradient of every parameter whose ``.grad`` is None
+are copied into persistent output slots after the arena in the same buffer (the loss has two,
+used in turn, so that the previous step's loss survives; DDP's ``gradient_as_bucket_view`` is
+the precedent): ``param.grad = slot`` then allocates nothing, and micro-batches accumulate into
+it in place (``+=``) as eager backward does. A gradient for a parameter that already has a
+``.grad`` is handed back as a view of the arena and added into that ``.grad`` at once. A slot is
+reused only when nothing else holds it: the plan keeps a weak reference to what it handed out and
+counts the buffer's users, so a ``.grad`` or loss the caller still holds (or any view of it) is
+never overwritten; the output is then a fresh copy, as eager would allocate (with a view of a handed-out
+tensor held, every output is, until it is released). The buffer lives as long as the plan or a
+``.grad`` in its slots. Values that
+:meth:`Executor.run_flat` returns as arena views (new buffer values, gradients added into an
+existing ``.grad``) are valid until the next step; the replay is not reentrant.
 """
 
 from __future__ import annotations
 
+import itertools
 import operator
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import fx
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from coop.errors import CoopError
 from coop.graph_capture import Captured
@@ -46,6 +77,7 @@ from coop.runtime.executor import _ProgramBuilder, _Unavailable
 from coop.schedule import Schedule, Simulation
 
 aten = torch.ops.aten
+ALIGN = 64  # bytes: every block, scratch piece and output slot starts on a multiple of it
 
 #: Functional op -> ``.out`` overload measured to write ``out`` in place and allocate nothing on CPU.
 OUT_IN_PLACE: dict[Any, Any] = {
@@ -59,6 +91,7 @@ OUT_IN_PLACE: dict[Any, Any] = {
     aten.bmm.default: aten.bmm.out,
     aten.cat.default: aten.cat.out,
     aten.cos.default: aten.cos.out,
+    aten.div.Tensor: aten.div.out,
     aten.gather.default: aten.gather.out,
     aten.gelu.default: aten.gelu.out,
     aten.gelu_backward.default: aten.gelu_backward.grad_input,
@@ -67,12 +100,14 @@ OUT_IN_PLACE: dict[Any, Any] = {
     aten.le.Tensor: aten.le.Tensor_out,
     aten.max_pool2d_with_indices.default: aten.max_pool2d_with_indices.out,
     aten.max_pool2d_with_indices_backward.default: aten.max_pool2d_with_indices_backward.grad_input,
+    aten.mean.dim: aten.mean.out,
     aten.mm.default: aten.mm.out,
     aten.mul.Tensor: aten.mul.out,
     aten.neg.default: aten.neg.out,
     aten.nll_loss_backward.default: aten.nll_loss_backward.grad_input,
     aten.nll_loss_forward.default: aten.nll_loss_forward.output,
     aten.pow.Tensor_Scalar: aten.pow.Tensor_Scalar_out,
+    aten.rsqrt.default: aten.rsqrt.out,
     aten.silu.default: aten.silu.out,
     aten.silu_backward.default: aten.silu_backward.grad_input,
     aten.sin.default: aten.sin.out,
@@ -83,6 +118,15 @@ OUT_IN_PLACE: dict[Any, Any] = {
     aten.tril.default: aten.tril.out,
     aten.where.self: aten.where.self_out,
 }
+
+#: Ops whose CPU kernel allocates its own outputs and offers no native ``.out`` (measured): the kernel runs with
+#: its output allocations handed the planned views (:class:`KernelOutputs`).
+KERNEL_OUTPUT_OPS = frozenset({aten.convolution.default, aten.convolution_backward.default,
+                               aten.native_layer_norm.default, aten.native_layer_norm_backward.default,
+                               aten.native_batch_norm_backward.default})
+
+#: Ops computed, then copied into their views (their allocation is the node's workspace): none on CPU now.
+WORKSPACE_OPS: frozenset[Any] = frozenset()
 
 #: Ops whose result is a plain copy of their (first) input: written with ``view.copy_(input)``.
 COPIES = {aten.clone.default, aten.lift_fresh_copy.default, aten._to_copy.default}
@@ -102,6 +146,234 @@ FILLS: dict[Any, Callable[[tuple, dict], Any]] = {
 SCALAR_OUT = {aten.mul.Scalar: aten.mul.out, aten.div.Scalar: aten.div.out}
 
 
+# ---------------------------------------------------------------- the functional ops' own bodies, into a view
+def _masked_fill_into(out: torch.Tensor, x: torch.Tensor, mask: torch.Tensor, value: Any) -> torch.Tensor:
+    """``masked_fill`` is ``clone`` + ``masked_fill_``."""
+    return out.copy_(x).masked_fill_(mask, value)
+
+
+def _slice_backward_into(out: torch.Tensor, grad: torch.Tensor, sizes: Any, dim: int, start: int, end: int,
+                         step: int) -> torch.Tensor:
+    """``slice_backward`` is ``zeros(sizes)`` with ``grad`` copied into the slice."""
+    aten.slice.Tensor(out.zero_(), dim, start, end, step).copy_(grad)
+    return out
+
+
+def _select_backward_into(out: torch.Tensor, grad: torch.Tensor, sizes: Any, dim: int, index: int) -> torch.Tensor:
+    """``select_backward`` is ``zeros(sizes)`` with ``grad`` copied into the selected slice."""
+    aten.select.int(out.zero_(), dim, index).copy_(grad)
+    return out
+
+
+def _constant_pad_into(out: torch.Tensor, x: torch.Tensor, pad: list[int], value: Any = 0) -> torch.Tensor:
+    """``constant_pad_nd`` (ATen's PadNd.cpp): fill with ``value``, copy the (narrowed) input into the middle."""
+    source, target = x, out
+    for k in range(len(pad) // 2):
+        dim = x.dim() - 1 - k
+        before, after = pad[2 * k], pad[2 * k + 1]
+        if before < 0:
+            source = source.narrow(dim, -before, source.size(dim) + before)
+        elif before > 0:
+            target = target.narrow(dim, before, target.size(dim) - before)
+        if after < 0:
+            source = source.narrow(dim, 0, source.size(dim) + after)
+        elif after > 0:
+            target = target.narrow(dim, 0, target.size(dim) - after)
+    if target.numel() != out.numel():
+        out.fill_(value)
+    target.copy_(source)
+    return out
+
+
+def _embedding_into(out: torch.Tensor, weight: torch.Tensor, indices: torch.Tensor, *_: Any) -> torch.Tensor:
+    """``embedding`` is ``weight.index_select(0, indices.reshape(-1)).view(...)``."""
+    aten.index_select.out(weight, 0, indices.reshape(-1), out=out.view(-1, weight.size(1)))
+    return out
+
+
+def _embedding_backward_into(out: torch.Tensor, grad: torch.Tensor, indices: torch.Tensor, num_weights: int,
+                             padding_idx: int, scale_grad_by_freq: bool) -> torch.Tensor:
+    """``embedding_dense_backward`` on CPU: zeros, then each index's gradient row added in index order (what
+    ``index_add_`` does), the padding row left at zero."""
+    out.zero_().index_add_(0, indices.reshape(-1), grad.reshape(-1, out.size(1)))
+    if padding_idx >= 0:
+        out[padding_idx].zero_()
+    return out
+
+
+def _batch_norm_into(outs: tuple[torch.Tensor, ...], x: torch.Tensor, weight: Any, bias: Any, running_mean: torch.Tensor,
+                     running_var: torch.Tensor, training: bool, momentum: float, eps: float) -> tuple[torch.Tensor, ...]:
+    """``_native_batch_norm_legit_functional`` is its in-place form on copies of the running statistics."""
+    out, save_mean, save_invstd, new_mean, new_var = outs
+    new_mean.copy_(running_mean)
+    new_var.copy_(running_var)
+    aten._native_batch_norm_legit.out(x, weight, bias, new_mean, new_var, training, momentum, eps, out=out,
+                                      save_mean=save_mean, save_invstd=save_invstd)
+    return outs
+
+
+def _safe_softmax_into(out: torch.Tensor, row_max: torch.Tensor, masked: torch.Tensor, x: torch.Tensor,
+                       dim: int) -> torch.Tensor:
+    """``_safe_softmax`` is softmax with rows that are all -inf set to 0; a row is all -inf exactly when its
+    maximum is -inf (a NaN propagates through both tests)."""
+    aten._softmax.out(x, dim, False, out=out)
+    aten.amax.out(x, [dim], True, out=row_max)
+    aten.eq.Scalar_out(row_max, float("-inf"), out=masked)
+    return out.masked_fill_(masked, 0)
+
+
+def _identity_into(out: torch.Tensor, *_: Any, **__: Any) -> torch.Tensor:
+    """``new_empty_strided``: uninitialized memory, which the view already is."""
+    return out
+
+
+def _copy_into(out: torch.Tensor, self_: torch.Tensor, src: torch.Tensor, *_: Any) -> torch.Tensor:
+    """Functional ``copy`` is ``clone(self).copy_(src)``; ``src`` broadcast over every element."""
+    return out.copy_(src)
+
+
+#: Single-output ops written into their view by the functional op's own body (arguments: view, *op's arguments).
+COMPOSITES: dict[Any, Callable[..., torch.Tensor]] = {
+    aten.masked_fill.Scalar: _masked_fill_into,
+    aten.slice_backward.default: _slice_backward_into,
+    aten.select_backward.default: _select_backward_into,
+    aten.constant_pad_nd.default: _constant_pad_into,
+    aten.new_empty_strided.default: _identity_into,
+    aten.copy.default: _copy_into,
+}
+
+
+_CPU_KERNEL = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+_SITES = itertools.count()
+_ALLOCATIONS = {aten.empty.memory_format, aten.empty_strided.default}
+
+
+class KernelOutputs(TorchDispatchMode):
+    """Run an op's own CPU kernel so that the allocations that become its outputs are the planned views.
+
+    The op is redispatched straight to its CPU kernel with this mode active, so the ``at::empty`` calls
+    the kernel makes come here (composites it calls are redispatched the same way). An allocation
+    that becomes output k gets output k's view, reshaped as asked, and the kernel writes its result
+    there: the same kernel on the same inputs, bit for bit the functional op. Which allocation becomes
+    which output is learned at a call site's first call (``LEARNED``): there each allocation of an
+    output's element count and dtype takes the first free view, and an output that lands elsewhere
+    (the kernel allocated a temporary of the same size first, as batch norm backward does) is copied
+    into its view and recorded in ``COPIES_MADE``. Every other allocation is the kernel's own
+    workspace, made below the Python dispatch key as in eager PyTorch (no memory meter sees those).
+    """
+
+    def __init__(self, views: tuple[torch.Tensor | None, ...], learned: dict[int, int] | None) -> None:
+        super().__init__()
+        self.views = views
+        self.learned = learned  # allocation index -> output index, from the site's first call
+        self.free = {k for k, v in enumerate(views) if v is not None and v.numel() and _dense(v)}
+        self.count = 0
+        self.claimed: dict[int, int] = {}  # allocation index -> output index whose view it got
+        self.fresh: dict[int, int] = {}  # allocation index -> data pointer of an allocation made as asked
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func in _ALLOCATIONS:
+            index, self.count = self.count, self.count + 1
+            view = self._claim(index, func, args, kwargs)
+            if view is not None:
+                return view
+            made = func.redispatch(_CPU_KERNEL, *args, **kwargs)
+            self.fresh[index] = made.untyped_storage().data_ptr()
+            return made
+        if func is aten.resize_.default and args[0].numel() == 0:  # at::empty({0}) grown into an output
+            return self._resize(args[0], list(args[1]), kwargs)
+        if func.is_view or func is aten.as_strided.default:
+            return func(*args, **kwargs)
+        with self:
+            return func.redispatch(_CPU_KERNEL, *args, **kwargs)
+
+    def _claim(self, index: int, func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
+        size = list(args[0])
+        dtype = kwargs.get("dtype") or torch.get_default_dtype()
+        candidates = sorted(self.free) if self.learned is None else [self.learned.get(index, -1)]
+        for k in candidates:
+            view = self.views[k] if k in self.free else None
+            if view is not None and view.dtype == dtype and view.numel() == _numel(size):
+                stride = list(args[1]) if func is aten.empty_strided.default else _strides(size, kwargs)
+                self.free.discard(k)
+                self.claimed[index] = k
+                return view.as_strided(size, stride, view.storage_offset())
+        return None
+
+    def _resize(self, tensor: torch.Tensor, size: list[int], kwargs: dict) -> torch.Tensor:
+        """An empty tensor the kernel grows: set onto an output's view when it becomes that output."""
+        index, self.count = self.count, self.count + 1
+        view = self._claim(index, aten.empty.memory_format, (size,), {"dtype": tensor.dtype, **kwargs})
+        if view is not None:
+            return aten.set_.source_Storage_storage_offset.redispatch(
+                _CPU_KERNEL, tensor, view.untyped_storage(), view.storage_offset(), view.shape, view.stride())
+        grown = aten.resize_.default.redispatch(_CPU_KERNEL, tensor, size, **kwargs)
+        self.fresh[index] = grown.untyped_storage().data_ptr()
+        return grown
+
+    def learn(self, outputs: tuple[Any, ...]) -> dict[int, int]:
+        """Allocation index -> output index, from where this call's outputs were made."""
+        learned = {i: k for i, k in self.claimed.items() if outputs[k].data_ptr() == self.views[k].data_ptr()}
+        for k, out in enumerate(outputs):
+            if self.views[k] is not None and out is not None and k not in learned.values():
+                learned.update({i: k for i, ptr in self.fresh.items() if ptr == out.untyped_storage().data_ptr()})
+        return learned
+
+
+#: Call site -> what KernelOutputs learned there; call site -> (op, bytes) copied at its first call.
+LEARNED: dict[int, dict[int, int]] = {}
+COPIES_MADE: dict[int, list[tuple[str, int]]] = {}
+
+
+def _forget_sites(sites: tuple[int, ...]) -> None:
+    for site in sites:
+        LEARNED.pop(site, None)
+        COPIES_MADE.pop(site, None)
+
+
+def kernel_into(site: int, op: Any, views: tuple[torch.Tensor | None, ...], *args: Any, **kwargs: Any) -> Any:
+    """``op(*args, **kwargs)`` computed by its CPU kernel into ``views`` (:class:`KernelOutputs`) at call site
+    ``site``; an output the kernel put elsewhere is copied into its view."""
+    mode = KernelOutputs(views, LEARNED.get(site))
+    with mode:
+        result = op.redispatch(_CPU_KERNEL, *args, **kwargs)
+    outputs = result if isinstance(result, tuple) else (result,)
+    if site not in LEARNED:
+        LEARNED[site] = mode.learn(outputs)
+    placed = []
+    for out, view in zip(outputs, views, strict=True):
+        if view is None or out is None or out.data_ptr() == view.data_ptr():
+            placed.append(out)
+        else:
+            COPIES_MADE.setdefault(site, []).append((str(op), out.untyped_storage().nbytes()))
+            placed.append(view.copy_(out))
+    return tuple(placed) if isinstance(result, tuple) else placed[0]
+
+
+def _numel(size: list[int]) -> int:
+    count = 1
+    for n in size:
+        count *= n
+    return count
+
+
+def _strides(size: list[int], kwargs: dict) -> list[int]:
+    """Strides of ``at::empty(size, memory_format=...)``."""
+    memory_format = kwargs.get("memory_format")
+    if memory_format not in (None, torch.contiguous_format):
+        return list(torch.empty(size, device="meta", memory_format=memory_format).stride())
+    strides, step = [], 1
+    for n in reversed(size):
+        strides.append(step)
+        step *= max(n, 1)
+    return strides[::-1]
+
+
+def _dense(view: torch.Tensor) -> bool:
+    return _extent(view.shape, view.stride(), view.dtype) == view.numel() * view.element_size()
+
+
 @dataclass(frozen=True)
 class Transient:
     """A value computed outside the arena and copied in: ``nbytes`` allocated for the op at ``step``."""
@@ -117,18 +389,107 @@ class Transient:
 
 
 @dataclass
-class ArenaProgram:
-    """What an arena replay allocates: ``arena_bytes`` per device, and the transients it reports."""
+class OutputSlot:
+    """A persistent place for one step output (the loss, a gradient) after the arena in the device's buffer."""
 
-    arena_bytes: int
-    base: int  # the placement's address of the arena's first byte (caller-owned values sit below it)
-    devices: list[str]
-    transients: list[Transient]
-    in_place_ops: int  # fx nodes written straight into the arena (out kernels and copies)
+    device: str
+    offset: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    handed: Any = None  # weak reference to the view last handed out
+    users: int = 0  # buffer users that view adds (its views of views)
+
+    def alive(self) -> bool:
+        return self.handed is not None and self.handed() is not None
+
+    def hand_out(self, buffer: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        before = _users(buffer)
+        view = buffer.view(self.dtype).as_strided(self.shape, self.stride, self.offset // self.dtype.itemsize)
+        view.copy_(value)
+        self.users = _users(buffer) - before
+        self.handed = weakref.ref(view)
+        return view
+
+
+def _users(buffer: torch.Tensor) -> int:
+    """Tensors holding ``buffer``'s storage (its StorageImpl's reference count)."""
+    return torch._C._storage_Use_Count(buffer.untyped_storage()._cdata)
+
+
+class ArenaProgram:
+    """What an arena replay allocates, and the buffers it keeps: one per device, allocated at the first step.
+
+    A buffer holds the arena (``arena_bytes``), a scratch region (``scratch_bytes``) and the output slots.
+    ``transients`` are the workspaces of ops that allocate their own output (:data:`WORKSPACE_OPS`).
+    """
+
+    def __init__(self, arena_bytes: int, base: int, devices: list[str], transients: list[Transient],
+                 in_place_ops: int, scratch_bytes: int, slots: dict[int, list[OutputSlot]],
+                 grad_params: dict[int, int], kernel_sites: list[int] | None = None) -> None:
+        self.arena_bytes = arena_bytes
+        self.base = base  # the placement's address of the arena's first byte (caller-owned values sit below it)
+        self.devices = devices
+        self.transients = transients
+        self.in_place_ops = in_place_ops  # fx nodes written straight into the arena (out kernels, composites, copies)
+        self.scratch_bytes = scratch_bytes
+        self.slots = slots  # flat output index -> its slots (the loss has two)
+        self.grad_params = grad_params  # flat output index of a gradient -> flat input index of its parameter
+        self.kernel_sites = kernel_sites or []  # kernel_into call sites of this program
+        weakref.finalize(self, _forget_sites, tuple(self.kernel_sites))
+        self.buffers: dict[str, torch.Tensor] = {}
+        self._idle_users: dict[str, int] = {}
+
+    @property
+    def kernel_copies(self) -> list[tuple[str, int]]:
+        """(op, bytes) of each output a kernel put outside its view so far (copied in; the first call of a site,
+        while KernelOutputs learns which allocation is the output)."""
+        return [copy for site in self.kernel_sites for copy in COPIES_MADE.get(site, [])]
 
     @property
     def max_transient(self) -> int:
         return max((t.nbytes for t in self.transients), default=0)
+
+    def buffer_bytes(self, device: str) -> int:
+        """Bytes of ``device``'s buffer: arena, scratch and output slots."""
+        ends = [s.offset + _rounded(_extent(s.shape, s.stride, s.dtype)) for ss in self.slots.values() for s in ss
+                if s.device == device]
+        return max([_rounded(self.arena_bytes) + self.scratch_bytes, *ends])
+
+    @property
+    def slot_bytes(self) -> int:
+        return sum(self.buffer_bytes(d) for d in self.devices) - len(self.devices) * (
+            _rounded(self.arena_bytes) + self.scratch_bytes)
+
+    def run(self, forward: Callable, module: fx.GraphModule, flat: list[torch.Tensor]) -> list[Any]:
+        """One step: the program on this plan's buffers, then the loss and new ``.grad`` values into free slots."""
+        if not self.buffers:
+            for device in self.devices:
+                self.buffers[device] = torch.empty(self.buffer_bytes(device), dtype=torch.uint8, device=device)
+                self._idle_users[device] = _users(self.buffers[device])
+        clean = {d: _users(b) == self._idle_users[d] + sum(s.users for ss in self.slots.values() for s in ss
+                                                            if s.device == d and s.alive())
+                 for d, b in self.buffers.items()}
+        outputs = list(forward(module, *flat, *(self.buffers[d] for d in self.devices)))
+        for index, slots in self.slots.items():
+            value = outputs[index]
+            position = self.grad_params.get(index)
+            if not isinstance(value, torch.Tensor) or (position is not None and flat[position].grad is not None):
+                continue  # added into the existing .grad at once (Captured.write_back)
+            free = next((s for s in slots if clean[s.device] and not s.alive()), None)
+            outputs[index] = free.hand_out(self.buffers[free.device], value) if free else value.clone()
+        return outputs
+
+
+def _rounded(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+def _extent(shape: Any, stride: Any, dtype: torch.dtype) -> int:
+    """Bytes from a view's first element to its last (what its storage must hold past its offset)."""
+    if any(s == 0 for s in shape):
+        return 0
+    return dtype.itemsize * (1 + sum((s - 1) * st for s, st in zip(shape, stride, strict=True)))
 
 
 def check_placement(captured: Captured, graph: Any, schedule: Schedule, placement: Placement) -> None:
@@ -154,15 +515,17 @@ def check_placement(captured: Captured, graph: Any, schedule: Schedule, placemen
 
 
 class ArenaProgramBuilder(_ProgramBuilder):
-    """The executor's program builder, writing each planned value into its view of the step's arena."""
+    """The executor's program builder, writing each planned value into its view of the device's buffer."""
 
     def __init__(self, captured: Captured, graph: Any, replayed: set[int], simulation: Simulation,
                  placement: Placement) -> None:
         super().__init__(captured, graph, replayed)
-        placed = [(b, o) for b, o in zip(placement.lifetimes, placement.offsets, strict=True) if b.instance >= 0]
+        placed = [(b, o) for b, o in zip(placement.lifetimes, placement.offsets, strict=True)
+                  if b.instance >= 0 or b.label.startswith("workspace")]
         self.base = min((o for _, o in placed), default=0)
         self.arena_bytes = max((o + b.size for b, o in placed), default=0) - self.base
-        self.block = {(b.instance, b.start): (o - self.base, b.size) for b, o in placed}
+        self.block = {(b.instance, b.start): (o - self.base, b.size) for b, o in placed if b.instance >= 0}
+        self.workspace_block = {b.start: (o - self.base, b.size) for b, o in placed if b.instance < 0}
         self.simulation = simulation
         self.instance_at = {inst.computed_at: k for k, inst in enumerate(simulation.instances)}
         self.instances_of: dict[int, list[int]] = {}
@@ -178,21 +541,23 @@ class ArenaProgramBuilder(_ProgramBuilder):
         self.bases: dict[tuple[str, torch.dtype], fx.Node] = {}
         self.transients: list[Transient] = []
         self.in_place_ops = 0
+        self.scratch_bytes = 0
+        self.kernel_sites: list[int] = []  # KernelOutputs call sites (kernel_into)
 
-    # ---------------------------------------------------------------- the arena
+    # ---------------------------------------------------------------- the buffer
     def start(self) -> None:
         super().start()
         devices = sorted({str(v.device) for node in self.owner for v in _tensor_leaves(node.meta.get("val"))})
-        size = -(-self.arena_bytes // 64) * 64
-        for device in devices:
-            self.arenas[device] = self.program.call_function(
-                aten.empty.memory_format, ([size],), {"dtype": torch.uint8, "device": torch.device(device)})
+        last = [n for n in self.program.nodes if n.op == "placeholder"][-1]
+        for device in devices:  # the buffers come in after the flat inputs (ArenaProgram.run)
+            with self.program.inserting_after(last):
+                last = self.arenas[device] = self.program.placeholder(f"coop_arena_{device.replace(':', '_')}")
 
-    def view_at(self, offset: int, size: int, fake: torch.Tensor) -> fx.Node:
-        """An fx value: the view of the arena at ``offset`` shaped like the eager value ``fake``."""
-        device, dtype = str(fake.device), fake.dtype
-        extent = fake.element_size() * (fake.storage_offset() + 1 + sum((s - 1) * st for s, st in
-                                                                          zip(fake.shape, fake.stride()) if s))
+    def view_at(self, offset: int, size: int, fake: torch.Tensor, device: str | None = None) -> fx.Node:
+        """An fx value: the view of the buffer at ``offset`` shaped like the eager value ``fake`` (on ``device``
+        when ``fake`` is a meta tensor standing for a scratch value)."""
+        device, dtype = device or str(fake.device), fake.dtype
+        extent = _extent(fake.shape, fake.stride(), dtype) + fake.storage_offset() * fake.element_size()
         if fake.numel() and extent > size:
             raise CoopError(f"arena block of {size} bytes at offset {offset} cannot hold a {list(fake.shape)} "
                             f"{dtype} value ({extent} bytes); the graph's mem for it is wrong")
@@ -204,6 +569,20 @@ class ArenaProgramBuilder(_ProgramBuilder):
             self.bases[(device, dtype)] = base
         return self.program.call_function(aten.as_strided.default, (base, list(fake.shape), list(fake.stride()),
                                                                      offset // fake.element_size()))
+
+    def scratch(self, fakes: list[torch.Tensor], offset: int | None = None, size: int | None = None,
+                device: str = "cpu") -> list[fx.Node]:
+        """Views for values an op needs only while it runs, packed into the region at ``offset`` of ``size``
+        bytes (this step's workspace block), or else into the scratch region after the arena (grown to fit)."""
+        sizes = [_rounded(_extent(f.shape, f.stride(), f.dtype) + f.storage_offset() * f.element_size()) for f in fakes]
+        if offset is None or size is None or sum(sizes) > size:
+            offset, size = _rounded(self.arena_bytes), sum(sizes)
+            self.scratch_bytes = max(self.scratch_bytes, size)
+        views, at = [], offset
+        for fake, nbytes in zip(fakes, sizes, strict=True):
+            views.append(self.view_at(at, nbytes, fake, device))
+            at += nbytes
+        return views
 
     # ---------------------------------------------------------------- steps
     def run(self, schedule: Schedule) -> fx.GraphModule:
@@ -250,57 +629,110 @@ class ArenaProgramBuilder(_ProgramBuilder):
         primary = next(i for i, v in enumerate(fake) if isinstance(v, torch.Tensor))
         views: list[fx.Node | None] = [None] * len(fake)
         views[primary] = self.view_at(offset, size, fake[primary])
-        if not self.first:
-            return views  # a recomputation drops its extra outputs: they stay transient
-        for user in node.users:
-            if user.target is operator.getitem and user.args[1] != primary:
-                extra = self.captured.owner_of[user.name]
-                if self.graph_node(extra).output_of != self.node_id:
-                    continue
-                for k in self.instances_of.get(extra, []):
-                    if (k, self.step) in self.block:
-                        views[user.args[1]] = self.view_at(*self.block[(k, self.step)], fake[user.args[1]])
+        if self.first:
+            for user in node.users:
+                if user.target is operator.getitem and user.args[1] != primary:
+                    extra = self.captured.owner_of[user.name]
+                    if self.graph_node(extra).output_of != self.node_id:
+                        continue
+                    for k in self.instances_of.get(extra, []):
+                        if (k, self.step) in self.block:
+                            views[user.args[1]] = self.view_at(*self.block[(k, self.step)], fake[user.args[1]])
         return views
 
     def graph_node(self, node_id: int) -> Any:
         return self.schedule_graph.node(node_id)
 
     def _write(self, node: fx.Node, fake: Any, views: list[fx.Node | None]) -> None:
-        """Run ``node`` so that its placed outputs land in their views (out kernel, copy, or compute then copy)."""
-        target = node.target
-        out = OUT_IN_PLACE.get(target)
-        if out is not None and str(_tensor_leaves(fake)[0].device) == "cpu" and all(v is not None for v in views):
-            names = [a.name for a in out._schema.arguments if a.is_out]
+        """Run ``node`` so that its placed outputs land in their views (in place, or compute then copy)."""
+        if node.target in KERNEL_OUTPUT_OPS and _tensor_leaves(fake)[0].device.type == "cpu":
             args = fx.node.map_arg(node.args, self.lookup)
             kwargs = dict(fx.node.map_arg(node.kwargs, self.lookup))
-            kwargs.update(zip(names, views, strict=True))
-            self.env[node] = self.program.call_function(out, args, kwargs)
+            views = self._complete(fake, views) if isinstance(fake, (tuple, list)) else views
+            site = next(_SITES)
+            self.kernel_sites.append(site)
+            self.env[node] = self.program.call_function(kernel_into, (site, node.target, tuple(views), *args), kwargs)
             self.in_place_ops += 1
             return
-        in_place = self._in_place(node, fake, views)
-        if in_place is not None:
-            self.env[node] = self.program.call_function(*in_place)
-            self.in_place_ops += 1
-            return
+        if node.target not in WORKSPACE_OPS:
+            call = self._rewrite(node, fake, self._complete(fake, views))
+            if call is not None:
+                self.env[node] = self.program.call_function(*call)
+                self.in_place_ops += 1
+                return
         super().emit(node)
         computed = self.env[node]
         self.env[node] = self.program.call_function(_into_views, (computed, tuple(views)))
-        self.transients.append(Transient(self.step, self.node_id, str(target), tuple(self._transient_bytes(fake))))
+        self.transients.append(Transient(self.step, self.node_id, str(node.target),
+                                         tuple(self._transient_bytes(fake))))
 
-    def _in_place(self, node: fx.Node, fake: Any, views: list[fx.Node | None]) -> tuple | None:
-        """(target, args, kwargs) of a call that writes a single-output node straight into its view, or None."""
+    def _complete(self, fake: Any, views: list[fx.Node | None]) -> list[fx.Node | None]:
+        """Views for the outputs nothing keeps (a recomputation's extra outputs): this step's workspace block
+        (where the simulator counts them) or the scratch region."""
+        missing = [i for i, v in enumerate(views) if v is None and isinstance(fake[i], torch.Tensor)]
+        if not missing or fake[missing[0]].device.type != "cpu":
+            return views
+        places = self.scratch([fake[i] for i in missing], *self.workspace_block.get(self.step, (None, None)))
+        completed = list(views)
+        for i, view in zip(missing, places, strict=True):
+            completed[i] = view
+        return completed
+
+    def _rewrite(self, node: fx.Node, fake: Any, views: list[fx.Node | None]) -> tuple | None:
+        """(target, args, kwargs) of a call that writes ``node``'s outputs straight into ``views``, or None."""
+        target = node.target
+        leaves = _tensor_leaves(fake)
+        if any(v is None for v in views) or leaves[0].device.type != "cpu":
+            return self._copy_or_fill(node, fake, views)
+        args = fx.node.map_arg(node.args, self.lookup)
+        kwargs = dict(fx.node.map_arg(node.kwargs, self.lookup))
+        out = OUT_IN_PLACE.get(target)
+        if out is not None:
+            names = [a.name for a in out._schema.arguments if a.is_out]
+            kwargs.update(zip(names, views, strict=True))
+            return out, args, kwargs
+        if target in COMPOSITES:
+            return COMPOSITES[target], (views[0], *args), kwargs
+        if target in SCALAR_OUT:
+            return SCALAR_OUT[target], args, {"out": views[0]}
+        if target is aten.relu.default:  # the CPU relu kernel is clamp_min(x, 0)
+            return aten.clamp_min.out, (args[0], 0), {"out": views[0]}
+        if target in (aten.arange.default, aten.arange.start, aten.arange.start_step):
+            bounds = [0, *node.args[:1], 1] if target is aten.arange.default else [*node.args, 1][:3]
+            return aten.arange.start_out, tuple(bounds), {"out": views[0]}
+        if target is aten.embedding.default and fake.is_contiguous() and node.args[0].meta["val"].dim() == 2:
+            (indices,) = self._contiguous_inputs(node.args[1:2], args[1:2])
+            return _embedding_into, (views[0], args[0], indices), {}
+        if target is aten.embedding_dense_backward.default and not node.args[4] and fake.is_contiguous():
+            grad, indices = self._contiguous_inputs(node.args[:2], args[:2])
+            return _embedding_backward_into, (views[0], grad, indices, *args[2:]), {}
+        if target is aten._native_batch_norm_legit_functional.default and len(views) == 5 and not kwargs:
+            return _batch_norm_into, (tuple(views), *args), {}
+        if target is aten._safe_softmax.default and len(args) == 2 and not kwargs and fake.numel():
+            dim = args[1] % fake.dim()
+            reduced = torch.empty([1 if d == dim else n for d, n in enumerate(fake.shape)], dtype=fake.dtype)
+            scratch = self.scratch([reduced, reduced.to(torch.bool)])
+            return _safe_softmax_into, (views[0], *scratch, args[0], dim), {}
+        return self._copy_or_fill(node, fake, views)
+
+    def _contiguous_inputs(self, inputs: tuple, values: tuple) -> list[fx.Node]:
+        """Each input as is where it is contiguous, else copied into scratch (what the kernel's own
+        ``.contiguous()`` would allocate)."""
+        fakes = [i.meta["val"] for i in inputs]
+        copies = iter(self.scratch([torch.empty(f.shape, dtype=f.dtype, device="meta") for f in fakes
+                                    if not f.is_contiguous()]))
+        return [value if fake.is_contiguous() else self.program.call_function(aten.copy_.default, (next(copies), value))
+                for fake, value in zip(fakes, values, strict=True)]
+
+    def _copy_or_fill(self, node: fx.Node, fake: Any, views: list[fx.Node | None]) -> tuple | None:
+        """Copies, constant fills and coop's dropout draw, on any device."""
         target = node.target
         if not isinstance(fake, torch.Tensor) or views[0] is None:
             return None
-        args = fx.node.map_arg(node.args, self.lookup)
         if target in COPIES and _same_device_copy(node, fake):
-            return aten.copy_.default, (views[0], args[0]), {}
+            return aten.copy_.default, (views[0], self.lookup(node.args[0])), {}
         if target in FILLS:
             return aten.fill_.Scalar, (views[0], FILLS[target](node.args, node.kwargs)), {}
-        if target in SCALAR_OUT and fake.device.type == "cpu":
-            return SCALAR_OUT[target], args, {"out": views[0]}
-        if target is aten.relu.default and fake.device.type == "cpu":  # the CPU relu kernel is clamp_min(x, 0)
-            return aten.clamp_min.out, (args[0], 0), {"out": views[0]}
         if target is bernoulli_mask_op():  # the custom op's own body: empty(size, bool).bernoulli_(p)
             return aten.bernoulli_.float, (views[0], node.args[1]), {}
         return None
@@ -328,8 +760,28 @@ class ArenaProgramBuilder(_ProgramBuilder):
             ):
                 super().emit(node)
 
+    def output_slots(self) -> dict[int, list[OutputSlot]]:
+        """Slots after the arena and scratch for the loss (two, used in turn) and each parameter's gradient."""
+        slots: dict[int, list[OutputSlot]] = {}
+        ends: dict[str, int] = {}
+        for index, node in enumerate(self.captured.output_nodes()[: self.captured.grad_slice.stop]):
+            fake = node.meta.get("val") if node is not None else None
+            if not isinstance(fake, torch.Tensor):
+                continue
+            device = str(fake.device)
+            for _ in range(2 if index == self.captured.loss_index else 1):
+                offset = ends.get(device, _rounded(self.arena_bytes) + self.scratch_bytes)
+                slot = OutputSlot(device, offset, tuple(fake.shape), tuple(fake.stride()), fake.dtype)
+                ends[device] = offset + _rounded(_extent(fake.shape, fake.stride(), fake.dtype))
+                slots.setdefault(index, []).append(slot)
+        return slots
+
     def result(self) -> ArenaProgram:
-        return ArenaProgram(self.arena_bytes, self.base, sorted(self.arenas), self.transients, self.in_place_ops)
+        params = {name: k for k, (kind, name) in enumerate(self.captured.placeholders) if kind == "param"}
+        grad_params = {self.captured.grad_slice.start + k: params[name] for k, name in
+                       enumerate(self.captured.grad_names) if name in params}
+        return ArenaProgram(self.arena_bytes, self.base, sorted(self.arenas), self.transients, self.in_place_ops,
+                            self.scratch_bytes, self.output_slots(), grad_params, self.kernel_sites)
 
 
 def _same_device_copy(node: fx.Node, fake: torch.Tensor) -> bool:
@@ -360,7 +812,7 @@ def _into_views(computed: Any, views: tuple[torch.Tensor | None, ...]) -> Any:
 
 def build_arena_program(captured: Captured, graph: Any, schedule: Schedule, simulation: Simulation,
                         replayed: set[int], placement: Placement) -> tuple[fx.GraphModule, ArenaProgram]:
-    """The replay program of ``schedule`` (already legal on ``graph``) writing into one arena per device."""
+    """The replay program of ``schedule`` (already legal on ``graph``) writing into one buffer per device."""
     chosen = next((s for s in schedule.steps if s.op == "compute" and (s.impl is not None or graph.node(s.node).optional)),
                   None)
     if chosen is not None:
@@ -372,5 +824,5 @@ def build_arena_program(captured: Captured, graph: Any, schedule: Schedule, simu
     return module, builder.result()
 
 
-__all__ = ["COPIES", "OUT_IN_PLACE", "ArenaProgram", "ArenaProgramBuilder", "Transient", "build_arena_program",
-           "check_placement"]
+__all__ = ["COMPOSITES", "COPIES", "KERNEL_OUTPUT_OPS", "OUT_IN_PLACE", "WORKSPACE_OPS", "ArenaProgram",
+           "ArenaProgramBuilder", "KernelOutputs", "OutputSlot", "Transient", "build_arena_program", "check_placement"]

@@ -319,15 +319,18 @@ class Executor:
     @property
     def predicted_peak(self) -> int:
         """Predicted peak bytes of the replay: the simulator's, or with an arena the caller-owned
-        bytes + the arena + the largest transient the arena replay reports."""
+        bytes + the arena buffers (arena, scratch, output slots) + the largest workspace the arena replay reports."""
         if self.arena_program is None:
             return self.simulation.peak
         owned = sum(self.graph.node(v).mem for v in self.graph.caller_owned_ids)
-        return owned + self.arena_program.arena_bytes + self.arena_program.max_transient
+        buffers = sum(self.arena_program.buffer_bytes(d) for d in self.arena_program.devices)
+        return owned + buffers + self.arena_program.max_transient
 
     def run_flat(self, flat_inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         """Run on flat inputs: [loss, *gradients, *new buffer values]."""
         with torch.no_grad(), recorded_program():
+            if self.arena_program is not None:  # its persistent buffers, and the loss and new .grads into slots
+                return self.arena_program.run(self._forward, self.module, flat_inputs)
             return self._forward(self.module, *flat_inputs)
 
     @property
