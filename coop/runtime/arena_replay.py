@@ -9,34 +9,10 @@ step). :class:`ArenaProgramBuilder` writes the executor's replay program so that
 strides the eager kernel gives it. The buffer is allocated once, at the plan's first step, and
 reused by every later step (fixed addresses: what a CUDA graph needs), so a step allocates nothing.
 
-How a value gets into its view was measured per op on the zoo models (torch 2.13 CPU; the arena
-allocates nothing else when ``torch.profiler``'s memory events show no allocation of the output's
-size and the result is ``torch.equal`` to the functional op):
-
-* **Out kernels** (:data:`OUT_IN_PLACE`): ``op.out(..., out=view)`` where the ``.out`` overload is
-  a native kernel that writes the given tensor. Many ``.out`` overloads (``convolution``,
-  ``native_layer_norm``, ``native_batch_norm_backward``, ``embedding`` ...) are generated wrappers
-  that call the functional op and copy its result, so they are not used.
-* **Same arithmetic, in place** (:data:`COMPOSITES` and the cases of :meth:`ArenaProgramBuilder._rewrite`):
-  the functional op's own body written into the view: ``masked_fill`` = copy + ``masked_fill_``,
-  ``slice_backward``/``select_backward`` = zero + copy into the slice, ``constant_pad_nd`` = fill +
-  copy, ``embedding`` = ``index_select.out``, ``embedding_dense_backward`` = zero + ``index_add_``
-  (the CPU kernel's add of each index in order), ``_native_batch_norm_legit_functional`` = its
-  in-place form ``_native_batch_norm_legit.out`` on copies of the running statistics,
-  ``_safe_softmax`` = ``_softmax.out`` then zero the rows whose maximum is -inf (a few bytes of
-  scratch per row), ``arange`` = ``arange.start_out``, copies and fills.
-* **Kernels that allocate their own outputs** (:data:`KERNEL_OUTPUT_OPS`: oneDNN convolution forward and
-  backward, layer norm forward and backward, batch norm backward; their ``.out`` overloads are
-  wrappers): :func:`kernel_into` runs the op's own CPU kernel with :class:`KernelOutputs` active,
-  which hands the kernel's output allocations the planned views, so the same kernel writes its
-  result in place. The kernel's other allocations are its workspace, made as in eager PyTorch; at a
-  call site's first call an output may land outside its view while the replay learns which
-  allocation is which (batch norm backward allocates two temporaries of its input's size first): it
-  is copied in and listed in :attr:`ArenaProgram.kernel_copies`.
-* **Compute, then copy** (:data:`WORKSPACE_OPS`, and any op none of the above covers): the op runs as in
-  the ordinary replay and its result is copied into the view; that allocation is the node's workspace,
-  reported in :attr:`ArenaProgram.transients` (step, op, bytes) and added to ``predicted_peak``. On the
-  zoo models (CPU) there is none.
+How each op writes its result into its view (out kernels, the functional ops' own bodies in place,
+kernels handed the views as their output allocations, or compute then copy) is
+:mod:`coop.runtime.arena_kernels`; what allocates outside the arena is reported in
+:attr:`ArenaProgram.transients` and :attr:`ArenaProgram.kernel_copies`.
 
 A recomputation's discarded extra outputs (batch-norm statistics, max-pool indices) are written
 into that step's workspace block of the placement (the simulator counts them there) or into the
@@ -59,7 +35,6 @@ existing ``.grad``) are valid until the next step; the replay is not reentrant.
 
 from __future__ import annotations
 
-import itertools
 import operator
 import weakref
 from collections.abc import Callable
@@ -68,310 +43,37 @@ from typing import Any
 
 import torch
 from torch import fx
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from coop.errors import CoopError
 from coop.graph_capture import Captured
 from coop.online.static_arena import Placement, schedule_lifetimes
+from coop.runtime.arena_kernels import (
+    COMPOSITES,
+    COPIES,
+    COPIES_MADE,
+    FILLS,
+    KERNEL_OUTPUT_OPS,
+    OUT_IN_PLACE,
+    SCALAR_OUT,
+    WORKSPACE_OPS,
+    batch_norm_into,
+    bernoulli_mask_op,
+    embedding_backward_into,
+    embedding_into,
+    forget_sites,
+    into_views,
+    kernel_into,
+    kernel_site,
+    safe_softmax_into,
+    same_device_copy,
+    tensor_leaves,
+    view_extent,
+)
 from coop.runtime.executor import _ProgramBuilder, _Unavailable
 from coop.schedule import Schedule, Simulation
 
 aten = torch.ops.aten
 ALIGN = 64  # bytes: every block, scratch piece and output slot starts on a multiple of it
-
-#: Functional op -> ``.out`` overload measured to write ``out`` in place and allocate nothing on CPU.
-OUT_IN_PLACE: dict[Any, Any] = {
-    aten._log_softmax.default: aten._log_softmax.out,
-    aten._log_softmax_backward_data.default: aten._log_softmax_backward_data.out,
-    aten._softmax.default: aten._softmax.out,
-    aten._softmax_backward_data.default: aten._softmax_backward_data.out,
-    aten.add.Tensor: aten.add.out,
-    aten.addmm.default: aten.addmm.out,
-    aten.bitwise_not.default: aten.bitwise_not.out,
-    aten.bmm.default: aten.bmm.out,
-    aten.cat.default: aten.cat.out,
-    aten.cos.default: aten.cos.out,
-    aten.div.Tensor: aten.div.out,
-    aten.gather.default: aten.gather.out,
-    aten.gelu.default: aten.gelu.out,
-    aten.gelu_backward.default: aten.gelu_backward.grad_input,
-    aten.hardtanh.default: aten.hardtanh.out,
-    aten.hardtanh_backward.default: aten.hardtanh_backward.grad_input,
-    aten.le.Tensor: aten.le.Tensor_out,
-    aten.max_pool2d_with_indices.default: aten.max_pool2d_with_indices.out,
-    aten.max_pool2d_with_indices_backward.default: aten.max_pool2d_with_indices_backward.grad_input,
-    aten.mean.dim: aten.mean.out,
-    aten.mm.default: aten.mm.out,
-    aten.mul.Tensor: aten.mul.out,
-    aten.neg.default: aten.neg.out,
-    aten.nll_loss_backward.default: aten.nll_loss_backward.grad_input,
-    aten.nll_loss_forward.default: aten.nll_loss_forward.output,
-    aten.pow.Tensor_Scalar: aten.pow.Tensor_Scalar_out,
-    aten.rsqrt.default: aten.rsqrt.out,
-    aten.silu.default: aten.silu.out,
-    aten.silu_backward.default: aten.silu_backward.grad_input,
-    aten.sin.default: aten.sin.out,
-    aten.sum.dim_IntList: aten.sum.IntList_out,
-    aten.tanh.default: aten.tanh.out,
-    aten.tanh_backward.default: aten.tanh_backward.grad_input,
-    aten.threshold_backward.default: aten.threshold_backward.grad_input,
-    aten.tril.default: aten.tril.out,
-    aten.where.self: aten.where.self_out,
-}
-
-#: Ops whose CPU kernel allocates its own outputs and offers no native ``.out`` (measured): the kernel runs with
-#: its output allocations handed the planned views (:class:`KernelOutputs`).
-KERNEL_OUTPUT_OPS = frozenset({aten.convolution.default, aten.convolution_backward.default,
-                               aten.native_layer_norm.default, aten.native_layer_norm_backward.default,
-                               aten.native_batch_norm_backward.default})
-
-#: Ops computed, then copied into their views (their allocation is the node's workspace): none on CPU now.
-WORKSPACE_OPS: frozenset[Any] = frozenset()
-
-#: Ops whose result is a plain copy of their (first) input: written with ``view.copy_(input)``.
-COPIES = {aten.clone.default, aten.lift_fresh_copy.default, aten._to_copy.default}
-
-#: Ops that make a constant tensor: written with ``view.fill_(value)``; the value from the op's arguments.
-FILLS: dict[Any, Callable[[tuple, dict], Any]] = {
-    aten.ones.default: lambda args, kwargs: 1,
-    aten.ones_like.default: lambda args, kwargs: 1,
-    aten.zeros.default: lambda args, kwargs: 0,
-    aten.zeros_like.default: lambda args, kwargs: 0,
-    aten.full.default: lambda args, kwargs: args[1],
-    aten.scalar_tensor.default: lambda args, kwargs: args[0],
-}
-
-#: Ops with a Python-number operand whose functional form wraps the number and calls the tensor op's
-#: kernel: written with that op's in-place ``.out`` kernel on the same wrapped number.
-SCALAR_OUT = {aten.mul.Scalar: aten.mul.out, aten.div.Scalar: aten.div.out}
-
-
-# ---------------------------------------------------------------- the functional ops' own bodies, into a view
-def _masked_fill_into(out: torch.Tensor, x: torch.Tensor, mask: torch.Tensor, value: Any) -> torch.Tensor:
-    """``masked_fill`` is ``clone`` + ``masked_fill_``."""
-    return out.copy_(x).masked_fill_(mask, value)
-
-
-def _slice_backward_into(out: torch.Tensor, grad: torch.Tensor, sizes: Any, dim: int, start: int, end: int,
-                         step: int) -> torch.Tensor:
-    """``slice_backward`` is ``zeros(sizes)`` with ``grad`` copied into the slice."""
-    aten.slice.Tensor(out.zero_(), dim, start, end, step).copy_(grad)
-    return out
-
-
-def _select_backward_into(out: torch.Tensor, grad: torch.Tensor, sizes: Any, dim: int, index: int) -> torch.Tensor:
-    """``select_backward`` is ``zeros(sizes)`` with ``grad`` copied into the selected slice."""
-    aten.select.int(out.zero_(), dim, index).copy_(grad)
-    return out
-
-
-def _constant_pad_into(out: torch.Tensor, x: torch.Tensor, pad: list[int], value: Any = 0) -> torch.Tensor:
-    """``constant_pad_nd`` (ATen's PadNd.cpp): fill with ``value``, copy the (narrowed) input into the middle."""
-    source, target = x, out
-    for k in range(len(pad) // 2):
-        dim = x.dim() - 1 - k
-        before, after = pad[2 * k], pad[2 * k + 1]
-        if before < 0:
-            source = source.narrow(dim, -before, source.size(dim) + before)
-        elif before > 0:
-            target = target.narrow(dim, before, target.size(dim) - before)
-        if after < 0:
-            source = source.narrow(dim, 0, source.size(dim) + after)
-        elif after > 0:
-            target = target.narrow(dim, 0, target.size(dim) - after)
-    if target.numel() != out.numel():
-        out.fill_(value)
-    target.copy_(source)
-    return out
-
-
-def _embedding_into(out: torch.Tensor, weight: torch.Tensor, indices: torch.Tensor, *_: Any) -> torch.Tensor:
-    """``embedding`` is ``weight.index_select(0, indices.reshape(-1)).view(...)``."""
-    aten.index_select.out(weight, 0, indices.reshape(-1), out=out.view(-1, weight.size(1)))
-    return out
-
-
-def _embedding_backward_into(out: torch.Tensor, grad: torch.Tensor, indices: torch.Tensor, num_weights: int,
-                             padding_idx: int, scale_grad_by_freq: bool) -> torch.Tensor:
-    """``embedding_dense_backward`` on CPU: zeros, then each index's gradient row added in index order (what
-    ``index_add_`` does), the padding row left at zero."""
-    out.zero_().index_add_(0, indices.reshape(-1), grad.reshape(-1, out.size(1)))
-    if padding_idx >= 0:
-        out[padding_idx].zero_()
-    return out
-
-
-def _batch_norm_into(outs: tuple[torch.Tensor, ...], x: torch.Tensor, weight: Any, bias: Any, running_mean: torch.Tensor,
-                     running_var: torch.Tensor, training: bool, momentum: float, eps: float) -> tuple[torch.Tensor, ...]:
-    """``_native_batch_norm_legit_functional`` is its in-place form on copies of the running statistics."""
-    out, save_mean, save_invstd, new_mean, new_var = outs
-    new_mean.copy_(running_mean)
-    new_var.copy_(running_var)
-    aten._native_batch_norm_legit.out(x, weight, bias, new_mean, new_var, training, momentum, eps, out=out,
-                                      save_mean=save_mean, save_invstd=save_invstd)
-    return outs
-
-
-def _safe_softmax_into(out: torch.Tensor, row_max: torch.Tensor, masked: torch.Tensor, x: torch.Tensor,
-                       dim: int) -> torch.Tensor:
-    """``_safe_softmax`` is softmax with rows that are all -inf set to 0; a row is all -inf exactly when its
-    maximum is -inf (a NaN propagates through both tests)."""
-    aten._softmax.out(x, dim, False, out=out)
-    aten.amax.out(x, [dim], True, out=row_max)
-    aten.eq.Scalar_out(row_max, float("-inf"), out=masked)
-    return out.masked_fill_(masked, 0)
-
-
-def _identity_into(out: torch.Tensor, *_: Any, **__: Any) -> torch.Tensor:
-    """``new_empty_strided``: uninitialized memory, which the view already is."""
-    return out
-
-
-def _copy_into(out: torch.Tensor, self_: torch.Tensor, src: torch.Tensor, *_: Any) -> torch.Tensor:
-    """Functional ``copy`` is ``clone(self).copy_(src)``; ``src`` broadcast over every element."""
-    return out.copy_(src)
-
-
-#: Single-output ops written into their view by the functional op's own body (arguments: view, *op's arguments).
-COMPOSITES: dict[Any, Callable[..., torch.Tensor]] = {
-    aten.masked_fill.Scalar: _masked_fill_into,
-    aten.slice_backward.default: _slice_backward_into,
-    aten.select_backward.default: _select_backward_into,
-    aten.constant_pad_nd.default: _constant_pad_into,
-    aten.new_empty_strided.default: _identity_into,
-    aten.copy.default: _copy_into,
-}
-
-
-_CPU_KERNEL = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
-_SITES = itertools.count()
-_ALLOCATIONS = {aten.empty.memory_format, aten.empty_strided.default}
-
-
-class KernelOutputs(TorchDispatchMode):
-    """Run an op's own CPU kernel so that the allocations that become its outputs are the planned views.
-
-    The op is redispatched straight to its CPU kernel with this mode active, so the ``at::empty`` calls
-    the kernel makes come here (composites it calls are redispatched the same way). An allocation
-    that becomes output k gets output k's view, reshaped as asked, and the kernel writes its result
-    there: the same kernel on the same inputs, bit for bit the functional op. Which allocation becomes
-    which output is learned at a call site's first call (``LEARNED``): there each allocation of an
-    output's element count and dtype takes the first free view, and an output that lands elsewhere
-    (the kernel allocated a temporary of the same size first, as batch norm backward does) is copied
-    into its view and recorded in ``COPIES_MADE``. Every other allocation is the kernel's own
-    workspace, made below the Python dispatch key as in eager PyTorch (no memory meter sees those).
-    """
-
-    def __init__(self, views: tuple[torch.Tensor | None, ...], learned: dict[int, int] | None) -> None:
-        super().__init__()
-        self.views = views
-        self.learned = learned  # allocation index -> output index, from the site's first call
-        self.free = {k for k, v in enumerate(views) if v is not None and v.numel() and _dense(v)}
-        self.count = 0
-        self.claimed: dict[int, int] = {}  # allocation index -> output index whose view it got
-        self.fresh: dict[int, int] = {}  # allocation index -> data pointer of an allocation made as asked
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
-        kwargs = kwargs or {}
-        if func in _ALLOCATIONS:
-            index, self.count = self.count, self.count + 1
-            view = self._claim(index, func, args, kwargs)
-            if view is not None:
-                return view
-            made = func.redispatch(_CPU_KERNEL, *args, **kwargs)
-            self.fresh[index] = made.untyped_storage().data_ptr()
-            return made
-        if func is aten.resize_.default and args[0].numel() == 0:  # at::empty({0}) grown into an output
-            return self._resize(args[0], list(args[1]), kwargs)
-        if func.is_view or func is aten.as_strided.default:
-            return func(*args, **kwargs)
-        with self:
-            return func.redispatch(_CPU_KERNEL, *args, **kwargs)
-
-    def _claim(self, index: int, func: Any, args: tuple, kwargs: dict) -> torch.Tensor | None:
-        size = list(args[0])
-        dtype = kwargs.get("dtype") or torch.get_default_dtype()
-        candidates = sorted(self.free) if self.learned is None else [self.learned.get(index, -1)]
-        for k in candidates:
-            view = self.views[k] if k in self.free else None
-            if view is not None and view.dtype == dtype and view.numel() == _numel(size):
-                stride = list(args[1]) if func is aten.empty_strided.default else _strides(size, kwargs)
-                self.free.discard(k)
-                self.claimed[index] = k
-                return view.as_strided(size, stride, view.storage_offset())
-        return None
-
-    def _resize(self, tensor: torch.Tensor, size: list[int], kwargs: dict) -> torch.Tensor:
-        """An empty tensor the kernel grows: set onto an output's view when it becomes that output."""
-        index, self.count = self.count, self.count + 1
-        view = self._claim(index, aten.empty.memory_format, (size,), {"dtype": tensor.dtype, **kwargs})
-        if view is not None:
-            return aten.set_.source_Storage_storage_offset.redispatch(
-                _CPU_KERNEL, tensor, view.untyped_storage(), view.storage_offset(), view.shape, view.stride())
-        grown = aten.resize_.default.redispatch(_CPU_KERNEL, tensor, size, **kwargs)
-        self.fresh[index] = grown.untyped_storage().data_ptr()
-        return grown
-
-    def learn(self, outputs: tuple[Any, ...]) -> dict[int, int]:
-        """Allocation index -> output index, from where this call's outputs were made."""
-        learned = {i: k for i, k in self.claimed.items() if outputs[k].data_ptr() == self.views[k].data_ptr()}
-        for k, out in enumerate(outputs):
-            if self.views[k] is not None and out is not None and k not in learned.values():
-                learned.update({i: k for i, ptr in self.fresh.items() if ptr == out.untyped_storage().data_ptr()})
-        return learned
-
-
-#: Call site -> what KernelOutputs learned there; call site -> (op, bytes) copied at its first call.
-LEARNED: dict[int, dict[int, int]] = {}
-COPIES_MADE: dict[int, list[tuple[str, int]]] = {}
-
-
-def _forget_sites(sites: tuple[int, ...]) -> None:
-    for site in sites:
-        LEARNED.pop(site, None)
-        COPIES_MADE.pop(site, None)
-
-
-def kernel_into(site: int, op: Any, views: tuple[torch.Tensor | None, ...], *args: Any, **kwargs: Any) -> Any:
-    """``op(*args, **kwargs)`` computed by its CPU kernel into ``views`` (:class:`KernelOutputs`) at call site
-    ``site``; an output the kernel put elsewhere is copied into its view."""
-    mode = KernelOutputs(views, LEARNED.get(site))
-    with mode:
-        result = op.redispatch(_CPU_KERNEL, *args, **kwargs)
-    outputs = result if isinstance(result, tuple) else (result,)
-    if site not in LEARNED:
-        LEARNED[site] = mode.learn(outputs)
-    placed = []
-    for out, view in zip(outputs, views, strict=True):
-        if view is None or out is None or out.data_ptr() == view.data_ptr():
-            placed.append(out)
-        else:
-            COPIES_MADE.setdefault(site, []).append((str(op), out.untyped_storage().nbytes()))
-            placed.append(view.copy_(out))
-    return tuple(placed) if isinstance(result, tuple) else placed[0]
-
-
-def _numel(size: list[int]) -> int:
-    count = 1
-    for n in size:
-        count *= n
-    return count
-
-
-def _strides(size: list[int], kwargs: dict) -> list[int]:
-    """Strides of ``at::empty(size, memory_format=...)``."""
-    memory_format = kwargs.get("memory_format")
-    if memory_format not in (None, torch.contiguous_format):
-        return list(torch.empty(size, device="meta", memory_format=memory_format).stride())
-    strides, step = [], 1
-    for n in reversed(size):
-        strides.append(step)
-        step *= max(n, 1)
-    return strides[::-1]
-
-
-def _dense(view: torch.Tensor) -> bool:
-    return _extent(view.shape, view.stride(), view.dtype) == view.numel() * view.element_size()
 
 
 @dataclass(frozen=True)
@@ -436,7 +138,7 @@ class ArenaProgram:
         self.slots = slots  # flat output index -> its slots (the loss has two)
         self.grad_params = grad_params  # flat output index of a gradient -> flat input index of its parameter
         self.kernel_sites = kernel_sites or []  # kernel_into call sites of this program
-        weakref.finalize(self, _forget_sites, tuple(self.kernel_sites))
+        weakref.finalize(self, forget_sites, tuple(self.kernel_sites))
         self.buffers: dict[str, torch.Tensor] = {}
         self._idle_users: dict[str, int] = {}
 
@@ -452,7 +154,7 @@ class ArenaProgram:
 
     def buffer_bytes(self, device: str) -> int:
         """Bytes of ``device``'s buffer: arena, scratch and output slots."""
-        ends = [s.offset + _rounded(_extent(s.shape, s.stride, s.dtype)) for ss in self.slots.values() for s in ss
+        ends = [s.offset + _rounded(view_extent(s.shape, s.stride, s.dtype)) for ss in self.slots.values() for s in ss
                 if s.device == device]
         return max([_rounded(self.arena_bytes) + self.scratch_bytes, *ends])
 
@@ -483,13 +185,6 @@ class ArenaProgram:
 
 def _rounded(nbytes: int) -> int:
     return -(-nbytes // ALIGN) * ALIGN
-
-
-def _extent(shape: Any, stride: Any, dtype: torch.dtype) -> int:
-    """Bytes from a view's first element to its last (what its storage must hold past its offset)."""
-    if any(s == 0 for s in shape):
-        return 0
-    return dtype.itemsize * (1 + sum((s - 1) * st for s, st in zip(shape, stride, strict=True)))
 
 
 def check_placement(captured: Captured, graph: Any, schedule: Schedule, placement: Placement) -> None:
@@ -547,7 +242,7 @@ class ArenaProgramBuilder(_ProgramBuilder):
     # ---------------------------------------------------------------- the buffer
     def start(self) -> None:
         super().start()
-        devices = sorted({str(v.device) for node in self.owner for v in _tensor_leaves(node.meta.get("val"))})
+        devices = sorted({str(v.device) for node in self.owner for v in tensor_leaves(node.meta.get("val"))})
         last = [n for n in self.program.nodes if n.op == "placeholder"][-1]
         for device in devices:  # the buffers come in after the flat inputs (ArenaProgram.run)
             with self.program.inserting_after(last):
@@ -557,7 +252,7 @@ class ArenaProgramBuilder(_ProgramBuilder):
         """An fx value: the view of the buffer at ``offset`` shaped like the eager value ``fake`` (on ``device``
         when ``fake`` is a meta tensor standing for a scratch value)."""
         device, dtype = device or str(fake.device), fake.dtype
-        extent = _extent(fake.shape, fake.stride(), dtype) + fake.storage_offset() * fake.element_size()
+        extent = view_extent(fake.shape, fake.stride(), dtype) + fake.storage_offset() * fake.element_size()
         if fake.numel() and extent > size:
             raise CoopError(f"arena block of {size} bytes at offset {offset} cannot hold a {list(fake.shape)} "
                             f"{dtype} value ({extent} bytes); the graph's mem for it is wrong")
@@ -574,7 +269,8 @@ class ArenaProgramBuilder(_ProgramBuilder):
                 device: str = "cpu") -> list[fx.Node]:
         """Views for values an op needs only while it runs, packed into the region at ``offset`` of ``size``
         bytes (this step's workspace block), or else into the scratch region after the arena (grown to fit)."""
-        sizes = [_rounded(_extent(f.shape, f.stride(), f.dtype) + f.storage_offset() * f.element_size()) for f in fakes]
+        sizes = [_rounded(view_extent(f.shape, f.stride(), f.dtype) + f.storage_offset() * f.element_size())
+                 for f in fakes]
         if offset is None or size is None or sum(sizes) > size:
             offset, size = _rounded(self.arena_bytes), sum(sizes)
             self.scratch_bytes = max(self.scratch_bytes, size)
@@ -622,7 +318,7 @@ class ArenaProgramBuilder(_ProgramBuilder):
         offset, size = self.block[(instance, self.step)]
         if isinstance(fake, torch.Tensor):
             return [self.view_at(offset, size, fake)]
-        if not isinstance(fake, (tuple, list)) or not _tensor_leaves(fake) or not all(
+        if not isinstance(fake, (tuple, list)) or not tensor_leaves(fake) or not all(
                 isinstance(v, torch.Tensor) or v is None for v in fake):
             raise CoopError(f"arena replay cannot place the outputs of {node.name} ({node.target}): "
                             f"{type(fake).__name__}")
@@ -645,11 +341,11 @@ class ArenaProgramBuilder(_ProgramBuilder):
 
     def _write(self, node: fx.Node, fake: Any, views: list[fx.Node | None]) -> None:
         """Run ``node`` so that its placed outputs land in their views (in place, or compute then copy)."""
-        if node.target in KERNEL_OUTPUT_OPS and _tensor_leaves(fake)[0].device.type == "cpu":
+        if node.target in KERNEL_OUTPUT_OPS and tensor_leaves(fake)[0].device.type == "cpu":
             args = fx.node.map_arg(node.args, self.lookup)
             kwargs = dict(fx.node.map_arg(node.kwargs, self.lookup))
             views = self._complete(fake, views) if isinstance(fake, (tuple, list)) else views
-            site = next(_SITES)
+            site = kernel_site()
             self.kernel_sites.append(site)
             self.env[node] = self.program.call_function(kernel_into, (site, node.target, tuple(views), *args), kwargs)
             self.in_place_ops += 1
@@ -662,7 +358,7 @@ class ArenaProgramBuilder(_ProgramBuilder):
                 return
         super().emit(node)
         computed = self.env[node]
-        self.env[node] = self.program.call_function(_into_views, (computed, tuple(views)))
+        self.env[node] = self.program.call_function(into_views, (computed, tuple(views)))
         self.transients.append(Transient(self.step, self.node_id, str(node.target),
                                          tuple(self._transient_bytes(fake))))
 
@@ -681,7 +377,7 @@ class ArenaProgramBuilder(_ProgramBuilder):
     def _rewrite(self, node: fx.Node, fake: Any, views: list[fx.Node | None]) -> tuple | None:
         """(target, args, kwargs) of a call that writes ``node``'s outputs straight into ``views``, or None."""
         target = node.target
-        leaves = _tensor_leaves(fake)
+        leaves = tensor_leaves(fake)
         if any(v is None for v in views) or leaves[0].device.type != "cpu":
             return self._copy_or_fill(node, fake, views)
         args = fx.node.map_arg(node.args, self.lookup)
@@ -702,17 +398,17 @@ class ArenaProgramBuilder(_ProgramBuilder):
             return aten.arange.start_out, tuple(bounds), {"out": views[0]}
         if target is aten.embedding.default and fake.is_contiguous() and node.args[0].meta["val"].dim() == 2:
             (indices,) = self._contiguous_inputs(node.args[1:2], args[1:2])
-            return _embedding_into, (views[0], args[0], indices), {}
+            return embedding_into, (views[0], args[0], indices), {}
         if target is aten.embedding_dense_backward.default and not node.args[4] and fake.is_contiguous():
             grad, indices = self._contiguous_inputs(node.args[:2], args[:2])
-            return _embedding_backward_into, (views[0], grad, indices, *args[2:]), {}
+            return embedding_backward_into, (views[0], grad, indices, *args[2:]), {}
         if target is aten._native_batch_norm_legit_functional.default and len(views) == 5 and not kwargs:
-            return _batch_norm_into, (tuple(views), *args), {}
+            return batch_norm_into, (tuple(views), *args), {}
         if target is aten._safe_softmax.default and len(args) == 2 and not kwargs and fake.numel():
             dim = args[1] % fake.dim()
             reduced = torch.empty([1 if d == dim else n for d, n in enumerate(fake.shape)], dtype=fake.dtype)
             scratch = self.scratch([reduced, reduced.to(torch.bool)])
-            return _safe_softmax_into, (views[0], *scratch, args[0], dim), {}
+            return safe_softmax_into, (views[0], *scratch, args[0], dim), {}
         return self._copy_or_fill(node, fake, views)
 
     def _contiguous_inputs(self, inputs: tuple, values: tuple) -> list[fx.Node]:
@@ -729,7 +425,7 @@ class ArenaProgramBuilder(_ProgramBuilder):
         target = node.target
         if not isinstance(fake, torch.Tensor) or views[0] is None:
             return None
-        if target in COPIES and _same_device_copy(node, fake):
+        if target in COPIES and same_device_copy(node, fake):
             return aten.copy_.default, (views[0], self.lookup(node.args[0])), {}
         if target in FILLS:
             return aten.fill_.Scalar, (views[0], FILLS[target](node.args, node.kwargs)), {}
@@ -741,7 +437,7 @@ class ArenaProgramBuilder(_ProgramBuilder):
         """Bytes of each storage a computed node allocates (the Graph's probed bytes for a single output)."""
         if isinstance(fake, torch.Tensor):
             return [self.graph_node(self.node_id).mem]
-        return [t.untyped_storage().nbytes() for t in _tensor_leaves(fake)]
+        return [t.untyped_storage().nbytes() for t in tensor_leaves(fake)]
 
     def page_in_arena(self, index: int, node_id: int) -> None:
         """Bring a paged value back into its block for this stay (caller-owned values stay the caller's)."""
@@ -772,7 +468,7 @@ class ArenaProgramBuilder(_ProgramBuilder):
             for _ in range(2 if index == self.captured.loss_index else 1):
                 offset = ends.get(device, _rounded(self.arena_bytes) + self.scratch_bytes)
                 slot = OutputSlot(device, offset, tuple(fake.shape), tuple(fake.stride()), fake.dtype)
-                ends[device] = offset + _rounded(_extent(fake.shape, fake.stride(), fake.dtype))
+                ends[device] = offset + _rounded(view_extent(fake.shape, fake.stride(), fake.dtype))
                 slots.setdefault(index, []).append(slot)
         return slots
 
@@ -784,45 +480,19 @@ class ArenaProgramBuilder(_ProgramBuilder):
                             self.scratch_bytes, self.output_slots(), grad_params, self.kernel_sites)
 
 
-def _same_device_copy(node: fx.Node, fake: torch.Tensor) -> bool:
-    source = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
-    return (isinstance(source, torch.Tensor) and source.device == fake.device and fake.layout == torch.strided
-            and source.shape == fake.shape)
-
-
-def bernoulli_mask_op() -> Any:
-    """coop's bool dropout draw (:mod:`coop.graph_capture.random_ops`), registered when capture is imported."""
-    return torch.ops.coop.bernoulli_mask.default
-
-
-def _tensor_leaves(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (tuple, list)):
-        return [v for v in value if isinstance(v, torch.Tensor)]
-    return []
-
-
-def _into_views(computed: Any, views: tuple[torch.Tensor | None, ...]) -> Any:
-    """Copy a computed value (a tensor or a tuple) into its arena views; unplaced outputs stay as computed."""
-    if isinstance(computed, torch.Tensor):
-        return views[0].copy_(computed)
-    return tuple(c if v is None or c is None else v.copy_(c) for v, c in zip(views, computed, strict=True))
-
-
 def build_arena_program(captured: Captured, graph: Any, schedule: Schedule, simulation: Simulation,
                         replayed: set[int], placement: Placement) -> tuple[fx.GraphModule, ArenaProgram]:
     """The replay program of ``schedule`` (already legal on ``graph``) writing into one buffer per device."""
-    chosen = next((s for s in schedule.steps if s.op == "compute" and (s.impl is not None or graph.node(s.node).optional)),
-                  None)
+    chosen = next((s for s in schedule.steps
+                   if s.op == "compute" and (s.impl is not None or graph.node(s.node).optional)), None)
     if chosen is not None:
-        raise CoopError(f"arena replay does not run operator implementations (MONeT) yet: the schedule computes {chosen}; "
-                        "replay it without arena=True, or plan with another formulation")
+        raise CoopError("arena replay does not run operator implementations (MONeT) yet: the schedule computes "
+                        f"{chosen}; replay it without arena=True, or plan with another formulation")
     check_placement(captured, graph, schedule, placement)
     builder = ArenaProgramBuilder(captured, graph, replayed, simulation, placement)
     module = builder.run(schedule)
     return module, builder.result()
 
 
-__all__ = ["COMPOSITES", "COPIES", "KERNEL_OUTPUT_OPS", "OUT_IN_PLACE", "WORKSPACE_OPS", "ArenaProgram",
-           "ArenaProgramBuilder", "KernelOutputs", "OutputSlot", "Transient", "build_arena_program", "check_placement"]
+__all__ = ["ArenaProgram", "ArenaProgramBuilder", "OutputSlot", "Transient", "build_arena_program",
+           "check_placement"]
