@@ -10,7 +10,9 @@ CP-SAT on the interval model of :mod:`coop.formulations.monet_intervals` hinted 
 2. The lightest-implementation schedules: the graph with each node's lightest implementation fixed,
    greedy eviction on it and Moccasin (:data:`REMAT_SHARE` again; lighter implementations leave room for
    fewer recomputations at budgets remat alone reaches too, and reach budgets it does not).
-3. Either after in-place conversion; the cheapest that fits hints CP-SAT, which gets the rest of the time.
+3. Greedy eviction that runs computes in place (:mod:`coop.formulations.monet_greedy`): the one warm start
+   below the out-of-place floor, which a plain graph cannot express.
+4. Each after in-place conversion; the cheapest that fits hints CP-SAT, which gets the rest of the time.
 
 monet therefore never returns a schedule costlier than the remat-only one it started from. Statuses
 are honest: the interval model is restricted (C intervals per node, the warm start's slots plus a
@@ -30,6 +32,7 @@ from ortools.sat.python import cp_model
 from coop.budget import below_min_budget
 from coop.errors import CoopError, ScheduleError
 from coop.formulations.heuristics import greedy_eviction_schedule
+from coop.formulations.monet_greedy import in_place_greedy_schedule, in_place_options
 from coop.formulations.monet_intervals import (
     ImplProblem,
     add_hint,
@@ -104,6 +107,10 @@ def monet_warm_starts(graph: Graph, budget: int, hints: list[Any], exact: bool, 
         if any(choice is not None for choice in choices.values()):
             raw.append(("moccasin (lightest implementations)",
                         _with(_moccasin(fixed, budget, REMAT_SHARE * time_limit, threads, []), choices)))
+        options = in_place_options(graph, fixed, choices, exact)
+        if options:  # the only warm start below the out-of-place floor (coop.formulations.monet_greedy)
+            raw.append(("greedy eviction in place (lightest implementations)",
+                        in_place_greedy_schedule(fixed, budget, choices, options)))
     raw.append(("store-all", Schedule.from_order(graph.order)))
     raw.append(("store-all (lightest implementations)", with_choices(Schedule.from_order(fixed.order), choices)))
     raw.extend(("hint", getattr(h, "schedule", h)) for h in hints)

@@ -1,0 +1,103 @@
+"""Greedy eviction that runs computes in place: MONeT's warm start below the out-of-place floor.
+
+MONeT (Shah et al., ICLR 2021) lets an operator overwrite its input (in-place ReLU, a batch norm
+backward written over its incoming gradient, a residual add over an operand). A plain graph cannot say
+that a value's bytes pass to the value computed over it, so Moccasin and greedy eviction on the graph
+with implementations fixed (:func:`~coop.formulations.monet_warm.fixed_impl_graph`) never go below the
+out-of-place floor, and CP-SAT's interval model finds nothing there without a start. This is the greedy
+eviction heuristic of :mod:`coop.formulations.heuristics` (DTR-style, offline) with one change: a compute
+whose chosen node has an in-place implementation over an input that nothing later reads (in the baseline
+order, the rest of the rebuild, or a rebuild of a value that is never recomputed) runs in place, needing
+room only for its workspace; the input's instance is used up. The result is checked by the simulator on
+the graph with implementations by the caller (:mod:`coop.formulations.monet_large`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from coop.formulations.heuristics import _GreedyEvictor, _Stuck
+from coop.formulations.monet_warm import Choice, usable_impls
+from coop.formulations.slot_problem import SlotProblem
+from coop.graph import Graph
+from coop.schedule import Schedule, Step
+
+
+@dataclass(frozen=True)
+class InPlace:
+    """Node ``over``'s storage is overwritten by implementation ``name`` (with its ``workspace``)."""
+
+    over: int
+    name: str
+    workspace: int
+
+
+def in_place_options(graph: Graph, fixed: Graph, choices: dict[int, Choice], exact: bool) -> dict[int, InPlace]:
+    """Per node of ``fixed`` the cheapest in-place implementation that reads no more than its chosen one and
+    makes a value of the chosen one's size (so the fixed graph's bytes stay right after the swap)."""
+    options: dict[int, InPlace] = {}
+    for node in fixed.nodes:
+        original = graph.node(node.id)
+        if original.optional or node.output_of is not None or not original.impls:
+            continue
+        reads = set(original.reads(original.implementation(choices.get(node.id))))
+        fitting = [impl for impl in usable_impls(graph, original, exact)
+                   if impl.inplace_of is not None and set(original.reads(impl)) <= reads and impl.mem == node.mem]
+        if fitting:
+            impl = min(fitting, key=lambda i: i.cost)
+            options[node.id] = InPlace(impl.inplace_of, impl.name, impl.workspace)
+    return options
+
+
+def in_place_greedy_schedule(fixed: Graph, budget: int, choices: dict[int, Choice],
+                             options: dict[int, InPlace]) -> Schedule | None:
+    """Greedy eviction on ``fixed`` under ``budget`` with computes in place where :class:`InPlace` options
+    allow; every compute names its implementation. None when the heuristic gets stuck."""
+    return _InPlaceEvictor(SlotProblem.build(fixed, budget), choices, options).run()
+
+
+class _InPlaceEvictor(_GreedyEvictor):
+    def __init__(self, problem: SlotProblem, choices: dict[int, Choice], options: dict[int, InPlace]) -> None:
+        super().__init__(problem)
+        self.choices = choices
+        self.options = options
+
+    def compute(self, v: int, pinned: set[int]) -> None:
+        rebuild = self.missing_ancestors(v)
+        pending = [*rebuild, v]
+        for index, x in enumerate(pending):
+            hold = set(pinned)
+            for y in pending[index:]:
+                hold.update(self.p.inputs[y])
+            option = self._overwritable(x, pending[index + 1:])
+            if option is not None:  # x takes over its input's storage: room for the workspace only
+                self.make_room(option.workspace, hold)
+                self.steps.append(Step(op="compute", node=x, impl=option.name))
+                self.resident.discard(option.over)
+                self.used -= self.p.mem[option.over]
+            else:
+                self.make_room(self.p.mem[x] + self.p.workspace[x], hold)
+                self.steps.append(Step(op="compute", node=x, impl=self.choices.get(x)))
+            self.resident.add(x)
+            self.used += self.p.mem[x]
+            self.computes += 1
+        if self.computes > self.compute_limit:
+            raise _Stuck
+
+    def _overwritable(self, x: int, later: list[int]) -> InPlace | None:
+        option = self.options.get(x)
+        if option is None:
+            return None
+        u = option.over
+        if (u not in self.resident or u in self.p.outputs or not self.p.recomputable[u]
+                or self.p.mem[u] != self.p.mem[x] or any(u in self.p.inputs[y] for y in later)):
+            return None
+        here = self.position[x]
+        if any(position >= self.now and position != here for position in self.uses[u]):
+            return None  # a later compute in the baseline order reads u
+        if self.release_after.get(u, -1) > self.now:
+            return None  # a rebuild of a value that is never recomputed may read u
+        return option
+
+
+__all__ = ["InPlace", "in_place_greedy_schedule", "in_place_options"]
