@@ -28,6 +28,7 @@ from coop.runtime.executor import Executor, replay_graph
 from coop.runtime.meter import MemoryMeter
 from coop.schedule import Schedule, Step, simulate
 from coop.zoo import build
+from tests.eager_oracle import assert_steps_equal_eager
 
 aten = torch.ops.aten
 BATCH, WIDTH = 512, 32
@@ -268,20 +269,7 @@ def test_monet_plan_below_the_remat_only_bound_trains_like_eager(hand, tmp_path)
     assert trained.formulation == "monet" and trained.predicted_peak <= budget < remat_bound
     assert any(name.split(":")[1] in ("mask", "mask_inplace", "inplace") for name in summary["implementations"])
     assert summary["inexact_implementations"] == []
-    optimizer, eager_optimizer = torch.optim.AdamW(model.parameters()), torch.optim.AdamW(eager.parameters())
-    for step in range(3):
-        flat = trained.captured.flat_inputs(model, batch)
-        with MemoryMeter() as meter:
-            meter.track(*flat, *trained.captured.constants())
-            loss = trained.step(*batch)
-        eager_loss = eager(*batch)
-        eager_loss.backward()
-        assert torch.equal(loss, eager_loss.detach()) and meter.peak_bytes <= trained.predicted_peak, step
-        for (name, p), q in zip(model.named_parameters(), eager.parameters(), strict=True):
-            assert torch.equal(p.grad, q.grad), (step, name)
-        optimizer.step(), eager_optimizer.step()
-        optimizer.zero_grad(), eager_optimizer.zero_grad()
-    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), eager.parameters(), strict=True))
+    assert_steps_equal_eager(trained, model, eager, batch)
     trained.save(tmp_path / "plan.json")  # a saved plan with implementations loads with its alternatives
     loaded = load_plan(tmp_path / "plan.json", model)
     assert loaded.schedule == trained.schedule and loaded.predicted_peak == trained.predicted_peak

@@ -32,6 +32,7 @@ from coop.planner.plan import plan
 from coop.runtime.executor import Executor, replay_graph
 from coop.runtime.meter import MemoryMeter
 from coop.schedule import Schedule, Step
+from tests.eager_oracle import assert_steps_equal_eager
 
 aten = torch.ops.aten
 
@@ -299,17 +300,4 @@ def test_monet_plan_below_the_remat_only_floor_trains_like_eager(cnn) -> None:
     trained = plan(model, budget, batch, formulation="monet", alternatives=True, time_limit=8)
     assert trained.predicted_peak <= budget
     assert trained.summary()["inexact_implementations"] == []
-    optimizer, eager_optimizer = torch.optim.AdamW(model.parameters()), torch.optim.AdamW(eager.parameters())
-    for step in range(3):
-        flat = trained.captured.flat_inputs(model, batch)
-        with MemoryMeter() as meter:
-            meter.track(*flat, *trained.captured.constants())
-            loss = trained.step(*batch)
-        eager_loss = eager(*batch)
-        eager_loss.backward()
-        assert torch.equal(loss, eager_loss.detach()) and meter.peak_bytes <= trained.predicted_peak, step
-        for (name, p), q in zip(model.named_parameters(), eager.parameters(), strict=True):
-            assert torch.equal(p.grad, q.grad), (step, name)
-        optimizer.step(), eager_optimizer.step()
-        optimizer.zero_grad(), eager_optimizer.zero_grad()
-    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), eager.parameters(), strict=True))
+    assert_steps_equal_eager(trained, model, eager, batch)

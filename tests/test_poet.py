@@ -137,16 +137,20 @@ def test_every_poet_schedule_validates_and_meets_its_budgets(graph: Graph, fract
         assert recount(graph, result, prices) <= runtime_budget * graph.baseline_cost * (1 + 1e-6) + 1e-9
 
 
-def test_a_hand_counted_paging_win() -> None:
-    """x -> a (100 B) -> b -> c -> big -> gb (reads big and a): recomputing a costs 50 J; paging it out and
-    back costs 2 x (1 s + 100 B / 100 B/s) x 1 W = 4 J. At 210 B a must leave the device while big is made."""
-    graph = Graph.model_validate({"name": "hand", "nodes": [
+def _hand_graph() -> Graph:
+    return Graph.model_validate({"name": "hand", "nodes": [
         {"id": 0, "name": "x", "kind": "input", "mem": 0, "cost": 0},
         {"id": 1, "name": "a", "inputs": [0], "mem": 100, "cost": 50},
         {"id": 2, "name": "b", "inputs": [1], "mem": 20, "cost": 1},
         {"id": 3, "name": "c", "inputs": [2], "mem": 20, "cost": 1},
         {"id": 4, "name": "big", "inputs": [3], "mem": 100, "cost": 1},
         {"id": 5, "name": "gb", "inputs": [4, 1], "mem": 10, "cost": 1, "kind": "backward"}], "outputs": [5]})
+
+
+def test_a_hand_counted_paging_win() -> None:
+    """x -> a (100 B) -> b -> c -> big -> gb (reads big and a): recomputing a costs 50 J; paging it out and
+    back costs 2 x (1 s + 100 B / 100 B/s) x 1 W = 4 J. At 210 B a must leave the device while big is made."""
+    graph = _hand_graph()
     profile = profile_from_dict({"source": "hand", "flops_per_s": 1.0, "flops_per_joule": 1.0, "power_w": 1.0,
                                  "memory_power_w": 1.0, "pagein_latency_s": 1.0, "pageout_latency_s": 1.0,
                                  "pagein_bytes_per_s": 100.0, "pageout_bytes_per_s": 100.0})
@@ -165,13 +169,7 @@ def test_a_hand_counted_paging_win() -> None:
 def test_a_stopped_solve_states_the_baseline_energy_as_its_bound() -> None:
     """Every node of the hand graph is computed once at least: 54 J (a 50, b, c, big, gb 1 each at 1 J/s) is a
     proven bound even where the MILP is not run (max_nodes below the graph's size)."""
-    graph = Graph.model_validate({"name": "hand", "nodes": [
-        {"id": 0, "name": "x", "kind": "input", "mem": 0, "cost": 0},
-        {"id": 1, "name": "a", "inputs": [0], "mem": 100, "cost": 50},
-        {"id": 2, "name": "b", "inputs": [1], "mem": 20, "cost": 1},
-        {"id": 3, "name": "c", "inputs": [2], "mem": 20, "cost": 1},
-        {"id": 4, "name": "big", "inputs": [3], "mem": 100, "cost": 1},
-        {"id": 5, "name": "gb", "inputs": [4, 1], "mem": 10, "cost": 1, "kind": "backward"}], "outputs": [5]})
+    graph = _hand_graph()
     profile = profile_from_dict({"source": "hand", "flops_per_s": 2.0, "flops_per_joule": 1.0, "power_w": 1.0,
                                  "memory_power_w": 1.0, "pagein_latency_s": 1.0, "pageout_latency_s": 1.0,
                                  "pagein_bytes_per_s": 100.0, "pageout_bytes_per_s": 100.0})

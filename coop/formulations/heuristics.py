@@ -96,13 +96,17 @@ class _GreedyEvictor:
             hold = set(pinned)
             for y in pending[index:]:
                 hold.update(self.p.inputs[y])
-            self.make_room(self.p.mem[x] + self.p.workspace[x], hold)
-            self.steps.append(Step(op="compute", node=x))
+            self.compute_one(x, hold, pending[index + 1:])
             self.resident.add(x)
             self.used += self.p.mem[x]
             self.computes += 1
         if self.computes > self.compute_limit:
             raise _Stuck
+
+    def compute_one(self, x: int, hold: set[int], later: list[int]) -> None:
+        """Make room for x (keeping ``hold``) and emit its compute; ``later``: the computes pending after it."""
+        self.make_room(self.p.mem[x] + self.p.workspace[x], hold)
+        self.steps.append(Step(op="compute", node=x))
 
     def missing_ancestors(self, v: int) -> list[int]:
         """The non-resident values v needs rebuilt (transitively), in baseline order."""

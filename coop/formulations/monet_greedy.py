@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from coop.formulations.heuristics import _GreedyEvictor, _Stuck
+from coop.formulations.heuristics import _GreedyEvictor
 from coop.formulations.monet_warm import Choice, usable_impls
 from coop.formulations.slot_problem import SlotProblem
 from coop.graph import Graph
@@ -62,27 +62,17 @@ class _InPlaceEvictor(_GreedyEvictor):
         self.choices = choices
         self.options = options
 
-    def compute(self, v: int, pinned: set[int]) -> None:
-        rebuild = self.missing_ancestors(v)
-        pending = [*rebuild, v]
-        for index, x in enumerate(pending):
-            hold = set(pinned)
-            for y in pending[index:]:
-                hold.update(self.p.inputs[y])
-            option = self._overwritable(x, pending[index + 1:])
-            if option is not None:  # x takes over its input's storage: room for the workspace only
-                self.make_room(option.workspace, hold)
-                self.steps.append(Step(op="compute", node=x, impl=option.name))
-                self.resident.discard(option.over)
-                self.used -= self.p.mem[option.over]
-            else:
-                self.make_room(self.p.mem[x] + self.p.workspace[x], hold)
-                self.steps.append(Step(op="compute", node=x, impl=self.choices.get(x)))
-            self.resident.add(x)
-            self.used += self.p.mem[x]
-            self.computes += 1
-        if self.computes > self.compute_limit:
-            raise _Stuck
+    def compute_one(self, x: int, hold: set[int], later: list[int]) -> None:
+        option = self._overwritable(x, later)
+        if option is None:
+            self.make_room(self.p.mem[x] + self.p.workspace[x], hold)
+            self.steps.append(Step(op="compute", node=x, impl=self.choices.get(x)))
+            return
+        # x takes over its input's storage: room for the workspace only; the input's instance is used up
+        self.make_room(option.workspace, hold)
+        self.steps.append(Step(op="compute", node=x, impl=option.name))
+        self.resident.discard(option.over)
+        self.used -= self.p.mem[option.over]
 
     def _overwritable(self, x: int, later: list[int]) -> InPlace | None:
         option = self.options.get(x)
