@@ -149,7 +149,8 @@ def min_budget(graph: Graph, *, paging: bool = False) -> int:
 
     The larger of (a) the biggest single compute step: the node's distinct inputs, its output and
     workspace, and (b) every graph output at the end; both plus the caller-owned values. Values
-    count at their smallest implementation (MONeT impls). With ``paging`` (schedules that may
+    count at their smallest implementation (MONeT impls); an implementation that reads optional
+    values counts their compute steps too (they must then be computed). With ``paging`` (schedules that may
     page caller-owned values out, POET) only the caller-owned values a step reads count there.
     """
     return graph.memo(f"min_budget/{paging}", lambda: _min_budget(graph, paging))
@@ -175,13 +176,29 @@ def _step_footprint(graph: Graph, node: Node, impl: Impl | None, paging: bool) -
     return held + impl.workspace + (0 if impl.inplace_of is not None else impl.mem)
 
 
+def _implementation_footprint(graph: Graph, node: Node, impl: Impl | None, paging: bool) -> int:
+    """What choosing ``impl`` for ``node`` holds at least at one step: its own compute's footprint, or that of
+    an optional value it reads (transitively), which must then be computed too (a compute step of its own)."""
+    footprint = _step_footprint(graph, node, impl, paging)
+    seen: set[int] = set()
+    stack = [i for i in node.reads(impl) if graph.node(i).optional]
+    while stack:
+        value = graph.node(stack.pop())
+        if value.id in seen:
+            continue
+        seen.add(value.id)
+        footprint = max(footprint, min(_step_footprint(graph, value, i, paging) for i in (None, *value.impls)))
+        stack.extend(i for i in value.inputs if graph.node(i).optional)
+    return footprint
+
+
 def _min_budget(graph: Graph, paging: bool) -> int:
     always = 0 if paging else graph.caller_owned_bytes
     largest_step = always
     for node in graph.nodes:
         if node.caller_owned or node.optional:  # an optional value need never be computed
             continue
-        step = min(_step_footprint(graph, node, impl, paging) for impl in (None, *node.impls))
+        step = min(_implementation_footprint(graph, node, impl, paging) for impl in (None, *node.impls))
         largest_step = max(largest_step, always + step)
     at_end = always
     for output in set(graph.outputs):
