@@ -425,7 +425,13 @@ def _final(setting: _Setting, solution: MilpSolution, scale: float, admitted: li
                            message=f"{what}; try a larger budget or time_limit")
     value, name, schedule = min(admitted, key=lambda item: (item[0], item[1] != "milp"))
     status = "optimal" if solution.status == "optimal" else "feasible"
-    if status == "optimal" and bound is not None:
+    milp_bound = None if solution.bound is None else solution.bound / scale
+    if milp_bound is not None and value < milp_bound - 1e-9 * max(1.0, abs(milp_bound)):
+        # a warm start outside POET's stage space beats what the MILP proved for that space: its proof
+        # says nothing about the schedule returned, so only the baseline's price bounds it
+        status, bound = "feasible", _at_least_baseline(setting, None)
+        notes += f"; the {name} beats the MILP's bound {milp_bound:.6g} (it lies outside POET's stage space)"
+    elif status == "optimal" and bound is not None:
         bound = min(bound, value)
     message = f"{solution.status} ({notes})" + ("" if name == "milp" else f"; the best schedule came from the {name}")
     return _result(setting, schedule, status, bound, solution.wall_s, message, {**extra, "source": name})
