@@ -416,7 +416,8 @@ def _final(setting: _Setting, solution: MilpSolution, scale: float, admitted: li
     extra = {"variables": model.num_vars, "constraints": len(model.rows), "models": notes,
              "milp_status": solution.status,
              "milp_objective": None if solution.objective is None else solution.objective / scale}
-    bound = _at_least_baseline(setting, None if solution.bound is None else solution.bound / scale)
+    milp_bound = None if solution.bound is None else solution.bound / scale
+    bound = _at_least_baseline(setting, milp_bound)
     if not admitted:
         status = "infeasible" if solution.status == "infeasible" else "unknown"
         what = ("no schedule of POET's space (frontier-advancing stages with paging between them) fits budget "
@@ -425,7 +426,6 @@ def _final(setting: _Setting, solution: MilpSolution, scale: float, admitted: li
                            message=f"{what}; try a larger budget or time_limit")
     value, name, schedule = min(admitted, key=lambda item: (item[0], item[1] != "milp"))
     status = "optimal" if solution.status == "optimal" else "feasible"
-    milp_bound = None if solution.bound is None else solution.bound / scale
     if milp_bound is not None and value < milp_bound - 1e-9 * max(1.0, abs(milp_bound)):
         # a warm start outside POET's stage space beats what the MILP proved for that space: its proof
         # says nothing about the schedule returned, so only the baseline's price bounds it
