@@ -174,7 +174,7 @@ def test_a_stopped_solve_states_the_baseline_energy_as_its_bound() -> None:
                                  "memory_power_w": 1.0, "pagein_latency_s": 1.0, "pageout_latency_s": 1.0,
                                  "pagein_bytes_per_s": 100.0, "pageout_bytes_per_s": 100.0})
     result = solve(graph, 210, "poet", device_profile=profile, max_nodes=2, **LIMIT)
-    assert result.status == "heuristic"
+    assert result.status == "feasible"  # the interval model ran: a restricted model, never "optimal"
     assert result.bound == pytest.approx(2 * 54)  # 2 W while computing
     assert result.objective >= result.bound and result.gap is not None
 
@@ -218,12 +218,13 @@ def test_bad_options_are_one_line(options: dict, needle: str) -> None:
     assert needle in str(caught.value) and "\n" not in str(caught.value)
 
 
-def test_above_max_nodes_the_warm_start_is_returned_and_said() -> None:
+def test_above_max_nodes_the_interval_model_runs_and_says_so() -> None:
     nodes = [{"id": 0, "name": "x", "kind": "input", "mem": 1, "cost": 0}]
     nodes += [{"id": i, "name": f"f{i}", "inputs": [i - 1], "mem": 1, "cost": 1} for i in range(1, 8)]
     graph = Graph.model_validate({"name": "chain", "nodes": nodes, "outputs": [7]})
     result = solve(graph, 10, "poet", max_nodes=5)
-    assert result.status == "heuristic" and "max_nodes=5" in result.message and result.schedule is not None
+    assert result.status == "feasible" and "max_nodes=5" in result.message and result.schedule is not None
+    assert "ran the interval model" in result.message
     assert validate(graph, result.schedule, 10).ok
 
 
@@ -286,7 +287,7 @@ _SLOW_PAGING = profile_from_dict({"source": "hypothesis", "flops_per_s": 0.01, "
 @example(graph=_free_recompute_graph(), fraction=0.0, profile=_SLOW_PAGING)
 @given(graph=random_graphs(max_nodes=5), fraction=st.sampled_from([0.0, 0.2, 0.5]), profile=profiles())
 def test_a_hinted_schedule_competes_on_the_objective(graph: Graph, fraction: float, profile: DeviceProfile) -> None:
-    """With no MILP at all (max_nodes=0: the warm starts alone), poet handed the brute-force optimum as a hint returns
+    """With no MILP at all (max_nodes=0: the warm starts and the interval model), poet handed the brute-force optimum as a hint returns
     exactly its energy: hints compete on the objective, not on compute cost (a paging schedule's energy does not
     follow its compute cost). Oracle: tests/bruteforce_paging.py and the hand-written prices."""
     from coop.schedule import Schedule, Step
@@ -304,5 +305,7 @@ def test_a_hinted_schedule_competes_on_the_objective(graph: Graph, fraction: flo
     paged = paging_schedule(graph, budget)
     hints = [paged, best] if paged is not None else [best]
     result = poet(graph, budget, device_profile=profile, max_nodes=0, hint=hints, time_limit=5, threads=1)
-    assert result.status == "heuristic" and result.schedule is not None
-    assert result.objective == pytest.approx(oracle.cost, rel=1e-9, abs=1e-12)
+    assert result.status == "feasible" and result.schedule is not None
+    assert result.extra["warm_start_objective"] == pytest.approx(oracle.cost, rel=1e-9, abs=1e-12)
+    # the interval model (max_nodes=0) may page between any two computes, outside POET's staged space
+    assert result.objective <= oracle.cost * (1 + 1e-9) + 1e-12

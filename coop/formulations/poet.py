@@ -37,8 +37,10 @@ model and :func:`coop.formulations.warm_start.best_warm_start`, so poet is never
 remat-only at the same budget and objective; with paging the candidates include a paging-only
 heuristic (:mod:`coop.formulations.paging_heuristic`), a fitting incumbent below the least budget
 recomputation alone reaches. The T x T model has about 5 T^2 / 2 binaries: above ``max_nodes``
-(:data:`DEFAULT_MAX_NODES`) computed nodes it is not built and the best warm start is returned with
-status ``heuristic`` and a message that says so.
+(:data:`DEFAULT_MAX_NODES`) computed nodes it is not built; :mod:`coop.formulations.poet_intervals` runs
+instead (POET's choices in a Moccasin-style interval model, C residency intervals per value that start
+with a compute or a page-in, hinted with the best warm start) and the message says which model ran and
+why; its status is ``feasible`` with the baseline's price as the bound, never ``optimal``.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ from coop.graph import Graph
 from coop.schedule import Schedule, ScheduleError, simulate
 
 #: Above this many computed nodes the T x T model (about 5 T^2 / 2 binaries and Checkmate's FREE
-#: rows) is not built: poet returns the best warm start and says so.
+#: rows) is not built: poet runs the interval model of coop.formulations.poet_intervals and says so.
 DEFAULT_MAX_NODES = 300
 #: The profile used when none is given: coop's usual target, a data-centre GPU paging over PCIe.
 DEFAULT_DEVICE_PROFILE = "h100-sxm-pcie5"
@@ -301,7 +303,7 @@ def poet(
     setting = _Setting(graph, budget, objective, profile, runtime_budget, remat, paging)
     fallback = _best_fallback(setting, hint, time_limit)
     if len(graph.order) > max_nodes:
-        return _too_large(setting, fallback, max_nodes, time.perf_counter() - started)
+        return _too_large(setting, fallback, max_nodes, started, time_limit, threads, progress)
     # the warm starts ran inside the limit: the models get what is left of it
     remaining = max(0.5, time_limit - (time.perf_counter() - started))
     result = _solve_models(setting, solver, remaining, threads, progress, verbose, fallback)
@@ -365,17 +367,16 @@ def _best_fallback(setting: _Setting, hint: Any, time_limit: float) -> tuple[str
     return name, schedule
 
 
-def _too_large(setting: _Setting, fallback: tuple[str, Schedule] | None, max_nodes: int, wall: float) -> SolveResult:
+def _too_large(setting: _Setting, fallback: tuple[str, Schedule] | None, max_nodes: int, started: float,
+               time_limit: float, threads: int, progress: ProgressCallback | None) -> SolveResult:
+    """Above max_nodes: the interval model of :mod:`coop.formulations.poet_intervals`, hinted with the warm start."""
+    from coop.formulations.poet_intervals import solve_intervals
+
     size = len(setting.graph.order)
     why = (f"graph {setting.graph.name!r} has {size} computed nodes, above max_nodes={max_nodes}: POET's T x T model "
-           f"(about {5 * size * size // 2} binaries) is not built")
-    if fallback is None:
-        return SolveResult("poet", "unknown", wall_s=wall, message=f"{why}, and no warm start fits the budget; "
-                                                                  "raise max_nodes or the budget")
-    name, schedule = fallback
-    return _result(setting, schedule, "heuristic", _at_least_baseline(setting, None), wall,
-                   f"{why}; returned the best warm start ({name}); raise max_nodes to solve it",
-                   {"source": name})
+           f"(about {5 * size * size // 2} binaries) is not built (raise max_nodes to build it)")
+    return solve_intervals(setting, fallback, why=why, started=started, time_limit=time_limit, threads=threads,
+                           progress=progress)
 
 
 def _solve_models(setting: _Setting, solver: str, time_limit: float, threads: int, progress: ProgressCallback | None,

@@ -1,0 +1,517 @@
+"""POET's recomputation and paging on large graphs, as a Moccasin-style interval model in CP-SAT.
+
+POET (Patil, Jain, Dutta, Stoica, Gonzalez, "POET: Training Neural Networks on Tiny Devices with
+Integrated Rematerialization and Paging", ICML 2022) solves a T x T MILP (:mod:`coop.formulations.poet`)
+that is not built above ``max_nodes`` computed nodes. This module carries POET's choices over to
+Moccasin's O(n) retention-interval model (Bartan et al., ICML 2023; :mod:`coop.formulations.moccasin`),
+with the same prices (:func:`coop.formulations.poet.node_price`) and the same simulator:
+
+* every computed value v has up to C device-residency intervals ``[s_vi, e_vi]`` on a slot axis
+  (one compute per slot); the first is present and starts with a compute, the others are optional
+  (``p_vi``) and each starts either with a compute (``c_vi``, a recomputation) or with a page-in
+  (``g_vi``), ``c_vi + g_vi = p_vi``; a value that is not recomputable gets page-in intervals only;
+* a page-in interval needs a host copy: contract 2's ``page_out`` moves a value off the device at
+  once and a ``page_in`` moves it back (the host copy does not persist), so the copy is made by a
+  page-out right after the previous interval ``i - 1`` of the same value ends; a page-in interval
+  pays both copies, ``pageout_v + pagein_v``. Page-ins of a slot run before its compute and count
+  from that slot on; page-outs and frees run after the compute of the slot where an interval ends;
+* a compute interval of v starts inside a present interval of each input u: ``s_uj + 1 - g_uj <=
+  s_vi <= e_uj`` (a value paged in at slot s can be read at slot s; a computed one from the next);
+* memory: one ``AddCumulative`` over the residency intervals (demand ``mem_v``) and each compute's
+  workspace, capacity = budget - caller-owned bytes (caller-owned values stay on the device, as in
+  poet's MILP); an extra output of a multi-output op counts from right after its op's first compute,
+  as Moccasin has it, is never recomputed, and may be paged like any computed value;
+* objective: POET's energy or time, ``sum c_vi compute_v + sum g_vi (pagein_v + pageout_v)`` beyond
+  the first computations, as integers (prices scaled to OBJECTIVE_RESOLUTION and floored, so the
+  model never overstates a schedule's price); ``runtime_budget`` bounds compute plus paging seconds.
+* first computations follow ``prompt_order(graph)`` on training-step graphs, as in Moccasin.
+
+The model is restricted (C intervals per value, the warm start's slots plus a slack), so its optimum
+proves nothing about the whole space: the result is ``feasible`` with poet's baseline-price bound,
+which every schedule pays, never ``optimal``. CP-SAT is hinted with poet's best warm start, and the
+cheaper of its schedule and the warm start is returned; every schedule is checked by
+:func:`coop.schedule.simulate` and by poet's admission test (budget, runtime budget, allowed kind).
+Where no warm start fits, a capacity-relaxed copy of the model (minimise the bytes over the budget,
+from the baseline order) first looks for a schedule that fits, as Moccasin does.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ortools.sat.python import cp_model
+
+from coop.formulations.moccasin import _ancestor_counts
+from coop.formulations.progress import ProgressCallback, ProgressClock
+from coop.formulations.result import SolveResult
+from coop.formulations.slot_problem import SlotProblem
+from coop.graph import Graph
+from coop.schedule import Schedule, ScheduleError, Step, simulate, take_extras_promptly
+
+#: Residency intervals per value (Moccasin's C) unless the warm start needs more.
+DEFAULT_MAX_INTERVALS = 2
+#: The largest price coefficient of the objective becomes this many integer units.
+OBJECTIVE_RESOLUTION = 1e8
+#: The runtime budget becomes this many integer units of seconds.
+RUNTIME_RESOLUTION = 1e12
+
+#: One residency interval on the slot axis: (first slot, last slot, started by a page-in).
+Span = tuple[int, int, bool]
+
+
+# ==================================================================== schedules <-> spans
+def schedule_spans(graph: Graph, schedule: Schedule) -> tuple[dict[int, list[Span]], int] | None:
+    """Each computed value's device-residency intervals on the slot axis, and the number of computes.
+
+    From the simulator's instances: each stay of an instance on the device is one span; the first
+    starts at the instance's compute, the others with a page-in (at the slot of the next compute). A
+    stay with no compute in it is dropped (it changes no compute's memory), except an output's last,
+    which is kept to the end. None if the schedule pages a caller-owned value (the model never does).
+    """
+    schedule = take_extras_promptly(graph, schedule)
+    sim = simulate(graph, schedule)
+    if any(len(device) != 1 for device in sim.owned_device.values()):
+        return None
+    computes_before, slot_at, count = [], [], 0
+    for step in schedule.steps:
+        computes_before.append(count)
+        count += step.op == "compute"
+        slot_at.append(count - 1)
+    spans: dict[int, list[Span]] = {v: [] for v in graph.order}
+    final = {inst.node: k for k, inst in enumerate(sim.instances)}
+    for k, inst in enumerate(sim.instances):
+        for piece, (first, last) in enumerate(inst.device):
+            start = slot_at[inst.computed_at] if piece == 0 else computes_before[first]
+            end = slot_at[last]
+            kept_to_end = inst.node in graph.outputs and final[inst.node] == k and piece == len(inst.device) - 1
+            if end < start and not kept_to_end:
+                continue
+            spans.setdefault(inst.node, []).append((start, max(start, end), piece > 0))
+    return spans, count
+
+
+def spans_to_schedule(problem: SlotProblem, spans: dict[int, list[Span]]) -> Schedule:
+    """Per slot: its page-ins, its compute, then the page-outs and frees of the intervals ending there.
+
+    An interval followed by a page-in interval ends with a page-out; an output's last interval is
+    kept to the end; every other interval ends with a free.
+    """
+    events: list[tuple[int, int, int, str]] = []
+    for v, own in spans.items():
+        for k, (start, end, paged_in) in enumerate(own):
+            events.append((start, 0 if paged_in else 1, v, "page_in" if paged_in else "compute"))
+            following = own[k + 1] if k + 1 < len(own) else None
+            if following is not None and following[2]:
+                events.append((end, 2, v, "page_out"))
+            elif following is not None or v not in problem.outputs:
+                events.append((end, 2, v, "free"))
+    events.sort(key=lambda event: event[:3])
+    return Schedule(steps=tuple(Step(op=op, node=v) for _, _, v, op in events))  # type: ignore[arg-type]
+
+
+# ==================================================================== the CP-SAT model
+@dataclass(frozen=True)
+class Coefficients:
+    """Integer prices per computed value: one recomputation, one page-out + page-in, and their seconds."""
+
+    compute: dict[int, int]
+    paging: dict[int, int]
+    scale: float
+    compute_s: dict[int, int]
+    paging_s: dict[int, int]
+    seconds_scale: float
+
+    @classmethod
+    def build(cls, setting: Any, order: list[int]) -> Coefficients:
+        from coop.formulations.poet import node_price
+
+        prices = {v: node_price(float(setting.graph.node(v).cost), setting.graph.node(v).mem, setting.profile)
+                  for v in order}
+        objective = setting.objective
+        compute = {v: p.compute(objective) for v, p in prices.items()}
+        paging = {v: p.pagein(objective) + p.pageout(objective) for v, p in prices.items()}
+        largest = max([*compute.values(), *paging.values(), 0.0])
+        scale = OBJECTIVE_RESOLUTION / largest if largest > 0 else 1.0
+        baseline_s = sum(p.compute_s for p in prices.values())
+        seconds_scale = RUNTIME_RESOLUTION / baseline_s if baseline_s > 0 else 1.0
+        return cls({v: math.floor(c * scale) for v, c in compute.items()},
+                   {v: math.floor(c * scale) for v, c in paging.items()}, scale,
+                   {v: math.ceil(p.compute_s * seconds_scale) for v, p in prices.items()},
+                   {v: math.ceil((p.pagein_s + p.pageout_s) * seconds_scale) for v, p in prices.items()},
+                   seconds_scale)
+
+
+@dataclass
+class _Model:
+    model: cp_model.CpModel
+    horizon: int
+    starts: dict[int, list[Any]] = field(default_factory=dict)
+    ends: dict[int, list[Any]] = field(default_factory=dict)
+    present: dict[int, list[Any]] = field(default_factory=dict)   # True for the first interval
+    computed: dict[int, list[Any]] = field(default_factory=dict)  # c_vi: True, False or a literal
+    paged: dict[int, list[Any]] = field(default_factory=dict)     # g_vi: True, False or a literal
+    sizes: dict[int, list[Any]] = field(default_factory=dict)     # residency lengths (hinted: a complete hint)
+    lows: dict[int, int] = field(default_factory=dict)
+    choices: list[tuple[int, int, int, list[Any]]] = field(default_factory=list)  # (u, v, i, b_uj)
+    overflow: Any = None  # bytes over the budget, when the capacity is relaxed
+
+
+def _when(*literals: Any) -> list[Any] | None:
+    """The enforcement literals of a constraint, or None when one is the constant False (no constraint)."""
+    if any(lit is False for lit in literals):
+        return None
+    return [lit for lit in literals if lit is not True]
+
+
+def _kinds(built: _Model, v: int, i: int, can_recompute: bool, can_page: bool, p: Any) -> tuple[Any, Any]:
+    """(c_vi, g_vi) of interval i: the first is computed; later ones are a recomputation or a page-in."""
+    if i == 0:
+        return True, False
+    if can_recompute and can_page:
+        c, g = built.model.NewBoolVar(f"c_{v}_{i}"), built.model.NewBoolVar(f"g_{v}_{i}")
+        built.model.Add(c + g == p)
+        return c, g
+    return (p, False) if can_recompute else (False, p)
+
+
+def build_model(problem: SlotProblem, coefficients: Coefficients, horizon: int, per_node: dict[int, int],
+                setting: Any, keep_order: bool, relax_memory: bool = False) -> _Model:
+    """The interval model (s_vi, e_vi, p_vi, c_vi, g_vi) on ``horizon`` slots; see the module docstring.
+
+    With ``relax_memory`` the capacity is a variable and the objective is the overflow over the budget alone:
+    the baseline order is then a feasible start and CP-SAT walks the peak down to the budget.
+    """
+    model = cp_model.CpModel()
+    built = _Model(model, horizon)
+    last = horizon - 1
+    n_anc, n_desc = _ancestor_counts(problem)
+    residency, demands, runs = [], [], []
+    objective, seconds = [], []
+    for v in problem.order:
+        lo = built.lows[v] = n_anc[v]
+        can_recompute = setting.remat and problem.recomputable[v]
+        can_page = setting.paging and problem.mem[v] > 0
+        for name in ("starts", "ends", "present", "computed", "paged", "sizes"):
+            getattr(built, name)[v] = []
+        for i in range(per_node[v]):
+            s = model.NewIntVar(lo, last - n_desc[v] if i == 0 else last, f"s_{v}_{i}")
+            e = model.NewIntVar(lo, last, f"e_{v}_{i}")
+            p = True if i == 0 else model.NewBoolVar(f"p_{v}_{i}")
+            c, g = _kinds(built, v, i, can_recompute, can_page, p)
+            size = model.NewIntVar(1, horizon, f"len_{v}_{i}")
+            if v in problem.output_of and i == 0:  # an extra output exists from right after its op's first compute
+                model.Add(e >= s)
+                residency.append(model.NewIntervalVar(built.starts[problem.output_of[v]][0] + 1, size, e + 1, f"r_{v}"))
+            elif p is True:
+                residency.append(model.NewIntervalVar(s, size, e + 1, f"r_{v}_{i}"))
+            else:
+                residency.append(model.NewOptionalIntervalVar(s, size, e + 1, p, f"r_{v}_{i}"))
+            demands.append(problem.mem[v])
+            if c is not False:
+                run = (model.NewFixedSizeIntervalVar(s, 1, f"run_{v}_{i}") if c is True
+                       else model.NewOptionalFixedSizeIntervalVar(s, 1, c, f"run_{v}_{i}"))
+                runs.append(run)
+                if problem.workspace[v]:
+                    residency.append(run)
+                    demands.append(problem.workspace[v])
+            seconds.append((c, coefficients.compute_s[v]))
+            if i > 0:
+                if built.present[v][-1] is not True:
+                    model.AddImplication(p, built.present[v][-1])
+                model.Add(s > built.ends[v][-1]).OnlyEnforceIf(p)  # one value's intervals never overlap
+                model.Add(s == lo).OnlyEnforceIf(p.Not())  # absent intervals pinned: no symmetric copies
+                model.Add(e == lo).OnlyEnforceIf(p.Not())
+                objective += [(c, coefficients.compute[v]), (g, coefficients.paging[v])]
+                seconds.append((g, coefficients.paging_s[v]))
+            for name, value in zip(("starts", "ends", "present", "computed", "paged", "sizes"), (s, e, p, c, g, size),
+                                   strict=True):
+                getattr(built, name)[v].append(value)
+        if v in problem.outputs:  # the last present interval is kept to the end
+            for i, p in enumerate(built.present[v]):
+                following = built.present[v][i + 1] if i + 1 < per_node[v] else False
+                literals = _when(p, following.Not() if following is not False else True)
+                model.Add(built.ends[v][i] == last).OnlyEnforceIf(literals)
+    model.AddNoOverlap(runs)
+    if relax_memory:
+        most = max(sum(demands), problem.capacity)
+        capacity = model.NewIntVar(0, most, "capacity")
+        built.overflow = model.NewIntVar(0, max(0, most - problem.capacity), "overflow")
+        model.Add(built.overflow >= capacity - problem.capacity)
+        model.AddCumulative(residency, demands, capacity)
+        model.AddHint(capacity, most)  # any hint fits the largest capacity: the hint stays complete
+        model.AddHint(built.overflow, most - problem.capacity)
+    else:
+        model.AddCumulative(residency, demands, problem.capacity)
+    _add_precedences(problem, built)
+    ordered = problem.order if keep_order else [v for v in problem.order if v in problem.graph.random_draws]
+    for a, b in itertools.pairwise(ordered):
+        model.Add(built.starts[a][0] < built.starts[b][0])
+    if setting.runtime_budget is not None:
+        limit = setting.runtime_budget * setting.graph.baseline_cost  # poet's: compute and paging seconds
+        model.Add(_linear(seconds) <= math.floor(limit * (1 + 1e-9) * coefficients.seconds_scale))
+    model.Minimize(built.overflow if relax_memory else _linear(objective))
+    return built
+
+
+def _linear(terms: list[tuple[Any, int]]) -> Any:
+    """sum coef x lit over terms whose literal may be a constant True/False."""
+    return sum(coef * (1 if lit is True else lit) for lit, coef in terms if lit is not False and coef)
+
+
+def _add_precedences(problem: SlotProblem, built: _Model) -> None:
+    """Each compute interval of v starts inside a present interval of each computed input u."""
+    model = built.model
+    for v in problem.order:
+        for u in problem.inputs[v]:
+            model.Add(built.starts[u][0] < built.starts[v][0])  # first u precedes first v
+            if v in problem.output_of:
+                continue  # an extra output is taken from its op, not computed from u
+            for i, (s_v, c_v) in enumerate(zip(built.starts[v], built.computed[v], strict=True)):
+                literals = _when(c_v)
+                if literals is None:
+                    continue  # a page-in interval reads nothing
+                if len(built.starts[u]) == 1:
+                    model.Add(built.starts[u][0] < s_v).OnlyEnforceIf(literals)
+                    model.Add(built.ends[u][0] >= s_v).OnlyEnforceIf(literals)
+                    continue
+                chosen = []
+                for j, (s_u, e_u, p_u, g_u) in enumerate(zip(built.starts[u], built.ends[u], built.present[u],
+                                                               built.paged[u], strict=True)):
+                    b = model.NewBoolVar(f"b_{u}_{j}_{v}_{i}")
+                    if p_u is not True:
+                        model.AddImplication(b, p_u)
+                    model.Add(s_u + 1 - (0 if g_u is False else g_u) <= s_v).OnlyEnforceIf(b)
+                    model.Add(e_u >= s_v).OnlyEnforceIf(b)
+                    chosen.append(b)
+                model.AddBoolOr(chosen).OnlyEnforceIf(literals)
+                built.choices.append((u, v, i, chosen))
+
+
+def add_hint(built: _Model, spans: dict[int, list[Span]], problem: SlotProblem) -> None:
+    """A complete hint from the warm start's spans: every s, e, p, c, g and precedence choice."""
+    model, outputs = built.model, problem.outputs
+    hinted: set[int] = set()  # c_vi or g_vi may be p_vi itself: hint each variable once
+
+    def hint(var: Any, value: int | bool) -> None:
+        if var is not True and var is not False and var.Index() not in hinted:
+            hinted.add(var.Index())
+            model.AddHint(var, value)
+
+    for v in problem.order:
+        own = spans.get(v, [])
+        for i, s in enumerate(built.starts[v]):
+            if i < len(own):
+                start, end, paged_in = own[i]
+                end = built.horizon - 1 if v in outputs and i == len(own) - 1 else end
+                model.AddHint(s, start)
+                model.AddHint(built.ends[v][i], end)
+                first = spans[problem.output_of[v]][0][0] + 1 if v in problem.output_of and i == 0 else start
+                model.AddHint(built.sizes[v][i], end + 1 - first)
+                hint(built.present[v][i], True)
+                hint(built.computed[v][i], not paged_in)
+                hint(built.paged[v][i], paged_in)
+            else:
+                model.AddHint(s, built.lows[v])
+                model.AddHint(built.ends[v][i], built.lows[v])
+                model.AddHint(built.sizes[v][i], 1)
+                for var in (built.present[v][i], built.computed[v][i], built.paged[v][i]):
+                    hint(var, False)
+    for u, v, i, chosen in built.choices:
+        covering = None
+        if i < len(spans[v]):
+            s_v = spans[v][i][0]
+            covering = next((j for j, (s, e, g) in enumerate(spans[u]) if s + (0 if g else 1) <= s_v <= e), None)
+        for j, b in enumerate(chosen):
+            model.AddHint(b, j == covering)
+
+
+def solution_spans(solver: cp_model.CpSolver, built: _Model) -> dict[int, list[Span]]:
+    def value(lit: Any) -> bool:
+        return lit if isinstance(lit, bool) else solver.BooleanValue(lit)
+
+    return {v: [(solver.Value(s), solver.Value(e), value(g))
+                for s, e, p, g in zip(built.starts[v], built.ends[v], built.present[v], built.paged[v], strict=True)
+                if value(p)] for v in built.starts}
+
+
+# ==================================================================== solving
+def poet_intervals(
+    graph: Graph,
+    budget: int,
+    *,
+    objective: str = "energy",
+    device_profile: Any = None,
+    runtime_budget: float | None = None,
+    remat: bool = True,
+    paging: bool = True,
+    time_limit: float = 60.0,
+    threads: int = 2,
+    progress: ProgressCallback | None = None,
+    hint: Any = None,
+    captured: Any = None,
+    max_intervals: int = DEFAULT_MAX_INTERVALS,
+    warm_start: bool = True,
+) -> SolveResult:
+    """POET's choices in the interval model on any graph (what :func:`coop.formulations.poet.poet` runs above
+    its ``max_nodes``). The options are poet's; ``max_intervals`` is Moccasin's C; ``warm_start=False``
+    leaves out poet's warm starts (CP-SAT then starts from the baseline order, which may not fit)."""
+    from coop.budget import below_min_budget
+    from coop.device_profiles import load_device_profile
+    from coop.formulations.poet import DEFAULT_DEVICE_PROFILE, OBJECTIVES, PoetError, _best_fallback, _Setting
+
+    started = time.perf_counter()
+    if objective not in OBJECTIVES:
+        raise PoetError(f"unknown objective {objective!r} for poet: choose energy or time")
+    if runtime_budget is not None and (isinstance(runtime_budget, bool) or not math.isfinite(runtime_budget)
+                                       or runtime_budget < 1):
+        raise PoetError(f"runtime budget {runtime_budget!r} is not a factor >= 1 of the baseline compute time; "
+                        "give e.g. 1.5")
+    if not remat and not paging:
+        raise PoetError("poet with remat=False and paging=False can only run the baseline; use store-all")
+    if isinstance(max_intervals, bool) or not isinstance(max_intervals, int) or max_intervals < 1:
+        raise PoetError(f"max_intervals={max_intervals!r} must be an integer >= 1 (Moccasin's C)")
+    if below := below_min_budget(budget, graph):
+        return SolveResult("poet", "infeasible", message=below)
+    profile = load_device_profile(device_profile or DEFAULT_DEVICE_PROFILE)
+    setting = _Setting(graph, budget, objective, profile, runtime_budget, remat, paging)  # type: ignore[arg-type]
+    fallback = _best_fallback(setting, hint, time_limit) if warm_start else None
+    return solve_intervals(setting, fallback, why="the interval model was asked for", started=started,
+                           time_limit=time_limit, threads=threads, progress=progress, max_intervals=max_intervals)
+
+
+def solve_intervals(setting: Any, fallback: tuple[str, Schedule] | None, *, why: str, started: float,
+                    time_limit: float, threads: int, progress: ProgressCallback | None,
+                    max_intervals: int = DEFAULT_MAX_INTERVALS) -> SolveResult:
+    """Build the interval model around poet's best warm start ``fallback``, solve it for what is left of
+    ``time_limit`` (counted from ``started``), return the cheaper admitted schedule (``why``: the message's
+    opening, which model runs and why). With no warm start, a capacity-relaxed model first looks for a
+    schedule that fits (up to 3/4 of the time left), which then hints the priced model."""
+    from coop.formulations.poet import _at_least_baseline, _result
+
+    clock = ProgressClock(progress)
+    problem = SlotProblem.build(setting.graph, setting.budget)
+    coefficients = Coefficients.build(setting, problem.order)
+    floor = _at_least_baseline(setting, None)
+    extra: dict[str, Any] = {"model": "poet-intervals", "max_intervals": max_intervals,
+                             "warm_start": fallback[0] if fallback else None,
+                             "warm_start_objective": setting.price(fallback[1]).value(setting.objective)
+                             if fallback else None}
+    words = f"{why}; ran the interval model (C={max_intervals}"
+    if fallback is None:
+        seconds = 0.75 * (started + time_limit - time.perf_counter())  # it stops as soon as the overflow is 0
+        fallback = _fit_first(setting, problem, coefficients, max_intervals, seconds, threads, clock, extra)
+        words += f"; no warm start fits, a capacity-relaxed model first: {extra['feasibility']}"
+    built = _shaped_model(setting, problem, coefficients, fallback, max_intervals, relax_memory=False)
+    extra.update(horizon=built.horizon, intervals=sum(len(starts) for starts in built.starts.values()))
+    solver = _solve(built, started + time_limit - time.perf_counter(), threads,
+                    _Reporter(clock, floor, coefficients.scale), extra)
+    found = None
+    if solver is not None:
+        # Valid for the restricted model only (floored prices): what the model proved, not what poet proves.
+        extra["restricted_bound"] = (sum(coefficients.compute.values()) + max(0.0, solver.BestObjectiveBound())
+                                     ) / coefficients.scale
+        found = spans_to_schedule(problem, solution_spans(solver, built))
+        if not setting.admits(found):  # never hand out what the simulator or a budget rejects
+            extra["cp_sat_rejected"] = "its schedule failed poet's check (simulator, budgets)"
+            found = None
+    candidates = ([("interval model", found)] if found is not None else []) + ([fallback] if fallback else [])
+    admitted = [(setting.price(s).value(setting.objective), name, s) for name, s in candidates]
+    wall = time.perf_counter() - started
+    words += f", {built.horizon} slots): CP-SAT {extra['cp_sat_status']}"
+    if not admitted:
+        return SolveResult("poet", "unknown", bound=floor, wall_s=wall, extra=extra,
+                           message=f"{words}, and neither it nor a warm start found a schedule within budget "
+                                   f"{setting.budget}; raise the budget or the time limit")
+    value, name, schedule = min(admitted, key=lambda item: (item[0], item[1] != "interval model"))
+    clock.report(value, floor, "poet intervals: done", final=True)
+    message = (f"{words}; the best schedule came from the {name}; a restricted model (C intervals per value, "
+               "these slots): optimality not proven, the bound is the baseline's price")
+    return _result(setting, schedule, "feasible", floor, wall, message, {**extra, "source": name})
+
+
+def _shaped_model(setting: Any, problem: SlotProblem, coefficients: Coefficients,
+                  start: tuple[str, Schedule] | None, max_intervals: int, relax_memory: bool) -> _Model:
+    """The model sized around ``start`` (else the baseline order): C intervals per value (more where the start
+    needs them), its slots plus a slack, first computes in order where it keeps them; hinted with it."""
+    spans, slots = _warm_spans(setting.graph, problem, start)
+    per_node = {v: max(len(spans[v]), max_intervals) if _may_repeat(setting, problem, v) else 1 for v in problem.order}
+    horizon = slots + 1 + len(problem.order) // 10 + 2
+    keep_order = setting.graph.has_backward and all(spans[a][0][0] < spans[b][0][0]
+                                                    for a, b in itertools.pairwise(problem.order))
+    built = build_model(problem, coefficients, horizon, per_node, setting, keep_order, relax_memory)
+    add_hint(built, spans, problem)
+    return built
+
+
+def _fit_first(setting: Any, problem: SlotProblem, coefficients: Coefficients, max_intervals: int, seconds: float,
+               threads: int, clock: ProgressClock, extra: dict[str, Any]) -> tuple[str, Schedule] | None:
+    """Minimise the overflow over the budget from the baseline order; a schedule if it reaches 0 and passes."""
+    built = _shaped_model(setting, problem, coefficients, None, max_intervals, relax_memory=True)
+    phase: dict[str, Any] = {}
+    solver = _solve(built, seconds, threads, None, phase)
+    least = None if solver is None else setting.budget + solver.Value(built.overflow)
+    extra["feasibility"] = (f"CP-SAT {phase['cp_sat_status']} in {phase['cp_sat_wall_s']} s"
+                            + ("" if least is None else f", least peak reached {least}"))
+    if solver is None or least is None or least > setting.budget:
+        return None
+    schedule = spans_to_schedule(problem, solution_spans(solver, built))
+    if not setting.admits(schedule):
+        return None
+    clock.report(setting.price(schedule).value(setting.objective), None, "poet intervals: a schedule that fits")
+    return "interval model's capacity-relaxed phase", schedule
+
+
+def _may_repeat(setting: Any, problem: SlotProblem, v: int) -> bool:
+    """Whether v may have more than one residency interval (a recomputation or a page-in)."""
+    return (setting.remat and problem.recomputable[v]) or (setting.paging and problem.mem[v] > 0)
+
+
+def _warm_spans(graph: Graph, problem: SlotProblem, fallback: tuple[str, Schedule] | None
+                ) -> tuple[dict[int, list[Span]], int]:
+    """The warm start's spans, or the baseline order's (a hint that may not fit) when there is none."""
+    if fallback is not None:
+        try:
+            converted = schedule_spans(graph, fallback[1])
+        except ScheduleError:
+            converted = None
+        if converted is not None:
+            return converted
+    converted = schedule_spans(graph, Schedule.from_order(problem.order))
+    assert converted is not None  # the baseline order pages nothing
+    return converted
+
+
+class _Reporter(cp_model.CpSolverSolutionCallback):
+    """Forwards CP-SAT's incumbents to coop's progress callback, in the objective's unit."""
+
+    def __init__(self, clock: ProgressClock, floor: float, scale: float) -> None:
+        super().__init__()
+        self.clock, self.floor, self.scale = clock, floor, scale
+
+    def on_solution_callback(self) -> None:
+        self.clock.report(self.floor + self.ObjectiveValue() / self.scale, self.floor, "poet intervals: cp-sat")
+
+
+def _solve(built: _Model, seconds: float, threads: int, reporter: _Reporter | None,
+           extra: dict[str, Any]) -> cp_model.CpSolver | None:
+    """Solve for ``seconds`` less a reserve (CP-SAT overruns its limit a little; extraction follows); the
+    solver holding a solution, or None. Records CP-SAT's status and wall time in ``extra``."""
+    reserve = 0.5 + 0.05 * max(seconds, 0.0)
+    if seconds - reserve < 0.2:
+        extra.update(cp_sat_status="NOT_RUN (no time left)", cp_sat_wall_s=0.0)
+        return None
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = seconds - reserve
+    solver.parameters.num_workers = max(1, threads)
+    solver.parameters.random_seed = 0
+    # Probing took 3 of 10 s of presolve on captured GPT-2 (407 nodes, 2 workers) before CP-SAT loaded the warm
+    # start's complete hint; without it presolve takes 0.3 s (Moccasin turns it off on free orders for the same reason).
+    solver.parameters.cp_model_probing_level = 0
+    tic = time.perf_counter()
+    status = solver.Solve(built.model, reporter)
+    extra.update(cp_sat_status=solver.StatusName(status), cp_sat_wall_s=round(time.perf_counter() - tic, 3))
+    return solver if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
