@@ -28,6 +28,7 @@ from coop.graph_capture.context import TrainingContext
 from coop.online.static_arena import ARENA_ROUNDS, execution_placement, next_live_budget
 from coop.planner.base import BasePlan, LossFn, batch_key, recapture
 from coop.planner.dynamic import DynamicPlan
+from coop.runtime.copy_stream import require_cuda
 from coop.runtime.executor import Executor, replay_graph, unwrap_model
 from coop.schedule import Schedule, Simulation, Step, simulate, validate
 
@@ -53,6 +54,10 @@ class Plan(BasePlan):
         self.note = note
         self.executor = Executor(captured, schedule)
         self.simulation: Simulation = self.executor.simulation
+
+    def use_copy_stream(self) -> None:
+        """Page on a side CUDA stream (coop.runtime.copy_stream; opt-in, not yet measured on a GPU)."""
+        self.executor = Executor(self.captured, self.schedule, copy_stream=True)
 
     def use_arena(self, placement: Any) -> None:
         """Replay inside one arena per device at ``placement``'s offsets (coop.runtime.arena_replay)."""
@@ -175,7 +180,7 @@ class Plan(BasePlan):
 def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: LossFn | None = None,
          formulation: str = "auto", time_limit: float = 60, profile: bool = False,
          arena: bool = False, captured: Captured | None = None, device_profile: Any = None,
-         alternatives: bool | None = None, exact: bool = False) -> Plan | DynamicPlan:
+         alternatives: bool | None = None, exact: bool = False, copy_stream: bool = False) -> Plan | DynamicPlan:
     """Capture a training step, solve for a schedule within ``budget`` and return its replay.
 
     ``formulation="auto"`` picks per graph (coop.formulations.auto: the baseline order when it
@@ -202,7 +207,16 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
     captured without the wrapper (``loss_fn`` receives the wrapped module) and its gradients are
     synced by the wrapper's reducer; wrappers coop cannot honour (FSDP, DataParallel,
     torch.compile) are refused with a CaptureError.
+
+    ``copy_stream=True`` (CUDA only, opt-in, not yet measured on a GPU) runs the plan's page-outs and
+    page-ins on a side stream overlapped with compute (coop.runtime.copy_stream); it is refused without
+    CUDA, with ``arena``, for ``formulation="dynamic"`` and for a plan that pages nothing.
     """
+    if copy_stream:
+        require_cuda()
+        if arena or formulation == "dynamic":
+            raise CoopError(f"copy_stream=True does not combine with {'arena=True' if arena else 'formulation=dynamic'} "
+                            "yet; drop one of them")
     module, wrapper = unwrap_model(model)
     batch = tuple(example_batch) if isinstance(example_batch, (tuple, list)) else (example_batch,)
     if captured is None:
@@ -217,7 +231,10 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
     within = functools.partial(_plan_within, module, captured, formulation=formulation, time_limit=time_limit,
                                loss_fn=loss_fn, wrapper=wrapper, device_profile=device_profile, exact=exact)
     if not arena:
-        return within(budget_bytes)
+        chosen = within(budget_bytes)
+        if copy_stream:
+            chosen.use_copy_stream()
+        return chosen
     live_budget = budget_bytes
     for _ in range(ARENA_ROUNDS):
         candidate = within(live_budget)

@@ -50,6 +50,7 @@ from coop.errors import CaptureError, ScheduleError
 from coop.graph import Graph
 from coop.graph_capture import Captured
 from coop.graph_capture.trace import is_random
+from coop.runtime.copy_stream import CopyStream, StreamAPI, copy_stream_for
 from coop.runtime.meter import host_pool
 from coop.runtime.rng import output_device, restore_generator_state, save_generator_state, swap_generator_state
 from coop.schedule import Schedule, Simulation, simulate, take_extras_promptly
@@ -78,11 +79,22 @@ class _Unavailable:
         self.why = why
 
 
+class _Deferred:
+    """A paged-in value (or a view of one) whose program nodes are emitted at its first read (``emit_now``):
+    with a copy stream, the compute stream waits for the page-in's copy as late as the schedule allows."""
+
+    def __init__(self, emit_now: Any) -> None:
+        self.emit_now = emit_now
+
+
 class _ProgramBuilder:
     """Writes the replay fx program of one schedule: copies nodes of the captured fx graph (``source``) into
-    ``program`` in schedule order, by the coop Graph (``schedule_graph``) the schedule is legal on."""
+    ``program`` in schedule order, by the coop Graph (``schedule_graph``) the schedule is legal on. With
+    ``copy_stream`` page-outs and page-ins go through it (:mod:`coop.runtime.copy_stream`)."""
 
-    def __init__(self, captured: Captured, graph: Graph, replayed: set[int]) -> None:
+    def __init__(self, captured: Captured, graph: Graph, replayed: set[int],
+                 copy_stream: CopyStream | None = None) -> None:
+        self.copy_stream = copy_stream
         self.captured = captured
         self.schedule_graph = graph  # the coop Graph the schedule is legal on (random draws recomputable or not)
         self.replayed = replayed  # random nodes the schedule recomputes: their generator state is saved
@@ -102,6 +114,9 @@ class _ProgramBuilder:
 
     def lookup(self, node: fx.Node) -> fx.Node:
         value = self.env.get(node)
+        if isinstance(value, _Deferred):  # the first read of a paged-in value: wait for its copy here
+            value.emit_now()
+            value = self.env.get(node)
         if value is None or isinstance(value, _Unavailable):
             why = value.why if isinstance(value, _Unavailable) else "never computed"
             raise ScheduleError(f"the executor needs {node.name} (Graph node {self.captured.owner_of[node.name]}), which is {why}")
@@ -187,6 +202,9 @@ class _ProgramBuilder:
 
     def optional_value(self, node_id: int) -> fx.Node:
         value = self.optional_values.get(node_id)
+        if isinstance(value, _Deferred):
+            value.emit_now()
+            value = self.optional_values.get(node_id)
         if value is None or isinstance(value, _Unavailable):
             why = value.why if isinstance(value, _Unavailable) else "never computed"
             raise ScheduleError(f"the executor needs optional value {node_id}, which is {why}")
@@ -209,16 +227,20 @@ class _ProgramBuilder:
     def page_out(self, node_id: int) -> None:
         if self.captured.graph.node(node_id).caller_owned:
             return  # the caller holds its own reference; there is nothing the replay can free
+        page_out = to_host if self.copy_stream is None else self.copy_stream.page_out
         if node_id in self.optional_values:
-            self.hosts[node_id] = self.program.call_function(to_host, (self.optional_value(node_id),))
+            self.hosts[node_id] = self.program.call_function(page_out, (self.optional_value(node_id),))
             self.optional_values[node_id] = _Unavailable("paged out")
             return
         base = self._base(node_id)
-        self.hosts[node_id] = self.program.call_function(to_host, (self.lookup(base),))
+        self.hosts[node_id] = self.program.call_function(page_out, (self.lookup(base),))
         self.drop(node_id, "paged out")
 
     def page_in(self, node_id: int) -> None:
         if self.captured.graph.node(node_id).caller_owned:
+            return
+        if self.copy_stream is not None:
+            self.page_in_on_copy_stream(node_id)
             return
         if node_id in self.optional_values:
             self.optional_values[node_id] = self.program.call_function(to_device, (self.hosts.pop(node_id),))
@@ -231,6 +253,30 @@ class _ProgramBuilder:
                 not isinstance(self.env.get(a), _Unavailable) and a in self.env for a in node.all_input_nodes
             ):
                 self.emit(node)
+
+    def page_in_on_copy_stream(self, node_id: int) -> None:
+        """Queue the page-in's copy now; the compute stream's wait (and the value's views) come at its first read."""
+        pending = self.program.call_function(self.copy_stream.page_in, (self.hosts.pop(node_id),))
+
+        def wait_for(store: dict, key: Any) -> _Deferred:
+            def emit_now() -> None:
+                store[key] = self.program.call_function(self.copy_stream.wait, (pending,))
+            return _Deferred(emit_now)
+
+        if node_id in self.optional_values:
+            self.optional_values[node_id] = wait_for(self.optional_values, node_id)
+            return
+        base = self._base(node_id)
+        self.env[base] = wait_for(self.env, base)
+        group = set(self.group(node_id))
+        for node in self.group(node_id):
+            if self.position[node] > self.position[base] and all(
+                not isinstance(self.env.get(a), _Unavailable) and a in self.env for a in node.all_input_nodes
+            ):  # a view of the value is emitted at its first read too, unless it reads other values
+                if all(a in group for a in node.all_input_nodes):
+                    self.env[node] = _Deferred(lambda node=node: self.emit(node))
+                else:
+                    self.emit(node)
 
     def _base(self, node_id: int) -> fx.Node:
         for node in self.group(node_id):
@@ -263,9 +309,10 @@ def _replayed_draws(graph: Graph, schedule: Schedule) -> set[int]:
     return {v for v in graph.random_draws if computes[v] > 1}
 
 
-def _program(captured: Captured, graph: Graph, schedule: Schedule) -> fx.GraphModule:
-    """The replay program of a schedule already checked legal on ``graph``."""
-    builder = _ProgramBuilder(captured, graph, _replayed_draws(graph, schedule))
+def _program(captured: Captured, graph: Graph, schedule: Schedule,
+             copy_stream: CopyStream | None = None) -> fx.GraphModule:
+    """The replay program of a schedule already checked legal on ``graph`` (paging on ``copy_stream`` if given)."""
+    builder = _ProgramBuilder(captured, graph, _replayed_draws(graph, schedule), copy_stream)
     builder.start()
     for index, step in enumerate(schedule.steps):
         if step.op == "compute":
@@ -292,13 +339,20 @@ class Executor:
     planned value is written at its planned offset in one buffer per device
     (:mod:`coop.runtime.arena_replay`); ``arena_program`` then says what the step allocates.
 
+    With ``copy_stream`` (opt-in, not yet measured on a GPU) page-outs and page-ins run on a side CUDA
+    stream, the compute stream waiting for a page-in only at the value's first read
+    (:mod:`coop.runtime.copy_stream`); ``True`` uses torch.cuda's streams, a :class:`StreamAPI` object
+    replaces them (tests record the protocol with a fake). It is refused with a one-line error without
+    CUDA, for a schedule that pages nothing, and with ``arena``. The default (False) keeps the copies
+    on the compute stream.
+
     The program runs as fx's generated Python code with every aten op bound once as a global
     (:func:`bind_ops`): the code fx prints (``module.code``), minus the attribute look-ups and
     the ``OpOverload.__call__`` frame per node. ``code`` is the source that runs.
     """
 
     def __init__(self, captured: Captured, schedule: Schedule, replay_random: bool = True,
-                 arena: Any = None) -> None:
+                 arena: Any = None, copy_stream: bool | StreamAPI = False) -> None:
         self.captured = captured
         self.graph = replay_graph(captured, replay_random)
         self.requested = schedule
@@ -307,8 +361,9 @@ class Executor:
         self.simulation: Simulation = simulate(self.graph, self.schedule)
         self.placement = arena
         self.arena_program = None
+        self.copy_stream = copy_stream_for(captured, self.schedule, copy_stream, arena)
         if arena is None:
-            self.module = _program(captured, self.graph, self.schedule)  # self.schedule was just simulated
+            self.module = _program(captured, self.graph, self.schedule, self.copy_stream)  # just simulated
         else:
             from coop.runtime.arena_replay import build_arena_program
 

@@ -1,0 +1,224 @@
+"""Paging on a side copy stream (issue 14, item 3): page-outs to pinned host memory and page-ins
+overlapped with compute.
+
+**Opt-in and not yet measured on a GPU.** ``Executor(..., copy_stream=True)`` /
+``coop.plan(..., copy_stream=True)`` turn it on; the default (False) replays page-outs and page-ins
+as ``non_blocking`` copies on the compute stream (:func:`coop.runtime.executor.to_host` /
+``to_device``), which stream order makes safe. The protocol below has been checked only on CPU,
+against a recording fake of the stream/event API (``tests/test_copy_stream.py``: a happens-before
+checker over the recorded log, with a mutation check that removing any wait or ``record_stream``
+is caught); its overlap and its effect on ``torch.cuda.max_memory_allocated`` have not been
+measured on CUDA yet.
+
+The protocol, for one compute stream ``C`` (the current stream when the step runs) and one side
+stream ``S`` per :class:`CopyStream`:
+
+- **page-out v** (:meth:`CopyStream.page_out`): an event recorded on ``C`` right after the
+  producer of ``v`` was enqueued, ``S`` waits on it (so the D2H copy reads a complete value), the
+  copy ``v -> pinned host`` runs ``non_blocking`` on ``S`` and an event is recorded after it. The
+  compute stream never waits for a page-out. The device block of ``v`` must not be handed to
+  another tensor before the copy has read it: ``v.record_stream(S)`` tells the caching allocator
+  that ``S`` uses the block, so when the replay frees ``v`` the allocator records an event on
+  ``S`` and reuses the block only once all work queued on ``S`` at the time of the free is
+  complete (torch docs, ``torch.Tensor.record_stream``: "When the tensor is deallocated, ensure the
+  tensor memory is not reused for another tensor until all work queued on stream at the time of
+  deallocation is complete"; the semantics described in pytorch/pytorch#113282). The copy is
+  enqueued before the free (the replay holds ``v`` for the call), so it is covered. The pinned
+  host block is itself safe: ``copy_`` records the block's use on ``S`` in PyTorch's caching host
+  allocator, which reuses the block only after that event.
+- **page-in v** (:meth:`CopyStream.page_in`): the device tensor is allocated inside
+  ``torch.cuda.stream(S)``, i.e. from ``S``'s pool of the caching allocator, so the allocator
+  cannot hand it a block that kernels queued on ``C`` may still read or write (blocks are reused
+  only by their own stream without synchronization); the H2D copy runs ``non_blocking`` on ``S``
+  and an event is recorded after it. :meth:`CopyStream.wait` is emitted by the executor right
+  before the first program op that reads the value (its first consumer, or a view of it), as
+  late as the schedule allows, so the copy overlaps the compute in between: ``C`` waits on the
+  event, and ``record_stream(C)`` makes a later free of the tensor (allocated on ``S``) wait for
+  the work queued on ``C`` by then. This is the workflow of PyTorch's own
+  ``THCCachingAllocator_recordStream`` commit (allocate on the copy stream, copy, make the main
+  stream wait on an event, record the tensor on the main stream).
+- **the host copy**: a page-in reads the pinned host copy that a page-out wrote. Both copies are
+  enqueued on the same stream ``S``, in schedule order, so the D2H copy completes before the H2D
+  copy starts (stream order); no event is needed for it and the host never reads the copy.
+
+What a GPU run must still measure: the overlap itself (step time against copies on the compute
+stream); the real peak, since a block freed under ``record_stream`` counts as freed in
+``torch.cuda.max_memory_allocated`` while the allocator still holds it until the copy is done, and
+page-in blocks come from the side stream's pool, which blocks freed on the compute stream do not
+refill (reserved memory may grow beyond the simulator's prediction).
+
+The stream API is injectable (:class:`StreamAPI`; :class:`TorchCudaStreams` is torch.cuda's), so
+the protocol is tested on CPU with a fake that records every record, wait and copy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from coop.errors import ContextError, ScheduleError
+from coop.graph_capture import Captured
+from coop.runtime.meter import host_pool
+from coop.schedule import Schedule
+
+
+def require_cuda() -> None:
+    """Refuse ``copy_stream=True`` where torch sees no CUDA device (a one-line ContextError with the fix)."""
+    if not torch.cuda.is_available():
+        raise ContextError("copy_stream=True needs CUDA, and this torch sees no CUDA device; drop copy_stream "
+                           "(without CUDA paging copies to a host pool on the compute stream)")
+
+
+class StreamAPI(Protocol):
+    """The stream and event operations the paging protocol uses (torch.cuda's, or a test's recording fake)."""
+
+    def current_stream(self, device: torch.device) -> Any:
+        """The stream the replay's compute runs on."""
+
+    def new_stream(self, device: torch.device) -> Any:
+        """A fresh side stream for the copies."""
+
+    def new_event(self) -> Any:
+        """A fresh event, with ``record(stream)``."""
+
+    def stream(self, stream: Any) -> contextlib.AbstractContextManager[Any]:
+        """Make ``stream`` current inside the block (allocations and kernels go to it)."""
+
+    def wait_event(self, stream: Any, event: Any) -> None:
+        """Make ``stream``'s later work wait for ``event``'s last record."""
+
+    def record_stream(self, tensor: torch.Tensor, stream: Any) -> None:
+        """Tell the allocator that ``stream`` uses ``tensor``'s block."""
+
+    def empty_host(self, like: torch.Tensor) -> torch.Tensor:
+        """An uninitialized host-tier tensor shaped like ``like`` (pinned on CUDA)."""
+
+    def empty_device(self, like: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """An uninitialized device tensor shaped like ``like``, from the current stream's pool."""
+
+
+class TorchCudaStreams:
+    """The default :class:`StreamAPI`: torch.cuda's streams, events and pinned memory."""
+
+    def current_stream(self, device: torch.device) -> Any:
+        return torch.cuda.current_stream(device)
+
+    def new_stream(self, device: torch.device) -> Any:
+        return torch.cuda.Stream(device)
+
+    def new_event(self) -> Any:
+        return torch.cuda.Event()
+
+    def stream(self, stream: Any) -> contextlib.AbstractContextManager[Any]:
+        return torch.cuda.stream(stream)
+
+    def wait_event(self, stream: Any, event: Any) -> None:
+        stream.wait_event(event)
+
+    def record_stream(self, tensor: torch.Tensor, stream: Any) -> None:
+        tensor.record_stream(stream)
+
+    def empty_host(self, like: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(like, device="cpu", pin_memory=True)  # strides kept (preserve_format)
+
+    def empty_device(self, like: torch.Tensor, device: torch.device) -> torch.Tensor:
+        return torch.empty_like(like, device=device)
+
+
+@dataclass
+class PagedOut:
+    """A value on the host tier: its host copy, the device it left, and the event after its D2H copy."""
+
+    host: torch.Tensor
+    device: torch.device
+    copied: Any
+
+
+@dataclass
+class PendingPageIn:
+    """A page-in whose H2D copy is queued on the side stream; :meth:`CopyStream.wait` hands out its value."""
+
+    value: torch.Tensor
+    copied: Any
+
+
+class CopyStream:
+    """Page-outs and page-ins of one replay on a side stream, the compute stream waiting only where a
+    paged-in value is first read. Streams are made lazily, per device, on the first page-out."""
+
+    def __init__(self, api: StreamAPI | None = None) -> None:
+        self.api: StreamAPI = api if api is not None else TorchCudaStreams()
+        self._side: dict[torch.device, Any] = {}
+
+    def side_stream(self, device: torch.device) -> Any:
+        """The copy stream of ``device`` (one per device, made on first use)."""
+        if device not in self._side:
+            self._side[device] = self.api.new_stream(device)
+        return self._side[device]
+
+    def page_out(self, value: torch.Tensor) -> PagedOut:
+        """Queue the D2H copy of ``value`` on the side stream after its producer; the compute stream goes on."""
+        api = self.api
+        compute, side = api.current_stream(value.device), self.side_stream(value.device)
+        produced = api.new_event()
+        produced.record(compute)  # after the producer, which the replay enqueued before this call
+        api.wait_event(side, produced)
+        with api.stream(side), host_pool():
+            host = api.empty_host(value)
+            host.copy_(value, non_blocking=True)
+        api.record_stream(value, side)  # the allocator keeps value's block until the copy has read it
+        copied = api.new_event()
+        copied.record(side)
+        return PagedOut(host, value.device, copied)
+
+    def page_in(self, paged: PagedOut) -> PendingPageIn:
+        """Queue the H2D copy of a paged-out value on the side stream, into a tensor from the side stream's pool.
+
+        The D2H copy that wrote ``paged.host`` was queued earlier on the same side stream, so stream
+        order runs it first."""
+        api = self.api
+        side = self.side_stream(paged.device)
+        with api.stream(side):
+            value = api.empty_device(paged.host, paged.device)
+            value.copy_(paged.host, non_blocking=True)
+        copied = api.new_event()
+        copied.record(side)
+        return PendingPageIn(value, copied)
+
+    def wait(self, pending: PendingPageIn) -> torch.Tensor:
+        """The paged-in value, for the compute stream: emitted right before its first reader."""
+        api = self.api
+        compute = api.current_stream(pending.value.device)
+        api.wait_event(compute, pending.copied)
+        api.record_stream(pending.value, compute)  # a later free waits for the compute stream's readers
+        return pending.value
+
+
+def copy_stream_for(captured: Captured, schedule: Schedule, option: bool | StreamAPI | None,
+                    arena: Any = None) -> CopyStream | None:
+    """The copy stream an Executor pages on for ``option`` (None: copies on the compute stream), or a one-line
+    refusal: no CUDA, a schedule without paging of a computed value, an arena replay, values captured off CUDA."""
+    if option is False or option is None:
+        return None
+    if option is True:
+        require_cuda()
+    paged = {step.node for step in schedule.steps if step.op in ("page_out", "page_in")
+             and not captured.graph.node(step.node).caller_owned}
+    if not paged:
+        raise ScheduleError("copy_stream=True needs a schedule that pages, and this one has no page_out/page_in of a "
+                            "computed value; drop copy_stream, or plan with formulation='poet' and a device_profile")
+    if arena is not None:
+        raise ScheduleError("copy_stream=True does not combine with an arena replay yet; drop copy_stream or arena")
+    if option is not True:
+        return CopyStream(option)
+    values = {node.name: node.meta.get("val") for node in captured.module.graph.nodes}
+    for node_id in sorted(paged):
+        for name in captured.fx_names.get(node_id, ()):
+            value = values.get(name)
+            if isinstance(value, torch.Tensor) and value.device.type != "cuda":
+                raise ContextError(f"copy_stream=True pages CUDA values, but node {node_id} ({name}) was captured on "
+                                   f"{value.device}; capture the step on CUDA or drop copy_stream")
+    return CopyStream()

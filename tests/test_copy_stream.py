@@ -1,0 +1,445 @@
+"""Paging on a side copy stream (issue 14, item 3), proven on CPU by its synchronization protocol.
+
+No GPU runs here. The replay runs on CPU tensors with :class:`RecordingStreams`, a fake of the stream
+API that keeps a log of every event record, stream wait and ``record_stream``; a dispatch mode adds
+every aten op to the same log with the fake stream it was issued on, the storages it reads and writes
+and the storages it allocates. :func:`violations` is the oracle, written here from CUDA's rules and
+the caching allocator's documented contract, not from coop.runtime.copy_stream:
+
+- streams run their own work in issue order; across streams, X happens before Y only through an
+  event recorded on X's stream after X that Y's stream waited on before Y (vector clocks);
+- two accesses of one storage, one of them a write, are ordered by happens-before (a paged-in value's
+  consumer after its H2D copy, a page-out's D2H copy after the value's producer, a page-in's read of
+  the host copy after the D2H copy that wrote it);
+- a storage used on a stream other than the one it was allocated on is ``record_stream``'ed onto that
+  stream (otherwise the caching allocator may hand its block to another tensor while that stream
+  still reads it: torch.Tensor.record_stream's documentation).
+
+The mutation checks drop one wait or one ``record_stream`` at a time and require a violation, so the
+oracle is not vacuous; the random-schedule test requires no violation and bit-identical results.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+import coop
+from coop import Schedule, Step, capture, simulate
+from coop.errors import CoopError
+from coop.runtime.executor import Executor
+from coop.zoo import build
+
+# ---------------------------------------------------------------- the recording fake of the stream API
+
+
+@dataclass(eq=False)
+class FakeStream:
+    name: str
+
+
+@dataclass(eq=False)
+class FakeEvent:
+    log: list = field(repr=False)
+
+    def record(self, stream: FakeStream) -> None:
+        self.log.append(("record", self, stream))
+
+
+@dataclass
+class RecordingStreams:
+    """A :class:`coop.runtime.copy_stream.StreamAPI` on CPU tensors that logs what a CUDA run would enqueue.
+
+    ``drop_wait`` / ``drop_record_stream``: the index of one call to leave out (a mutant protocol)."""
+
+    drop_wait: int | None = None
+    drop_record_stream: int | None = None
+    log: list = field(default_factory=list, repr=False)
+    waits: int = 0
+    record_streams: int = 0
+
+    def __post_init__(self) -> None:
+        self.compute = FakeStream("compute")
+        self.current = self.compute
+
+    def current_stream(self, device: torch.device) -> FakeStream:
+        return self.current
+
+    def new_stream(self, device: torch.device) -> FakeStream:
+        return FakeStream(f"side{len([e for e in self.log if e[0] == 'stream'])}")
+
+    def new_event(self) -> FakeEvent:
+        return FakeEvent(self.log)
+
+    @contextlib.contextmanager
+    def stream(self, stream: FakeStream):
+        previous, self.current = self.current, stream
+        try:
+            yield stream
+        finally:
+            self.current = previous
+
+    def wait_event(self, stream: FakeStream, event: FakeEvent) -> None:
+        self.waits += 1
+        if self.waits - 1 != self.drop_wait:
+            self.log.append(("wait", stream, event))
+
+    def record_stream(self, tensor: torch.Tensor, stream: FakeStream) -> None:
+        self.record_streams += 1
+        if self.record_streams - 1 != self.drop_record_stream:
+            self.log.append(("record_stream", _storage(tensor), stream))
+
+    def empty_host(self, like: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(like)
+
+    def empty_device(self, like: torch.Tensor, device: torch.device) -> torch.Tensor:
+        return torch.empty_like(like, device=device)
+
+
+def _storage(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage()._cdata
+
+
+class AccessLog(TorchDispatchMode):
+    """Logs each aten op with the fake stream it is issued on and the storages it reads, writes and allocates.
+
+    Every tensor seen is kept alive until the mode is dropped, so a storage key is never reused."""
+
+    def __init__(self, streams: RecordingStreams) -> None:
+        super().__init__()
+        self.streams = streams
+        self.seen: set[int] = set()
+        self.keep: list[torch.Tensor] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func.is_view:  # metadata only: no kernel touches memory
+            return out
+        inputs = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        self.keep += inputs + outputs
+        allocating_only = "empty" in func.__name__  # empty_like(x) reads x's shape, not its memory, and writes nothing
+        written = {_storage(a) for a, spec in _mutable_arguments(func, args, kwargs)}
+        reads = set() if allocating_only else {_storage(t) for t in inputs}
+        allocs = {_storage(t) for t in outputs} - self.seen - {_storage(t) for t in inputs}
+        writes = written | (set() if allocating_only else {_storage(t) for t in outputs})
+        self.seen |= {_storage(t) for t in inputs} | allocs
+        self.streams.log.append(("op", self.streams.current, reads - written, writes, allocs, str(func)))
+        return out
+
+
+def _mutable_arguments(func: Any, args: tuple, kwargs: dict) -> list[tuple[torch.Tensor, Any]]:
+    found = []
+    for index, spec in enumerate(func._schema.arguments):
+        if spec.alias_info is None or not spec.alias_info.is_write:
+            continue
+        value = args[index] if index < len(args) else kwargs.get(spec.name)
+        found += [(t, spec) for t in tree_leaves(value) if isinstance(t, torch.Tensor)]
+    return found
+
+
+# ---------------------------------------------------------------- the happens-before oracle
+
+
+@dataclass
+class _Access:
+    stream: FakeStream
+    clock: dict
+    write: bool
+    what: str
+
+
+def violations(log: list, compute: FakeStream) -> list[str]:
+    """Every race and every unprotected cross-stream use in a recorded log (empty: the protocol holds)."""
+    clocks: dict[FakeStream, dict] = {}
+    event_clock: dict[FakeEvent, dict] = {}
+    accesses: dict[int, list[_Access]] = {}
+    allocated_on: dict[int, FakeStream] = {}
+    recorded: set[tuple[int, FakeStream]] = set()
+    used_on: dict[tuple[int, FakeStream], str] = {}
+    found: list[str] = []
+
+    def clock_of(stream: FakeStream) -> dict:
+        return clocks.setdefault(stream, {})
+
+    for index, entry in enumerate(log):
+        kind = entry[0]
+        if kind == "record":
+            _, event, stream = entry
+            event_clock[event] = dict(clock_of(stream))
+        elif kind == "wait":
+            _, stream, event = entry
+            clock = clock_of(stream)
+            for other, tick in event_clock.get(event, {}).items():
+                clock[other] = max(clock.get(other, 0), tick)
+        elif kind == "record_stream":
+            recorded.add((entry[1], entry[2]))
+        elif kind == "op":
+            _, stream, reads, writes, allocs, name = entry
+            clock = clock_of(stream)
+            clock[stream] = clock.get(stream, 0) + 1
+            for key in allocs:
+                allocated_on[key] = stream
+            for key, write in [(k, False) for k in reads] + [(k, True) for k in writes]:
+                now = _Access(stream, dict(clock), write, f"op {index} {name} on {stream.name}")
+                for before in accesses.get(key, []):
+                    ordered = before.clock.get(before.stream, 0) <= now.clock.get(before.stream, 0)
+                    if (before.write or write) and not ordered:
+                        found.append(f"race on storage {key}: {before.what} and {now.what}")
+                accesses.setdefault(key, []).append(now)
+                if stream is not allocated_on.get(key, compute):
+                    used_on.setdefault((key, stream), now.what)
+    for (key, stream), what in used_on.items():
+        if (key, stream) not in recorded:
+            found.append(f"storage {key} (allocated on {allocated_on.get(key, compute).name}) used by {what} "
+                         f"without record_stream onto {stream.name}")
+    return found
+
+
+# ---------------------------------------------------------------- running a schedule under the fake
+
+
+@pytest.fixture(scope="module", params=["mlp", "transformer"])
+def captured_model(request: pytest.FixtureRequest):
+    model, batch, loss_fn = build(request.param, layers=1) if request.param == "transformer" else build("mlp")
+    return model, batch, capture(model, batch, loss_fn)
+
+
+def run_recorded(captured_model, schedule: Schedule, streams: RecordingStreams) -> list[torch.Tensor]:
+    model, batch, captured = captured_model
+    executor = Executor(captured, schedule, copy_stream=streams)
+    flat = captured.flat_inputs(model, batch)
+    torch.manual_seed(3)
+    with AccessLog(streams) as access:
+        outputs = executor.run_flat(flat)
+    del access
+    return outputs
+
+
+_EAGER: dict[int, list[torch.Tensor]] = {}
+
+
+def eager(captured_model) -> list[torch.Tensor]:
+    """Loss, gradients and buffers of the captured step run by PyTorch (the seed of run_recorded), once per model."""
+    model, batch, captured = captured_model
+    if id(captured) not in _EAGER:
+        torch.manual_seed(3)
+        _EAGER[id(captured)] = captured.run(model, *batch)
+    return _EAGER[id(captured)]
+
+
+def _readers(graph, node_id: int) -> list[int]:
+    return [i for i in graph.order if node_id in graph.node(i).inputs]
+
+
+def pageable(graph) -> list[int]:
+    """Computed values the executor can page: not caller-owned, with at least one reader."""
+    return [v for v in graph.order if not graph.node(v).caller_owned and graph.node(v).mem > 0 and _readers(graph, v)]
+
+
+def hand_schedule(graph, victims: int) -> Schedule:
+    """Baseline order; ``victims`` values with distinct first readers paged out right after their compute and
+    paged in right before their first reader, so every wait of the protocol is the only one ordering its copy."""
+    chosen: list[int] = []
+    first_readers: set[int] = set()
+    for value in sorted(pageable(graph), key=lambda v: -graph.node(v).mem):
+        first = _readers(graph, value)[0]
+        position = graph.order.index
+        if first in first_readers or position(first) == position(value) + 1:
+            continue
+        chosen.append(value)
+        first_readers.add(first)
+        if len(chosen) == victims:
+            break
+    assert len(chosen) == victims
+    steps: list[Step] = []
+    for node_id in graph.order:
+        steps += [Step(op="page_in", node=v) for v in chosen if _readers(graph, v)[0] == node_id]
+        steps.append(Step(op="compute", node=node_id))
+        steps += [Step(op="page_out", node=node_id)] if node_id in chosen else []
+    return Schedule(steps=tuple(steps))
+
+
+# ---------------------------------------------------------------- tests
+
+
+@pytest.mark.parametrize("victims", [1, 3])
+def test_hand_schedules_keep_the_protocol_and_every_wait_is_needed(captured_model, victims: int) -> None:
+    _, _, captured = captured_model
+    schedule = hand_schedule(captured.graph, victims)
+    streams = RecordingStreams()
+    outputs = run_recorded(captured_model, schedule, streams)
+    assert all(torch.equal(a, b) for a, b in zip(outputs, eager(captured_model), strict=True))
+    assert violations(streams.log, streams.compute) == []
+    # one wait per page-out (side after producer) and one per page-in (compute before first reader);
+    # one record_stream for each: hand-counted from the schedule
+    assert streams.waits == 2 * victims and streams.record_streams == 2 * victims
+    for dropped in range(streams.waits):
+        mutant = RecordingStreams(drop_wait=dropped)
+        run_recorded(captured_model, schedule, mutant)
+        assert any("race" in v for v in violations(mutant.log, mutant.compute)), f"wait {dropped} not needed?"
+    for dropped in range(streams.record_streams):
+        mutant = RecordingStreams(drop_record_stream=dropped)
+        run_recorded(captured_model, schedule, mutant)
+        assert any("without record_stream" in v for v in violations(mutant.log, mutant.compute)), dropped
+
+
+def test_the_compute_stream_waits_at_the_first_reader_not_at_the_page_in(captured_model) -> None:
+    """Overlap: a page-in placed early in the schedule queues its copy there, and the compute stream's wait
+    comes only right before the value's first reader (compute ops run on the compute stream in between)."""
+    _, _, captured = captured_model
+    graph = captured.graph
+    value = next(v for v in pageable(graph) if graph.order.index(_readers(graph, v)[0]) - graph.order.index(v) > 2)
+    steps: list[Step] = []
+    for node_id in graph.order:  # paged out and in right after its compute; its first reader comes 2+ steps later
+        steps.append(Step(op="compute", node=node_id))
+        if node_id == value:
+            steps += [Step(op="page_out", node=value), Step(op="page_in", node=value)]
+    schedule = Schedule(steps=tuple(steps))
+    streams = RecordingStreams()
+    outputs = run_recorded(captured_model, schedule, streams)
+    assert all(torch.equal(a, b) for a, b in zip(outputs, eager(captured_model), strict=True))
+    assert violations(streams.log, streams.compute) == []
+    log = streams.log
+    h2d = max(i for i, e in enumerate(log) if e[0] == "op" and e[1] is not streams.compute and "copy_" in e[5])
+    wait = next(i for i, e in enumerate(log) if e[0] == "wait" and e[1] is streams.compute)
+    between = [e for e in log[h2d:wait] if e[0] == "op" and e[1] is streams.compute and e[3]]
+    assert between, "the compute stream waited right at the page-in: no overlap"
+
+
+def test_the_host_copy_is_ordered_by_the_side_stream(captured_model) -> None:
+    """The page-in reads the host copy after the D2H copy wrote it only because both run on one side stream:
+    a mutant that issues them on two streams is caught as a race on the host copy."""
+    _, _, captured = captured_model
+    mutant = _CopiesOnTwoStreams()
+    run_recorded(captured_model, hand_schedule(captured.graph, 1), mutant)
+    found = violations(mutant.log, mutant.compute)
+    assert any("copy_.default on sideA" in v and "copy_.default on sideB" in v for v in found), found
+
+
+class _CopiesOnTwoStreams(RecordingStreams):
+    """A mutant whose copies alternate between two side streams, neither waiting on the other."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.sides = itertools.cycle([FakeStream("sideA"), FakeStream("sideB")])
+
+    def stream(self, stream: FakeStream):
+        return super().stream(next(self.sides))
+
+
+@st.composite
+def paging_schedules(draw: st.DrawFn, graph) -> Schedule:
+    """Random legal paging: baseline order, random values paged out and in again within random gaps between
+    their uses (several round trips per value allowed), each page-out and page-in at a random step in its gap."""
+    order = graph.order
+    position = {v: i for i, v in enumerate(order)}
+    candidates = pageable(graph)
+    victims = draw(st.lists(st.sampled_from(candidates), min_size=1, max_size=4, unique=True))
+    inserts: list[tuple[int, int, Step]] = []  # (before baseline step i, sequence, step)
+    sequence = itertools.count()
+    for value in victims:
+        uses = [position[value]] + [position[r] for r in _readers(graph, value)]
+        gaps = [(a, b) for a, b in itertools.pairwise(uses) if b > a]
+        for a, b in draw(st.lists(st.sampled_from(gaps), min_size=1, max_size=len(gaps), unique=True)):
+            out_slot = draw(st.integers(a + 1, b))
+            in_slot = draw(st.integers(out_slot, b))
+            inserts.append((out_slot, next(sequence), Step(op="page_out", node=value)))
+            inserts.append((in_slot, next(sequence), Step(op="page_in", node=value)))
+    inserts.sort(key=lambda item: item[:2])
+    steps: list[Step] = []
+    pending = iter(inserts)
+    item = next(pending, None)
+    for index, node_id in enumerate(order):
+        while item is not None and item[0] == index:
+            steps.append(item[2])
+            item = next(pending, None)
+        steps.append(Step(op="compute", node=node_id))
+    return Schedule(steps=tuple(steps))
+
+
+@settings(max_examples=10, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],  # no slow shrinking
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_random_paging_schedules_keep_the_protocol(captured_model, data: st.DataObject) -> None:
+    _, _, captured = captured_model
+    schedule = data.draw(paging_schedules(captured.graph))
+    simulate(captured.graph, schedule)  # legal (the generator's own check)
+    streams = RecordingStreams()
+    outputs = run_recorded(captured_model, schedule, streams)
+    assert all(torch.equal(a, b) for a, b in zip(outputs, eager(captured_model), strict=True))
+    assert violations(streams.log, streams.compute) == []
+    # mutant: the side stream never waits on the compute stream -> the first page-out's D2H copy races its producer
+    never_waits = _NoSideWaits()
+    run_recorded(captured_model, schedule, never_waits)
+    assert any("race" in v for v in violations(never_waits.log, never_waits.compute))
+    # mutant: the compute stream never waits on a page-in -> each paged-in value's next reader races its H2D copy
+    never_waits = _NoComputeWaits()
+    run_recorded(captured_model, schedule, never_waits)
+    raced = {int(v.split(":")[0].split()[-1]) for v in violations(never_waits.log, never_waits.compute) if "race" in v}
+    assert raced == _copied_in_and_read_on_compute(never_waits), "a paged-in value read without a wait went unreported"
+
+
+def _copied_in_and_read_on_compute(streams: RecordingStreams) -> set[int]:
+    """Storages written on a side stream (H2D copies; the host copies are read by side copies only) that an op on
+    the compute stream reads: exactly those a replay without compute-stream waits reads too early."""
+    ops = [entry for entry in streams.log if entry[0] == "op"]
+    written_on_side = {key for entry in ops if entry[1] is not streams.compute for key in entry[3]}
+    return {key for entry in ops if entry[1] is streams.compute for key in entry[2]} & written_on_side
+
+
+class _NoComputeWaits(RecordingStreams):
+    """A mutant protocol whose compute stream never waits for a page-in's copy."""
+
+    def wait_event(self, stream: FakeStream, event: FakeEvent) -> None:
+        if stream is not self.compute:
+            super().wait_event(stream, event)
+
+
+class _NoSideWaits(RecordingStreams):
+    """A mutant protocol whose side stream never waits for the compute stream."""
+
+    def wait_event(self, stream: FakeStream, event: FakeEvent) -> None:
+        if stream is self.compute:
+            super().wait_event(stream, event)
+
+
+def test_copy_stream_is_refused_on_cpu_torch(captured_model) -> None:
+    _, _, captured = captured_model
+    schedule = hand_schedule(captured.graph, 1)
+    with pytest.raises(CoopError, match="copy_stream=True needs CUDA") as refused:
+        Executor(captured, schedule, copy_stream=True)
+    assert "\n" not in str(refused.value)
+
+
+def test_copy_stream_is_refused_for_a_schedule_without_paging(captured_model) -> None:
+    _, _, captured = captured_model
+    with pytest.raises(CoopError, match="needs a schedule that pages") as refused:
+        Executor(captured, Schedule.from_order(captured.graph.order), copy_stream=RecordingStreams())
+    assert "\n" not in str(refused.value)
+
+
+def test_without_the_option_the_program_is_unchanged(captured_model) -> None:
+    """copy_stream=False (the default) generates the same code as before the option existed."""
+    _, _, captured = captured_model
+    schedule = hand_schedule(captured.graph, 1)
+    default, explicit = Executor(captured, schedule), Executor(captured, schedule, copy_stream=False)
+    assert default.code == explicit.code
+    assert "to_host" in default.code and "page_out" not in default.code
+
+
+def test_plan_refuses_copy_stream_on_cpu_before_solving() -> None:
+    model, batch, _ = build("mlp")
+    with pytest.raises(CoopError, match="copy_stream=True needs CUDA") as refused:
+        coop.plan(model, 0.9, batch, copy_stream=True)
+    assert "\n" not in str(refused.value)
