@@ -359,7 +359,8 @@ class Graph(BaseModel):
         A recomputation reads a kept value K only through recomputable descendants that some later
         step (or the final restore of an output) may still need. Walking down from K through
         recomputable, non-output values, the last read among them in ``order`` bounds every such
-        need. Outputs and kept values end the walk: they are never recomputed once computed. Kept
+        need. Outputs and kept values end the walk: they are never recomputed once computed, so K is
+        needed for them only up to their own (single) compute. Kept
         values that are outputs are never released (no entry).
         """
         outputs = set(self.outputs)
@@ -381,7 +382,8 @@ class Graph(BaseModel):
                 if v in seen or v not in position:
                     continue
                 seen.add(v)
-                latest = max(latest, last_read[v] if v not in outputs else position[v])
+                # an output or a kept value is computed once, at its position: K's need through it ends there
+                latest = max(latest, position[v] if v in outputs or v in kept else last_read[v])
                 if v not in kept and v not in outputs:
                     stack.extend(self.consumers[v])
             release[value] = latest

@@ -47,6 +47,16 @@ def test_ops_without_a_flop_formula_cost_only_their_bytes() -> None:
     assert analytic_seconds(add, 0) == pytest.approx(bytes_moved(add) / BANDWIDTH)
 
 
+def test_views_and_tuple_getitems_move_no_bytes() -> None:
+    """A slice of a large tensor reads none of it (it was counted whole, once per slice); neither does a getitem."""
+    module = _traced(lambda a: (a[2:3].t(), torch.max(a, 0)[1]), torch.randn(64, 8))
+    for prefix in ("getitem", "t", "slice"):
+        nodes = [n for n in module.graph.nodes if n.op == "call_function" and n.name.startswith(prefix)]
+        assert nodes and all(bytes_moved(n) == 0 for n in nodes), prefix
+    maximum = _call(module, "max")
+    assert bytes_moved(maximum) == 64 * 8 * 4 + 8 * 4 + 8 * 8  # it reads the tensor, writes values and indices
+
+
 def test_analytic_seconds_adds_compute_and_traffic() -> None:
     module = _traced(torch.mm, torch.randn(16, 32), torch.randn(32, 8))
     mm = _call(module, "mm")

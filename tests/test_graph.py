@@ -247,3 +247,25 @@ def test_the_ground_floor_imports_no_torch_and_nothing_above_it(module: str) -> 
 def test_graph_reads_only_errors_and_its_version_1_table_from_coop() -> None:
     assert {m for m in imported_modules("coop.graph") if m.startswith("coop")} == {"coop.errors", "coop.graph_v1", "coop.text"}
     assert not {m for m in imported_modules("coop.graph_v1") if m.startswith("coop")}
+
+
+# -------------------------------------------------------------------- release of values that are never recomputed
+def test_a_kept_value_is_released_after_the_last_compute_that_can_read_it() -> None:
+    """Hand-worked (positions in ``order`` from 0): K is kept (never recomputed); V, computed once from K at 1 (also
+    kept), is read at the end. With R (recomputable, read from K, itself read by U at 5) a rebuild of R may read K
+    until 5. Without R, V is K's only reader and is never recomputed: nothing reads K after V's compute at 1."""
+    node = {"mem": 4, "cost": 1.0, "kind": "forward"}
+    graph = Graph.model_validate({"name": "kept", "nodes": [
+        {"id": 0, "name": "x", "mem": 4, "cost": 0.0, "kind": "input"},
+        {"id": 1, "name": "K", "inputs": [0], "recomputable": False, **node},
+        {"id": 2, "name": "V", "inputs": [1], "recomputable": False, **node},
+        {"id": 3, "name": "R", "inputs": [1], **node},
+        {"id": 4, "name": "M", "inputs": [0], **node},
+        {"id": 5, "name": "W", "inputs": [2, 4], **node},
+        {"id": 6, "name": "U", "inputs": [3, 5], **node},
+    ], "outputs": [6]})
+    order = (1, 2, 3, 4, 5, 6)
+    assert graph.release_positions(order, {1, 2}) == {1: 5, 2: 5}
+    without_r = Graph.model_validate({"name": "kept", "nodes": [n.model_dump() for n in graph.nodes if n.id not in (3, 6)],
+                                      "outputs": [5]})
+    assert without_r.release_positions((1, 2, 4, 5), {1, 2}) == {1: 1, 2: 3}

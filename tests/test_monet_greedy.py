@@ -56,3 +56,27 @@ def test_an_input_read_later_is_not_overwritten() -> None:
     assert impls[2] is None and impls[3] == "inplace"  # c may overwrite b (read by nothing else)
     sim = simulate(graph, schedule)  # legal: the simulator refuses a read of a used-up instance
     assert sim.peak <= 215
+
+
+def test_a_forward_input_read_later_is_overwritten_when_out_of_place_would_have_to_evict() -> None:
+    """At 120 B, b out of place needs x + a + b = 210 B: b runs over a instead (a is then as good as evicted) and a
+    is rebuilt from x for e; e's step holds x + a + d + e = 10 + 100 + 5 + 5 = 120 B (hand-counted)."""
+    data = _chain().model_dump()
+    data["nodes"] = [*data["nodes"], {"id": 5, "name": "e", "inputs": [1, 4], "mem": 5, "cost": 1}]
+    data["outputs"] = [5]
+    data.pop("order")
+    graph = Graph.model_validate(data)
+    choices = lightest_choices(graph, exact=True)
+    fixed = fixed_impl_graph(graph, choices)
+    options = in_place_options(graph, fixed, choices, exact=True)
+    schedule = in_place_greedy_schedule(fixed, 120, choices, options)
+    assert schedule is not None
+    assert [(s.node, s.impl) for s in schedule.steps if s.op == "compute"] == [
+        (1, None), (2, "inplace"), (3, "inplace"), (4, None), (1, None), (5, None)]
+    sim = simulate(graph, schedule)  # legal: the simulator refuses a read of a used-up instance
+    assert sim.peak == 120 and sim.recomputations == 1
+    # a backward value (a gradient) read later is never overwritten: its rebuild would rerun the backward above it
+    backward = Graph.model_validate({**data, "nodes": [{**n, "kind": "backward"} if n["id"] == 1 else n
+                                                       for n in data["nodes"]]})
+    fixed = fixed_impl_graph(backward, choices)
+    assert in_place_greedy_schedule(fixed, 120, choices, in_place_options(backward, fixed, choices, exact=True)) is None

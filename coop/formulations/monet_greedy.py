@@ -6,9 +6,11 @@ that a value's bytes pass to the value computed over it, so Moccasin and greedy 
 with implementations fixed (:func:`~coop.formulations.monet_warm.fixed_impl_graph`) never go below the
 out-of-place floor, and CP-SAT's interval model finds nothing there without a start. This is the greedy
 eviction heuristic of :mod:`coop.formulations.heuristics` (DTR-style, offline) with one change: a compute
-whose chosen node has an in-place implementation over an input that nothing later reads (in the baseline
-order, the rest of the rebuild, or a rebuild of a value that is never recomputed) runs in place, needing
-room only for its workspace; the input's instance is used up. The result is checked by the simulator on
+whose chosen node has an in-place implementation over an input that the rest of the rebuild and the rebuilds
+of values that are never recomputed do not read runs in place, needing room only for its workspace; the
+input's instance is used up. Where a later compute in the baseline order still reads that input (a forward
+value), it runs in place only when running out of place would have to evict (the input is then treated as
+evicted, and rebuilt when needed). The result is checked by the simulator on
 the graph with implementations by the caller (:mod:`coop.formulations.monet_large`).
 """
 
@@ -82,11 +84,16 @@ class _InPlaceEvictor(_GreedyEvictor):
         if (u not in self.resident or u in self.p.outputs or not self.p.recomputable[u]
                 or self.p.mem[u] != self.p.mem[x] or any(u in self.p.inputs[y] for y in later)):
             return None
-        here = self.position[x]
-        if any(position >= self.now and position != here for position in self.uses[u]):
-            return None  # a later compute in the baseline order reads u
         if self.release_after.get(u, -1) > self.now:
             return None  # a rebuild of a value that is never recomputed may read u
+        here = self.position[x]
+        read_later = any(position >= self.now and position != here for position in self.uses[u])
+        # a later compute in the baseline order reads u: overwrite a forward value only where room would otherwise
+        # have to be made by evicting (u is then as good as evicted, and rebuilt when that compute needs it); a
+        # backward value (a gradient) is left alone: its rebuild would rerun the backward above it
+        roomy = self.used + self.p.mem[x] + self.p.workspace[x] <= self.p.capacity
+        if read_later and (self.p.graph.node(u).kind != "forward" or roomy):
+            return None
         return option
 
 

@@ -10,6 +10,7 @@ graph's metadata with the unit.
 
 from __future__ import annotations
 
+import operator
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,7 +52,12 @@ def _tensor_bytes(value: Any) -> int:
 
 
 def bytes_moved(node: fx.Node) -> int:
-    """Bytes read (tensor arguments) plus bytes written (outputs) by one fx node."""
+    """Bytes read (tensor arguments) plus bytes written (outputs) by one fx node; none for a view (an op whose
+    output aliases its input: ``view``, ``slice``, ``t``, ``expand``, ...) or a ``getitem`` of a multi-output op's
+    tuple, which move no data (counting the viewed tensor made a channel-blocked program pay for the whole
+    tensor once per block, and a ``getitem`` for every tensor of the tuple)."""
+    if node.target is operator.getitem or getattr(node.target, "is_view", False):
+        return 0
     reads = sum(_tensor_bytes(arg.meta.get("val")) for arg in node.all_input_nodes)
     return reads + _tensor_bytes(node.meta.get("val"))
 
