@@ -227,6 +227,7 @@ def _row(graph: Graph, budget: int, variant: tuple[str, str, dict[str, Any], boo
         "gap": None if result.gap is None else round(result.gap, 4),
         "wall_s": round(result.wall_s, 2),
         "implementations_used": len(result.extra.get("implementations", [])) if formulation == "monet" else None,
+        "inexact_used": len(result.extra.get("inexact_implementations", [])) if formulation == "monet" else None,
         "note": result.message[:160],
     } | ({"result": result} if formulation == "moccasin" else {})
 

@@ -26,7 +26,12 @@ from coop.graph_capture.alternatives_conv import (
     weight_part_program,
 )
 from coop.graph_capture.alternatives_norm import CHANNEL_BLOCKS, grad_inplace_program
-from coop.graph_capture.alternatives_pool import from_indices_program
+from coop.graph_capture.alternatives_pool import (
+    from_indices_program,
+    from_packed_program,
+    packed_indices_program,
+    window_geometry,
+)
 from coop.graph_capture.alternatives_softmax import grad_inplace_program as softmax_grad_inplace_program
 from coop.planner.plan import plan
 from coop.runtime.executor import Executor, replay_graph
@@ -156,6 +161,30 @@ def test_max_pool_backward_from_indices_is_bit_identical(geometry) -> None:
     assert len(program.reads) == 2  # grad_out and the indices, not the pooled input
 
 
+@pytest.mark.parametrize("geometry", [([2, 2], [2, 2], [0, 0], [1, 1], False), ([3, 3], [2, 2], [1, 1], [1, 1], True),
+                                      ([3, 2], [1, 2], [1, 0], [2, 1], False), ([3], [], [1], [1], False)])
+def test_max_pool_backward_from_packed_indices_is_bit_identical(geometry) -> None:
+    """The indices packed to one byte (offset inside the window) give the kernel's bits back: ties, -inf and NaN
+    inputs included, 37 samples (chunks of 3: uneven), a window of 6 with dilation."""
+    x = torch.randn(37, 3, 11, 10, generator=torch.Generator().manual_seed(5)).round()  # ties
+    x[0, 0, :2] = float("-inf")
+    x[1, 1, 3, 3] = float("nan")
+    y, indices = aten.max_pool2d_with_indices(x, *geometry)
+    g = torch.randn_like(y)
+    eager = aten.max_pool2d_with_indices_backward(g, x, *geometry, indices)
+    node = _call(aten.max_pool2d_with_indices_backward.default, g, x, *geometry, indices)
+    window = window_geometry(node)
+    pack = packed_indices_program(node, window)
+    packed = _run(pack, {node.args[7].name: indices})
+    assert packed.dtype == torch.int8 and packed.shape == indices.shape
+    kernel = window[0]
+    assert int(packed.min()) >= 0 and int(packed.max()) < kernel[0] * kernel[1]
+    program = from_packed_program(node, 99, pack.output.meta["val"], window)
+    result = _run(program, {node.args[0].name: g, 99: packed})
+    assert torch.equal(_bits(result), _bits(eager))
+    assert program.reads == (node.args[0].name, 99)  # grad_out and the packed offsets only
+
+
 @pytest.mark.parametrize("position", [0, 1])
 def test_add_in_place_keeps_eager_operand_order_bit_for_bit(position: int) -> None:
     a = torch.tensor([0x7FC00001] * 8 + [1, 2], dtype=torch.int32).view(torch.float32)  # NaN payloads differ
@@ -237,12 +266,13 @@ def test_alternatives_lower_the_small_cnns_floor_by_hand_counted_bytes(cnn) -> N
     assert {"split", "grad_inplace", "from_indices", "mask_inplace", "inplace"} <= names
 
 
-def test_split_and_in_place_choices_replay_bit_identically_within_their_prediction(cnn) -> None:
+@pytest.mark.parametrize("pool", ["from_indices", "from_packed"])
+def test_split_and_in_place_choices_replay_bit_identically_within_their_prediction(cnn, pool: str) -> None:
     model, batch, captured = cnn
     graph = replay_graph(captured)
     flat = captured.flat_inputs(model, batch)
     reference = captured.run(model, *batch)
-    wanted = ("split", "grad_inplace", "from_indices", "mask", "inplace_other")
+    wanted = ("split", "grad_inplace", pool, "mask", "inplace_other")
     choice = {v: next(n for n in wanted if graph.node(v).implementation(n) is not None)
               for v in graph.order if any(graph.node(v).implementation(n) is not None for n in wanted)}
     optional = sorted({m for v, name in choice.items() for m in graph.node(v).reads(graph.node(v).implementation(name))
@@ -260,7 +290,7 @@ def test_split_and_in_place_choices_replay_bit_identically_within_their_predicti
         outputs = executor.run_flat(flat)
     assert all(torch.equal(a, b) for a, b in zip(outputs, reference, strict=True))
     assert meter.peak_bytes <= executor.simulation.peak
-    assert {"split", "grad_inplace", "from_indices"} <= set(choice.values())
+    assert {"split", "grad_inplace", pool} <= set(choice.values())
 
 
 def test_the_chunked_split_is_offered_only_where_its_bits_match() -> None:

@@ -50,7 +50,11 @@ def capture(model: nn.Module, example_batch: torch.Tensor | tuple | list, loss_f
         with torch.random.fork_rng(devices=[]):  # profiling must not advance the caller's RNG
             profiled = profile_nodes(traced.module, flat)
     lowered = lower(traced, placeholders, name=type(model).__name__, profiled=profiled)
-    found = add_alternatives(traced.module, lowered.graph, lowered.fx_names, lowered.owner_of, profiled) if alternatives else None
+    found = None
+    if alternatives:  # the real parameters let batch norm's backward from its output be offered (nonzero weights)
+        names = [n.name for n in traced.module.graph.nodes if n.op == "placeholder"]
+        values = dict(zip(names, flat_values(placeholders, {**params, **buffers, **frozen}, batch), strict=True))
+        found = add_alternatives(traced.module, lowered.graph, lowered.fx_names, lowered.owner_of, profiled, values)
     return Captured(
         graph=found.graph if found is not None else lowered.graph,
         module=traced.module,

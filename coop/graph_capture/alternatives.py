@@ -36,10 +36,16 @@ Steps of a CNN's backward that hold three activations at once get their own modu
 * **batch norm backward over its incoming gradient** (:mod:`~coop.graph_capture.alternatives_norm`,
   ``grad_inplace``): the eager kernel in channel blocks, grad_input written over grad_out; exact
   on CPU where offered.
+* **batch norm forward over its input** (:mod:`~coop.graph_capture.alternatives_norm`, ``forward_inplace``):
+  the same aten forward in channel blocks, the output written over x, the statistics concatenated; exact on
+  CPU where offered. A backward that still reads x then needs it recomputed, or reads the output
+  (``from_output``).
 * **(log-)softmax backward over its incoming gradient** (:mod:`~coop.graph_capture.alternatives_softmax`,
   ``grad_inplace``): the eager kernel on chunks of rows, each written over grad's rows; exact on CPU.
 * **max-pool backward from its indices** (:mod:`~coop.graph_capture.alternatives_pool`,
-  ``from_indices``): the pooled input is not read; exact.
+  ``from_indices``): the pooled input is not read; exact. ``from_packed`` reads the indices packed to one
+  byte each (the argmax's offset inside its window, an optional value made once from the op's int64
+  indices, which are then freed); exact.
 * **add over one operand** (:mod:`~coop.graph_capture.alternatives_add`, ``inplace`` /
   ``inplace_other``): a residual add written over either operand, operands in eager's order; exact.
 
@@ -81,9 +87,12 @@ IN_PLACE_VARIANTS: dict[Any, Any] = {
 }
 
 #: The implementations capture offers, by name (``split``: coop.graph_capture.alternatives_conv;
-#: ``grad_inplace``: coop.graph_capture.alternatives_norm and alternatives_softmax; ``from_indices``: coop.graph_capture.alternatives_pool;
-#: ``inplace`` / ``inplace_other`` of an ``add``: coop.graph_capture.alternatives_add).
-IMPL_NAMES = ("mask", "mask_inplace", "from_output", "inplace", "split", "grad_inplace", "from_indices", "inplace_other")
+#: ``grad_inplace``: coop.graph_capture.alternatives_norm and alternatives_softmax; ``from_indices`` and
+#: ``from_packed``: coop.graph_capture.alternatives_pool;
+#: ``inplace`` / ``inplace_other`` of an ``add``: coop.graph_capture.alternatives_add; ``forward_inplace`` of a
+#: batch norm forward: coop.graph_capture.alternatives_norm).
+IMPL_NAMES = ("mask", "mask_inplace", "from_output", "inplace", "split", "grad_inplace", "from_indices", "inplace_other",
+              "from_packed", "forward_inplace")
 
 #: Training-mode batch norm forwards whose saved statistics ``native_batch_norm_backward`` reads.
 BATCH_NORM_FORWARDS = (aten._native_batch_norm_legit_functional.default, aten.native_batch_norm.default,
@@ -145,11 +154,12 @@ class _Builder:
             node.meta["val"] = value
             self.inputs.append(node)
 
-    def call(self, op: Any, *args: Any) -> fx.Node:
+    def call(self, op: Any, *args: Any, **kwargs: Any) -> fx.Node:
         values = [a.meta["val"] if isinstance(a, fx.Node) else a for a in args]
+        keywords = {k: v.meta["val"] if isinstance(v, fx.Node) else v for k, v in kwargs.items()}
         with self.mode if self.mode is not None else contextlib.nullcontext():
-            value = op(*values)
-        node = self.graph.call_function(op, tuple(args))
+            value = op(*values, **keywords)
+        node = self.graph.call_function(op, tuple(args), kwargs)
         node.meta["val"] = value
         return node
 
@@ -311,8 +321,8 @@ def find(module: fx.GraphModule, graph: Graph, fx_names: dict[int, list[str]], o
     """
     from coop.graph_capture.alternatives_add import find_add_in_place
     from coop.graph_capture.alternatives_conv import find_convolution_split
-    from coop.graph_capture.alternatives_norm import find_batch_norm_grad_inplace
-    from coop.graph_capture.alternatives_pool import find_max_pool_from_indices
+    from coop.graph_capture.alternatives_norm import find_batch_norm_forward_inplace, find_batch_norm_grad_inplace
+    from coop.graph_capture.alternatives_pool import find_max_pool_from_indices, find_max_pool_from_packed
     from coop.graph_capture.alternatives_softmax import SOFTMAX_BACKWARDS, find_softmax_grad_inplace
 
     found = _Found()
@@ -329,6 +339,8 @@ def find(module: fx.GraphModule, graph: Graph, fx_names: dict[int, list[str]], o
                 _find_from_output(node, owner_of, found)
         if node.target in IN_PLACE_VARIANTS:
             _find_inplace(node, graph, owner_of, found)
+        if node.target in BATCH_NORM_FORWARDS:
+            find_batch_norm_forward_inplace(node, graph, owner_of, found)
         if node.target is aten.native_batch_norm_backward.default:
             _find_batch_norm_from_output(node, owner_of, found, values or {})
             find_batch_norm_grad_inplace(node, graph, owner_of, found)
@@ -336,6 +348,7 @@ def find(module: fx.GraphModule, graph: Graph, fx_names: dict[int, list[str]], o
             next_id = find_convolution_split(node, graph, owner_of, found, next_id)
         if node.target is aten.max_pool2d_with_indices_backward.default:
             find_max_pool_from_indices(node, graph, owner_of, found)
+            next_id = find_max_pool_from_packed(node, graph, owner_of, found, next_id)
         if node.target is aten.add.Tensor:
             find_add_in_place(node, graph, owner_of, found)
         if node.target in SOFTMAX_BACKWARDS:
@@ -486,20 +499,25 @@ def _run_bytes(program: ImplProgram, inputs: list[torch.Tensor]) -> tuple[int, i
     input_storages = _storage_keys(inputs)
     last_use = {v: n for n in program.graph.nodes for v in n.all_input_nodes}
     live: dict[int, int] = {}
+    alive: set[fx.Node] = set()  # program values not yet past their last use
     peak = 0
     with torch.no_grad():
         for node in program.calls:
-            value = node.target(*pytree.tree_map_only(fx.Node, env.__getitem__, node.args))
+            args, kwargs = pytree.tree_map_only(fx.Node, env.__getitem__, (node.args, node.kwargs))
+            value = node.target(*args, **kwargs)
             env[node] = value
-            keys = _storage_keys(value)
+            alive.add(node)
             for tensor in _tensors(value):
                 if tensor.untyped_storage()._cdata not in input_storages:
                     live[tensor.untyped_storage()._cdata] = allocator_bytes(tensor.untyped_storage().nbytes(), tensor.device)
             peak = max(peak, sum(live.values()))
-            for used in node.all_input_nodes:  # an in-place or view result keeps its input's storage alive
-                if last_use.get(used) is node and used.op == "call_function":
-                    for key in _storage_keys(env[used]) - keys:
-                        live.pop(key, None)
+            dead = {used for used in node.all_input_nodes if last_use.get(used) is node and used.op == "call_function"}
+            alive -= dead
+            # a storage is freed once no live value holds it (an in-place or view result, a getitem of a tuple)
+            held = set().union(*(_storage_keys(env[v]) for v in alive)) if dead else set()
+            for used in dead:
+                for key in _storage_keys(env[used]) - held:
+                    live.pop(key, None)
     outputs = _tensors(env[program.output])  # a tuple (batch norm's gradients): the node's value is the first
     out_bytes = live.get(outputs[0].untyped_storage()._cdata, 0) if outputs else 0
     all_out = sum(live.get(key, 0) for key in _storage_keys(env[program.output]))
@@ -537,9 +555,12 @@ def add_alternatives(module: fx.GraphModule, graph: Graph, fx_names: dict[int, l
         inputs = reads if isinstance(reads, tuple) else (reads,)
         source = graph.node(inputs[0])
         # every tensor of a tuple value (W of a split convolution backward: weight and bias grads) is stored
+        # a value made from a multi-output op's extra output (which exists only after the op's first compute and is
+        # never recomputed) is made once too, so that the extra output can be freed right after it
+        once = any(graph.node(i).output_of is not None for i in inputs)
         optional_nodes.append(Node(id=mask_id, name=value_name if ":" in value_name else f"mask_{value_name}", op=str(program.output.target), inputs=inputs,
                                    mem=cost.mem + cost.extra, cost=cost.seconds, workspace=cost.workspace,
-                                   kind=source.kind, optional=True))
+                                   kind=source.kind, optional=True, recomputable=not once))
         result.optional_fx[mask_id] = program
     nodes = []
     for node in graph.nodes:

@@ -1,4 +1,5 @@
-"""Max-pool backward from its indices alone (MONeT, Shah et al. 2021: what a backward op stores).
+"""Max-pool backward from its indices alone, or from the indices packed to a byte (MONeT, Shah et al. 2021:
+what a backward op stores).
 
 ``max_pool2d_with_indices_backward(grad_out, self, ..., indices)`` scatters ``grad_out`` through the
 saved argmax ``indices`` into a zero tensor of ``self``'s shape: the CPU kernel reads ``self``'s
@@ -8,6 +9,16 @@ and passes a zero-stride ``expand`` of a 0-d zero in ``self``'s place (no alloca
 CPU, the kernel does not materialize it, unlike the convolution kernels; and its suggested memory
 format is the contiguous one, as for the captured input). Offered on CPU for contiguous inputs,
 where tests/test_alternatives_conv.py proves the bits equal to the default backward's.
+
+``from_packed`` goes further, as MONeT stores max-pool's argmax compactly: the int64 ``indices`` (8 bytes an
+output element, twice a float32 activation of the pooled size) say where in the input plane each maximum
+lies, but each lies inside its own window, so its offset in the window (row * kernel width + column, below
+128 for windows of up to 128 elements) fits one byte. An optional value ``packed_indices:<indices>`` is made
+once from the op's indices right after the forward (then the indices need not be kept), and the backward
+``from_packed`` rebuilds the int64 indices from the window geometry and runs the same kernel (its ``.grad_input``
+variant, one batch chunk at a time, so that at most a chunk of int64 indices exists at once: the kernel
+scatters each (sample, channel) plane independently, so the chunks write what one call writes). Both are
+integer arithmetic: exact.
 """
 
 from __future__ import annotations
@@ -53,4 +64,126 @@ def find_max_pool_from_indices(backward: fx.Node, graph: Graph, owner_of: dict[s
         found.impls.setdefault(owner_of[backward.name], {})["from_indices"] = (program, {})
 
 
-__all__ = ["find_max_pool_from_indices", "from_indices_program"]
+# -------------------------------------------------------------------- packed indices
+#: Batch chunks of the packing and of the backward from packed indices (each holds int64 temporaries of a chunk).
+PACK_CHUNKS = 16
+
+
+def window_geometry(backward: fx.Node) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int], tuple[int, int]] | None:
+    """(kernel, stride, padding, dilation) as (rows, columns) pairs of a ``max_pool2d_with_indices_backward``, or
+    None where a window has more than 128 elements (its offsets would not fit a signed byte)."""
+    def pair(value: Any, default: tuple[int, int]) -> tuple[int, int]:
+        items = list(value) if value else list(default)
+        return (int(items[0]), int(items[-1]))
+
+    kernel = pair(backward.args[2], (1, 1))
+    stride = pair(backward.args[3], kernel)
+    geometry = (kernel, stride, pair(backward.args[4], (0, 0)), pair(backward.args[5], (1, 1)))
+    return geometry if kernel[0] * kernel[1] <= 128 else None
+
+
+def _chunks(batch: int) -> list[tuple[int, int]]:
+    step = max(1, -(-batch // PACK_CHUNKS))
+    return [(start, min(start + step, batch)) for start in range(0, batch, step)]
+
+
+def _window_origins(builder: Any, out_shape: torch.Size, geometry: Any) -> tuple[fx.Node, fx.Node]:
+    """The input row of each output row's window top (shape [1, 1, OH, 1]) and column of its left ([1, 1, 1, OW])."""
+    _, stride, padding, _ = geometry
+    rows, cols = out_shape[-2], out_shape[-1]
+    top = builder.call(aten.arange.start_step, -padding[0], rows * stride[0] - padding[0], stride[0])
+    left = builder.call(aten.arange.start_step, -padding[1], cols * stride[1] - padding[1], stride[1])
+    return builder.call(aten.view.default, top, [1, 1, rows, 1]), builder.call(aten.view.default, left, [1, 1, 1, cols])
+
+
+def packed_indices_program(backward: fx.Node, geometry: Any) -> Any:
+    """The optional value: each argmax's offset inside its window, int8, from ``indices`` (reads ``[indices]``)."""
+    from coop.graph_capture.alternatives import _Builder
+
+    indices = backward.args[7]
+    width = backward.args[1].meta["val"].shape[-1]
+    (_, kernel_w), _, _, dilation = geometry
+    value = indices.meta["val"]
+    builder = _Builder([(indices.name, value)])
+    (index,) = builder.inputs
+    top, left = _window_origins(builder, value.shape, geometry)
+    packed = builder.call(aten.empty.memory_format, list(value.shape), dtype=torch.int8, device=value.device)
+    for start, end in _chunks(value.shape[0]):
+        part = builder.call(aten.slice.Tensor, index, 0, start, end)
+        row = builder.call(aten.floor_divide.Scalar, part, width)  # input row of the maximum
+        column = builder.call(aten.remainder.Scalar, part, width)
+        row = builder.call(aten.sub_.Tensor, row, top)
+        column = builder.call(aten.sub_.Tensor, column, left)
+        if dilation != (1, 1):
+            row = builder.call(aten.floor_divide_.Scalar, row, dilation[0])
+            column = builder.call(aten.floor_divide_.Scalar, column, dilation[1])
+        offset = builder.call(aten.add_.Tensor, builder.call(aten.mul_.Scalar, row, kernel_w), column)
+        builder.call(aten.copy_.default, builder.call(aten.slice.Tensor, packed, 0, start, end), offset)
+    return builder.done(packed)
+
+
+def from_packed_program(backward: fx.Node, packed_id: int, packed: torch.Tensor, geometry: Any) -> Any:
+    """``from_packed``: the int64 indices rebuilt from the window offsets a batch chunk at a time, each chunk's
+    gradient written by the kernel's ``.grad_input`` variant into its rows of one zero-filled result; reads
+    ``[grad_out, packed]``."""
+    from coop.graph_capture.alternatives import _Builder
+
+    grad, source = backward.args[0], backward.args[1]
+    width = source.meta["val"].shape[-1]
+    (_, kernel_w), _, _, dilation = geometry
+    builder = _Builder([(grad.name, grad.meta["val"]), (packed_id, packed)])
+    g, offsets = builder.inputs
+    top, left = _window_origins(builder, packed.shape, geometry)
+    shape = list(source.meta["val"].shape)
+    result = builder.call(aten.new_zeros.default, g, shape)
+    zero = builder.call(aten.new_zeros.default, g, [])
+    for start, end in _chunks(shape[0]):
+        wide = builder.call(aten._to_copy.default, builder.call(aten.slice.Tensor, offsets, 0, start, end),
+                            dtype=torch.int64)
+        row = builder.call(aten.floor_divide.Scalar, wide, kernel_w)
+        column = builder.call(aten.remainder_.Scalar, wide, kernel_w)
+        if dilation != (1, 1):
+            row = builder.call(aten.mul_.Scalar, row, dilation[0])
+            column = builder.call(aten.mul_.Scalar, column, dilation[1])
+        row = builder.call(aten.add_.Tensor, row, top)
+        column = builder.call(aten.add_.Tensor, column, left)
+        index = builder.call(aten.add_.Tensor, builder.call(aten.mul_.Scalar, row, width), column)
+        stand_in = builder.call(aten.expand.default, zero, [end - start, *shape[1:]])
+        builder.call(aten.max_pool2d_with_indices_backward.grad_input, builder.call(aten.slice.Tensor, g, 0, start, end),
+                     stand_in, *backward.args[2:7], index,
+                     grad_input=builder.call(aten.slice.Tensor, result, 0, start, end))
+    return builder.done(result)
+
+
+def find_max_pool_from_packed(backward: fx.Node, graph: Graph, owner_of: dict[str, int], found: Any,
+                              next_id: int) -> int:
+    """Offer ``from_packed`` (and its optional value) for a CPU max-pool backward over a contiguous 4-d input whose
+    indices are a computed value and whose windows have at most 128 elements; returns the next free node id."""
+    from coop.graph_capture.alternatives import _same_layout
+
+    if len(backward.args) != 8 or backward.kwargs:
+        return next_id
+    grad, source, indices = backward.args[0], backward.args[1], backward.args[7]
+    if not all(isinstance(v, fx.Node) for v in (grad, source, indices)) or indices.name not in owner_of:
+        return next_id
+    value, index_value = source.meta.get("val"), indices.meta.get("val")
+    if not isinstance(value, torch.Tensor) or value.device.type != "cpu" or not value.is_contiguous() or value.dim() != 4:
+        return next_id
+    if not isinstance(index_value, torch.Tensor) or not index_value.is_contiguous() or index_value.dtype != torch.int64:
+        return next_id
+    geometry = window_geometry(backward)
+    if geometry is None or graph.node(owner_of[indices.name]).caller_owned:
+        return next_id
+    key = (f"packed_indices:{indices.name}", *map(repr, geometry))
+    if key not in found.optional:
+        found.optional[key] = (next_id, packed_indices_program(backward, geometry), owner_of[indices.name])
+        next_id += 1
+    packed_id, packed, _ = found.optional[key]
+    program = from_packed_program(backward, packed_id, packed.output.meta["val"], geometry)
+    if _same_layout(program.output.meta["val"], backward.meta["val"]):
+        found.impls.setdefault(owner_of[backward.name], {})["from_packed"] = (program, {})
+    return next_id
+
+
+__all__ = ["PACK_CHUNKS", "find_max_pool_from_indices", "find_max_pool_from_packed", "from_indices_program",
+           "from_packed_program", "packed_indices_program", "window_geometry"]
