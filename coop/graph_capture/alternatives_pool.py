@@ -12,8 +12,8 @@ where tests/test_alternatives_conv.py proves the bits equal to the default backw
 
 ``from_packed`` goes further, as MONeT stores max-pool's argmax compactly: the int64 ``indices`` (8 bytes an
 output element, twice a float32 activation of the pooled size) say where in the input plane each maximum
-lies, but each lies inside its own window, so its offset in the window (row * kernel width + column, below
-128 for windows of up to 128 elements) fits one byte. An optional value ``packed_indices:<indices>`` is made
+lies, but each lies inside its own window, so its offset in the window (row * kernel width + column, counted
+from the window's first element inside the input, below 128 for windows of up to 128 elements) fits one byte. An optional value ``packed_indices:<indices>`` is made
 once from the op's indices right after the forward (then the indices need not be kept), and the backward
 ``from_packed`` rebuilds the int64 indices from the window geometry and runs the same kernel (its ``.grad_input``
 variant, one batch chunk at a time, so that at most a chunk of int64 indices exists at once: the kernel
@@ -88,11 +88,21 @@ def _chunks(batch: int) -> list[tuple[int, int]]:
 
 
 def _window_origins(builder: Any, out_shape: torch.Size, geometry: Any) -> tuple[fx.Node, fx.Node]:
-    """The input row of each output row's window top (shape [1, 1, OH, 1]) and column of its left ([1, 1, 1, OW])."""
-    _, stride, padding, _ = geometry
+    """The input row of each output row's first window row inside the input (shape [1, 1, OH, 1]) and the column
+    of its first column inside ([1, 1, 1, OW]): the window's start, moved past the padding in steps of the dilation
+    as the kernel does. Offsets count from there, so offset 0 is an element of the input whatever the data (a
+    zero-filled packed value, as pricing runs it, decodes to in-bounds indices)."""
+    _, stride, padding, dilation = geometry
     rows, cols = out_shape[-2], out_shape[-1]
-    top = builder.call(aten.arange.start_step, -padding[0], rows * stride[0] - padding[0], stride[0])
-    left = builder.call(aten.arange.start_step, -padding[1], cols * stride[1] - padding[1], stride[1])
+
+    def first_inside(count: int, step: int, pad: int, spacing: int) -> fx.Node:
+        start = builder.call(aten.arange.start_step, -pad, count * step - pad, step)
+        deficit = builder.call(aten.clamp_min.default, builder.call(aten.neg.default, start), 0)
+        skipped = builder.call(aten.floor_divide.Scalar, builder.call(aten.add.Scalar, deficit, spacing - 1), spacing)
+        return builder.call(aten.add.Tensor, start, builder.call(aten.mul.Scalar, skipped, spacing))
+
+    top = first_inside(rows, stride[0], padding[0], dilation[0])
+    left = first_inside(cols, stride[1], padding[1], dilation[1])
     return builder.call(aten.view.default, top, [1, 1, rows, 1]), builder.call(aten.view.default, left, [1, 1, 1, cols])
 
 
