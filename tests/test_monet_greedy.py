@@ -39,8 +39,8 @@ def test_in_place_greedy_fits_where_out_of_place_cannot() -> None:
     assert simulate(graph, schedule).peak == 115  # x + c + d at d's step: 10 + 100 + 5
 
 
-def test_an_input_read_later_is_not_overwritten() -> None:
-    """a is read again by e after b: b must not run in place, so 115 B no longer fits (x + a + b = 210)."""
+def _chain_read_again() -> tuple[dict, Graph, dict, Graph, dict]:
+    """The chain with e (5 B) reading a again at the end: (its dict, graph, lightest choices, fixed graph, options)."""
     data = _chain().model_dump()
     data["nodes"] = [*data["nodes"], {"id": 5, "name": "e", "inputs": [1, 4], "mem": 5, "cost": 1}]
     data["outputs"] = [5]
@@ -48,7 +48,12 @@ def test_an_input_read_later_is_not_overwritten() -> None:
     graph = Graph.model_validate(data)
     choices = lightest_choices(graph, exact=True)
     fixed = fixed_impl_graph(graph, choices)
-    options = in_place_options(graph, fixed, choices, exact=True)
+    return data, graph, choices, fixed, in_place_options(graph, fixed, choices, exact=True)
+
+
+def test_an_input_read_later_is_not_overwritten() -> None:
+    """a is read again by e after b: b must not run in place, so 115 B no longer fits (x + a + b = 210)."""
+    _, graph, choices, fixed, options = _chain_read_again()
     assert in_place_greedy_schedule(fixed, 115, choices, options) is None
     schedule = in_place_greedy_schedule(fixed, 215, choices, options)
     assert schedule is not None
@@ -61,14 +66,7 @@ def test_an_input_read_later_is_not_overwritten() -> None:
 def test_a_forward_input_read_later_is_overwritten_when_out_of_place_would_have_to_evict() -> None:
     """At 120 B, b out of place needs x + a + b = 210 B: b runs over a instead (a is then as good as evicted) and a
     is rebuilt from x for e; e's step holds x + a + d + e = 10 + 100 + 5 + 5 = 120 B (hand-counted)."""
-    data = _chain().model_dump()
-    data["nodes"] = [*data["nodes"], {"id": 5, "name": "e", "inputs": [1, 4], "mem": 5, "cost": 1}]
-    data["outputs"] = [5]
-    data.pop("order")
-    graph = Graph.model_validate(data)
-    choices = lightest_choices(graph, exact=True)
-    fixed = fixed_impl_graph(graph, choices)
-    options = in_place_options(graph, fixed, choices, exact=True)
+    data, graph, choices, fixed, options = _chain_read_again()
     schedule = in_place_greedy_schedule(fixed, 120, choices, options)
     assert schedule is not None
     assert [(s.node, s.impl) for s in schedule.steps if s.op == "compute"] == [
