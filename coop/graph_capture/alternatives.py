@@ -49,7 +49,7 @@ Steps of a CNN's backward that hold three activations at once get their own modu
 * **add over one operand** (:mod:`~coop.graph_capture.alternatives_add`, ``inplace`` /
   ``inplace_other``): a residual add written over either operand, operands in eager's order; exact.
 
-Costs follow MONeT's profiling: with a profiled capture each program is timed on real tensors of
+Costs follow MONeT's profiling (:mod:`~coop.graph_capture.alternatives_price`): with a profiled capture each program is timed on real tensors of
 the captured shapes (the fastest of :data:`~coop.graph_capture.cost.PROFILE_REPEATS` runs after a
 warm-up, as :func:`~coop.graph_capture.cost.profile_nodes` times the nodes), else the analytic
 model that priced the nodes prices the programs too. Stored bytes are those of the storage a real
@@ -61,7 +61,6 @@ from __future__ import annotations
 
 import contextlib
 import operator
-import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,10 +68,9 @@ from typing import Any
 import torch
 from torch import fx
 from torch._guards import detect_fake_mode
-from torch.utils import _pytree as pytree
 
 from coop.graph import Graph, Impl, Node
-from coop.graph_capture.cost import PROFILE_REPEATS, NodeProfile, allocator_bytes, analytic_seconds, node_flops
+from coop.graph_capture.cost import NodeProfile, analytic_seconds, node_flops
 
 aten = torch.ops.aten
 
@@ -432,112 +430,14 @@ def _find_inplace(activation: fx.Node, graph: Graph, owner_of: dict[str, int], f
     found.impls.setdefault(node.id, {})["inplace"] = (inplace_program(activation), {"inplace_of": source_node.id})
 
 
-# -------------------------------------------------------------------- pricing
-@dataclass
-class Price:
-    """What one program costs: seconds, the bytes its output stores, its workspace; ``extra``: the bytes of
-    the further tensors of a tuple output (a multi-output op's extra outputs) that the program allocates."""
-
-    seconds: float
-    mem: int
-    workspace: int
-    extra: int = 0
-
-
-def price(program: ImplProgram, profiled: bool) -> Price:
-    """Time (timed runs when ``profiled``, else the analytic model), stored bytes and workspace of a program.
-
-    Bytes come from one real run on zero-filled tensors of the captured layouts: the output's
-    storage as the device allocator holds it, and the peak of live intermediates minus the output.
-    """
-    with torch.random.fork_rng(devices=[]):  # pricing must not advance the caller's RNG
-        # a placeholder may hold a tuple (an optional value such as a convolution's weight and bias gradients)
-        inputs = [pytree.tree_map_only(torch.Tensor, lambda v: _materialize(v, random=profiled), p.meta["val"])
-                  for p in _placeholders(program)]
-    mem, workspace, extra = _run_bytes(program, _clones(inputs))
-    if not profiled:
-        return Price(sum(analytic_seconds(n, node_flops(n)) for n in program.calls), mem, workspace, extra)
-    module = fx.GraphModule(torch.nn.Module(), program.graph)
-    in_place = any(n.target in IN_PLACE_VARIANTS.values() for n in program.calls)
-    best = float("inf")
-    with torch.no_grad():
-        for run in range(PROFILE_REPEATS + 1):
-            args = _clones(inputs) if in_place or run == 0 else inputs
-            start = time.perf_counter()
-            module(*args)
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            if run:  # the first run is the warm-up
-                best = min(best, time.perf_counter() - start)
-    return Price(best, mem, workspace, extra)
-
-
-def _clones(inputs: list[Any]) -> list[Any]:
-    return [pytree.tree_map_only(torch.Tensor, torch.Tensor.clone, value) for value in inputs]
-
-
-def _placeholders(program: ImplProgram) -> list[fx.Node]:
-    return [n for n in program.graph.nodes if n.op == "placeholder"]
-
-
-def _materialize(value: torch.Tensor, random: bool) -> torch.Tensor:
-    """A real tensor with the fake value's layout: zeros, or random data for timing."""
-    size = value.untyped_storage().nbytes() // max(value.element_size(), 1)
-    if value.dtype == torch.bool:
-        base = torch.rand(size, device=value.device) < 0.5 if random else torch.zeros(size, dtype=torch.bool, device=value.device)
-    elif value.is_floating_point() and random:
-        base = torch.randn(size, dtype=value.dtype, device=value.device)
-    else:
-        base = torch.zeros(size, dtype=value.dtype, device=value.device)
-    return base.as_strided(value.shape, value.stride(), value.storage_offset())
-
-
-def _run_bytes(program: ImplProgram, inputs: list[torch.Tensor]) -> tuple[int, int, int]:
-    """(output bytes, workspace bytes, the output's further new bytes) of one real run, each value freed after its
-    last use as fx frees it."""
-    env: dict[fx.Node, Any] = dict(zip(_placeholders(program), inputs, strict=True))
-    input_storages = _storage_keys(inputs)
-    last_use = {v: n for n in program.graph.nodes for v in n.all_input_nodes}
-    live: dict[int, int] = {}
-    alive: set[fx.Node] = set()  # program values not yet past their last use
-    peak = 0
-    with torch.no_grad():
-        for node in program.calls:
-            args, kwargs = pytree.tree_map_only(fx.Node, env.__getitem__, (node.args, node.kwargs))
-            value = node.target(*args, **kwargs)
-            env[node] = value
-            alive.add(node)
-            for tensor in _tensors(value):
-                if tensor.untyped_storage()._cdata not in input_storages:
-                    live[tensor.untyped_storage()._cdata] = allocator_bytes(tensor.untyped_storage().nbytes(), tensor.device)
-            peak = max(peak, sum(live.values()))
-            dead = {used for used in node.all_input_nodes if last_use.get(used) is node and used.op == "call_function"}
-            alive -= dead
-            # a storage is freed once no live value holds it (an in-place or view result, a getitem of a tuple)
-            held = set().union(*(_storage_keys(env[v]) for v in alive)) if dead else set()
-            for used in dead:
-                for key in _storage_keys(env[used]) - held:
-                    live.pop(key, None)
-    outputs = _tensors(env[program.output])  # a tuple (batch norm's gradients): the node's value is the first
-    out_bytes = live.get(outputs[0].untyped_storage()._cdata, 0) if outputs else 0
-    all_out = sum(live.get(key, 0) for key in _storage_keys(env[program.output]))
-    return out_bytes, max(peak - all_out, 0), all_out - out_bytes
-
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    return [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
-
-
-def _storage_keys(value: Any) -> set[int]:
-    return {t.untyped_storage()._cdata for t in _tensors(value)}
-
-
 # -------------------------------------------------------------------- into the Graph
 def add_alternatives(module: fx.GraphModule, graph: Graph, fx_names: dict[int, list[str]], owner_of: dict[str, int],
                      profiled: NodeProfile | None = None, values: Mapping[str, torch.Tensor] | None = None) -> Alternatives:
     """``graph`` with the alternatives :func:`find` finds, priced by :func:`price` (timed when ``profiled``).
 
     ``values``: placeholder name -> real tensor at capture (see :func:`find`)."""
+    from coop.graph_capture.alternatives_price import Price, price
+
     found = find(module, graph, fx_names, owner_of, values)
     by_name = {n.name: n for n in module.graph.nodes}
     owner_seconds = _owner_seconds(profiled)
@@ -619,4 +519,4 @@ def programs(alternatives: Alternatives) -> Iterator[tuple[int, str | None, Impl
             yield node_id, name, program
 
 
-__all__ = ["BATCH_NORM_FROM_OUTPUT_TOLERANCE", "IMPL_NAMES", "IN_PLACE_VARIANTS", "Alternatives", "ImplProgram", "Price", "add_alternatives", "find", "price", "programs"]
+__all__ = ["BATCH_NORM_FROM_OUTPUT_TOLERANCE", "IMPL_NAMES", "IN_PLACE_VARIANTS", "Alternatives", "ImplProgram", "add_alternatives", "find", "programs"]

@@ -152,7 +152,7 @@ def _bits_match(backward: fx.Node, weight_program: Any, data_program: Any) -> bo
 
     The same kernels on the same shapes take the same code path, so one run decides whether the
     chunked reduction order equals the fused one (it does for most shapes; see the module docstring)."""
-    from coop.graph_capture.alternatives import _materialize
+    from coop.graph_capture.alternatives_price import _materialize
 
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(0)
