@@ -13,6 +13,7 @@ from coop.formulations import baselines
 from coop.formulations.heuristics import improve_by_local_search, peak_shaving_schedule
 from coop.formulations.moccasin import moccasin, schedule_intervals
 from coop.formulations.slot_problem import SlotProblem, sufficient_horizon, sufficient_intervals
+from coop.formulations.solving_order import solving_graph
 from coop.graph import Graph
 from coop.graph_files import load_graph
 from coop.schedule import Schedule, prompt_order, simulate, validate
@@ -150,7 +151,7 @@ def test_optimal_means_no_cheaper_in_order_schedule(graph: Graph, fraction: floa
     budget = max(min_budget(graph), math.ceil(fraction * baseline_peak(graph)))
     result = moccasin(graph, budget, time_limit=5.0, threads=1)
     # Independent brute force (tests/bruteforce.py): in-order schedules, and all schedules.
-    in_order, optimum = optimal_cost(graph, budget, "in_order"), optimal_cost(graph, budget, "all")
+    in_order, optimum = optimal_cost(_ordered(graph), budget, "in_order"), optimal_cost(graph, budget, "all")
     if in_order is None:
         # Nothing in order fits; only a warm start from outside the space could. Without one, the
         # feasibility question proves that nothing of the space fits.
@@ -273,8 +274,14 @@ BELOW = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCh
 
 
 def _space(graph: Graph) -> str:
-    """The brute-force space moccasin's claims speak about (keep_order defaults to has_backward)."""
+    """The brute-force space moccasin's claims speak about (keep_order defaults to has_backward), over
+    :func:`_ordered` graph."""
     return "in_order" if graph.has_backward else "all"
+
+
+def _ordered(graph: Graph) -> Graph:
+    """The graph in the order moccasin solves in (the deferred order where it lowers the store-all peak)."""
+    return solving_graph(graph)[0]
 
 
 def _first_computations(schedule: Schedule) -> list[int]:
@@ -287,7 +294,7 @@ def _assert_below_its_space(graph: Graph, budget: int) -> None:
     result = moccasin(graph, budget, **QUICK)
     assert result.status != "unknown", result.message  # tiny graphs: the proof takes ~0.1 s
     if result.status == "infeasible":
-        assert result.schedule is None and optimal_cost(graph, budget, _space(graph)) is None
+        assert result.schedule is None and optimal_cost(_ordered(graph), budget, _space(graph)) is None
         if budget >= min_budget(graph):
             assert result.extra["feasibility"]["status"] == "INFEASIBLE", result.extra
         return
@@ -324,7 +331,7 @@ def _fans(draw: st.DrawFn) -> Graph:
 @settings(BELOW, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(graph=random_graphs(max_nodes=6))
 def test_one_unit_below_the_in_order_least_peak_nothing_of_the_space_fits(graph: Graph) -> None:
-    least = least_peak(graph, "in_order")
+    least = least_peak(_ordered(graph), "in_order")
     assume(least - 1 >= min_budget(graph))  # else the lower bound alone answers; ~1 draw in 8 passes
     _assert_below_its_space(graph, least - 1)
     at_least = moccasin(graph, least, **QUICK)
@@ -350,12 +357,12 @@ def test_one_unit_below_the_least_peak_of_any_order_is_infeasible(graph: Graph) 
 @settings(BELOW, max_examples=40)
 @given(graph=st.one_of(random_graphs(max_nodes=6), _fans()), data=st.data())
 def test_infeasible_means_the_brute_force_of_its_space_finds_nothing(graph: Graph, data: st.DataObject) -> None:
-    least = least_peak(graph, _space(graph))
+    least = least_peak(_ordered(graph), _space(graph))
     low = min(min_budget(graph), least)
     budget = data.draw(st.integers(low, least), label="budget")
     result = moccasin(graph, budget, **QUICK)
     if result.status == "infeasible":
-        assert optimal_cost(graph, budget, _space(graph)) is None, result.message
+        assert optimal_cost(_ordered(graph), budget, _space(graph)) is None, result.message
     elif budget == least:
         assert result.found and validate(graph, result.schedule, budget).ok, result.message
     else:

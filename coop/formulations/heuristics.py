@@ -17,6 +17,7 @@ import bisect
 import math
 import random
 import time
+from collections.abc import Callable
 
 from coop.formulations.slot_problem import SlotProblem
 from coop.graph import Graph
@@ -24,16 +25,30 @@ from coop.schedule import Schedule, Simulation, Step, simulate
 
 
 # ==================================================================== eviction heuristic
-def greedy_eviction_schedule(graph: Graph, budget: int) -> Schedule | None:
+def greedy_eviction_schedule(graph: Graph, budget: int, rebuild_size_penalty: float = 0.0) -> Schedule | None:
     """A fast schedule under ``budget``, or None when the heuristic gets stuck.
 
     Walks the baseline order; before each compute it makes room by freeing the resident value
     with the smallest ``recompute cost / (bytes x distance to next use)`` that the pending
     computations do not need, and recomputes freed inputs on demand (recursively). In the spirit
     of DTR (Kirisame et al. 2021), but offline with exact next-use distances of the baseline order.
+
+    ``rebuild_size_penalty`` p multiplies each score by ``(1 + inputs / bytes) ** p``, where ``inputs``
+    are the bytes of the value's recomputable inputs: a value much smaller than what it is made from
+    (a ReLU's 1-byte mask, a pooled map) is cheap to rebuild in time but its rebuild needs the large
+    input back in memory, usually where memory is tightest. 0 is DTR's score.
     """
     problem = SlotProblem.build(graph, budget)
-    return _GreedyEvictor(problem).run()
+    return _GreedyEvictor(problem, rebuild_size_penalty).run()
+
+
+#: With a rebuild-size penalty, a backward value (a gradient) is evicted only when no forward value is nearly as
+#: good: its rebuild reruns the backward above it, whose inputs are usually gone by then.
+GRADIENT_EVICTION_PENALTY = 1e3
+
+#: The rebuild-size penalties the warm starts try (see :func:`greedy_eviction_schedule`): DTR's score and one
+#: that keeps shrinking values (masks, pooled maps, packed indices) unless nothing else can go.
+REBUILD_SIZE_PENALTIES = (0.0, 2.0)
 
 
 class _Stuck(Exception):
@@ -45,8 +60,9 @@ COMPUTE_LIMIT_FACTOR = 20
 
 
 class _GreedyEvictor:
-    def __init__(self, problem: SlotProblem) -> None:
+    def __init__(self, problem: SlotProblem, rebuild_size_penalty: float = 0.0) -> None:
         self.p = problem
+        self.rebuild_size_penalty = rebuild_size_penalty
         self.position = {v: k for k, v in enumerate(problem.order)}
         self.uses = {v: sorted(self.position[c] for c in problem.consumers[v]) for v in problem.order}
         self.resident: set[int] = set()
@@ -139,6 +155,11 @@ class _GreedyEvictor:
                 continue
             distance = self.next_use(u) - self.now + 1
             score = (self.rebuild_cost(u, rebuild) + 1) / (self.p.mem[u] * distance)
+            if self.rebuild_size_penalty:
+                inputs = sum(self.p.mem[w] for w in set(self.p.inputs[u]) if self.p.recomputable[w])
+                score *= (1 + inputs / self.p.mem[u]) ** self.rebuild_size_penalty
+                if self.p.graph.node(u).kind == "backward":
+                    score *= GRADIENT_EVICTION_PENALTY
             if score < best_score:
                 best, best_score = u, score
         return best
@@ -193,8 +214,8 @@ def _shave(problem: SlotProblem, sequence: list[int], max_rounds: int | None = N
             # Swap the best move with a random runner-up now and then: diversity for the repairs.
             k = rng.randrange(1, len(candidates))
             candidates[0], candidates[k] = candidates[k], candidates[0]
-        for node, before in candidates:
-            trial = sequence[:before] + [node] + sequence[before:]
+        for chain, before in candidates:
+            trial = sequence[:before] + list(chain) + sequence[before:]
             trial_sim = simulate(graph, Schedule.from_order(trial))
             # Accept only progress on the total overflow, so the peak cannot just move around.
             if _excess(trial_sim, budget) < excess:
@@ -259,15 +280,37 @@ def _sequence_cost(problem: SlotProblem, sequence: list[int]) -> float:
 
 
 def _drop_redundant(problem: SlotProblem, sequence: list[int], deadline: float) -> list[int]:
-    """Remove recomputations one at a time, costliest first, while the sequence still fits."""
+    """Remove recomputations one at a time, costliest first, while the sequence still fits.
+
+    One simulation, then per candidate a conservative check on its memory profile: dropping the recompute of v
+    at position j keeps v's previous instance alive until the dropped one's last read, which adds v's bytes to
+    the steps between the previous instance's end and j (and nothing elsewhere: the dropped compute's inputs can
+    only die earlier). A drop is taken when those steps stay within the budget; the result is simulated once
+    more and returned only if it fits (else the sequence as given)."""
+    sim = simulate(problem.graph, Schedule.from_order(sequence))
+    memory = list(sim.memory)
+    alive: dict[int, list[list[int]]] = {}  # node -> [computed_at, end, mem] of its instances, in order
+    for instance in sim.instances:
+        alive.setdefault(instance.node, []).append([instance.computed_at, instance.end, instance.mem])
+    dropped: set[int] = set()
     for j in sorted(_recompute_positions(sequence), key=lambda j: -problem.graph.node(sequence[j]).cost):
         if time.perf_counter() >= deadline:
             break
-        trial = sequence[:j] + [None] + sequence[j + 1:]  # keep positions stable while we scan
-        compact = [v for v in trial if v is not None]
-        if simulate(problem.graph, Schedule.from_order(compact)).peak <= problem.budget:
-            sequence = trial
-    return [v for v in sequence if v is not None]
+        instances = alive[sequence[j]]
+        at = next(k for k, instance in enumerate(instances) if instance[0] == j)
+        previous, this = instances[at - 1], instances[at]
+        grown = range(previous[1] + 1, j)
+        if any(memory[k] + previous[2] > problem.budget for k in grown):
+            continue
+        for k in grown:
+            memory[k] += previous[2]
+        previous[1] = max(previous[1], this[1])
+        del instances[at]
+        dropped.add(j)
+    if not dropped:
+        return sequence
+    compact = [v for j, v in enumerate(sequence) if j not in dropped]
+    return compact if simulate(problem.graph, Schedule.from_order(compact)).peak <= problem.budget else sequence
 
 
 #: How many of the best-scored shaving moves are simulated before giving up on a round.
@@ -279,8 +322,14 @@ def _excess(sim: Simulation, budget: int) -> int:
     return sum(m - budget for m in sim.memory if m > budget)
 
 
-def _shave_candidates(problem: SlotProblem, sequence: list[int], sim: Simulation) -> list[tuple[int, int]]:
-    """Moves (recompute u before step b) that lower the peak step's memory, best ratio first."""
+def _shave_candidates(problem: SlotProblem, sequence: list[int], sim: Simulation) -> list[tuple[tuple[int, ...], int]]:
+    """Moves (recompute a chain ending in u right before u's next read b) that lower the peak step's memory,
+    best ratio first.
+
+    The chain is u and, up to :data:`_CHAIN_DEPTH` levels up, the recomputable inputs that are gone at the peak
+    step p: rebuilding them too costs compute instead of stretching their lifetimes over p (a ReLU output whose
+    batch norm output is gone is rebuilt from the kept convolution output). An input gone at p that is not
+    rebuilt is stretched over p and counts against the saving."""
     p = sim.peak_step
     current_end: dict[int, int] = {}  # node -> end of its instance current at step p
     alive_at_p: list[int] = []
@@ -290,17 +339,40 @@ def _shave_candidates(problem: SlotProblem, sequence: list[int], sim: Simulation
             if inst.end > p and inst.start < p:
                 alive_at_p.append(inst.node)
     read_at_p = set(problem.inputs[sequence[p]])
-    scored: list[tuple[float, int, int]] = []
+    position = {v: k for k, v in enumerate(problem.order)}
+    scored: list[tuple[float, tuple[int, ...], int]] = []
     for u in alive_at_p:
         if u in read_at_p or not problem.recomputable[u] or problem.mem[u] == 0:
             continue
         b = next((j for j in range(p + 1, len(sequence)) if u in problem.inputs[sequence[j]]), None)
         if b is None:
             continue  # alive only because it is an output: it must stay
-        stretched = sum(problem.mem[w] for w in problem.inputs[u] if current_end.get(w, -1) < p)
-        saving = problem.mem[u] - stretched
-        if saving <= 0:
-            continue
-        scored.append(((problem.cost[u] + 1) / saving, u, b))
-    scored.sort()
-    return [(u, b) for _, u, b in scored]
+        for chain, stretched in _chains(problem, u, lambda w: current_end.get(w, -1) >= p, position):
+            saving = problem.mem[u] - stretched
+            if saving > 0:
+                scored.append(((sum(problem.cost[v] for v in chain) + 1) / saving, chain, b))
+    scored.sort(key=lambda item: item[0])
+    return [(chain, b) for _, chain, b in scored]
+
+
+#: How many levels of gone inputs a shaving move may rebuild along with the value it recomputes.
+_CHAIN_DEPTH = 3
+
+
+def _chains(problem: SlotProblem, u: int, alive: Callable[[int], bool],
+            position: dict[int, int]) -> list[tuple[tuple[int, ...], int]]:
+    """Ways to recompute u at the peak: (the chain to compute in order, bytes of gone inputs stretched over the
+    peak). The first stretches every gone input of u (the single recompute); each next one also rebuilds the
+    recomputable gone inputs one level further up."""
+    result: list[tuple[tuple[int, ...], int]] = []
+    chain: list[int] = [u]
+    for _ in range(_CHAIN_DEPTH):
+        members = set(chain)
+        gone = {w for v in chain for w in problem.inputs[v] if w not in members and not alive(w)}
+        stretched = sum(problem.mem[w] for w in gone)
+        result.append((tuple(chain), stretched))
+        rebuildable = [w for w in gone if problem.recomputable[w]]
+        if not rebuildable or len(rebuildable) < len(gone):
+            break
+        chain = sorted(members | set(rebuildable), key=position.__getitem__)
+    return result

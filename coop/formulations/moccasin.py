@@ -71,6 +71,7 @@ from coop.formulations.slot_feasibility import (
     space_words,
 )
 from coop.formulations.slot_problem import SlotProblem, sufficient_horizon, sufficient_intervals
+from coop.formulations.solving_order import solving_graph
 from coop.formulations.warm_start import best_warm_start
 from coop.graph import Graph
 from coop.schedule import Schedule, Simulation, Step, simulate, take_extras_promptly
@@ -365,16 +366,20 @@ def _feasibility_check(problem: SlotProblem, settings: _Settings, clock: Progres
     return check, None
 
 
-def _infeasible_result(problem: SlotProblem, check: FeasibilityCheck, keep_order: bool, clock: ProgressClock
-                       ) -> SolveResult:
+def _infeasible_result(problem: SlotProblem, check: FeasibilityCheck, keep_order: bool, clock: ProgressClock,
+                       order: str) -> SolveResult:
     budget = problem.budget
     least = ""
     if check.least_peak is not None:
         least = f" (least peak {check.least_peak})" if check.least_peak_exact else f" (least peak >= {check.least_peak})"
-    message = (f"{space_words(problem, keep_order)} fits budget {budget}{least}: CP-SAT proved its feasibility "
-               f"model infeasible in {check.wall_s:.2f} s; raise the budget")
+    space = space_words(problem, keep_order)
+    if not order.startswith("captured"):
+        space = space.replace("graph.order", "the deferred order (coop.formulations.solving_order)")
+    message = (f"{space} fits budget {budget}{least}: CP-SAT proved its feasibility model infeasible in "
+               f"{check.wall_s:.2f} s; raise the budget")
     return SolveResult(FORMULATION, "infeasible", wall_s=clock.elapsed_s, message=message,
-                       extra={"feasibility": check.__dict__, "proof_model": True, "cp_sat_status": check.status})
+                       extra={"feasibility": check.__dict__, "proof_model": True, "cp_sat_status": check.status,
+                              "order": order})
 
 
 # ==================================================================== entry point
@@ -417,6 +422,7 @@ def moccasin(
     lp_warm_start: bool = True,
     local_search: float | None = None,
     cp_sat_parameters: dict[str, Any] | None = None,
+    order: str = "auto",
 ) -> SolveResult:
     """Solve rematerialization under ``budget`` with the Moccasin CP-SAT model (Bartan et al. 2023).
 
@@ -438,6 +444,10 @@ def moccasin(
     rarely improves the warm start within a minute; else at most 0.25, ending early once
     LOCAL_SEARCH_SMALL_STALL repairs in a row found nothing cheaper); ``cp_sat_parameters``
     are CP-SAT parameters by name (e.g. ``{"log_search_progress": True}``).
+
+    The model works in the order of :func:`coop.formulations.solving_order.solving_graph` (``order``: "auto",
+    the default, is ``graph.order`` or the deferred order where that lowers the store-all peak; "captured" or
+    "deferred" force one; ``extra["order"]`` says which); below, ``graph`` is the graph in that order.
 
     What the statuses prove. ``optimal``: no legal schedule (contract 2) whose first
     computations follow ``prompt_order(graph)`` (so none following ``graph.order`` either: taking
@@ -461,12 +471,14 @@ def moccasin(
         raise CoopError(f"max_intervals={max_intervals} must be at least 1 (the paper's C)")
     if below := below_min_budget(budget, graph):
         return SolveResult(FORMULATION, "infeasible", wall_s=clock.elapsed_s, message=below)
+    graph, order = solving_graph(graph, order)
     if budget >= baseline_peak(graph):
         # Store-all fits, and no schedule costs less than computing every node once.
         schedule = Schedule.from_order(graph.order)
         sim = simulate(graph, schedule)
         return SolveResult(FORMULATION, "optimal", schedule, sim, sim.cost, graph.baseline_cost, clock.elapsed_s,
-                           "the baseline order fits the budget", {"warm_start": "store_all"})
+                           f"store-all in the {order.split(' ')[0]} order fits the budget",
+                           {"warm_start": "store_all", "order": order})
     problem = SlotProblem.build(graph, budget)
     lp_time = min(10.0, time_limit / 4) if lp_warm_start else 0.0
     warm = best_warm_start(graph, budget, hint, lp_time)
@@ -490,7 +502,7 @@ def moccasin(
         # quick where the capacity-relaxed model below would spend the whole limit).
         check, found = _feasibility_check(problem, settings, clock)
         if check.status == "INFEASIBLE":
-            return _infeasible_result(problem, check, keep_order, clock)
+            return _infeasible_result(problem, check, keep_order, clock, order)
         incumbent = found
     rounds: list[_Round] = []
     while True:  # at least one round, so that every result says what CP-SAT did
@@ -501,6 +513,7 @@ def moccasin(
         if not _worth_another_round(problem, incumbent, round_, settings, clock):
             break
     result = _result(problem, incumbent, warm, rounds, clock)
+    result.extra["order"] = order
     if check is not None:
         result.extra["feasibility"] = check.__dict__
     return result

@@ -34,6 +34,10 @@ for every captured op; otherwise the model is conservative and its optimum is re
 overwritten node has the in-place output's size. ``exact=True`` drops implementations marked
 ``exact: false``.
 
+Both models keep first computations in one order: ``graph.order``, or the deferred order of
+:func:`coop.formulations.solving_order.solving_graph` where that lowers the store-all peak
+(``extra["order"]``); statuses speak of schedules in that order.
+
 Scaling: O(T^2 x implementations) binaries and O(T^2 x reads) rows for T positions, like
 Checkmate's MILP; tens of nodes solve to optimality in seconds. This stage MILP is the *exact
 small-graph model*: it runs on graphs of at most ``max_nodes`` positions (default
@@ -73,6 +77,7 @@ from coop.formulations.milp_backends import LinearModel, MilpSolution, solve_mil
 from coop.formulations.monet_warm import order_with_optional
 from coop.formulations.progress import ProgressCallback
 from coop.formulations.result import SolveResult
+from coop.formulations.solving_order import solving_graph
 from coop.graph import Graph, Impl, Node
 from coop.schedule import Schedule, Simulation, Step, simulate
 
@@ -401,6 +406,7 @@ def monet(
     recompute: bool = True,
     model: str = "auto",
     max_intervals: int = 2,
+    order: str = "auto",
 ) -> SolveResult:
     """MONeT's joint MILP (Shah et al. 2021) over the stage model described in the module docstring.
 
@@ -412,18 +418,22 @@ def monet(
     ``model``: ``"stage"`` (the exact stage MILP), ``"intervals"`` (the O(n) interval model) or ``"auto"``:
     the stage MILP up to ``max_nodes`` positions, the interval model above. ``recompute=False`` (MONeT's
     "implementation choice only" ablation: every node computed once, the interval model) and
-    ``max_intervals`` (the interval model's C) apply to the interval model.
+    ``max_intervals`` (the interval model's C) apply to the interval model. ``order``: the order first
+    computations keep (:func:`coop.formulations.solving_order.solving_graph`: auto, captured or deferred).
     """
     del captured  # implementations and their costs come from the graph
     started = time.perf_counter()
     if model not in ("auto", "stage", "intervals"):
         raise CoopError(f"monet model {model!r} is unknown: choose auto, stage or intervals")
+    graph, order = solving_graph(graph, order)
     positions = len(stage_order(graph))
     if model == "intervals" or not recompute or (model == "auto" and positions > max_nodes):
         from coop.formulations.monet_large import monet_intervals
 
-        return monet_intervals(graph, budget, time_limit=time_limit, threads=threads, progress=progress, hint=hint,
-                               exact=exact, recompute=recompute, max_intervals=max_intervals)
+        result = monet_intervals(graph, budget, time_limit=time_limit, threads=threads, progress=progress, hint=hint,
+                                 exact=exact, recompute=recompute, max_intervals=max_intervals)
+        result.extra["order"] = order
+        return result
     if below := below_min_budget(budget, graph):
         return SolveResult("monet", "infeasible", message=below)
     warm = _cheapest_warm_start(graph, budget, hint, exact, time_limit, threads) if warm_start else None
@@ -439,7 +449,8 @@ def monet(
     result = _result(graph, budget, problem, variables, solution, warm, exact)
     result.wall_s = time.perf_counter() - started
     result.extra.update({"solver": solver, "variables": model.num_vars, "constraints": len(model.rows),
-                         "memory_unit": problem.unit, "memory_exact": problem.exact_memory, "exact": exact})
+                         "memory_unit": problem.unit, "memory_exact": problem.exact_memory, "exact": exact,
+                         "order": order})
     return result
 
 

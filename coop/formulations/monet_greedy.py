@@ -34,10 +34,12 @@ class InPlace:
     workspace: int
 
 
-def in_place_options(graph: Graph, fixed: Graph, choices: dict[int, Choice], exact: bool) -> dict[int, InPlace]:
-    """Per node of ``fixed`` the cheapest in-place implementation that reads no more than its chosen one and
-    makes a value of the chosen one's size (so the fixed graph's bytes stay right after the swap)."""
-    options: dict[int, InPlace] = {}
+def in_place_options(graph: Graph, fixed: Graph, choices: dict[int, Choice],
+                     exact: bool) -> dict[int, tuple[InPlace, ...]]:
+    """Per node of ``fixed`` its in-place implementations that read no more than its chosen one and make a value
+    of the chosen one's size (so the fixed graph's bytes stay right after the swap), cheapest first: a residual
+    add may overwrite either operand, whichever is resident and read by nothing later."""
+    options: dict[int, tuple[InPlace, ...]] = {}
     for node in fixed.nodes:
         original = graph.node(node.id)
         if original.optional or node.output_of is not None or not original.impls:
@@ -46,21 +48,24 @@ def in_place_options(graph: Graph, fixed: Graph, choices: dict[int, Choice], exa
         fitting = [impl for impl in usable_impls(graph, original, exact)
                    if impl.inplace_of is not None and set(original.reads(impl)) <= reads and impl.mem == node.mem]
         if fitting:
-            impl = min(fitting, key=lambda i: i.cost)
-            options[node.id] = InPlace(impl.inplace_of, impl.name, impl.workspace)
+            options[node.id] = tuple(InPlace(impl.inplace_of, impl.name, impl.workspace)
+                                     for impl in sorted(fitting, key=lambda i: i.cost))
     return options
 
 
 def in_place_greedy_schedule(fixed: Graph, budget: int, choices: dict[int, Choice],
-                             options: dict[int, InPlace]) -> Schedule | None:
+                             options: dict[int, tuple[InPlace, ...]],
+                             rebuild_size_penalty: float = 0.0) -> Schedule | None:
     """Greedy eviction on ``fixed`` under ``budget`` with computes in place where :class:`InPlace` options
-    allow; every compute names its implementation. None when the heuristic gets stuck."""
-    return _InPlaceEvictor(SlotProblem.build(fixed, budget), choices, options).run()
+    allow; every compute names its implementation. None when the heuristic gets stuck.
+    ``rebuild_size_penalty``: as in :func:`coop.formulations.heuristics.greedy_eviction_schedule`."""
+    return _InPlaceEvictor(SlotProblem.build(fixed, budget), choices, options, rebuild_size_penalty).run()
 
 
 class _InPlaceEvictor(_GreedyEvictor):
-    def __init__(self, problem: SlotProblem, choices: dict[int, Choice], options: dict[int, InPlace]) -> None:
-        super().__init__(problem)
+    def __init__(self, problem: SlotProblem, choices: dict[int, Choice], options: dict[int, tuple[InPlace, ...]],
+                 rebuild_size_penalty: float = 0.0) -> None:
+        super().__init__(problem, rebuild_size_penalty)
         self.choices = choices
         self.options = options
 
@@ -77,24 +82,23 @@ class _InPlaceEvictor(_GreedyEvictor):
         self.used -= self.p.mem[option.over]
 
     def _overwritable(self, x: int, later: list[int]) -> InPlace | None:
-        option = self.options.get(x)
-        if option is None:
-            return None
+        """The first of x's in-place options whose overwritten input may be used up here, if any."""
+        return next((option for option in self.options.get(x, ()) if self._may_overwrite(x, option, later)), None)
+
+    def _may_overwrite(self, x: int, option: InPlace, later: list[int]) -> bool:
         u = option.over
         if (u not in self.resident or u in self.p.outputs or not self.p.recomputable[u]
                 or self.p.mem[u] != self.p.mem[x] or any(u in self.p.inputs[y] for y in later)):
-            return None
+            return False
         if self.release_after.get(u, -1) > self.now:
-            return None  # a rebuild of a value that is never recomputed may read u
+            return False  # a rebuild of a value that is never recomputed may read u
         here = self.position[x]
         read_later = any(position >= self.now and position != here for position in self.uses[u])
         # a later compute in the baseline order reads u: overwrite a forward value only where room would otherwise
         # have to be made by evicting (u is then as good as evicted, and rebuilt when that compute needs it); a
         # backward value (a gradient) is left alone: its rebuild would rerun the backward above it
         roomy = self.used + self.p.mem[x] + self.p.workspace[x] <= self.p.capacity
-        if read_later and (self.p.graph.node(u).kind != "forward" or roomy):
-            return None
-        return option
+        return not (read_later and (self.p.graph.node(u).kind != "forward" or roomy))
 
 
 __all__ = ["InPlace", "in_place_greedy_schedule", "in_place_options"]

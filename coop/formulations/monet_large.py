@@ -8,9 +8,10 @@ CP-SAT on the interval model of :mod:`coop.formulations.monet_intervals` hinted 
    :data:`REMAT_SHARE` of the time limit and the caller's hints; on a graph without
    implementations that *is* the problem, and Moccasin gets the whole limit and its result is returned.
 2. The lightest-implementation schedules: the graph with each node's lightest implementation fixed,
-   greedy eviction on it, and Moccasin (:data:`REMAT_SHARE` again) where no remat-only schedule fits.
-3. Greedy eviction that runs computes in place (:mod:`coop.formulations.monet_greedy`): the one warm start
-   below the out-of-place floor, which a plain graph cannot express.
+   greedy eviction on it (with each of ``REBUILD_SIZE_PENALTIES``), and Moccasin (:data:`REMAT_SHARE`
+   again) where no remat-only schedule fits.
+3. Greedy eviction that runs computes in place (:mod:`coop.formulations.monet_greedy`), with each penalty:
+   the one warm start below the out-of-place floor, which a plain graph cannot express.
 4. Each after in-place conversion; the cheapest that fits hints CP-SAT, which gets the rest of the time.
 
 monet therefore never returns a schedule costlier than the remat-only one it started from. Statuses
@@ -30,7 +31,7 @@ from ortools.sat.python import cp_model
 
 from coop.budget import below_min_budget
 from coop.errors import CoopError, ScheduleError
-from coop.formulations.heuristics import greedy_eviction_schedule
+from coop.formulations.heuristics import REBUILD_SIZE_PENALTIES, greedy_eviction_schedule
 from coop.formulations.monet_greedy import in_place_greedy_schedule, in_place_options
 from coop.formulations.monet_intervals import (
     ImplProblem,
@@ -99,8 +100,9 @@ def monet_warm_starts(graph: Graph, budget: int, hints: list[Any], exact: bool, 
     if recompute:
         remat = _moccasin(graph.remat_only(), budget, REMAT_SHARE * time_limit, threads, hints)
         raw.append(("moccasin (remat only)", remat))
-        raw.append(("greedy eviction (lightest implementations)", _with(greedy_eviction_schedule(fixed, budget),
-                                                                         choices)))
+        for penalty in REBUILD_SIZE_PENALTIES:
+            raw.append((f"greedy eviction (lightest implementations{_penalised(penalty)})",
+                        _with(greedy_eviction_schedule(fixed, budget, penalty), choices)))
         # Moccasin on the lightest implementations only where remat alone does not fit: where it fits, a second
         # Moccasin run never won on bench_monet's models at 30 s and left CP-SAT a third less time (U-Net 0.5 then
         # kept moccasin's 6.41 %; with that time CP-SAT had found 5.17 %).
@@ -108,9 +110,10 @@ def monet_warm_starts(graph: Graph, budget: int, hints: list[Any], exact: bool, 
             raw.append(("moccasin (lightest implementations)",
                         _with(_moccasin(fixed, budget, REMAT_SHARE * time_limit, threads, []), choices)))
         options = in_place_options(graph, fixed, choices, exact)
-        if options:  # the only warm start below the out-of-place floor (coop.formulations.monet_greedy)
-            raw.append(("greedy eviction in place (lightest implementations)",
-                        in_place_greedy_schedule(fixed, budget, choices, options)))
+        for penalty in REBUILD_SIZE_PENALTIES if options else ():
+            # the only warm start below the out-of-place floor (coop.formulations.monet_greedy)
+            raw.append((f"greedy eviction in place (lightest implementations{_penalised(penalty)})",
+                        in_place_greedy_schedule(fixed, budget, choices, options, penalty)))
     raw.append(("store-all", Schedule.from_order(graph.order)))
     raw.append(("store-all (lightest implementations)", with_choices(Schedule.from_order(fixed.order), choices)))
     raw.extend(("hint", getattr(h, "schedule", h)) for h in hints)
@@ -120,6 +123,10 @@ def monet_warm_starts(graph: Graph, budget: int, hints: list[Any], exact: bool, 
         if candidate is not None:
             found.append(candidate)
     return found
+
+
+def _penalised(penalty: float) -> str:
+    return f", rebuild-size penalty {penalty:g}" if penalty else ""
 
 
 def _moccasin(graph: Graph, budget: int, time_limit: float, threads: int, hints: list[Any]) -> Schedule | None:

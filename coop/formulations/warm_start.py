@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from coop.errors import CoopError, ScheduleError
-from coop.formulations.heuristics import greedy_eviction_schedule, peak_shaving_schedule
+from coop.formulations.heuristics import REBUILD_SIZE_PENALTIES, greedy_eviction_schedule, peak_shaving_schedule
 from coop.graph import Graph
 from coop.online.online_sim import simulate_online
 from coop.online.policies import POLICIES
@@ -66,6 +66,8 @@ def candidate_warm_starts(graph: Graph, budget: int, hint: Any = None,
             candidates.append(("checkmate-lp", rounded.schedule))
     heuristics: list[tuple[str, Callable[[Graph, int], Schedule | None]]] = [
         ("peak-shaving", peak_shaving_schedule), ("greedy-eviction", greedy_eviction_schedule),
+        ("greedy-eviction (rebuild-size aware)",
+         lambda g, b: greedy_eviction_schedule(g, b, rebuild_size_penalty=REBUILD_SIZE_PENALTIES[-1])),
         ("online eviction", online_schedule)]
     for name, heuristic in heuristics:
         schedule = heuristic(graph, budget)
