@@ -42,6 +42,7 @@ validator, the executor's predictions and the CLI call it.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -72,6 +73,12 @@ class Step(BaseModel):
         return f"{self.op} %{self.node}" + (f" [{self.impl}]" if self.impl else "")
 
 
+@functools.lru_cache(maxsize=65536, typed=True)
+def _compute_step(node: int) -> Step:
+    """``compute node`` (steps are frozen, so one object serves every schedule: the local search builds thousands)."""
+    return Step(op="compute", node=node)
+
+
 class Schedule(BaseModel):
     """An ordered list of steps over a graph's node ids."""
 
@@ -82,7 +89,7 @@ class Schedule(BaseModel):
     @classmethod
     def from_order(cls, order: list[int] | tuple[int, ...]) -> Schedule:
         """A schedule that computes these nodes in this order and frees each after last use."""
-        return cls(steps=tuple(Step(op="compute", node=i) for i in order))
+        return cls(steps=tuple(_compute_step(i) for i in order))
 
     @property
     def compute_count(self) -> int:

@@ -5,8 +5,10 @@ budget any schedule fits lies between it and the peak of the lowest-memory sched
 constructs. This module constructs such a schedule: the lowest of the peaks of checkpoint-all (keep only what may not
 be recomputed, rebuild everything else at each use) and of Chen's baselines asked for the lower
 bound, and the lowest budget at which the greedy eviction heuristic
-(:func:`coop.formulations.heuristics.greedy_eviction_schedule`, offline DTR with exact next uses)
-still finds a schedule, located by bisection between the two bounds.
+(:func:`coop.formulations.heuristics.greedy_eviction_schedule`, offline DTR with exact next uses, with each of its
+rebuild-size penalties, over the captured order and the solvers' deferred order of
+:func:`coop.formulations.solving_order.solving_graph`) still finds a schedule, located by bisection between the
+two bounds.
 """
 
 from __future__ import annotations
@@ -40,7 +42,8 @@ class ConstructedBudget:
 def constructed_budget(graph: Graph, tolerance: float = TOLERANCE) -> ConstructedBudget:
     """The lowest budget that a constructed schedule fits (see the module docstring)."""
     from coop.formulations.baselines import checkpoint_all, chen_greedy, chen_sqrt
-    from coop.formulations.heuristics import greedy_eviction_schedule
+    from coop.formulations.heuristics import REBUILD_SIZE_PENALTIES, greedy_eviction_schedule
+    from coop.formulations.solving_order import solving_graph
 
     lower = min_budget(graph)
     # The baseline order always fits its own peak: the bisection starts from it.
@@ -55,14 +58,17 @@ def constructed_budget(graph: Graph, tolerance: float = TOLERANCE) -> Constructe
             peak = simulate(graph, result.schedule).peak
             if peak < best.budget:
                 best = ConstructedBudget(peak, result.schedule, name, lower)
+    deferred = solving_graph(graph)[0]
+    orders = [graph] if deferred is graph else [graph, deferred]
     low, high = lower, best.budget
     while high - low > max(1, tolerance * lower):
         middle = (low + high) // 2
-        schedule = greedy_eviction_schedule(graph, middle)
-        if schedule is None:
+        found = [s for ordered in orders for penalty in REBUILD_SIZE_PENALTIES
+                 if (s := greedy_eviction_schedule(ordered, middle, penalty)) is not None]
+        if not found:
             low = middle
             continue
-        peak = simulate(graph, schedule).peak
+        peak, schedule = min(((simulate(graph, s).peak, s) for s in found), key=lambda item: item[0])
         if peak < best.budget:
             best = ConstructedBudget(peak, schedule, "greedy-eviction", lower)
         high = min(middle, peak)
