@@ -261,12 +261,16 @@ def run(quick: bool = False, time_limit: float = 30.0) -> dict[str, Any]:
                 found[variant[0]] = row
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr, flush=True)
-            monet, moccasin = found["monet"], found["moccasin = checkpointing only"]
-            if monet.get("fits") and moccasin.get("fits"):
-                monet["monet_le_moccasin"] = monet["overhead_percent"] <= moccasin["overhead_percent"] + 1e-9
-            elif monet.get("fits"):
-                monet["monet_le_moccasin"] = True  # moccasin found nothing that fits
+            mark_monet_le_moccasin(found["monet"], found["moccasin = checkpointing only"])
     return {"rows": rows, "notes": _notes(had_impls, quick, limit)}
+
+
+def mark_monet_le_moccasin(monet: dict[str, Any], moccasin: dict[str, Any]) -> None:
+    """Where monet's row found a schedule, record whether it costs no more than moccasin's (True where moccasin
+    found nothing that fits)."""
+    if monet.get("fits"):
+        monet["monet_le_moccasin"] = (not moccasin.get("fits")
+                                      or monet["overhead_percent"] <= moccasin["overhead_percent"] + 1e-9)
 
 
 def _budgets(graph: Graph, peak0: int, quick: bool) -> list[tuple[str, int]]:

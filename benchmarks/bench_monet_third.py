@@ -18,7 +18,14 @@ import math
 import sys
 from typing import Any
 
-from benchmarks.bench_monet import PUBLISHED_OVERHEAD_PERCENT, VARIANTS, _row, capture_graph, model_specs
+from benchmarks.bench_monet import (
+    PUBLISHED_OVERHEAD_PERCENT,
+    VARIANTS,
+    _row,
+    capture_graph,
+    mark_monet_le_moccasin,
+    model_specs,
+)
 from coop.budget import baseline_peak
 
 #: Seconds per solve.
@@ -45,10 +52,7 @@ def run(quick: bool = False) -> dict[str, Any]:
             found[variant[1]] = row
             rows.append(row)
             print(json.dumps(row), file=sys.stderr, flush=True)
-        monet, moccasin = found["monet"], found["moccasin"]
-        if monet.get("fits"):
-            monet["monet_le_moccasin"] = (not moccasin.get("fits")
-                                          or monet["overhead_percent"] <= moccasin["overhead_percent"] + 1e-9)
+        mark_monet_le_moccasin(found["monet"], found["moccasin"])
     notes = (f"{limit:g} s per solve, 2 threads; monet is hinted with the moccasin row's schedule. Overheads are "
              "predicted (analytic costs); MONeT's are measured GPU time at about 1/3 of PyTorch's peak.")
     return {"rows": rows, "notes": notes}
