@@ -9,7 +9,7 @@ CP-SAT on the interval model of :mod:`coop.formulations.monet_intervals` hinted 
    implementations that *is* the problem, and Moccasin gets the whole limit and its result is returned.
 2. The lightest-implementation schedules: the graph with each node's lightest implementation fixed,
    greedy eviction on it (with each of ``REBUILD_SIZE_PENALTIES``), and Moccasin (:data:`REMAT_SHARE`
-   again) where no remat-only schedule fits.
+   again) where no remat-only schedule fits or it costs more than :data:`LIGHTEST_RUN_OVERHEAD`.
 3. Greedy eviction that runs computes in place (:mod:`coop.formulations.monet_greedy`), with each penalty:
    the one warm start below the out-of-place floor, which a plain graph cannot express.
 4. Each after in-place conversion; the cheapest that fits hints CP-SAT, which gets the rest of the time.
@@ -49,6 +49,8 @@ from coop.schedule import Schedule, Simulation, simulate
 
 #: The share of the time limit each Moccasin warm start may take.
 REMAT_SHARE = 0.35
+#: Moccasin also runs on the lightest implementations where the remat-only schedule costs more than this overhead.
+LIGHTEST_RUN_OVERHEAD = 0.15
 #: The formulation name results carry.
 NAME = "monet"
 
@@ -103,10 +105,13 @@ def monet_warm_starts(graph: Graph, budget: int, hints: list[Any], exact: bool, 
         for penalty in REBUILD_SIZE_PENALTIES:
             raw.append((f"greedy eviction (lightest implementations{_penalised(penalty)})",
                         _with(greedy_eviction_schedule(fixed, budget, penalty), choices)))
-        # Moccasin on the lightest implementations only where remat alone does not fit: where it fits, a second
-        # Moccasin run never won on bench_monet's models at 30 s and left CP-SAT a third less time (U-Net 0.5 then
-        # kept moccasin's 6.41 %; with that time CP-SAT had found 5.17 %).
-        if (remat is None or simulate(graph, remat).peak > budget) and any(c is not None for c in choices.values()):
+        # Moccasin on the lightest implementations only where remat alone does not fit or costs more than
+        # LIGHTEST_RUN_OVERHEAD: at low overheads a second Moccasin run never won on bench_monet's models at 30 s and
+        # left CP-SAT a third less time (U-Net 0.5 then kept moccasin's 6.41 %; with that time CP-SAT found 5.17 %);
+        # at U-Net 1/3 (remat-only 30.5 %) it is the start from which CP-SAT reached 15.8 % (22.6 % without it).
+        remat_sim = None if remat is None else simulate(graph, remat)
+        costly = remat_sim is None or remat_sim.peak > budget or remat_sim.overhead > LIGHTEST_RUN_OVERHEAD
+        if costly and any(c is not None for c in choices.values()):
             raw.append(("moccasin (lightest implementations)",
                         _with(_moccasin(fixed, budget, REMAT_SHARE * time_limit, threads, []), choices)))
         options = in_place_options(graph, fixed, choices, exact)
