@@ -250,19 +250,25 @@ def run(quick: bool = False, time_limit: float = 30.0) -> dict[str, Any]:
         print(f"{name}: {json.dumps(common)}, capture {capture_s:.1f} s", file=sys.stderr, flush=True)
         for label, budget in _budgets(graph, peak0, quick):
             published = PUBLISHED_OVERHEAD_PERCENT.get(published_key) if label == "1/3" else None
-            found: dict[str, dict[str, Any]] = {}
-            hint = None
-            for variant in VARIANTS:
-                row = common | {"budget": label, "published_monet_overhead_percent": published} | _row(
-                    graph, budget, variant, limit, hint)
-                moccasin_result = row.pop("result", None)
-                if moccasin_result is not None and moccasin_result.schedule is not None:
-                    hint = moccasin_result
-                found[variant[0]] = row
-                rows.append(row)
-                print(json.dumps(row), file=sys.stderr, flush=True)
-            mark_monet_le_moccasin(found["monet"], found["moccasin = checkpointing only"])
+            rows += run_variants(graph, budget, VARIANTS, limit,
+                                 common | {"budget": label, "published_monet_overhead_percent": published})
     return {"rows": rows, "notes": _notes(had_impls, quick, limit)}
+
+
+def run_variants(graph: Graph, budget: int, variants: Any, limit: float, base: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per variant (``base`` plus its result), in order, each printed as it comes; moccasin's schedule hints
+    the variants after it, and monet's row records whether it costs no more than moccasin's."""
+    found: dict[str, dict[str, Any]] = {}
+    hint = None
+    for variant in variants:
+        row = base | _row(graph, budget, variant, limit, hint)
+        moccasin_result = row.pop("result", None)
+        if moccasin_result is not None and moccasin_result.schedule is not None:
+            hint = moccasin_result
+        found[variant[0]] = row
+        print(json.dumps(row), file=sys.stderr, flush=True)
+    mark_monet_le_moccasin(found["monet"], found["moccasin = checkpointing only"])
+    return list(found.values())
 
 
 def mark_monet_le_moccasin(monet: dict[str, Any], moccasin: dict[str, Any]) -> None:

@@ -18,14 +18,7 @@ import math
 import sys
 from typing import Any
 
-from benchmarks.bench_monet import (
-    PUBLISHED_OVERHEAD_PERCENT,
-    VARIANTS,
-    _row,
-    capture_graph,
-    mark_monet_le_moccasin,
-    model_specs,
-)
+from benchmarks.bench_monet import PUBLISHED_OVERHEAD_PERCENT, VARIANTS, capture_graph, model_specs, run_variants
 from coop.budget import baseline_peak
 
 #: Seconds per solve.
@@ -40,19 +33,9 @@ def run(quick: bool = False) -> dict[str, Any]:
     for name, (published_key, builder) in model_specs(quick).items():
         graph, _, _ = capture_graph(builder())
         budget = math.ceil(baseline_peak(graph) / 3)
-        hint = None
-        found: dict[str, dict[str, Any]] = {}
-        for variant in variants:
-            row = {"model": name, "budget": "1/3", "time_limit_s": limit,
-                   "published_monet_overhead_percent": PUBLISHED_OVERHEAD_PERCENT.get(published_key)}
-            row |= _row(graph, budget, variant, limit, hint)
-            result = row.pop("result", None)
-            if result is not None and result.schedule is not None:
-                hint = result
-            found[variant[1]] = row
-            rows.append(row)
-            print(json.dumps(row), file=sys.stderr, flush=True)
-        mark_monet_le_moccasin(found["monet"], found["moccasin"])
+        rows += run_variants(graph, budget, variants, limit, {
+            "model": name, "budget": "1/3", "time_limit_s": limit,
+            "published_monet_overhead_percent": PUBLISHED_OVERHEAD_PERCENT.get(published_key)})
     notes = (f"{limit:g} s per solve, 2 threads; monet is hinted with the moccasin row's schedule. Overheads are "
              "predicted (analytic costs); MONeT's are measured GPU time at about 1/3 of PyTorch's peak.")
     return {"rows": rows, "notes": notes}

@@ -62,7 +62,9 @@ COMPUTE_LIMIT_FACTOR = 20
 class _GreedyEvictor:
     def __init__(self, problem: SlotProblem, rebuild_size_penalty: float = 0.0) -> None:
         self.p = problem
-        self.rebuild_size_penalty = rebuild_size_penalty
+        # per value, what the rebuild-size penalty multiplies its eviction score by (fixed by the graph: computed once)
+        self.score_factor = ({v: self._score_factor(v, rebuild_size_penalty) for v in problem.order}
+                             if rebuild_size_penalty else {})
         self.position = {v: k for k, v in enumerate(problem.order)}
         self.uses = {v: sorted(self.position[c] for c in problem.consumers[v]) for v in problem.order}
         self.resident: set[int] = set()
@@ -155,14 +157,18 @@ class _GreedyEvictor:
                 continue
             distance = self.next_use(u) - self.now + 1
             score = (self.rebuild_cost(u, rebuild) + 1) / (self.p.mem[u] * distance)
-            if self.rebuild_size_penalty:
-                inputs = sum(self.p.mem[w] for w in set(self.p.inputs[u]) if self.p.recomputable[w])
-                score *= (1 + inputs / self.p.mem[u]) ** self.rebuild_size_penalty
-                if self.p.graph.node(u).kind == "backward":
-                    score *= GRADIENT_EVICTION_PENALTY
+            score *= self.score_factor.get(u, 1.0)
             if score < best_score:
                 best, best_score = u, score
         return best
+
+    def _score_factor(self, v: int, penalty: float) -> float:
+        """``(1 + recomputable input bytes / bytes) ** penalty``, times GRADIENT_EVICTION_PENALTY for a gradient."""
+        if not self.p.mem[v]:
+            return 1.0
+        inputs = sum(self.p.mem[w] for w in set(self.p.inputs[v]) if self.p.recomputable[w])
+        factor = (1 + inputs / self.p.mem[v]) ** penalty
+        return factor * GRADIENT_EVICTION_PENALTY if self.p.graph.node(v).kind == "backward" else factor
 
     def rebuild_cost(self, u: int, memo: dict[int, int]) -> int:
         """Cost of recomputing u from what is resident now: u plus its missing ancestors (DTR's e*)."""

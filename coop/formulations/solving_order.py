@@ -98,7 +98,7 @@ def solving_graph(graph: Graph, order: str = "auto") -> tuple[Graph, str]:
         deferred = deferred_order(graph)
         if deferred == graph.order:
             return graph, "captured (deferring moves nothing)"
-        return Graph.model_validate(graph.model_dump() | {"order": deferred}), "deferred (asked for)"
+        return _in_order(graph, deferred), "deferred (asked for)"
 
     def build() -> tuple[Graph, str]:
         if not graph.has_backward:
@@ -110,10 +110,14 @@ def solving_graph(graph: Graph, order: str = "auto") -> tuple[Graph, str]:
         after = simulate(graph, Schedule.from_order(order)).peak
         if after > (1 - MIN_PEAK_GAIN) * before:
             return graph, "captured"
-        reordered = Graph.model_validate(graph.model_dump() | {"order": order})
-        return reordered, f"deferred (store-all peak {after:,} B, captured order's {before:,} B)"
+        return _in_order(graph, order), f"deferred (store-all peak {after:,} B, captured order's {before:,} B)"
 
     return graph.memo("solving_graph", build)
+
+
+def _in_order(graph: Graph, order: tuple[int, ...]) -> Graph:
+    """The graph with ``order`` as its order (validated: a topological order of the same nodes)."""
+    return Graph.model_validate(graph.model_dump() | {"order": order})
 
 
 __all__ = ["MIN_PEAK_GAIN", "ORDER_CHOICES", "deferred_order", "solving_graph"]
