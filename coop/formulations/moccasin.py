@@ -372,9 +372,8 @@ def _infeasible_result(problem: SlotProblem, check: FeasibilityCheck, keep_order
     least = ""
     if check.least_peak is not None:
         least = f" (least peak {check.least_peak})" if check.least_peak_exact else f" (least peak >= {check.least_peak})"
-    space = space_words(problem, keep_order)
-    if not order.startswith("captured"):
-        space = space.replace("graph.order", "the deferred order (coop.formulations.solving_order)")
+    order_words = "graph.order" if order.startswith("captured") else "the deferred order (coop.formulations.solving_order)"
+    space = space_words(problem, keep_order, order_words)
     message = (f"{space} fits budget {budget}{least}: CP-SAT proved its feasibility model infeasible in "
                f"{check.wall_s:.2f} s; raise the budget")
     return SolveResult(FORMULATION, "infeasible", wall_s=clock.elapsed_s, message=message,

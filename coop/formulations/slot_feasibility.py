@@ -150,10 +150,10 @@ def grid_schedule(problem: SlotProblem, grid: SlotGrid, solver: cp_model.CpSolve
     return Schedule(steps=tuple(steps))
 
 
-def space_words(problem: SlotProblem, keep_order: bool) -> str:
-    """The schedules a proof speaks about, in words."""
+def space_words(problem: SlotProblem, keep_order: bool, order_words: str = "graph.order") -> str:
+    """The schedules a proof speaks about, in words; ``order_words`` names the order first computations keep."""
     if keep_order:
-        return "no schedule with first computations in graph.order"
+        return f"no schedule with first computations in {order_words}"
     if len(problem.graph.random_draws & set(problem.order)) > 1:
         return "no schedule in any order (random ops drawing in graph.order)"
     return "no schedule in any order"
