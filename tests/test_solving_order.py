@@ -106,3 +106,14 @@ def test_peak_shaving_rebuilds_a_chain_from_the_kept_convolution() -> None:
     assert schedule is not None
     sim = simulate(graph, schedule)
     assert sim.peak <= 32 and sim.cost == 28.0
+
+
+def test_an_infeasibility_proof_names_the_order_it_speaks_of() -> None:
+    graph = _classifier_head()
+    # no schedule in any order fits 63 B, one fits 64 B (brute force): both orders' proofs must say which order
+    assert optimal_cost(graph, 63, "all") is None and optimal_cost(graph, 64, "all") is not None
+    deferred = solve(graph, 63, "moccasin", time_limit=20)
+    captured = solve(graph, 63, "moccasin", order="captured", time_limit=20)
+    assert deferred.status == captured.status == "infeasible"
+    assert "first computations in the deferred order" in deferred.message
+    assert "first computations in graph.order" in captured.message
