@@ -1,40 +1,112 @@
-"""CUDA replay: measured peak (torch.cuda.max_memory_allocated) against the plan's prediction, step time and gradients against eager.
+"""GPU acceptance: every CUDA path of coop, a process per case: memory, step time and gradients against eager.
 
-Run on a machine with a CUDA device: ``python benchmarks/run_all.py --only bench_cuda`` (or
-``python benchmarks/bench_cuda.py [--quick]``). Without one, ``run_all`` skips this module and
-keeps the section of the last run made on a GPU (``REQUIRES = "cuda"``).
+The one command a maintainer runs on a lent GPU machine (issue 22, item 5)::
 
-Per model (random weights, nothing downloaded; the sizes of issue 4's captured bars): one
-capture on the device with profiled node costs (``coop.capture(..., profile=True)``: measured
-seconds per node on the GPU), then plans at 100 % (store-all), 70 % and 50 % of the baseline
-peak (``formulation="auto"``), and checkpoint-all, which recomputes every activation and every
-dropout draw (the executor replays each draw from the CUDA generator state saved before it). For
-each plan:
+    python benchmarks/bench_cuda.py [--device cuda|cpu] [--quick] [--only CASE ...] [--json OUT] [--jobs N]
 
-* ``measured_peak``: ``torch.cuda.max_memory_allocated`` during one ``plan.step`` minus what was
-  allocated before it, plus the caller-owned bytes (parameters, buffers, batch) that the Graph
-  counts as resident: the same quantity as the simulator's ``predicted_peak``.
-  ``measured_vs_predicted`` is their ratio (the bar: <= 1.02).
-* ``step_ms``: median of ``STEPS`` CUDA-synchronized steps after warm-up; ``vs_eager`` and
-  ``vs_store_all`` are the step-time ratios; ``predicted_overhead`` is the plan's simulated
-  extra cost over the baseline order with the profiled costs.
-* ``grads_equal``: loss and every gradient ``torch.equal`` to eager PyTorch's under the same seed,
-  over ``EQUAL_STEPS`` optimizer steps.
+It runs every case of :data:`CASES` (``--list`` prints them) in a process of its own, so that a crash
+becomes a row (``crashed: SIGSEGV``, with the last phase the case reached and the innermost frame of
+its ``faulthandler`` dump) and the run goes on; a case that runs past its timeout becomes ``timed out
+after N s`` (with the frame it hung in, dumped just before the kill), a Python exception ``error: <one
+line>``. A case runs as ``python bench_cuda.py --case JSON`` (``--isolation exec``, the default on
+CUDA: no driver state crosses a fork), or forked from a fork server that imported torch, coop and
+transformers once (``--isolation fork``, the default on CPU: seconds of imports saved per case). The
+parent prints a table, writes every row as JSON (``--json``), checks the acceptance bars
+(:func:`acceptance_failures`) and exits 1 when one fails. ``--device`` defaults to ``cuda`` when torch
+sees a CUDA device, else ``cpu``: there the same command runs the CPU-capable cases, and the test
+suite runs them at the tiny ``--quick`` sizes (tests/test_bench_cuda.py), so this code is exercised in
+CI. ``--only`` takes case names, families, modes or shell patterns (``gpt2``, ``replay``,
+``resnet/replay/*``);
+``python benchmarks/run_all.py --only bench_cuda`` runs it through :func:`run` (``REQUIRES = "cuda"``:
+``make bench`` on a machine without CUDA keeps the section of the last GPU run).
 
-Everything runs under ``torch.use_deterministic_algorithms(True)`` (``CUBLAS_WORKSPACE_CONFIG
-=:4096:8``): CUDA's atomic-add kernels (embedding and index backward) otherwise give different
-bits on every run, eager against eager, and bit-equality would mean nothing.
+Cases (family / mode / budget; budgets are fractions of the baseline peak, ``store-all`` the
+baseline order itself). Full sizes: GPT-2 small b8 s512, ResNet-50 b32 224 px, BERT-base b8 s256,
+Llama 16x512 b8 s512, ViT-B (patch 8) b32 128 px, MobileNetV2 x0.25 b64 224 px; ``--quick``: the
+smallest sizes at which every budget below can be planned (:data:`MODELS`).
+
+* ``F/capture`` for every zoo family (GPT-2, BERT, Llama, ResNet, ViT, MobileNetV2): ``coop.capture(...,
+  profile=True)`` (node costs measured on the device); the row compares eager PyTorch's own step with the
+  captured baseline peak.
+* ``gpt2|resnet/replay/store-all|0.7|0.5`` and ``bert|llama|vit|mobilenet/replay/0.6``: ordinary replay
+  of ``coop.plan(..., formulation="store-all" | "auto")``.
+* ``gpt2|resnet/arena/0.8``: ``coop.plan(..., arena=True)`` (one buffer at planned offsets). coop refuses
+  it off CPU by design (a plain ``CoopError``): the row then reads ``skipped: coop refuses it: ...``.
+* ``gpt2/paging/0.3`` and ``gpt2/paging+copy_stream/0.3``: ``formulation="poet"`` with the
+  ``h100-sxm-pcie5`` device profile, at a budget close to ``coop.min_budget`` (0.27 of the baseline peak at
+  full size, 0.19 quick), below what recomputation alone reaches, so that it pages (198 page-outs at full
+  size, 37 quick, solved on CPU with analytic costs);
+  the second with ``copy_stream=True`` (CUDA only: on CPU the row says ``skipped: copy_stream needs CUDA``).
+* ``gpt2/dynamic/0.7`` and ``resnet/dynamic/0.6``: ``formulation="dynamic"`` (online eviction).
+* ``gpt2|resnet/cuda-graph/...``: CUDA-graph replay, ``skipped: not implemented yet`` until ``coop.plan``
+  takes ``cuda_graph=`` (then it runs with ``cuda_graph=True``).
+* hidden self-tests (``selftest/crash``, ``selftest/error``, ``selftest/hang``, run with ``--selftest`` or
+  ``--only``): a child that kills itself with SIGSEGV, raises, or hangs, to prove the machinery.
+
+Columns (bytes; ``predicted`` and the measures count the caller-owned values, the parameters, buffers
+and batch that the Graph holds resident, as the simulator does):
+
+* ``predicted``: the simulator's peak for the plan (``plan.predicted_peak``: live bytes, caller-owned
+  included, workspaces as captured: measured per node on CUDA, none on CPU); for an arena plan its whole
+  footprint (``plan.summary()["arena_footprint"]``: caller-owned values, arenas, scratch, output slots and
+  what a step allocates beside them); for a dynamic plan its budget (``plan.budget``, the bound online
+  eviction keeps); for a capture row the captured baseline peak (``coop.baseline_peak``), the prediction for
+  eager's own step.
+* ``allocated``: on CUDA, ``torch.cuda.max_memory_allocated()`` during a warm step (the second) minus
+  ``torch.cuda.memory_allocated()`` right before the plan's first step, plus the caller-owned bytes: the
+  warm step's peak and whatever the first step left allocated for later steps (an arena buffer, output
+  slots). On CPU the same quantity from an independent meter, torch's profiler (:class:`CpuMeter`:
+  every allocation and free the CPU allocator reports over both steps, in order; allocations made under a
+  coop function that enters ``host_pool()``, the host tier, are counted apart in ``host``).
+* ``allocated_no_scratch`` (CPU only): the same without the blocks an aten op allocates and frees before it
+  returns (a CPU convolution's scratch), which coop does not measure on CPU: the quantity a CPU capture
+  predicts (``noscr/pred`` in the table).
+* ``reserved`` (CUDA only): ``torch.cuda.max_memory_reserved()`` during the warm step, after
+  ``torch.cuda.empty_cache()``, minus ``memory_allocated()`` before the first step, plus the caller-owned
+  bytes: every byte the caching allocator holds that is not a tensor that existed before the plan ran
+  (fragmentation, rounding and the slack of the segments that hold the parameters included).
+* ``alloc/pred``, ``res/pred``, ``noscr/pred``: ratios to ``predicted``. The bars (:func:`acceptance_failures`):
+  no crash, error or timeout; ``grads_equal`` on every planned and dynamic row; ``res/pred <= 1.03`` for
+  GPT-2 and ResNet-50 at store-all, 0.7 and 0.5 (CUDA); on CPU ``noscr/pred <= 1`` for every replay, paging
+  and dynamic row and ``alloc/pred <= 1`` for an arena row (its footprint counts the scratch).
+* ``step_ms``, ``eager_ms``, ``vs_eager``: medians of synchronized warm steps of the plan and of eager
+  PyTorch (``loss.backward()``) on the same weights, and their ratio.
+* ``grads_equal``: loss and every gradient ``torch.equal`` to eager's over two AdamW steps from the same
+  weights, each step under the same seed (the second checks that the replay reads the updated weights);
+  ``note`` names the first difference.
+* ``nodes``, ``capture_s``: the captured graph's nodes and the capture's wall time (with profiling on
+  CUDA and in capture rows; replay rows on CPU capture without it). ``pages``: the plan's page-outs;
+  ``plan_s``: ``coop.plan``'s wall time; ``wall_s``: the case's, process start included.
+
+Everything runs under ``torch.use_deterministic_algorithms(True)`` with ``CUBLAS_WORKSPACE_CONFIG=
+:4096:8`` (set in the environment of every case before torch initialises CUDA): CUDA's atomic-add
+kernels (embedding and index backward) otherwise give other bits on every run, eager against eager.
+``PYTORCH_CUDA_ALLOC_CONF`` is left as the caller sets it (the notes record it).
 """
 
 from __future__ import annotations
 
-import copy
 import os
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before torch initialises CUDA (cuBLAS determinism)
+
+import argparse
+import ast
+import copy
+import faulthandler
+import fnmatch
+import inspect
+import json
+import re
+import signal
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
-from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,224 +117,817 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import coop
-from coop.errors import CoopError
 from coop.zoo import _classifier_loss, build
 
 REQUIRES = "cuda"
-#: (formulation, budget fraction): store-all, the planner at 70 % and 50 %, and checkpoint-all, which
-#: recomputes every activation, dropout masks included (replayed from their saved generator state).
-PLANS = (("store-all", 1.0), ("auto", 0.7), ("auto", 0.5), ("checkpoint-all", 1.0))
-TIME_LIMIT = 30
-STEPS = 20
-WARMUP = 3
+DEVICE_PROFILE = "h100-sxm-pcie5"
 EQUAL_STEPS = 2
 
+# ============================================================================ the cases
 
-def _resnet50(batch: int, image: int) -> tuple:
+
+@dataclass(frozen=True)
+class Case:
+    """One row: a zoo family, a mode and a budget (a fraction of the baseline peak, or 'store-all')."""
+
+    family: str
+    mode: str
+    budget: float | str | None = None
+    hidden: bool = False  # a self-test of the machinery: run only when asked for
+
+    @property
+    def name(self) -> str:
+        return "/".join(str(part) for part in (self.family, self.mode, self.budget) if part is not None)
+
+
+FAMILIES = ("gpt2", "bert", "llama", "resnet", "vit", "mobilenet")
+CASES: tuple[Case, ...] = (
+    *(Case(family, "capture") for family in FAMILIES),
+    *(Case(family, "replay", budget) for family in ("gpt2", "resnet") for budget in ("store-all", 0.7, 0.5)),
+    *(Case(family, "replay", 0.6) for family in ("bert", "llama", "vit", "mobilenet")),
+    Case("gpt2", "arena", 0.8),
+    Case("resnet", "arena", 0.8),
+    Case("gpt2", "paging", 0.3),
+    Case("gpt2", "paging+copy_stream", 0.3),
+    Case("gpt2", "dynamic", 0.7),
+    Case("resnet", "dynamic", 0.6),
+    Case("gpt2", "cuda-graph", "store-all"),
+    Case("resnet", "cuda-graph", 0.5),
+    Case("selftest", "crash", hidden=True),
+    Case("selftest", "error", hidden=True),
+    Case("selftest", "hang", hidden=True),
+)
+#: modes whose rows replay a plan and so must match eager bit for bit and stay within the prediction
+PLANNED_MODES = ("replay", "arena", "paging", "paging+copy_stream", "cuda-graph")
+#: what each self-test's row must read (its status starts so)
+SELFTEST_STATUS = {"crash": "crashed: SIGSEGV", "error": "error: RuntimeError: selftest error", "hang": "timed out"}
+#: the issue's bar: reserved <= 1.03x predicted for these rows on CUDA
+RESERVED_BAR = 1.03
+RESERVED_BAR_CASES = tuple(f"{family}/replay/{budget}" for family in ("gpt2", "resnet")
+                           for budget in ("store-all", 0.7, 0.5))
+#: the hang self-test's timeout per isolation: long enough for its child to start and arm faulthandler
+HANG_TIMEOUT_S = {"fork": 6, "exec": 20}
+CHILD_RUN_NAME = "__bench_cuda_case__"  # the module's __name__ in a forked child (runpy.run_path)
+
+
+def _resnet(batch: int, image: int, embedding: int = 64, hidden_sizes: tuple[int, ...] = (256, 512, 1024, 2048),
+            depths: tuple[int, ...] = (3, 4, 6, 3)) -> tuple:
+    """transformers' ResNet (ResNet-50 by default), random weights; the quick size keeps its 4x bottleneck widths."""
     from transformers import ResNetConfig, ResNetForImageClassification
 
     torch.manual_seed(0)
-    model = ResNetForImageClassification(ResNetConfig(num_labels=10)).train()
+    config = ResNetConfig(num_labels=10, embedding_size=embedding, hidden_sizes=list(hidden_sizes), depths=list(depths))
+    model = ResNetForImageClassification(config).train()
     generator = torch.Generator().manual_seed(0)
     images = torch.randn(batch, 3, image, image, generator=generator)
     return model, (images, torch.randint(0, 10, (batch,), generator=generator)), _classifier_loss
 
 
-CASES: dict[str, tuple[str, Callable[[], tuple]]] = {
-    "gpt2": ("gpt2-small 12x768 (b8, s512)",
-             lambda: build("gpt2", layers=12, hidden=768, heads=12, vocab=50257, batch=8, seq=512)),
-    "resnet50": ("resnet50 (b32, 224px)", lambda: _resnet50(32, 224)),
+#: family -> (label, builder) at full size (a GPU) and at the quick size (the CPU test: about the smallest sizes
+#: at which every budget of the case list is above coop.min_budget and is planned, resnet's online eviction at 0.6
+#: included). Full-size min_budget fractions: gpt2 0.27, resnet 0.15, bert 0.34, llama 0.35, vit 0.07, mobilenet
+#: 0.28; quick: 0.19, 0.29, 0.28, 0.42, 0.33, 0.30.
+MODELS: dict[str, tuple[tuple[str, Callable[[], tuple]], tuple[str, Callable[[], tuple]]]] = {
+    "gpt2": (("gpt2-small 12x768 b8 s512",
+              lambda: build("gpt2", layers=12, hidden=768, heads=12, vocab=50257, batch=8, seq=512)),
+             ("gpt2 2x64 b4 s64", lambda: build("gpt2", layers=2, hidden=64, heads=4, vocab=128, batch=4, seq=64))),
+    "bert": (("bert-base 12x768 b8 s256",
+              lambda: build("bert", layers=12, hidden=768, heads=12, vocab=30522, batch=8, seq=256)),
+             ("bert 2x32 b4 s64", lambda: build("bert", layers=2, hidden=32, heads=4, vocab=64, batch=4, seq=64))),
+    "llama": (("llama 16x512 b8 s512",
+               lambda: build("llama", layers=16, hidden=512, heads=8, vocab=32000, batch=8, seq=512)),
+              ("llama 2x32 b4 s64", lambda: build("llama", layers=2, hidden=32, heads=4, vocab=64, batch=4, seq=64))),
+    "resnet": (("resnet50 b32 224px", lambda: _resnet(32, 224)),
+               ("resnet 4-16..128 [3,3,3,3] b8 64px",
+                lambda: _resnet(8, 64, embedding=4, hidden_sizes=(16, 32, 64, 128), depths=(3, 3, 3, 3)))),
+    "vit": (("vit-base 12x768 b32 128px", lambda: build("vit", layers=12, hidden=768, heads=12, batch=32, image=128)),
+            ("vit 2x32 b8 64px", lambda: build("vit", layers=2, hidden=32, heads=4, batch=8, image=64))),
+    "mobilenet": (("mobilenetv2 x0.25 b64 224px", lambda: build("mobilenet", batch=64, image=224)),
+                  ("mobilenetv2 x0.25 b8 64px", lambda: build("mobilenet", batch=8, image=64))),
 }
-QUICK: dict[str, tuple[str, Callable[[], tuple]]] = {
-    "gpt2": ("gpt2 2x64 (b4, s128)", lambda: build("gpt2", layers=2, hidden=64, heads=4, vocab=128, batch=4, seq=128)),
-    "resnet50": ("resnet50 (b4, 64px)", lambda: _resnet50(4, 64)),
-}
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """What differs between the full run (a GPU) and --quick (the CPU test)."""
+
+    time_limit: float  # solver seconds per plan
+    steps: int  # timed steps
+    warmup: int
+    case_timeout: float  # seconds per case (its subprocess)
+
+
+FULL = Sizes(time_limit=30, steps=20, warmup=3, case_timeout=1800)
+QUICK = Sizes(time_limit=2, steps=2, warmup=0, case_timeout=240)  # the two measured steps have warmed it up
+
+
+def select(only: Iterable[str] | None = None, selftest: bool = False) -> list[Case]:
+    """The cases to run: all visible ones (and the self-tests with ``selftest``), or those ``only`` names.
+
+    A name matches a case by its full name, its family, its mode or a shell pattern over its name; hidden
+    cases are selected by ``only`` too. An unknown name is a ValueError naming the cases.
+    """
+    if not only:
+        return [case for case in CASES if selftest or not case.hidden]
+    chosen: list[Case] = []
+    for pattern in only:
+        matched = [case for case in CASES if pattern in (case.name, case.family, case.mode)
+                   or fnmatch.fnmatchcase(case.name, pattern)]
+        if not matched:
+            raise ValueError(f"no case matches {pattern!r}: choose from {', '.join(case.name for case in CASES)}")
+        chosen += [case for case in matched if case not in chosen]
+    if selftest:
+        chosen += [case for case in CASES if case.hidden and case not in chosen]
+    return [case for case in CASES if case in chosen]  # the list's order
+
+
+# ============================================================================ the parent: one process per case
+#: modules a forked child needs, imported once by the fork server (``--isolation fork``)
+PRELOAD = ("torch", "coop", "coop.zoo", "coop.planner", "coop.graph_capture", "coop.formulations", "transformers",
+           "transformers.models.gpt2.modeling_gpt2", "transformers.models.bert.modeling_bert",
+           "transformers.models.llama.modeling_llama", "transformers.models.resnet.modeling_resnet",
+           "transformers.models.vit.modeling_vit", "transformers.models.mobilenet_v2.modeling_mobilenet_v2")
+
+
+def run_cases(cases: list[Case], device: str, quick: bool, jobs: int = 1, isolation: str | None = None,
+              report: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """One row per case, in order; each case runs in a process of its own, ``jobs`` at a time.
+
+    ``isolation="exec"`` starts each case as ``python bench_cuda.py --case JSON`` (a fresh interpreter: the
+    default on CUDA, where no driver state may cross a fork); ``"fork"`` forks it from a fork server that has
+    imported torch, coop and transformers once, which saves each case those seconds of imports (the default on
+    CPU, and what the test runs). Either way a crash, a hang or an exception kills or ends only that process.
+    """
+    sizes = QUICK if quick else FULL
+    isolation = isolation or ("exec" if device == "cuda" else "fork")
+    threads = max(1, (os.cpu_count() or 1) // max(1, jobs))
+
+    def one(case: Case) -> dict[str, Any]:  # in a thread of the pool: waits for the case's process
+        started = time.perf_counter()
+        skipped = _skip_reason(case, device)
+        if skipped:
+            row = _blank_row(case, device) | {"status": f"skipped: {skipped}"}
+        else:
+            timeout = (HANG_TIMEOUT_S[isolation] if case.name == "selftest/hang" else sizes.case_timeout)
+            row = _run_isolated(case, device, quick, threads, timeout, isolation)
+        row["wall_s"] = round(time.perf_counter() - started, 1)
+        if report is not None:
+            report(row)
+        return row
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        # the longest cases start first (a short tail), the rows come back in the list's order
+        futures = {case: pool.submit(one, case) for case in sorted(cases, key=_expected_length)}
+        return [futures[case].result() for case in cases]
+
+
+def _expected_length(case: Case) -> int:
+    """A rank for starting order: the hang self-test waits out its timeout, arenas and online eviction run longest."""
+    order = ("hang", "arena", "dynamic", "paging", "replay", "capture")
+    return order.index(case.mode) if case.mode in order else len(order)
+
+
+def _skip_reason(case: Case, device: str) -> str:
+    """Why a case cannot run here ('' when it can): listed as a row all the same, never silently dropped."""
+    if case.mode == "cuda-graph":
+        if "cuda_graph" not in inspect.signature(coop.plan).parameters:
+            return "not implemented yet"
+        if device != "cuda":
+            return "CUDA graphs need CUDA"
+    if case.mode == "paging+copy_stream" and device != "cuda":
+        return "copy_stream needs CUDA"
+    return ""
+
+
+def _run_isolated(case: Case, device: str, quick: bool, threads: int, timeout: float,
+                  isolation: str) -> dict[str, Any]:
+    """Run one case in a process of its own; a crash, a timeout or an exception becomes its row."""
+    with tempfile.TemporaryDirectory(prefix="bench_cuda_") as name:
+        workdir = Path(name)
+        spec = {"family": case.family, "mode": case.mode, "budget": case.budget, "device": device, "quick": quick,
+                "threads": threads, "workdir": name, "timeout": timeout}
+        returncode = _run_forked(spec, timeout) if isolation == "fork" else _run_executed(spec, timeout)
+        if returncode is None:
+            return _blank_row(case, device) | {"status": f"timed out after {timeout:g} s", **_last_reached(workdir)}
+        row_file = workdir / "row.json"
+        row = json.loads(row_file.read_text()) if row_file.is_file() else None
+        if returncode < 0:
+            return (row or _blank_row(case, device)) | {"status": f"crashed: {_signal_name(-returncode)}",
+                                                        **_last_reached(workdir)}
+        if row is None:  # the child ended before it could report (an import error, sys.exit)
+            why = _last_line(workdir / "output.txt") or f"exit status {returncode}, no output"
+            return _blank_row(case, device) | {"status": f"error: {why.strip()}", **_last_reached(workdir)}
+        return row
+
+
+def _run_executed(spec: dict[str, Any], timeout: float) -> int | None:
+    """``python bench_cuda.py --case JSON``: its return code, None when it ran past ``timeout`` (then killed)."""
+    env = {**os.environ, "CUBLAS_WORKSPACE_CONFIG": os.environ.get("CUBLAS_WORKSPACE_CONFIG", ":4096:8")}
+    command = [sys.executable, str(Path(__file__).resolve()), "--case", json.dumps(spec)]
+    with open(Path(spec["workdir"]) / "output.txt", "ab") as output:
+        try:
+            done = subprocess.run(command, stdout=output, stderr=output, timeout=timeout, env=env, cwd=REPO,
+                                  check=False)
+            return done.returncode
+        except subprocess.TimeoutExpired:  # subprocess.run has killed the child
+            return None
+
+
+def _run_forked(spec: dict[str, Any], timeout: float) -> int | None:
+    """The case in a child of the fork server: its exit code (-N for signal N), None after a timeout (killed)."""
+    import multiprocessing
+    import runpy
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(list(PRELOAD))
+    process = context.Process(target=runpy.run_path, args=(str(Path(__file__).resolve()),),
+                              kwargs={"run_name": CHILD_RUN_NAME, "init_globals": {"BENCH_CASE": spec}}, daemon=True)
+    process.start()
+    process.join(timeout)
+    if process.is_alive():
+        process.kill()
+        process.join()
+        return None
+    return process.exitcode
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def _last_reached(workdir: Path) -> dict[str, str | None]:
+    """The last phase the child wrote and the innermost frame of its faulthandler dump ('file:line function')."""
+    progress = workdir / "progress.txt"
+    phases = progress.read_text().splitlines() if progress.is_file() else []
+    dump = workdir / "faulthandler.txt"
+    return {"last_phase": phases[-1] if phases else None,
+            "last_frame": last_frame(dump.read_text(errors="replace")) if dump.is_file() else None}
+
+
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<function>\S+)')
+
+
+def last_frame(dump: str) -> str | None:
+    """The innermost frame of a faulthandler dump: of the crashing thread ('Current thread'), else of the last
+    thread listed (the main thread, in a dump_traceback_later of all threads)."""
+    blocks: list[tuple[bool, list[str]]] = []
+    for line in dump.splitlines():
+        if "(most recent call first)" in line:
+            blocks.append((line.lstrip().startswith("Current thread"), []))
+        elif blocks and (match := _FRAME.match(line)):
+            blocks[-1][1].append(f"{_relative(match['file'])}:{match['line']} {match['function']}")
+    current = [frames for is_current, frames in blocks if is_current and frames]
+    chosen = current[-1] if current else next((frames for _, frames in reversed(blocks) if frames), None)
+    return chosen[0] if chosen else None
+
+
+def _relative(file: str) -> str:
+    try:
+        return str(Path(file).resolve().relative_to(REPO))
+    except (ValueError, OSError):
+        return file
+
+
+def _blank_row(case: Case, device: str) -> dict[str, Any]:
+    """Every column, in the table's order; a case fills what it measures."""
+    return {"case": case.name, "device": device, "family": case.family, "mode": case.mode,
+            "budget": case.budget, "status": "", "model": None, "formulation": None, "predicted": None,
+            "allocated": None, "reserved": None, "allocated_no_scratch": None, "host": None,
+            "allocated_vs_predicted": None, "reserved_vs_predicted": None, "no_scratch_vs_predicted": None,
+            "step_ms": None, "eager_ms": None, "vs_eager": None, "grads_equal": None, "nodes": None,
+            "capture_s": None, "plan_s": None, "pages": None, "recomputations": None, "note": None,
+            "last_phase": None, "last_frame": None}
+
+
+# ============================================================================ the verdict
+def acceptance_failures(rows: list[dict[str, Any]]) -> list[str]:
+    """The acceptance bars a run misses (empty: it passes).
+
+    No case crashed, errored or timed out; every planned and dynamic row bit-identical to eager; on CUDA
+    reserved <= 1.03x predicted for GPT-2 and ResNet at store-all, 0.7 and 0.5; on CPU, for every replay,
+    paging and dynamic row, allocated without the ops' scratch <= predicted (coop predicts no CPU workspace;
+    a dynamic plan's prediction is its budget), and for an arena row everything allocated <= its footprint
+    (which counts the scratch); a paging row pages; a self-test row reads as its machinery promises.
+    """
+    failures = []
+    for row in rows:
+        name, status = row["case"], row["status"]
+        if row["family"] == "selftest":
+            if not status.startswith(SELFTEST_STATUS[row["mode"]]):
+                failures.append(f"{name}: expected '{SELFTEST_STATUS[row['mode']]}...', got '{status}'")
+            continue
+        if status != "ok":
+            if not status.startswith("skipped"):
+                failures.append(f"{name}: {status}")
+            continue
+        if (row["mode"] in PLANNED_MODES or row["mode"] == "dynamic") and row["grads_equal"] is not True:
+            failures.append(f"{name}: gradients differ from eager ({row['note'] or 'grads_equal false'})")
+        reserved = row["reserved_vs_predicted"] or 0
+        if row["device"] == "cuda" and name in RESERVED_BAR_CASES and reserved > RESERVED_BAR:
+            failures.append(f"{name}: reserved {row['reserved_vs_predicted']}x the prediction > {RESERVED_BAR}")
+        if row["device"] == "cpu" and (row["mode"] in PLANNED_MODES or row["mode"] == "dynamic"):
+            key = "allocated_vs_predicted" if row["mode"] == "arena" else "no_scratch_vs_predicted"
+            if (row[key] or 0) > 1:
+                failures.append(f"{name}: {key} {row[key]} > 1")
+        if row["mode"].startswith("paging") and not row["pages"]:
+            failures.append(f"{name}: the plan pages nothing (lower the case's budget)")
+    return failures
+
+
+# ============================================================================ the table
+TABLE = (("case", 28), ("status", 16), ("predicted", 9), ("allocated", 9), ("reserved", 9), ("alloc/pred", 10),
+         ("res/pred", 8), ("noscr/pred", 10), ("step_ms", 8), ("eager_ms", 8), ("vs_eager", 8), ("grads_equal", 11),
+         ("nodes", 5), ("capture_s", 9))
+KEYS = {"alloc/pred": "allocated_vs_predicted", "res/pred": "reserved_vs_predicted",
+        "noscr/pred": "no_scratch_vs_predicted"}
+
+
+def format_table(rows: list[dict[str, Any]]) -> str:
+    """One line per row (bytes in MiB or GiB); under it, indented, what the status column shortens (an error's or
+    a skip's reason), a failed case's last phase and frame, and an ok row's note."""
+    lines = ["  ".join(title.ljust(width) for title, width in TABLE)]
+    for row in rows:
+        cells = [_cell(title, row.get(KEYS.get(title, title))) for title, _ in TABLE]
+        lines.append("  ".join(cell.ljust(width) for cell, (_, width) in zip(cells, TABLE, strict=True)).rstrip())
+        extra = [row["status"]] if row["status"].startswith(("error", "skipped")) else []
+        extra += [f"{key}: {row[key]}" for key in ("last_phase", "last_frame") if row.get(key)]
+        if row.get("note") and row["status"] == "ok":
+            extra.append(str(row["note"]))
+        if extra:
+            lines.append("    " + "; ".join(extra))
+    return "\n".join(lines)
+
+
+def _cell(title: str, value: Any) -> str:
+    if title == "status" and value.startswith(("error", "skipped")):
+        return value.split(":")[0]  # the reason goes on the line under the row
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if title in ("predicted", "allocated", "reserved"):
+        return f"{value / 2**20:.2f}M" if value < 2**30 else f"{value / 2**30:.2f}G"
+    if isinstance(value, float):
+        return f"{value:.3g}" if title != "capture_s" else f"{value:.1f}"
+    return str(value)
+
+
+# ============================================================================ the child: one case
+class Progress:
+    """The child's phases, one line each in ``progress.txt``, written through (a crash loses none)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.fd = os.open(workdir / "progress.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.started = time.perf_counter()
+
+    def __call__(self, phase: str) -> None:
+        os.write(self.fd, f"{phase} (at {time.perf_counter() - self.started:.1f} s)\n".encode())
+
+
+def child_main(spec: dict[str, Any]) -> int:
+    """Run one case (``--case JSON``, or a forked child) and write its row to ``row.json`` in its work folder."""
+    workdir = Path(spec["workdir"])
+    output = os.open(workdir / "output.txt", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(output, 1)  # the libraries' chatter, and a traceback, go to the case's own file
+    os.dup2(output, 2)
+    dump = open(workdir / "faulthandler.txt", "w")  # noqa: SIM115 - open until the process ends
+    faulthandler.enable(file=dump)
+    faulthandler.dump_traceback_later(max(1.0, spec["timeout"] - 2), exit=False, file=dump)  # before a kill
+    progress = Progress(workdir)
+    case = Case(spec["family"], spec["mode"], spec["budget"])
+    row = _blank_row(case, spec["device"])
+    progress("start")
+    try:
+        run_case(case, spec, row, progress)
+        row["status"] = "ok"
+    except Refused as exc:
+        row["status"] = f"skipped: coop refuses it: {str(exc).split(':')[0]}"
+    except Exception as exc:  # noqa: BLE001 - any failure is the case's row, not the run's end
+        text = f"{type(exc).__name__}: {exc}".strip().splitlines()[0]
+        row["status"] = f"error: {text}"
+        row["last_phase"] = _last_line(workdir / "progress.txt")
+    faulthandler.cancel_dump_traceback_later()
+    (workdir / "row.json").write_text(json.dumps(row))
+    return 0
+
+
+class Refused(Exception):
+    """coop.plan refuses the case by design (a plain CoopError, e.g. arena=True off CPU): a skipped row."""
+
+
+def _last_line(path: Path) -> str | None:
+    lines = path.read_text().splitlines() if path.is_file() else []
+    return lines[-1] if lines else None
+
+
+def _crash() -> None:
+    """The crash self-test: SIGSEGV, as a bad kernel would raise it (faulthandler dumps this frame)."""
+    os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def run_case(case: Case, spec: dict[str, Any], row: dict[str, Any], progress: Callable[[str], None]) -> None:
+    """Fill ``row`` with the case's measurements (the child's work; exceptions propagate to :func:`child_main`)."""
+    if case.family == "selftest":
+        progress(f"selftest: about to {case.mode}")
+        if case.mode == "crash":
+            _crash()
+        if case.mode == "error":
+            raise RuntimeError("selftest error\nsecond line not reported")
+        if case.mode == "hang":
+            time.sleep(3600)
+        return
+    device = torch.device(spec["device"])
+    sizes = QUICK if spec["quick"] else FULL
+    torch.set_num_threads(int(spec["threads"]))
+    torch.use_deterministic_algorithms(True)
+    label, make = MODELS[case.family][1 if spec["quick"] else 0]
+    row["model"] = label
+    progress("build model")
+    model, batch, loss_fn = make()
+    model = model.to(device)
+    batch = tuple(t.to(device) for t in batch)
+    profile = device.type == "cuda" or case.mode == "capture"
+    progress("capture" + (" with profile" if profile else ""))
+    started = time.perf_counter()
+    captured = coop.capture(model, batch, loss_fn=loss_fn, profile=profile)
+    row["capture_s"] = round(time.perf_counter() - started, 2)
+    graph = captured.graph
+    row["nodes"] = len(graph.nodes)
+    caller_owned = sum(graph.node(node_id).mem for node_id in graph.caller_owned_ids)
+    meter = CudaMeter() if device.type == "cuda" else CpuMeter()
+
+    if case.mode == "capture":  # eager PyTorch's own step against the captured baseline peak
+        eager_step = _step_of(model, lambda: _loss(model, batch, loss_fn))
+        progress("eager steps (measured)")
+        _measure(row, meter, eager_step, eager_step, caller_owned, coop.baseline_peak(graph))
+        progress("eager steps (timed)")
+        row["eager_ms"] = round(_median_ms(eager_step, device, sizes), 3)
+        return
+
+    options: dict[str, Any] = {}
+    formulation = "store-all" if case.budget == "store-all" else "auto"
+    if case.mode == "arena":
+        options["arena"] = True
+    elif case.mode.startswith("paging"):
+        formulation, options["device_profile"] = "poet", DEVICE_PROFILE
+        options["copy_stream"] = case.mode == "paging+copy_stream"
+    elif case.mode == "dynamic":
+        formulation = "dynamic"
+    elif case.mode == "cuda-graph":
+        options["cuda_graph"] = True
+    budget = 1.0 if case.budget == "store-all" else case.budget
+    progress(f"plan ({formulation}, budget {budget})")
+    started = time.perf_counter()
+    try:
+        plan = coop.plan(model, budget, batch, loss_fn=loss_fn, captured=captured, formulation=formulation,
+                         time_limit=sizes.time_limit, **options)
+    except coop.CoopError as exc:
+        if case.mode == "arena" and device.type != "cpu" and type(exc) is coop.CoopError:
+            raise Refused(str(exc)) from exc  # by design: coop replays arenas on CPU only (coop.plan's docstring)
+        raise
+    row["plan_s"] = round(time.perf_counter() - started, 2)
+    summary = plan.summary()
+    row["formulation"] = plan.formulation
+    row["note"] = summary.get("note") or None
+    schedule = getattr(plan, "schedule", None)
+    if schedule is not None:
+        row["pages"] = sum(1 for step in schedule.steps if step.op == "page_out")
+        row["recomputations"] = summary.get("recomputations")
+    if case.mode == "arena" and summary.get("arena_footprint"):
+        predicted = summary["arena_footprint"]
+    elif case.mode == "arena" and summary.get("arena_peak"):
+        predicted = max(summary["arena_peak"], plan.predicted_peak)
+    else:
+        predicted = plan.predicted_peak if plan.predicted_peak is not None else plan.budget
+
+    plan_step = _step_of(model, lambda: plan.step(*batch), progress, "replay step")
+    _measure(row, meter, plan_step, plan_step, caller_owned, predicted)
+    progress("replay steps (timed)")
+    row["step_ms"] = round(_median_ms(plan_step, device, sizes), 3)
+    progress("eager steps (timed)")
+    eager = copy.deepcopy(model)
+    eager_step = _step_of(eager, lambda: _loss(eager, batch, loss_fn))
+    row["eager_ms"] = round(_median_ms(eager_step, device, sizes), 3)
+    row["vs_eager"] = round(row["step_ms"] / row["eager_ms"], 3)
+    row["grads_equal"], difference = _equal_to_eager(plan, model, eager, batch, loss_fn, progress)
+    if difference:
+        row["note"] = f"{difference}; {row['note']}" if row["note"] else difference
 
 
 def _loss(model: torch.nn.Module, batch: tuple, loss_fn: Callable | None) -> torch.Tensor:
+    """Eager PyTorch's step: forward, ``backward()``; the loss, detached."""
     out = loss_fn(model, *batch) if loss_fn is not None else model(*batch)
-    return out if isinstance(out, torch.Tensor) else out.loss
+    loss = out if isinstance(out, torch.Tensor) else out.loss
+    loss.backward()
+    return loss.detach()
 
 
-def _eager_step(model: torch.nn.Module, batch: tuple, loss_fn: Callable | None) -> Callable[[], torch.Tensor]:
-    def step() -> torch.Tensor:
-        loss = _loss(model, batch, loss_fn)
-        loss.backward()
-        return loss.detach()
+def _step_of(model: torch.nn.Module, step: Callable[[], Any], progress: Callable[[str], None] | None = None,
+             phase: str = "") -> Callable[[], None]:
+    """One training step that keeps nothing: the loss dropped, the gradients freed after it."""
+    count = 0
 
-    return step
-
-
-def _caller_owned_bytes(graph: coop.Graph) -> int:
-    return sum(graph.node(node_id).mem for node_id in graph.caller_owned_ids)
-
-
-def _measured_peak(model: torch.nn.Module, step: Callable[[], Any], caller_owned: int) -> int:
-    """Device bytes one step reaches above what was allocated before it, plus the caller-owned bytes."""
-    model.zero_grad(set_to_none=True)
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    step()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - before
-    model.zero_grad(set_to_none=True)
-    return peak + caller_owned
-
-
-def _median_ms(model: torch.nn.Module, step: Callable[[], Any]) -> float:
-    for _ in range(WARMUP):
+    def run() -> None:
+        nonlocal count
+        count += 1
+        if progress is not None and count <= 2:  # the measured steps; later ones are timing
+            progress(f"{phase} {count}")
         step()
         model.zero_grad(set_to_none=True)
+
+    return run
+
+
+def _measure(row: dict[str, Any], meter: Any, first: Callable[[], None], warm: Callable[[], None], caller_owned: int,
+             predicted: int) -> None:
+    measured = meter.measure(first, warm)
+    row["predicted"] = int(predicted)
+    for key in ("allocated", "reserved", "allocated_no_scratch"):
+        if key in measured:
+            row[key] = measured[key] + caller_owned
+    row["host"] = measured.get("host")
+    row["allocated_vs_predicted"] = round(row["allocated"] / predicted, 4)
+    if row["reserved"] is not None:
+        row["reserved_vs_predicted"] = round(row["reserved"] / predicted, 4)
+    if row["allocated_no_scratch"] is not None:
+        row["no_scratch_vs_predicted"] = round(row["allocated_no_scratch"] / predicted, 4)
+
+
+class CudaMeter:
+    """The caching allocator's own counters (see the module docstring: allocated, reserved)."""
+
+    def measure(self, first: Callable[[], None], warm: Callable[[], None]) -> dict[str, int]:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_allocated()
+        first()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        warm()
+        torch.cuda.synchronize()
+        return {"allocated": torch.cuda.max_memory_allocated() - before,
+                "reserved": torch.cuda.max_memory_reserved() - before}
+
+
+class CpuMeter:
+    """Peak CPU bytes by torch's profiler (independent of coop's MemoryMeter), the host tier counted apart.
+
+    The profiler reports every allocation and free of the CPU allocator (address, signed size), nested in
+    the ops and Python frames that made them. An allocation made under a coop function that enters
+    ``coop.runtime.meter.host_pool()`` (the host tier of paging and saved generator states; found by reading
+    coop's source, so a new one is found too) is host memory: on CPU the "device" and the host tier are one
+    memory, and the simulator counts only the device. An allocation that an aten op makes and frees before it
+    returns is that op's scratch (a CPU convolution's buffers): real memory, counted in ``allocated``, but
+    coop measures workspaces only on CUDA, so ``allocated_no_scratch`` leaves it out, the quantity a CPU
+    capture predicts. Frees of blocks allocated before the profile are unknown to it and ignored (the count
+    can only be high).
+    """
+
+    MARK = "bench_cuda: warm step"
+
+    def __init__(self) -> None:
+        from types import SimpleNamespace
+
+        self.host_functions = host_tier_functions()
+        self._host_by_name: dict[str, bool] = {}
+        # the kinds of events in the profiler's own tree (as torch.profiler._memory_profiler reads it)
+        self.kinds = SimpleNamespace(**{kind: getattr(torch._C._profiler, f"_ExtraFields_{kind}")
+                                        for kind in ("Allocation", "TorchOp", "PyCall")})
+
+    def measure(self, first: Callable[[], None], warm: Callable[[], None]) -> dict[str, int]:
+        from torch.profiler import ProfilerActivity, profile, record_function
+
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, with_stack=True) as prof:
+            first()
+            with record_function(self.MARK):
+                warm()
+        window = [0, -1]  # the warm step's start and end (the marker's own children are not nested reliably)
+        allocations = []
+        for event in _events(prof.profiler.kineto_results):
+            if isinstance(event.extra_fields, self.kinds.Allocation):
+                allocations.append(self._allocation(event))
+            elif isinstance(event.extra_fields, self.kinds.TorchOp) and _event_name(event) == self.MARK:
+                window[:] = [event.start_time_ns, event.end_time_ns]
+        allocations.sort(key=lambda item: item[0])
+        # first pass: which allocations are scratch (freed before the aten op that made them returns)
+        opened: dict[int, tuple[int, int | None]] = {}  # address -> (index of its allocation, its op's end)
+        scratch: set[int] = set()
+        for index, (when, address, size, _, op_end) in enumerate(allocations):
+            if size > 0:
+                opened[address] = (index, op_end)
+            elif address in opened:
+                allocated_at, end = opened.pop(address)
+                if end is not None and when <= end:
+                    scratch.update((allocated_at, index))
+        live: dict[int, tuple[int, bool, bool]] = {}  # address -> (bytes, host, scratch)
+        device = outputs = host_bytes = peak = peak_outputs = host_peak = 0
+        for index, (when, address, size, under_host, _) in enumerate(allocations):
+            if size > 0:
+                live[address] = (size, under_host, index in scratch)
+                is_scratch = index in scratch
+            elif address in live:
+                size, under_host, is_scratch = live.pop(address)
+                size = -size
+            else:
+                continue  # allocated before the profile started
+            if under_host:
+                host_bytes += size
+                host_peak = max(host_peak, host_bytes)
+                continue
+            device += size
+            outputs += 0 if is_scratch else size
+            if window[0] <= when <= window[1]:
+                peak, peak_outputs = max(peak, device), max(peak_outputs, outputs)
+        return {"allocated": peak, "allocated_no_scratch": peak_outputs, "host": host_peak}
+
+    def _allocation(self, event: Any) -> tuple[int, int, int, bool, int | None]:
+        """(time, address, signed bytes, under a host-tier function, end of the outermost aten op around it) of
+        one allocation or free, from its chain of enclosing events."""
+        host = False
+        op_end = None
+        parent = event.parent
+        while parent is not None:
+            if isinstance(parent.extra_fields, self.kinds.TorchOp):
+                if _event_name(parent).startswith("aten::"):
+                    op_end = parent.end_time_ns  # the last one up the chain: what the replay or autograd called
+            elif not host and isinstance(parent.extra_fields, self.kinds.PyCall):
+                host = self._is_host_function(_event_name(parent))
+            parent = parent.parent
+        fields = event.extra_fields
+        return event.start_time_ns, fields.ptr, fields.alloc_size, host, op_end
+
+    def _is_host_function(self, name: str) -> bool:
+        if name not in self._host_by_name:
+            # the Python tracer names a frame 'FILE(LINE): FUNCTION'
+            match = re.match(r"^(?P<file>.*)\(\d+\): (?P<function>\S+)$", name)
+            self._host_by_name[name] = bool(match) and (
+                str(Path(match["file"]).resolve()), match["function"]) in self.host_functions
+        return self._host_by_name[name]
+
+
+def _events(results: Any) -> Iterator[Any]:
+    """Every event of a profile's event tree, without recursion."""
+    stack = list(results.experimental_event_tree())
+    while stack:
+        event = stack.pop()
+        stack.extend(event.children)
+        yield event
+
+
+def _event_name(event: Any) -> str:
+    try:
+        return event.name
+    except UnicodeDecodeError:  # a Python frame's name the tracer stored in bytes that are not UTF-8
+        return ""
+
+
+def host_tier_functions() -> set[tuple[str, str]]:
+    """(file, function) of every coop function whose body enters ``host_pool()``: its allocations are host memory."""
+    found: set[tuple[str, str]] = set()
+    for path in Path(coop.__file__).resolve().parent.rglob("*.py"):
+        tree = ast.parse(path.read_text(), str(path))
+        for function in ast.walk(tree):
+            if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            for node in ast.walk(function):
+                if isinstance(node, ast.With) and any(_calls_host_pool(item.context_expr) for item in node.items):
+                    found.add((str(path), function.name))
+    return found
+
+
+def _calls_host_pool(expression: ast.expr) -> bool:
+    if not isinstance(expression, ast.Call):
+        return False
+    target = expression.func
+    return (isinstance(target, ast.Name) and target.id == "host_pool") or (
+        isinstance(target, ast.Attribute) and target.attr == "host_pool")
+
+
+def _median_ms(step: Callable[[], None], device: torch.device, sizes: Sizes) -> float:
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    for _ in range(sizes.warmup):
+        step()
     times = []
-    for _ in range(STEPS):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
+    for _ in range(sizes.steps):
+        synchronize()
+        started = time.perf_counter()
         step()
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-        model.zero_grad(set_to_none=True)
+        synchronize()
+        times.append(time.perf_counter() - started)
     return 1000 * statistics.median(times)
 
 
-def _recomputations(plan: Any) -> tuple[str, int]:
-    """The ops a plan recomputes most often ('aten.relu 12, aten.add 9') and how many random ops it
-    recomputes (each replayed from its saved generator state)."""
-    computes = Counter(step.node for step in plan.schedule.steps if step.op == "compute")
-    ops: Counter[str] = Counter()
-    for node_id, count in computes.items():
-        ops[plan.graph.node(node_id).op.removesuffix(".default")] += count - 1
-    top = ", ".join(f"{op} {count}" for op, count in ops.most_common(4) if count)
-    return top, sum(computes[v] - 1 for v in plan.graph.random_draws)
+def _equal_to_eager(plan: Any, model: torch.nn.Module, eager: torch.nn.Module, batch: tuple,
+                    loss_fn: Callable | None, progress: Callable[[str], None]) -> tuple[bool, str]:
+    """Loss and every gradient bit-identical to eager's over EQUAL_STEPS AdamW steps from the same weights.
 
-
-def _host_and_kernel_ms(model: torch.nn.Module, step: Callable[[], Any]) -> tuple[float, float]:
-    """Milliseconds the host spends issuing one step (before the final sync) and the GPU spends in kernels.
-
-    When the host time is close to the step time the step is launch-bound: recomputing a cheap op
-    then costs its Python and dispatch time, not its kernel time.
+    Returns whether they are and, when not, the first difference ('step 1 grad of wte.weight: max |diff| 3e-09').
     """
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    step()
-    host_ms = 1000 * (time.perf_counter() - start)
-    torch.cuda.synchronize()
-    model.zero_grad(set_to_none=True)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step()
-        torch.cuda.synchronize()
-    model.zero_grad(set_to_none=True)
-    kernel_us = sum(event.self_device_time_total for event in prof.key_averages())
-    return host_ms, kernel_us / 1000
-
-
-def _equal_to_eager(plan: Any, eager: torch.nn.Module, batch: tuple, loss_fn: Callable | None) -> bool:
-    """Loss and every gradient bit-identical to eager's over EQUAL_STEPS SGD steps from the same weights."""
-    model = plan.model
     eager.load_state_dict(model.state_dict())
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    eager_optimizer = torch.optim.SGD(eager.parameters(), lr=0.01)
-    saved = copy.deepcopy(model.state_dict())
-    equal = True
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    eager_optimizer = torch.optim.AdamW(eager.parameters(), lr=1e-3)
+    first_difference = ""
     for step in range(EQUAL_STEPS):
+        progress(f"gradients against eager, step {step + 1}")
         model.zero_grad(set_to_none=True)
         eager.zero_grad(set_to_none=True)
         torch.manual_seed(1000 + step)
-        eager_loss = _eager_step(eager, batch, loss_fn)()
+        eager_loss = _loss(eager, batch, loss_fn)
         torch.manual_seed(1000 + step)
         loss = plan.step(*batch)
-        equal &= torch.equal(loss, eager_loss)
-        for param, eager_param in zip(model.parameters(), eager.parameters(), strict=True):
-            equal &= param.grad is not None and torch.equal(param.grad, eager_param.grad)
+        pairs = [("loss", loss, eager_loss)]
+        pairs += [(f"grad of {name}", param.grad, eager_param.grad) for (name, param), eager_param
+                  in zip(model.named_parameters(), eager.parameters(), strict=True)]
+        for what, mine, theirs in pairs:
+            where = f"step {step + 1} {what}"
+            if first_difference:
+                break
+            if mine is None or theirs is None:
+                first_difference = "" if mine is theirs else f"{where}: {'missing' if mine is None else 'unexpected'}"
+            elif mine.shape != theirs.shape or mine.dtype != theirs.dtype:
+                first_difference = f"{where}: {list(mine.shape)} {mine.dtype} vs {list(theirs.shape)} {theirs.dtype}"
+            elif not torch.equal(mine, theirs):
+                first_difference = f"{where}: max |diff| {(mine.double() - theirs.double()).abs().max().item():.3g}"
         optimizer.step()
         eager_optimizer.step()
-    model.load_state_dict(saved)  # later plans and timings start from the same weights
     model.zero_grad(set_to_none=True)
     eager.zero_grad(set_to_none=True)
-    return bool(equal)
+    return not first_difference, first_difference
 
 
-def _rows_for(label: str, make: Callable[[], tuple], time_limit: float) -> list[dict[str, Any]]:
-    model, batch, loss_fn = make()
-    model = model.cuda()
-    batch = tuple(t.cuda() for t in batch)
-    eager = copy.deepcopy(model)
-    start = time.perf_counter()
-    captured = coop.capture(model, batch, loss_fn=loss_fn, profile=True)
-    capture_s = time.perf_counter() - start
-    graph = captured.graph
-    caller_owned = _caller_owned_bytes(graph)
-    baseline = coop.baseline_peak(graph)
-    eager_step = _eager_step(eager, batch, loss_fn)
-    eager_peak = _measured_peak(eager, eager_step, caller_owned)
-    eager_ms = _median_ms(eager, eager_step)
-    rows: list[dict[str, Any]] = []
-    store_all_ms = None
-    for formulation, fraction in PLANS:
-        row: dict[str, Any] = {"model": label, "nodes": len(graph.nodes), "budget": fraction}
-        start = time.perf_counter()
-        try:
-            plan = coop.plan(model, fraction, batch, loss_fn=loss_fn, captured=captured, time_limit=time_limit,
-                             formulation=formulation)
-        except CoopError as exc:
-            rows.append({**row, "error": str(exc)})
-            continue
-        summary = plan.summary()
-        recomputed_ops, random_replays = _recomputations(plan)
-        step = lambda plan=plan: plan.step(*batch)
-        measured = _measured_peak(model, step, caller_owned)
-        step_ms = _median_ms(model, step)
-        host_ms, kernel_ms = _host_and_kernel_ms(model, step)
-        store_all_ms = step_ms if formulation == "store-all" else store_all_ms
-        row.update({
-            "formulation": plan.formulation, "status": summary["status"], "solve_s": round(time.perf_counter() - start, 1),
-            "baseline_peak": baseline, "predicted_peak": plan.predicted_peak, "measured_peak": measured,
-            "measured_vs_predicted": round(measured / plan.predicted_peak, 4),
-            "eager_peak_vs_baseline": round(eager_peak / baseline, 4),
-            "predicted_overhead": round(plan.predicted_overhead, 4),
-            "eager_ms": round(eager_ms, 2), "step_ms": round(step_ms, 2), "vs_eager": round(step_ms / eager_ms, 3),
-            "vs_store_all": round(step_ms / store_all_ms, 3) if store_all_ms else None,
-            "host_ms": round(host_ms, 2), "kernel_ms": round(kernel_ms, 2),
-            "recomputations": plan.simulation.recomputations, "recomputed_ops": recomputed_ops,
-            "random_replays": random_replays,
-            "profiled_baseline_ms": round(1000 * plan.simulation.baseline_cost, 2),
-            "grads_equal": _equal_to_eager(plan, eager, batch, loss_fn),
-            "capture_s": round(capture_s, 1),
-        })
-        rows.append(row)
-        del plan
-        torch.cuda.empty_cache()
-    return rows
-
-
-def run(quick: bool = False, only: str | None = None) -> dict[str, Any]:
-    """Rows for GPT-2 small and ResNet-50 on the CUDA device (``quick``: tiny sizes)."""
+# ============================================================================ entry points
+def run(quick: bool = False, only: str | list[str] | None = None) -> dict[str, Any]:
+    """Rows of every case on the CUDA device (``quick``: tiny sizes), for ``benchmarks/run_all.py``."""
     if not torch.cuda.is_available():
-        raise RuntimeError("bench_cuda needs a CUDA device")
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(True)
-    rows = []
-    for key, (label, make) in (QUICK if quick else CASES).items():
-        if only not in (None, key):
-            continue
-        print(f"bench_cuda: {label}", file=sys.stderr, flush=True)
-        rows += _rows_for(label, make, 10 if quick else TIME_LIMIT)
-    notes = (f"Device: {torch.cuda.get_device_name()}, torch {torch.__version__}. Deterministic algorithms on "
-             "(eager and replay alike). measured_peak = max_memory_allocated during one step - allocated before + "
-             "caller-owned bytes; eager_peak_vs_baseline is the same measure for eager PyTorch's step against the "
-             "captured baseline peak. Timings: median of "
-             f"{STEPS} synchronized steps after {WARMUP} warm-up steps. host_ms is the time the host takes to issue one "
-             "step (the replay is a Python fx program): where it reaches kernel_ms the step is launch-bound, and a "
-             "recomputed cheap op costs its dispatch time rather than the synchronized per-op time the profile "
-             "measured, so measured and predicted overheads part there.")
-    return {"rows": rows, "notes": notes}
+        raise RuntimeError("bench_cuda needs a CUDA device (python benchmarks/bench_cuda.py --device cpu runs its "
+                           "CPU-capable cases)")
+    names = [only] if isinstance(only, str) else only
+    rows = run_cases(select(names), "cuda", quick, jobs=1, report=_report)
+    return {"rows": rows, "notes": notes(rows, "cuda", quick)}
+
+
+def notes(rows: list[dict[str, Any]], device: str, quick: bool) -> str:
+    where = torch.cuda.get_device_name() if device == "cuda" else "CPU"
+    failures = acceptance_failures(rows)
+    verdict = ("acceptance: PASS" if not failures else "acceptance: FAIL: " + "; ".join(failures))
+    return (f"Device: {where}, torch {torch.__version__}, {'quick' if quick else 'full'} sizes, "
+            f"PYTORCH_CUDA_ALLOC_CONF={os.environ.get('PYTORCH_CUDA_ALLOC_CONF', '(unset)')}, deterministic "
+            "algorithms on, each case in a process of its own. predicted = the simulator's peak (arena: its "
+            "footprint; dynamic: its budget; capture: the baseline peak, against eager's own step); allocated = "
+            "peak bytes of a warm step above what was allocated before the plan's first step, plus the "
+            "caller-owned bytes (CPU: torch's profiler, host tier apart; noscr/pred without the ops' own "
+            "scratch); reserved = max_memory_reserved of the warm step after empty_cache, same reference; see "
+            f"the module docstring. {verdict}.")
+
+
+def _report(row: dict[str, Any]) -> None:
+    print(f"bench_cuda: {row['case']}: {row['status']} ({row.get('wall_s', 0)} s)", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--quick", action="store_true", help="tiny model sizes (what the CPU test runs)")
+    parser.add_argument("--only", nargs="+", metavar="CASE", help="case names, families, modes or patterns")
+    parser.add_argument("--json", type=Path, metavar="OUT", help="write every row as JSON here")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="cases at a time (default 1 on CUDA: timings and memory undisturbed; 2 on CPU)")
+    parser.add_argument("--isolation", choices=("exec", "fork"), default=None,
+                        help="a fresh interpreter per case (default on CUDA) or a fork of a server that has "
+                             "imported torch, coop and transformers once (default on CPU)")
+    parser.add_argument("--selftest", action="store_true", help="also run the hidden crash/error/hang self-tests")
+    parser.add_argument("--list", action="store_true", help="list the cases and exit")
+    parser.add_argument("--case", help=argparse.SUPPRESS)  # the child: one case, as JSON
+    args = parser.parse_args(argv)
+    if args.case:
+        return child_main(json.loads(args.case))
+    if args.list:
+        print("\n".join(case.name + (" (hidden)" if case.hidden else "") for case in CASES))
+        return 0
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no CUDA device")
+    try:
+        cases = select(args.only, selftest=args.selftest)
+    except ValueError as exc:
+        parser.error(str(exc))
+    jobs = args.jobs or (1 if args.device == "cuda" else min(2, os.cpu_count() or 1))
+    started = time.perf_counter()
+    rows = run_cases(cases, args.device, args.quick, jobs=jobs, isolation=args.isolation, report=_report)
+    print(format_table(rows))
+    print(notes(rows, args.device, args.quick))
+    print(f"{len(rows)} cases in {time.perf_counter() - started:.1f} s")
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "notes": notes(rows, args.device, args.quick)}, indent=1) + "\n")
+    return 1 if acceptance_failures(rows) else 0
 
 
 if __name__ == "__main__":
-    import json
-
-    chosen = sys.argv[sys.argv.index("--only") + 1] if "--only" in sys.argv else None
-    for result in run(quick="--quick" in sys.argv, only=chosen)["rows"]:
-        print(json.dumps(result), flush=True)
+    sys.exit(main())
+elif __name__ == CHILD_RUN_NAME:  # a forked child: runpy.run_path gave it its case
+    child_main(globals()["BENCH_CASE"])

@@ -30,9 +30,9 @@ from coop.text import first_line, format_bytes, json_type_name, short_repr
 
 GRAPH_FORMAT = "coop.graph"
 #: Version 2 added ``Node.random`` (set by the capture); version 3 added MONeT's implementation
-#: links (``Impl.inputs``, ``Impl.inplace_of``, ``Impl.exact``/``tolerance``) and ``Node.optional``.
-#: Older files are upgraded on reading (:mod:`coop.graph_v1`).
-GRAPH_VERSION = 3
+#: links (``Impl.inputs``, ``Impl.inplace_of``, ``Impl.exact``/``tolerance``) and ``Node.optional``;
+#: version 4 added ``Node.device``. Older files are upgraded on reading (:mod:`coop.graph_v1`).
+GRAPH_VERSION = 4
 
 NodeKind = Literal["input", "param", "buffer", "forward", "backward", "other"]
 #: Values owned by the caller: resident for the whole step, never computed nor freed by a schedule.
@@ -125,6 +125,11 @@ class Node(BaseModel):
     #: has to compute it, only a chosen implementation may read it (``Impl.inputs``), and it is
     #: not in ``Graph.order`` nor in the baseline (contract 2: every non-optional node is computed).
     optional: Flag = False
+    #: The device the value lives on, as torch names it (``"cuda:0"``, ``"cpu"``), set by the capture from
+    #: the traced value; None for imported graphs, whose values all live on the one device the graph
+    #: describes. A captured CUDA step also holds host values (0-d CPU scalars, the RNG seeds an attention
+    #: kernel returns): :meth:`Graph.pageable` tells which values may be paged.
+    device: str | None = None
 
     @property
     def caller_owned(self) -> bool:
@@ -167,7 +172,7 @@ class Graph(BaseModel):
         """Turn pydantic's multi-line field errors into one line that names the node."""
         if isinstance(data, dict) and type(data.get("version")) is int and data["version"] == 1:
             data = upgrade_v1(data, GRAPH_VERSION)
-        elif isinstance(data, dict) and type(data.get("version")) is int and data["version"] == 2:
+        elif isinstance(data, dict) and type(data.get("version")) is int and data["version"] in (2, 3):
             data = upgrade_v2(data, GRAPH_VERSION)
         try:
             return handler(data)
@@ -177,7 +182,7 @@ class Graph(BaseModel):
     @model_validator(mode="after")
     def _check_structure(self) -> Graph:
         if self.version != GRAPH_VERSION:
-            raise GraphError(f"graph version {self.version} is not supported (this coop reads 1, 2 and {GRAPH_VERSION})")
+            raise GraphError(f"graph version {self.version} is not supported (this coop reads 1 to {GRAPH_VERSION})")
         if not self.nodes:
             raise GraphError(f"graph {self.name!r} is empty: it needs at least one node")
         seen: set[int] = set()
@@ -337,6 +342,30 @@ class Graph(BaseModel):
     def caller_owned_ids(self) -> tuple[int, ...]:
         """Inputs, parameters and buffers, resident for the whole step."""
         return tuple(n.id for n in self.nodes if n.caller_owned)
+
+    @cached_property
+    def devices(self) -> tuple[str | None, ...]:
+        """The devices the graph's values live on, sorted (None: an imported graph's one device)."""
+        return tuple(sorted({n.device for n in self.nodes}, key=lambda d: (d is not None, d or "")))
+
+    @cached_property
+    def has_accelerator(self) -> bool:
+        """Whether any value lives on an accelerator: a device other than the CPU, or an imported graph's
+        one device (all None; in a captured graph None marks a value with no tensor, which lives nowhere)."""
+        return any(device not in (None, "cpu") for device in self.devices) or self.devices == (None,)
+
+    def pageable(self, node_id: int) -> bool:
+        """Whether a schedule may page this value to the host tier (POET's page_out / page_in).
+
+        Only device memory counts against the budget, so only values on an accelerator can be paged: a
+        host value inside a step that runs on an accelerator (a 0-d CPU scalar, the CPU seed an attention
+        kernel returns) is already on the host, and paging it would copy it nowhere. A step captured on
+        the CPU alone has no accelerator; there the CPU stands in for the device and the executor's host
+        pool for the host tier (metered apart, :mod:`coop.runtime.meter`), so that paging plans replay
+        and are tested on machines without one. An imported graph's values live on its one device.
+        """
+        device = self.node(node_id).device
+        return device != "cpu" or not self.has_accelerator
 
     @cached_property
     def caller_owned_bytes(self) -> int:
@@ -645,7 +674,8 @@ _FIELD_RULES: dict[str, str] = {
     "order": "a list of node ids",
     "nodes": "a non-empty list of node objects",
     "meta": "a JSON object",
-    "version": f"the integer 1, 2 or {GRAPH_VERSION}",
+    "version": f"an integer from 1 to {GRAPH_VERSION}",
+    "device": "a torch device name such as \"cuda:0\" or \"cpu\", or null",
     "format": repr(GRAPH_FORMAT),
 }
 

@@ -1,4 +1,4 @@
-"""Reading older coop graph files: version 2 added ``Node.random``, version 3 only optional fields.
+"""Reading older coop graph files: version 2 added ``Node.random``, versions 3 and 4 only optional fields.
 
 Version 1 had no field that marked a seeded random op; coop decided it from a node's ``op`` name
 by asking torch whether that op carries ``Tag.nondeterministic_seeded``. Version 2 lets the
@@ -126,9 +126,10 @@ def upgrade_v1(data: dict[str, Any], current_version: int) -> dict[str, Any]:
 
 
 def upgrade_v2(data: dict[str, Any], current_version: int) -> dict[str, Any]:
-    """A version-2 graph document as the current version.
+    """A version-2 or version-3 graph document as the current version.
 
-    Version 3 only added fields whose defaults are version 2's meaning (an implementation reads the
-    node's inputs, runs out of place and is exact; no node is optional), so only the tag changes.
+    Versions 3 and 4 only added fields whose defaults are the older meaning (an implementation reads
+    the node's inputs, runs out of place and is exact; no node is optional; every value lives on the
+    graph's one device), so only the tag changes.
     """
     return {**data, "version": current_version}

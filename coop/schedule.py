@@ -12,6 +12,10 @@ Memory semantics (those of Checkmate, Jain et al. 2020, and Moccasin, Bartan et 
   graph output lives to the end.
 * Caller-owned values (inputs, parameters, buffers) are resident for the whole step unless a
   step pages them out; a schedule never computes or frees them.
+* Only values on an accelerator are paged (:meth:`Graph.pageable`): a host value inside a step that
+  runs on an accelerator (a 0-d CPU scalar, a CPU RNG seed) is already host memory and counts
+  against no device budget, so a page step of it is illegal. A step captured on the CPU alone has
+  no accelerator; there the CPU stands in for the device and its values are pageable.
 * Memory at a step is the sum of the device-resident instances alive at that step, plus the
   workspace of the node computed there. The peak is the maximum over steps.
 * An extra output of a multi-output op (``Node.output_of``) is produced by the op's first
@@ -178,7 +182,8 @@ def simulate(graph: Graph, schedule: Schedule, paging: PagingCosts | None = None
 
     O(steps + reads). Legal means: every step names a node of the graph; a compute reads only
     device-resident instances (those its implementation reads) and never targets a caller-owned
-    value; free/page steps act on a resident instance; every non-optional computed node is
+    value; free/page steps act on a resident instance, page steps only on a value the graph says is
+    pageable (:meth:`Graph.pageable`: on an accelerator, not a host value); every non-optional computed node is
     computed at least once; every output is resident at the end; an ``impl`` names one of the
     node's implementations; an in-place compute consumes the instance it overwrites.
     """
@@ -266,6 +271,8 @@ def simulate(graph: Graph, schedule: Schedule, paging: PagingCosts | None = None
                 raise ScheduleError(f"step {j} ({step}): node {node.id} is not resident")
             explicit_end[k] = j - 1
             _retire(current, node.id, on_device, paged_at, device_gaps, j)
+        elif not graph.pageable(node.id):  # a page_out or page_in of a host value
+            raise ScheduleError(_not_pageable(graph, node, step, j))
         elif step.op == "page_out":
             resident = node.caller_owned or node.id in current
             if not resident or not on_device.get(node.id, True):
@@ -343,6 +350,14 @@ def simulate(graph: Graph, schedule: Schedule, paging: PagingCosts | None = None
         workspace=workspace,
         owned_device=owned_device,
     )
+
+
+def _not_pageable(graph: Graph, node: Node, step: Step, j: int) -> str:
+    """Why a page step of a host value (:meth:`Graph.pageable` False) is refused, and the fix, in one line."""
+    accelerators = ", ".join(d for d in graph.devices if d not in (None, "cpu"))
+    return (f"step {j} ({step}): node {node.id} ({node.name}) lives on {node.device}, not on the accelerator "
+            f"({accelerators}) whose memory the budget bounds; only accelerator values can be paged: remove its "
+            "page_out/page_in and keep it resident (it is host memory already)")
 
 
 def _on_device(first: int, last: int, gaps: list[tuple[int, int]] | tuple[()]) -> Intervals:

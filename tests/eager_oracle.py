@@ -27,3 +27,11 @@ def assert_steps_equal_eager(trained, model: nn.Module, eager: nn.Module, batch:
         optimizer.step(), eager_optimizer.step()
         optimizer.zero_grad(), eager_optimizer.zero_grad()
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), eager.parameters(), strict=True))
+
+
+def assert_step_equals_eager(loss: torch.Tensor, eager_loss: torch.Tensor, model: nn.Module, eager: nn.Module,
+                             step: int) -> None:
+    """One step's loss and every gradient of ``model`` torch.equal to eager's (``eager_loss`` after its backward)."""
+    assert torch.equal(loss, eager_loss.detach()), step
+    for (name, p), q in zip(model.named_parameters(), eager.parameters(), strict=True):
+        assert torch.equal(p.grad, q.grad), (step, name)

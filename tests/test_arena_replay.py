@@ -109,6 +109,9 @@ def _metered(plan: coop.Plan, records: list) -> Callable:
 
 @pytest.mark.parametrize(("name", "formulation"), CASES)
 def test_arena_training_is_bit_identical_and_allocates_only_the_buffer_once(name: str, formulation: str) -> None:
+    """Each step of 2 micro-batches: the first allocates nothing but (once) the buffer; the second accumulates into
+    the ``.grad`` values the first handed out in the arena, which it first moves out of the arena (what eager holds
+    while it accumulates: one storage per gradient) and nothing else."""
     model, batch, loss_fn = build(name, **MODELS[name])
     eager = copy.deepcopy(model)
     plan = coop.plan(model, "1GiB", batch, loss_fn=loss_fn, formulation=formulation, arena=True)
@@ -119,9 +122,16 @@ def test_arena_training_is_bit_identical_and_allocates_only_the_buffer_once(name
     _assert_equal(expected, _train(model, batch, _metered(plan, records)))
     assert not program.transients  # no op computed outside the arena and copied in
     buffer = [("aten.empty.memory_format", program.buffer_bytes("cpu"))]
+    grads = sorted(p.numel() * p.element_size() for p in model.parameters())
     for call, (allocations, peak) in enumerate(records):
-        assert allocations == (buffer if call == 0 else []), f"call {call}: {allocations}"
-        assert peak <= plan.executor.predicted_peak
+        if call % 2:  # accumulating: the held .grad values moved out of the arena, one clone each
+            assert {op for op, _ in allocations} == {"aten.clone.default"}, f"call {call}: {allocations}"
+            assert sorted(nbytes for _, nbytes in allocations) == grads
+            assert peak <= plan.executor.predicted_peak + sum(grads)
+        else:
+            assert allocations == (buffer if call == 0 else []), f"call {call}: {allocations}"
+            assert peak <= plan.executor.predicted_peak
+    assert program.moved_out == STEPS * sum(grads) and program.new_buffers == 0
     copies = list(program.kernel_copies)
     assert {op for op, _ in copies} <= KERNEL_OUTPUT_OPS
     buffer_storage = program.buffers["cpu"].untyped_storage().data_ptr()
@@ -212,6 +222,8 @@ def test_arena_holds_no_more_than_the_placement_and_values_sit_at_their_offsets(
     base = min(o for _, o in placed)
     program = executor.arena_program
     assert program.arena_bytes == max(o + b.size for b, o in placed) - base <= placement.arena_peak
+    # the caller-owned values (parameters, the batch) take no room in the arena: they stay in the caller's storages
+    assert base == 0 and len(placed) == len(placement.lifetimes) and program.arenas == placement.arena_peaks
     flat = captured.flat_inputs(model, batch)
     executor.run_flat(flat)  # allocates the buffer; the raw program then shows where it writes each output
     buffer = program.buffers["cpu"]
@@ -261,3 +273,136 @@ def test_replay_runs_bound_ops_bit_identical_to_fx_code() -> None:
     torch.manual_seed(0)
     bound_outputs = executor.run_flat(flat)
     assert all(torch.equal(a, b) for a, b in zip(fx_outputs, bound_outputs, strict=True))
+
+
+# ------------------------------------------------------------------ issue 22: gradients in the arena, devices, CUDA
+def test_held_gradients_move_out_of_the_arena_and_keep_identity_and_values() -> None:
+    """A .grad the caller keeps across zero_grad() is the same tensor object with the same values after the next
+    step (moved out of the arena onto a storage of its own); the new .grad values are in the arena again."""
+    model, batch, _ = build("mlp")
+    eager = copy.deepcopy(model)
+    plan = coop.plan(model, "1GiB", batch, arena=True)
+    program = plan.executor.arena_program
+    torch.manual_seed(0)
+    plan.step(*batch)
+    kept = [p.grad for p in model.parameters()]
+    saved = [g.clone() for g in kept]
+    model.zero_grad()
+    torch.manual_seed(1)
+    plan.step(*batch)
+    buffer = program.buffers["cpu"].untyped_storage().data_ptr()
+    assert all(torch.equal(g, s) and g.untyped_storage().data_ptr() != buffer for g, s in zip(kept, saved, strict=True))
+    assert all(p.grad.untyped_storage().data_ptr() == buffer for p in model.parameters())
+    assert program.moved_out == sum(g.numel() * g.element_size() for g in kept) and program.new_buffers == 0
+    for seed in (0, 1):
+        eager.zero_grad()
+        torch.manual_seed(seed)
+        eager(*batch).backward()
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(model.parameters(), eager.parameters(), strict=True))
+
+
+def test_a_view_of_a_handed_out_gradient_keeps_the_old_buffer() -> None:
+    """``set_`` cannot follow a view: a step after a view of a .grad was kept runs on a new buffer, the view keeps its
+    values, and the next step (the view released) reuses the new buffer."""
+    model, batch, _ = build("mlp")
+    plan = coop.plan(model, "1GiB", batch, arena=True)
+    program = plan.executor.arena_program
+    plan.step(*batch)
+    views = [p.grad.view(-1)[:3] for p in model.parameters()]
+    saved = [v.clone() for v in views]
+    old = program.buffers["cpu"].untyped_storage().data_ptr()
+    model.zero_grad()
+    plan.step(*batch)
+    new = program.buffers["cpu"].untyped_storage().data_ptr()
+    assert program.new_buffers == 1 and new != old
+    assert all(torch.equal(v, s) and v.untyped_storage().data_ptr() == old for v, s in zip(views, saved, strict=True))
+    del views
+    model.zero_grad()
+    plan.step(*batch)
+    assert program.new_buffers == 1 and program.buffers["cpu"].untyped_storage().data_ptr() == new
+
+
+def _relocated(captured: coop.Captured, device_of: Callable[[int], str]) -> coop.Captured:
+    """``captured`` as if traced on other devices: each Graph node (and each fx value it owns) on ``device_of(id)``.
+
+    Fake tensors may live on CUDA without a GPU; the program is built and read, never run."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    data = captured.graph.model_dump()
+    for node in data["nodes"]:
+        node["device"] = device_of(node["id"]) if node["device"] is not None else None
+    captured.graph = coop.Graph.model_validate(data)
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+
+    def moved(value: object, device: str) -> object:
+        if isinstance(value, torch.Tensor):
+            with mode:
+                base = torch.empty(value.untyped_storage().nbytes() // value.element_size() or 1, dtype=value.dtype,
+                                   device=device)
+                return base.as_strided(value.shape, value.stride(), value.storage_offset())
+        if isinstance(value, (tuple, list)):
+            return type(value)(moved(v, device) for v in value)
+        return value
+
+    for fx_node in captured.module.graph.nodes:
+        owner = captured.owner_of.get(fx_node.name)
+        if owner is not None and "val" in fx_node.meta:
+            fx_node.meta["val"] = moved(fx_node.meta["val"], device_of(owner))
+    return captured
+
+
+def test_mixed_device_program_writes_each_value_into_its_devices_arena(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step whose values live on cuda:0, cuda:1 and the CPU (hand-assigned; built with fake CUDA tensors, never run):
+    one buffer per device, each the size of that device's placed peak, and every planned value is a view of its own
+    device's buffer."""
+    from coop.runtime.arena_replay import ArenaProgramBuilder
+
+    model, batch, loss_fn = build("mlp")
+    captured = capture(model, batch, loss_fn=loss_fn)
+    computed = [n.id for n in captured.graph.nodes if not n.caller_owned]
+    on_cpu, on_second = set(computed[2:4]), set(computed[5:9])
+
+    def device_of(node_id: int) -> str:
+        return "cpu" if node_id in on_cpu else "cuda:1" if node_id in on_second else "cuda:0"
+
+    captured = _relocated(captured, device_of)
+    assert set(captured.graph.devices) == {"cpu", "cuda:0", "cuda:1"}
+    written: list[tuple[int, str]] = []
+    original = ArenaProgramBuilder.view_at
+
+    def recording(self: ArenaProgramBuilder, offset: int, size: int, fake: torch.Tensor, device: str | None = None):
+        written.append((self.node_id, device or str(fake.device)))
+        return original(self, offset, size, fake, device)
+
+    monkeypatch.setattr(ArenaProgramBuilder, "view_at", recording)
+    ordinary = Executor(captured, Schedule.from_order(captured.graph.order))
+    placement = execution_placement(ordinary.graph, ordinary.schedule)
+    executor = Executor(captured, ordinary.schedule, arena=placement)
+    program = executor.arena_program
+    assert program.devices == ["cpu", "cuda:0", "cuda:1"]
+    assert {d: program.arenas[d] for d in program.devices} == placement.arena_peaks
+    for device in program.devices:
+        assert f"coop_arena_{device.replace(':', '_')}" in executor.code
+    placed = [(node, device) for node, device in written if node >= 0]
+    assert placed and {device for _, device in placed} == {"cpu", "cuda:0", "cuda:1"}
+    assert all(device == device_of(node) for node, device in placed)
+    with pytest.raises(CoopError, match="arena=True replays CPU steps only") as error:
+        coop.plan(model, 1.0, batch, loss_fn=loss_fn, arena=True, captured=captured)
+    assert "\n" not in str(error.value) and "expandable segments" in str(error.value)
+
+
+def test_cuda_arena_is_refused_in_one_line_before_any_solve() -> None:
+    """On CUDA the arena is not what coop uses (DESIGN.md, H100 measurements): plan(arena=True) says so and what to use."""
+    model, batch, loss_fn = build("mlp")
+    captured = capture(model, batch, loss_fn=loss_fn)
+    captured.graph = coop.Graph.model_validate(
+        {**captured.graph.model_dump(), "nodes": [{**n, "device": "cuda:0" if n["device"] else None}
+                                                  for n in captured.graph.model_dump()["nodes"]]})
+    with pytest.raises(CoopError, match="cuda:0") as error:
+        coop.plan(model, 1.0, batch, loss_fn=loss_fn, arena=True, captured=captured, time_limit=0.01)
+    message = str(error.value)
+    assert "\n" not in message and "ordinary replay" in message and "without arena=True" in message
+    ordinary = coop.plan(model, 1.0, batch, loss_fn=loss_fn, captured=capture(model, batch, loss_fn=loss_fn))
+    with pytest.raises(CoopError, match="CPU steps only"):
+        ordinary.captured.graph = captured.graph
+        ordinary.use_arena(None)

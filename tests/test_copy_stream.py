@@ -42,9 +42,14 @@ from coop.zoo import build
 # ---------------------------------------------------------------- the recording fake of the stream API
 
 
+_CUDA0 = torch.device("cuda", 0)
+_CPU = torch.device("cpu")
+
+
 @dataclass(eq=False)
 class FakeStream:
     name: str
+    device: torch.device = _CUDA0
 
 
 @dataclass(eq=False)
@@ -55,14 +60,25 @@ class FakeEvent:
         self.log.append(("record", self, stream))
 
 
+#: torch.cuda's own check of a device argument (``current_stream``, ``Stream``, ``torch.cuda.device``): it raises
+#: ``ValueError: Expected a cuda device, but got: cpu`` before touching CUDA, so it runs on this CPU-only torch too.
+_check_cuda_device = torch.cuda._utils._get_device_index
+
+
 @dataclass
 class RecordingStreams:
     """A :class:`coop.runtime.copy_stream.StreamAPI` on CPU tensors that logs what a CUDA run would enqueue.
 
-    ``drop_wait`` / ``drop_record_stream``: the index of one call to leave out (a mutant protocol)."""
+    It refuses what torch.cuda refuses: a stream of a CPU device (``current_stream(cpu)``, ``Stream(cpu)``: torch's
+    ValueError, from torch's own check) and ``record_stream`` of a CPU tensor (torch's NotImplementedError). This
+    machine has no GPU, so the replay's tensors are CPU tensors: ``stand_in`` names the device whose tensors play
+    ``cuda:0`` in a recorded run (the CPU by default; None: none does, and every CPU tensor is refused as a CUDA
+    build of torch refuses it). ``drop_wait`` / ``drop_record_stream``: the index of one call to leave out (a
+    mutant protocol)."""
 
     drop_wait: int | None = None
     drop_record_stream: int | None = None
+    stand_in: torch.device | None = _CPU
     log: list = field(default_factory=list, repr=False)
     waits: int = 0
     record_streams: int = 0
@@ -71,11 +87,21 @@ class RecordingStreams:
         self.compute = FakeStream("compute")
         self.current = self.compute
 
+    def cuda_device(self, device: torch.device) -> torch.device:
+        """The CUDA device torch.cuda would see for ``device``: ``cuda:0`` for the stand-in, else torch's own check."""
+        device = torch.device(device)
+        if device == self.stand_in:
+            return _CUDA0
+        _check_cuda_device(device, optional=True)
+        return device
+
     def current_stream(self, device: torch.device) -> FakeStream:
+        device = self.cuda_device(device)
+        assert self.current.device == device, f"one device in this fake, not {device}"
         return self.current
 
     def new_stream(self, device: torch.device) -> FakeStream:
-        return FakeStream(f"side{len([e for e in self.log if e[0] == 'stream'])}")
+        return FakeStream(f"side{len([e for e in self.log if e[0] == 'stream'])}", self.cuda_device(device))
 
     def new_event(self) -> FakeEvent:
         return FakeEvent(self.log)
@@ -94,15 +120,12 @@ class RecordingStreams:
             self.log.append(("wait", stream, event))
 
     def record_stream(self, tensor: torch.Tensor, stream: FakeStream) -> None:
+        if tensor.device != self.stand_in and tensor.device.type != "cuda":
+            raise NotImplementedError(f"Could not run 'aten::record_stream' with arguments from the "
+                                      f"'{tensor.device.type.upper()}' backend.")
         self.record_streams += 1
         if self.record_streams - 1 != self.drop_record_stream:
             self.log.append(("record_stream", _storage(tensor), stream))
-
-    def empty_host(self, like: torch.Tensor) -> torch.Tensor:
-        return torch.empty_like(like)
-
-    def empty_device(self, like: torch.Tensor, device: torch.device) -> torch.Tensor:
-        return torch.empty_like(like, device=device)
 
 
 def _storage(tensor: torch.Tensor) -> int:
@@ -435,7 +458,7 @@ def test_without_the_option_the_program_is_unchanged(captured_model) -> None:
     schedule = hand_schedule(captured.graph, 1)
     default, explicit = Executor(captured, schedule), Executor(captured, schedule, copy_stream=False)
     assert default.code == explicit.code
-    assert "to_host" in default.code and "page_out" not in default.code
+    assert "coop_runtime_paging_page_out" in default.code and "copy_stream" not in default.code
 
 
 def test_plan_refuses_copy_stream_on_cpu_before_solving() -> None:
@@ -443,3 +466,49 @@ def test_plan_refuses_copy_stream_on_cpu_before_solving() -> None:
     with pytest.raises(CoopError, match="copy_stream=True needs CUDA") as refused:
         coop.plan(model, 0.9, batch, copy_stream=True)
     assert "\n" not in str(refused.value)
+
+
+# ---------------------------------------------------------------- the fake refuses what torch.cuda refuses
+
+
+def test_the_fake_refuses_a_cpu_device_as_torch_cuda_does() -> None:
+    """torch.cuda.current_stream(cpu) and torch.cuda.Stream(cpu) raise this ValueError on a CUDA build (measured on
+    an H100, issue 22; both go through torch.cuda._utils._get_device_index, which the fake calls); record_stream of
+    a CPU tensor has no CPU kernel (the NotImplementedError is this CPU build's own, checked below)."""
+    strict = RecordingStreams(stand_in=None)
+    cpu = torch.device("cpu")
+    for call in (strict.current_stream, strict.new_stream):
+        with pytest.raises(ValueError, match="^Expected a cuda device, but got: cpu$"):
+            call(cpu)
+    with pytest.raises(NotImplementedError, match="Could not run 'aten::record_stream' with arguments from the 'CPU'"):
+        strict.record_stream(torch.zeros(2), FakeStream("side"))
+    with pytest.raises(NotImplementedError, match="Could not run 'aten::record_stream' with arguments from the 'CPU'"):
+        torch.zeros(2).record_stream(torch.Stream(device="cpu"))  # what torch itself says
+    assert strict.current_stream(torch.device("cuda", 0)) is strict.compute  # a CUDA device is accepted
+    with pytest.raises(ValueError, match="Expected a cuda device, but got: meta"):
+        RecordingStreams().new_stream(torch.device("meta"))  # only the stand-in plays cuda:0
+
+
+def test_pinning_is_what_this_torch_does() -> None:
+    """The paging copies allocate pinned host memory through torch itself (no fake in between): on this CPU-only
+    build torch refuses pin_memory=True, so a copy that asked for it here would fail as it would in a user's run."""
+    from coop.runtime.paging import page_out, pin_host_copy
+
+    assert not pin_host_copy(torch.device("cpu")) and pin_host_copy(torch.device("cuda", 1))
+    if torch.cuda.is_available() or torch.accelerator.is_available():
+        pytest.skip("an accelerator backend can pin memory here")
+    with pytest.raises(RuntimeError, match="pin_memory=True requires"):
+        torch.empty(1, pin_memory=True)
+    with pytest.raises(RuntimeError, match="pin_memory=True requires"):
+        page_out(torch.zeros(3), pin=True, non_blocking=True)
+
+
+def test_paging_a_cpu_value_on_the_copy_stream_fails_as_it_did_on_the_h100() -> None:
+    """Issue 22: a schedule paged a 0-d CPU scalar of a CUDA step and torch.cuda.current_stream(cpu) raised in
+    CopyStream.page_out. The earlier fake accepted it; this one raises the same error. (Such a schedule no longer
+    gets there: the validator refuses it, tests/test_paging.py.)"""
+    from coop.runtime.copy_stream import CopyStream
+
+    copies = CopyStream(RecordingStreams(stand_in=None))
+    with pytest.raises(ValueError, match="Expected a cuda device, but got: cpu"):
+        copies.page_out(torch.zeros((), dtype=torch.int64), pin=False)

@@ -8,21 +8,26 @@ from types import ModuleType
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils.flop_counter import FlopCounterMode
 
 from coop.errors import CaptureError
-from coop.graph_capture import capture
+from coop.graph_capture import capture, storage_table
 from coop.graph_capture.cost import (
     BANDWIDTH,
     FLOP_RATE,
+    NodeProfile,
     analytic_seconds,
     bytes_moved,
     node_flops,
-    probe_storage_bytes,
+    profile_nodes,
     profile_seconds,
 )
+from coop.graph_capture.storage_table import table_storage_bytes
 from coop.zoo import build
+
+aten = torch.ops.aten
 
 
 def _traced(function, *example: torch.Tensor) -> torch.fx.GraphModule:
@@ -143,23 +148,133 @@ def test_fault_time_is_taken_out_of_default_allocator_steps(bench_replay: Module
     assert row["default_vs_store_all_wo_faults"] == pytest.approx(0.1)
 
 
-def test_the_storage_probe_finds_kernels_whose_storage_exceeds_the_fake_one() -> None:
-    """A fake 0-d mse_loss claims 4 bytes; the CPU kernel's loss holds its 6 x 5 buffer (120 bytes).
-    A plain mean (which reduces into a fresh tensor) keeps its 4 bytes."""
-    module = _traced(lambda x, y: (torch.nn.functional.mse_loss(x, y), (x - y).mean(), x.t()),
-                     torch.randn(6, 5), torch.randn(6, 5))
-    mse, mean = _call(module, "mse_loss"), _call(module, "mean")
-    assert mse.meta["val"].untyped_storage().nbytes() == 4
-    probe = probe_storage_bytes(module)
-    assert probe.output_bytes[mse.name] == [6 * 5 * 4]
-    assert probe.output_bytes[mean.name] == [4]
-    # pointwise ops allocate exactly their broadcast shape and views allocate nothing: neither is run
-    assert _call(module, "sub").name not in probe.output_bytes and _call(module, "t").name not in probe.output_bytes
-    assert probe.failed == []
+# ------------------------------------------------------------------ storage sizes: the table and the profiled step
+#: (op, input shape, target shape, extra arguments before the reduction) of the table's CPU entries.
+TABLE_CASES = [
+    (aten.mse_loss.default, (6, 5), (6, 5), ()),
+    (aten.mse_loss.default, (1, 5), (6, 5), ()),  # broadcast: the buffer is the broadcast shape
+    (aten.smooth_l1_loss.default, (6, 5), (1, 5), ()),
+    (aten.soft_margin_loss.default, (4, 3, 2), (4, 3, 2), ()),
+    (aten.binary_cross_entropy.default, (6, 5), (6, 5), (None,)),
+    (aten.binary_cross_entropy.default, (6, 5), (6, 5), ("weight",)),
+]
 
 
-def test_an_op_that_cannot_run_on_zeros_keeps_its_fake_size_and_is_named() -> None:
-    module = _traced(lambda p: torch.multinomial(p, 2), torch.rand(3, 4))  # all-zero probabilities are refused
-    node = _call(module, "multinomial")
-    probe = probe_storage_bytes(module)
-    assert probe.failed == [node.name] and node.name not in probe.output_bytes
+def _case_inputs(op, input_shape: tuple, target_shape: tuple, extra: tuple, dtype: torch.dtype) -> tuple:
+    """Real random inputs in each op's domain: probabilities for binary cross entropy, signs for soft margin."""
+    generator = torch.Generator().manual_seed(0)
+    if op is aten.binary_cross_entropy.default:
+        x, y = torch.rand(input_shape, generator=generator), torch.rand(target_shape, generator=generator)
+        extra = tuple(torch.rand(input_shape, generator=generator).to(dtype) if e == "weight" else e for e in extra)
+    else:
+        x, y = torch.randn(input_shape, generator=generator), torch.randn(target_shape, generator=generator)
+        y = y.sign() if op is aten.soft_margin_loss.default else y
+    return x.to(dtype), y.to(dtype), *extra
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("reduction", [0, 1, 2])  # none, mean, sum
+@pytest.mark.parametrize(("op", "input_shape", "target_shape", "extra"), TABLE_CASES)
+def test_the_storage_table_gives_the_real_cpu_storage(op, input_shape, target_shape, extra, reduction, dtype) -> None:
+    """Oracle: the real kernel on real random data. Mean and sum keep the unreduced buffer; none is the fake size."""
+    args = (*_case_inputs(op, input_shape, target_shape, extra, dtype), reduction)
+    real = op(*args).untyped_storage().nbytes()
+    with FakeTensorMode() as mode:
+        fake_args = tuple(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args)
+        fake_out = op(*fake_args)
+    table = table_storage_bytes(op, fake_args, {}, fake_out)
+    if reduction == 0:
+        assert table is None and fake_out.untyped_storage().nbytes() == real
+    else:
+        assert fake_out.untyped_storage().nbytes() < real and table == [real]
+
+
+def test_ops_outside_the_table_keep_the_fake_size() -> None:
+    with FakeTensorMode() as mode:
+        x = mode.from_tensor(torch.randn(6, 5))
+        assert table_storage_bytes(aten.huber_loss.default, (x, x, 1), {}, aten.huber_loss.default(x, x, 1)) is None
+        assert table_storage_bytes(aten.mse_loss.default, (x.to("meta"), x.to("meta")), {},
+                                   aten.mse_loss.default(x.to("meta"), x.to("meta"))) is None  # no entry for meta
+
+
+class MSEHead(torch.nn.Module):
+    """A linear layer under a mean-reduced mse_loss: the loss holds its 8 x 6 unreduced buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(5, 6)
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(self.linear(x), y)
+
+
+def _mse_setup() -> tuple[torch.nn.Module, tuple[torch.Tensor, torch.Tensor], int]:
+    """The model, its batch and the real storage bytes of its eager loss (the oracle)."""
+    torch.manual_seed(0)
+    model, batch = MSEHead(), (torch.randn(8, 5), torch.randn(8, 6))
+    with torch.no_grad():
+        real = model(*batch).untyped_storage().nbytes()
+    assert real == 8 * 6 * 4
+    return model, batch, real
+
+
+def _loss_node(graph):
+    return next(n for n in graph.nodes if n.op == "aten.mse_loss.default")
+
+
+def test_a_captured_mse_loss_counts_its_real_storage() -> None:
+    model, batch, real = _mse_setup()
+    graph = capture(model, batch).graph
+    assert _loss_node(graph).mem == real
+    assert "storage_table_missed" not in graph.meta  # nothing measured, nothing to compare
+
+
+def test_a_profiled_capture_measures_the_storages_and_agrees_with_the_table() -> None:
+    model, batch, real = _mse_setup()
+    graph = capture(model, batch, profile=True).graph
+    assert _loss_node(graph).mem == real and graph.meta["storage_table_missed"] == []
+
+
+def test_a_profiled_capture_takes_real_sizes_the_table_misses_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the table the fake loss holds 4 bytes; the profiled step measures the real 192 and lists the miss."""
+    model, batch, real = _mse_setup()
+    monkeypatch.setattr(storage_table, "TABLE", {})
+    assert _loss_node(capture(model, batch).graph).mem == 4
+    graph = capture(model, batch, profile=True).graph
+    loss = _loss_node(graph)
+    assert loss.mem == real
+    assert graph.meta["storage_table_missed"] == [{"fx_node": loss.name, "op": "aten.mse_loss.default", "output": 0,
+                                                    "device": "cpu", "predicted": 4, "measured": real}]
+
+
+def test_profiling_records_each_call_nodes_real_storage_bytes() -> None:
+    """Oracle: the eager ops' storages (a transposed view shares its base's 6 x 5 storage)."""
+    def work(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.nn.functional.mse_loss(x, y, reduction="sum"), x.t(), torch.max(x, 0)
+
+    x, y = torch.randn(6, 5), torch.randn(6, 5)
+    module = _traced(work, x, y)
+    profile = profile_nodes(module, [x, y], repeats=1)
+    loss, transposed, (values, indices) = work(x, y)
+    assert profile.storage_bytes[_call(module, "mse_loss").name] == [loss.untyped_storage().nbytes()] == [120]
+    assert profile.storage_bytes[_call(module, "t").name] == [transposed.untyped_storage().nbytes()]
+    assert profile.storage_bytes[_call(module, "max").name] == [values.untyped_storage().nbytes(),
+                                                                indices.untyped_storage().nbytes()]
+
+
+# ------------------------------------------------------------------ MONeT programs: seconds without running them
+def test_calibration_prices_a_call_at_the_measured_rate_of_its_op_then_its_class() -> None:
+    """mm measured at 3x its analytic seconds, add at 5x: a program's mm costs 3x, its add 5x, its mul (not in the
+    step, pointwise like add) 5x, its view the median measured seconds of the step's free calls."""
+    from coop.graph_capture.alternatives_price import Calibration
+
+    step = _traced(lambda a, b: (a @ b + 1).t(), torch.randn(8, 8), torch.randn(8, 8))
+    seconds = {n.name: analytic_seconds(n, node_flops(n)) for n in step.graph.nodes if n.op == "call_function"}
+    rate = {"mm": 3.0, "add": 5.0}
+    profile = NodeProfile(seconds={k: v * rate.get(k.rstrip("_0123456789"), 0.0) or 1e-6 for k, v in seconds.items()})
+    calibration = Calibration.of_step(step, profile)
+    program = _traced(lambda a, b: (a @ b * 2).view(64), torch.randn(8, 8), torch.randn(8, 8))
+    for node in (n for n in program.graph.nodes if n.op == "call_function"):
+        expected = {"mm": 3.0 * analytic_seconds(node, node_flops(node)), "mul": 5.0 * analytic_seconds(node, 0),
+                    "view": 1e-6}[node.name.rstrip("_0123456789")]
+        assert calibration.seconds(node) == pytest.approx(expected), node.name

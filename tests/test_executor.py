@@ -128,7 +128,7 @@ def test_paging_moves_values_to_the_host_pool(captured_model) -> None:
     model, batch, captured = captured_model
     schedule = _paged_store_all(captured)
     executor = Executor(captured, schedule)
-    assert "to_host" in executor.code and "to_device" in executor.code
+    assert "coop_runtime_paging_page_out" in executor.code and "coop_runtime_paging_page_in" in executor.code
     flat = captured.flat_inputs(model, batch)
     torch.manual_seed(5)
     outputs, meter = metered_run(executor, flat, captured.constants())

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 
 from coop.budget import baseline_peak
 from coop.errors import GraphError
-from coop.graph import Graph
+from coop.graph import GRAPH_VERSION, Graph
 from coop.graph_files import graph_from_dict, load_graph
 from coop.schedule import Schedule, simulate
 from tests.strategies import MALFORMATIONS, malformed_graph_dict, malformed_graphs, random_graphs
@@ -201,10 +201,10 @@ def test_a_version_1_file_still_loads_with_the_same_random_draws(tmp_path: Path)
     # native_dropout; neither the getitem that takes native_dropout's mask nor free text.
     assert graph.random_draws == {1, 3}
     assert {n.id for n in graph.nodes if n.random} == {1, 3}
-    assert graph.version == 3  # upgraded on reading; saved again it is a version-3 file
+    assert graph.version == GRAPH_VERSION  # upgraded on reading; saved again it is a current-version file
     graph.save(tmp_path / "v2.json")
     saved = json.loads((tmp_path / "v2.json").read_text())
-    assert saved["version"] == 3 and [n["id"] for n in saved["nodes"] if n.get("random")] == [1, 3]
+    assert saved["version"] == GRAPH_VERSION and [n["id"] for n in saved["nodes"] if n.get("random")] == [1, 3]
     assert load_graph(tmp_path / "v2.json") == graph
     # The digest is the one version 1 gave (``random`` is not part of it), so schedules and plans
     # saved for the file still name it.
@@ -224,8 +224,8 @@ def test_in_version_2_the_node_flag_alone_makes_a_random_op() -> None:
 
 def test_unknown_graph_versions_and_flags_are_refused() -> None:
     data = _v1_document()
-    data["version"] = 4
-    with pytest.raises(GraphError, match="graph version 4 is not supported"):
+    data["version"] = GRAPH_VERSION + 1
+    with pytest.raises(GraphError, match=f"graph version {GRAPH_VERSION + 1} is not supported"):
         graph_from_dict(data)
     data["version"] = 2
     data["nodes"][1]["random"] = "yes"

@@ -14,7 +14,7 @@ import pytest
 
 from coop.errors import GraphError, ScheduleError
 from coop.formulations import BASELINES, solve
-from coop.graph import Graph
+from coop.graph import GRAPH_VERSION, Graph
 from coop.graph_files import load_graph
 from coop.schedule import Schedule, Step, simulate, validate
 
@@ -181,7 +181,7 @@ def test_the_order_leaves_optional_values_out_and_follows_implementation_inputs(
         _graph(nodes, order=[0, 1, 2])
 
 
-def test_version_2_files_load_as_version_3_with_the_same_digest(tmp_path: Path) -> None:
+def test_version_2_files_load_as_the_current_version_with_the_same_digest(tmp_path: Path) -> None:
     v2 = {"format": "coop.graph", "version": 2, "name": "old", "outputs": [2], "nodes": [
         {"id": 0, "name": "x", "kind": "input", "mem": 4, "cost": 0},
         {"id": 1, "name": "a", "inputs": [0], "mem": 4, "cost": 1, "impls": [{"name": "fast", "cost": 0.5, "mem": 4}]},
@@ -189,12 +189,12 @@ def test_version_2_files_load_as_version_3_with_the_same_digest(tmp_path: Path) 
     path = tmp_path / "v2.json"
     path.write_text(json.dumps(v2))
     graph = load_graph(path)
-    assert graph.version == 3
+    assert graph.version == GRAPH_VERSION
     assert graph.node(1).impls[0].inputs is None and graph.node(1).impls[0].exact
     # New fields at their defaults are left out of the file and the digest: schedules keep naming it.
     v3 = json.loads(graph.to_json())
     assert v3["nodes"][1]["impls"] == v2["nodes"][1]["impls"]
-    assert Graph.model_validate(v2 | {"version": 3}).sha256 == graph.sha256
+    assert Graph.model_validate(v2 | {"version": 3}).sha256 == graph.sha256  # version 3 upgrades the same way
     assert load_graph(path).sha256 == Graph.model_validate(v3).sha256
 
 

@@ -201,7 +201,7 @@ def test_budget_as_an_arena_size_bounds_the_best_fit_arena_peak() -> None:
     """Issue 5: with arena=True the budget bounds the address-ordered arena, fragmentation included."""
     from coop.online.static_arena import execution_placement
 
-    model, batch, loss_fn = build("cnn")
+    model, batch, loss_fn = build("cnn", batch=8, hidden=16, layers=6)  # activations, not conv scratch, dominate
     graph = capture(model, batch, loss_fn).graph
     budget = int(0.85 * coop.baseline_peak(graph))
     plan = coop.plan(model, budget, batch, loss_fn=loss_fn, formulation="checkmate", time_limit=10, arena=True)

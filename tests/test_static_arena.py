@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -13,6 +15,7 @@ from coop.online.static_arena import (
     Placement,
     best_fit_placement,
     exact_placement,
+    execution_placement,
     packed_placement,
     schedule_lifetimes,
 )
@@ -139,3 +142,101 @@ def test_greedy_by_size_closes_the_hole_best_fit_leaves() -> None:
     assert best_fit_placement(graph, schedule).arena_peak > simulate(graph, schedule).peak
     packed = packed_placement(graph, schedule)
     assert packed.method == "greedy-by-size" and packed.arena_peak == packed.live_peak == simulate(graph, schedule).peak
+
+
+# ------------------------------------------------------------------ one address space per device (issue 22)
+def _mixed_device_graph() -> Graph:
+    """x (input, cuda:0) -> a (cuda:0) -> s (a CPU scalar) and b (cuda:1); c (cuda:0) reads b and s; d (cuda:1).
+
+    Store-all lifetimes (steps a=0, s=1, b=2, c=3, d=4): a 0..2, s 1..3, b 2..4, c 3..4, d 4 (the output).
+    """
+    nodes = [
+        {"id": 0, "name": "x", "mem": 128, "cost": 0, "kind": "input", "device": "cuda:0"},
+        {"id": 1, "name": "a", "mem": 256, "cost": 1, "inputs": [0], "device": "cuda:0"},
+        {"id": 2, "name": "s", "mem": 64, "cost": 1, "inputs": [1], "device": "cpu"},
+        {"id": 3, "name": "b", "mem": 512, "cost": 1, "inputs": [1], "device": "cuda:1"},
+        {"id": 4, "name": "c", "mem": 128, "cost": 1, "inputs": [3, 2], "device": "cuda:0"},
+        {"id": 5, "name": "d", "mem": 64, "cost": 1, "inputs": [4, 3], "device": "cuda:1"},
+    ]
+    return Graph.model_validate({"name": "mixed", "nodes": nodes, "outputs": [5]})
+
+
+def _assert_disjoint_per_device(placement: Placement) -> None:
+    """Brute force: two blocks on one device alive at a common step never share an address; each device's arena
+    is the highest address its blocks reach."""
+    blocks, offsets = placement.lifetimes, placement.offsets
+    for a in range(len(blocks)):
+        for b in range(a + 1, len(blocks)):
+            if blocks[a].device == blocks[b].device and blocks[a].start <= blocks[b].end and \
+                    blocks[b].start <= blocks[a].end:
+                assert offsets[a] + blocks[a].size <= offsets[b] or offsets[b] + blocks[b].size <= offsets[a]
+    for device in {b.device for b in blocks}:
+        top = max(o + b.size for o, b in zip(offsets, blocks, strict=True) if b.device == device)
+        assert placement.arena_peaks[device] == top
+    assert placement.arena_peak == sum(placement.arena_peaks.values())
+
+
+def test_each_device_gets_its_own_arena_of_its_own_peak() -> None:
+    """Hand-counted per device: cuda:0 holds a (256) and later c (128): 256; cuda:1 b (512) with d (64) at the last
+    step: 576; the CPU the scalar s: 64. The caller-owned x (cuda:0) is in no execution arena; with the caller-owned
+    values placed, cuda:0 holds x beside a: 384."""
+    graph = _mixed_device_graph()
+    schedule = Schedule.from_order(graph.order)
+    for placement in (execution_placement(graph, schedule, alignment=64), best_fit_placement(graph, schedule,
+                                                                                           caller_owned=False)):
+        placement.check()
+        _assert_disjoint_per_device(placement)
+        assert placement.arena_peaks == {"cpu": 64, "cuda:0": 256, "cuda:1": 576}
+        assert placement.live_peak == placement.arena_peak == 896
+        assert all(b.device == graph.node(b.node).device for b in placement.lifetimes)
+        assert not any(b.label.startswith("owned") for b in placement.lifetimes)
+    # separate address spaces: a (cuda:0), b (cuda:1) and s (cpu) are alive together at step 2, all at offset 0
+    execution = execution_placement(graph, schedule, alignment=64)
+    at = {b.label: o for b, o in zip(execution.lifetimes, execution.offsets, strict=True)}
+    assert at["%1#0"] == at["%3#2"] == at["%2#1"] == 0
+    with_owned = best_fit_placement(graph, schedule)
+    _assert_disjoint_per_device(with_owned)
+    assert with_owned.arena_peaks == {"cpu": 64, "cuda:0": 384, "cuda:1": 576}
+    exact = exact_placement(graph, schedule, time_limit=2.0)
+    _assert_disjoint_per_device(exact)
+    assert exact.arena_peaks == with_owned.arena_peaks
+
+
+def test_a_placement_that_mixes_devices_is_refused_by_check() -> None:
+    """Two blocks alive together at one address are an overlap on one device and legal on two."""
+    graph = _mixed_device_graph()
+    placement = execution_placement(graph, Schedule.from_order(graph.order), alignment=64)
+    same = [replace(b, device="cuda:0") for b in placement.lifetimes]
+    low = [512 if b.label == "%5#4" else 0 for b in placement.lifetimes]  # d above b on cuda:1, the rest at 0
+    Placement("x", "heuristic", placement.lifetimes, low, 1024, 896).check()  # a, s, b at 0 on three devices
+    with pytest.raises(CoopError, match="placement overlap on cuda:0"):
+        Placement("x", "heuristic", same, low, 1024, 896).check()
+
+
+@st.composite
+def graphs_on_devices(draw: st.DrawFn) -> tuple[Graph, Schedule]:
+    """A random graph whose values live on two accelerators, and a random legal schedule of it (paging included)."""
+    graph, schedule = draw(graphs_with_schedules(max_nodes=10))
+    data = graph.model_dump()
+    for node in data["nodes"]:
+        node["device"] = draw(st.sampled_from(["cuda:0", "cuda:1"]))
+    return Graph.model_validate(data), schedule
+
+
+@settings(max_examples=60, deadline=None)
+@given(case=graphs_on_devices())
+def test_per_device_placement_never_overlaps_and_counts_each_device_exactly(case: tuple[Graph, Schedule]) -> None:
+    """Oracle: the simulator. At every step each device's blocks add up to that device's share of sim.memory, no two
+    blocks on one device overlap, and each device's arena is at least its own live peak."""
+    graph, schedule = case
+    sim = simulate(graph, schedule)
+    for placement in (best_fit_placement(graph, schedule), packed_placement(graph, schedule, alignment=8)):
+        _assert_disjoint_per_device(placement)
+        placement.check()
+        for step, memory in enumerate(sim.memory):
+            live = sum(b.size for b in placement.lifetimes if b.start <= step <= b.end)
+            assert live == memory or placement.extra["alignment"] > 1
+        for device, peak in placement.arena_peaks.items():
+            live_peak = max(sum(b.size for b in placement.lifetimes if b.device == device and b.start <= j <= b.end)
+                            for j in range(len(schedule)))
+            assert peak >= live_peak

@@ -9,8 +9,10 @@ its next read (or at the end, for a graph output). POET (Patil et al., ICML 2022
 such paging-only schedules; here it gives the poet MILP a fitting incumbent where recomputation
 alone cannot reach the budget, in milliseconds instead of a branch-and-bound search.
 
-Caller-owned values (inputs, parameters) and extra outputs of multi-output ops are never paged (poet
-keeps them on the device). Returns None when no value can be paged at the peak step.
+Caller-owned values (inputs, parameters), extra outputs of multi-output ops (poet keeps them on the
+device) and host values of an accelerator step (:meth:`coop.graph.Graph.pageable`: a 0-d CPU scalar, an
+RNG seed; the validator refuses paging them) are never paged. Returns None when no value can be paged at
+the peak step.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ def _best_move(graph: Graph, schedule: Schedule, sim: Simulation) -> tuple[int, 
     best: tuple[int, tuple[int, int, int]] | None = None
     for instance in sim.instances:
         node = graph.node(instance.node)
-        if node.caller_owned or node.output_of is not None or instance.computed_at == peak:
+        if node.caller_owned or node.output_of is not None or instance.computed_at == peak or not graph.pageable(node.id):
             continue
         if not any(lo <= peak <= hi for lo, hi in instance.device):
             continue

@@ -23,7 +23,9 @@ page-out again; recomputing a paged-out value drops its host copy, ``S_SD[t+1,i]
 M_out[t,i]``); paging happens between stages (page-outs, then page-ins, after stage t's last
 compute, none before the stage of an extra output), so a page-in counts against the budget from
 the start of the next stage, as in POET. Caller-owned values (inputs, parameters) stay on the
-device: POET too keeps parameters out of paging.
+device: POET too keeps parameters out of paging. Only values on an accelerator are paged
+(:meth:`coop.graph.Graph.pageable`): a host value of a CUDA step (a 0-d CPU scalar, an RNG seed) gets no
+paging variables, as the validator refuses paging it.
 
 Objective (``objective="energy"``, POET's): ``sum R compute_j + sum M_in pagein_j + sum M_out
 pageout_j``; or ``"time"``: the same with seconds. ``runtime_budget`` (a factor of the baseline
@@ -176,8 +178,9 @@ def price_schedule(graph: Graph, schedule: Schedule, profile: DeviceProfile | st
 class _Paging:
     """POET's S_SD, M_in and M_out added to Checkmate's model (a ModelExtension)."""
 
-    def __init__(self, prices: list[NodePrice], objective: Objective, scale: float) -> None:
+    def __init__(self, prices: list[NodePrice], objective: Objective, scale: float, pageable: list[bool]) -> None:
         self.prices, self.objective, self.scale = prices, objective, scale
+        self.pageable = pageable  # per position: Graph.pageable (a host value of an accelerator step is not)
         self.SSD: dict[tuple[int, int], int] = {}    # S_SD[t,i]: on the slow tier at the start of stage t
         self.MOUT: dict[tuple[int, int], int] = {}   # M_out[t,i]: paged out after stage t
         self.MIN: dict[tuple[int, int], int] = {}    # M_in[t,i]: paged in after stage t
@@ -186,8 +189,8 @@ class _Paging:
         T = problem.size
         last_use = _latest_possible_reads(problem)
         for i in range(T):
-            if problem.mem[i] == 0:
-                continue  # paging nothing only costs latency
+            if problem.mem[i] == 0 or not self.pageable[i]:
+                continue  # paging nothing only costs latency; a host value is never paged (M_out, M_in fixed to 0)
             needed_until = T if i in problem.outputs else last_use[i]
             for t in range(i, min(needed_until, T - 1)):  # page out after stage t: useful if read in a later stage
                 if not problem.extra_output[t + 1]:
@@ -472,7 +475,8 @@ def _model(setting: _Setting, problem: _Problem, prices: list[NodePrice],
            scale: float) -> tuple[LinearModel, Any, _Paging | None]:
     """Checkmate's model with POET's objective, paging variables and runtime budget."""
     priced = dataclasses.replace(problem, cost=tuple(p.compute(setting.objective) * scale for p in prices))
-    extension = _Paging(prices, setting.objective, scale) if setting.paging else None
+    pageable = [setting.graph.pageable(i) for i in problem.ids]
+    extension = _Paging(prices, setting.objective, scale, pageable) if setting.paging else None
     model, variables = _build_model(priced, extension)
     if not setting.remat:
         for t, row in enumerate(variables.R):

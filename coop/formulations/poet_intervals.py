@@ -9,7 +9,8 @@ with the same prices (:func:`coop.formulations.poet.node_price`) and the same si
 * every computed value v has up to C device-residency intervals ``[s_vi, e_vi]`` on a slot axis
   (one compute per slot); the first is present and starts with a compute, the others are optional
   (``p_vi``) and each starts either with a compute (``c_vi``, a recomputation) or with a page-in
-  (``g_vi``), ``c_vi + g_vi = p_vi``; a value that is not recomputable gets page-in intervals only;
+  (``g_vi``), ``c_vi + g_vi = p_vi``; a value that is not recomputable gets page-in intervals only, and
+  a value that is not pageable (:meth:`coop.graph.Graph.pageable`: a host value of a CUDA step) none;
 * a page-in interval needs a host copy: contract 2's ``page_out`` moves a value off the device at
   once and a ``page_in`` moves it back (the host copy does not persist), so the copy is made by a
   page-out right after the previous interval ``i - 1`` of the same value ends; a page-in interval
@@ -194,7 +195,7 @@ def build_model(problem: SlotProblem, coefficients: Coefficients, horizon: int, 
     for v in problem.order:
         lo = built.lows[v] = n_anc[v]
         can_recompute = setting.remat and problem.recomputable[v]
-        can_page = setting.paging and problem.mem[v] > 0
+        can_page = _may_page(setting, problem, v)
         for name in ("starts", "ends", "present", "computed", "paged", "sizes"):
             getattr(built, name)[v] = []
         for i in range(per_node[v]):
@@ -467,7 +468,13 @@ def _fit_first(setting: Any, problem: SlotProblem, coefficients: Coefficients, m
 
 def _may_repeat(setting: Any, problem: SlotProblem, v: int) -> bool:
     """Whether v may have more than one residency interval (a recomputation or a page-in)."""
-    return (setting.remat and problem.recomputable[v]) or (setting.paging and problem.mem[v] > 0)
+    return (setting.remat and problem.recomputable[v]) or _may_page(setting, problem, v)
+
+
+def _may_page(setting: Any, problem: SlotProblem, v: int) -> bool:
+    """Whether v may get page-in intervals: paging allowed, bytes to move, and v on an accelerator
+    (:meth:`Graph.pageable`: a host value of a CUDA step is never paged; the validator refuses it)."""
+    return setting.paging and problem.mem[v] > 0 and setting.graph.pageable(v)
 
 
 def _warm_spans(graph: Graph, problem: SlotProblem, fallback: tuple[str, Schedule] | None

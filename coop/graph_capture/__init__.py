@@ -3,11 +3,16 @@
 :func:`capture` traces the joint step (the forward and ``torch.autograd.grad``, functionalized)
 with ``make_fx`` (see :mod:`coop.graph_capture.trace`), folds views and aliases into the node
 that owns their storage and prices every node (:mod:`coop.graph_capture.lower`,
-:mod:`coop.graph_capture.cost`).
+:mod:`coop.graph_capture.cost`). Tracing computes nothing (fake tensors), and no kernel runs on
+made-up data anywhere in a capture: storage sizes come from a reviewed table
+(:mod:`coop.graph_capture.storage_table`) or, with ``profile``, from the real step on the caller's
+parameters and batch; MONeT's programs are priced on fake tensors
+(:mod:`coop.graph_capture.alternatives_price`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 
@@ -16,6 +21,7 @@ from torch import nn
 
 from coop.errors import CaptureError
 from coop.graph_capture.alternatives import add_alternatives
+from coop.graph_capture.alternatives_price import Calibration, calibrated
 from coop.graph_capture.captured import Captured, flat_values
 from coop.graph_capture.cost import NodeProfile, profile_nodes
 from coop.graph_capture.lower import lower
@@ -28,13 +34,15 @@ def capture(model: nn.Module, example_batch: torch.Tensor | tuple | list, loss_f
 
     ``loss_fn(model, *batch)`` returns a scalar; without it ``model(*batch)`` must return a
     scalar or an object with ``.loss``. With ``profile`` node costs are measured seconds on the
-    batch's device (and on CUDA each node's workspace is its measured transient bytes), else the
-    analytic model of :mod:`coop.graph_capture.cost`. With
+    batch's device, node bytes the storages the real step returned (and on CUDA each node's
+    workspace is its measured transient bytes), else the analytic model of
+    :mod:`coop.graph_capture.cost` and the storage table of :mod:`coop.graph_capture.storage_table`. With
     ``compact_masks`` (the default) each dropout draw is a bool mask, the only non-recomputable
     node of a dropout (:mod:`coop.graph_capture.random_ops`); ``False`` keeps the traced float draw.
     With ``alternatives`` the Graph also holds the implementations PyTorch offers (MONeT: ReLU /
     hardtanh backward from a compact mask, in-place activations; :mod:`coop.graph_capture.alternatives`),
-    priced like the nodes; formulations other than ``monet`` ignore them.
+    priced like the nodes (with ``profile``, the analytic model calibrated on the profiled step:
+    :class:`~coop.graph_capture.alternatives_price.Calibration`); formulations other than ``monet`` ignore them.
     """
     if not isinstance(model, nn.Module):
         raise CaptureError(f"capture needs an nn.Module, got {type(model).__name__}")
@@ -54,7 +62,9 @@ def capture(model: nn.Module, example_batch: torch.Tensor | tuple | list, loss_f
     if alternatives:  # the real parameters let batch norm's backward from its output be offered (nonzero weights)
         names = [n.name for n in traced.module.graph.nodes if n.op == "placeholder"]
         values = dict(zip(names, flat_values(placeholders, {**params, **buffers, **frozen}, batch), strict=True))
-        found = add_alternatives(traced.module, lowered.graph, lowered.fx_names, lowered.owner_of, profiled, values)
+        pricing = calibrated(Calibration.of_step(traced.module, profiled)) if profiled is not None else contextlib.nullcontext()
+        with pricing:
+            found = add_alternatives(traced.module, lowered.graph, lowered.fx_names, lowered.owner_of, profiled, values)
     return Captured(
         graph=found.graph if found is not None else lowered.graph,
         module=traced.module,

@@ -49,12 +49,13 @@ Steps of a CNN's backward that hold three activations at once get their own modu
 * **add over one operand** (:mod:`~coop.graph_capture.alternatives_add`, ``inplace`` /
   ``inplace_other``): a residual add written over either operand, operands in eager's order; exact.
 
-Costs follow MONeT's profiling (:mod:`~coop.graph_capture.alternatives_price`): with a profiled capture each program is timed on real tensors of
-the captured shapes (the fastest of :data:`~coop.graph_capture.cost.PROFILE_REPEATS` runs after a
-warm-up, as :func:`~coop.graph_capture.cost.profile_nodes` times the nodes), else the analytic
-model that priced the nodes prices the programs too. Stored bytes are those of the storage a real
-run returns; the workspace is the program's peak of live intermediate storages (what a memory meter
-sees above the inputs) minus its output.
+Costs (:mod:`~coop.graph_capture.alternatives_price`): no program runs on made-up data at capture
+(issue 22). Stored bytes come from a run of the program on fake tensors of the captured layouts, with
+the reviewed table of kernels whose storage differs from the meta function's
+(:mod:`~coop.graph_capture.storage_table`); the workspace is the program's peak of live intermediate
+storages (what a memory meter sees above the inputs) minus its output. Seconds: the analytic model
+that priced the nodes, calibrated on a profiled capture by the measured/analytic ratio of the same ops
+in the real step (an estimate, not a measurement of the program).
 """
 
 from __future__ import annotations

@@ -91,7 +91,7 @@ def _window_origins(builder: Any, out_shape: torch.Size, geometry: Any) -> tuple
     """The input row of each output row's first window row inside the input (shape [1, 1, OH, 1]) and the column
     of its first column inside ([1, 1, 1, OW]): the window's start, moved past the padding in steps of the dilation
     as the kernel does. Offsets count from there, so offset 0 is an element of the input whatever the data (a
-    zero-filled packed value, as pricing runs it, decodes to in-bounds indices)."""
+    zero-filled packed value decodes to in-bounds indices)."""
     _, stride, padding, dilation = geometry
     rows, cols = out_shape[-2], out_shape[-1]
 

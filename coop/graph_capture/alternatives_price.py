@@ -1,23 +1,44 @@
 """What an implementation's program costs: seconds, stored bytes, workspace (MONeT, Shah et al. 2021, profiles
 each operator implementation the same way).
 
-:func:`price` runs a program of :mod:`coop.graph_capture.alternatives` once on zero-filled tensors of the
-captured layouts and counts the bytes the device allocator holds (the output's storage, the peak of live
-intermediates above the inputs); with ``profiled`` it also times the program (the fastest of
-:data:`~coop.graph_capture.cost.PROFILE_REPEATS` runs after a warm-up), else the analytic model prices it.
+No program runs on made-up data: a kernel fed synthetic inputs can kill the process (DESIGN.md, "Facts measured on
+a lent H100"; packed max-pool indices decoded from zeros once scattered out of bounds here). So:
+
+* **Bytes** -- :func:`price` runs a program of :mod:`coop.graph_capture.alternatives` under a ``FakeTensorMode``
+  on fake tensors of the captured layouts (nothing is computed) and counts each new storage as the device
+  allocator holds it: the fake storage, or the real size that :mod:`coop.graph_capture.storage_table` gives for a
+  kernel whose storage differs from its meta function's. The output's storage, the peak of live intermediates
+  above the inputs minus the output (the workspace) and a tuple output's further tensors, each value freed after
+  its last use as fx frees it.
+* **Seconds** -- the analytic model of :mod:`coop.graph_capture.cost`, as the nodes were priced. When the capture
+  was profiled, the analytic model calibrated on the profiled step (:class:`Calibration`): each call of the
+  program costs its analytic seconds times the ratio of measured to analytic seconds of the step's nodes that run
+  the same op overload (a split convolution backward runs ``convolution_backward``, batch norm in channel blocks
+  ``native_batch_norm_backward``: the very kernels the measured default ran), else of the step's nodes of the
+  same class (pointwise or not; bandwidth-bound kernels share a rate), else of the whole step; a call the analytic
+  model prices at zero (a view, a ``getitem``) costs the median measured seconds of such nodes in the step (their
+  dispatch overhead). This is an estimate in the profile's unit, not a measurement: a kernel on a chunk may run at
+  another rate than on the whole tensor. Timing the programs for real would need the step's real values at hand
+  (the profiled run frees them as it goes) or made-up inputs, which is what this module must not use.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
+import contextlib
+import statistics
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import fx
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
-from coop.graph_capture.cost import PROFILE_REPEATS, allocator_bytes, analytic_seconds, node_flops
+from coop.errors import CaptureError
+from coop.graph_capture.cost import NodeProfile, allocator_bytes, analytic_seconds, node_flops
+from coop.graph_capture.storage_table import table_storage_bytes
 
 if TYPE_CHECKING:
     from coop.graph_capture.alternatives import ImplProgram
@@ -34,73 +55,114 @@ class Price:
     extra: int = 0
 
 
-def price(program: ImplProgram, profiled: bool) -> Price:
-    """Time (timed runs when ``profiled``, else the analytic model), stored bytes and workspace of a program.
+@dataclass
+class Calibration:
+    """Measured over analytic seconds of a profiled step, per op overload and per class (see the module docstring)."""
 
-    Bytes come from one real run on zero-filled tensors of the captured layouts: the output's
-    storage as the device allocator holds it, and the peak of live intermediates minus the output.
+    by_op: dict[Any, float] = field(default_factory=dict)  # op overload -> ratio
+    by_class: dict[bool, float] = field(default_factory=dict)  # pointwise? -> ratio
+    overall: float = 0.0
+    free_call: float = 0.0  # median measured seconds of a call the analytic model prices at zero
+
+    @classmethod
+    def of_step(cls, module: fx.GraphModule, profile: NodeProfile) -> Calibration:
+        """The ratios of the step ``module`` whose call nodes ``profile`` timed."""
+        measured: dict[Any, float] = {}
+        analytic: dict[Any, float] = {}
+        free: list[float] = []
+        for node in module.graph.nodes:
+            if node.op != "call_function" or node.name not in profile.seconds:
+                continue
+            seconds = analytic_seconds(node, node_flops(node))
+            if seconds <= 0:
+                free.append(profile.seconds[node.name])
+                continue
+            for key in (node.target, _pointwise(node), None):  # the op, its class, the whole step
+                measured[key] = measured.get(key, 0.0) + profile.seconds[node.name]
+                analytic[key] = analytic.get(key, 0.0) + seconds
+        ratios = {key: measured[key] / analytic[key] for key in analytic}
+        return cls(by_op={k: r for k, r in ratios.items() if not isinstance(k, bool) and k is not None},
+                   by_class={k: r for k, r in ratios.items() if isinstance(k, bool)},
+                   overall=ratios.get(None, 0.0), free_call=statistics.median(free) if free else 0.0)
+
+    def seconds(self, node: fx.Node) -> float:
+        """Estimated seconds of one call of a program: its analytic seconds at the step's measured rate."""
+        seconds = analytic_seconds(node, node_flops(node))
+        if seconds <= 0:
+            return self.free_call
+        ratio = self.by_op.get(node.target)
+        if ratio is None:
+            ratio = self.by_class.get(_pointwise(node), self.overall)
+        return seconds * ratio
+
+
+def _pointwise(node: fx.Node) -> bool:
+    return torch.Tag.pointwise in getattr(node.target, "tags", ())
+
+
+#: The calibration :func:`price` uses for a profiled capture when none is passed (see :func:`calibrated`).
+_ACTIVE: ContextVar[Calibration | None] = ContextVar("coop_price_calibration", default=None)
+
+
+@contextlib.contextmanager
+def calibrated(calibration: Calibration) -> Iterator[None]:
+    """Price profiled programs with ``calibration`` inside this block (``add_alternatives`` passes only a flag)."""
+    token = _ACTIVE.set(calibration)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+def price(program: ImplProgram, profiled: bool, calibration: Calibration | None = None) -> Price:
+    """Seconds, stored bytes and workspace of a program, without running any kernel (see the module docstring).
+
+    ``profiled``: price the seconds with ``calibration`` (or the one :func:`calibrated` set), else analytically.
     """
-    with torch.random.fork_rng(devices=[]):  # pricing must not advance the caller's RNG
-        # a placeholder may hold a tuple (an optional value such as a convolution's weight and bias gradients)
-        inputs = [pytree.tree_map_only(torch.Tensor, lambda v: _materialize(v, random=profiled), p.meta["val"])
-                  for p in _placeholders(program)]
-    mem, workspace, extra = _run_bytes(program, _clones(inputs))
+    mem, workspace, extra = _fake_run_bytes(program)
     if not profiled:
         return Price(sum(analytic_seconds(n, node_flops(n)) for n in program.calls), mem, workspace, extra)
-    module = fx.GraphModule(torch.nn.Module(), program.graph)
-    # a program that writes into what it reads (an in-place activation, masked_fill_, copy_) runs on fresh copies
-    in_place = any(getattr(n.target, "_schema", None) is not None and n.target._schema.is_mutable for n in program.calls)
-    best = float("inf")
-    with torch.no_grad():
-        for run in range(PROFILE_REPEATS + 1):
-            args = _clones(inputs) if in_place or run == 0 else inputs
-            start = time.perf_counter()
-            module(*args)
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            if run:  # the first run is the warm-up
-                best = min(best, time.perf_counter() - start)
-    return Price(best, mem, workspace, extra)
-
-
-def _clones(inputs: list[Any]) -> list[Any]:
-    return [pytree.tree_map_only(torch.Tensor, torch.Tensor.clone, value) for value in inputs]
+    calibration = calibration if calibration is not None else _ACTIVE.get()
+    if calibration is None:
+        raise CaptureError("price(profiled=True) needs the profiled step's Calibration: pass calibration= "
+                           "or price inside alternatives_price.calibrated(...)")
+    return Price(sum(calibration.seconds(n) for n in program.calls), mem, workspace, extra)
 
 
 def _placeholders(program: ImplProgram) -> list[fx.Node]:
     return [n for n in program.graph.nodes if n.op == "placeholder"]
 
 
-def _materialize(value: torch.Tensor, random: bool) -> torch.Tensor:
-    """A real tensor with the fake value's layout: zeros, or random data for timing."""
+def _fake_like(value: torch.Tensor) -> torch.Tensor:
+    """A fresh fake tensor (call inside the mode) with the captured value's layout and whole storage."""
     size = value.untyped_storage().nbytes() // max(value.element_size(), 1)
-    if value.dtype == torch.bool:
-        base = torch.rand(size, device=value.device) < 0.5 if random else torch.zeros(size, dtype=torch.bool, device=value.device)
-    elif value.is_floating_point() and random:
-        base = torch.randn(size, dtype=value.dtype, device=value.device)
-    else:
-        base = torch.zeros(size, dtype=value.dtype, device=value.device)
+    base = torch.empty(size, dtype=value.dtype, device=value.device)
     return base.as_strided(value.shape, value.stride(), value.storage_offset())
 
 
-def _run_bytes(program: ImplProgram, inputs: list[torch.Tensor]) -> tuple[int, int, int]:
-    """(output bytes, workspace bytes, the output's further new bytes) of one real run, each value freed after its
-    last use as fx frees it."""
-    env: dict[fx.Node, Any] = dict(zip(_placeholders(program), inputs, strict=True))
-    input_storages = _storage_keys(inputs)
-    last_use = {v: n for n in program.graph.nodes for v in n.all_input_nodes}
-    live: dict[int, int] = {}
-    alive: set[fx.Node] = set()  # program values not yet past their last use
-    peak = 0
-    with torch.no_grad():
+def _fake_run_bytes(program: ImplProgram) -> tuple[int, int, int]:
+    """(output bytes, workspace bytes, the output's further new bytes) of the program run on fake tensors, each
+    value freed after its last use as fx frees it."""
+    # real constants a program may hold become fake too (allow_non_fake_inputs): no kernel runs on anything
+    with FakeTensorMode(allow_non_fake_inputs=True), torch.no_grad():
+        # a placeholder may hold a tuple (an optional value such as a convolution's weight and bias gradients)
+        inputs = [pytree.tree_map_only(torch.Tensor, _fake_like, p.meta["val"]) for p in _placeholders(program)]
+        env: dict[fx.Node, Any] = dict(zip(_placeholders(program), inputs, strict=True))
+        input_storages = _storage_keys(inputs)
+        last_use = {v: n for n in program.graph.nodes for v in n.all_input_nodes}
+        live: dict[int, int] = {}
+        alive: set[fx.Node] = set()  # program values not yet past their last use
+        peak = 0
         for node in program.calls:
             args, kwargs = pytree.tree_map_only(fx.Node, env.__getitem__, (node.args, node.kwargs))
             value = node.target(*args, **kwargs)
             env[node] = value
             alive.add(node)
-            for tensor in _tensors(value):
-                if tensor.untyped_storage()._cdata not in input_storages:
-                    live[tensor.untyped_storage()._cdata] = allocator_bytes(tensor.untyped_storage().nbytes(), tensor.device)
+            tensors = _tensors(value)
+            sizes = table_storage_bytes(node.target, args, kwargs, value) or [t.untyped_storage().nbytes() for t in tensors]
+            for tensor, nbytes in zip(tensors, sizes, strict=True):
+                if _key(tensor) not in input_storages:
+                    live[_key(tensor)] = allocator_bytes(nbytes, tensor.device)
             peak = max(peak, sum(live.values()))
             dead = {used for used in node.all_input_nodes if last_use.get(used) is node and used.op == "call_function"}
             alive -= dead
@@ -109,9 +171,9 @@ def _run_bytes(program: ImplProgram, inputs: list[torch.Tensor]) -> tuple[int, i
             for used in dead:
                 for key in _storage_keys(env[used]) - held:
                     live.pop(key, None)
-    outputs = _tensors(env[program.output])  # a tuple (batch norm's gradients): the node's value is the first
-    out_bytes = live.get(outputs[0].untyped_storage()._cdata, 0) if outputs else 0
-    all_out = sum(live.get(key, 0) for key in _storage_keys(env[program.output]))
+        outputs = _tensors(env[program.output])  # a tuple (batch norm's gradients): the node's value is the first
+        out_bytes = live.get(_key(outputs[0]), 0) if outputs else 0
+        all_out = sum(live.get(key, 0) for key in _storage_keys(env[program.output]))
     return out_bytes, max(peak - all_out, 0), all_out - out_bytes
 
 
@@ -119,8 +181,12 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
 
 
+def _key(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage()._cdata
+
+
 def _storage_keys(value: Any) -> set[int]:
-    return {t.untyped_storage()._cdata for t in _tensors(value)}
+    return {_key(t) for t in _tensors(value)}
 
 
-__all__ = ["Price", "price"]
+__all__ = ["Calibration", "Price", "calibrated", "price"]

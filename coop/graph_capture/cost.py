@@ -6,6 +6,12 @@ uses, so the graph's total FLOPs equal FlopCounterMode's count on the eager step
 ``bytes_moved`` is the bytes of the tensors the op reads and writes; the bandwidth term keeps
 pointwise ops from looking free. The rates are nominal (a CPU core-ish machine), recorded in the
 graph's metadata with the unit.
+
+Nothing here runs a kernel on made-up data (DESIGN.md, "Facts measured on a lent H100": an
+attention backward on zero-filled inputs killed the process). Real storage sizes come from the
+reviewed table of :mod:`coop.graph_capture.storage_table` and, when capture profiles, from the real
+step itself: :class:`TimingInterpreter` runs the captured program on the caller's parameters and
+batch and records each node's real storage bytes next to its time.
 """
 
 from __future__ import annotations
@@ -76,104 +82,15 @@ def allocator_bytes(nbytes: int, device: torch.device) -> int:
     return nbytes
 
 
-@dataclass
-class StorageProbe:
-    """Real storage bytes of each output of the probed fx nodes, and the nodes that could not run."""
-
-    output_bytes: dict[str, list[int]] = field(default_factory=dict)  # fx node name -> bytes per output tensor
-    failed: list[str] = field(default_factory=list)
-
-
-def probe_storage_bytes(module: fx.GraphModule) -> StorageProbe:
-    """Run every allocating, non-pointwise aten op once on zero-filled tensors shaped like its fake inputs.
-
-    Why: a fake tensor's storage size comes from the op's meta function, which some kernels do
-    not honour. On CPU, ``mse_loss``, ``smooth_l1_loss`` and ``binary_cross_entropy`` with a
-    mean or sum reduction return a 0-d loss whose storage is the whole unreduced elementwise
-    buffer (the kernel reduces into it in place), so the loss holds ``numel(input)`` elements,
-    not one, for as long as it lives. The executor runs the real kernels, so the Graph must count
-    their real storages. Pointwise ops (``Tag.pointwise``) are not run: their TensorIterator
-    output is allocated at exactly the broadcast shape, as the fake one is. Each distinct call (op,
-    argument shapes, strides, dtypes and values) runs once, so repeated layers cost one probe.
-    Ops run one at a time (inputs, then outputs, then both dropped), so the probe needs no more
-    memory than the largest single op; random ops run under a forked RNG. An op that cannot run
-    on zeros keeps its fake size and is listed in ``failed``.
-    """
-    probe = StorageProbe()
-    seen: dict[tuple[Any, ...], list[int] | None] = {}
-    for node in module.graph.nodes:
-        if not _allocates(node):
-            continue
-        signature = _call_signature(node)
-        if signature not in seen:
-            seen[signature] = _run_once(node)
-        if seen[signature] is None:
-            probe.failed.append(node.name)
-        else:
-            probe.output_bytes[node.name] = list(seen[signature])
-    return probe
-
-
-def _run_once(node: fx.Node) -> list[int] | None:
-    """Storage bytes of each output tensor of one real run of the node's op (None: it cannot run on zeros)."""
-    devices = [t.device for t in _fake_tensors(node.meta.get("val"))]
-    try:
-        args, kwargs = pytree.tree_map(_materialize, (node.args, node.kwargs))
-        with torch.random.fork_rng(devices=[d for d in devices if d.type == "cuda"]), torch.no_grad():
-            out = node.target(*args, **kwargs)
-    except Exception:  # noqa: BLE001 (any kernel error: keep the meta function's size for this op)
-        return None
-    return [t.untyped_storage().nbytes() for t in _fake_tensors(out)]
-
-
-def _call_signature(node: fx.Node) -> tuple[Any, ...]:
-    """What decides an op's output storages: the op and its arguments (tensors by layout, others by value)."""
-    leaves, spec = pytree.tree_flatten((node.args, node.kwargs))
-    return (node.target, str(spec), tuple(_leaf_signature(leaf) for leaf in leaves))
-
-
-def _leaf_signature(leaf: Any) -> Any:
-    value = leaf.meta.get("val") if isinstance(leaf, fx.Node) else leaf
-    if isinstance(value, torch.Tensor):
-        return ("tensor", tuple(value.shape), value.stride(), value.storage_offset(), value.dtype, str(value.device),
-                value.untyped_storage().nbytes())
-    return repr(value)
-
-
-def _allocates(node: fx.Node) -> bool:
-    """A non-pointwise aten call (not a view) whose fake value holds tensors on a real device."""
-    target = node.target
-    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload) or target.is_view:
-        return False
-    if torch.Tag.pointwise in target.tags:
-        return False
-    tensors = _fake_tensors(node.meta.get("val"))
-    return bool(tensors) and all(t.device.type != "meta" for t in tensors)
-
-
-def _fake_tensors(value: Any) -> list[torch.Tensor]:
-    """The tensor leaves of a (fake or real) value, in pytree order."""
-    return [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
-
-
-def _materialize(arg: Any) -> Any:
-    """A zero-filled real tensor with the fake value's shape, strides, offset, dtype and device."""
-    if not isinstance(arg, fx.Node):
-        return arg
-    value = arg.meta.get("val")
-    if not isinstance(value, torch.Tensor):
-        return value
-    size = value.untyped_storage().nbytes() // max(value.element_size(), 1)
-    base = torch.zeros(size, dtype=value.dtype, device=value.device)
-    return base.as_strided(value.shape, value.stride(), value.storage_offset())
-
-
 class TimingInterpreter(fx.Interpreter):
     """Runs the graph on real tensors and records the wall time of each call node.
 
-    On CUDA it also records each node's transient bytes: the allocator's peak while the node runs
-    minus what is allocated right after it (its inputs and outputs are still alive then), i.e. the
-    scratch a kernel takes and gives back (cuDNN's convolution workspace, a reduction's buffer).
+    It also records the real storage bytes of each call node's output tensors (pytree order): the
+    sizes the kernels really return, which a fake tensor's meta function may not know
+    (:mod:`coop.graph_capture.storage_table`). On CUDA it also records each node's transient bytes:
+    the allocator's peak while the node runs minus what is allocated right after it (its inputs and
+    outputs are still alive then), i.e. the scratch a kernel takes and gives back (cuDNN's
+    convolution workspace, a reduction's buffer).
     """
 
     def __init__(self, module: fx.GraphModule, measure_workspace: bool = False) -> None:
@@ -181,6 +98,7 @@ class TimingInterpreter(fx.Interpreter):
         self.measure_workspace = measure_workspace
         self.seconds: dict[str, float] = {}
         self.workspace: dict[str, int] = {}
+        self.storage_bytes: dict[str, list[int]] = {}
 
     def run_node(self, node: fx.Node) -> Any:
         if node.op != "call_function":
@@ -196,7 +114,13 @@ class TimingInterpreter(fx.Interpreter):
         if self.measure_workspace:
             transient = torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated()
             self.workspace[node.name] = min(self.workspace.get(node.name, transient), transient)
+        self.storage_bytes[node.name] = [t.untyped_storage().nbytes() for t in _tensors(result)]
         return result
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    """The tensor leaves of a value, in pytree order."""
+    return [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
 
 
 #: Timed runs per profile. Each node keeps its fastest run: a neighbour's load only ever adds time,
@@ -207,10 +131,12 @@ PROFILE_REPEATS = 4
 
 @dataclass
 class NodeProfile:
-    """Measured seconds per fx node name and, on CUDA, transient workspace bytes per fx node name."""
+    """Measured seconds per fx node name, the real storage bytes of each call node's output tensors
+    (pytree order) and, on CUDA, transient workspace bytes per fx node name."""
 
     seconds: dict[str, float]
     workspace: dict[str, int] = field(default_factory=dict)
+    storage_bytes: dict[str, list[int]] = field(default_factory=dict)
 
 
 def profile_nodes(module: fx.GraphModule, flat_inputs: list[torch.Tensor],
@@ -231,7 +157,8 @@ def profile_nodes(module: fx.GraphModule, flat_inputs: list[torch.Tensor],
                 interpreter.seconds.clear()
                 interpreter.workspace.clear()
             interpreter.run(*flat_inputs)
-    return NodeProfile(seconds=interpreter.seconds, workspace=interpreter.workspace)
+    return NodeProfile(seconds=interpreter.seconds, workspace=interpreter.workspace,
+                       storage_bytes=interpreter.storage_bytes)
 
 
 def profile_seconds(module: fx.GraphModule, flat_inputs: list[torch.Tensor],

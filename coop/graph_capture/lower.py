@@ -5,10 +5,15 @@ first fx node whose output holds a storage owns it, and a node that creates no n
 view, ``t``, ``expand``, ``_unsafe_view``, a ``getitem`` of a multi-output op, a returned input)
 is folded into the owner of the storage it aliases. So every storage is counted once, in the
 node that allocates it, and ``mem`` is the sum of the node's new storages' bytes: the bytes of the
-storage the real kernel returns (some kernels return a storage larger than the fake tensor's, see
-:func:`coop.graph_capture.cost.probe_storage_bytes`), in whole allocator blocks on CUDA
+storage the real kernel returns, in whole allocator blocks on CUDA
 (:func:`coop.graph_capture.cost.allocator_bytes`), so that the measured peak of a replay never
-exceeds the simulator's prediction.
+exceeds the simulator's prediction. Some kernels return a storage larger than the fake tensor's
+(a mean-reduced ``mse_loss`` keeps its unreduced buffer); no kernel is run on made-up data to learn
+it. The size of a storage is, in this order: the real size the profiled step measured
+(``capture(..., profile=True)``, :class:`coop.graph_capture.cost.TimingInterpreter`), the reviewed
+table of :mod:`coop.graph_capture.storage_table`, the fake value's storage. Where a measured size
+differs from the table's (or the fake) prediction, the graph's metadata lists it under
+``storage_table_missed``, so a user sees what the table does not know.
 
 A multi-output op (``native_batch_norm``, ``convolution_backward``, ``native_dropout``) owns
 only its first output; each further output becomes its own node (not recomputable, cost 0, input
@@ -39,12 +44,11 @@ from coop.graph_capture.cost import (
     BANDWIDTH,
     FLOP_RATE,
     NodeProfile,
-    StorageProbe,
     allocator_bytes,
     analytic_seconds,
     node_flops,
-    probe_storage_bytes,
 )
+from coop.graph_capture.storage_table import table_storage_bytes
 from coop.graph_capture.trace import TracedStep, is_random
 
 PLACEHOLDER_KIND = {"param": "param", "frozen": "param", "buffer": "buffer", "input": "input"}
@@ -74,8 +78,10 @@ def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: st
           profiled: NodeProfile | None = None) -> Lowered:
     """Build the Graph of a traced step: one node per storage-producing fx node.
 
-    With ``profiled`` a node's cost is the measured seconds of its fx nodes and its workspace
-    includes their measured transient bytes (CUDA); else its cost is the analytic estimate.
+    With ``profiled`` a node's cost is the measured seconds of its fx nodes, its workspace
+    includes their measured transient bytes (CUDA) and its bytes are the storages the profiled run
+    measured; else its cost is the analytic estimate and its bytes the storage table's or the fake
+    value's (see the module docstring).
     """
     seconds = profiled.seconds if profiled is not None else None
     measured_workspace = profiled.workspace if profiled is not None else {}
@@ -88,7 +94,8 @@ def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: st
     placeholders = [n for n in fx_graph.nodes if n.op == "placeholder"]
     labels = dict(zip((n.name for n in placeholders), placeholder_names, strict=True))
 
-    probe = probe_storage_bytes(traced.module)
+    measured_storage = profiled.storage_bytes if profiled is not None else {}
+    missed: list[dict[str, Any]] = []  # measured storages the table (or the fake value) did not predict
     pending: dict[int, int] = {}  # storage key of a not-yet-extracted extra output -> bytes
     producer: dict[int, int] = {}  # storage key of an extra output -> the node id of its op
     for fx_node in fx_graph.nodes:
@@ -96,10 +103,18 @@ def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: st
             continue
         tensors = _tensors(fx_node.meta.get("val"))
         new_storages: dict[int, int] = {}
-        for tensor, nbytes in zip(tensors, _storage_bytes(fx_node, tensors, probe), strict=True):
+        predicted = _predicted_bytes(fx_node, tensors)
+        measured = measured_storage.get(fx_node.name)
+        if measured is None or len(measured) != len(tensors):
+            measured = None
+        for index, tensor in enumerate(tensors):
             key = storage_key(tensor)
             if key not in storage_owner and key not in new_storages:
-                new_storages[key] = nbytes
+                nbytes = predicted[index] if measured is None else measured[index]
+                if nbytes != predicted[index]:
+                    missed.append({"fx_node": fx_node.name, "op": str(fx_node.target), "output": index,
+                                   "device": str(tensor.device), "predicted": predicted[index], "measured": nbytes})
+                new_storages[key] = allocator_bytes(nbytes, tensor.device)
         claimed = {k: pending.pop(k) for k in [storage_key(t) for t in tensors] if k in pending}
         extras: dict[int, int] = {}
         if len(new_storages) > 1 and fx_node.op == "call_function":
@@ -117,6 +132,7 @@ def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: st
             for key in new_storages:
                 storage_owner[key] = node_id
             fields[node_id] = _new_node_fields(fx_node, node_id, sum(new_storages.values()), labels)
+            fields[node_id]["device"] = _device_of(tensors, new_storages)
             fields[node_id]["workspace"] = sum(extras.values())
             if claimed:  # extracted from a tuple that a recomputation would not keep
                 fields[node_id]["recomputable"] = False
@@ -153,21 +169,25 @@ def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: st
         f"seconds (analytic: flops / {FLOP_RATE:.0e} FLOP/s + bytes moved / {BANDWIDTH:.0e} B/s)",
         "flops": sum(fx_flops.values()),
         "node_flops": {str(i): f for i, f in flops_per_node.items() if f},
-        "storage_probe_failed": probe.failed,
+        "storage_bytes": "measured on the profiled step" if profiled is not None else
+        "storage table (coop.graph_capture.storage_table), else the fake value's storage",
     }
+    if profiled is not None:
+        meta["storage_table_missed"] = missed
     order = [i for i, f in fields.items() if f["kind"] not in PLACEHOLDER_KIND.values()]
     graph = Graph(name=name, nodes=tuple(nodes), outputs=tuple(dict.fromkeys(outputs["all"])), order=tuple(order), meta=meta)
     return Lowered(graph=graph, fx_names=fx_names, owner_of=owner_of, node_flops=flops_per_node, fx_flops=fx_flops)
 
 
-def _storage_bytes(fx_node: fx.Node, tensors: list[torch.Tensor], probe: StorageProbe) -> list[int]:
-    """Bytes the allocator holds for each output tensor's storage: the real kernel's storage when the
-    probe ran it (it may exceed the fake one, see :func:`probe_storage_bytes`), rounded as the device
-    allocator rounds it (:func:`allocator_bytes`)."""
-    real = probe.output_bytes.get(fx_node.name)
-    if real is None or len(real) != len(tensors):
-        real = [t.untyped_storage().nbytes() for t in tensors]
-    return [allocator_bytes(nbytes, t.device) for nbytes, t in zip(real, tensors, strict=True)]
+def _predicted_bytes(fx_node: fx.Node, tensors: list[torch.Tensor]) -> list[int]:
+    """Storage bytes of each output tensor without running anything: the storage table's where it has
+    an entry for the op (:mod:`coop.graph_capture.storage_table`), else the fake value's storage."""
+    if fx_node.op == "call_function":
+        args, kwargs = pytree.tree_map_only(fx.Node, lambda n: n.meta.get("val"), (fx_node.args, fx_node.kwargs))
+        table = table_storage_bytes(fx_node.target, args, kwargs, fx_node.meta.get("val"))
+        if table is not None:
+            return table
+    return [t.untyped_storage().nbytes() for t in tensors]
 
 
 def _new_node_fields(fx_node: fx.Node, node_id: int, mem: int, labels: dict[str, tuple[str, str]]) -> dict[str, Any]:
@@ -208,3 +228,12 @@ def _mark_forward(fields: dict[int, dict[str, Any]], roots: list[int]) -> None:
         if fields[node_id]["kind"] == "backward":
             fields[node_id]["kind"] = "forward"
         stack.extend(fields[node_id]["inputs"])
+
+
+def _device_of(tensors: list[torch.Tensor], new_storages: dict[int, int]) -> str | None:
+    """The device of the storage a node owns (its first new one; a placeholder's own): ``"cuda:0"``, ``"cpu"``.
+
+    None for a node that holds no tensor. An extra output of a multi-output op is its own node with its own
+    device: efficient attention's philox seed and offset are CPU tensors beside its CUDA output."""
+    owned = [t for t in tensors if storage_key(t) in new_storages] or tensors
+    return str(owned[0].device) if owned else None

@@ -17,11 +17,25 @@ Commodity") applied to a static schedule, where every lifetime is known in advan
 
 Paged values (POET) occupy the device only between page steps; each device residency is its own
 block and may come back at another address. Workspaces are blocks live at their own step only.
+
+**One address space per device.** A captured step's values carry their device (``Node.device``:
+``"cuda:0"``, ``"cpu"``; None for an imported graph's one device), and a CUDA step also holds host
+values (0-d CPU scalars, the RNG seeds an attention kernel returns). Every block is placed in its own
+device's address space: two blocks on different devices never compete for an address, each device's
+``arena_peaks`` entry is the highest address used there, and ``arena_peak`` is their sum (the bytes of
+all arenas together). A workspace lives on its op's device.
+
+**The execution placement** (:func:`execution_placement`, what :mod:`coop.runtime.arena_replay` runs)
+places only what the arena holds: the instances a schedule computes and the workspaces. Caller-owned
+values (parameters, buffers, the batch) live in the caller's own storages, outside any arena, so they
+take no address there (``caller_owned=False``); their bytes are counted once, by whoever adds up the
+step's footprint (:func:`coop.planner.plan.plan` with ``arena=True``).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -48,14 +62,18 @@ class Lifetime:
     end: int
     size: int
     instance: int = -1  # index into the simulation's instances (-1: a caller-owned value or a workspace)
+    device: str | None = None  # the address space it is placed in (Node.device; None: an imported graph's one)
 
     def overlaps(self, other: Lifetime) -> bool:
-        return self.start <= other.end and other.start <= self.end
+        """Whether the two blocks share a step and an address space (the same device)."""
+        return self.device == other.device and self.start <= other.end and other.start <= self.end
 
 
 @dataclass
 class Placement:
-    """Offsets of every block; ``arena_peak`` is the highest address used (fragmentation included)."""
+    """Offsets of every block, each in its device's address space; ``arena_peak`` is the sum over devices of
+    the highest address used there (fragmentation included), ``live_peak`` the same sum of each device's
+    most bytes live at one step (no placement of these blocks is lower)."""
 
     method: str
     status: PlacementStatus
@@ -72,17 +90,30 @@ class Placement:
         """Address space lost to fragmentation: (arena_peak - live_peak) / arena_peak."""
         return (self.arena_peak - self.live_peak) / self.arena_peak if self.arena_peak else 0.0
 
+    @property
+    def arena_peaks(self) -> dict[str | None, int]:
+        """Per device, the highest address its blocks reach (the size of that device's arena)."""
+        return _device_peaks(self.lifetimes, self.offsets)
+
+    @property
+    def devices(self) -> list[str | None]:
+        """The devices with blocks, sorted (None: an imported graph's one device)."""
+        return sorted({b.device for b in self.lifetimes}, key=_device_key)
+
     def check(self) -> None:
-        """Raise CoopError when two blocks alive at a common step share an address."""
+        """Raise CoopError when two blocks alive at a common step share an address on one device."""
         order = sorted(range(len(self.lifetimes)), key=lambda k: self.lifetimes[k].start)
         active: list[int] = []
         for k in order:
             block = self.lifetimes[k]
             active = [a for a in active if self.lifetimes[a].end >= block.start]
             for a in active:
+                if self.lifetimes[a].device != block.device:
+                    continue  # another device's address space
                 low, high = self.offsets[a], self.offsets[a] + self.lifetimes[a].size
                 if self.offsets[k] < high and low < self.offsets[k] + block.size:
-                    raise CoopError(f"placement overlap: {self.lifetimes[a].label} and {block.label}")
+                    raise CoopError(f"placement overlap on {block.device or 'the device'}: {self.lifetimes[a].label} "
+                                    f"and {block.label}")
             active.append(k)
 
     def to_dict(self) -> dict[str, object]:
@@ -92,18 +123,21 @@ class Placement:
             "blocks": len(self.lifetimes),
             "arena_peak": self.arena_peak,
             "live_peak": self.live_peak,
+            "arena_peaks": {str(device): peak for device, peak in self.arena_peaks.items()},
             "fragmentation": self.fragmentation,
             "wall_s": self.wall_s,
             "bound": self.bound,
         }
 
 
-def schedule_lifetimes(graph: Graph, schedule: Schedule, *, alignment: int = 1,
-                       extras_from_op: bool = False) -> tuple[list[Lifetime], int]:
+def schedule_lifetimes(graph: Graph, schedule: Schedule, *, alignment: int = 1, extras_from_op: bool = False,
+                       caller_owned: bool = True) -> tuple[list[Lifetime], int]:
     """The device blocks of a legal schedule and its live peak (the simulator's, unchanged).
 
     The blocks are what :func:`coop.schedule.simulate` counts: each caller-owned value's and each
-    instance's device intervals (one block per stay on the device) and each step's workspace.
+    instance's device intervals (one block per stay on the device) and each step's workspace, each
+    on its value's device (``Node.device``; a workspace on its op's). ``caller_owned=False`` leaves the
+    caller-owned values out (they live outside an arena: :func:`execution_placement`).
 
     For execution in an arena (:mod:`coop.runtime.arena_replay`) two options make the blocks
     addressable by real kernels without changing the bytes live at any step: ``alignment`` rounds
@@ -115,7 +149,7 @@ def schedule_lifetimes(graph: Graph, schedule: Schedule, *, alignment: int = 1,
     """
     sim = simulate(graph, schedule)
     lifetimes: list[Lifetime] = []
-    for owned, intervals in sim.owned_device.items():
+    for owned, intervals in sim.owned_device.items() if caller_owned else ():
         lifetimes.extend(_blocks(f"owned %{owned}", owned, intervals, graph.node(owned).mem))
     workspace = list(sim.workspace)
     for k, instance in enumerate(sim.instances):
@@ -131,41 +165,45 @@ def schedule_lifetimes(graph: Graph, schedule: Schedule, *, alignment: int = 1,
         if size:
             node = schedule.steps[j].node
             lifetimes.append(Lifetime(f"workspace %{node}@{j}", node, j, j, size))
-    if alignment > 1:
-        lifetimes = [replace(b, size=-(-b.size // alignment) * alignment) for b in lifetimes]
+    lifetimes = [replace(b, device=graph.node(b.node).device,
+                         size=-(-b.size // alignment) * alignment if alignment > 1 else b.size) for b in lifetimes]
     return [b for b in lifetimes if b.size > 0], sim.peak
 
 
-def best_fit_placement(graph: Graph, schedule: Schedule, *, alignment: int = 1,
-                       extras_from_op: bool = False) -> Placement:
-    """Place every block in schedule order with best fit over the Arena model (lowest address on ties).
+def best_fit_placement(graph: Graph, schedule: Schedule, *, alignment: int = 1, extras_from_op: bool = False,
+                       caller_owned: bool = True) -> Placement:
+    """Place every block in schedule order with best fit over the Arena model (lowest address on ties), each
+    device's blocks in that device's address space.
 
-    ``alignment`` and ``extras_from_op`` as in :func:`schedule_lifetimes`; they are recorded in
-    ``extra`` so that an executor can refuse a placement made without them.
+    ``alignment``, ``extras_from_op`` and ``caller_owned`` as in :func:`schedule_lifetimes`; they are recorded
+    in ``extra`` so that an executor can refuse a placement made without them.
     """
     started = time.perf_counter()
-    lifetimes, live_peak = schedule_lifetimes(graph, schedule, alignment=alignment, extras_from_op=extras_from_op)
-    offsets = _best_fit(lifetimes)
-    arena_peak = max((o + b.size for o, b in zip(offsets, lifetimes)), default=0)
-    return Placement("best-fit", "heuristic", lifetimes, offsets, arena_peak, live_peak,
-                     time.perf_counter() - started, bound=live_peak,
-                     extra={"alignment": alignment, "extras_from_op": extras_from_op})
+    lifetimes, _ = schedule_lifetimes(graph, schedule, alignment=alignment, extras_from_op=extras_from_op,
+                                      caller_owned=caller_owned)
+    offsets = _per_device(lifetimes, _best_fit)
+    live_peak = _live_peak(lifetimes)
+    return Placement("best-fit", "heuristic", lifetimes, offsets, sum(_device_peaks(lifetimes, offsets).values()),
+                     live_peak, time.perf_counter() - started, bound=live_peak,
+                     extra={"alignment": alignment, "extras_from_op": extras_from_op, "caller_owned": caller_owned})
 
 
-def packed_placement(graph: Graph, schedule: Schedule, *, alignment: int = 1,
-                     extras_from_op: bool = False) -> Placement:
+def packed_placement(graph: Graph, schedule: Schedule, *, alignment: int = 1, extras_from_op: bool = False,
+                     caller_owned: bool = True) -> Placement:
     """The lower of two placements of the same blocks: best fit in schedule order (an online
     allocator's view) and greedy by size (the offline view: every lifetime is known before the
     step, so the largest blocks are placed first, each at the lowest-waste gap among the blocks it
     overlaps in time; Pisarchyk and Lee, "Efficient Memory Management for Deep Neural Net
-    Inference", 2020). ``alignment`` and ``extras_from_op`` as in :func:`schedule_lifetimes`.
+    Inference", 2020), per device. ``alignment``, ``extras_from_op`` and ``caller_owned`` as in
+    :func:`schedule_lifetimes`.
     """
-    online = best_fit_placement(graph, schedule, alignment=alignment, extras_from_op=extras_from_op)
+    online = best_fit_placement(graph, schedule, alignment=alignment, extras_from_op=extras_from_op,
+                                caller_owned=caller_owned)
     if online.arena_peak == online.live_peak:
         return online  # already at the lower bound
     started = time.perf_counter()
-    offsets = _greedy_by_size(online.lifetimes)
-    arena_peak = max((o + b.size for o, b in zip(offsets, online.lifetimes)), default=0)
+    offsets = _per_device(online.lifetimes, _greedy_by_size)
+    arena_peak = sum(_device_peaks(online.lifetimes, offsets).values())
     if arena_peak >= online.arena_peak:
         return online
     return Placement("greedy-by-size", "heuristic", online.lifetimes, offsets, arena_peak, online.live_peak,
@@ -179,8 +217,9 @@ ARENA_ALIGNMENT = 64
 
 def execution_placement(graph: Graph, schedule: Schedule, alignment: int = ARENA_ALIGNMENT) -> Placement:
     """The placement an arena replay executes (:func:`packed_placement`): aligned blocks, extra outputs placed
-    from their op's step."""
-    return packed_placement(graph, schedule, alignment=alignment, extras_from_op=True)
+    from their op's step, each device's values in its own arena, caller-owned values in none (they stay in the
+    caller's storages: ``arena_peaks`` are the arenas' sizes and nothing else)."""
+    return packed_placement(graph, schedule, alignment=alignment, extras_from_op=True, caller_owned=False)
 
 
 def exact_placement(
@@ -191,11 +230,12 @@ def exact_placement(
     max_blocks: int = EXACT_MAX_BLOCKS,
     threads: int = 2,
 ) -> Placement:
-    """The least arena for this schedule by CP-SAT (NoOverlap2D over lifetime x address).
+    """The least arenas for this schedule by CP-SAT (NoOverlap2D over lifetime x address, one per device).
 
-    Never worse than :func:`best_fit_placement`: its placement is the hint and its arena_peak the
-    upper bound; when CP-SAT finds nothing better in ``time_limit`` the best fit is returned with
-    status "feasible". More than ``max_blocks`` blocks raise a CoopError (use best fit).
+    Never worse than :func:`best_fit_placement`: its placement is the hint and each device's arena peak
+    the upper bound of that device's; the objective is the sum of the devices' arena peaks. When CP-SAT
+    finds nothing better in ``time_limit`` the best fit is returned with status "feasible". More than
+    ``max_blocks`` blocks raise a CoopError (use best fit).
     """
     from ortools.sat.python import cp_model
 
@@ -212,34 +252,40 @@ def exact_placement(
         return Placement("exact", "optimal", lifetimes, greedy.offsets, greedy.arena_peak, greedy.live_peak,
                          time.perf_counter() - started, bound=greedy.live_peak)
     model = cp_model.CpModel()
-    upper = greedy.arena_peak
-    top = model.NewIntVar(greedy.live_peak, upper, "arena_peak")
+    greedy_peaks = greedy.arena_peaks
+    live_peaks = _live_peaks(lifetimes)
+    tops = {device: model.NewIntVar(live_peaks[device], peak, f"arena_peak_{device}")
+            for device, peak in greedy_peaks.items()}
     offsets = []
-    x_intervals = []
-    y_intervals = []
+    by_device: dict[str | None, tuple[list, list]] = {device: ([], []) for device in tops}
     for k, block in enumerate(lifetimes):
+        upper = greedy_peaks[block.device]
         offset = model.NewIntVar(0, upper - block.size, f"offset_{k}")
         model.AddHint(offset, greedy.offsets[k])
-        model.Add(offset + block.size <= top)
+        model.Add(offset + block.size <= tops[block.device])
         offsets.append(offset)
+        x_intervals, y_intervals = by_device[block.device]
         # x: the lifetime (fixed), half-open [start, end + 1); y: the address range (variable).
         x_intervals.append(model.NewFixedSizeIntervalVar(block.start, block.end - block.start + 1, f"life_{k}"))
         y_intervals.append(model.NewFixedSizeIntervalVar(offset, block.size, f"addr_{k}"))
-    model.AddNoOverlap2D(x_intervals, y_intervals)
-    model.AddHint(top, upper)
-    model.Minimize(top)
+    for x_intervals, y_intervals in by_device.values():
+        model.AddNoOverlap2D(x_intervals, y_intervals)
+    for device, top in tops.items():
+        model.AddHint(top, greedy_peaks[device])
+    model.Minimize(sum(tops.values()))
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.01, time_limit)
     solver.parameters.num_workers = max(1, threads)
     status = solver.Solve(model)
     wall_s = time.perf_counter() - started
-    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE) or solver.Value(top) >= upper:
+    solved = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    if not solved or solver.ObjectiveValue() >= greedy.arena_peak:
         proven = status == cp_model.OPTIMAL
-        bound = int(solver.BestObjectiveBound()) if status in (cp_model.OPTIMAL, cp_model.FEASIBLE) else greedy.live_peak
+        bound = int(solver.BestObjectiveBound()) if solved else greedy.live_peak
         return Placement("exact", "optimal" if proven else "feasible", lifetimes, greedy.offsets, greedy.arena_peak,
                          greedy.live_peak, wall_s, bound=max(bound, greedy.live_peak))
     values = [solver.Value(o) for o in offsets]
-    arena_peak = max(v + b.size for v, b in zip(values, lifetimes))
+    arena_peak = sum(_device_peaks(lifetimes, values).values())
     return Placement("exact", "optimal" if status == cp_model.OPTIMAL else "feasible", lifetimes, values, arena_peak,
                      greedy.live_peak, wall_s, bound=max(int(solver.BestObjectiveBound()), greedy.live_peak))
 
@@ -253,6 +299,52 @@ def place(graph: Graph, schedule: Schedule, *, exact: bool | None = None, time_l
 
 
 # -------------------------------------------------------------------- internals
+def _device_key(device: str | None) -> tuple[bool, str]:
+    return (device is not None, device or "")
+
+
+def _per_device(lifetimes: list[Lifetime], place_blocks: Callable[[list[Lifetime]], list[int]]) -> list[int]:
+    """Offsets of every block, each device's blocks placed by ``place_blocks`` in their own address space."""
+    groups: dict[str | None, list[int]] = {}
+    for k, block in enumerate(lifetimes):
+        groups.setdefault(block.device, []).append(k)
+    offsets = [0] * len(lifetimes)
+    for members in groups.values():
+        for k, offset in zip(members, place_blocks([lifetimes[k] for k in members]), strict=True):
+            offsets[k] = offset
+    return offsets
+
+
+def _device_peaks(lifetimes: list[Lifetime], offsets: list[int]) -> dict[str | None, int]:
+    """Per device, the highest address its blocks reach."""
+    peaks: dict[str | None, int] = {}
+    for block, offset in zip(lifetimes, offsets, strict=True):
+        peaks[block.device] = max(peaks.get(block.device, 0), offset + block.size)
+    return dict(sorted(peaks.items(), key=lambda item: _device_key(item[0])))
+
+
+def _live_peaks(lifetimes: list[Lifetime]) -> dict[str | None, int]:
+    """Per device, the most bytes of its blocks alive at one step (a lower bound of its arena)."""
+    changes: dict[str | None, dict[int, int]] = {}
+    for block in lifetimes:
+        delta = changes.setdefault(block.device, {})
+        delta[block.start] = delta.get(block.start, 0) + block.size
+        delta[block.end + 1] = delta.get(block.end + 1, 0) - block.size
+    peaks: dict[str | None, int] = {}
+    for device, delta in changes.items():
+        live = peak = 0
+        for step in sorted(delta):
+            live += delta[step]
+            peak = max(peak, live)
+        peaks[device] = peak
+    return peaks
+
+
+def _live_peak(lifetimes: list[Lifetime]) -> int:
+    """The sum over devices of their live peaks: no placement of these blocks has a lower ``arena_peak``."""
+    return sum(_live_peaks(lifetimes).values())
+
+
 def _best_fit(lifetimes: list[Lifetime]) -> list[int]:
     # An unbounded address space, modelled by an arena twice the size of every block together: its
     # untouched top is one free block larger than any hole, so best fit reuses the tightest hole
@@ -305,6 +397,9 @@ def _blocks(label: str, node: int, intervals: tuple[tuple[int, int], ...], size:
 
 #: How often a solve aimed at an arena lowers its live-bytes budget by the fragmentation it found.
 ARENA_ROUNDS = 4
+#: The same for a plan that executes in its arenas (``coop.plan(..., arena=True)``): its footprint adds what a
+#: step allocates beside the arenas (measured per round), which moves as the schedule recomputes more.
+EXECUTION_ROUNDS = 6
 
 
 def next_live_budget(live_budget: int, live_peak: int, arena_peak: int, arena_budget: int) -> int:
@@ -319,6 +414,7 @@ def next_live_budget(live_budget: int, live_peak: int, arena_peak: int, arena_bu
 __all__ = [
     "ARENA_ALIGNMENT",
     "ARENA_ROUNDS",
+    "EXECUTION_ROUNDS",
     "Lifetime",
     "Placement",
     "best_fit_placement",

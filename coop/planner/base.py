@@ -27,6 +27,7 @@ from coop.errors import BudgetError, ContextError, CoopError, InfeasibleError
 from coop.graph import Graph
 from coop.graph_capture import Captured, capture
 from coop.graph_capture.context import TrainingContext
+from coop.runtime.allocator import AllocatorAssumption
 from coop.runtime.executor import GradientSync
 
 LossFn = Callable[..., torch.Tensor]
@@ -53,6 +54,8 @@ class BasePlan(ABC):
         self.sync = GradientSync(wrapper, captured) if wrapper is not None else None
         # Another training context (and batch) -> its replay: None where this plan's program still applies.
         self._by_context: dict[tuple, BasePlan | None] = {}
+        #: What the plan assumed of the device allocator (set by coop.plan; coop.runtime.allocator).
+        self.allocator: AllocatorAssumption | None = None
 
     # ---------------------------------------------------------------- numbers
     @property
@@ -78,6 +81,7 @@ class BasePlan(ABC):
             "budget": self.budget,
             "baseline_peak": self.baseline_peak,
             "predicted_peak": self.predicted_peak,
+            "allocator": self.allocator.as_dict() if self.allocator is not None else None,
         }
 
     def save(self, path: str | Path) -> None:

@@ -19,15 +19,17 @@ import torch
 from torch import nn
 
 from coop.budget import format_memory, min_budget, parse_budget
-from coop.errors import ContextError, CoopError, InfeasibleError
+from coop.errors import BudgetError, ContextError, CoopError, InfeasibleError
 from coop.formulations import SolveResult, solve
 from coop.formulations.auto import cheapest_fitting_baseline
 from coop.graph import Graph
 from coop.graph_capture import Captured, capture
 from coop.graph_capture.context import TrainingContext
-from coop.online.static_arena import ARENA_ROUNDS, execution_placement, next_live_budget
+from coop.online.static_arena import EXECUTION_ROUNDS, execution_placement, next_live_budget
 from coop.planner.base import BasePlan, LossFn, batch_key, recapture
 from coop.planner.dynamic import DynamicPlan
+from coop.runtime.allocator import AllocatorAssumption, prepare_allocator
+from coop.runtime.arena_replay import measure_outside
 from coop.runtime.copy_stream import require_cuda
 from coop.runtime.executor import Executor, replay_graph, unwrap_model
 from coop.schedule import Schedule, Simulation, Step, simulate, validate
@@ -60,9 +62,20 @@ class Plan(BasePlan):
         self.executor = Executor(self.captured, self.schedule, copy_stream=True)
 
     def use_arena(self, placement: Any) -> None:
-        """Replay inside one arena per device at ``placement``'s offsets (coop.runtime.arena_replay)."""
+        """Replay inside one arena per device at ``placement``'s offsets (coop.runtime.arena_replay); refused in one
+        line for a step with values on an accelerator (:func:`refuse_arena_off_cpu`).
+
+        ``arena_footprint`` is then every byte a step holds at its peak: the caller-owned values, the buffers
+        (arenas, scratch, output slots) and what the step allocates beside them once measured
+        (:func:`coop.runtime.arena_replay.measure_outside`; until then the largest transient, a lower estimate)."""
+        refuse_arena_off_cpu(self.captured.graph)
         self.executor = Executor(self.captured, self.schedule, arena=placement)
         self.arena_peak = placement.arena_peak
+
+    @property
+    def arena_footprint(self) -> int | None:
+        program = self.executor.arena_program
+        return None if program is None else program.footprint(self.graph.caller_owned_bytes)
 
     # ---------------------------------------------------------------- numbers
     @property
@@ -94,6 +107,7 @@ class Plan(BasePlan):
             "solve_s": result.wall_s if result else 0.0,
             "note": self.note,
             "arena_peak": self.arena_peak,
+            "arena_footprint": self.arena_footprint,
             **implementations_used(self.graph, self.schedule),
         }
 
@@ -187,10 +201,20 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
     fits, Checkmate's MILP on small graphs, Moccasin's CP-SAT on large ones). A formulation that
     returns no schedule within the budget falls back to the cheapest fitting baseline, and the
     plan's ``note`` (and ``summary()["note"]``) says so. With ``arena=True`` the budget is the size
-    of an address-ordered arena: every value gets an address (coop.online.static_arena's packed placement),
-    the live-bytes budget is lowered by the fragmentation found until the arena peak fits, and
-    the plan replays inside that arena (coop.runtime.arena_replay: one buffer per device, allocated at the first
-    step and reused; the loss and new ``.grad`` values are copied into persistent slots after the arena).
+    of everything a step holds: every value the step computes gets an address in its device's arena
+    (coop.online.static_arena's packed execution placement), the plan replays inside those arenas
+    (coop.runtime.arena_replay: one buffer per device, allocated at the first step and reused; the loss is
+    copied into one of two slots after the arena, a new ``.grad`` is handed out where the step computed it), and
+    the budget must hold the step's whole footprint (``summary()["arena_footprint"]``): the caller-owned values
+    (parameters, buffers, batch; they stay in the caller's storages and are counted once), the buffers (arenas,
+    scratch, the loss's slots) and what a step allocates beside them (kernels' internal scratch such as oneDNN's
+    convolution reorders, measured by running the step once on ``example_batch`` at the current thread count,
+    :func:`coop.runtime.arena_replay.measure_outside`). The live-bytes budget of the solve is lowered by what
+    the footprint exceeds (bisecting where the solver finds nothing) until it fits; the note itemises it, and
+    ``plan.budget`` stays the budget asked for. The budget holds for a step after the caller released the
+    previous ``.grad`` values (``zero_grad()``); accumulated ``.grad`` values are the caller's own memory, as
+    in eager PyTorch. The arena replay runs CPU steps only: a step with values on an accelerator is refused in
+    one line (:func:`refuse_arena_off_cpu`).
     ``captured`` reuses an earlier :func:`coop.capture` of this model and batch (several budgets,
     one capture and one profile). ``device_profile`` (a name such as ``"a100-pcie4"``, a .toml path or a
     :class:`coop.device_profiles.DeviceProfile`) prices paging for ``formulation="poet"`` and lets ``auto``
@@ -226,41 +250,114 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
         captured.context = TrainingContext.current(module, batch)
     graph = captured.graph
     budget_bytes = parse_budget(budget, graph)
+    if arena:
+        refuse_arena_off_cpu(graph)
+    allocator = prepare_allocator(graph, streams=2 if copy_stream else 1)
+    live_bytes = within_allocator_headroom(budget_bytes, allocator, graph)
     if formulation == "dynamic":
-        return DynamicPlan(captured, module, budget_bytes, policy="coop", wrapper=wrapper, loss_fn=loss_fn)
+        dynamic = DynamicPlan(captured, module, live_bytes, policy="coop", wrapper=wrapper, loss_fn=loss_fn)
+        dynamic.allocator = allocator
+        return dynamic
     within = functools.partial(_plan_within, module, captured, formulation=formulation, time_limit=time_limit,
                                loss_fn=loss_fn, wrapper=wrapper, device_profile=device_profile, exact=exact)
     if not arena:
-        chosen = within(budget_bytes)
+        chosen = within(live_bytes)
         if copy_stream:
             chosen.use_copy_stream()
+        chosen.allocator = allocator
         return chosen
-    live_budget = budget_bytes
-    for _ in range(ARENA_ROUNDS):
-        candidate = within(live_budget)
-        placement = execution_placement(candidate.graph, candidate.executor.schedule)
-        candidate.arena_peak = placement.arena_peak
-        live_peak = candidate.predicted_peak
-        if placement.arena_peak <= budget_bytes:
+    owned = graph.caller_owned_bytes
+    # The live-bytes budget that fits lies in [floor, ceiling): below min_budget no schedule exists, and
+    # ceiling is the least live budget whose plan overflowed. Each round solves, places, builds and measures
+    # the step (measure_outside), then aims below by what the footprint exceeds the budget; where the solver
+    # finds nothing (within its time limit) or the aim falls below the floor, it bisects instead.
+    floor, ceiling, live_budget, last = min_budget(graph), budget_bytes + 1, budget_bytes, ""
+    for _ in range(EXECUTION_ROUNDS):
+        try:
+            candidate = within(live_budget)
+        except InfeasibleError:
+            floor, aim = live_budget + 1, None  # no schedule found at or below it
+        else:
+            placement = execution_placement(candidate.graph, candidate.executor.schedule)
             candidate.use_arena(placement)
-            # the arena replay's own footprint (outputs computed outside the arena included) must fit too
-            footprint = max(placement.arena_peak, candidate.predicted_peak)
-        if placement.arena_peak <= budget_bytes and footprint <= budget_bytes:
-            candidate.note = (candidate.note + "; " if candidate.note else "") + (
-                f"arena {format_memory(budget_bytes, graph)}: {placement.method} arena peak "
-                f"{format_memory(placement.arena_peak, graph)} (live-bytes budget {format_memory(live_budget, graph)})")
-            transients = candidate.executor.arena_program.transients
-            if transients:  # ops whose kernel allocates its own output: their workspace, computed then copied in
-                candidate.note += (f"; {len(transients)} ops allocate their own output as workspace outside the arena "
-                                   f"(largest {format_memory(max(t.nbytes for t in transients), graph)})")
-            return candidate
-        overflowing = max(placement.arena_peak, candidate.predicted_peak)
-        live_budget = next_live_budget(live_budget, live_peak, overflowing, budget_bytes)
-        if live_budget < min_budget(graph):
+            program = candidate.executor.arena_program
+            flat = captured.flat_inputs(module, batch)
+            measured = measure_outside(program, functools.partial(candidate.executor.run_flat, flat))
+            footprint = program.footprint(owned)
+            last = _footprint_items(program, owned, graph, live_budget)
+            if footprint <= budget_bytes:
+                candidate.note = (candidate.note + "; " if candidate.note else "") + _arena_note(
+                    candidate, placement, budget_bytes, live_budget, measured is not None)
+                candidate.budget = budget_bytes  # solved within live_budget; the plan keeps the caller's budget
+                candidate.allocator = allocator
+                return candidate
+            ceiling = min(ceiling, live_budget)
+            aim = next_live_budget(live_budget, candidate.predicted_peak, footprint, budget_bytes)
+        if aim is None or aim < floor:
+            aim = (floor + ceiling) // 2
+        if not floor <= aim < ceiling:
             break
-    raise InfeasibleError(f"no plan fits an arena of {format_memory(budget_bytes, graph)}: fragmentation keeps the "
-                          f"packed arena peak above it (last {format_memory(candidate.arena_peak, graph)}); "
-                          "raise the budget")
+        live_budget = aim
+    raise InfeasibleError(f"no plan fits an arena budget of {format_memory(budget_bytes, graph)}: the arena replay's "
+                          f"footprint stays above it (last {last or 'none: no schedule to place'}); raise the budget, "
+                          "or plan without arena=True")
+
+
+def within_allocator_headroom(budget_bytes: int, allocator: AllocatorAssumption, graph: Graph) -> int:
+    """The live-bytes budget a schedule must meet: the budget less the allocator's page rounding
+    (:mod:`coop.runtime.allocator`; 0 on CPU), or a one-line BudgetError naming the least budget that leaves
+    min_budget after it."""
+    live = budget_bytes - allocator.headroom
+    least = min_budget(graph)
+    if allocator.headroom and live < least:
+        raise BudgetError(f"budget {format_memory(budget_bytes, graph)} leaves {format_memory(live, graph)} for the step "
+                          f"after the CUDA allocator's page rounding ({format_memory(allocator.headroom, graph)}), below "
+                          f"min_budget {format_memory(least, graph)}; use at least {least + allocator.headroom}")
+    return live
+
+
+def refuse_arena_off_cpu(graph: Graph) -> None:
+    """Refuse, in one line, an arena replay of a step with values on an accelerator.
+
+    The arena replay writes an op's result into its planned view through CPU kernels
+    (:mod:`coop.runtime.arena_kernels`); on CUDA most ops allocate their own output beside the arena and copy
+    it in. Measured on an H100 (DESIGN.md): ResNet-50 allocated 1.16-1.30x the prediction at 1.33-1.58x eager
+    step time, with 421-442 ops computed outside the arena, and GPT-2 crashed. There coop uses the ordinary
+    replay, whose reserved bytes it bounds with the caching allocator's expandable segments.
+    """
+    accelerators = [d for d in graph.devices if d not in (None, "cpu")]
+    if accelerators:
+        raise CoopError(f"arena=True replays CPU steps only, and this step runs on {', '.join(accelerators)}: on CUDA "
+                        "the arena's ops allocate their outputs outside it and copy them in (measured on an H100: "
+                        "1.16-1.30x the predicted bytes at 1.33-1.58x eager time, a crash on GPT-2); plan without "
+                        "arena=True, the ordinary replay, whose reserved bytes coop bounds with expandable segments")
+
+
+def _footprint_items(program: Any, owned: int, graph: Graph, live_budget: int) -> str:
+    """An arena replay's footprint, item by item: ``"X = caller-owned A + arenas B + ..."``."""
+    size = functools.partial(format_memory, graph=graph)
+    if program.outside_peak is not None:
+        how = f"measured on the example batch at {program.outside_threads} threads"
+    else:
+        how = ("NOT measured: another profiler was running; kernels' internal scratch is not in it, only the largest "
+               "transient is")
+    outside = program.outside_peak if program.outside_peak is not None else program.max_transient
+    return (f"{size(program.footprint(owned))} = caller-owned {size(owned)} + arenas {size(program.arena_bytes)} + "
+            f"scratch {size(program.scratch_bytes)} + output slots {size(program.slot_bytes)} + allocated beside them "
+            f"{size(outside)} ({how}), solved within a live-bytes budget of {size(live_budget)}")
+
+
+def _arena_note(candidate: Plan, placement: Any, budget_bytes: int, live_budget: int, measured: bool) -> str:
+    """What an accepted arena plan holds at its peak, item by item (the plan's note)."""
+    graph = candidate.graph
+    program = candidate.executor.arena_program
+    size = functools.partial(format_memory, graph=graph)
+    note = (f"arena budget {size(budget_bytes)}: footprint "
+            f"{_footprint_items(program, graph.caller_owned_bytes, graph, live_budget)}; {placement.method} placement")
+    if program.transients:  # ops whose kernel allocates its own output: their workspace, computed then copied in
+        note += (f"; {len(program.transients)} ops allocate their own output as workspace outside the arena "
+                 f"(largest {size(program.max_transient)})")
+    return note
 
 
 def _plan_within(model: nn.Module, captured: Captured, budget_bytes: int, *, formulation: str, time_limit: float,

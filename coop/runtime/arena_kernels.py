@@ -38,6 +38,15 @@ size and the result is ``torch.equal`` to the functional op):
   the ordinary replay and :func:`into_views` copies its result into the view; that allocation is the
   node's workspace, reported in ``ArenaProgram.transients`` (step, op, bytes) and added to
   ``predicted_peak``. On the zoo models (CPU) there is none.
+
+What no op table can place is a kernel's own scratch: oneDNN's convolution forward and backward reorder
+their input, output and gradients through blocked-layout buffers (up to twice an output whose channels
+are not a multiple of the block, and a few times the input of a 3-channel stem), batch norm keeps small
+statistics, ops with a Python-number operand wrap it in a 0-d tensor. Those allocations happen below the
+dispatcher, in the same sizes eager PyTorch makes; no TorchDispatchMode (coop's memory meter included)
+sees them, the CPU allocator's profiler events do. The planner measures them per plan on the example
+batch and counts them in the arena plan's footprint (:func:`coop.runtime.arena_replay.measure_outside`).
+Only CPU kernels are intercepted: on CUDA the planner does not use the arena replay.
 """
 
 from __future__ import annotations
@@ -233,7 +242,8 @@ class KernelOutputs(TorchDispatchMode):
     output's element count and dtype takes the first free view, and an output that lands elsewhere
     (the kernel allocated a temporary of the same size first, as batch norm backward does) is copied
     into its view and recorded in ``COPIES_MADE``. Every other allocation is the kernel's own
-    workspace, made below the Python dispatch key as in eager PyTorch (no memory meter sees those).
+    workspace, made below the Python dispatch key as in eager PyTorch: no TorchDispatchMode sees those, the
+    allocator's profiler events do (:func:`coop.runtime.arena_replay.measure_outside` counts them).
     """
 
     def __init__(self, views: tuple[torch.Tensor | None, ...], learned: dict[int, int] | None) -> None:

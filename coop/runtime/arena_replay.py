@@ -7,30 +7,51 @@ to :data:`~coop.online.static_arena.ARENA_ALIGNMENT` bytes, extra outputs placed
 step). :class:`ArenaProgramBuilder` writes the executor's replay program so that each value is an
 ``as_strided`` view of one uint8 buffer per device, at its offset, with the dtype, shape and
 strides the eager kernel gives it. The buffer is allocated once, at the plan's first step, and
-reused by every later step (fixed addresses: what a CUDA graph needs), so a step allocates nothing.
+reused by every later step (fixed addresses: what a CUDA graph needs), so a step allocates nothing
+the plan does not count.
+
+**One buffer per device, the caller's values in none.** Each value's device is its traced value's
+(``Node.device``, which must agree): a CUDA step's host scalars and RNG seeds are placed in the CPU
+buffer, never in the CUDA one, and each device's buffer is its own arena's size
+(:attr:`ArenaProgram.arenas`, the placement's ``arena_peaks``). Caller-owned values (parameters,
+buffers, the batch) stay in the caller's storages: the execution placement gives them no address, so
+no buffer reserves room for them a second time.
+
+**What a step holds** (:meth:`ArenaProgram.footprint`): the caller-owned values, the buffers (arenas, the
+scratch region after each arena, the loss's two slots) and what the step allocates beside them. That last
+part is measured, not modelled (:func:`measure_outside`: a kernel's internal scratch, the 0-d tensors that
+wrap Python numbers, the generator states a replayed random op saves, the copies a kernel's first call
+makes), because no graph says how many bytes oneDNN's convolution reorders through.
+:func:`coop.planner.plan.plan` with ``arena=True`` compares that total with the budget.
 
 How each op writes its result into its view (out kernels, the functional ops' own bodies in place,
 kernels handed the views as their output allocations, or compute then copy) is
 :mod:`coop.runtime.arena_kernels`; what allocates outside the arena is reported in
-:attr:`ArenaProgram.transients` and :attr:`ArenaProgram.kernel_copies`.
+:attr:`ArenaProgram.transients` and :attr:`ArenaProgram.kernel_copies`. That interception runs CPU
+kernels only: on CUDA most ops would compute outside the arena and be copied in (measured on an H100:
+1.16-1.30x the prediction at 1.33-1.58x eager time, a crash on GPT-2), so the planner refuses an arena
+plan of a step with values on an accelerator (:func:`coop.planner.plan.refuse_arena_off_cpu`) and uses
+the ordinary replay there; the builder still writes a mixed-device program (tests read its code).
 
 A recomputation's discarded extra outputs (batch-norm statistics, max-pool indices) are written
 into that step's workspace block of the placement (the simulator counts them there) or into the
 scratch region after the arena.
 
-**Outputs and ``.grad``.** The loss and the gradient of every parameter whose ``.grad`` is None
-are copied into persistent output slots after the arena in the same buffer (the loss has two,
-used in turn, so that the previous step's loss survives; DDP's ``gradient_as_bucket_view`` is
-the precedent): ``param.grad = slot`` then allocates nothing, and micro-batches accumulate into
-it in place (``+=``) as eager backward does. A gradient for a parameter that already has a
-``.grad`` is handed back as a view of the arena and added into that ``.grad`` at once. A slot is
-reused only when nothing else holds it: the plan keeps a weak reference to what it handed out and
-counts the buffer's users, so a ``.grad`` or loss the caller still holds (or any view of it) is
-never overwritten; the output is then a fresh copy, as eager would allocate (with a view of a handed-out
-tensor held, every output is, until it is released). The buffer lives as long as the plan or a
-``.grad`` in its slots. Values that
-:meth:`Executor.run_flat` returns as arena views (new buffer values, gradients added into an
-existing ``.grad``) are valid until the next step; the replay is not reentrant.
+**Outputs and ``.grad``.** The loss is copied into one of two persistent slots after the arena (used in
+turn, so that the previous step's loss, which a training loop still holds, survives; a slot is reused
+only when nothing holds it, else the loss is a fresh copy). A gradient is not copied: a new ``.grad`` is
+an alias of the arena block the step computed it in (a tensor of its own on the buffer's storage), so the
+buffer holds each gradient once, where the simulator counts it. Before the next step overwrites the
+arena, :meth:`ArenaProgram.run` moves every alias the caller still holds (a ``.grad`` kept by
+``zero_grad(set_to_none=False)`` or by gradient accumulation, a reference kept to it) onto a storage of
+its own with ``set_``: the same tensor object with the same values, now the caller's memory, as eager
+PyTorch holds it (``moved_out`` counts those bytes). A view taken of a handed-out gradient cannot be
+moved; the step then runs on a new buffer and leaves the old one to those views (``new_buffers``). A
+gradient for a parameter that already has a ``.grad`` is handed back as a view of the arena and added
+into that ``.grad`` at once. The budget therefore bounds a step that starts with the previous ``.grad``
+values released (``zero_grad()``, the default); accumulated ``.grad`` values are held beside it, as in
+eager PyTorch. Values that :meth:`Executor.run_flat` returns as arena views (new buffer values, gradients
+added into an existing ``.grad``) are valid until the next step; the replay is not reentrant.
 """
 
 from __future__ import annotations
@@ -70,6 +91,7 @@ from coop.runtime.arena_kernels import (
     view_extent,
 )
 from coop.runtime.executor import _ProgramBuilder, _Unavailable
+from coop.runtime.paging import page_in
 from coop.schedule import Schedule, Simulation
 
 aten = torch.ops.aten
@@ -92,7 +114,7 @@ class Transient:
 
 @dataclass
 class OutputSlot:
-    """A persistent place for one step output (the loss, a gradient) after the arena in the device's buffer."""
+    """A persistent place for the loss after the arena and scratch in its device's buffer (two, used in turn)."""
 
     device: str
     offset: int
@@ -122,25 +144,51 @@ def _users(buffer: torch.Tensor) -> int:
 class ArenaProgram:
     """What an arena replay allocates, and the buffers it keeps: one per device, allocated at the first step.
 
-    A buffer holds the arena (``arena_bytes``), a scratch region (``scratch_bytes``) and the output slots.
-    ``transients`` are the workspaces of ops that allocate their own output (:data:`WORKSPACE_OPS`).
+    Device ``d``'s buffer holds its arena (``arenas[d]`` bytes: the placed values of that device), a scratch
+    region (``scratches[d]``) and the loss's two slots. ``transients`` are the workspaces of ops that allocate
+    their own output (:data:`WORKSPACE_OPS`). ``outside_peak`` is the most bytes a step was measured to
+    allocate beside the buffers (:func:`measure_outside`; None until measured).
+
+    Gradients are handed out where the step computed them: a new ``.grad`` is an alias of its arena block
+    (a tensor of its own on the buffer's storage, not a view), so the step copies nothing and the buffer holds
+    no second copy of them. At the next step :meth:`run` first moves every alias still held (a ``.grad``
+    kept by ``zero_grad(set_to_none=False)`` or accumulation, or a reference the caller kept) out of the
+    arena onto a storage of its own (``set_``: the same tensor object, the same values), as eager PyTorch
+    would hold them; only where a view was taken of such a gradient (which ``set_`` cannot follow) does the
+    step run on a new buffer, the old one left to the caller's views.
     """
 
-    def __init__(self, arena_bytes: int, base: int, devices: list[str], transients: list[Transient],
-                 in_place_ops: int, scratch_bytes: int, slots: dict[int, list[OutputSlot]],
-                 grad_params: dict[int, int], kernel_sites: list[int] | None = None) -> None:
-        self.arena_bytes = arena_bytes
-        self.base = base  # the placement's address of the arena's first byte (caller-owned values sit below it)
+    def __init__(self, arenas: dict[str, int], devices: list[str], transients: list[Transient],
+                 in_place_ops: int, scratches: dict[str, int], slots: dict[int, list[OutputSlot]],
+                 grad_params: dict[int, int], kernel_sites: list[int] | None = None,
+                 grad_outputs: list[int] | None = None) -> None:
+        self.arenas = {d: arenas.get(d, 0) for d in devices}
         self.devices = devices
         self.transients = transients
         self.in_place_ops = in_place_ops  # fx nodes written straight into the arena (out kernels, composites, copies)
-        self.scratch_bytes = scratch_bytes
-        self.slots = slots  # flat output index -> its slots (the loss has two)
+        self.scratches = {d: scratches.get(d, 0) for d in devices}
+        self.slots = slots  # flat output index of the loss -> its two slots
         self.grad_params = grad_params  # flat output index of a gradient -> flat input index of its parameter
+        self.grad_outputs = grad_outputs if grad_outputs is not None else sorted(grad_params)  # handed out in place
         self.kernel_sites = kernel_sites or []  # kernel_into call sites of this program
         weakref.finalize(self, forget_sites, tuple(self.kernel_sites))
         self.buffers: dict[str, torch.Tensor] = {}
         self._idle_users: dict[str, int] = {}
+        self._handed: dict[str, list[weakref.ref]] = {}  # device -> gradients handed out as aliases of its arena
+        self.moved_out = 0  # bytes of held gradients moved out of the arena (the caller's, as in eager)
+        self.new_buffers = 0  # buffers taken because a view of a handed-out gradient held the old one
+        self.outside_peak: int | None = None
+        self.outside_threads: int | None = None  # torch.get_num_threads() when outside_peak was measured
+
+    @property
+    def arena_bytes(self) -> int:
+        """Bytes of every device's arena together."""
+        return sum(self.arenas.values())
+
+    @property
+    def scratch_bytes(self) -> int:
+        """Bytes of every device's scratch region together."""
+        return sum(self.scratches.values())
 
     @property
     def kernel_copies(self) -> list[tuple[str, int]]:
@@ -153,34 +201,92 @@ class ArenaProgram:
         return max((t.nbytes for t in self.transients), default=0)
 
     def buffer_bytes(self, device: str) -> int:
-        """Bytes of ``device``'s buffer: arena, scratch and output slots."""
+        """Bytes of ``device``'s buffer: arena, scratch and the loss's slots."""
         ends = [s.offset + _rounded(view_extent(s.shape, s.stride, s.dtype)) for ss in self.slots.values() for s in ss
                 if s.device == device]
-        return max([_rounded(self.arena_bytes) + self.scratch_bytes, *ends])
+        return max([_rounded(self.arenas.get(device, 0)) + self.scratches.get(device, 0), *ends])
 
     @property
     def slot_bytes(self) -> int:
-        return sum(self.buffer_bytes(d) for d in self.devices) - len(self.devices) * (
-            _rounded(self.arena_bytes) + self.scratch_bytes)
+        """Bytes of the output slots (the loss's two) in every buffer."""
+        return sum(self.buffer_bytes(d) - _rounded(self.arenas[d]) - self.scratches[d] for d in self.devices)
+
+    @property
+    def total_buffer_bytes(self) -> int:
+        """Bytes of every device's buffer together."""
+        return sum(self.buffer_bytes(d) for d in self.devices)
+
+    def footprint(self, caller_owned_bytes: int) -> int:
+        """Every byte a step holds at its peak: the caller-owned values, the buffers (arenas, scratch, the loss's
+        slots; the gradients are in the arenas) and what the step allocates beside them: the measured
+        ``outside_peak``, else the largest transient (a lower estimate: kernels' internal scratch is not in it)."""
+        outside = self.outside_peak if self.outside_peak is not None else self.max_transient
+        return caller_owned_bytes + self.total_buffer_bytes + outside
 
     def run(self, forward: Callable, module: fx.GraphModule, flat: list[torch.Tensor]) -> list[Any]:
-        """One step: the program on this plan's buffers, then the loss and new ``.grad`` values into free slots."""
-        if not self.buffers:
-            for device in self.devices:
-                self.buffers[device] = torch.empty(self.buffer_bytes(device), dtype=torch.uint8, device=device)
-                self._idle_users[device] = _users(self.buffers[device])
+        """One step: the program on this plan's buffers, then the loss into a free slot and new ``.grad`` values
+        handed out where they are."""
+        for device in self.devices:
+            if device in self.buffers:
+                self._release(device)
+            else:
+                self._allocate(device)
         clean = {d: _users(b) == self._idle_users[d] + sum(s.users for ss in self.slots.values() for s in ss
                                                             if s.device == d and s.alive())
                  for d, b in self.buffers.items()}
         outputs = list(forward(module, *flat, *(self.buffers[d] for d in self.devices)))
         for index, slots in self.slots.items():
             value = outputs[index]
+            if not isinstance(value, torch.Tensor):
+                continue
+            free = next((s for s in slots if clean[s.device] and not s.alive()), None)
+            outputs[index] = free.hand_out(self.buffers[free.device], value) if free else value.clone()
+        for index in self.grad_outputs:
+            value = outputs[index]
             position = self.grad_params.get(index)
             if not isinstance(value, torch.Tensor) or (position is not None and flat[position].grad is not None):
                 continue  # added into the existing .grad at once (Captured.write_back)
-            free = next((s for s in slots if clean[s.device] and not s.alive()), None)
-            outputs[index] = free.hand_out(self.buffers[free.device], value) if free else value.clone()
+            outputs[index] = self._hand_out(value)
         return outputs
+
+    def _allocate(self, device: str) -> None:
+        self.buffers[device] = torch.empty(self.buffer_bytes(device), dtype=torch.uint8, device=device)
+        self._idle_users[device] = _users(self.buffers[device])
+        self._handed[device] = []
+        for slots in self.slots.values():
+            for slot in slots:
+                if slot.device == device:
+                    slot.handed, slot.users = None, 0
+
+    def _release(self, device: str) -> None:
+        """Free ``device``'s arena of the gradients handed out at the last step: move those still held out of it,
+        or, where a view of one holds the buffer, take a new buffer and leave the old one to the caller."""
+        buffer = self.buffers[device]
+        storage = buffer.untyped_storage().data_ptr()
+        held = [t for t in (ref() for ref in self._handed.get(device, [])) if t is not None
+                and t.untyped_storage().data_ptr() == storage]  # still on the buffer (not set_ elsewhere by anyone)
+        loss_users = sum(s.users for ss in self.slots.values() for s in ss if s.device == device and s.alive())
+        if _users(buffer) > self._idle_users[device] + loss_users + len(held):
+            self.new_buffers += 1
+            self._allocate(device)
+            return
+        with torch.no_grad():
+            for tensor in held:
+                self.moved_out += tensor.numel() * tensor.element_size()
+                tensor.set_(tensor.clone())
+        self._handed[device] = []
+
+    def _hand_out(self, value: torch.Tensor) -> torch.Tensor:
+        """``value`` (a view of its arena block) as a tensor of its own on the buffer's storage (an alias, not a
+        view: :meth:`_release` can move it out), remembered until the next step."""
+        device = str(value.device)
+        buffer = self.buffers.get(device)
+        if buffer is None or value.untyped_storage().data_ptr() != buffer.untyped_storage().data_ptr():
+            return value  # not in the arena (its own storage already)
+        alias = torch.empty(0, dtype=value.dtype, device=value.device).set_(
+            buffer.untyped_storage(), value.storage_offset(), value.shape, value.stride())
+        self._handed[device].append(weakref.ref(alias))
+        return alias
 
 
 def _rounded(nbytes: int) -> int:
@@ -196,14 +302,15 @@ def check_placement(captured: Captured, graph: Any, schedule: Schedule, placemen
     if alignment < 16 or not placement.extra.get("extras_from_op"):
         raise CoopError("arena replay needs a placement made by coop.online.static_arena.execution_placement "
                         f"(aligned blocks, extra outputs from their op's step); this one has alignment {alignment}")
-    expected, _ = schedule_lifetimes(graph, schedule, alignment=alignment, extras_from_op=True)
+    expected, _ = schedule_lifetimes(graph, schedule, alignment=alignment, extras_from_op=True, caller_owned=False)
     if expected != placement.lifetimes or len(placement.offsets) != len(expected):
-        raise CoopError("arena placement was made for another schedule (its blocks differ from this schedule's); "
-                        "place the executor's own schedule (executor.schedule) with execution_placement")
-    top = max((o + b.size for o, b in zip(placement.offsets, expected, strict=True)), default=0)
+        raise CoopError("arena placement was made for another schedule or places caller-owned values (its blocks "
+                        "differ from this schedule's); place the executor's own schedule (executor.schedule) with "
+                        "execution_placement")
+    top = sum(placement.arena_peaks.values())
     if placement.arena_peak < top:
         raise CoopError(f"arena of {placement.arena_peak} bytes is too small for its placement, whose blocks reach "
-                        f"{top} bytes; use the placement's own arena_peak")
+                        f"{top} bytes on their devices; use the placement's own arena_peak")
     if any(o % alignment for o in placement.offsets) or any(o < 0 for o in placement.offsets):
         raise CoopError(f"arena placement has offsets that are negative or not multiples of its alignment {alignment}")
     placement.check()
@@ -212,15 +319,24 @@ def check_placement(captured: Captured, graph: Any, schedule: Schedule, placemen
 class ArenaProgramBuilder(_ProgramBuilder):
     """The executor's program builder, writing each planned value into its view of the device's buffer."""
 
+    page_whole_storage = False  # a value's storage is the whole buffer: page only the bytes the value spans
+
     def __init__(self, captured: Captured, graph: Any, replayed: set[int], simulation: Simulation,
                  placement: Placement) -> None:
         super().__init__(captured, graph, replayed)
         placed = [(b, o) for b, o in zip(placement.lifetimes, placement.offsets, strict=True)
                   if b.instance >= 0 or b.label.startswith("workspace")]
-        self.base = min((o for _, o in placed), default=0)
-        self.arena_bytes = max((o + b.size for b, o in placed), default=0) - self.base
-        self.block = {(b.instance, b.start): (o - self.base, b.size) for b, o in placed if b.instance >= 0}
-        self.workspace_block = {b.start: (o - self.base, b.size) for b, o in placed if b.instance < 0}
+        self.arena_sizes: dict[str, int] = {}  # device -> bytes of its arena (the highest address placed there)
+        self.block: dict[tuple[int, int], tuple[int, int]] = {}  # (instance, first step) -> (offset, size)
+        self.workspace_block: dict[int, tuple[int, int]] = {}  # step -> (offset, size) of its workspace block
+        self.workspace_device: dict[int, str] = {}
+        for b, o in placed:
+            device = self._block_device(b)
+            self.arena_sizes[device] = max(self.arena_sizes.get(device, 0), o + b.size)
+            if b.instance >= 0:
+                self.block[(b.instance, b.start)] = (o, b.size)
+            else:
+                self.workspace_block[b.start], self.workspace_device[b.start] = (o, b.size), device
         self.simulation = simulation
         self.instance_at = {inst.computed_at: k for k, inst in enumerate(simulation.instances)}
         self.instances_of: dict[int, list[int]] = {}
@@ -236,13 +352,24 @@ class ArenaProgramBuilder(_ProgramBuilder):
         self.bases: dict[tuple[str, torch.dtype], fx.Node] = {}
         self.transients: list[Transient] = []
         self.in_place_ops = 0
-        self.scratch_bytes = 0
+        self.scratch_sizes: dict[str, int] = {}  # device -> bytes of the scratch region after its arena
         self.kernel_sites: list[int] = []  # KernelOutputs call sites (kernel_into)
+
+    def _block_device(self, block: Any) -> str:
+        """The device whose arena holds ``block``: its traced value's, which must be the one the Graph records."""
+        names = self.captured.fx_names.get(block.node) or []
+        leaves = tensor_leaves(self.by_name[names[0]].meta.get("val")) if names else []
+        traced = str(leaves[0].device) if leaves else None
+        if traced is not None and block.device is not None and block.device != traced:
+            raise CoopError(f"arena block {block.label} is placed on {block.device}, but its traced value lives on "
+                            f"{traced}; the Graph's Node.device is wrong")
+        return traced or block.device or "cpu"
 
     # ---------------------------------------------------------------- the buffer
     def start(self) -> None:
         super().start()
-        devices = sorted({str(v.device) for node in self.owner for v in tensor_leaves(node.meta.get("val"))})
+        devices = sorted({str(v.device) for node in self.owner for v in tensor_leaves(node.meta.get("val"))}
+                         | set(self.arena_sizes))
         last = [n for n in self.program.nodes if n.op == "placeholder"][-1]
         for device in devices:  # the buffers come in after the flat inputs (ArenaProgram.run)
             with self.program.inserting_after(last):
@@ -272,8 +399,8 @@ class ArenaProgramBuilder(_ProgramBuilder):
         sizes = [_rounded(view_extent(f.shape, f.stride(), f.dtype) + f.storage_offset() * f.element_size())
                  for f in fakes]
         if offset is None or size is None or sum(sizes) > size:
-            offset, size = _rounded(self.arena_bytes), sum(sizes)
-            self.scratch_bytes = max(self.scratch_bytes, size)
+            offset, size = _rounded(self.arena_sizes.get(device, 0)), sum(sizes)
+            self.scratch_sizes[device] = max(self.scratch_sizes.get(device, 0), size)
         views, at = [], offset
         for fake, nbytes in zip(fakes, sizes, strict=True):
             views.append(self.view_at(at, nbytes, fake, device))
@@ -368,7 +495,10 @@ class ArenaProgramBuilder(_ProgramBuilder):
         missing = [i for i, v in enumerate(views) if v is None and isinstance(fake[i], torch.Tensor)]
         if not missing or fake[missing[0]].device.type != "cpu":
             return views
-        places = self.scratch([fake[i] for i in missing], *self.workspace_block.get(self.step, (None, None)))
+        workspace = self.workspace_block.get(self.step, (None, None))
+        if self.workspace_device.get(self.step) != str(fake[missing[0]].device):
+            workspace = (None, None)
+        places = self.scratch([fake[i] for i in missing], *workspace, device=str(fake[missing[0]].device))
         completed = list(views)
         for i, view in zip(missing, places, strict=True):
             completed[i] = view
@@ -449,7 +579,8 @@ class ArenaProgramBuilder(_ProgramBuilder):
             self.page_in(node_id)
             return
         view = self.view_at(*block, base.meta["val"])
-        self.env[base] = self.program.call_function(aten.copy_.default, (view, self.hosts.pop(node_id)))
+        self.env[base] = self.program.call_function(page_in, (self.hosts.pop(node_id),),  # layout and device checked
+                                                    {"non_blocking": self.pinned.pop(node_id), "into": view})
         for node in self.group(node_id):  # re-derive the value's views, as the ordinary page_in does
             if self.position[node] > self.position[base] and all(
                 a in self.env and not isinstance(self.env[a], _Unavailable) for a in node.all_input_nodes
@@ -457,27 +588,67 @@ class ArenaProgramBuilder(_ProgramBuilder):
                 super().emit(node)
 
     def output_slots(self) -> dict[int, list[OutputSlot]]:
-        """Slots after the arena and scratch for the loss (two, used in turn) and each parameter's gradient."""
-        slots: dict[int, list[OutputSlot]] = {}
-        ends: dict[str, int] = {}
-        for index, node in enumerate(self.captured.output_nodes()[: self.captured.grad_slice.stop]):
-            fake = node.meta.get("val") if node is not None else None
-            if not isinstance(fake, torch.Tensor):
-                continue
-            device = str(fake.device)
-            for _ in range(2 if index == self.captured.loss_index else 1):
-                offset = ends.get(device, _rounded(self.arena_bytes) + self.scratch_bytes)
-                slot = OutputSlot(device, offset, tuple(fake.shape), tuple(fake.stride()), fake.dtype)
-                ends[device] = offset + _rounded(view_extent(fake.shape, fake.stride(), fake.dtype))
-                slots.setdefault(index, []).append(slot)
-        return slots
+        """Two slots after the arena and scratch for the loss, used in turn (a training loop holds the last loss
+        while the next step runs); gradients need none: they are handed out in the arena."""
+        node = self.captured.output_nodes()[self.captured.loss_index]
+        fake = node.meta.get("val") if node is not None else None
+        if not isinstance(fake, torch.Tensor):
+            return {}
+        device = str(fake.device)
+        offset = _rounded(self.arena_sizes.get(device, 0)) + self.scratch_sizes.get(device, 0)
+        size = _rounded(view_extent(fake.shape, fake.stride(), fake.dtype))
+        return {self.captured.loss_index: [OutputSlot(device, offset + k * size, tuple(fake.shape),
+                                                      tuple(fake.stride()), fake.dtype) for k in range(2)]}
 
     def result(self) -> ArenaProgram:
         params = {name: k for k, (kind, name) in enumerate(self.captured.placeholders) if kind == "param"}
         grad_params = {self.captured.grad_slice.start + k: params[name] for k, name in
                        enumerate(self.captured.grad_names) if name in params}
-        return ArenaProgram(self.arena_bytes, self.base, sorted(self.arenas), self.transients, self.in_place_ops,
-                            self.scratch_bytes, self.output_slots(), grad_params, self.kernel_sites)
+        nodes = self.captured.output_nodes()
+        grad_outputs = [index for index in range(self.captured.grad_slice.start, self.captured.grad_slice.stop)
+                        if nodes[index] is not None and isinstance(nodes[index].meta.get("val"), torch.Tensor)]
+        return ArenaProgram(self.arena_sizes, sorted(self.arenas), self.transients, self.in_place_ops,
+                            self.scratch_sizes, self.output_slots(), grad_params, self.kernel_sites, grad_outputs)
+
+
+def measure_outside(program: ArenaProgram, run: Callable[[], Any]) -> int | None:
+    """Run one step (``run``: the executor's ``run_flat`` on the real example batch) and record in
+    ``program.outside_peak`` the most CPU bytes it held beside the buffers; None when it cannot be measured.
+
+    What a step allocates outside its buffers cannot all be predicted from the graph: a kernel's internal
+    scratch (oneDNN's convolution reorders its input and output through blocked-layout buffers of up to
+    several times their size; batch norm's statistics), the 0-d tensors that wrap Python numbers, and an output
+    a kernel puts outside its view at a call site's first call (:func:`coop.runtime.arena_kernels.kernel_into`,
+    which learns there). The CPU allocator reports every allocation and free, with its size, to
+    ``torch.profiler`` (``profile_memory=True``); the running sum of those events, less the buffers the step
+    allocates first, is the step's outside peak. The step runs functionally (nothing is written back to the
+    model) under a forked CPU generator, so the plan's first real step draws what eager PyTorch draws; buffers
+    it allocated are released again (the plan's first step allocates them), while what the call sites
+    learned stays. Measured at ``torch.get_num_threads()`` threads (kept in ``program.outside_threads``):
+    oneDNN's backward scratch grows a little with the thread count. None (nothing recorded) while another
+    profiler is running.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    if torch._C._autograd._profiler_enabled():
+        return None
+    fresh = not program.buffers
+    with torch.random.fork_rng(devices=[]), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    events = sorted((e for e in prof.profiler.kineto_results.events()
+                     if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU),
+                    key=lambda e: e.start_ns())
+    running = peak = 0
+    for event in events:
+        running += event.nbytes()
+        peak = max(peak, running)
+    buffers = sum(program.buffer_bytes(d) for d in program.devices if torch.device(d).type == "cpu") if fresh else 0
+    if fresh:
+        program.buffers.clear()
+        program._idle_users.clear()
+    program.outside_peak = max(0, peak - buffers)
+    program.outside_threads = torch.get_num_threads()
+    return program.outside_peak
 
 
 def build_arena_program(captured: Captured, graph: Any, schedule: Schedule, simulation: Simulation,
@@ -495,4 +666,4 @@ def build_arena_program(captured: Captured, graph: Any, schedule: Schedule, simu
 
 
 __all__ = ["ArenaProgram", "ArenaProgramBuilder", "OutputSlot", "Transient", "build_arena_program",
-           "check_placement"]
+           "check_placement", "measure_outside"]

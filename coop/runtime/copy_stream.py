@@ -3,12 +3,20 @@ overlapped with compute.
 
 **Opt-in and not yet measured on a GPU.** ``Executor(..., copy_stream=True)`` /
 ``coop.plan(..., copy_stream=True)`` turn it on; the default (False) replays page-outs and page-ins
-as ``non_blocking`` copies on the compute stream (:func:`coop.runtime.executor.to_host` /
-``to_device``), which stream order makes safe. The protocol below has been checked only on CPU,
-against a recording fake of the stream/event API (``tests/test_copy_stream.py``: a happens-before
-checker over the recorded log, with a mutation check that removing any wait or ``record_stream``
-is caught); its overlap and its effect on ``torch.cuda.max_memory_allocated`` have not been
-measured on CUDA yet.
+as ``non_blocking`` copies on the compute stream, which stream order makes safe. Both make the very
+same copies, :func:`coop.runtime.paging.page_out` / :func:`~coop.runtime.paging.page_in` (the value's
+whole storage, its dtype, shape, strides, storage offset and exact device kept; the host buffer
+pinned by the caller's flag, set where the value's device is CUDA); this module only decides on which
+stream they run and who waits for them. Only values on an accelerator are paged: the validator
+(:func:`coop.schedule.simulate`, :meth:`coop.graph.Graph.pageable`) refuses a schedule that pages a
+host value of a CUDA step (a 0-d CPU scalar, the CPU philox seed of efficient attention), for which
+``torch.cuda.current_stream`` raises ``ValueError: Expected a cuda device, but got: cpu`` (issue 22).
+
+The protocol below has been checked only on CPU, against a recording fake of the stream/event API
+(``tests/test_copy_stream.py``: a happens-before checker over the recorded log, with a mutation
+check that removing any wait or ``record_stream`` is caught; the fake refuses a CPU device as
+torch.cuda does, and the replay's CPU tensors stand for ``cuda:0`` only where a test says so); its
+overlap and its effect on ``torch.cuda.max_memory_allocated`` have not been measured on CUDA yet.
 
 The protocol, for one compute stream ``C`` (the current stream when the step runs) and one side
 stream ``S`` per :class:`CopyStream`:
@@ -26,7 +34,7 @@ stream ``S`` per :class:`CopyStream`:
   enqueued before the free (the replay holds ``v`` for the call), so it is covered. The pinned
   host block is itself safe: ``copy_`` records the block's use on ``S`` in PyTorch's caching host
   allocator, which reuses the block only after that event.
-- **page-in v** (:meth:`CopyStream.page_in`): the device tensor is allocated inside
+- **page-in v** (:meth:`CopyStream.page_in`): the device storage is allocated inside
   ``torch.cuda.stream(S)``, i.e. from ``S``'s pool of the caching allocator, so the allocator
   cannot hand it a block that kernels queued on ``C`` may still read or write (blocks are reused
   only by their own stream without synchronization); the H2D copy runs ``non_blocking`` on ``S``
@@ -61,7 +69,7 @@ import torch
 
 from coop.errors import ContextError, ScheduleError
 from coop.graph_capture import Captured
-from coop.runtime.meter import host_pool
+from coop.runtime.paging import HostCopy, page_in, page_out
 from coop.schedule import Schedule
 
 
@@ -93,15 +101,9 @@ class StreamAPI(Protocol):
     def record_stream(self, tensor: torch.Tensor, stream: Any) -> None:
         """Tell the allocator that ``stream`` uses ``tensor``'s block."""
 
-    def empty_host(self, like: torch.Tensor) -> torch.Tensor:
-        """An uninitialized host-tier tensor shaped like ``like`` (pinned on CUDA)."""
-
-    def empty_device(self, like: torch.Tensor, device: torch.device) -> torch.Tensor:
-        """An uninitialized device tensor shaped like ``like``, from the current stream's pool."""
-
 
 class TorchCudaStreams:
-    """The default :class:`StreamAPI`: torch.cuda's streams, events and pinned memory."""
+    """The default :class:`StreamAPI`: torch.cuda's streams and events."""
 
     def current_stream(self, device: torch.device) -> Any:
         return torch.cuda.current_stream(device)
@@ -121,19 +123,12 @@ class TorchCudaStreams:
     def record_stream(self, tensor: torch.Tensor, stream: Any) -> None:
         tensor.record_stream(stream)
 
-    def empty_host(self, like: torch.Tensor) -> torch.Tensor:
-        return torch.empty_like(like, device="cpu", pin_memory=True)  # strides kept (preserve_format)
-
-    def empty_device(self, like: torch.Tensor, device: torch.device) -> torch.Tensor:
-        return torch.empty_like(like, device=device)
-
 
 @dataclass
 class PagedOut:
-    """A value on the host tier: its host copy, the device it left, and the event after its D2H copy."""
+    """A value on the host tier (:class:`~coop.runtime.paging.HostCopy`) and the event after its D2H copy."""
 
-    host: torch.Tensor
-    device: torch.device
+    host: HostCopy
     copied: Any
 
 
@@ -147,7 +142,10 @@ class PendingPageIn:
 
 class CopyStream:
     """Page-outs and page-ins of one replay on a side stream, the compute stream waiting only where a
-    paged-in value is first read. Streams are made lazily, per device, on the first page-out."""
+    paged-in value is first read. Streams are made lazily, per device, on the first page-out.
+
+    The copies are :mod:`coop.runtime.paging`'s, as in the ordinary replay (the whole storage, layout and
+    device kept); this class adds only where they run and who waits for them."""
 
     def __init__(self, api: StreamAPI | None = None) -> None:
         self.api: StreamAPI = api if api is not None else TorchCudaStreams()
@@ -159,31 +157,31 @@ class CopyStream:
             self._side[device] = self.api.new_stream(device)
         return self._side[device]
 
-    def page_out(self, value: torch.Tensor) -> PagedOut:
-        """Queue the D2H copy of ``value`` on the side stream after its producer; the compute stream goes on."""
+    def page_out(self, value: torch.Tensor, *, pin: bool) -> PagedOut:
+        """Queue the D2H copy of ``value`` on the side stream after its producer; the compute stream goes on.
+        ``pin``: the host buffer is pinned (the caller's decision, :func:`coop.runtime.paging.pin_host_copy`)."""
         api = self.api
         compute, side = api.current_stream(value.device), self.side_stream(value.device)
         produced = api.new_event()
         produced.record(compute)  # after the producer, which the replay enqueued before this call
         api.wait_event(side, produced)
-        with api.stream(side), host_pool():
-            host = api.empty_host(value)
-            host.copy_(value, non_blocking=True)
+        with api.stream(side):
+            host = page_out(value, pin=pin, non_blocking=True)
         api.record_stream(value, side)  # the allocator keeps value's block until the copy has read it
         copied = api.new_event()
         copied.record(side)
-        return PagedOut(host, value.device, copied)
+        return PagedOut(host, copied)
 
     def page_in(self, paged: PagedOut) -> PendingPageIn:
-        """Queue the H2D copy of a paged-out value on the side stream, into a tensor from the side stream's pool.
+        """Queue the H2D copy of a paged-out value on the side stream, into a storage from the side stream's pool.
 
-        The D2H copy that wrote ``paged.host`` was queued earlier on the same side stream, so stream
-        order runs it first."""
+        The storage is allocated inside ``api.stream(side)``, which is what puts it in the side stream's pool.
+        The D2H copy that wrote ``paged.host`` was queued earlier on the same side stream, so stream order runs
+        it first."""
         api = self.api
-        side = self.side_stream(paged.device)
+        side = self.side_stream(paged.host.device)
         with api.stream(side):
-            value = api.empty_device(paged.host, paged.device)
-            value.copy_(paged.host, non_blocking=True)
+            value = page_in(paged.host, non_blocking=True)
         copied = api.new_event()
         copied.record(side)
         return PendingPageIn(value, copied)

@@ -6,6 +6,17 @@ Graph node ``v`` owns (a recomputation copies them again, reading the most recen
 its inputs), ``page_out``/``page_in`` become copies to and from a host tier, and fx's code
 generator releases every value right after its last use, so an instance lives exactly as long
 as the simulator says (or less, when an explicit free comes later than its last read).
+
+Paging copies are :func:`coop.runtime.paging.page_out` / :func:`~coop.runtime.paging.page_in`, the same
+in the ordinary replay, on a copy stream and in the arena replay: a value's whole storage goes to the
+host and comes back on the exact device it left (``cuda:1`` stays ``cuda:1``) with its dtype, shape,
+strides and storage offset, so the views the captured program takes of it hold (issue 22). The host
+buffer is pinned where the value's traced device is CUDA, decided here once per page-out
+(:func:`~coop.runtime.paging.pin_host_copy`). Only values on an accelerator are paged: the executor
+validates every schedule first (:func:`coop.schedule.simulate`), which refuses a page step of a host
+value of an accelerator step (:meth:`coop.graph.Graph.pageable`) in one line. A page step of a
+caller-owned value (an input, a parameter) is legal but replays as nothing: the caller holds it.
+
 Random ops make their first draws in the captured program's relative order, so the replay draws
 the same numbers as eager PyTorch. With ``replay_random`` (the default) a schedule may also
 recompute them: the program saves the generator state right before the first draw of each random
@@ -51,25 +62,9 @@ from coop.graph import Graph
 from coop.graph_capture import Captured
 from coop.graph_capture.trace import is_random
 from coop.runtime.copy_stream import CopyStream, StreamAPI, copy_stream_for
-from coop.runtime.meter import host_pool
+from coop.runtime.paging import page_in, page_out, pin_host_copy
 from coop.runtime.rng import output_device, restore_generator_state, save_generator_state, swap_generator_state
 from coop.schedule import Schedule, Simulation, simulate, take_extras_promptly
-
-
-def to_host(tensor: torch.Tensor) -> torch.Tensor:
-    """Copy a value to the host tier (pinned CPU memory on CUDA; the meter's host pool on CPU)."""
-    with host_pool():
-        if tensor.is_cuda:
-            host = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=True)
-            return host.copy_(tensor, non_blocking=True)
-        return tensor.clone()
-
-
-def to_device(host: torch.Tensor, like: torch.Tensor | None = None) -> torch.Tensor:
-    """Copy a value back from the host tier to the device it came from."""
-    if torch.cuda.is_available() and host.is_pinned():
-        return host.to("cuda", non_blocking=True)
-    return host.clone()
 
 
 class _Unavailable:
@@ -92,6 +87,9 @@ class _ProgramBuilder:
     ``program`` in schedule order, by the coop Graph (``schedule_graph``) the schedule is legal on. With
     ``copy_stream`` page-outs and page-ins go through it (:mod:`coop.runtime.copy_stream`)."""
 
+    #: Page a value's whole storage (its own: storage offset kept); False where values share one buffer (arena).
+    page_whole_storage = True
+
     def __init__(self, captured: Captured, graph: Graph, replayed: set[int],
                  copy_stream: CopyStream | None = None) -> None:
         self.copy_stream = copy_stream
@@ -104,7 +102,8 @@ class _ProgramBuilder:
         self.by_name = {n.name: n for n in self.source.nodes}
         self.program = fx.Graph()  # the replay fx graph, written in schedule order
         self.env: dict[fx.Node, Any] = {}
-        self.hosts: dict[int, fx.Node] = {}
+        self.hosts: dict[int, fx.Node] = {}  # paged-out value id -> the program value of its HostCopy
+        self.pinned: dict[int, bool] = {}  # paged-out value id -> whether its host copy is pinned
         self.computed: set[int] = set()
         self.last_random = -1
         self.optional_values: dict[int, Any] = {}  # optional value id -> its program value (or _Unavailable)
@@ -225,16 +224,35 @@ class _ProgramBuilder:
             self.env[node] = _Unavailable(why)
 
     def page_out(self, node_id: int) -> None:
+        """Copy the value to the host tier (:func:`coop.runtime.paging.page_out`: its whole storage, layout and
+        device kept), pinned where its device is CUDA; with a copy stream, on the side stream."""
         if self.captured.graph.node(node_id).caller_owned:
             return  # the caller holds its own reference; there is nothing the replay can free
-        page_out = to_host if self.copy_stream is None else self.copy_stream.page_out
-        if node_id in self.optional_values:
-            self.hosts[node_id] = self.program.call_function(page_out, (self.optional_value(node_id),))
+        optional = node_id in self.optional_values
+        value = self.optional_value(node_id) if optional else self.lookup(self._base(node_id))
+        pin = pin_host_copy(self._device(node_id, value))
+        self.pinned[node_id] = pin
+        if self.copy_stream is None:
+            options = {"pin": pin, "non_blocking": pin} | ({} if self.page_whole_storage else {"whole_storage": False})
+            self.hosts[node_id] = self.program.call_function(page_out, (value,), options)
+        else:
+            self.hosts[node_id] = self.program.call_function(self.copy_stream.page_out, (value,), {"pin": pin})
+        if optional:
             self.optional_values[node_id] = _Unavailable("paged out")
-            return
-        base = self._base(node_id)
-        self.hosts[node_id] = self.program.call_function(page_out, (self.lookup(base),))
-        self.drop(node_id, "paged out")
+        else:
+            self.drop(node_id, "paged out")
+
+    def _device(self, node_id: int, value: fx.Node) -> torch.device:
+        """The device a value lives on: its traced value's, else the Graph's record of it."""
+        fake = value.meta.get("val")
+        if isinstance(fake, torch.Tensor):
+            return fake.device
+        return torch.device(self.schedule_graph.node(node_id).device or "cpu")
+
+    def paged_in(self, node_id: int) -> fx.Node:
+        """The program value of a page-in on the compute stream (:func:`coop.runtime.paging.page_in`)."""
+        pin = self.pinned.pop(node_id)
+        return self.program.call_function(page_in, (self.hosts.pop(node_id),), {"non_blocking": pin})
 
     def page_in(self, node_id: int) -> None:
         if self.captured.graph.node(node_id).caller_owned:
@@ -243,10 +261,10 @@ class _ProgramBuilder:
             self.page_in_on_copy_stream(node_id)
             return
         if node_id in self.optional_values:
-            self.optional_values[node_id] = self.program.call_function(to_device, (self.hosts.pop(node_id),))
+            self.optional_values[node_id] = self.paged_in(node_id)
             return
         base = self._base(node_id)
-        self.env[base] = self.program.call_function(to_device, (self.hosts.pop(node_id),))
+        self.env[base] = self.paged_in(node_id)
         for node in self.group(node_id):
             # re-derive the views of the value; outputs taken from a tuple stay unavailable
             if self.position[node] > self.position[base] and all(
@@ -256,6 +274,7 @@ class _ProgramBuilder:
 
     def page_in_on_copy_stream(self, node_id: int) -> None:
         """Queue the page-in's copy now; the compute stream's wait (and the value's views) come at its first read."""
+        self.pinned.pop(node_id)
         pending = self.program.call_function(self.copy_stream.page_in, (self.hosts.pop(node_id),))
 
         def wait_for(store: dict, key: Any) -> _Deferred:

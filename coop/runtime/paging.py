@@ -1,0 +1,136 @@
+"""Paging copies: a value to the host tier and back, its layout and device kept exactly (issue 22).
+
+One pair of functions serves every replay that pages (the ordinary fx replay of
+:mod:`coop.runtime.executor`, the side copy stream of :mod:`coop.runtime.copy_stream`, the arena
+replay of :mod:`coop.runtime.arena_replay`), on every device:
+
+- :func:`page_out` copies the value's whole storage, byte for byte, into a host uint8 buffer
+  (pinned when the caller asks for it) and records what the bytes cannot say: dtype, shape,
+  stride, storage offset and the exact ``torch.device``, index included (:class:`HostCopy`).
+- :func:`page_in` allocates a storage of the same byte size on that very device, copies the bytes
+  back and returns the value as a view of it with the recorded dtype, shape, stride and offset;
+  or, with ``into``, writes the value into a tensor the caller placed (the arena's block).
+
+Why the whole storage and not ``torch.empty(shape)`` + ``copy_``: that makes a contiguous value,
+so a transposed, sliced (storage offset), expanded (stride 0) or channels-last value came back
+with other strides, and an fx node that views it the way the captured program did failed on a
+GPU ("view size is not compatible with input tensor's size and stride"); ``.to("cuda")`` also
+sent a value of ``cuda:1`` to ``cuda:0``. The Graph counts a value as its storage bytes (contract
+1), so moving the storage moves exactly what the simulator moves.
+
+Whether the host buffer is pinned is the caller's flag (:func:`pin_host_copy` decides it from the
+device, in one place); a copy never branches on the device itself. Host buffers are allocated
+inside :func:`coop.runtime.meter.host_pool`, so the memory meter counts them apart from the device.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from coop.runtime.meter import host_pool
+
+
+def pin_host_copy(device: torch.device) -> bool:
+    """Whether a value paged out from ``device`` goes to pinned host memory: on CUDA, where a pinned buffer makes
+    the D2H and H2D copies asynchronous (``non_blocking``), and nowhere else (a CPU value pages to plain memory)."""
+    return device.type == "cuda"
+
+
+@dataclass(frozen=True)
+class HostCopy:
+    """A value on the host tier: the bytes of its whole storage and the metadata to rebuild it on its device."""
+
+    data: torch.Tensor  # uint8, one byte per storage byte, on the host
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    storage_offset: int
+    device: torch.device  # where the value came from and goes back to, index included
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+    def host_view(self) -> torch.Tensor:
+        """The value as it lies in the host buffer (same dtype, shape, stride and offset), without copying."""
+        return _typed_view(self.data, self.dtype, self.shape, self.stride, self.storage_offset)
+
+
+def page_out(value: torch.Tensor, *, pin: bool, non_blocking: bool, whole_storage: bool = True) -> HostCopy:
+    """Copy ``value``'s whole storage to a host buffer (pinned when ``pin``), keeping what rebuilds it exactly.
+
+    ``whole_storage=False`` is for values that share one storage with others by design (the arena replay's
+    buffer): only the bytes from the value's first element to its last are copied, and the value comes back
+    at storage offset 0 of a storage of that size (its strides, dtype and device kept)."""
+    _check_pageable(value)
+    if whole_storage:
+        source, offset = _storage_bytes(value), value.storage_offset()
+    else:
+        span = _span_elements(tuple(value.shape), tuple(value.stride()))
+        source, offset = value.as_strided((span,), (1,), value.storage_offset()).view(torch.uint8), 0
+    with host_pool():
+        data = torch.empty(source.numel(), dtype=torch.uint8, device="cpu", pin_memory=pin)
+        data.copy_(source, non_blocking=non_blocking)
+    return HostCopy(data, value.dtype, tuple(value.shape), tuple(value.stride()), offset, value.device)
+
+
+def page_in(host: HostCopy, *, non_blocking: bool, into: torch.Tensor | None = None) -> torch.Tensor:
+    """The paged-out value back on ``host.device``: a new storage of the same bytes, viewed with the recorded
+    dtype, shape, stride and storage offset. With ``into`` (a tensor of the same dtype, shape and device, e.g. the
+    arena's block for it) the value is written there instead, and ``into`` is returned."""
+    if into is not None:
+        return _page_into(host, into, non_blocking)
+    data = torch.empty(host.nbytes, dtype=torch.uint8, device=host.device)
+    data.copy_(host.data, non_blocking=non_blocking)
+    return _typed_view(data, host.dtype, host.shape, host.stride, host.storage_offset)
+
+
+def _page_into(host: HostCopy, into: torch.Tensor, non_blocking: bool) -> torch.Tensor:
+    if (into.dtype, tuple(into.shape), into.device) != (host.dtype, host.shape, host.device):
+        raise ValueError(f"cannot page a {host.dtype} {list(host.shape)} value of {host.device} into a {into.dtype} "
+                         f"{list(into.shape)} tensor on {into.device}")
+    if tuple(into.stride()) != host.stride:  # another layout: an element-wise copy keeps the values
+        return into.copy_(host.host_view(), non_blocking=non_blocking)
+    # the same layout: copy the bytes the value spans, gaps and repeated (stride 0) elements included
+    span = _span_elements(host.shape, host.stride)
+    size = host.dtype.itemsize
+    first = host.storage_offset * size
+    target = into.as_strided((span,), (1,), into.storage_offset()).view(torch.uint8)
+    target.copy_(host.data[first:first + span * size], non_blocking=non_blocking)
+    return into
+
+
+def _check_pageable(value: torch.Tensor) -> None:
+    if value.layout is not torch.strided:
+        raise ValueError(f"coop pages strided tensors only, not a {value.layout} one")
+    if value.is_conj() or value.is_neg():
+        raise ValueError("coop does not page a tensor with a lazy conjugate or negative bit; resolve it first")
+
+
+def _storage_bytes(value: torch.Tensor) -> torch.Tensor:
+    """A uint8 tensor over the whole storage of ``value`` (a view: nothing is copied or allocated)."""
+    nbytes, size = value.untyped_storage().nbytes(), value.element_size()
+    if nbytes % size == 0:  # views only (no storage is swapped under a tensor, as set_ would do)
+        return value.as_strided((nbytes // size,), (1,), 0).view(torch.uint8)
+    return torch.empty(0, dtype=torch.uint8, device=value.device).set_(value.untyped_storage())
+
+
+def _typed_view(data: torch.Tensor, dtype: torch.dtype, shape: tuple[int, ...], stride: tuple[int, ...],
+                storage_offset: int) -> torch.Tensor:
+    """The bytes of ``data`` (a whole storage) seen as a ``dtype`` tensor of this shape, stride and offset."""
+    if data.numel() % dtype.itemsize == 0:
+        return data.view(dtype).as_strided(shape, stride, storage_offset)
+    return torch.empty(0, dtype=dtype, device=data.device).set_(data.untyped_storage(), storage_offset, shape, stride)
+
+
+def _span_elements(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
+    """Elements from a strided value's first to its last (0 for an empty value)."""
+    if math.prod(shape) == 0:
+        return 0
+    return 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True))
+
+
+__all__ = ["HostCopy", "page_in", "page_out", "pin_host_copy"]

@@ -1,0 +1,166 @@
+"""The GPU acceptance command (benchmarks/bench_cuda.py) runs its CPU-capable cases here, at its quick sizes.
+
+Every case of its list goes through the same machinery as on a GPU: one process per case (forked from a
+fork server, two at a time), a row per case whatever happens to the process. On CPU no case may crash or
+fail; every replay, arena, paging and dynamic plan must give eager's loss and gradients bit for bit over two
+AdamW steps and stay within its predicted peak (measured by torch's profiler, independent of coop's own
+meter); the CUDA-only cases are listed as skipped rows; the hidden self-tests prove that a SIGSEGV, an
+exception and a hang each become a row that names the phase the case reached.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH_FILE = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_cuda.py"
+
+
+def _load_bench() -> Any:
+    spec = importlib.util.spec_from_file_location("coop_bench_bench_cuda_test", BENCH_FILE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load_bench()
+PLANNED = ("replay", "arena", "paging")
+
+
+@pytest.fixture(scope="module")
+def rows() -> dict[str, dict[str, Any]]:
+    """The CPU quick acceptance: every case, the hidden self-tests included, by case name."""
+    cases = bench.select(selftest=True)
+    done = bench.run_cases(cases, "cpu", quick=True, jobs=2, isolation="fork")
+    return {row["case"]: row for row in done}
+
+
+def _table(rows: dict[str, dict[str, Any]]) -> str:
+    return "\n" + bench.format_table(list(rows.values()))
+
+
+def test_every_case_has_a_row(rows: dict[str, dict[str, Any]]) -> None:
+    assert list(rows) == [case.name for case in bench.CASES]
+    families = {row["family"] for row in rows.values() if row["mode"] == "capture"}
+    assert families == {"gpt2", "bert", "llama", "resnet", "vit", "mobilenet"}
+    modes = {row["mode"] for row in rows.values()}
+    assert {"capture", "replay", "arena", "paging", "paging+copy_stream", "dynamic", "cuda-graph"} <= modes
+    for family in ("gpt2", "resnet"):
+        assert {f"{family}/replay/{budget}" for budget in ("store-all", 0.7, 0.5)} <= set(rows)
+
+
+def test_no_case_crashes_or_fails_on_cpu(rows: dict[str, dict[str, Any]]) -> None:
+    bad = {name: row["status"] for name, row in rows.items()
+           if row["family"] != "selftest" and row["status"] != "ok" and not row["status"].startswith("skipped")}
+    assert not bad, _table(rows)
+    assert bench.acceptance_failures(list(rows.values())) == [], _table(rows)
+
+
+def test_planned_rows_are_bit_identical_and_within_the_prediction(rows: dict[str, dict[str, Any]]) -> None:
+    planned = [row for row in rows.values() if row["mode"] in (*PLANNED, "dynamic") and row["status"] == "ok"]
+    assert len(planned) >= 14, _table(rows)
+    for row in planned:
+        assert row["grads_equal"] is True, (row["case"], row["note"])
+        assert row["step_ms"] > 0 and row["eager_ms"] > 0 and row["nodes"] > 0
+        # an arena plan's footprint counts the kernels' scratch; a CPU capture predicts none for the others,
+        # and a dynamic plan's prediction is its budget
+        measured = row["allocated"] if row["mode"] == "arena" else row["allocated_no_scratch"]
+        assert measured <= row["predicted"], (row["case"], measured, row["predicted"])
+        assert row["allocated"] >= row["allocated_no_scratch"]
+        if row["mode"] != "dynamic":  # the meter sees the step (not only the caller-owned bytes): the peak is reached
+            assert measured >= 0.95 * row["predicted"], (row["case"], measured, row["predicted"])
+    store_all = rows["gpt2/replay/store-all"]
+    assert store_all["allocated_no_scratch"] == store_all["predicted"]  # exactly the simulator's bytes
+
+
+def test_paging_pages_and_its_host_tier_is_counted_apart(rows: dict[str, dict[str, Any]]) -> None:
+    row = rows["gpt2/paging/0.3"]
+    assert row["status"] == "ok" and row["formulation"] == "poet", row
+    assert row["pages"] > 0 and row["host"] > 0
+    assert row["allocated_no_scratch"] <= row["predicted"]
+
+
+def test_capture_rows_compare_eager_with_the_baseline_peak(rows: dict[str, dict[str, Any]]) -> None:
+    for row in rows.values():
+        if row["mode"] == "capture":
+            assert row["status"] == "ok" and row["nodes"] > 0 and row["capture_s"] > 0, row
+            assert 0.9 < row["allocated_no_scratch"] / row["predicted"] < 1.1, row  # eager's step, the captured one
+
+
+def test_cuda_only_cases_are_listed_as_skipped(rows: dict[str, dict[str, Any]]) -> None:
+    assert rows["gpt2/paging+copy_stream/0.3"]["status"] == "skipped: copy_stream needs CUDA"
+    for name in ("gpt2/cuda-graph/store-all", "resnet/cuda-graph/0.5"):
+        assert rows[name]["status"] in ("skipped: not implemented yet", "skipped: CUDA graphs need CUDA")
+
+
+def test_a_crash_becomes_a_row_with_its_phase_and_frame(rows: dict[str, dict[str, Any]]) -> None:
+    row = rows["selftest/crash"]
+    assert row["status"] == "crashed: SIGSEGV"
+    assert row["last_phase"].startswith("selftest: about to crash")
+    assert row["last_frame"].startswith("benchmarks/bench_cuda.py:") and row["last_frame"].endswith(" _crash")
+
+
+def test_an_exception_and_a_hang_become_rows(rows: dict[str, dict[str, Any]]) -> None:
+    assert rows["selftest/error"]["status"] == "error: RuntimeError: selftest error"
+    hang = rows["selftest/hang"]
+    assert hang["status"] == f"timed out after {bench.HANG_TIMEOUT_S['fork']} s"
+    assert hang["last_phase"].startswith("selftest: about to hang")
+    assert hang["last_frame"].startswith("benchmarks/bench_cuda.py:")  # dumped just before the kill
+
+
+def test_a_crash_in_a_fresh_interpreter_becomes_a_row_too() -> None:
+    """The GPU run's isolation: ``python bench_cuda.py --case JSON``, killed by SIGSEGV."""
+    [row] = bench.run_cases(bench.select(["selftest/crash"]), "cpu", quick=True, isolation="exec")
+    assert row["status"] == "crashed: SIGSEGV"
+    assert row["last_phase"].startswith("selftest: about to crash") and row["last_frame"].endswith(" _crash")
+
+
+def test_the_command_line_prints_the_table_and_writes_json(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "rows.json"
+    code = bench.main(["--device", "cpu", "--quick", "--only", "selftest/error", "cuda-graph", "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "selftest/error" in printed and "gpt2/cuda-graph/store-all" in printed and "acceptance: PASS" in printed
+    written = json.loads(out.read_text())
+    assert [row["case"] for row in written["rows"]] == ["gpt2/cuda-graph/store-all", "resnet/cuda-graph/0.5",
+                                                          "selftest/error"]
+
+
+def test_case_selection() -> None:
+    assert [case.name for case in bench.select(["resnet/replay/*"])] == [
+        "resnet/replay/store-all", "resnet/replay/0.7", "resnet/replay/0.5"]
+    assert {case.family for case in bench.select(["gpt2"])} == {"gpt2"}
+    assert not any(case.hidden for case in bench.select())
+    with pytest.raises(ValueError, match="no case matches 'nope'"):
+        bench.select(["nope"])
+
+
+def test_last_frame_reads_the_crashing_thread() -> None:
+    dump = """Fatal Python error: Segmentation fault
+
+Thread 0x00007f0000000001 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 320 in wait
+
+Current thread 0x00007f0000000002 (most recent call first):
+  File "<eval_with_key>.3", line 41 in forward
+  File "/x/coop/runtime/executor.py", line 402 in run_flat
+"""
+    assert bench.last_frame(dump) == "<eval_with_key>.3:41 forward"
+    assert bench.last_frame("Timeout (0:00:04)!\nThread 0x1 (most recent call first):\n"
+                            '  File "/a.py", line 3 in f\n') == "/a.py:3 f"
+    assert bench.last_frame("") is None
+
+
+def test_run_for_run_all_needs_cuda() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: run() would run the full acceptance")
+    with pytest.raises(RuntimeError, match="needs a CUDA device"):
+        bench.run(quick=True)
