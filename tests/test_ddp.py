@@ -17,6 +17,7 @@ import copy
 import os
 import socket
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 import coop
+from tests.test_auto_ladder import ConvNet, conv_batch
 
 WORLD_SIZE = 2
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
@@ -63,19 +65,28 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def conv_batch_for(rank: int, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return conv_batch(1000 * rank + 10 * step + micro)
+
+
 def train_both(rank: int, bucket_cap_mb: float, width: int, accumulate: bool, formulation: str = "chen-greedy",
-               **ddp_options: bool) -> int:
-    """Three AdamW steps in DDP eager and under a coop plan; asserts equality after each. Returns bucket count."""
+               net: Callable[[], nn.Module] | None = None, batches: Callable = batch_for, budget: float = 0.85,
+               chosen: str | None = None, **ddp_options: bool) -> int:
+    """Three AdamW steps in DDP eager and under a coop plan; asserts equality after each. Returns bucket count.
+
+    ``net`` builds the model (default: ``Net(width)``), ``batches(rank, step, micro)`` its batches; ``chosen`` is the
+    formulation the plan must end up with (default: ``formulation``)."""
     torch.manual_seed(0)
-    model = Net(width)
+    model = net() if net is not None else Net(width)
     eager = DistributedDataParallel(copy.deepcopy(model), bucket_cap_mb=bucket_cap_mb, **ddp_options)
     planned = DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb, **ddp_options)
-    plan = coop.plan(planned, 0.85, batch_for(rank, 0, 0), formulation=formulation)
-    assert plan.formulation.startswith(formulation) and plan.budget < plan.baseline_peak
+    plan = coop.plan(planned, budget, batches(rank, 0, 0), formulation=formulation, time_limit=20)
+    assert plan.formulation.startswith(chosen or formulation) and plan.budget < plan.baseline_peak
+    assert plan.predicted_peak is None or plan.predicted_peak <= plan.budget  # None: the dynamic plan
     eager_opt = torch.optim.AdamW(eager.parameters(), lr=0.01)
     planned_opt = torch.optim.AdamW(planned.parameters(), lr=0.01)
     for step in range(3):
-        micro_batches = [batch_for(rank, step, m) for m in range(2 if accumulate else 1)]
+        micro_batches = [batches(rank, step, m) for m in range(2 if accumulate else 1)]
         for micro, batch in enumerate(micro_batches):
             last = micro == len(micro_batches) - 1
             torch.manual_seed(100 * rank + 10 * step + micro)
@@ -125,6 +136,9 @@ def worker(rank: int, port: int, out: str) -> None:
         ]
         train_both(rank, bucket_cap_mb=0.002, width=32, accumulate=True, formulation="dynamic",
                    find_unused_parameters=True)
+        # issue 24: auto at 0.7 of the conv net, where only a reordering fits (tests/test_auto_ladder.py)
+        train_both(rank, bucket_cap_mb=25, width=0, accumulate=False, formulation="auto", net=ConvNet,
+                   batches=conv_batch_for, budget=0.7, chosen="moccasin")
         Path(out, f"rank{rank}").write_text(f"ok {buckets[0]} {buckets[1]}")
     except BaseException:
         Path(out, f"rank{rank}").write_text(traceback.format_exc())
@@ -135,7 +149,8 @@ def worker(rank: int, port: int, out: str) -> None:
 
 def test_ddp_gradients_and_parameters_equal_ddp_eager_on_both_ranks(tmp_path: Path) -> None:
     """3 AdamW steps, one and several buckets, no_sync() accumulation, a static and the dynamic plan,
-    static_graph, gradient_as_bucket_view, find_unused_parameters: bit-identical to DDP eager on each rank."""
+    static_graph, gradient_as_bucket_view, find_unused_parameters, and auto on the conv net at 0.7 (a
+    reordering): bit-identical to DDP eager on each rank."""
     with contextlib.suppress(Exception):  # a failed rank raises here; its report below says why
         mp.spawn(worker, args=(free_port(), str(tmp_path)), nprocs=WORLD_SIZE, join=True)
     reports = [(tmp_path / f"rank{rank}").read_text() if (tmp_path / f"rank{rank}").exists() else "no report"

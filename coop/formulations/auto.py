@@ -1,15 +1,29 @@
-"""``auto``: pick a formulation per graph and fall back to the cheapest fitting baseline.
+"""``auto``: try every formulation that can serve the graph within one time limit, return the cheapest schedule.
 
-The choice: the baseline order when it already fits (no solve needed); MONeT (Shah et al. 2021)
-when the graph has implementations and recomputation alone provably cannot reach the budget (or
-the remat-only solver found nothing within it); otherwise Checkmate's MILP
-(Jain et al. 2020, exact and fast on small graphs) up to ``exact_max_nodes`` computed nodes and
-Moccasin's CP-SAT model (Bartan et al. 2023, O(n) variables) above that. When the chosen solver
-returns no schedule within the budget, the cheapest baseline schedule that fits is returned
-instead (:func:`cheapest_fitting_baseline`, which the planner uses too), and the result's message
-says so. Given a ``device_profile`` (a device with a slower memory tier), a budget that recomputation
-alone did not reach goes to POET (Patil et al. 2022, :mod:`coop.formulations.poet`), which pages to
-that tier as well as recomputing (its warm starts include the baselines).
+A ladder, each rung a wider space than the one before, sharing the caller's time limit (each rung
+gets an equal share of what is left, so a rung that finishes early leaves its time to the next):
+
+1. the baseline order when it already fits (no solve needed, no recomputation: nothing is cheaper); where
+   store-all in the deferred order fits instead, Moccasin comes first (it returns that order at once);
+2. Checkmate's MILP (Jain et al. 2020) on graphs of up to ``EXACT_MAX_NODES`` computed nodes: exact
+   within the captured order of first computations;
+3. Moccasin's CP-SAT model (Bartan et al. 2023, O(n) variables) on every graph, warm-started with
+   what the rungs before found: it may also reorder first computations (the deferred order of
+   :mod:`coop.formulations.solving_order`), where a reordering alone can fit a budget that no
+   recomputation in the captured order reaches. It is skipped only where its space is contained in
+   one already searched to optimality: Checkmate proved its optimum and Moccasin would keep the same
+   captured order;
+4. MONeT (Shah et al. 2021) when the graph has operator implementations, warm-started likewise;
+5. given a ``device_profile``, POET (Patil et al. 2022), which pages to the device's slower tier, when
+   no rung before found a schedule (paging time is not part of a schedule's compute cost, so a paging
+   schedule is not compared with recomputation-only ones on that cost).
+
+The cheapest baseline schedule that fits (:func:`cheapest_fitting_baseline`, which the planner uses too;
+baselines take no solver time) is a candidate from the start and a warm start of every rung, so auto
+never returns more than a baseline would. The cheapest schedule found is returned (ties: the earlier
+candidate); ``extra["auto"]`` names who found it and ``extra["auto_tried"]`` each rung's status. Where
+nothing fits, the result says "no schedule found within N s" with what to try: infeasibility is not
+claimed without a proof (min_budget is checked before any formulation runs).
 """
 
 from __future__ import annotations
@@ -17,88 +31,130 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from coop.budget import format_memory
+from coop.budget import baseline_peak, format_memory, min_budget
 from coop.errors import CoopError, InfeasibleError
 from coop.formulations.result import SolveResult
+from coop.formulations.solving_order import solving_graph
 from coop.graph import Graph
-from coop.schedule import validate
+from coop.schedule import Schedule, simulate, validate
 
 #: Above this many computed nodes the O(n^2) MILP gets slow; Moccasin's O(n) model takes over.
 EXACT_MAX_NODES = 120
+#: No rung is started with less than this many seconds (a solver needs time to build its model).
+MIN_RUNG_SECONDS = 1.0
 
 
 def choose_formulation(graph: Graph, budget: int, *, captured: Any = None) -> str:
     """The formulation ``auto`` runs first for this graph and budget."""
-    from coop.budget import baseline_peak
-
-    if budget >= baseline_peak(graph):
-        return "store-all"
-    if needs_implementations(graph, budget):
-        return "monet"
-    return "checkmate" if len(graph.order) <= EXACT_MAX_NODES else "moccasin"
+    return formulation_ladder(graph, budget)[0]
 
 
 def needs_implementations(graph: Graph, budget: int) -> bool:
     """Whether the graph has implementations (MONeT) and recomputation alone provably cannot reach
     the budget: it is below min_budget of the graph with default implementations only."""
-    from coop.budget import min_budget
+    return graph.has_impls and budget < min_budget(graph.remat_only())
 
-    return graph.has_impls and len(graph.order) <= EXACT_MAX_NODES and budget < min_budget(graph.remat_only())
+
+def formulation_ladder(graph: Graph, budget: int, device_profile: Any = None) -> list[str]:
+    """The formulations ``auto`` tries, in order (see the module docstring)."""
+    if budget >= baseline_peak(graph):
+        return ["store-all"]
+    if needs_implementations(graph, budget):  # recomputation alone provably cannot reach it
+        ladder = ["monet"]
+    else:
+        ladder = ["checkmate"] if len(graph.order) <= EXACT_MAX_NODES else []
+        ladder.append("moccasin")
+        if graph.has_impls:
+            ladder.append("monet")
+        if "checkmate" in ladder and _reordering_fits(graph, budget):
+            ladder = ["moccasin", "checkmate", *ladder[2:]]  # a free first candidate: no recomputation at all
+    if device_profile is not None:
+        ladder.append("poet")
+    return ladder
+
+
+def _reordering_fits(graph: Graph, budget: int) -> bool:
+    """Whether store-all in the deferred order (Moccasin's solving order) fits: reordering alone reaches the budget."""
+    reordered, order = solving_graph(graph, "deferred")
+    return order.startswith("deferred") and simulate(reordered, Schedule.from_order(reordered.order)).peak <= budget
 
 
 def auto(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int = 2, progress: Any = None,
          captured: Any = None, hint: Any = None, device_profile: Any = None) -> SolveResult:
-    """Solve with the formulation chosen for this graph; fall back to the cheapest fitting baseline."""
+    """Climb :func:`formulation_ladder` within ``time_limit`` seconds in all; return the cheapest fitting schedule."""
     from coop.formulations import solve
 
     started = time.perf_counter()
-    chosen = choose_formulation(graph, budget)
+    ladder = formulation_ladder(graph, budget, device_profile)
+    found: list[SolveResult] = []
+    tried: dict[str, str] = {}
+    hints = [] if hint is None else list(hint) if isinstance(hint, (list, tuple)) else [hint]
+    baseline, no_baseline = _fitting_baseline(graph, budget) if ladder != ["store-all"] else (None, "")
+    if baseline is not None:  # a candidate and a warm start for every rung: auto never loses to a baseline
+        found.append(baseline)
+        tried[baseline.formulation] = "heuristic"
+    for index, name in enumerate(ladder):
+        skip = _skip_reason(graph, name, found, tried)
+        if skip:
+            tried[name] = f"skipped: {skip}"
+            continue
+        remaining = time_limit - (time.perf_counter() - started)
+        if remaining < MIN_RUNG_SECONDS and any(r is not baseline for r in found):  # every rung gets one chance
+            tried[name] = "skipped: time limit reached"
+            continue
+        share = max(remaining / (len(ladder) - index), MIN_RUNG_SECONDS)
+        options: dict[str, Any] = {"time_limit": share, "threads": threads, "progress": progress, "captured": captured,
+                                   "hint": [*hints, *(r.schedule for r in found)] or None}
+        if name == "poet":
+            options["device_profile"] = device_profile
+        try:
+            result = solve(graph, budget, name, **options)
+        except CoopError as exc:
+            result = SolveResult(formulation=name, status="unknown", message=str(exc))
+        fits = _fits(graph, budget, result)
+        tried[name] = result.status if fits or result.schedule is None else f"{result.status}, over budget"
+        if fits:
+            found.append(result)
+            if result.simulation.cost <= graph.baseline_cost:  # no recomputation: nothing is cheaper
+                break
+    summary = ", ".join(f"{name}: {status}" for name, status in tried.items())
+    if found:
+        # the cheapest; of equal costs a rung's result (it carries a bound and a status), then the earlier one
+        best = min(found, key=lambda r: (r.simulation.cost, r is baseline))
+        best.extra["auto"] = best.formulation
+        best.extra["auto_tried"] = dict(tried)
+        best.message = f"auto chose {best.formulation} ({summary})" + (f": {best.message}" if best.message else "")
+        best.wall_s = time.perf_counter() - started
+        return best
+    return SolveResult(
+        formulation="auto",
+        status="unknown",
+        wall_s=time.perf_counter() - started,
+        extra={"auto_tried": dict(tried)},
+        message=(f"no schedule found within {time_limit:g} s ({summary}); {no_baseline}; min_budget is "
+                 f"{format_memory(min_budget(graph), graph)}: try a longer time_limit, a larger budget"
+                 + ("" if graph.has_impls else ", alternatives=True with formulation='monet'")
+                 + ("" if device_profile is not None else ", or a device_profile to let poet page")),
+    )
+
+
+def _fitting_baseline(graph: Graph, budget: int) -> tuple[SolveResult | None, str]:
+    """The cheapest baseline schedule that fits (no solver time), or None and why none does."""
     try:
-        result = solve(graph, budget, chosen, time_limit=time_limit, threads=threads, progress=progress,
-                                 captured=captured, hint=hint)
-    except CoopError as exc:
-        result = SolveResult(formulation=chosen, status="unknown", message=str(exc))
-    if result.schedule is not None and result.simulation is not None and result.simulation.peak <= budget:
-        result.extra["auto"] = chosen
-        return result
-    if graph.has_impls and chosen != "monet" and len(graph.order) <= EXACT_MAX_NODES:
-        # Recomputation alone fell short: let MONeT choose implementations too.
-        monet = solve(graph, budget, "monet", time_limit=time_limit, threads=threads, progress=progress, hint=hint)
-        if monet.schedule is not None and monet.simulation is not None and monet.simulation.peak <= budget:
-            monet.extra["auto"] = "monet"
-            return monet
-    if device_profile is not None:
-        paged = _poet_fallback(graph, budget, device_profile, time_limit, threads, progress, hint, chosen, result)
-        if paged is not None:
-            return paged
-    try:
-        fallback = cheapest_fitting_baseline(graph, budget)
+        return cheapest_fitting_baseline(graph, budget), ""
     except InfeasibleError as exc:
-        return SolveResult(
-            formulation="auto",
-            status="unknown",
-            wall_s=time.perf_counter() - started,
-            message=f"no schedule fits: {chosen}: {result.message or result.status}; {exc}",
-        )
-    fallback.message = f"{chosen} found no schedule within the budget; fell back to the {fallback.formulation} baseline"
-    fallback.extra["auto"] = fallback.formulation
-    fallback.wall_s = time.perf_counter() - started
-    return fallback
+        return None, str(exc)
 
 
-def _poet_fallback(graph: Graph, budget: int, device_profile: Any, time_limit: float, threads: int, progress: Any,
-                   hint: Any, chosen: str, failed: SolveResult) -> SolveResult | None:
-    """POET's schedule when recomputation alone (``chosen``) found none within the budget, else None."""
-    from coop.formulations import solve
+def _fits(graph: Graph, budget: int, result: SolveResult) -> bool:
+    return result.schedule is not None and result.simulation is not None and result.simulation.peak <= budget
 
-    paged = solve(graph, budget, "poet", device_profile=device_profile, time_limit=time_limit, threads=threads,
-                  progress=progress, hint=hint)
-    if paged.schedule is None or paged.simulation is None or paged.simulation.peak > budget:
-        return None
-    paged.message = (f"{chosen} (recomputation alone) found no schedule within the budget ({failed.status}); "
-                     f"poet pages to {paged.extra.get('device_profile')}'s slower tier: {paged.message}")
-    paged.extra["auto"] = "poet"
-    return paged
+
+def _skip_reason(graph: Graph, name: str, found: list[SolveResult], tried: dict[str, str]) -> str:
+    """Why a rung cannot improve on what was found ('' when it may)."""
+    if name == "poet" and found:
+        return "a recomputation-only schedule fits (paging time is not compared on compute cost)"
+    return ""
 
 
 def cheapest_fitting_baseline(graph: Graph, budget: int, *, failed: str | None = None) -> SolveResult:
@@ -132,6 +188,6 @@ def cheapest_fitting_baseline(graph: Graph, budget: int, *, failed: str | None =
         what = f"{failed} and the baselines" if failed else "the baselines"
         reached = f"; the best peak reached is {format_memory(best_peak, graph)}" if best_peak else ""
         failures = "".join(f"; {error}" for error in errors)
-        raise InfeasibleError(f"budget {format_memory(budget, graph)} is infeasible for {what}{reached}"
-                              f"{failures}; raise the budget or choose another formulation")
+        raise InfeasibleError(f"no schedule within budget {format_memory(budget, graph)} found by {what}{reached}"
+                              f"{failures}; raise the budget, give the solver more time or choose another formulation")
     return best

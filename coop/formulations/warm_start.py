@@ -2,7 +2,8 @@
 
 Every exact formulation is handed the cheapest legal schedule that fits among: the caller's
 ``hint`` s, Checkmate's LP rounding on small graphs, the solver-free heuristics of
-:mod:`coop.formulations.heuristics` (peak shaving, greedy eviction), the baselines, and the
+:mod:`coop.formulations.heuristics` (peak shaving, greedy eviction), the structured "keep the convolution,
+rebuild batch norm and ReLU" schedule (:mod:`coop.formulations.structured_warm_start`), the baselines, and the
 schedules the online eviction policies (DTR, DTE, Coop; :mod:`coop.online`) reach on the same
 graph and budget. The last makes a static plan never worse than online eviction there; the solver
 then improves on it. A candidate must also draw random numbers in the captured order, or a replay
@@ -16,6 +17,7 @@ from typing import Any
 
 from coop.errors import CoopError, ScheduleError
 from coop.formulations.heuristics import REBUILD_SIZE_PENALTIES, greedy_eviction_schedule, peak_shaving_schedule
+from coop.formulations.structured_warm_start import cheap_recompute_schedule
 from coop.graph import Graph
 from coop.online.online_sim import simulate_online
 from coop.online.policies import POLICIES
@@ -68,7 +70,7 @@ def candidate_warm_starts(graph: Graph, budget: int, hint: Any = None,
         ("peak-shaving", peak_shaving_schedule), ("greedy-eviction", greedy_eviction_schedule),
         ("greedy-eviction (rebuild-size aware)",
          lambda g, b: greedy_eviction_schedule(g, b, rebuild_size_penalty=REBUILD_SIZE_PENALTIES[-1])),
-        ("online eviction", online_schedule)]
+        ("online eviction", online_schedule), ("cheap recompute (keep convolutions and products)", cheap_recompute_schedule)]
     for name, heuristic in heuristics:
         schedule = heuristic(graph, budget)
         if schedule is not None:

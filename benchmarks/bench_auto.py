@@ -1,0 +1,101 @@
+"""``auto`` against every formulation it could have chosen, on random graphs and the zoo (issue 24).
+
+For each graph and budget (0.9, 0.7 and 0.5 of the baseline peak, and min_budget), each single formulation
+``auto`` may choose (the baselines, Checkmate, Moccasin: :data:`tests.auto_oracle.SINGLE`) runs alone with
+the whole time limit, and ``auto`` runs with the same limit shared among its rungs. A row counts the cases
+where some formulation found a schedule and auto did not (``auto_missed``), where auto's schedule cost more
+than the cheapest single one (``auto_worse``), and where auto's was cheaper (``auto_better``, e.g. a rung
+warm-started by another).
+
+    python benchmarks/run_all.py --only bench_auto
+    python benchmarks/bench_auto.py [--graphs N] [--time-limit S]
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from hypothesis import HealthCheck, given, settings
+
+from coop.budget import baseline_peak, min_budget
+from tests.auto_oracle import Comparison, compare_auto
+from tests.strategies import random_graphs
+
+FRACTIONS = (0.9, 0.7, 0.5, 0.0)  # 0.0: min_budget
+RANDOM_GRAPHS = 500
+#: The zoo's default batches are tiny (parameters dominate the step: min_budget near the baseline peak);
+#: at this batch activations dominate, as in training.
+ZOO_BATCH = 32
+ZOO = ("mlp", "cnn", "transformer", "gpt2", "bert", "llama", "vit", "mobilenet", "resnet")
+
+
+def _budget(graph: Any, fraction: float) -> int:
+    return max(min_budget(graph), int(fraction * baseline_peak(graph)))
+
+
+def _tally(comparisons: list[Comparison]) -> dict[str, int]:
+    found_any = [c for c in comparisons if c.best_cost is not None]
+    return {
+        "cases": len(comparisons),
+        "some_formulation_found": len(found_any),
+        "auto_missed": sum(c.auto_cost is None for c in found_any),
+        "auto_worse": sum(c.auto_cost is not None and not c.ok for c in found_any),
+        "auto_better": sum(c.auto_cost is not None and c.auto_cost < c.best_cost - 1e-9 for c in found_any),
+        "auto_only": sum(c.best_cost is None and c.auto_cost is not None for c in comparisons),
+    }
+
+
+def random_rows(count: int, time_limit: float) -> list[dict[str, Any]]:
+    by_fraction: dict[float, list[Comparison]] = {f: [] for f in FRACTIONS}
+
+    @settings(max_examples=count, database=None, derandomize=True, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(graph=random_graphs(max_nodes=10))
+    def one(graph: Any) -> None:
+        for fraction in FRACTIONS:
+            by_fraction[fraction].append(compare_auto(graph, _budget(graph, fraction), time_limit))
+
+    one()
+    return [{"graphs": f"{count} random (<= 10 computed nodes)", "budget": "min_budget" if f == 0 else f,
+             **_tally(c)} for f, c in by_fraction.items()]
+
+
+def zoo_rows(time_limit: float) -> list[dict[str, Any]]:
+    import coop
+    from coop.runtime.executor import replay_graph
+    from coop.zoo import build
+
+    rows = []
+    for name in ZOO:
+        model, batch, loss_fn = build(name, batch=ZOO_BATCH)
+        graph = replay_graph(coop.capture(model, batch, loss_fn=loss_fn))
+        for fraction in FRACTIONS:
+            started = time.perf_counter()
+            comparison = compare_auto(graph, _budget(graph, fraction), time_limit)
+            rows.append({"graphs": f"zoo {name} ({len(graph.order)} nodes)", "budget": "min_budget" if fraction == 0
+                         else fraction, **_tally([comparison]), "best_single": comparison.best,
+                         "auto_cost": comparison.auto_cost, "best_cost": comparison.best_cost,
+                         "wall_s": round(time.perf_counter() - started, 1)})
+    return rows
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    time_limit = 5.0 if quick else 10.0
+    rows = random_rows(50 if quick else RANDOM_GRAPHS, time_limit) + zoo_rows(time_limit)
+    notes = (f"Each formulation alone gets {time_limit:g} s; auto gets {time_limit:g} s in all. Costs are the one "
+             "simulator's (validated, within the budget). auto_missed and auto_worse must be 0.")
+    return {"rows": rows, "notes": notes}
+
+
+if __name__ == "__main__":
+    graphs = int(sys.argv[sys.argv.index("--graphs") + 1]) if "--graphs" in sys.argv else RANDOM_GRAPHS
+    limit = float(sys.argv[sys.argv.index("--time-limit") + 1]) if "--time-limit" in sys.argv else 10.0
+    for row in random_rows(graphs, limit) + zoo_rows(limit):
+        print(row, flush=True)
