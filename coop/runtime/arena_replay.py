@@ -91,6 +91,7 @@ from coop.runtime.arena_kernels import (
     view_extent,
 )
 from coop.runtime.executor import _ProgramBuilder, _Unavailable
+from coop.runtime.meter import cpu_allocation_peak
 from coop.runtime.paging import page_in
 from coop.schedule import Schedule, Simulation
 
@@ -628,20 +629,10 @@ def measure_outside(program: ArenaProgram, run: Callable[[], Any]) -> int | None
     oneDNN's backward scratch grows a little with the thread count. None (nothing recorded) while another
     profiler is running.
     """
-    from torch.profiler import ProfilerActivity, profile
-
-    if torch._C._autograd._profiler_enabled():
-        return None
     fresh = not program.buffers
-    with torch.random.fork_rng(devices=[]), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        run()
-    events = sorted((e for e in prof.profiler.kineto_results.events()
-                     if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU),
-                    key=lambda e: e.start_ns())
-    running = peak = 0
-    for event in events:
-        running += event.nbytes()
-        peak = max(peak, running)
+    peak = cpu_allocation_peak(run)
+    if peak is None:
+        return None
     buffers = sum(program.buffer_bytes(d) for d in program.devices if torch.device(d).type == "cpu") if fresh else 0
     if fresh:
         program.buffers.clear()

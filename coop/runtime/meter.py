@@ -26,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Self
 
 import torch
@@ -52,6 +52,29 @@ def host_pool() -> Iterator[None]:
 def in_host_pool() -> bool:
     """Whether allocations made now belong to the host tier (inside :func:`host_pool`)."""
     return getattr(_HOST, "active", False)
+
+
+def cpu_allocation_peak(run: Callable[[], Any]) -> int | None:
+    """The most CPU bytes ``run`` held at once above what was allocated when it started, by the CPU
+    allocator's own reports to ``torch.profiler`` (``profile_memory=True``): every allocation and free with
+    its size, kernels' internal scratch included (oneDNN's convolution buffers), which a dispatch-level meter
+    such as :class:`MemoryMeter` cannot see. ``run`` runs under a forked CPU generator, so the caller's
+    random draws are untouched. None while another profiler is running (nothing is recorded then).
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    if torch._C._autograd._profiler_enabled():
+        return None
+    with torch.random.fork_rng(devices=[]), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        run()
+    events = sorted((e for e in prof.profiler.kineto_results.events()
+                     if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU),
+                    key=lambda e: e.start_ns())
+    running = peak = 0
+    for event in events:
+        running += event.nbytes()
+        peak = max(peak, running)
+    return peak
 
 
 class MemoryMeter(TorchDispatchMode):
