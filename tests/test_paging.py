@@ -307,13 +307,7 @@ def test_a_poet_plan_paging_a_transposed_value_replays_exactly(transposed_model,
     assert {graph.node(v).name for v in odd} >= {"tanh", "mse_loss"}, [graph.node(v).name for v in paged]
     streams = RecordingStreams()
     executor = Executor(captured, result.schedule, copy_stream=streams if copy_stream else False)
-    flat = captured.flat_inputs(model, batch)
-    torch.manual_seed(1)
-    with MemoryMeter() as meter, _ReadStrides() as reads:
-        meter.track(*flat, *captured.constants())
-        outputs = executor.run_flat(flat)
-    torch.manual_seed(1)
-    assert all(torch.equal(a, b) for a, b in zip(outputs, captured.run(model, *batch), strict=True))
+    meter, reads = _replay_equal_to_eager(executor, captured, model, batch)
     assert meter.host_peak_bytes > 0 and meter.peak_bytes <= executor.predicted_peak <= budget
     tanh = fakes[next(v for v in odd if graph.node(v).name == "tanh")]
     layout = (tuple(tanh.shape), tanh.stride(), 0, tanh.untyped_storage().nbytes())
@@ -321,6 +315,19 @@ def test_a_poet_plan_paging_a_transposed_value_replays_exactly(transposed_model,
     assert [layouts[1] for op, layouts in reads.reads if op == "aten.tanh_backward.default"] == [layout]
     if copy_stream:
         assert streams.waits > 0
+
+
+def _replay_equal_to_eager(executor: Executor, captured, model, batch) -> tuple:
+    """One metered replay (its reads' strides recorded), its outputs torch.equal to the captured step's under the
+    same seed; the meter and the recorded reads."""
+    flat = captured.flat_inputs(model, batch)
+    torch.manual_seed(1)
+    with MemoryMeter() as meter, _ReadStrides() as reads:
+        meter.track(*flat, *captured.constants())
+        outputs = executor.run_flat(flat)
+    torch.manual_seed(1)
+    assert all(torch.equal(a, b) for a, b in zip(outputs, captured.run(model, *batch), strict=True))
+    return meter, reads
 
 
 def _with_devices(captured, devices: dict[int, str]):
@@ -362,15 +369,9 @@ def test_an_arena_replay_pages_a_transposed_value_into_its_block(transposed_mode
     assert "tanh" in {graph.node(s.node).name for s in result.schedule.steps if s.op == "page_out"}
     executor = Executor(captured, result.schedule, arena=arena_placement(Executor(captured, result.schedule)))
     assert executor.arena_program is not None and "whole_storage = False" in executor.code
-    flat = captured.flat_inputs(model, batch)
     arena_bytes = executor.arena_program.buffer_bytes("cpu")
     for _ in range(2):  # the second step reuses the buffer
-        torch.manual_seed(1)
-        with MemoryMeter() as meter, _ReadStrides() as reads:
-            meter.track(*flat, *captured.constants())
-            outputs = executor.run_flat(flat)
-        torch.manual_seed(1)
-        assert all(torch.equal(a, b) for a, b in zip(outputs, captured.run(model, *batch), strict=True))
+        meter, reads = _replay_equal_to_eager(executor, captured, model, batch)
         assert 0 < meter.host_peak_bytes < arena_bytes  # the values' bytes, not copies of the arena
     tanh = _fake_values(captured)[next(n.id for n in graph.nodes if n.name == "tanh")]
     readers = [(op, layouts) for op, layouts in reads.reads if "tanh_backward" in op]
