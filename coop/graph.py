@@ -69,6 +69,11 @@ Cost = Annotated[float, BeforeValidator(_reject_bool_and_text), Field(ge=0, le=M
 Flag = Annotated[bool, BeforeValidator(_reject_non_bool)]
 
 
+def device_order(device: str | None) -> tuple[bool, str]:
+    """Sort key of device names: None (an imported graph's one device) first, then by name."""
+    return (device is not None, device or "")
+
+
 class Impl(BaseModel):
     """One implementation of a node (MONeT, Shah et al. 2021): its own cost, output and workspace,
     the values it reads and whether it runs in place.
@@ -346,7 +351,7 @@ class Graph(BaseModel):
     @cached_property
     def devices(self) -> tuple[str | None, ...]:
         """The devices the graph's values live on, sorted (None: an imported graph's one device)."""
-        return tuple(sorted({n.device for n in self.nodes}, key=lambda d: (d is not None, d or "")))
+        return tuple(sorted({n.device for n in self.nodes}, key=device_order))
 
     @cached_property
     def has_accelerator(self) -> bool:

@@ -111,3 +111,15 @@ def test_a_cpu_plan_says_the_allocator_assumption_does_not_apply() -> None:
     plan = coop.plan(model, 1.0, batch, loss_fn=loss_fn)
     assert plan.summary()["allocator"]["source"] == "not applicable"
     assert plan.summary()["allocator"]["headroom"] == 0 and isinstance(plan.step(*batch), torch.Tensor)
+
+
+def test_the_default_setter_is_torchs_own_and_takes_the_setting() -> None:
+    """The setter a CUDA plan calls is torch's run-time allocator setting (no GPU needed to call it): it accepts
+    the setting coop passes and reports it back (on a CPU build nothing allocates through it)."""
+    import torch
+
+    assumption = prepare_allocator(_graph("cuda:0"), environ={})
+    assert assumption.source == "coop"
+    getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+    if getter is not None:
+        assert "expandable_segments:True" in getter()

@@ -12,7 +12,6 @@ parameters and batch; MONeT's programs are priced on fake tensors
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 
@@ -21,7 +20,6 @@ from torch import nn
 
 from coop.errors import CaptureError
 from coop.graph_capture.alternatives import add_alternatives
-from coop.graph_capture.alternatives_price import Calibration, calibrated
 from coop.graph_capture.captured import Captured, flat_values
 from coop.graph_capture.cost import NodeProfile, profile_nodes
 from coop.graph_capture.lower import lower
@@ -62,9 +60,7 @@ def capture(model: nn.Module, example_batch: torch.Tensor | tuple | list, loss_f
     if alternatives:  # the real parameters let batch norm's backward from its output be offered (nonzero weights)
         names = [n.name for n in traced.module.graph.nodes if n.op == "placeholder"]
         values = dict(zip(names, flat_values(placeholders, {**params, **buffers, **frozen}, batch), strict=True))
-        pricing = calibrated(Calibration.of_step(traced.module, profiled)) if profiled is not None else contextlib.nullcontext()
-        with pricing:
-            found = add_alternatives(traced.module, lowered.graph, lowered.fx_names, lowered.owner_of, profiled, values)
+        found = add_alternatives(traced.module, lowered.graph, lowered.fx_names, lowered.owner_of, profiled, values)
     return Captured(
         graph=found.graph if found is not None else lowered.graph,
         module=traced.module,

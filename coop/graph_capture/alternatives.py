@@ -434,19 +434,21 @@ def _find_inplace(activation: fx.Node, graph: Graph, owner_of: dict[str, int], f
 # -------------------------------------------------------------------- into the Graph
 def add_alternatives(module: fx.GraphModule, graph: Graph, fx_names: dict[int, list[str]], owner_of: dict[str, int],
                      profiled: NodeProfile | None = None, values: Mapping[str, torch.Tensor] | None = None) -> Alternatives:
-    """``graph`` with the alternatives :func:`find` finds, priced by :func:`price` (timed when ``profiled``).
+    """``graph`` with the alternatives :func:`find` finds, priced by :func:`price` (calibrated on the step when
+    ``profiled``).
 
     ``values``: placeholder name -> real tensor at capture (see :func:`find`)."""
-    from coop.graph_capture.alternatives_price import Price, price
+    from coop.graph_capture.alternatives_price import Calibration, Price, price
 
     found = find(module, graph, fx_names, owner_of, values)
+    calibration = Calibration.of_step(module, profiled) if profiled is not None else None
     by_name = {n.name: n for n in module.graph.nodes}
     owner_seconds = _owner_seconds(profiled)
     prices: dict[int, Price] = {}  # fx graph id -> its price: shared programs are priced once
 
     def price_once(program: ImplProgram) -> Price:
         if id(program.graph) not in prices:
-            prices[id(program.graph)] = price(program, profiled is not None)
+            prices[id(program.graph)] = price(program, calibration)
         return prices[id(program.graph)]
 
     result = Alternatives(graph=graph)

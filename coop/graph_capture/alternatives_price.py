@@ -24,10 +24,7 @@ a lent H100"; packed max-pool indices decoded from zeros once scattered out of b
 
 from __future__ import annotations
 
-import contextlib
 import statistics
-from collections.abc import Iterator
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -36,9 +33,8 @@ from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
-from coop.errors import CaptureError
-from coop.graph_capture.cost import NodeProfile, allocator_bytes, analytic_seconds, node_flops
-from coop.graph_capture.storage_table import table_storage_bytes
+from coop.graph_capture.cost import NodeProfile, allocator_bytes, analytic_seconds, node_flops, tensor_leaves
+from coop.graph_capture.storage_table import predicted_storage_bytes
 
 if TYPE_CHECKING:
     from coop.graph_capture.alternatives import ImplProgram
@@ -100,32 +96,15 @@ def _pointwise(node: fx.Node) -> bool:
     return torch.Tag.pointwise in getattr(node.target, "tags", ())
 
 
-#: The calibration :func:`price` uses for a profiled capture when none is passed (see :func:`calibrated`).
-_ACTIVE: ContextVar[Calibration | None] = ContextVar("coop_price_calibration", default=None)
-
-
-@contextlib.contextmanager
-def calibrated(calibration: Calibration) -> Iterator[None]:
-    """Price profiled programs with ``calibration`` inside this block (``add_alternatives`` passes only a flag)."""
-    token = _ACTIVE.set(calibration)
-    try:
-        yield
-    finally:
-        _ACTIVE.reset(token)
-
-
-def price(program: ImplProgram, profiled: bool, calibration: Calibration | None = None) -> Price:
+def price(program: ImplProgram, calibration: Calibration | None = None) -> Price:
     """Seconds, stored bytes and workspace of a program, without running any kernel (see the module docstring).
 
-    ``profiled``: price the seconds with ``calibration`` (or the one :func:`calibrated` set), else analytically.
+    Seconds: with ``calibration`` (a profiled capture) the analytic model at the step's measured rates, else the
+    analytic model.
     """
     mem, workspace, extra = _fake_run_bytes(program)
-    if not profiled:
-        return Price(sum(analytic_seconds(n, node_flops(n)) for n in program.calls), mem, workspace, extra)
-    calibration = calibration if calibration is not None else _ACTIVE.get()
     if calibration is None:
-        raise CaptureError("price(profiled=True) needs the profiled step's Calibration: pass calibration= "
-                           "or price inside alternatives_price.calibrated(...)")
+        return Price(sum(analytic_seconds(n, node_flops(n)) for n in program.calls), mem, workspace, extra)
     return Price(sum(calibration.seconds(n) for n in program.calls), mem, workspace, extra)
 
 
@@ -158,8 +137,8 @@ def _fake_run_bytes(program: ImplProgram) -> tuple[int, int, int]:
             value = node.target(*args, **kwargs)
             env[node] = value
             alive.add(node)
-            tensors = _tensors(value)
-            sizes = table_storage_bytes(node.target, args, kwargs, value) or [t.untyped_storage().nbytes() for t in tensors]
+            tensors = tensor_leaves(value)
+            sizes = predicted_storage_bytes(node.target, args, kwargs, value)
             for tensor, nbytes in zip(tensors, sizes, strict=True):
                 if _key(tensor) not in input_storages:
                     live[_key(tensor)] = allocator_bytes(nbytes, tensor.device)
@@ -171,14 +150,11 @@ def _fake_run_bytes(program: ImplProgram) -> tuple[int, int, int]:
             for used in dead:
                 for key in _storage_keys(env[used]) - held:
                     live.pop(key, None)
-        outputs = _tensors(env[program.output])  # a tuple (batch norm's gradients): the node's value is the first
+        outputs = tensor_leaves(env[program.output])  # a tuple (batch norm's gradients): the node's value is the first
         out_bytes = live.get(_key(outputs[0]), 0) if outputs else 0
         all_out = sum(live.get(key, 0) for key in _storage_keys(env[program.output]))
     return out_bytes, max(peak - all_out, 0), all_out - out_bytes
 
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    return [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
 
 
 def _key(tensor: torch.Tensor) -> int:
@@ -186,7 +162,7 @@ def _key(tensor: torch.Tensor) -> int:
 
 
 def _storage_keys(value: Any) -> set[int]:
-    return {_key(t) for t in _tensors(value)}
+    return {_key(t) for t in tensor_leaves(value)}
 
 
-__all__ = ["Calibration", "Price", "calibrated", "price"]
+__all__ = ["Calibration", "Price", "price"]

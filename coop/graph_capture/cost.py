@@ -114,11 +114,11 @@ class TimingInterpreter(fx.Interpreter):
         if self.measure_workspace:
             transient = torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated()
             self.workspace[node.name] = min(self.workspace.get(node.name, transient), transient)
-        self.storage_bytes[node.name] = [t.untyped_storage().nbytes() for t in _tensors(result)]
+        self.storage_bytes[node.name] = [t.untyped_storage().nbytes() for t in tensor_leaves(result)]
         return result
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
+def tensor_leaves(value: Any) -> list[torch.Tensor]:
     """The tensor leaves of a value, in pytree order."""
     return [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
 

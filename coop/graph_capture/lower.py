@@ -47,8 +47,9 @@ from coop.graph_capture.cost import (
     allocator_bytes,
     analytic_seconds,
     node_flops,
+    tensor_leaves,
 )
-from coop.graph_capture.storage_table import table_storage_bytes
+from coop.graph_capture.storage_table import predicted_storage_bytes
 from coop.graph_capture.trace import TracedStep, is_random
 
 PLACEHOLDER_KIND = {"param": "param", "frozen": "param", "buffer": "buffer", "input": "input"}
@@ -69,9 +70,6 @@ def storage_key(tensor: torch.Tensor) -> int:
     """Identity of a tensor's storage (fake or real); stable while the storage lives."""
     return tensor.untyped_storage()._cdata
 
-
-def _tensors(value: Any) -> list[torch.Tensor]:
-    return [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
 
 
 def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: str,
@@ -101,7 +99,7 @@ def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: st
     for fx_node in fx_graph.nodes:
         if fx_node.op == "output":
             continue
-        tensors = _tensors(fx_node.meta.get("val"))
+        tensors = tensor_leaves(fx_node.meta.get("val"))
         new_storages: dict[int, int] = {}
         predicted = _predicted_bytes(fx_node, tensors)
         measured = measured_storage.get(fx_node.name)
@@ -180,14 +178,11 @@ def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: st
 
 
 def _predicted_bytes(fx_node: fx.Node, tensors: list[torch.Tensor]) -> list[int]:
-    """Storage bytes of each output tensor without running anything: the storage table's where it has
-    an entry for the op (:mod:`coop.graph_capture.storage_table`), else the fake value's storage."""
-    if fx_node.op == "call_function":
-        args, kwargs = pytree.tree_map_only(fx.Node, lambda n: n.meta.get("val"), (fx_node.args, fx_node.kwargs))
-        table = table_storage_bytes(fx_node.target, args, kwargs, fx_node.meta.get("val"))
-        if table is not None:
-            return table
-    return [t.untyped_storage().nbytes() for t in tensors]
+    """Storage bytes of each output tensor without running anything (:func:`predicted_storage_bytes`)."""
+    if fx_node.op != "call_function":
+        return [t.untyped_storage().nbytes() for t in tensors]
+    args, kwargs = pytree.tree_map_only(fx.Node, lambda n: n.meta.get("val"), (fx_node.args, fx_node.kwargs))
+    return predicted_storage_bytes(fx_node.target, args, kwargs, fx_node.meta.get("val"))
 
 
 def _new_node_fields(fx_node: fx.Node, node_id: int, mem: int, labels: dict[str, tuple[str, str]]) -> dict[str, Any]:

@@ -103,4 +103,13 @@ def table_storage_bytes(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], 
     return None if sizes is None or len(sizes) != len(tensors) else sizes
 
 
-__all__ = ["REDUCTION_NONE", "TABLE", "StorageRule", "table_storage_bytes", "unreduced_loss"]
+def predicted_storage_bytes(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> list[int]:
+    """Storage bytes of each output tensor of ``op(*args, **kwargs)`` without running it: the table's where it
+    has an entry, else the (fake) output's own storages."""
+    table = table_storage_bytes(op, args, kwargs, out)
+    if table is not None:
+        return table
+    return [t.untyped_storage().nbytes() for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+
+__all__ = ["REDUCTION_NONE", "TABLE", "StorageRule", "predicted_storage_bytes", "table_storage_bytes", "unreduced_loss"]

@@ -42,7 +42,7 @@ from typing import Literal
 import numpy as np
 
 from coop.errors import CoopError
-from coop.graph import Graph
+from coop.graph import Graph, device_order
 from coop.online.arena import Arena
 from coop.schedule import Schedule, simulate
 
@@ -98,7 +98,7 @@ class Placement:
     @property
     def devices(self) -> list[str | None]:
         """The devices with blocks, sorted (None: an imported graph's one device)."""
-        return sorted({b.device for b in self.lifetimes}, key=_device_key)
+        return sorted({b.device for b in self.lifetimes}, key=device_order)
 
     def check(self) -> None:
         """Raise CoopError when two blocks alive at a common step share an address on one device."""
@@ -299,10 +299,6 @@ def place(graph: Graph, schedule: Schedule, *, exact: bool | None = None, time_l
 
 
 # -------------------------------------------------------------------- internals
-def _device_key(device: str | None) -> tuple[bool, str]:
-    return (device is not None, device or "")
-
-
 def _per_device(lifetimes: list[Lifetime], place_blocks: Callable[[list[Lifetime]], list[int]]) -> list[int]:
     """Offsets of every block, each device's blocks placed by ``place_blocks`` in their own address space."""
     groups: dict[str | None, list[int]] = {}
@@ -320,7 +316,7 @@ def _device_peaks(lifetimes: list[Lifetime], offsets: list[int]) -> dict[str | N
     peaks: dict[str | None, int] = {}
     for block, offset in zip(lifetimes, offsets, strict=True):
         peaks[block.device] = max(peaks.get(block.device, 0), offset + block.size)
-    return dict(sorted(peaks.items(), key=lambda item: _device_key(item[0])))
+    return dict(sorted(peaks.items(), key=lambda item: device_order(item[0])))
 
 
 def _live_peaks(lifetimes: list[Lifetime]) -> dict[str | None, int]:

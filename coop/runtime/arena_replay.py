@@ -581,7 +581,7 @@ class ArenaProgramBuilder(_ProgramBuilder):
             return
         view = self.view_at(*block, base.meta["val"])
         self.env[base] = self.program.call_function(page_in, (self.hosts.pop(node_id),),  # layout and device checked
-                                                    {"non_blocking": self.pinned.pop(node_id), "into": view})
+                                                    {"into": view})
         for node in self.group(node_id):  # re-derive the value's views, as the ordinary page_in does
             if self.position[node] > self.position[base] and all(
                 a in self.env and not isinstance(self.env[a], _Unavailable) for a in node.all_input_nodes

@@ -103,7 +103,6 @@ class _ProgramBuilder:
         self.program = fx.Graph()  # the replay fx graph, written in schedule order
         self.env: dict[fx.Node, Any] = {}
         self.hosts: dict[int, fx.Node] = {}  # paged-out value id -> the program value of its HostCopy
-        self.pinned: dict[int, bool] = {}  # paged-out value id -> whether its host copy is pinned
         self.computed: set[int] = set()
         self.last_random = -1
         self.optional_values: dict[int, Any] = {}  # optional value id -> its program value (or _Unavailable)
@@ -231,7 +230,6 @@ class _ProgramBuilder:
         optional = node_id in self.optional_values
         value = self.optional_value(node_id) if optional else self.lookup(self._base(node_id))
         pin = pin_host_copy(self._device(node_id, value))
-        self.pinned[node_id] = pin
         if self.copy_stream is None:
             options = {"pin": pin, "non_blocking": pin} | ({} if self.page_whole_storage else {"whole_storage": False})
             self.hosts[node_id] = self.program.call_function(page_out, (value,), options)
@@ -251,8 +249,7 @@ class _ProgramBuilder:
 
     def paged_in(self, node_id: int) -> fx.Node:
         """The program value of a page-in on the compute stream (:func:`coop.runtime.paging.page_in`)."""
-        pin = self.pinned.pop(node_id)
-        return self.program.call_function(page_in, (self.hosts.pop(node_id),), {"non_blocking": pin})
+        return self.program.call_function(page_in, (self.hosts.pop(node_id),))  # non_blocking where pinned
 
     def page_in(self, node_id: int) -> None:
         if self.captured.graph.node(node_id).caller_owned:
@@ -274,7 +271,6 @@ class _ProgramBuilder:
 
     def page_in_on_copy_stream(self, node_id: int) -> None:
         """Queue the page-in's copy now; the compute stream's wait (and the value's views) come at its first read."""
-        self.pinned.pop(node_id)
         pending = self.program.call_function(self.copy_stream.page_in, (self.hosts.pop(node_id),))
 
         def wait_for(store: dict, key: Any) -> _Deferred:

@@ -49,6 +49,7 @@ class HostCopy:
     stride: tuple[int, ...]
     storage_offset: int
     device: torch.device  # where the value came from and goes back to, index included
+    pinned: bool  # the host buffer is pinned: the copies back run non_blocking
 
     @property
     def nbytes(self) -> int:
@@ -74,13 +75,15 @@ def page_out(value: torch.Tensor, *, pin: bool, non_blocking: bool, whole_storag
     with host_pool():
         data = torch.empty(source.numel(), dtype=torch.uint8, device="cpu", pin_memory=pin)
         data.copy_(source, non_blocking=non_blocking)
-    return HostCopy(data, value.dtype, tuple(value.shape), tuple(value.stride()), offset, value.device)
+    return HostCopy(data, value.dtype, tuple(value.shape), tuple(value.stride()), offset, value.device, pin)
 
 
-def page_in(host: HostCopy, *, non_blocking: bool, into: torch.Tensor | None = None) -> torch.Tensor:
+def page_in(host: HostCopy, *, non_blocking: bool | None = None, into: torch.Tensor | None = None) -> torch.Tensor:
     """The paged-out value back on ``host.device``: a new storage of the same bytes, viewed with the recorded
     dtype, shape, stride and storage offset. With ``into`` (a tensor of the same dtype, shape and device, e.g. the
-    arena's block for it) the value is written there instead, and ``into`` is returned."""
+    arena's block for it) the value is written there instead, and ``into`` is returned. ``non_blocking``: by
+    default where the host buffer is pinned."""
+    non_blocking = host.pinned if non_blocking is None else non_blocking
     if into is not None:
         return _page_into(host, into, non_blocking)
     data = torch.empty(host.nbytes, dtype=torch.uint8, device=host.device)
