@@ -17,10 +17,10 @@ import torch
 from torch import nn
 
 import coop
-from coop import simulate
 from coop.errors import CaptureError, CoopError
-from coop.formulations import BASELINES, solve
+from coop.formulations import BASELINES
 from coop.zoo import build
+from tests.plan_budgets import accepted_budget
 
 BF16 = {"device_type": "cpu", "dtype": torch.bfloat16}
 
@@ -143,7 +143,7 @@ def test_a_context_whose_step_does_not_fit_the_budget_stops_with_one_line() -> N
     model, batch, _ = build("transformer")
     with autocast(True):
         graph = coop.capture(model, batch).graph.with_random_replay()
-        peaks = {name: simulate(graph, solve(graph, 10**12, name).schedule).peak for name in BASELINES}
+        peaks = {name: accepted_budget(graph, name) for name in BASELINES}
         formulation = min(peaks, key=peaks.__getitem__)
         plan = coop.plan(model, peaks[formulation], batch, formulation=formulation)
     with pytest.raises(CoopError, match="autocast is off.*does not fit the plan's budget.*make a new plan") as error:

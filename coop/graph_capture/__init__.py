@@ -32,8 +32,8 @@ def capture(model: nn.Module, example_batch: torch.Tensor | tuple | list, loss_f
 
     ``loss_fn(model, *batch)`` returns a scalar; without it ``model(*batch)`` must return a
     scalar or an object with ``.loss``. With ``profile`` node costs are measured seconds on the
-    batch's device, node bytes the storages the real step returned (and on CUDA each node's
-    workspace is its measured transient bytes), else the analytic model of
+    batch's device, node bytes the storages the real step returned and each node's workspace its
+    measured scratch (:func:`coop.graph_capture.cost.measure_workspace`, on every device), else the analytic model of
     :mod:`coop.graph_capture.cost` and the storage table of :mod:`coop.graph_capture.storage_table`. With
     ``compact_masks`` (the default) each dropout draw is a bool mask, the only non-recomputable
     node of a dropout (:mod:`coop.graph_capture.random_ops`); ``False`` keeps the traced float draw.

@@ -87,35 +87,79 @@ class TimingInterpreter(fx.Interpreter):
 
     It also records the real storage bytes of each call node's output tensors (pytree order): the
     sizes the kernels really return, which a fake tensor's meta function may not know
-    (:mod:`coop.graph_capture.storage_table`). On CUDA it also records each node's transient bytes:
-    the allocator's peak while the node runs minus what is allocated right after it (its inputs and
-    outputs are still alive then), i.e. the scratch a kernel takes and gives back (cuDNN's
-    convolution workspace, a reduction's buffer).
+    (:mod:`coop.graph_capture.storage_table`). A node's scratch is measured apart, untimed
+    (:func:`measure_workspace`).
     """
 
-    def __init__(self, module: fx.GraphModule, measure_workspace: bool = False) -> None:
+    def __init__(self, module: fx.GraphModule) -> None:
         super().__init__(module, garbage_collect_values=True)
-        self.measure_workspace = measure_workspace
         self.seconds: dict[str, float] = {}
-        self.workspace: dict[str, int] = {}
         self.storage_bytes: dict[str, list[int]] = {}
 
     def run_node(self, node: fx.Node) -> Any:
         if node.op != "call_function":
             return super().run_node(node)
-        if self.measure_workspace:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
         result = super().run_node(node)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
         self.seconds[node.name] = min(self.seconds.get(node.name, float("inf")), time.perf_counter() - start)
-        if self.measure_workspace:
-            transient = torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated()
-            self.workspace[node.name] = min(self.workspace.get(node.name, transient), transient)
         self.storage_bytes[node.name] = [t.untyped_storage().nbytes() for t in tensor_leaves(result)]
         return result
+
+
+class _AnnotatedInterpreter(fx.Interpreter):
+    """Runs each call node inside a profiler range named ``coop::<node name>``."""
+
+    def run_node(self, node: fx.Node) -> Any:
+        if node.op != "call_function":
+            return super().run_node(node)
+        with torch.profiler.record_function(WORKSPACE_RANGE + node.name):
+            return super().run_node(node)
+
+
+#: The prefix of the profiler ranges :func:`measure_workspace` puts around each node.
+WORKSPACE_RANGE = "coop::"
+
+
+def measure_workspace(module: fx.GraphModule, flat_inputs: list[torch.Tensor]) -> dict[str, int] | None:
+    """Each call node's transient bytes on the real step: the scratch its kernel takes and gives back (oneDNN's
+    convolution reorders on CPU, cuDNN's workspace on CUDA, a reduction's buffer), by fx node name.
+
+    One code path for every device: the allocators' own reports to ``torch.profiler`` (``profile_memory=True``;
+    the CPU allocator and the CUDA caching allocator report each allocation and free with its size). Each node
+    runs inside a profiler range; within it, the running sum of the allocation events reaches a peak, and what
+    is still allocated at the range's end is the node's outputs (and anything it keeps): the transient is the
+    peak less that, i.e. what ``max_memory_allocated() - memory_allocated()`` gives on CUDA, on the CPU too. The
+    run is untimed (the profiler slows it) and comes after a warm-up, so one-off allocations that persist (a
+    library's handle workspace, a primitive cache) are not taken for a node's scratch. None (not measured)
+    while another profiler is running.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    if torch._C._autograd._profiler_enabled():
+        return None
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    interpreter = _AnnotatedInterpreter(module, garbage_collect_values=True)
+    with torch.no_grad(), torch.random.fork_rng(devices=[]), profile(activities=activities,
+                                                                    profile_memory=True) as prof:
+        interpreter.run(*flat_inputs)
+    events = prof.profiler.kineto_results.events()
+    ranges = sorted((e.start_ns(), e.start_ns() + e.duration_ns(), e.name()[len(WORKSPACE_RANGE):])
+                    for e in events if e.name().startswith(WORKSPACE_RANGE))
+    memory = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+    workspace: dict[str, int] = {}
+    position = 0
+    for start, end, name in ranges:
+        while position < len(memory) and memory[position][0] < start:
+            position += 1
+        running = peak = 0
+        while position < len(memory) and memory[position][0] <= end:
+            running += memory[position][1]
+            peak = max(peak, running)
+            position += 1
+        workspace[name] = max(0, peak - max(running, 0))
+    return workspace
 
 
 def tensor_leaves(value: Any) -> list[torch.Tensor]:
@@ -132,7 +176,8 @@ PROFILE_REPEATS = 4
 @dataclass
 class NodeProfile:
     """Measured seconds per fx node name, the real storage bytes of each call node's output tensors
-    (pytree order) and, on CUDA, transient workspace bytes per fx node name."""
+    (pytree order) and each node's transient workspace bytes (:func:`measure_workspace`; empty where it could
+    not be measured)."""
 
     seconds: dict[str, float]
     workspace: dict[str, int] = field(default_factory=dict)
@@ -141,7 +186,8 @@ class NodeProfile:
 
 def profile_nodes(module: fx.GraphModule, flat_inputs: list[torch.Tensor],
                   repeats: int = PROFILE_REPEATS) -> NodeProfile:
-    """Each node's fastest of ``repeats`` runs after one warm-up (and, on CUDA, its least workspace).
+    """Each node's fastest of ``repeats`` runs after one warm-up, and its workspace measured on one more run
+    (:func:`measure_workspace`).
 
     The warm-up run also lets the allocator reach the step's high-water mark, so the timed runs
     measure compute rather than first-touch page faults, and one-off allocations that persist
@@ -149,15 +195,13 @@ def profile_nodes(module: fx.GraphModule, flat_inputs: list[torch.Tensor],
     """
     if repeats < 1:
         raise CaptureError(f"profile_nodes needs at least one timed run, got repeats={repeats}; pass repeats >= 1")
-    on_cuda = any(t.is_cuda for t in flat_inputs if isinstance(t, torch.Tensor))
-    interpreter = TimingInterpreter(module, measure_workspace=on_cuda)
+    interpreter = TimingInterpreter(module)
     with torch.no_grad():
         for run in range(repeats + 1):
             if run == 1:  # the warm-up's numbers include lazy initialisation: start over
                 interpreter.seconds.clear()
-                interpreter.workspace.clear()
             interpreter.run(*flat_inputs)
-    return NodeProfile(seconds=interpreter.seconds, workspace=interpreter.workspace,
+    return NodeProfile(seconds=interpreter.seconds, workspace=measure_workspace(module, flat_inputs) or {},
                        storage_bytes=interpreter.storage_bytes)
 
 

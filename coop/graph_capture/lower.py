@@ -77,7 +77,7 @@ def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: st
     """Build the Graph of a traced step: one node per storage-producing fx node.
 
     With ``profiled`` a node's cost is the measured seconds of its fx nodes, its workspace
-    includes their measured transient bytes (CUDA) and its bytes are the storages the profiled run
+    includes their measured transient bytes (scratch, on every device) and its bytes are the storages the profiled run
     measured; else its cost is the analytic estimate and its bytes the storage table's or the fake
     value's (see the module docstring).
     """

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,8 @@ from coop.planner.dynamic import DynamicPlan
 from coop.runtime.allocator import AllocatorAssumption, prepare_allocator
 from coop.runtime.arena_replay import measure_outside
 from coop.runtime.copy_stream import require_cuda
-from coop.runtime.executor import Executor, replay_graph, unwrap_model
+from coop.runtime.executor import Executor, replay_graph, saved_generator_bytes, unwrap_model
+from coop.runtime.meter import cpu_allocation_peak
 from coop.schedule import Schedule, Simulation, Step, simulate, validate
 
 PLAN_FORMAT = "coop.plan/1"
@@ -49,6 +51,10 @@ class Plan(BasePlan):
                  wrapper: nn.Module | None = None) -> None:
         super().__init__(model, captured, budget, loss_fn=loss_fn, wrapper=wrapper)
         self.arena_peak: int | None = None  # packed arena peak, set by plan(..., arena=True)
+        #: every CPU byte the ordinary replay's step held at its peak (caller-owned values + the step's allocations,
+        #: kernels' scratch included), measured by plan() on the example batch; None where not measured (note)
+        self.step_footprint: int | None = None
+        self.step_footprint_threads: int | None = None
         self._dynamic_by_shape: dict[tuple, DynamicPlan] = {}
         self.schedule = schedule
         self.formulation = formulation
@@ -108,6 +114,7 @@ class Plan(BasePlan):
             "note": self.note,
             "arena_peak": self.arena_peak,
             "arena_footprint": self.arena_footprint,
+            "step_footprint": self.step_footprint,
             **implementations_used(self.graph, self.schedule),
         }
 
@@ -128,16 +135,23 @@ class Plan(BasePlan):
         return self.executor.run_flat(self.captured.flat_inputs(self.model, batch))
 
     def _replan(self, captured: Captured, change: str) -> tuple[BasePlan, str]:
-        """The cheapest baseline schedule that fits (no solver time inside a training loop), else online eviction."""
+        """The cheapest baseline schedule that fits (no solver time inside a training loop) with room for the
+        generator states its replay saves, else online eviction."""
+        graph = replay_graph(captured)
+
+        def within(budget: int) -> Plan:
+            fallback = cheapest_fitting_baseline(graph, budget)
+            return Plan(self.model, captured, fallback.schedule, budget, fallback.formulation, fallback,
+                        loss_fn=self.loss_fn, wrapper=self.wrapper,
+                        note=f"re-planned for another training context: {change}")
+
         try:
-            fallback = cheapest_fitting_baseline(replay_graph(captured), self.budget)
+            other = _within_saved_generator_states(within, self.budget, graph)
         except InfeasibleError:
             dynamic = DynamicPlan(captured, self.model, self.budget, policy="coop", wrapper=self.wrapper,
                                   loss_fn=self.loss_fn)
             return dynamic, "online eviction (coop policy)"
-        other = Plan(self.model, captured, fallback.schedule, self.budget, fallback.formulation, fallback,
-                     loss_fn=self.loss_fn, wrapper=self.wrapper, note=f"re-planned for another training context: {change}")
-        return other, f"the {fallback.formulation} schedule"
+        return other, f"the {other.formulation} schedule"
 
     def _batch_mismatch(self, batch: tuple[torch.Tensor, ...]) -> str:
         """Why this batch does not fit the plan's shapes ('' when it does)."""
@@ -200,7 +214,13 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
     ``formulation="auto"`` picks per graph (coop.formulations.auto: the baseline order when it
     fits, Checkmate's MILP on small graphs, Moccasin's CP-SAT on large ones). A formulation that
     returns no schedule within the budget falls back to the cheapest fitting baseline, and the
-    plan's ``note`` (and ``summary()["note"]``) says so. With ``arena=True`` the budget is the size
+    plan's ``note`` (and ``summary()["note"]``) says so. ``profile=True`` captures with the real step's
+    measured op times, storage sizes and each op's internal scratch (its workspace in the graph, which the
+    schedule then counts). On a step whose values all live on the CPU the ordinary replay leaves room for the
+    generator states it saves to replay recomputed random ops (:func:`coop.runtime.executor.saved_generator_bytes`),
+    and the planned step is run once on ``example_batch`` to measure what it holds (the caller-owned values plus
+    every allocation, kernels' scratch included: ``summary()["step_footprint"]``); where that exceeds the budget
+    (scratch a capture without ``profile`` does not know) it warns, naming the fix. With ``arena=True`` the budget is the size
     of everything a step holds: every value the step computes gets an address in its device's arena
     (coop.online.static_arena's packed execution placement), the plan replays inside those arenas
     (coop.runtime.arena_replay: one buffer per device, allocated at the first step and reused; the loss is
@@ -260,17 +280,67 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
         return dynamic
     within = functools.partial(_plan_within, module, captured, formulation=formulation, time_limit=time_limit,
                                loss_fn=loss_fn, wrapper=wrapper, device_profile=device_profile, exact=exact)
-    if not arena:
-        chosen = within(live_bytes)
-        if copy_stream:
-            chosen.use_copy_stream()
-        chosen.allocator = allocator
-        return chosen
-    owned = graph.caller_owned_bytes
-    # The live-bytes budget that fits lies in [floor, ceiling): below min_budget no schedule exists, and
-    # ceiling is the least live budget whose plan overflowed. Each round solves, places, builds and measures
-    # the step (measure_outside), then aims below by what the footprint exceeds the budget; where the solver
-    # finds nothing (within its time limit) or the aim falls below the floor, it bisects instead.
+    flat = functools.partial(captured.flat_inputs, module, batch)
+    if arena:
+        chosen = _fit_measured(within, functools.partial(_measure_arena_step, flat=flat), budget_bytes, graph)
+    else:
+        chosen = _within_saved_generator_states(within, live_bytes, graph)
+        _, held = _measure_ordinary_step(chosen, live_bytes, flat=flat)
+        chosen.note = (chosen.note + "; " if chosen.note else "") + held
+        if chosen.step_footprint is not None and chosen.step_footprint > budget_bytes:
+            warnings.warn(f"the step holds {format_memory(chosen.step_footprint, graph)}, above the budget "
+                          f"{format_memory(budget_bytes, graph)} (the schedule's predicted peak "
+                          f"{format_memory(chosen.predicted_peak, graph)}: kernels' internal scratch beyond what the graph "
+                          "knows); "
+                          "plan with profile=True (capture then measures each kernel's scratch and the schedule counts "
+                          "it), or lower the budget by the excess", stacklevel=2)
+    if copy_stream:
+        chosen.use_copy_stream()
+    chosen.allocator = allocator
+    return chosen
+
+
+#: Re-solves at most to make room for the saved generator states (their count changes with the schedule).
+GENERATOR_STATE_ROUNDS = 3
+
+
+def _within_saved_generator_states(within: Callable[[int], Plan], live_bytes: int, graph: Graph) -> Plan:
+    """The plan solved within ``live_bytes`` whose schedule's live peak leaves room for the generator states its
+    replay saves (:func:`coop.runtime.executor.saved_generator_bytes`: CPU steps that recompute random ops),
+    re-solving below the budget by them where it does not; its note says so."""
+    chosen, aim = within(live_bytes), live_bytes
+    for round_ in range(GENERATOR_STATE_ROUNDS + 1):
+        states = saved_generator_bytes(chosen.graph, chosen.schedule)
+        if chosen.predicted_peak + states <= live_bytes:
+            if aim < live_bytes:
+                chosen.budget = live_bytes
+                chosen.note = (chosen.note + "; " if chosen.note else "") + (
+                    f"solved within {format_memory(aim, graph)} to leave room for the generator states its replay "
+                    f"saves ({format_memory(states, graph)})")
+            return chosen
+        if round_ == GENERATOR_STATE_ROUNDS:
+            break
+        aim = min(aim - 1, live_bytes - states)
+        chosen = within(aim)
+    raise InfeasibleError(f"no plan within {format_memory(live_bytes, graph)} leaves room for the generator states its "
+                          f"replay saves (last {format_memory(states, graph)}, live peak "
+                          f"{format_memory(chosen.predicted_peak, graph)}); raise the budget by that much")
+
+
+#: (footprint in bytes or None when it cannot be measured, what it consists of)
+Measured = tuple[int | None, str]
+
+
+def _fit_measured(within: Callable[[int], Plan], measure: Callable[[Plan, int], Measured], budget_bytes: int,
+                  graph: Graph) -> Plan:
+    """The plan solved within the highest live-bytes budget whose measured footprint fits ``budget_bytes``.
+
+    The live-bytes budget that fits lies in [floor, ceiling): below min_budget no schedule exists, and ceiling is
+    the least live budget whose plan overflowed. Each round solves, measures the step (``measure``), then aims
+    below by what the footprint exceeds the budget; where the solver finds nothing (within its time limit) or the
+    aim falls below the floor, it bisects instead. A footprint that cannot be measured is accepted as solved (the
+    plan's note says why).
+    """
     floor, ceiling, live_budget, last = min_budget(graph), budget_bytes + 1, budget_bytes, ""
     for _ in range(EXECUTION_ROUNDS):
         try:
@@ -278,18 +348,10 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
         except InfeasibleError:
             floor, aim = live_budget + 1, None  # no schedule found at or below it
         else:
-            placement = execution_placement(candidate.graph, candidate.executor.schedule)
-            candidate.use_arena(placement)
-            program = candidate.executor.arena_program
-            flat = captured.flat_inputs(module, batch)
-            measured = measure_outside(program, functools.partial(candidate.executor.run_flat, flat))
-            footprint = program.footprint(owned)
-            last = _footprint_items(program, owned, graph, live_budget)
-            if footprint <= budget_bytes:
-                candidate.note = (candidate.note + "; " if candidate.note else "") + _arena_note(
-                    candidate, placement, budget_bytes, live_budget, measured is not None)
+            footprint, last = measure(candidate, live_budget)
+            if footprint is None or footprint <= budget_bytes:
+                candidate.note = (candidate.note + "; " if candidate.note else "") + last
                 candidate.budget = budget_bytes  # solved within live_budget; the plan keeps the caller's budget
-                candidate.allocator = allocator
                 return candidate
             ceiling = min(ceiling, live_budget)
             aim = next_live_budget(live_budget, candidate.predicted_peak, footprint, budget_bytes)
@@ -301,6 +363,47 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
     raise InfeasibleError(f"no plan fits an arena budget of {format_memory(budget_bytes, graph)}: the arena replay's "
                           f"footprint stays above it (last {last or 'none: no schedule to place'}); raise the budget, "
                           "or plan without arena=True")
+
+
+def _measure_arena_step(candidate: Plan, live_budget: int, *, flat: Callable[[], list[torch.Tensor]]) -> Measured:
+    """Place ``candidate``'s schedule in arenas, build its arena replay and measure one step
+    (:func:`coop.runtime.arena_replay.measure_outside`): its footprint, itemised."""
+    placement = execution_placement(candidate.graph, candidate.executor.schedule)
+    candidate.use_arena(placement)
+    program = candidate.executor.arena_program
+    owned = candidate.graph.caller_owned_bytes
+    measure_outside(program, functools.partial(candidate.executor.run_flat, flat()))
+    footprint = program.footprint(owned)
+    return footprint, _arena_note(candidate, placement, live_budget)
+
+
+def _measure_ordinary_step(candidate: Plan, live_budget: int, *, flat: Callable[[], list[torch.Tensor]]) -> Measured:
+    """Run one step of ``candidate``'s ordinary replay on the example batch and count every CPU byte it holds at
+    its peak (:func:`coop.runtime.meter.cpu_allocation_peak`, the CPU allocator's own reports: kernels' internal
+    scratch such as oneDNN's convolution reorders included) above the caller-owned values.
+
+    Not measured (None, the note says why): a step with values on an accelerator (there the CUDA caching
+    allocator's headroom, :mod:`coop.runtime.allocator`, bounds what it adds), a schedule that pages (on a
+    CPU-only step its host copies are CPU allocations too, so the CPU allocator's sum would count the host tier
+    as held), and a step run while another profiler is recording.
+    """
+    graph = candidate.graph
+    size = functools.partial(format_memory, graph=graph)
+    solved = f"solved within a live-bytes budget of {size(live_budget)}"
+    if graph.has_accelerator:
+        return None, f"held bytes not measured: the step runs on an accelerator; {solved}"
+    if any(step.op == "page_out" for step in candidate.schedule.steps):
+        return None, ("held bytes not measured: the schedule pages, and on a CPU-only step the host copies share the "
+                      f"CPU allocator; {solved}")
+    peak = cpu_allocation_peak(functools.partial(candidate.executor.run_flat, flat()))
+    if peak is None:
+        return None, f"held bytes NOT measured: another profiler was running; {solved}"
+    owned = graph.caller_owned_bytes
+    candidate.step_footprint = owned + peak
+    candidate.step_footprint_threads = torch.get_num_threads()
+    return owned + peak, (f"held {size(owned + peak)} = caller-owned {size(owned)} + the step's allocations "
+                          f"{size(peak)} (predicted live {size(candidate.predicted_peak)} + kernel scratch measured on "
+                          f"the example batch at {torch.get_num_threads()} threads), {solved}")
 
 
 def within_allocator_headroom(budget_bytes: int, allocator: AllocatorAssumption, graph: Graph) -> int:
@@ -347,13 +450,13 @@ def _footprint_items(program: Any, owned: int, graph: Graph, live_budget: int) -
             f"{size(outside)} ({how}), solved within a live-bytes budget of {size(live_budget)}")
 
 
-def _arena_note(candidate: Plan, placement: Any, budget_bytes: int, live_budget: int, measured: bool) -> str:
-    """What an accepted arena plan holds at its peak, item by item (the plan's note)."""
+def _arena_note(candidate: Plan, placement: Any, live_budget: int) -> str:
+    """What an arena plan holds at its peak, item by item (the plan's note, or why it was refused)."""
     graph = candidate.graph
     program = candidate.executor.arena_program
     size = functools.partial(format_memory, graph=graph)
-    note = (f"arena budget {size(budget_bytes)}: footprint "
-            f"{_footprint_items(program, graph.caller_owned_bytes, graph, live_budget)}; {placement.method} placement")
+    note = (f"arena footprint {_footprint_items(program, graph.caller_owned_bytes, graph, live_budget)}; "
+            f"{placement.method} placement")
     if program.transients:  # ops whose kernel allocates its own output: their workspace, computed then copied in
         note += (f"; {len(program.transients)} ops allocate their own output as workspace outside the arena "
                  f"(largest {size(program.max_transient)})")

@@ -324,6 +324,21 @@ def _replayed_draws(graph: Graph, schedule: Schedule) -> set[int]:
     return {v for v in graph.random_draws if computes[v] > 1}
 
 
+def saved_generator_bytes(graph: Graph, schedule: Schedule) -> int:
+    """The most bytes of saved generator states a replay of ``schedule`` holds at once, on a step whose values all
+    live on the CPU (0 on a step with an accelerator: the states are host memory there, outside its budget).
+
+    Each random op the schedule recomputes keeps the CPU generator's state from its first draw
+    (:mod:`coop.runtime.rng`); a replay swaps in one more while it runs. The simulator does not count them (they
+    are not values of the graph); the planner keeps the schedule's live peak this much below the budget.
+    """
+    replayed = _replayed_draws(graph, schedule)
+    if graph.has_accelerator or not replayed:
+        return 0
+    state = torch.get_rng_state()
+    return (len(replayed) + 1) * state.untyped_storage().nbytes()
+
+
 def _program(captured: Captured, graph: Graph, schedule: Schedule,
              copy_stream: CopyStream | None = None) -> fx.GraphModule:
     """The replay program of a schedule already checked legal on ``graph`` (paging on ``copy_stream`` if given)."""
