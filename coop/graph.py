@@ -517,8 +517,8 @@ class Graph(BaseModel):
 
     @cached_property
     def structure_sha256(self) -> str:
-        """Digest without costs: the same model and batch shapes give the same digest."""
-        return _digest({"nodes": self._digest_nodes(("cost", "impls")), "outputs": list(self.outputs),
+        """Digest without measured quantities (costs, workspace): the same model and batch shapes give the same digest."""
+        return _digest({"nodes": self._digest_nodes(("cost", "impls", "workspace")), "outputs": list(self.outputs),
                         "order": list(self.order)})
 
     def _digest_nodes(self, left_out: tuple[str, ...]) -> list[dict[str, Any]]:

@@ -60,3 +60,15 @@ def test_nothing_is_measured_while_another_profiler_runs() -> None:
     module = graph_of((with_scratch, 100))
     with torch.profiler.profile():
         assert measure_workspace(module, [torch.randn(4)]) is None
+
+
+def test_a_profiled_capture_has_the_structure_of_an_unprofiled_one() -> None:
+    """Workspace is measured, like cost: a plan made on a profiled capture loads on a capture without profiling
+    (``load_plan`` compares structure digests)."""
+    from coop import capture
+    from coop.zoo import build
+
+    model, batch, loss_fn = build("cnn")
+    profiled, plain = capture(model, batch, loss_fn, profile=True).graph, capture(model, batch, loss_fn).graph
+    assert any(node.workspace > other.workspace for node, other in zip(profiled.nodes, plain.nodes, strict=True))
+    assert profiled.structure_sha256 == plain.structure_sha256
