@@ -57,3 +57,15 @@ def test_it_is_legal_on_a_captured_conv_net_and_a_warm_start_candidate() -> None
     assert validate(graph, schedule, sim.peak).ok
     names = [name for name, _ in candidate_warm_starts(graph, sim.peak, lp_time_limit=0)]
     assert "cheap recompute (keep convolutions and products)" in names
+
+
+def test_monet_is_offered_it_on_the_remat_only_graph_and_with_the_lightest_implementations() -> None:
+    """The same net captured with implementations: at the warm start's own peak, monet's warm starts include it."""
+    from coop.formulations.monet_large import monet_warm_starts
+
+    model, batch, loss_fn = build("cnn", batch=32)
+    graph = coop.capture(model, batch, loss_fn=loss_fn, alternatives=True).graph.with_random_replay()
+    budget = simulate(graph, cheap_recompute_schedule(graph.remat_only())).peak
+    found = {name: sim for name, _, sim in monet_warm_starts(graph, budget, [], False, True, 2.0, 2)}
+    assert "structured (remat only)" in found and found["structured (remat only)"].peak <= budget
+    assert "structured (lightest implementations)" in found

@@ -10,9 +10,11 @@ CP-SAT on the interval model of :mod:`coop.formulations.monet_intervals` hinted 
 2. The lightest-implementation schedules: the graph with each node's lightest implementation fixed,
    greedy eviction on it (with each of ``REBUILD_SIZE_PENALTIES``), and Moccasin (:data:`REMAT_SHARE`
    again) where no remat-only schedule fits or it costs more than :data:`LIGHTEST_RUN_OVERHEAD`.
-3. Greedy eviction that runs computes in place (:mod:`coop.formulations.monet_greedy`), with each penalty:
+3. The structured warm start (:mod:`coop.formulations.structured_warm_start`: keep the convolutions and
+   products, rebuild the cheap rest just in time) on ``graph.remat_only()`` and with the lightest implementations.
+4. Greedy eviction that runs computes in place (:mod:`coop.formulations.monet_greedy`), with each penalty:
    the one warm start below the out-of-place floor, which a plain graph cannot express.
-4. Each after in-place conversion; the cheapest that fits hints CP-SAT, which gets the rest of the time.
+5. Each after in-place conversion; the cheapest that fits hints CP-SAT, which gets the rest of the time.
 
 monet therefore never returns a schedule costlier than the remat-only one it started from. Statuses
 are honest: the interval model is restricted (C intervals per node, the warm start's slots plus a
@@ -44,6 +46,7 @@ from coop.formulations.monet_intervals import (
 from coop.formulations.monet_warm import apply_in_place, fixed_impl_graph, lightest_choices, with_choices
 from coop.formulations.progress import ProgressCallback, ProgressClock
 from coop.formulations.result import SolveResult
+from coop.formulations.structured_warm_start import cheap_recompute_schedule
 from coop.graph import Graph
 from coop.schedule import Schedule, Simulation, simulate
 
@@ -114,6 +117,10 @@ def monet_warm_starts(graph: Graph, budget: int, hints: list[Any], exact: bool, 
         if costly and any(c is not None for c in choices.values()):
             raw.append(("moccasin (lightest implementations)",
                         _with(_moccasin(fixed, budget, REMAT_SHARE * time_limit, threads, []), choices)))
+        # keep the convolutions, rebuild the cheap rest just in time (coop.formulations.structured_warm_start), on the
+        # remat-only graph and with the lightest implementations
+        raw.append(("structured (remat only)", cheap_recompute_schedule(graph.remat_only())))
+        raw.append(("structured (lightest implementations)", _with(cheap_recompute_schedule(fixed), choices)))
         options = in_place_options(graph, fixed, choices, exact)
         for penalty in REBUILD_SIZE_PENALTIES if options else ():
             # the only warm start below the out-of-place floor (coop.formulations.monet_greedy)
