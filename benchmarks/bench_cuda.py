@@ -684,8 +684,8 @@ class CpuMeter:
     coop's source, so a new one is found too) is host memory: on CPU the "device" and the host tier are one
     memory, and the simulator counts only the device. An allocation that an aten op makes and frees before it
     returns is that op's scratch (a CPU convolution's buffers): real memory, counted in ``allocated``, but
-    coop measures workspaces only on CUDA, so ``allocated_no_scratch`` leaves it out, the quantity a CPU
-    capture predicts. Frees of blocks allocated before the profile are unknown to it and ignored (the count
+    a capture measures workspaces only with ``profile=True`` (which this command uses on CUDA), so
+    ``allocated_no_scratch`` leaves it out, the quantity an unprofiled CPU capture predicts. Frees of blocks allocated before the profile are unknown to it and ignored (the count
     can only be high).
     """
 

@@ -1,0 +1,92 @@
+"""Benchmark: what a CPU step holds against its budget, by a meter that is not coop's (issue 22).
+
+Every zoo model at the sizes of tests/test_arena_budget.py, planned at 0.6 of its baseline peak three ways:
+the ordinary replay of an unprofiled capture (kernels' internal scratch unknown to the graph: the plan
+measures its step and warns where it holds more than the budget), the ordinary replay of a profiled capture
+(each op's scratch measured on the real step and counted as its workspace), and the arena replay. Each row:
+the peak bytes one step holds by the independent meter of tests/independent_meter.py (the CPU allocator's
+events through torch.profiler plus the storages that exist before the step), its ratio to the budget, the
+plan's own ``step_footprint`` / ``arena_footprint`` and whether it warned. Ratios above 1 are what a user
+would see without profiling; the profiled and arena rows must stay at or below 1.
+
+Run: ``.venv/bin/python benchmarks/run_all.py --only bench_held``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from typing import Any
+
+import torch
+
+import coop
+from coop.budget import parse_budget
+from coop.zoo import ZOO_NAMES, build
+from tests.independent_meter import HeldBytes
+
+FRACTION = 0.6
+#: Per zoo model: its size and the solver's time limit (seconds), as in tests/test_arena_budget.py.
+SIZES: dict[str, tuple[dict[str, int], float]] = {
+    "mlp": ({"batch": 256}, 1),
+    "cnn": ({"batch": 8, "hidden": 16, "layers": 6}, 1),
+    "transformer": ({"batch": 8}, 1),
+    "gpt2": ({"batch": 4}, 1),
+    "bert": ({"batch": 8}, 1),
+    "resnet": ({"batch": 8, "image": 64, "layers": 6, "hidden": 16}, 3),
+    "llama": ({"batch": 8}, 1),
+    "vit": ({"batch": 16}, 1),
+    "mobilenet": ({"batch": 8, "image": 64}, 3),
+}
+#: (row label, plan options)
+REPLAYS: tuple[tuple[str, dict[str, bool]], ...] = (
+    ("ordinary, unprofiled", {}),
+    ("ordinary, profiled", {"profile": True}),
+    ("arena", {"arena": True}),
+)
+
+
+def row(name: str, label: str, options: dict[str, bool]) -> dict[str, Any]:
+    size, time_limit = SIZES[name]
+    model, batch, loss_fn = build(name, **size)
+    started = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plan = coop.plan(model, FRACTION, batch, loss_fn=loss_fn, time_limit=time_limit, **options)
+    budget = parse_budget(FRACTION, plan.captured.graph)
+    program = plan.executor.arena_program
+    held_peaks = []
+    for _ in range(2):  # an arena plan's first step allocates its buffers; the second finds them
+        buffers = [*program.buffers.values()] if program is not None else []
+        held = [*model.parameters(), *model.buffers(), *batch, *plan.captured.constants(), *buffers]
+        with HeldBytes(held) as meter:
+            plan.step(*batch)
+        model.zero_grad(set_to_none=True)
+        held_peaks.append(meter.peak_bytes)
+    footprint = plan.arena_footprint if program is not None else plan.step_footprint
+    return {"model": name, "replay": label, "threads": torch.get_num_threads(), "formulation": plan.formulation,
+            "budget": budget, "predicted_peak": plan.predicted_peak, "plan_footprint": footprint,
+            "held_peak": max(held_peaks), "held_vs_budget": round(max(held_peaks) / budget, 4),
+            "warned": any("above the budget" in str(w.message) for w in caught),
+            "wall_s": round(time.perf_counter() - started, 1)}
+
+
+def run(quick: bool = False) -> dict[str, Any]:
+    """One row per (zoo model, replay)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        names = ("cnn", "gpt2") if quick else ZOO_NAMES
+        rows = [row(name, label, options) for name in names for label, options in REPLAYS]
+    finally:
+        torch.set_num_threads(threads)
+    over = [f"{r['model']} {r['replay']}" for r in rows if r["held_vs_budget"] > 1 and r["replay"] != REPLAYS[0][0]]
+    notes = (f"{FRACTION} of each model's baseline peak, 2 threads, the larger of two steps. held_peak: the "
+             "independent meter (CPU allocator events + storages held before the step). Profiled and arena rows "
+             f"above the budget: {', '.join(over) or 'none'}.")
+    return {"rows": rows, "notes": notes}
+
+
+if __name__ == "__main__":
+    print(json.dumps(run(), indent=1))
