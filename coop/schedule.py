@@ -47,6 +47,7 @@ validator, the executor's predictions and the CLI call it.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -460,6 +461,27 @@ class Validation:
         return {k: v for k, v in self.__dict__.items()}
 
 
+def ordered_first_computations(graph: Graph, order: Sequence[int], keep_order: bool) -> list[int]:
+    """The nodes of ``order`` whose first computations a model must keep in that order: all of them with
+    ``keep_order``, else the random draws among them (:attr:`Graph.random_draws`: one generator, drawn in eager
+    PyTorch's order, or the replay draws other numbers)."""
+    return list(order) if keep_order else [v for v in order if v in graph.random_draws]
+
+
+def draws_out_of_order(graph: Graph, schedule: Schedule) -> tuple[int, int] | None:
+    """The first (step index, node) whose first computation draws out of ``graph.order`` among the random draws;
+    None when every random draw is first computed in that order (the rule :func:`validate` enforces)."""
+    expected = iter(ordered_first_computations(graph, graph.order, keep_order=False))
+    seen: set[int] = set()
+    for index, step in enumerate(schedule.steps):
+        if step.op != "compute" or step.node in seen or step.node not in graph.random_draws:
+            continue
+        seen.add(step.node)
+        if step.node != next(expected, None):
+            return index, step.node
+    return None
+
+
 def validate(graph: Graph, schedule: Schedule, budget: int | None = None) -> Validation:
     """Check a schedule: legal under contract 2 and, when a budget is given, within it."""
     try:
@@ -474,6 +496,13 @@ def validate(graph: Graph, schedule: Schedule, budget: int | None = None) -> Val
                 step = None
         return Validation(ok=False, reason=message, step=step, budget=budget)
     result = Validation(ok=True, peak=sim.peak, cost=sim.cost, overhead=sim.overhead, budget=budget)
+    broken = draws_out_of_order(graph, schedule)
+    if broken is not None:
+        step, node = broken
+        return Validation(ok=False, step=step, budget=budget,
+                          reason=f"step {step} (compute %{node}): random op first drawn out of graph.order, so a replay "
+                                 "would draw other numbers than eager PyTorch; keep the random draws' first "
+                                 "computations in graph.order")
     if budget is not None and sim.peak > budget:
         result.ok = False
         result.step = sim.peak_step

@@ -254,12 +254,15 @@ def test_random_ops_keep_their_order_even_without_keep_order() -> None:
     assert budget >= min_budget(graph)
     first = moccasin(graph, budget, time_limit=5.0, threads=1)
     assert first.found and first.simulation.recomputations >= 1
-    # A warm start that draws s before r (legal for the simulator, wrong for the replay's RNG).
+    # A warm start that draws s before r (legal for the simulator, wrong for the replay's RNG: the validator
+    # refuses it at the step that first draws s).
     sequence = [step.node for step in first.schedule.steps if step.op == "compute"]
     i, j = sequence.index(4), sequence.index(5)
     sequence[i], sequence[j] = sequence[j], sequence[i]
     swapped = Schedule.from_order(sequence)
-    assert validate(graph, swapped, budget).ok
+    assert simulate(graph, swapped).peak <= budget
+    check = validate(graph, swapped, budget)
+    assert not check.ok and check.step == min(i, j) and "random op first drawn out of graph.order" in check.reason
     result = moccasin(graph, budget, time_limit=5.0, threads=1, keep_order=False, hint=swapped, local_search=0.0)
     assert result.found
     firsts = list(dict.fromkeys(s.node for s in result.schedule.steps if s.op == "compute"))

@@ -74,7 +74,7 @@ from coop.formulations.slot_problem import SlotProblem, sufficient_horizon, suff
 from coop.formulations.solving_order import solving_graph
 from coop.formulations.warm_start import best_warm_start
 from coop.graph import Graph
-from coop.schedule import Schedule, Simulation, Step, simulate, take_extras_promptly
+from coop.schedule import Schedule, Simulation, Step, ordered_first_computations, simulate, take_extras_promptly
 
 FORMULATION = "moccasin"
 
@@ -252,8 +252,7 @@ def build_model(problem: SlotProblem, horizon: int, intervals_per_node: dict[int
     else:
         # Random ops (Node.random) must still draw in the captured order, or
         # the replay would draw different numbers than eager PyTorch.
-        draws = problem.graph.random_draws
-        for a, b in itertools.pairwise([v for v in problem.order if v in draws]):
+        for a, b in itertools.pairwise(ordered_first_computations(problem.graph, problem.order, keep_order=False)):
             model.Add(starts[a][0] < starts[b][0])
     model.Minimize(objective)
     return built

@@ -44,7 +44,7 @@ from ortools.sat.python import cp_model
 from coop.formulations.monet_warm import usable_impls
 from coop.formulations.slot_problem import integer_cost_scale
 from coop.graph import Graph
-from coop.schedule import Schedule, Step, prompt_order, simulate, take_extras_promptly
+from coop.schedule import Schedule, Step, ordered_first_computations, prompt_order, simulate, take_extras_promptly
 
 #: One retention interval with its implementation: computed at ``start`` (slot), resident through ``end``.
 Span = tuple[int, int, str | None]
@@ -325,7 +325,7 @@ def _interval(model: cp_model.CpModel, start: Any, size: Any, end: Any, presence
 
 def _add_order(problem: ImplProblem, built: ImplModel, keep_order: bool) -> None:
     """First computations in the baseline order (or, without ``keep_order``, the random draws in it)."""
-    order = problem.order if keep_order else [v for v in problem.order if v in problem.graph.random_draws]
+    order = ordered_first_computations(problem.graph, problem.order, keep_order)
     for a, b in itertools.pairwise(order):
         built.model.Add(built.starts[a][0] < built.starts[b][0])
 

@@ -48,7 +48,7 @@ from coop.formulations.progress import ProgressCallback, ProgressClock
 from coop.formulations.result import SolveResult
 from coop.formulations.structured_warm_start import cheap_recompute_schedule
 from coop.graph import Graph
-from coop.schedule import Schedule, Simulation, simulate
+from coop.schedule import Schedule, Simulation, draws_out_of_order, simulate
 
 #: The share of the time limit each Moccasin warm start may take.
 REMAT_SHARE = 0.35
@@ -169,9 +169,7 @@ def _checked(graph: Graph, budget: int, name: str, schedule: Any, exact: bool, r
         return None
     if exact and any(not graph.node(s.node).implementation(s.impl).exact for s in schedule.steps if s.impl):
         return None
-    draws = graph.random_draws
-    firsts = [v for v in dict.fromkeys(s.node for s in schedule.steps if s.op == "compute") if v in draws]
-    if firsts != [v for v in graph.order if v in draws]:
+    if draws_out_of_order(graph, schedule) is not None:
         return None
     return name, schedule, sim
 

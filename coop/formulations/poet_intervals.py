@@ -51,7 +51,7 @@ from coop.formulations.progress import ProgressCallback, ProgressClock
 from coop.formulations.result import SolveResult
 from coop.formulations.slot_problem import SlotProblem
 from coop.graph import Graph
-from coop.schedule import Schedule, ScheduleError, Step, simulate, take_extras_promptly
+from coop.schedule import Schedule, ScheduleError, Step, ordered_first_computations, simulate, take_extras_promptly
 
 #: Residency intervals per value (Moccasin's C) unless the warm start needs more.
 DEFAULT_MAX_INTERVALS = 2
@@ -248,7 +248,7 @@ def build_model(problem: SlotProblem, coefficients: Coefficients, horizon: int, 
     else:
         model.AddCumulative(residency, demands, problem.capacity)
     _add_precedences(problem, built)
-    ordered = problem.order if keep_order else [v for v in problem.order if v in problem.graph.random_draws]
+    ordered = ordered_first_computations(problem.graph, problem.order, keep_order)
     for a, b in itertools.pairwise(ordered):
         model.Add(built.starts[a][0] < built.starts[b][0])
     if setting.runtime_budget is not None:

@@ -18,7 +18,7 @@ from typing import Any
 from ortools.sat.python import cp_model
 
 from coop.formulations.slot_problem import SlotProblem, sufficient_horizon, sufficient_intervals
-from coop.schedule import Schedule, Step, simulate
+from coop.schedule import Schedule, Step, ordered_first_computations, simulate
 
 
 @dataclass
@@ -107,7 +107,7 @@ def build_feasibility_model(problem: SlotProblem, keep_order: bool, horizon: int
         memory.append(used)
     for output in problem.outputs:
         model.Add(resident[output][horizon] == 1)
-    ordered = ops if keep_order else [v for v in ops if v in problem.graph.random_draws]
+    ordered = ordered_first_computations(problem.graph, ops, keep_order)
     for a, b in itertools.pairwise(ordered):
         model.Add(done[b][0] == 0)
         for t in range(1, horizon):

@@ -21,7 +21,7 @@ from coop.formulations.structured_warm_start import cheap_recompute_schedule
 from coop.graph import Graph
 from coop.online.online_sim import simulate_online
 from coop.online.policies import POLICIES
-from coop.schedule import Schedule, Simulation, simulate, validate
+from coop.schedule import Schedule, Simulation, draws_out_of_order, simulate, validate
 
 #: Checkmate's LP rounding (O(n^2) variables) is a warm start only on graphs up to this size.
 LP_WARM_START_MAX_NODES = 150
@@ -92,14 +92,12 @@ def best_warm_start(graph: Graph, budget: int, hint: Any = None,
     """The cheapest candidate warm start whose simulated peak fits the budget and whose random
     draws follow the baseline order (a replay must draw them in eager PyTorch's order)."""
     best = None
-    draws = graph.random_draws
     for name, schedule in candidate_warm_starts(graph, budget, hint, lp_time_limit):
         try:
             sim = simulate(graph, schedule)
         except ScheduleError:  # an illegal candidate (e.g. a caller's hint) is skipped
             continue
-        firsts = [node for node in dict.fromkeys(s.node for s in schedule.steps if s.op == "compute") if node in draws]
-        if firsts != [v for v in graph.order if v in draws]:
+        if draws_out_of_order(graph, schedule) is not None:
             continue
         if sim.peak <= budget and (best is None or sim.cost < best[2].cost):
             best = (name, schedule, sim)
