@@ -27,7 +27,12 @@ class BudgetError(CoopError):
 
 
 class ScheduleError(CoopError):
-    """An illegal schedule: the message names the step index and the reason."""
+    """An illegal schedule: the message names the step index and the reason; ``step`` is that index (None where
+    the fault is the schedule as a whole, such as an output not resident at the end, or its file)."""
+
+    def __init__(self, message: str, step: int | None = None) -> None:
+        super().__init__(message)
+        self.step = step
 
 
 class CaptureError(CoopError):

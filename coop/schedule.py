@@ -218,28 +218,28 @@ def simulate(graph: Graph, schedule: Schedule, paging: PagingCosts | None = None
     for j, step in enumerate(steps):
         node = index.get(step.node)
         if node is None:
-            raise ScheduleError(f"step {j} ({step}): node {step.node} is not in graph {graph.name!r}")
+            raise ScheduleError(f"step {j} ({step}): node {step.node} is not in graph {graph.name!r}", step=j)
         if step.op == "compute":
             if node.caller_owned:
-                raise ScheduleError(f"step {j} ({step}): node {node.id} is a caller-owned {node.kind}; it is never computed")
+                raise ScheduleError(f"step {j} ({step}): node {node.id} is a caller-owned {node.kind}; it is never computed", step=j)
             if node.output_of is not None and node.output_of not in first_compute:
                 raise ScheduleError(f"step {j} ({step}): node {node.id} ({node.name}) is an extra output of node "
-                                    f"{node.output_of}, which has not run yet; compute {node.output_of} first")
+                                    f"{node.output_of}, which has not run yet; compute {node.output_of} first", step=j)
             impl = _implementation(node, step, j)
             for source in node.reads(impl) if node.output_of is None else ():
                 if index[source].caller_owned:
                     if not on_device[source]:
-                        raise ScheduleError(f"step {j} ({step}): input {source} is paged out; page it in first")
+                        raise ScheduleError(f"step {j} ({step}): input {source} is paged out; page it in first", step=j)
                     continue
                 k = current.get(source)
                 if k is None:
-                    raise ScheduleError(f"step {j} ({step}): input {source} is not resident (never computed or freed)")
+                    raise ScheduleError(f"step {j} ({step}): input {source} is not resident (never computed or freed)", step=j)
                 if not on_device.get(source, True):
-                    raise ScheduleError(f"step {j} ({step}): input {source} is paged out; page it in first")
+                    raise ScheduleError(f"step {j} ({step}): input {source} is paged out; page it in first", step=j)
                 last_read[k] = j
             if node.id in computed and not node.recomputable:
                 raise ScheduleError(f"step {j} ({step}): node {node.id} ({node.name}) is not recomputable (a random op "
-                                    "or an extra output); it may be computed only once")
+                                    "or an extra output); it may be computed only once", step=j)
             step_cost, step_mem, step_workspace = (node.cost, node.mem, node.workspace) if impl is None else (
                 impl.cost, impl.mem, impl.workspace)
             if impl is not None and impl.inplace_of is not None:
@@ -266,24 +266,24 @@ def simulate(graph: Graph, schedule: Schedule, paging: PagingCosts | None = None
             new_mem[j] = step_mem
         elif step.op == "free":
             if node.caller_owned:
-                raise ScheduleError(f"step {j} ({step}): node {node.id} is a caller-owned {node.kind}; it is never freed")
+                raise ScheduleError(f"step {j} ({step}): node {node.id} is a caller-owned {node.kind}; it is never freed", step=j)
             k = current.get(node.id)
             if k is None:
-                raise ScheduleError(f"step {j} ({step}): node {node.id} is not resident")
+                raise ScheduleError(f"step {j} ({step}): node {node.id} is not resident", step=j)
             explicit_end[k] = j - 1
             _retire(current, node.id, on_device, paged_at, device_gaps, j)
         elif not graph.pageable(node.id):  # a page_out or page_in of a host value
-            raise ScheduleError(_not_pageable(graph, node, step, j))
+            raise ScheduleError(_not_pageable(graph, node, step, j), step=j)
         elif step.op == "page_out":
             resident = node.caller_owned or node.id in current
             if not resident or not on_device.get(node.id, True):
-                raise ScheduleError(f"step {j} ({step}): node {node.id} is not resident on the device")
+                raise ScheduleError(f"step {j} ({step}): node {node.id} is not resident on the device", step=j)
             on_device[node.id] = False
             paged_at[node.id] = j
             page_cost += paging.cost(_resident_mem(node, current, starts, new_mem))
         else:  # page_in
             if on_device.get(node.id, True) or not (node.caller_owned or node.id in current):
-                raise ScheduleError(f"step {j} ({step}): node {node.id} is not paged out")
+                raise ScheduleError(f"step {j} ({step}): node {node.id} is not paged out", step=j)
             on_device[node.id] = True
             gaps = owned_gaps.setdefault(node.id, []) if node.caller_owned else device_gaps.setdefault(current[node.id], [])
             gaps.append((paged_at.pop(node.id), j))
@@ -386,7 +386,7 @@ def _implementation(node: Node, step: Step, j: int) -> Impl | None:
     if impl is not None:
         return impl
     names = ", ".join(i.name for i in node.impls) or "none"
-    raise ScheduleError(f"step {j} ({step}): node {node.id} has no implementation {step.impl!r} (has: {names})")
+    raise ScheduleError(f"step {j} ({step}): node {node.id} has no implementation {step.impl!r} (has: {names})", step=j)
 
 
 def _resident_mem(node: Any, current: dict[int, int], starts: list[int], new_mem: list[int]) -> int:
@@ -487,14 +487,7 @@ def validate(graph: Graph, schedule: Schedule, budget: int | None = None) -> Val
     try:
         sim = simulate(graph, schedule)
     except ScheduleError as exc:
-        message = str(exc)
-        step = None
-        if message.startswith("step "):
-            try:
-                step = int(message.split()[1])
-            except ValueError:
-                step = None
-        return Validation(ok=False, reason=message, step=step, budget=budget)
+        return Validation(ok=False, reason=str(exc), step=exc.step, budget=budget)
     result = Validation(ok=True, peak=sim.peak, cost=sim.cost, overhead=sim.overhead, budget=budget)
     broken = draws_out_of_order(graph, schedule)
     if broken is not None:

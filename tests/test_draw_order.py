@@ -46,3 +46,20 @@ def test_the_order_a_model_keeps() -> None:
     assert ordered_first_computations(graph, [0, 1, 2, 3], keep_order=True) == [0, 1, 2, 3]
     assert ordered_first_computations(graph, [0, 1, 2, 3], keep_order=False) == [1, 2]
     assert ordered_first_computations(graph, [3, 2, 0], keep_order=False) == [2]
+
+
+def test_a_schedule_error_carries_the_index_of_its_step() -> None:
+    """Issue 25 item 3: the failing step is a field of ScheduleError, not parsed back from its text."""
+    import pytest
+
+    from coop.errors import ScheduleError
+    from coop.schedule import simulate
+
+    graph = two_draws()
+    freed_twice = Schedule(steps=(*computes(1, 2).steps, Step(op="free", node=2), Step(op="free", node=2)))
+    with pytest.raises(ScheduleError) as error:
+        simulate(graph, freed_twice)
+    assert error.value.step == 3 and validate(graph, freed_twice).step == 3
+    with pytest.raises(ScheduleError) as error:  # the schedule as a whole: no step to name
+        simulate(graph, computes(1, 2))
+    assert error.value.step is None and "never computed" in str(error.value)
