@@ -24,21 +24,9 @@ import torch
 import coop
 from coop.budget import parse_budget
 from coop.zoo import ZOO_NAMES, build
+from tests.held_sizes import FRACTION, SIZES
 from tests.independent_meter import HeldBytes
 
-FRACTION = 0.6
-#: Per zoo model: its size and the solver's time limit (seconds), as in tests/test_arena_budget.py.
-SIZES: dict[str, tuple[dict[str, int], float]] = {
-    "mlp": ({"batch": 256}, 1),
-    "cnn": ({"batch": 8, "hidden": 16, "layers": 6}, 1),
-    "transformer": ({"batch": 8}, 1),
-    "gpt2": ({"batch": 4}, 1),
-    "bert": ({"batch": 8}, 1),
-    "resnet": ({"batch": 8, "image": 64, "layers": 6, "hidden": 16}, 3),
-    "llama": ({"batch": 8}, 1),
-    "vit": ({"batch": 16}, 1),
-    "mobilenet": ({"batch": 8, "image": 64}, 3),
-}
 #: (row label, plan options)
 REPLAYS: tuple[tuple[str, dict[str, bool]], ...] = (
     ("ordinary, unprofiled", {}),

@@ -28,21 +28,9 @@ from coop.errors import InfeasibleError
 from coop.runtime.meter import MemoryMeter
 from coop.zoo import ZOO_NAMES, build
 from tests.eager_oracle import assert_step_equals_eager
+from tests.held_sizes import FRACTION, SIZES
 from tests.independent_meter import HeldBytes, storage_bytes
 
-FRACTION = 0.6
-#: Per zoo model: its size, and the solver's time limit per round (seconds).
-SIZES: dict[str, tuple[dict[str, int], float]] = {
-    "mlp": ({"batch": 256}, 1),
-    "cnn": ({"batch": 8, "hidden": 16, "layers": 6}, 1),
-    "transformer": ({"batch": 8}, 1),
-    "gpt2": ({"batch": 4}, 1),
-    "bert": ({"batch": 8}, 1),
-    "resnet": ({"batch": 8, "image": 64, "layers": 6, "hidden": 16}, 3),
-    "llama": ({"batch": 8}, 1),
-    "vit": ({"batch": 16}, 1),
-    "mobilenet": ({"batch": 8, "image": 64}, 3),
-}
 #: The DistilBERT of issue 22 (4 layers, dim 256, b16 s128) and a small one that overflowed the same way.
 DISTILBERT = {"layers": 4, "dim": 256, "hidden": 1024, "batch": 16, "seq": 128, "vocab": 30522}
 SMALL_DISTILBERT = {"layers": 2, "dim": 64, "hidden": 256, "batch": 8, "seq": 32, "vocab": 2000}
