@@ -22,3 +22,14 @@ def accepted_budget(graph: Graph, formulation: str, **options: Any) -> int:
     replayed = graph.with_random_replay()
     schedule = solve(replayed, 10**15, formulation, **options).schedule
     return simulate(replayed, schedule).peak + saved_generator_bytes(replayed, schedule)
+
+
+def held_budget(model: Any, batch: tuple, loss_fn: Any, formulation: str) -> int:
+    """The least budget at which ``formulation``'s own plan of ``model`` is kept as it is: the larger of
+    its peak with the generator states it saves and what its step holds on CPU (``step_footprint``: kernels' scratch included, which an
+    unprofiled graph does not predict), both taken from a plan at an unbounded budget."""
+    import coop
+
+    plan = coop.plan(model, 10**12, batch, loss_fn=loss_fn, formulation=formulation)
+    accepted = plan.predicted_peak + saved_generator_bytes(plan.graph, plan.schedule)
+    return max(plan.step_footprint or 0, accepted)

@@ -9,6 +9,7 @@ a :class:`coop.planner.dynamic.DynamicPlan`.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import warnings
@@ -26,13 +27,21 @@ from coop.formulations.auto import cheapest_fitting_baseline
 from coop.graph import Graph
 from coop.graph_capture import Captured, capture
 from coop.graph_capture.context import TrainingContext
+from coop.graph_capture.cost import measure_workspace
 from coop.online.static_arena import EXECUTION_ROUNDS, execution_placement, next_live_budget
 from coop.planner.base import BasePlan, LossFn, batch_key, recapture
 from coop.planner.dynamic import DynamicPlan
 from coop.runtime.allocator import AllocatorAssumption, prepare_allocator
 from coop.runtime.arena_replay import measure_outside
 from coop.runtime.copy_stream import require_cuda
-from coop.runtime.executor import Executor, replay_graph, saved_generator_bytes, unwrap_model
+from coop.runtime.executor import (
+    SOURCE_NODE,
+    Executor,
+    recorded_program,
+    replay_graph,
+    saved_generator_bytes,
+    unwrap_model,
+)
 from coop.runtime.meter import cpu_allocation_peak
 from coop.schedule import Schedule, Simulation, Step, simulate, validate
 
@@ -220,7 +229,9 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
     generator states it saves to replay recomputed random ops (:func:`coop.runtime.executor.saved_generator_bytes`),
     and the planned step is run once on ``example_batch`` to measure what it holds (the caller-owned values plus
     every allocation, kernels' scratch included: ``summary()["step_footprint"]``); where that exceeds the budget
-    (scratch a capture without ``profile`` does not know) it warns, naming the fix. With ``arena=True`` the budget is the size
+    (scratch a capture without ``profile`` does not know) it re-solves once with each op's scratch, measured on
+    that plan's own replay (no unplanned step), as its workspace, keeps the re-solved plan when its measured step
+    fits, and otherwise warns, naming the fix. With ``arena=True`` the budget is the size
     of everything a step holds: every value the step computes gets an address in its device's arena
     (coop.online.static_arena's packed execution placement), the plan replays inside those arenas
     (coop.runtime.arena_replay: one buffer per device, allocated at the first step and reused; the loss is
@@ -278,15 +289,18 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
         dynamic = DynamicPlan(captured, module, live_bytes, policy="coop", wrapper=wrapper, loss_fn=loss_fn)
         dynamic.allocator = allocator
         return dynamic
-    within = functools.partial(_plan_within, module, captured, formulation=formulation, time_limit=time_limit,
+    solver = functools.partial(_plan_within, module, formulation=formulation, time_limit=time_limit,
                                loss_fn=loss_fn, wrapper=wrapper, device_profile=device_profile, exact=exact)
+    within = functools.partial(solver, captured)
     flat = functools.partial(captured.flat_inputs, module, batch)
     if arena:
         chosen = _fit_measured(within, functools.partial(_measure_arena_step, flat=flat), budget_bytes, graph)
     else:
         chosen = _within_saved_generator_states(within, live_bytes, graph)
-        _, held = _measure_ordinary_step(chosen, live_bytes, flat=flat)
+        footprint, held = _measure_ordinary_step(chosen, live_bytes, flat=flat)
         chosen.note = (chosen.note + "; " if chosen.note else "") + held
+        if footprint is not None and footprint > budget_bytes:
+            chosen = _with_measured_scratch(chosen, solver, live_bytes, budget_bytes, flat)
         if chosen.step_footprint is not None and chosen.step_footprint > budget_bytes:
             warnings.warn(f"the step holds {format_memory(chosen.step_footprint, graph)}, above the budget "
                           f"{format_memory(budget_bytes, graph)} (the schedule's predicted peak "
@@ -375,6 +389,41 @@ def _measure_arena_step(candidate: Plan, live_budget: int, *, flat: Callable[[],
     measure_outside(program, functools.partial(candidate.executor.run_flat, flat()))
     footprint = program.footprint(owned)
     return footprint, _arena_note(candidate, placement, live_budget)
+
+
+def _with_measured_scratch(chosen: Plan, solver: Callable[..., Plan], live_bytes: int, budget_bytes: int,
+                           flat: Callable[[], list[torch.Tensor]]) -> Plan:
+    """``chosen`` re-solved on its graph with each op's scratch, measured on ``chosen``'s own replay, as its
+    workspace: the planned step fits in memory where an eager one may not, so no unplanned step is run
+    (:func:`coop.graph_capture.cost.measure_workspace` over the replay program, each replay node mapped back to
+    the graph node it computes). Returns the re-solved plan when its measured step holds within the budget, else
+    ``chosen`` (the caller warns)."""
+    captured = chosen.captured
+    with recorded_program():
+        measured = measure_workspace(chosen.executor.module, flat())
+    if not measured:
+        return chosen
+    scratch: dict[int, int] = {}
+    for node in chosen.executor.module.graph.nodes:
+        owner = captured.owner_of.get(node.meta.get(SOURCE_NODE, ""))
+        if owner is not None and measured.get(node.name, 0) > 0:
+            scratch[owner] = max(scratch.get(owner, 0), measured[node.name])
+    data = captured.graph.model_dump()
+    for node in data["nodes"]:
+        node["workspace"] = max(node["workspace"], scratch.get(node["id"], 0))
+    with_scratch = dataclasses.replace(captured, graph=Graph.model_validate(data))
+    graph = with_scratch.graph
+    try:
+        again = _within_saved_generator_states(functools.partial(solver, with_scratch), live_bytes, graph)
+    except (InfeasibleError, BudgetError):
+        return chosen
+    footprint, held = _measure_ordinary_step(again, live_bytes, flat=flat)
+    if footprint is None or footprint > budget_bytes:
+        return chosen
+    again.note = (again.note + "; " if again.note else "") + (
+        f"re-solved with the scratch of {len(scratch)} ops measured on the first plan's replay as their workspace "
+        f"(that plan held {format_memory(chosen.step_footprint or 0, graph)}); {held}")
+    return again
 
 
 def _measure_ordinary_step(candidate: Plan, live_budget: int, *, flat: Callable[[], list[torch.Tensor]]) -> Measured:

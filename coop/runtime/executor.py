@@ -122,7 +122,7 @@ class _ProgramBuilder:
 
     def emit(self, node: fx.Node) -> None:
         new = self.program.node_copy(node, self.lookup)
-        new.meta = dict(node.meta)
+        new.meta = dict(node.meta) | {SOURCE_NODE: node.name}
         self.env[node] = new
 
     def start(self) -> None:
@@ -322,6 +322,10 @@ def _replayed_draws(graph: Graph, schedule: Schedule) -> set[int]:
     """Random nodes the schedule recomputes: their generator state is saved before the first draw."""
     computes = Counter(step.node for step in schedule.steps if step.op == "compute")
     return {v for v in graph.random_draws if computes[v] > 1}
+
+
+#: The key of a replay program node's ``meta`` that names the captured fx node it copies.
+SOURCE_NODE = "coop_source_node"
 
 
 def saved_generator_bytes(graph: Graph, schedule: Schedule) -> int:
