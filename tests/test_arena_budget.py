@@ -101,7 +101,9 @@ def _assert_within_budget_and_eager(model: nn.Module, batch: tuple, loss_fn: Cal
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a plan whose measured step overflows its budget warns
         plan = coop.plan(model, FRACTION, batch, loss_fn=loss_fn, arena=arena, time_limit=time_limit, profile=profile)
-    budget = parse_budget(FRACTION, plan.captured.graph)
+    # of the graph the fraction was read on: the profiled capture, or (a re-solved plan holds a graph with the
+    # measured scratch) the plain one
+    budget = parse_budget(FRACTION, plan.captured.graph if profile else coop.capture(model, batch, loss_fn).graph)
     program = plan.executor.arena_program
     assert plan.budget == budget, plan.note
     if arena:
@@ -144,29 +146,23 @@ def test_every_zoo_ordinary_plan_captured_with_profile_holds_within_its_budget(n
     _assert_within_budget_and_eager(*build(name, **size), time_limit, arena=False, profile=True)
 
 
-def test_an_unprofiled_ordinary_plan_is_re_solved_with_the_scratch_its_replay_measured() -> None:
-    """Without profiling the graph knows no kernel's scratch; the plan measures its step on the example batch, and
-    where it holds more than the budget it re-solves with each op's scratch measured on its own replay (no eager
-    step) as workspace. The zoo CNN: 1.097x the budget before, within it after."""
-    model, batch, loss_fn = build("cnn", **SIZES["cnn"][0])
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        plan = coop.plan(model, FRACTION, batch, loss_fn=loss_fn, time_limit=1)
-    budget = parse_budget(FRACTION, coop.capture(model, batch, loss_fn).graph)
-    assert "re-solved with the scratch" in plan.note
-    held = [*model.parameters(), *model.buffers(), *batch, *plan.captured.constants()]
-    with HeldBytes(held) as meter:
-        plan.step(*batch)
-    assert meter.peak_bytes == plan.summary()["step_footprint"] <= budget, plan.note
+@pytest.mark.parametrize("name", ZOO_NAMES)
+def test_every_zoo_ordinary_plan_holds_within_its_budget_without_profiling(name: str) -> None:
+    """Without profiling the graph knows no kernel's scratch; the plan measures its step on the example batch and,
+    where it holds more than the budget, re-solves with each op's scratch measured on its own replay (no eager
+    step) as workspace. Before: the CNN held 1.097x, the MobileNet 1.027x and the ResNet 1.006x the budget."""
+    size, time_limit = SIZES[name]
+    _assert_within_budget_and_eager(*build(name, **size), time_limit, arena=False)
 
 
 def test_an_ordinary_plan_whose_step_still_holds_more_than_its_budget_warns_with_the_fix() -> None:
-    """Where the re-solve does not bring the measured step within the budget (the MobileNet: its replay holds
-    bytes no op's range shows), the plan keeps its schedule, says what it holds and warns in one line."""
-    model, batch, loss_fn = build("mobilenet", **SIZES["mobilenet"][0])
+    """The zoo CNN at its default size at 0.75 of its baseline peak: oneDNN's scratch outweighs its activations, so
+    no schedule of the graph with the measured scratch fits; the plan keeps its schedule, says what it holds and
+    warns."""
+    model, batch, loss_fn = build("cnn")
+    budget = parse_budget(0.75, coop.capture(model, batch, loss_fn).graph)
     with pytest.warns(UserWarning, match=r"above the budget .*profile=True") as caught:
-        plan = coop.plan(model, FRACTION, batch, loss_fn=loss_fn, time_limit=SIZES["mobilenet"][1])
-    budget = parse_budget(FRACTION, plan.captured.graph)
+        plan = coop.plan(model, budget, batch, loss_fn=loss_fn, time_limit=1)
     assert len(caught) == 1 and "\n" not in str(caught[0].message)
     held = [*model.parameters(), *model.buffers(), *batch, *plan.captured.constants()]
     with HeldBytes(held) as meter:

@@ -409,8 +409,8 @@ def _with_measured_scratch(chosen: Plan, solver: Callable[..., Plan], live_bytes
         if owner is not None and measured.get(node.name, 0) > 0:
             scratch[owner] = max(scratch.get(owner, 0), measured[node.name])
     data = captured.graph.model_dump()
-    for node in data["nodes"]:
-        node["workspace"] = max(node["workspace"], scratch.get(node["id"], 0))
+    for node in data["nodes"]:  # on top of what the graph counts already (a multi-output op's later outputs)
+        node["workspace"] += scratch.get(node["id"], 0)
     with_scratch = dataclasses.replace(captured, graph=Graph.model_validate(data))
     graph = with_scratch.graph
     try:
