@@ -75,10 +75,11 @@ def run(quick: bool = False) -> dict[str, Any]:
         rows = [row(name, label, options) for name in names for label, options in REPLAYS]
     finally:
         torch.set_num_threads(threads)
-    over = [f"{r['model']} {r['replay']}" for r in rows if r["held_vs_budget"] > 1 and r["replay"] != REPLAYS[0][0]]
+    over = [f"{r['model']} {r['replay']}" for r in rows if r["held_vs_budget"] > 1]
     notes = (f"{FRACTION} of each model's baseline peak, 2 threads, the larger of two steps. held_peak: the "
-             "independent meter (CPU allocator events + storages held before the step). Profiled and arena rows "
-             f"above the budget: {', '.join(over) or 'none'}.")
+             "independent meter (CPU allocator events + storages held before the step). Rows "
+             f"above the budget: {', '.join(over) or 'none'}; re-solved with measured scratch: "
+             f"{', '.join(r['model'] for r in rows if r['re_solved']) or 'none'}.")
     return {"rows": rows, "notes": notes}
 
 
