@@ -139,9 +139,10 @@ def measure_workspace(module: fx.GraphModule, flat_inputs: list[torch.Tensor]) -
 
     if torch._C._autograd._profiler_enabled():
         return None
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     interpreter = _AnnotatedInterpreter(module, garbage_collect_values=True)
-    with torch.no_grad(), torch.random.fork_rng(devices=[]), profile(activities=activities,
+    # CPU activity only, on every device: the allocators' memory events (the CUDA caching allocator's too) are
+    # recorded host-side, in the host's timeline of the node ranges
+    with torch.no_grad(), torch.random.fork_rng(devices=[]), profile(activities=[ProfilerActivity.CPU],
                                                                     profile_memory=True) as prof:
         interpreter.run(*flat_inputs)
     events = prof.profiler.kineto_results.events()

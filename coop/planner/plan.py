@@ -63,7 +63,6 @@ class Plan(BasePlan):
         #: every CPU byte the ordinary replay's step held at its peak (caller-owned values + the step's allocations,
         #: kernels' scratch included), measured by plan() on the example batch; None where not measured (note)
         self.step_footprint: int | None = None
-        self.step_footprint_threads: int | None = None
         self._dynamic_by_shape: dict[tuple, DynamicPlan] = {}
         self.schedule = schedule
         self.formulation = formulation
@@ -345,15 +344,14 @@ def _within_saved_generator_states(within: Callable[[int], Plan], live_bytes: in
 Measured = tuple[int | None, str]
 
 
-def _fit_measured(within: Callable[[int], Plan], measure: Callable[[Plan, int], Measured], budget_bytes: int,
+def _fit_measured(within: Callable[[int], Plan], measure: Callable[[Plan, int], tuple[int, str]], budget_bytes: int,
                   graph: Graph) -> Plan:
     """The plan solved within the highest live-bytes budget whose measured footprint fits ``budget_bytes``.
 
     The live-bytes budget that fits lies in [floor, ceiling): below min_budget no schedule exists, and ceiling is
     the least live budget whose plan overflowed. Each round solves, measures the step (``measure``), then aims
     below by what the footprint exceeds the budget; where the solver finds nothing (within its time limit) or the
-    aim falls below the floor, it bisects instead. A footprint that cannot be measured is accepted as solved (the
-    plan's note says why).
+    aim falls below the floor, it bisects instead.
     """
     floor, ceiling, live_budget, last = min_budget(graph), budget_bytes + 1, budget_bytes, ""
     for _ in range(EXECUTION_ROUNDS):
@@ -363,7 +361,7 @@ def _fit_measured(within: Callable[[int], Plan], measure: Callable[[Plan, int], 
             floor, aim = live_budget + 1, None  # no schedule found at or below it
         else:
             footprint, last = measure(candidate, live_budget)
-            if footprint is None or footprint <= budget_bytes:
+            if footprint <= budget_bytes:
                 candidate.note = (candidate.note + "; " if candidate.note else "") + last
                 candidate.budget = budget_bytes  # solved within live_budget; the plan keeps the caller's budget
                 return candidate
@@ -379,7 +377,7 @@ def _fit_measured(within: Callable[[int], Plan], measure: Callable[[Plan, int], 
                           "or plan without arena=True")
 
 
-def _measure_arena_step(candidate: Plan, live_budget: int, *, flat: Callable[[], list[torch.Tensor]]) -> Measured:
+def _measure_arena_step(candidate: Plan, live_budget: int, *, flat: Callable[[], list[torch.Tensor]]) -> tuple[int, str]:
     """Place ``candidate``'s schedule in arenas, build its arena replay and measure one step
     (:func:`coop.runtime.arena_replay.measure_outside`): its footprint, itemised."""
     placement = execution_placement(candidate.graph, candidate.executor.schedule)
@@ -449,7 +447,6 @@ def _measure_ordinary_step(candidate: Plan, live_budget: int, *, flat: Callable[
         return None, f"held bytes NOT measured: another profiler was running; {solved}"
     owned = graph.caller_owned_bytes
     candidate.step_footprint = owned + peak
-    candidate.step_footprint_threads = torch.get_num_threads()
     return owned + peak, (f"held {size(owned + peak)} = caller-owned {size(owned)} + the step's allocations "
                           f"{size(peak)} (predicted live {size(candidate.predicted_peak)} + kernel scratch measured on "
                           f"the example batch at {torch.get_num_threads()} threads), {solved}")
