@@ -51,7 +51,7 @@ from coop.budget import baseline_peak, min_budget
 from coop.errors import CoopError
 from coop.formulations import solve
 from coop.formulations.constructed_budget import constructed_budget
-from coop.graph import Graph
+from coop.graph import Graph, derived_from_graph
 from coop.graph_capture import capture
 from coop.zoo import build
 
@@ -296,11 +296,12 @@ def _budgets(graph: Graph, peak0: int, quick: bool) -> list[tuple[str, int]]:
 REACH_FRACTION = 0.95
 
 
+@derived_from_graph
 def remat_reach(graph: Graph) -> int:
     """The least budget the remat-only constructions reach (coop.formulations.constructed_budget on
     ``graph.remat_only()``: checkpoint-all, Chen's schedules, greedy eviction by bisection): an upper bound on
     the true remat-only floor, which lies between min_budget and it."""
-    return graph.memo("bench_monet/remat_reach", lambda: constructed_budget(graph.remat_only()).budget)
+    return constructed_budget(graph.remat_only()).budget
 
 
 def _notes(had_impls: dict[str, int], quick: bool, limit: float) -> str:

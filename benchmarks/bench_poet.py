@@ -84,12 +84,12 @@ def row(graph: Graph, profile_name: str, label: str, budget: int, runtime_budget
     """One row and the schedule it found (None when none)."""
     result = poet(graph, budget, device_profile=profile_name, runtime_budget=runtime_budget, time_limit=time_limit,
                   threads=threads, hint=hint or None, **METHODS[method])
-    extra = result.extra
+    price = result.price
     return {"graph": graph.name, "nodes": len(graph.order), "profile": profile_name, "budget": label,
             "budget_bytes": budget, "runtime_budget": runtime_budget, "method": method, "status": result.status,
-            "energy_j": extra.get("energy_j"), "time_s": extra.get("time_s"),
-            "recomputations": extra.get("recomputations"), "page_ins": extra.get("page_ins"),
-            "page_outs": extra.get("page_outs"), "solve_s": round(result.wall_s, 2),
+            "energy_j": price and price.energy_j, "time_s": price and price.time_s,
+            "recomputations": result.extra.get("recomputations"), "page_ins": price and price.page_ins,
+            "page_outs": price and price.page_outs, "solve_s": round(result.wall_s, 2),
             "gap": None if result.gap is None else round(result.gap, 4)}, result.schedule
 
 

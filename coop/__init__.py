@@ -45,15 +45,15 @@ __all__ = [
 
 def __getattr__(name: str):  # lazy: importing coop must not import torch
     if name == "capture":
-        from coop.graph_capture import capture
+        from coop.graph_capture import capture  # lazy: see above
 
         return capture
     if name in ("plan", "Plan", "DynamicPlan", "BasePlan", "load_plan"):
-        from coop import planner
+        from coop import planner  # lazy: see above
 
         return getattr(planner, name)
     if name == "TrainingContext":
-        from coop.graph_capture.context import TrainingContext
+        from coop.graph_capture.context import TrainingContext  # lazy: see above
 
         return TrainingContext
     raise AttributeError(f"module 'coop' has no attribute {name!r}")

@@ -12,7 +12,9 @@ import math
 import re
 
 from coop.errors import BudgetError
-from coop.graph import Graph, Impl, Node
+from coop.graph import Graph, Impl, Node, derived_from_graph
+from coop.limits import MAX_BUDGET
+from coop.schedule import Schedule, simulate
 from coop.text import format_bytes
 
 _UNITS = {
@@ -62,11 +64,19 @@ def below_min_budget(budget: int, graph: Graph) -> str | None:
             f"{graph.name!r}, the proven lower bound: no schedule can fit it; use at least {least}")
 
 
-#: The largest budget coop accepts (1 EiB): larger numbers are typos, and would overflow the
-#: 64-bit integers of the solvers' models.
-MAX_BUDGET = 2**60
-
 _SIZE_HELP = "give bytes ('6GiB', '750MB'), graph units ('132156') or a fraction of the baseline peak ('90%', 0.9)"
+
+
+def parsed_budget(budget: object, taker: str) -> int:
+    """``budget`` itself when it is already parsed to graph units (a positive int up to MAX_BUDGET).
+
+    Engines below the API and CLI take parsed budgets only, so that a budget is parsed once, at
+    the edge; this refuses anything else in one line naming :func:`parse_budget`.
+    """
+    if isinstance(budget, bool) or not isinstance(budget, int) or not 0 < budget <= MAX_BUDGET:
+        raise BudgetError(f"{taker} takes a budget in graph units (a positive int), not {budget!r}: parse a spec "
+                          "such as '90%' or '6GiB' first with coop.budget.parse_budget(spec, graph)")
+    return budget
 
 
 def check_budget_syntax(spec: object) -> None:
@@ -137,13 +147,13 @@ def _fraction(fraction: float, spec: str) -> float:
 MAX_FRACTION = 1000.0
 
 
+@derived_from_graph
 def baseline_peak(graph: Graph) -> int:
     """Peak of the graph's baseline order with no recomputation (contract 1)."""
-    from coop.schedule import Schedule, simulate
-
-    return graph.memo("baseline_peak", lambda: simulate(graph, Schedule.from_order(graph.order)).peak)
+    return simulate(graph, Schedule.from_order(graph.order)).peak
 
 
+@derived_from_graph
 def min_budget(graph: Graph, *, paging: bool = False) -> int:
     """A lower bound on the peak of every legal schedule.
 
@@ -153,7 +163,7 @@ def min_budget(graph: Graph, *, paging: bool = False) -> int:
     values counts their compute steps too (they must then be computed). With ``paging`` (schedules that may
     page caller-owned values out, POET) only the caller-owned values a step reads count there.
     """
-    return graph.memo(f"min_budget/{paging}", lambda: _min_budget(graph, paging))
+    return _min_budget(graph, paging)
 
 
 def _smallest_value(node: Node) -> int:

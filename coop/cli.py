@@ -1,4 +1,4 @@
-"""The ``coop`` command: capture, info, solve, validate and plot (DESIGN.md, "CLI").
+"""The ``coop`` command: capture, info, solve, validate and plot.
 
 Every command is a small function over the shared ground floor (coop.graph, coop.schedule,
 coop.budget, coop.formulations); none re-implements memory accounting. Every command takes
@@ -29,11 +29,16 @@ from rich.console import Console
 from rich.table import Table
 
 from coop.budget import baseline_peak, format_memory, min_budget, parse_budget
+from coop.compare import compare, run_sweep, simulate_report
+from coop.config import load_config
 from coop.errors import BudgetError, CoopError, InfeasibleError, ScheduleError
-from coop.formulations import FORMULATIONS
+from coop.formulations import FORMULATIONS, formulation_options, registered
+from coop.formulations import solve as run_formulation
 from coop.formulations.constructed_budget import constructed_budget
+from coop.formulations.progress import stderr_progress
 from coop.graph import Graph
 from coop.graph_files import load_graph
+from coop.online.policies import POLICIES
 from coop.schedule import Schedule, check_schedule_nodes, load_schedule, schedule_to_json, simulate, validate
 
 EXIT_OK = 0
@@ -225,25 +230,20 @@ def solve(
     json_output: JsonFlag = False,
 ) -> None:
     """Solve for a schedule within BUDGET; exit 0 only when one was found."""
-    from coop.formulations import formulation_options  # the one options contract
-    from coop.formulations import solve as run_formulation
-
     _check_time_limit(time_limit)
     graph = load_graph(graph_path)
-    if formulation not in FORMULATIONS:
-        raise CoopError(f"unknown formulation {formulation!r}: choose one of {', '.join(FORMULATIONS)}")
+    spec = registered(formulation)  # an unknown name refused here, with the choices
     budget_units = _parse_budget_or_verdict(budget, graph)
     try:
-        takes = formulation_options(formulation)
+        spec.function()  # its module and solver imported now
     except ImportError as exc:  # a formulation whose solver or module is not installed
         raise CoopError(f"formulation {formulation!r} is not available in this install: {exc}") from None
+    takes = formulation_options(formulation)
     options: dict[str, Any] = {"time_limit": time_limit, "threads": threads, "solver": solver, "objective": objective,
                                "device_profile": device_profile, "runtime_budget": runtime_budget}
     show_progress = sys.stderr.isatty() if progress is None else progress
     reports_progress = "progress" in takes
     if show_progress and reports_progress:
-        from coop.formulations.progress import stderr_progress
-
         options["progress"] = stderr_progress()
     spinner = show_progress and not reports_progress and not json_output and sys.stderr.isatty()
     try:
@@ -297,9 +297,8 @@ def _solve_report(graph: Graph, result: Any, budget: int, formulation: str, outp
     report["predicted"] = document["predicted"]
     report["steps"] = len(result.schedule)
     report["recomputations"] = sim.recomputations
-    if "energy_j" in result.extra:  # poet: the schedule priced on its device profile
-        report["price"] = {key: result.extra[key] for key in ("device_profile", "objective", "energy_j", "time_s",
-                                                             "page_ins", "page_outs", "paged_bytes")}
+    if result.price is not None:  # poet: the schedule priced on its device profile
+        report["price"] = result.price.to_dict()
     if sim.peak > budget:
         report.update(ok=False, reason=f"infeasible for {formulation}: best peak reached {sim.peak} > budget {budget}")
         return report
@@ -407,7 +406,7 @@ def plot(
     json_output: JsonFlag = False,
 ) -> None:
     """Plot the memory at every step of one or more schedules of a graph."""
-    from coop.viz import plot_memory_timeline
+    from coop.viz import plot_memory_timeline  # lazy: matplotlib is loaded only to plot
 
     graph = load_graph(graph_path)
     series: dict[str, list[int]] = {}
@@ -462,8 +461,8 @@ def capture(
         raise CoopError("coop capture needs -o GRAPH.json: where to write the graph")
     if (target is None) == (model is None):
         raise CoopError("coop capture needs exactly one model: --model NAME (the zoo) or FILE.py:FACTORY")
-    from coop.graph_capture import capture as capture_step
-    from coop.zoo import model_from_factory, model_from_zoo
+    from coop.graph_capture import capture as capture_step  # lazy: keeps the graph commands torch-free
+    from coop.zoo import model_from_factory, model_from_zoo  # lazy: keeps the graph commands torch-free
 
     if target is not None:
         module, example_batch, loss_fn = model_from_factory(target)
@@ -494,9 +493,6 @@ def simulate_command(
     json_output: JsonFlag = False,
 ) -> None:
     """Run an online eviction policy over the graph in an arena of the budget's size."""
-    from coop.compare import simulate_report
-    from coop.online.policies import POLICIES
-
     graph = load_graph(graph_path)
     if policy not in POLICIES:  # bad input (exit 2), named before any budget verdict
         raise CoopError(f"unknown eviction policy {policy!r}: choose one of {', '.join(POLICIES)}")
@@ -532,9 +528,6 @@ def compare_command(
     json_output: JsonFlag = False,
 ) -> None:
     """Static formulations and online policies side by side at each budget, with break-even steps."""
-    from coop.compare import compare, run_sweep
-    from coop.config import load_config
-
     _check_time_limit(time_limit)
     show_progress = sys.stderr.isatty() and not json_output
     if config is not None:
@@ -552,8 +545,8 @@ def compare_command(
     if graph_path is not None:
         graph = load_graph(graph_path)
     else:
-        from coop.graph_capture import capture as capture_step
-        from coop.zoo import model_from_zoo
+        from coop.graph_capture import capture as capture_step  # lazy: keeps the graph commands torch-free
+        from coop.zoo import model_from_zoo  # lazy: keeps the graph commands torch-free
 
         module, example_batch, loss_fn = model_from_zoo(str(model), {})
         graph = capture_step(module, example_batch, loss_fn=loss_fn).graph

@@ -114,7 +114,7 @@ class CompareReport:
 
     def plot(self, path: str | Path) -> Path:
         """PNG: compute overhead against budget (fraction of the baseline peak), one line per method."""
-        from coop.viz import plot_overhead_vs_budget
+        from coop.viz import plot_overhead_vs_budget  # lazy: matplotlib is loaded only to plot
 
         points = [{"method": row["method"], "budget": row["fraction"],
                    "overhead": row["overhead"] if row["fits"] else None} for row in self.rows]
@@ -272,7 +272,7 @@ def _static_row(graph: Graph, name: str, spec: str, budget: int, peak: int, opti
     arena_peak = packed_placement(graph, result.schedule).arena_peak
     status, message = _static_verdict(result.status, sim.peak, arena_peak, budget)
     # POET's rows: the schedule priced on its device profile (coop.formulations.poet.price_schedule).
-    priced = {key: result.extra[key] for key in ("energy_j", "paged_bytes") if key in result.extra}
+    priced = {} if result.price is None else {"energy_j": result.price.energy_j, "paged_bytes": result.price.paged_bytes}
     return _row(name, "static", spec, budget, peak, status=status, fits=arena_peak <= budget, live_peak=sim.peak,
                 arena_peak=arena_peak, overhead=sim.overhead, solve_s=solve_s,
                 step_s=_step_seconds(graph, sim.overhead, 0.0), message=message or result.message, **priced)

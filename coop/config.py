@@ -30,7 +30,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from coop.budget import check_budget_syntax
 from coop.errors import BudgetError, CoopError
+from coop.formulations import FORMULATIONS
 from coop.graph import Graph
+from coop.graph_files import load_graph
+from coop.online.policies import POLICIES
 
 
 class ConfigError(CoopError):
@@ -88,15 +91,11 @@ class SweepConfig(BaseModel):
     @field_validator("formulations")
     @classmethod
     def _known_formulations(cls, value: list[str] | str) -> list[str] | str:
-        from coop.formulations import FORMULATIONS
-
         return _known_names(value, FORMULATIONS, "formulation")
 
     @field_validator("policies")
     @classmethod
     def _known_policies(cls, value: list[str] | str) -> list[str] | str:
-        from coop.online.policies import POLICIES
-
         return _known_names(value, POLICIES, "policy")
 
     @property
@@ -113,8 +112,6 @@ class SweepConfig(BaseModel):
 
     def load_graphs(self) -> list[Graph]:
         """Every graph of the sweep, in config order (zoo models are built and captured here)."""
-        from coop.graph_files import load_graph
-
         graphs: list[Graph] = []
         for source in self.graphs:
             if source.zoo:
@@ -140,8 +137,8 @@ class SweepConfig(BaseModel):
 
 
 def _capture_zoo(source: GraphSource) -> Graph:
-    from coop.graph_capture import capture
-    from coop.zoo import build
+    from coop.graph_capture import capture  # lazy: a sweep of graph files stays torch-free
+    from coop.zoo import build  # lazy: a sweep of graph files stays torch-free
 
     model, batch, loss_fn = build(str(source.zoo), **source.size)
     return capture(model, batch, loss_fn=loss_fn, profile=source.profile).graph

@@ -1,4 +1,4 @@
-"""The Graph IR (DESIGN.md, contract 1).
+"""The Graph IR (contract 1).
 
 A :class:`Graph` is a DAG of :class:`Node` s. A node is one operation whose output value occupies
 ``mem`` bytes (or graph units for imported graphs) and costs ``cost`` to compute. Views and
@@ -13,25 +13,27 @@ node and the problem.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import heapq
+import inspect
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from functools import cached_property
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import networkx as nx
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from coop.errors import GraphError
-from coop.graph_v1 import upgrade_v1, upgrade_v2
+from coop.graph_upgrades import upgrade_v1, upgrade_v2
 from coop.text import first_line, format_bytes, json_type_name, short_repr
 
 GRAPH_FORMAT = "coop.graph"
 #: Version 2 added ``Node.random`` (set by the capture); version 3 added MONeT's implementation
 #: links (``Impl.inputs``, ``Impl.inplace_of``, ``Impl.exact``/``tolerance``) and ``Node.optional``;
-#: version 4 added ``Node.device``. Older files are upgraded on reading (:mod:`coop.graph_v1`).
+#: version 4 added ``Node.device``. Older files are upgraded on reading (:mod:`coop.graph_upgrades`).
 GRAPH_VERSION = 4
 
 NodeKind = Literal["input", "param", "buffer", "forward", "backward", "other"]
@@ -43,6 +45,10 @@ CALLER_OWNED_KINDS: frozenset[str] = frozenset({"input", "param", "buffer"})
 MAX_MEM = 2**50
 #: The largest cost a node may declare: sums of many such costs stay finite and exact enough.
 MAX_COST = 1e15
+
+
+#: The value a function derives from a graph (see :func:`derived_from_graph`).
+Derived = TypeVar("Derived")
 
 
 def _reject_bool_and_text(value: Any) -> Any:
@@ -307,13 +313,6 @@ class Graph(BaseModel):
                     )
 
     # ---------------------------------------------------------------- lookups
-    def memo(self, key: str, compute: Any) -> Any:
-        """Cache a derived value on this (immutable) graph: ``compute()`` runs once per key."""
-        cache = self.__dict__.setdefault("_memo", {})
-        if key not in cache:
-            cache[key] = compute()
-        return cache[key]
-
     @cached_property
     def _index(self) -> dict[int, Node]:
         return {n.id: n for n in self.nodes}
@@ -441,17 +440,18 @@ class Graph(BaseModel):
         is an ordinary recomputation (contract 1 forbids only replays that draw new numbers). The
         executor and the online engines replay so; the first draws still keep their order.
         """
-        def build() -> Graph:
-            replayable = {v for v in self.random_draws if not self.node(v).recomputable}
-            if not replayable:
-                return self
-            data = self.model_dump()
-            for node in data["nodes"]:
-                if node["id"] in replayable:
-                    node["recomputable"] = True
-            return Graph.model_validate(data)
+        return self._with_random_replay
 
-        return self.memo("with_random_replay", build)
+    @cached_property
+    def _with_random_replay(self) -> Graph:
+        replayable = {v for v in self.random_draws if not self.node(v).recomputable}
+        if not replayable:
+            return self
+        data = self.model_dump()
+        for node in data["nodes"]:
+            if node["id"] in replayable:
+                node["recomputable"] = True
+        return Graph.model_validate(data)
 
     @property
     def num_edges(self) -> int:
@@ -470,14 +470,15 @@ class Graph(BaseModel):
 
     def remat_only(self) -> Graph:
         """This graph as recomputation alone sees it: default implementations, no optional values."""
-        def build() -> Graph:
-            if not self.has_impls and not self.optional_ids:
-                return self
-            data = self.model_dump()
-            data["nodes"] = [node | {"impls": ()} for node in data["nodes"] if not node["optional"]]
-            return Graph.model_validate(data)
+        return self._remat_only
 
-        return self.memo("remat_only", build)
+    @cached_property
+    def _remat_only(self) -> Graph:
+        if not self.has_impls and not self.optional_ids:
+            return self
+        data = self.model_dump()
+        data["nodes"] = [node | {"impls": ()} for node in data["nodes"] if not node["optional"]]
+        return Graph.model_validate(data)
 
     @cached_property
     def optional_ids(self) -> tuple[int, ...]:
@@ -736,3 +737,29 @@ def _digest(payload: Any) -> str:
 
 def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
+
+
+def derived_from_graph(function: Callable[..., Derived]) -> Callable[..., Derived]:
+    """Decorator: ``function(graph, *args, **kwargs)`` runs once per (immutable) graph and arguments.
+
+    The cache lives on the graph (so it goes with it) and is keyed by the decorated function itself
+    and its arguments, so two layers can never read each other's entries by a shared name. The
+    arguments must be hashable.
+    """
+
+    signature = inspect.signature(function)
+
+    @functools.wraps(function)
+    def cached(graph: Graph, *args: Any, **kwargs: Any) -> Derived:
+        cache = graph.__dict__.setdefault("_derived", {})
+        if args or kwargs:  # one key however the arguments are spelled (positional, keyword, defaulted)
+            bound = signature.bind(graph, *args, **kwargs)
+            bound.apply_defaults()
+            key: tuple[Any, ...] = (function, *list(bound.arguments.items())[1:])
+        else:
+            key = (function,)
+        if key not in cache:
+            cache[key] = function(graph, *args, **kwargs)
+        return cache[key]
+
+    return cached

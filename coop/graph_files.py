@@ -2,8 +2,8 @@
 
 ``load_graph`` dispatches on the layout: coop's own JSON (``format`` tag, any version that
 :mod:`coop.graph` reads), Checkmate's node-link files (``cost_cpu``, ``cost_ram``, ``backward``)
-and the random layered graphs of Gagrani et al. 2022 (their semantics: ../shared/graphs/moccasin/
-README.md). A file that is missing, not JSON, or malformed ends in one :class:`~coop.errors.GraphError`
+and the random layered graphs of Gagrani et al. 2022 (whose README, published with the
+graphs, gives their semantics). A file that is missing, not JSON, or malformed ends in one :class:`~coop.errors.GraphError`
 line naming the node, link or field and the fix. The IR itself lives in :mod:`coop.graph`.
 """
 
@@ -19,7 +19,7 @@ from coop.text import first_line, json_type_name, short_repr
 
 
 def load_graph(path: str | Path) -> Graph:
-    """Read a graph file: coop JSON, or either networkx node-link layout of ../shared/graphs."""
+    """Read a graph file: coop JSON, or either networkx node-link layout of the published graphs."""
     path = Path(path)
     return graph_from_dict(read_json_file(path, "graph", GraphError), default_name=path.stem)
 

@@ -1,4 +1,4 @@
-"""Schedules and their one simulator and validator (DESIGN.md, contract 2).
+"""Schedules and their one simulator and validator (contract 2: the Schedule and its memory semantics).
 
 A :class:`Schedule` is a sequence of steps: ``compute v`` makes a new resident instance of v from
 the most recent resident instances of its inputs, ``free v`` drops the resident instance of v, and
@@ -54,10 +54,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from coop.budget import MAX_BUDGET
 from coop.errors import ScheduleError
-from coop.graph import Graph, Impl, Node
+from coop.graph import Graph, Impl, Node, derived_from_graph
 from coop.graph_files import read_json_file
+from coop.limits import MAX_BUDGET
 from coop.text import json_type_name, short_repr
 
 SCHEDULE_FORMAT = "coop.schedule/1"
@@ -430,6 +430,7 @@ def take_extras_promptly(graph: Graph, schedule: Schedule) -> Schedule:
     return Schedule(steps=tuple(steps))
 
 
+@derived_from_graph
 def prompt_order(graph: Graph) -> tuple[int, ...]:
     """``graph.order`` with each extra output moved right after its op (:func:`take_extras_promptly`).
 
@@ -437,17 +438,18 @@ def prompt_order(graph: Graph) -> tuple[int, ...]:
     with no step in between that undercounts it: the order the formulations number their stages
     by and the online engines run.
     """
-    def build() -> tuple[int, ...]:
-        if not graph.extra_outputs:
-            return graph.order
-        return tuple(step.node for step in take_extras_promptly(graph, Schedule.from_order(graph.order)).steps)
-
-    return graph.memo("prompt_order", build)
+    if not graph.extra_outputs:
+        return graph.order
+    return tuple(step.node for step in take_extras_promptly(graph, Schedule.from_order(graph.order)).steps)
 
 
 @dataclass
 class Validation:
-    """The validator's verdict: ok, or the first illegal step and why; peak and cost if legal."""
+    """The validator's verdict: ok, or the first illegal step and why; peak and cost if legal.
+
+    ``simulation`` is the one simulator's run behind the verdict (None where the schedule is
+    illegal), so that a caller that goes on to replay the schedule need not simulate it again.
+    """
 
     ok: bool
     reason: str = ""
@@ -456,9 +458,10 @@ class Validation:
     cost: float | None = None
     overhead: float | None = None
     budget: int | None = None
+    simulation: Simulation | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in self.__dict__.items()}
+        return {k: v for k, v in self.__dict__.items() if k != "simulation"}
 
 
 def ordered_first_computations(graph: Graph, order: Sequence[int], keep_order: bool) -> list[int]:
@@ -488,7 +491,7 @@ def validate(graph: Graph, schedule: Schedule, budget: int | None = None) -> Val
         sim = simulate(graph, schedule)
     except ScheduleError as exc:
         return Validation(ok=False, reason=str(exc), step=exc.step, budget=budget)
-    result = Validation(ok=True, peak=sim.peak, cost=sim.cost, overhead=sim.overhead, budget=budget)
+    result = Validation(ok=True, peak=sim.peak, cost=sim.cost, overhead=sim.overhead, budget=budget, simulation=sim)
     broken = draws_out_of_order(graph, schedule)
     if broken is not None:
         step, node = broken

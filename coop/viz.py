@@ -1,4 +1,4 @@
-"""Plots: memory timelines of schedules and overhead-vs-budget curves (DESIGN.md, "CLI").
+"""Plots: memory timelines of schedules and overhead-vs-budget curves.
 
 matplotlib runs on its Agg backend (files only, no screen), selected before pyplot is imported so
 that plotting works on headless machines and in CI.

@@ -68,7 +68,7 @@ def test_capture_finds_masks_and_in_place_activations_with_hand_counted_bytes(ha
     mask = BATCH * WIDTH  # one bool per element: 16,384 bytes
     # relu and relu6 (hardtanh): one optional mask each, a mask and an in-place-masked backward each,
     # an in-place forward each, and hardtanh's backward from its output; cross entropy's log-softmax backward
-    # written over its incoming gradient (coop.graph_capture.alternatives_softmax)
+    # written over its incoming gradient (coop.graph_capture.alternatives.softmax)
     assert graph.meta["alternatives"] == {"mask": 2, "mask_inplace": 2, "from_output": 1, "inplace": 2, "split": 0,
                                           "grad_inplace": 1, "from_indices": 0, "inplace_other": 0, "from_packed": 0,
                                           "forward_inplace": 0, "optional": 2}

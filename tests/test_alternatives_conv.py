@@ -17,23 +17,23 @@ from torch.nn import functional as F
 
 from coop import capture
 from coop.budget import min_budget
-from coop.graph_capture.alternatives import _Found
-from coop.graph_capture.alternatives_add import add_in_place_program
-from coop.graph_capture.alternatives_conv import (
+from coop.graph_capture.alternatives.add import add_in_place_program
+from coop.graph_capture.alternatives.base import CapturedStep, FoundAlternatives
+from coop.graph_capture.alternatives.conv import (
     CONV_SPLIT_TOLERANCE,
     chunked_data_part_program,
     data_part_program,
     find_convolution_split,
     weight_part_program,
 )
-from coop.graph_capture.alternatives_norm import CHANNEL_BLOCKS, grad_inplace_program
-from coop.graph_capture.alternatives_pool import (
+from coop.graph_capture.alternatives.norm import CHANNEL_BLOCKS, grad_inplace_program
+from coop.graph_capture.alternatives.pool import (
     from_indices_program,
     from_packed_program,
     packed_indices_program,
     window_geometry,
 )
-from coop.graph_capture.alternatives_softmax import grad_inplace_program as softmax_grad_inplace_program
+from coop.graph_capture.alternatives.softmax import grad_inplace_program as softmax_grad_inplace_program
 from coop.planner.plan import plan
 from coop.runtime.executor import Executor, replay_graph
 from coop.runtime.meter import MemoryMeter
@@ -44,7 +44,7 @@ aten = torch.ops.aten
 
 
 # -------------------------------------------------------------------- helpers
-def _call(target, *args) -> fx.Node:
+def call_node(target, *args) -> fx.Node:
     """An fx node calling ``target`` on real tensors, as capture records it; its placeholders carry copies as
     ``val`` (building a program runs its ops on them, and an in-place program writes into them)."""
     graph = fx.Graph()
@@ -102,7 +102,7 @@ def test_convolution_split_is_bit_identical_to_the_fused_backward(case) -> None:
     g = torch.randn_like(aten.convolution(x, w, None, *geometry), generator=generator) * 1e3
     mask = [True, True, bias]
     fused = aten.convolution_backward(g, x, w, [cout] if bias else None, *geometry, mask)
-    node = _call(aten.convolution_backward.default, g, x, w, [cout] if bias else None, *geometry, mask)
+    node = call_node(aten.convolution_backward.default, g, x, w, [cout] if bias else None, *geometry, mask)
     g_name, x_name, w_name = (a.name for a in node.args[:3])
     weight = weight_part_program(node)
     part = _run(weight, {g_name: g, x_name: x, w_name: w})
@@ -138,7 +138,7 @@ def test_batch_norm_grad_inplace_is_bit_identical_to_eager(shape, scale: float) 
     g = torch.randn(shape, generator=generator) * (1e30 if scale == 1.0 else 1.0)
     args = (g, x, weight, None, None, mean, invstd, True, 1e-5, [True, True, True])
     eager = aten.native_batch_norm_backward(*args)
-    node = _call(aten.native_batch_norm_backward.default, *args)
+    node = call_node(aten.native_batch_norm_backward.default, *args)
     values = {a.name: v for a, v in zip(node.args, args, strict=False) if isinstance(a, fx.Node)}
     program = grad_inplace_program(node)
     grad = values[node.args[0].name].clone()
@@ -155,7 +155,7 @@ def test_max_pool_backward_from_indices_is_bit_identical(geometry) -> None:
     y, indices = aten.max_pool2d_with_indices(x, *geometry)
     g = torch.randn_like(y)
     eager = aten.max_pool2d_with_indices_backward(g, x, *geometry, indices)
-    node = _call(aten.max_pool2d_with_indices_backward.default, g, x, *geometry, indices)
+    node = call_node(aten.max_pool2d_with_indices_backward.default, g, x, *geometry, indices)
     program = from_indices_program(node)
     result = _run(program, {node.args[0].name: g, node.args[7].name: indices})
     assert torch.equal(_bits(result), _bits(eager))
@@ -173,7 +173,7 @@ def test_max_pool_backward_from_packed_indices_is_bit_identical(geometry) -> Non
     y, indices = aten.max_pool2d_with_indices(x, *geometry)
     g = torch.randn_like(y)
     eager = aten.max_pool2d_with_indices_backward(g, x, *geometry, indices)
-    node = _call(aten.max_pool2d_with_indices_backward.default, g, x, *geometry, indices)
+    node = call_node(aten.max_pool2d_with_indices_backward.default, g, x, *geometry, indices)
     window = window_geometry(node)
     pack = packed_indices_program(node, window)
     packed = _run(pack, {node.args[7].name: indices})
@@ -194,7 +194,7 @@ def test_max_pool_backward_from_packed_indices_is_bit_identical(geometry) -> Non
 def test_add_in_place_keeps_eager_operand_order_bit_for_bit(position: int) -> None:
     a = torch.tensor([0x7FC00001] * 8 + [1, 2], dtype=torch.int32).view(torch.float32)  # NaN payloads differ
     b = torch.tensor([0x7FC00002] * 8 + [3, 4], dtype=torch.int32).view(torch.float32)
-    node = _call(aten.add.Tensor, a, b)
+    node = call_node(aten.add.Tensor, a, b)
     program = add_in_place_program(node, position)
     operands = [a.clone(), b.clone()]
     result = fx.GraphModule(nn.Module(), program.graph)(*operands)
@@ -213,7 +213,7 @@ def test_softmax_grad_inplace_is_bit_identical_to_eager(shape, scale: float, log
     out = forward(x, -1, False)
     g = torch.randn(shape, generator=generator) * scale
     eager = backward(g, out, len(shape) - 1, torch.float32)
-    node = _call(backward, g, out, len(shape) - 1, torch.float32)
+    node = call_node(backward, g, out, len(shape) - 1, torch.float32)
     program = softmax_grad_inplace_program(node)
     grad = g.clone()
     result = fx.GraphModule(nn.Module(), program.graph)(grad, out.clone())
@@ -303,7 +303,7 @@ def test_the_chunked_split_is_offered_as_inexact_without_running_a_kernel() -> N
     on made-up data to check its bits, issue 22); the covered split on CPU stays exact."""
     x, w = torch.randn(2, 16, 8, 8), torch.randn(8, 16, 3, 3)
     geometry = ([1, 1], [1, 1], [1, 1], False, [0, 0], 1)
-    node = _call(aten.convolution_backward.default, torch.randn(2, 8, 8, 8), x, w, None, *geometry,
+    node = call_node(aten.convolution_backward.default, torch.randn(2, 8, 8, 8), x, w, None, *geometry,
                  [True, True, False])
 
     class OneGraph:
@@ -311,14 +311,16 @@ def test_the_chunked_split_is_offered_as_inexact_without_running_a_kernel() -> N
             return type("N", (), {"caller_owned": False})()
 
     owner = {n.name: i for i, n in enumerate(node.graph.nodes)}
-    found = _Found()
-    assert find_convolution_split(node, OneGraph(), owner, found, 50) == 51
+    found = FoundAlternatives(next_id=50)
+    find_convolution_split(node, CapturedStep(OneGraph(), owner), found)
+    assert found.next_id == 51 and found.optional[(f"conv_weight_grad:{node.name}",)][0] == 50
     assert found.impls[owner[node.name]]["split"][1] == {"exact": False, "tolerance": CONV_SPLIT_TOLERANCE}
-    covered = _call(aten.convolution_backward.default, torch.randn(2, 16, 8, 8), x, torch.randn(16, 16, 3, 3), None,
+    covered = call_node(aten.convolution_backward.default, torch.randn(2, 16, 8, 8), x, torch.randn(16, 16, 3, 3), None,
                     *geometry, [True, True, False])
-    exact = _Found()
+    exact = FoundAlternatives(next_id=50)
     owner = {n.name: i for i, n in enumerate(covered.graph.nodes)}
-    assert find_convolution_split(covered, OneGraph(), owner, exact, 50) == 51
+    find_convolution_split(covered, CapturedStep(OneGraph(), owner), exact)
+    assert exact.next_id == 51
     assert exact.impls[owner[covered.name]]["split"][1] == {}
 
 
@@ -334,7 +336,7 @@ def test_the_chunked_split_stays_within_its_declared_tolerance(case) -> None:
     geometry = ([1, 1], [0, 0], [1, 1], False, [0, 0], 1)
     g = torch.randn(batch, cout, size, size, generator=generator)
     fused = aten.convolution_backward(g, x, w, None, *geometry, [True, True, False])
-    node = _call(aten.convolution_backward.default, g, x, w, None, *geometry, [True, True, False])
+    node = call_node(aten.convolution_backward.default, g, x, w, None, *geometry, [True, True, False])
     g_name, x_name, w_name = (a.name for a in node.args[:3])
     weight = weight_part_program(node)
     part = _run(weight, {g_name: g, x_name: x, w_name: w})

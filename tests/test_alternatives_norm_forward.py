@@ -20,14 +20,14 @@ from coop.budget import min_budget
 from coop.errors import CoopError
 from coop.graph import Graph
 from coop.graph_capture.alternatives import BATCH_NORM_FROM_OUTPUT_TOLERANCE
-from coop.graph_capture.alternatives_norm import CHANNEL_BLOCKS, forward_inplace_program
+from coop.graph_capture.alternatives.norm import CHANNEL_BLOCKS, forward_inplace_program
 from coop.planner.plan import exact_only, plan
 from coop.runtime.executor import Executor, replay_graph
 from coop.runtime.meter import MemoryMeter
 from coop.schedule import Schedule, Step, simulate
 from tests.eager_oracle import assert_steps_equal_eager
 from tests.test_alternatives import conv_bn_model
-from tests.test_alternatives_conv import _call, small_cnn
+from tests.test_alternatives_conv import call_node, small_cnn
 
 aten = torch.ops.aten
 FUNCTIONAL = aten._native_batch_norm_legit_functional.default
@@ -66,7 +66,7 @@ def test_forward_inplace_is_bit_identical_to_the_fused_kernel(threads: int, dtyp
                 x = ((torch.randn(shape, generator=generator) * 30 + 5) * scale).to(dtype)
                 args = (x, *per_channel, True, 0.1, 1e-5)
                 eager = FUNCTIONAL(*args)
-                program = program or forward_inplace_program(_call(FUNCTIONAL, *args))  # one program per shape
+                program = program or forward_inplace_program(call_node(FUNCTIONAL, *args))  # one program per shape
                 assert len(program.reads) == 5  # x, weight, bias, running mean and var
                 values = [a.clone() for a in args[:5]]
                 result = fx.GraphModule(nn.Module(), program.graph)(*values)
@@ -85,7 +85,7 @@ def test_forward_inplace_of_native_batch_norm_without_running_stats_is_bit_ident
     weight, bias = (weight, bias) if affine else (None, None)
     args = (x, weight, bias, None, None, True, 0.1, 1e-5)
     eager = aten.native_batch_norm(*args)
-    node = _call(aten.native_batch_norm.default, *args)
+    node = call_node(aten.native_batch_norm.default, *args)
     program = forward_inplace_program(node)
     written = x.clone()
     result = fx.GraphModule(nn.Module(), program.graph)(written, *([weight, bias] if affine else []))

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from coop.budget import baseline_peak, below_min_budget, format_memory, min_budget, parse_budget
 from coop.errors import BudgetError
 from coop.graph import Graph
+from coop.online.online_sim import simulate_online
 from coop.schedule import simulate
 from tests.bruteforce import least_peak, store_all_peak
 from tests.strategies import random_graphs, random_schedules
@@ -150,3 +151,15 @@ def test_min_budget_never_exceeds_the_baseline_peak(graph: Graph) -> None:
 def test_min_budget_is_below_the_brute_force_least_peak(graph: Graph) -> None:
     # The least peak over every schedule, found by exhaustive search: min_budget must not exceed it.
     assert min_budget(graph) <= least_peak(graph) <= baseline_peak(graph)
+
+
+@pytest.mark.parametrize("spec", [0.5, "90%", "6GiB", True, 0, -3, 2**61])
+def test_the_engines_take_a_parsed_budget_only_and_say_where_to_parse_it(spec: object) -> None:
+    """The budget is parsed once, at the API or CLI edge: an engine handed a spec refuses it in one line."""
+    graph = Graph(name="g", nodes=[{"id": 0, "name": "x", "kind": "input", "mem": 4, "cost": 0, "recomputable": False},
+                                   {"id": 1, "name": "f", "inputs": [0], "mem": 4, "cost": 1}], outputs=(1,))
+    with pytest.raises(BudgetError) as caught:
+        simulate_online(graph, spec, "dtr")
+    message = str(caught.value)
+    assert "\n" not in message and "simulate_online takes a budget in graph units" in message
+    assert "coop.budget.parse_budget" in message

@@ -129,8 +129,8 @@ def test_capture_marks_exactly_the_random_ops(compact_masks: bool) -> None:
 
 
 def test_the_version_1_table_is_torchs_seeded_tag() -> None:
-    """coop.graph_v1 reads version-1 files without torch: its table is the tag it stands for."""
-    from coop.graph_v1 import SEEDED_RANDOM_OPS
+    """coop.graph_upgrades reads version-1 files without torch: its table is the tag it stands for."""
+    from coop.graph_upgrades import SEEDED_RANDOM_OPS
 
     known = set()
     for full_name in torch._C._dispatch_get_all_op_names():  # "aten::bernoulli.p", "coop::bernoulli_mask"

@@ -5,13 +5,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
 import coop.formulations
 from coop.budget import min_budget
 from coop.cli import main
+from coop.formulations import Formulation
+from coop.formulations.options import BaselineOptions, SolverOptions
 from coop.formulations.result import SolveResult
 from coop.graph import Graph
 from coop.graph_files import load_graph
@@ -71,14 +75,18 @@ def nothing_found(graph: Graph, budget: int, *, time_limit: float | None = None)
     return SolveResult("nothing", "unknown", message=f"stopped at {time_limit} s")
 
 
+@dataclass(frozen=True, kw_only=True)
+class TimeLimitOnly(SolverOptions):
+    """The options of the stand-in that reads only a time limit."""
+
+    uses: ClassVar[frozenset[str]] = frozenset({"time_limit"})
+
+
 @pytest.fixture
 def stand_in_formulations(monkeypatch: pytest.MonkeyPatch) -> None:
     """Register the stand-ins next to the real formulations (the CLI looks them up at call time)."""
-    real = coop.formulations.get_formulation
-    stand_ins = {"order": order_schedule, "nothing": nothing_found}
-    monkeypatch.setitem(coop.formulations.FORMULATIONS, "order", "tests:order")
-    monkeypatch.setitem(coop.formulations.FORMULATIONS, "nothing", "tests:nothing")
-    monkeypatch.setattr(coop.formulations, "get_formulation", lambda name: stand_ins.get(name) or real(name))
+    monkeypatch.setitem(coop.formulations.FORMULATIONS, "order", Formulation("tests.test_cli:order_schedule", BaselineOptions))
+    monkeypatch.setitem(coop.formulations.FORMULATIONS, "nothing", Formulation("tests.test_cli:nothing_found", TimeLimitOnly))
 
 
 # ---------------------------------------------------------------------------- info
@@ -309,7 +317,7 @@ def test_capture_with_alternatives_feeds_monet(tmp_path: Path, capsys: pytest.Ca
     assert run(["capture", "--model", "cnn", "--alternatives", "-o", with_alternatives], capsys)[0] == 0
     assert not load_graph(plain).has_impls
     graph = load_graph(with_alternatives)
-    # (the other optional value is a convolution backward's weight gradient, coop.graph_capture.alternatives_conv)
+    # (the other optional value is a convolution backward's weight gradient, coop.graph_capture.alternatives.conv)
     masks = [graph.node(v) for v in graph.optional_ids if graph.node(v).name.startswith("mask_")]
     assert len(masks) == 2 and all(mask.mem == 8192 for mask in masks)
     status, out, _ = run(["solve", with_alternatives, "-b", "95%", "-f", "monet", "--time-limit", "10", "--json"], capsys)

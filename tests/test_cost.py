@@ -266,7 +266,7 @@ def test_profiling_records_each_call_nodes_real_storage_bytes() -> None:
 def test_calibration_prices_a_call_at_the_measured_rate_of_its_op_then_its_class() -> None:
     """mm measured at 3x its analytic seconds, add at 5x: a program's mm costs 3x, its add 5x, its mul (not in the
     step, pointwise like add) 5x, its view the median measured seconds of the step's free calls."""
-    from coop.graph_capture.alternatives_price import Calibration
+    from coop.graph_capture.alternatives.price import Calibration
 
     step = _traced(lambda a, b: (a @ b + 1).t(), torch.randn(8, 8), torch.randn(8, 8))
     seconds = {n.name: analytic_seconds(n, node_flops(n)) for n in step.graph.nodes if n.op == "call_function"}

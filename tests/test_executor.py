@@ -12,6 +12,7 @@ from coop import Schedule, Step, capture, simulate
 from coop.budget import baseline_peak
 from coop.errors import ScheduleError
 from coop.formulations import BASELINES, solve
+from coop.runtime import executor as executor_module
 from coop.runtime.executor import Executor, build_program
 from coop.runtime.meter import MemoryMeter
 from coop.schedule import take_extras_promptly
@@ -216,6 +217,38 @@ def test_extra_output_scheduled_far_from_its_op_is_predicted_exactly() -> None:
     requested = simulate(graph, far_apart)
     assert meter.peak_bytes == requested.peak == executor.predicted_peak
     assert requested.cost == pytest.approx(executor.simulation.cost)
+
+
+def test_an_executor_simulates_its_schedule_once_and_refuses_with_the_requested_steps(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 25: one simulation per executor (none where an executor's own simulation is handed on), even where
+    extra outputs move; an illegal schedule is still refused with its own step numbers (the same error as
+    ``simulate`` of it), also where moving its extra outputs would have made it legal."""
+    _, _, captured = _pooled_cnn()
+    graph = captured.graph
+    pool = next(op for op in graph.extra_outputs if "max_pool2d_with_indices" in graph.node(op).op)
+    (indices,) = graph.extra_outputs[pool]
+    first_reader = next(i for i in graph.order if indices in graph.node(i).inputs)
+    order = [i for i in graph.order if i != indices]
+    order.insert(order.index(first_reader), indices)
+    far_apart = Schedule.from_order(order)
+    calls: list[int] = []
+    monkeypatch.setattr(executor_module, "simulate", lambda *a: calls.append(1) or simulate(*a))
+    executor = Executor(captured, far_apart)
+    assert len(calls) == 1 and executor.schedule != far_apart
+    Executor(captured, executor.schedule, simulation=executor.simulation)
+    assert len(calls) == 1
+    steps = list(far_apart.steps)
+    taken = steps.index(Step(op="compute", node=indices))
+    at_pool = steps.index(Step(op="compute", node=pool))
+    illegal = [steps[:taken] + [steps[taken]] + steps[taken:],  # taken twice
+               steps[:at_pool + 1] + [Step(op="free", node=indices)] + steps[at_pool + 1:]]  # freed before taken
+    for schedule in (Schedule(steps=tuple(s)) for s in illegal):
+        with pytest.raises(ScheduleError) as expected:
+            simulate(graph, schedule)
+        with pytest.raises(ScheduleError) as refused:
+            Executor(captured, schedule)
+        assert str(refused.value) == str(expected.value)
 
 
 def test_taking_extras_promptly_keeps_schedules_legal_peak_and_cost(captured_model) -> None:

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from coop.budget import baseline_peak
+from coop.budget import baseline_peak, parse_budget
 from coop.errors import BudgetError
 from coop.graph_capture import capture
 from coop.graph_capture.random_ops import bernoulli_mask
@@ -72,8 +72,9 @@ def test_real_engine_follows_the_simulator_exactly(gpt2) -> None:
     """One engine, two bodies: the same evictions, recomputations and replays on real tensors."""
     model, batch, _, captured = gpt2
     for policy in ("dtr", "coop"):
-        simulated = simulate_online(captured.graph, 0.4, policy)
-        _, stats = run_dynamic(captured, copy.deepcopy(model), batch, 0.4, policy)
+        budget = parse_budget(0.4, captured.graph)
+        simulated = simulate_online(captured.graph, budget, policy)
+        _, stats = run_dynamic(captured, copy.deepcopy(model), batch, budget, policy)
         assert simulated.status == "ok"
         assert (stats.evictions, stats.recomputations, stats.extra["random_replays"]) == (
             simulated.evictions, simulated.recomputations, simulated.random_replays)
@@ -84,7 +85,7 @@ def test_replayed_random_values_keep_gradients_bit_identical(gpt2) -> None:
     """A budget tight enough that evicted dropout masks are redrawn from their saved generator state."""
     model, batch, loss_fn, captured = gpt2
     fraction = 0.35
-    simulated = simulate_online(captured.graph, fraction, "dte")
+    simulated = simulate_online(captured.graph, parse_budget(fraction, captured.graph), "dte")
     assert simulated.status == "ok" and simulated.random_replays > 0
     # The schedule recomputes random ops: illegal on the plain graph, legal once they are replayable.
     assert not validate(captured.graph, simulated.schedule, simulated.budget).ok
@@ -100,7 +101,7 @@ def test_replayed_random_values_keep_gradients_bit_identical(gpt2) -> None:
 def test_without_replay_random_values_stay_resident(gpt2) -> None:
     _, _, _, captured = gpt2
     assert replayable_random_ids(captured.graph)  # the masks of GPT-2's dropouts
-    kept = simulate_online(captured.graph, 0.4, "dtr", replay_random=False)
+    kept = simulate_online(captured.graph, parse_budget(0.4, captured.graph), "dtr", replay_random=False)
     assert kept.random_replays == 0
     if kept.schedule is not None:
         assert validate(captured.graph, kept.schedule, kept.budget).ok

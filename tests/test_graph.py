@@ -233,8 +233,8 @@ def test_unknown_graph_versions_and_flags_are_refused() -> None:
         graph_from_dict(data)
 
 
-#: The ground floor of the package (DESIGN.md): it imports neither torch nor anything above it.
-GROUND_FLOOR = ("coop.errors", "coop.text", "coop.graph", "coop.graph_v1", "coop.graph_files", "coop.schedule", "coop.budget")
+#: The ground floor of the package (tests/test_layering.py orders the whole package): it imports neither torch nor anything above it.
+GROUND_FLOOR = ("coop.errors", "coop.text", "coop.graph", "coop.graph_upgrades", "coop.graph_files", "coop.schedule", "coop.budget", "coop.limits")
 
 
 @pytest.mark.parametrize("module", GROUND_FLOOR)
@@ -245,8 +245,8 @@ def test_the_ground_floor_imports_no_torch_and_nothing_above_it(module: str) -> 
 
 
 def test_graph_reads_only_errors_and_its_version_1_table_from_coop() -> None:
-    assert {m for m in imported_modules("coop.graph") if m.startswith("coop")} == {"coop.errors", "coop.graph_v1", "coop.text"}
-    assert not {m for m in imported_modules("coop.graph_v1") if m.startswith("coop")}
+    assert {m for m in imported_modules("coop.graph") if m.startswith("coop")} == {"coop.errors", "coop.graph_upgrades", "coop.text"}
+    assert not {m for m in imported_modules("coop.graph_upgrades") if m.startswith("coop")}
 
 
 # -------------------------------------------------------------------- release of values that are never recomputed

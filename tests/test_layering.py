@@ -4,6 +4,7 @@ the torch-free engines import no torch, and the formulations import nothing from
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,162 @@ def test_formulations_import_nothing_from_the_floors_above(module: str) -> None:
     imported = imported_modules(module)
     for above in ("coop.runtime", "coop.planner", "coop.compare", "coop.cli"):
         assert not within(imported, above), (module, above)
+
+
+# ------------------------------------------------------------------ the whole package's import graph (issue 25)
+#: coop's layers, lowest first: a module imports only from its own layer or a lower one. Names are
+#: the first component under ``coop`` (a module or a subpackage).
+LAYERS: tuple[frozenset[str], ...] = (
+    frozenset({"errors", "text", "limits", "graph_upgrades"}),
+    frozenset({"graph"}),
+    frozenset({"graph_files", "schedule"}),
+    frozenset({"budget", "device_profiles"}),
+    frozenset({"online"}),
+    frozenset({"formulations"}),
+    frozenset({"graph_capture"}),
+    frozenset({"runtime"}),
+    frozenset({"planner", "zoo", "viz"}),
+    frozenset({"compare", "config"}),
+    frozenset({"cli", "__main__", "__init__"}),
+)
+
+
+def every_module() -> dict[str, Path]:
+    """Absolute module name -> source file, for every module of the package."""
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = ("coop", *path.relative_to(PACKAGE).with_suffix("").parts)
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+MODULES = every_module()
+
+
+@dataclass(frozen=True)
+class Import:
+    """One import of a coop module by another: where, what, and whether inside a function."""
+
+    importer: str
+    imported: str
+    names: tuple[str, ...]
+    line: int
+    in_function: bool
+
+
+def _absolute(importer: str, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    package = importer.split(".") if MODULES[importer].name == "__init__.py" else importer.split(".")[:-1]
+    base = package[: len(package) - node.level + 1]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def coop_imports() -> list[Import]:
+    """Every import of a coop module in the package, at top level or inside a function."""
+    found: list[Import] = []
+    for importer, path in MODULES.items():
+        tree = ast.parse(path.read_text())
+        inside = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+                  for n in ast.walk(f) if isinstance(n, ast.Import | ast.ImportFrom)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == "coop":
+                        found.append(Import(importer, alias.name, (), node.lineno, id(node) in inside))
+            elif isinstance(node, ast.ImportFrom):
+                target = _absolute(importer, node)
+                if target.split(".")[0] != "coop":
+                    continue
+                for alias in node.names:
+                    submodule = f"{target}.{alias.name}"
+                    if submodule in MODULES:
+                        found.append(Import(importer, submodule, (), node.lineno, id(node) in inside))
+                    else:
+                        found.append(Import(importer, target, (alias.name,), node.lineno, id(node) in inside))
+    return found
+
+
+IMPORTS = coop_imports()
+
+
+def layer_of(module: str) -> int:
+    parts = module.split(".")
+    component = parts[1] if len(parts) > 1 else "__init__"
+    for index, layer in enumerate(LAYERS):
+        if component in layer:
+            return index
+    raise AssertionError(f"{module} is in no layer of LAYERS: add it")
+
+
+def import_circles() -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    edges: dict[str, set[str]] = {m: set() for m in MODULES}
+    for imp in IMPORTS:
+        if imp.imported in MODULES and imp.imported != imp.importer:
+            edges[imp.importer].add(imp.imported)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for module in MODULES:
+        if module not in index:
+            visit(module)
+    return circles
+
+
+def test_every_import_of_coop_resolves_to_a_module() -> None:
+    assert {imp.imported for imp in IMPORTS} - set(MODULES) == set()
+
+
+def test_no_import_circles() -> None:
+    assert import_circles() == []
+
+
+def test_no_import_points_up_a_layer() -> None:
+    upward = sorted(f"{imp.importer} -> {imp.imported} (line {imp.line})" for imp in IMPORTS
+                    if layer_of(imp.imported) > layer_of(imp.importer))
+    assert upward == []
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    private = sorted(f"{imp.importer} imports {name} from {imp.imported} (line {imp.line})" for imp in IMPORTS
+                     for name in imp.names if name.startswith("_") and imp.imported != imp.importer)
+    assert private == []
+
+
+def test_an_import_inside_a_function_says_why() -> None:
+    """Only to keep ``import coop`` light (torch and the solvers loaded on first use), and the line says so."""
+    unexplained = []
+    for imp in IMPORTS:
+        if not imp.in_function:
+            continue
+        lines = MODULES[imp.importer].read_text().splitlines()
+        said = " ".join(lines[max(0, imp.line - 2): imp.line]).lower()
+        if "lazy" not in said:
+            unexplained.append(f"{imp.importer} line {imp.line} imports {imp.imported}")
+    assert unexplained == []

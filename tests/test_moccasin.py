@@ -240,12 +240,13 @@ def _op_with_two_extra_outputs() -> Graph:
 
 
 def test_each_extra_output_starts_at_its_own_slot_so_the_order_is_kept() -> None:
-    from coop.formulations.moccasin import _first_computes_in_order, schedule_intervals
+    from coop.formulations.interval_model import first_computations_in_order
+    from coop.formulations.moccasin import schedule_intervals
 
     graph = _op_with_two_extra_outputs()
     intervals, _ = schedule_intervals(graph, Schedule.from_order(graph.order))
     assert intervals[2][0][0] != intervals[3][0][0]  # mean and rstd are taken at different slots
-    assert _first_computes_in_order(SlotProblem.build(graph, baseline_peak(graph)), intervals)
+    assert first_computations_in_order(intervals, SlotProblem.build(graph, baseline_peak(graph)).order)
 
 
 def test_random_ops_keep_their_order_even_without_keep_order() -> None:

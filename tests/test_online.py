@@ -13,7 +13,7 @@ from coop.budget import baseline_peak, min_budget
 from coop.errors import CoopError
 from coop.graph import Graph
 from coop.graph_files import load_graph
-from coop.graph_v1 import is_seeded_random_op
+from coop.graph_upgrades import is_seeded_random_op
 from coop.online.online_sim import OnlineSimulator, replayable_random_ids, simulate_online
 from coop.online.policies import LAYOUTS, POLICIES, WINDOW_COSTS, CoopPolicy, cheapest_window, make_policy
 from coop.schedule import simulate, validate

@@ -7,10 +7,11 @@ import inspect
 
 import pytest
 
+from coop.budget import below_min_budget, min_budget
 from coop.errors import CoopError
-from coop.formulations import COMMON_OPTIONS, FORMULATIONS, get_formulation, solve
+from coop.formulations import COMMON_OPTIONS, FORMULATIONS, get_formulation, registered, solve
 from coop.graph import Graph
-from coop.schedule import validate
+from coop.schedule import Schedule, validate
 
 GRAPH_FORMULATIONS = [name for name in FORMULATIONS if name != "pytorch-mincut"]  # that one needs a capture
 
@@ -49,3 +50,39 @@ def test_every_formulation_accepts_the_common_options(name: str) -> None:
     assert result.schedule is not None, (name, result.status, result.message)
     assert validate(graph, result.schedule, 10**6).ok, name
     assert COMMON_OPTIONS == {"time_limit", "threads", "progress", "hint", "captured"}
+
+
+@pytest.mark.parametrize("name", list(FORMULATIONS))
+def test_the_typed_options_declare_exactly_what_the_function_takes(name: str) -> None:
+    """The options type is the contract callers read; the function's signature is the second source."""
+    parameters = list(inspect.signature(get_formulation(name)).parameters.values())[2:]
+    assert registered(name).options.taken() == {p.name for p in parameters}, name
+    own = registered(name).options.own_options()
+    assert {p.name for p in parameters if p.name not in COMMON_OPTIONS} == own, name
+
+
+def test_options_of_the_wrong_solver_are_refused_before_any_solving() -> None:
+    with pytest.raises(CoopError, match="formulation 'checkmate' has no option 'max_intervals'"):
+        solve(chain(), 10**6, "checkmate", max_intervals=3)
+
+
+SOLVERS = ["checkmate", "checkmate-lp", "moccasin", "monet", "poet", "auto"]
+
+
+@pytest.mark.parametrize("name", SOLVERS)
+def test_a_budget_below_min_budget_is_answered_by_the_one_entry_check(name: str) -> None:
+    """Hand-counted: the chain's least budget is the step of b1, which holds the input x, what it reads (loss
+    and f1) and its output: 4 x 10 = 40; at 39 every solver says infeasible with the one verdict line."""
+    graph = chain()
+    assert min_budget(graph) == 40
+    result = solve(graph, 39, name, time_limit=5, threads=1)
+    assert result.status == "infeasible" and result.schedule is None, name
+    assert result.message == below_min_budget(39, graph), name
+
+
+@pytest.mark.parametrize("name", ["checkmate", "checkmate-lp", "moccasin"])
+def test_where_store_all_fits_a_recomputation_only_solver_returns_it_as_optimal(name: str) -> None:
+    graph = chain()
+    result = solve(graph, 10**6, name, time_limit=5, threads=1)
+    assert result.status == "optimal" and result.schedule == Schedule.from_order(graph.order), name
+    assert result.simulation.cost == graph.baseline_cost == 4

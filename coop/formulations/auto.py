@@ -29,10 +29,28 @@ claimed without a proof (min_budget is checked before any formulation runs).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from coop.budget import baseline_peak, format_memory, min_budget
 from coop.errors import CoopError, InfeasibleError
+from coop.formulations.baselines import checkpoint_all, chen_greedy, chen_sqrt, store_all
+from coop.formulations.checkmate import checkmate
+from coop.formulations.entry import formulation
+from coop.formulations.moccasin import moccasin
+from coop.formulations.monet import monet
+from coop.formulations.options import (
+    BaselineOptions,
+    CheckmateOptions,
+    ChenGreedyOptions,
+    ChenSqrtOptions,
+    MoccasinOptions,
+    MonetOptions,
+    PoetOptions,
+    SolverOptions,
+)
+from coop.formulations.poet import poet
+from coop.formulations.registry import BASELINES
 from coop.formulations.result import SolveResult
 from coop.formulations.solving_order import solving_graph
 from coop.graph import Graph
@@ -42,6 +60,24 @@ from coop.schedule import Schedule, simulate, validate
 EXACT_MAX_NODES = 120
 #: No rung is started with less than this many seconds (a solver needs time to build its model).
 MIN_RUNG_SECONDS = 1.0
+
+#: What auto may run, by the names its ladder and messages use: each solver's function and options type.
+SOLVERS: dict[str, tuple[Callable[..., SolveResult], type[SolverOptions]]] = {
+    "store-all": (store_all, BaselineOptions),
+    "checkpoint-all": (checkpoint_all, BaselineOptions),
+    "chen-sqrt": (chen_sqrt, ChenSqrtOptions),
+    "chen-greedy": (chen_greedy, ChenGreedyOptions),
+    "checkmate": (checkmate, CheckmateOptions),
+    "moccasin": (moccasin, MoccasinOptions),
+    "monet": (monet, MonetOptions),
+    "poet": (poet, PoetOptions),
+}
+
+
+def run_solver(graph: Graph, budget: int, name: str, **options: Any) -> SolveResult:
+    """Call one of :data:`SOLVERS` as a function, with the options its type declares it takes."""
+    function, options_type = SOLVERS[name]
+    return function(graph, budget, **options_type.from_keywords(name, options).keywords())
 
 
 def choose_formulation(graph: Graph, budget: int, *, captured: Any = None) -> str:
@@ -79,11 +115,10 @@ def _reordering_fits(graph: Graph, budget: int) -> bool:
     return order.startswith("deferred") and simulate(reordered, Schedule.from_order(reordered.order)).peak <= budget
 
 
+@formulation("auto")
 def auto(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int = 2, progress: Any = None,
          captured: Any = None, hint: Any = None, device_profile: Any = None) -> SolveResult:
     """Climb :func:`formulation_ladder` within ``time_limit`` seconds in all; return the cheapest fitting schedule."""
-    from coop.formulations import solve
-
     started = time.perf_counter()
     ladder = formulation_ladder(graph, budget, device_profile)
     found: list[SolveResult] = []
@@ -108,7 +143,7 @@ def auto(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int = 
         if name == "poet":
             options["device_profile"] = device_profile
         try:
-            result = solve(graph, budget, name, **options)
+            result = run_solver(graph, budget, name, **options)
         except CoopError as exc:
             result = SolveResult(formulation=name, status="unknown", message=str(exc))
         fits = _fits(graph, budget, result)
@@ -165,15 +200,13 @@ def cheapest_fitting_baseline(graph: Graph, budget: int, *, failed: str | None =
     Raises InfeasibleError naming ``failed`` (the formulation tried first) and the best peak any
     baseline reached.
     """
-    from coop.formulations import BASELINES, solve
-
     best: SolveResult | None = None
     best_cost = 0.0
     best_peak: int | None = None
     errors: list[str] = []
     for name in BASELINES:
         try:
-            result = solve(graph, budget, name)
+            result = run_solver(graph, budget, name)
         except CoopError as exc:
             errors.append(f"{name}: {exc}")
             continue

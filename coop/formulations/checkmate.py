@@ -20,6 +20,10 @@ S[t,i]``; ``U[t,k] + workspace[k] * R[t,k] <= budget - caller-owned bytes``; gra
 retained after the last stage; nodes with ``recomputable=False`` are computed in their own stage
 only. Objective: ``sum R[t,i] * cost[i]``.
 
+The model is built by :func:`coop.formulations.stage_model.build_stage_model` (the stage model
+POET extends with paging and MONeT with implementations); this module solves it, bounds its cost
+(:func:`checkmate`'s ``cost_limit``) and rounds its LP relaxation.
+
 The MILP's memory accounting is conservative (a retained value counts through the whole stage),
 so the extracted schedule is always re-simulated with :func:`coop.schedule.simulate`; the
 reported peak and cost are the simulator's.
@@ -35,17 +39,23 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import dataclass
-from functools import reduce
-from typing import Any, Protocol
+from typing import Any
 
-from coop.budget import below_min_budget
 from coop.errors import SolverError
+from coop.formulations.entry import formulation
 from coop.formulations.milp_backends import LinearModel, MilpSolution, solve_lp_relaxation, solve_milp
 from coop.formulations.progress import Progress, ProgressCallback
 from coop.formulations.result import SolveResult
+from coop.formulations.stage_model import (
+    StageProblem,
+    StageVariables,
+    build_stage_model,
+    project,
+    schedule_from_stages,
+    stages_from_solution,
+)
 from coop.graph import Graph
-from coop.schedule import Schedule, Simulation, Step, prompt_order, simulate
+from coop.schedule import Schedule, Simulation, simulate
 
 DEFAULT_MAX_NODES = 600
 #: The LP is solved at the budget, then, while no rounding fits and time remains, at these
@@ -60,318 +70,9 @@ CP_SAT_MEMORY_LEVELS = 1 << 40
 SEARCH_SPACE = ("Checkmate's space: frontier-advancing stages over graph.order, each extra output of a "
                 "multi-output op taken in its own stage right after the op, with nothing recomputed there")
 
-# A matrix entry is a model variable index (int) or a constant fixed by the stage structure.
-Entry = int | bool
 
-
-@dataclass(frozen=True)
-class _Problem:
-    """The graph projected onto order positions, with memory in integer units."""
-
-    ids: tuple[int, ...]                 # position -> node id
-    mem: tuple[int, ...]                 # output size in units
-    workspace: tuple[int, ...]
-    cost: tuple[float, ...]
-    deps: tuple[tuple[int, ...], ...]    # positions of the computed inputs
-    users: tuple[tuple[int, ...], ...]   # positions of the consumers, ascending
-    recomputable: tuple[bool, ...]
-    extra_output: tuple[bool, ...]       # an extra output of a multi-output op (Node.output_of)
-    outputs: frozenset[int]              # positions that must be resident at the end
-    capacity: int                        # budget minus caller-owned memory, in units
-    unit: int                            # bytes (graph units) per memory unit
-    exact: bool                          # False when sizes were rounded up to a coarser unit
-
-    @property
-    def size(self) -> int:
-        return len(self.ids)
-
-
-def _project(graph: Graph, budget: int, memory_levels: int | None) -> _Problem:
-    """Positions in ``prompt_order(graph)`` (extra outputs right after their op); memory divided by
-    the gcd of all sizes (exact), or rounded up to a coarser unit when that leaves more than
-    ``memory_levels`` levels (feasibility kept: sizes round up, the budget rounds down)."""
-    order = prompt_order(graph)
-    position = {node_id: p for p, node_id in enumerate(order)}
-    nodes = [graph.node(i) for i in order]
-    sizes = [n.mem for n in nodes] + [n.workspace for n in nodes]
-    capacity_bytes = budget - graph.caller_owned_bytes
-    unit = reduce(math.gcd, [s for s in sizes if s > 0], 0) or 1
-    exact = True
-    if memory_levels is not None and capacity_bytes > 0 and capacity_bytes // unit > memory_levels:
-        unit = math.ceil(capacity_bytes / memory_levels)
-        exact = False
-    users: list[list[int]] = [[] for _ in order]
-    deps = []
-    for p, node in enumerate(nodes):
-        computed_inputs = tuple(sorted(position[i] for i in node.inputs if i in position))
-        deps.append(computed_inputs)
-        for d in computed_inputs:
-            users[d].append(p)
-    return _Problem(
-        ids=tuple(order),
-        mem=tuple(-(-n.mem // unit) for n in nodes),
-        workspace=tuple(-(-n.workspace // unit) for n in nodes),
-        cost=tuple(float(n.cost) for n in nodes),
-        deps=tuple(deps),
-        users=tuple(tuple(sorted(u)) for u in users),
-        recomputable=tuple(n.recomputable for n in nodes),
-        extra_output=tuple(n.output_of is not None for n in nodes),
-        outputs=frozenset(position[i] for i in graph.outputs if i in position),
-        capacity=capacity_bytes // unit if capacity_bytes >= 0 else -1,
-        unit=unit,
-        exact=exact,
-    )
-
-
-# -------------------------------------------------------------------- the MILP (section 4)
-@dataclass
-class _Variables:
-    """Where each of the paper's variables lives in the LinearModel."""
-
-    R: list[list[Entry]]                     # R[t][i], i <= t
-    S: list[list[Entry]]                     # S[t][i], i < t, t = 0..T (S[T] = after the last stage)
-
-
-class ModelExtension(Protocol):
-    """A hook that adds a formulation's own variables to Checkmate's model (POET's paging).
-
-    ``add_variables`` runs once R and S exist; ``retention_sources(t, i)`` lists variables that may
-    also make i resident at the start of stage t+1 (a page-in), added to the right of
-    ``S[t+1,i] <= R[t,i] + S[t,i]``; ``kept_to_stage_end(t, i)`` lists variables that, when 1, keep
-    i on the device to the end of stage t (a page-out there), added as hazards of FREE.
-    """
-
-    def add_variables(self, model: LinearModel, problem: _Problem, R: list[list[Entry]], S: list[list[Entry]]) -> None: ...
-
-    def retention_sources(self, t: int, i: int) -> list[int]: ...
-
-    def kept_to_stage_end(self, t: int, i: int) -> list[int]: ...
-
-
-def _build_model(problem: _Problem, extension: ModelExtension | None = None) -> tuple[LinearModel, _Variables]:
-    model = LinearModel()
-    T = problem.size
-    last_use = _latest_possible_reads(problem)
-
-    # R[t,i]: stage t computes node t; non-recomputable nodes only in their own stage. The stage
-    # of an extra output (right after its op's, or another extra output's) recomputes nothing:
-    # the value exists from its op's compute (contract 2), so no step may come between unseen.
-    R: list[list[Entry]] = []
-    for t in range(T):
-        row: list[Entry] = []
-        for i in range(t + 1):
-            if i == t:
-                row.append(True)
-            elif not problem.recomputable[i] or problem.extra_output[t]:
-                row.append(False)
-            else:
-                row.append(model.add_var(f"R[{t},{i}]"))
-        R.append(row)
-
-    # S[t,i]: retaining i into stage t is useful only if i may still be read in stage t or later
-    # (by a user at position >= t, or by a recomputation of a user in a later stage), or i is a
-    # graph output; otherwise it is fixed to 0 (keeping it could only cost memory).
-    S: list[list[Entry]] = [[]]
-    for t in range(1, T + 1):
-        row = []
-        for i in range(t):
-            if t == T:
-                row.append(i in problem.outputs)
-            elif last_use[i] >= t or i in problem.outputs:
-                row.append(model.add_var(f"S[{t},{i}]"))
-            else:
-                row.append(False)
-        S.append(row)
-    if extension is not None:
-        extension.add_variables(model, problem, R, S)
-
-    def available(t: int, i: int) -> tuple[list[tuple[int, float]], float]:
-        """R[t,i] + S[t,i] as (terms, constant)."""
-        terms, constant = [], 0.0
-        for entry in (R[t][i], S[t][i] if i < t else False):
-            if entry is True:
-                constant += 1
-            elif entry is not False:
-                terms.append((entry, 1.0))
-        return terms, constant
-
-    for t in range(T):
-        for k in range(t + 1):
-            # An input must be present when k is computed: R[t,k] <= R[t,i] + S[t,i].
-            for i in problem.deps[k]:
-                terms, constant = available(t, i)
-                _add_implication(model, R[t][k], terms, constant)
-        for i in range(t + 1):
-            # Retention needs a copy in the previous stage: S[t+1,i] <= R[t,i] + S[t,i].
-            terms, constant = available(t, i)
-            if extension is not None:
-                terms += [(v, 1.0) for v in extension.retention_sources(t, i)]
-            _add_implication(model, S[t + 1][i], terms, constant)
-
-    for t in range(T):
-        _add_stage_memory(model, problem, t, R, S, extension)
-
-    offset = 0.0
-    for t in range(T):
-        for i in range(t + 1):
-            if R[t][i] is True:
-                offset += problem.cost[i]
-            elif R[t][i] is not False and problem.cost[i]:
-                model.objective.append((R[t][i], problem.cost[i]))
-    model.objective_constant = offset
-    return model, _Variables(R=R, S=S)
-
-
-def _latest_possible_reads(problem: _Problem) -> list[int]:
-    """For each position i, the last stage in which any schedule may read i.
-
-    A user j reads i when j is computed: in stage j, and, if j is recomputable, in any later stage
-    up to the last one that may read j. Graph outputs may be read up to the end.
-    """
-    T = problem.size
-    latest = [-1] * T
-    for i in range(T - 1, -1, -1):
-        for j in problem.users[i]:
-            reads_of_j_until = max(j, latest[j]) if problem.recomputable[j] else j
-            if problem.recomputable[j] and j in problem.outputs:
-                reads_of_j_until = T - 1
-            latest[i] = max(latest[i], reads_of_j_until)
-    return latest
-
-
-def _add_implication(model: LinearModel, lhs: Entry, terms: list[tuple[int, float]], constant: float) -> None:
-    """lhs <= sum(terms) + constant, skipping rows that always hold; False rhs forces lhs = 0."""
-    if lhs is False or constant >= 1:
-        return
-    if lhs is True:
-        model.add_row(terms, ">=", 1 - constant)
-    else:
-        model.add_row([(lhs, 1.0)] + [(v, -c) for v, c in terms], "<=", constant)
-
-
-def _add_stage_memory(model: LinearModel, problem: _Problem, t: int, R: list[list[Entry]],
-                      S: list[list[Entry]], extension: ModelExtension | None = None) -> None:
-    """U[t,k] and FREE[t,i,k] of stage t, and the budget at every compute of the stage.
-
-    U is only materialised at positions that may compute (R[t,k] not fixed to 0): between two
-    such positions nothing is computed or freed, so the chain U[t,k] = U[t,prev] - freed(prev)
-    + M[k] R[t,k] is the paper's recurrence with the idle positions folded away.
-    """
-    retained = [(S[t][i], problem.mem[i]) for i in range(t) if S[t][i] is not False]
-    previous_u: int | None = None
-    pending_frees: list[tuple[int, float]] = []  # -M_i FREE[t,i,prev] terms (variables)
-    pending_constant = 0.0                       # frees fixed to 1
-    for k in range(t + 1):
-        if R[t][k] is False:
-            continue
-        u = model.add_var(f"U[{t},{k}]", "continuous", 0.0, float(problem.capacity))
-        terms: list[tuple[int, float]] = [(u, 1.0)]
-        constant = 0.0
-        if previous_u is None:
-            # U[t,first] = sum_i S[t,i] M_i + R[t,first] M_first
-            for entry, mem in retained:
-                if entry is True:
-                    constant += mem
-                else:
-                    terms.append((entry, -float(mem)))
-        else:
-            terms.append((previous_u, -1.0))
-            terms += pending_frees  # U - U_prev + sum M_i FREE[t,i,prev] - M_k R[t,k] = const
-            constant -= pending_constant
-        if R[t][k] is True:
-            constant += problem.mem[k]
-        else:
-            terms.append((R[t][k], -float(problem.mem[k])))
-        model.add_row(terms, "==", constant)
-        # The budget while k runs: U[t,k] + workspace[k] R[t,k] <= capacity.
-        if problem.workspace[k]:
-            if R[t][k] is True:
-                model.add_row([(u, 1.0)], "<=", problem.capacity - problem.workspace[k])
-            else:
-                model.add_row([(u, 1.0), (R[t][k], float(problem.workspace[k]))], "<=", problem.capacity)
-        pending_frees, pending_constant = _add_frees_after(model, problem, t, k, R, S, extension)
-        previous_u = u
-
-
-def _add_frees_after(model: LinearModel, problem: _Problem, t: int, k: int, R: list[list[Entry]],
-                     S: list[list[Entry]], extension: ModelExtension | None = None
-                     ) -> tuple[list[tuple[int, float]], float]:
-    """FREE[t,i,k] for i in DEPS[k] + {k}; returns the freed memory as (M_i, FREE) terms and a
-    constant for frees fixed to 1.
-
-    FREE = R[t,k] (1 - S[t+1,i]) prod_{j in USERS[i], k < j <= t} (1 - R[t,j]): each hazard
-    bounds FREE from above (the disaggregated form, tighter than the paper's kappa row) and
-    ``1 - FREE <= sum of hazards`` makes it exactly the product.
-    """
-    terms: list[tuple[int, float]] = []
-    constant = 0.0
-    for i in problem.deps[k] + (k,):
-        hazards: list[tuple[Entry, bool]] = [(R[t][k], True)]  # (entry, whether FREE <= entry)
-        hazards.append((S[t + 1][i] if i < t + 1 else False, False))
-        hazards += [(R[t][j], False) for j in problem.users[i] if k < j <= t]
-        if extension is not None:
-            hazards += [(v, False) for v in extension.kept_to_stage_end(t, i)]
-        if any(entry is (not positive) for entry, positive in hazards):
-            continue  # a hazard always present: never freed here
-        live = [(entry, positive) for entry, positive in hazards if not isinstance(entry, bool)]
-        if not live:
-            constant += problem.mem[i]
-            continue
-        free = model.add_var(f"FREE[{t},{i},{k}]")
-        lower_terms: list[tuple[int, float]] = [(free, 1.0)]
-        lower_rhs = 1.0
-        for entry, positive in live:
-            if positive:
-                model.add_row([(free, 1.0), (entry, -1.0)], "<=", 0.0)  # FREE <= R[t,k]
-                lower_terms.append((entry, -1.0))
-                lower_rhs -= 1.0
-            else:
-                model.add_row([(free, 1.0), (entry, 1.0)], "<=", 1.0)  # FREE <= 1 - hazard
-                lower_terms.append((entry, 1.0))
-        # 1 - FREE <= (1 - R[t,k]) + S[t+1,i] + sum R[t,j]
-        model.add_row(lower_terms, ">=", lower_rhs)
-        if problem.mem[i]:
-            terms.append((free, float(problem.mem[i])))
-    return terms, constant
-
-
-# -------------------------------------------------------------------- from R and S to a Schedule
-def _value(entry: Entry, values: list[float]) -> bool:
-    return entry if isinstance(entry, bool) else values[entry] > 0.5
-
-
-def _stages_from_solution(variables: _Variables, values: list[float], size: int) -> tuple[list[list[int]], list[set[int]]]:
-    computed = [[i for i in range(t + 1) if _value(variables.R[t][i], values)] for t in range(size)]
-    retained = [{i for i in range(t) if _value(variables.S[t][i], values)} for t in range(size + 1)]
-    return computed, retained
-
-
-def _schedule_from_stages(problem: _Problem, computed: list[list[int]], retained: list[set[int]],
-                          boundaries: list[tuple[list[int], list[int]]] | None = None) -> Schedule:
-    """Stage by stage: compute the R[t,i] = 1 nodes in order; free a value right after its last
-    user in the stage when it is not retained into the next stage (the paper's FREE).
-
-    ``boundaries[t]`` = (page-outs, page-ins) after stage t (POET): a value paged out there is kept
-    to the end of the stage; the page-outs, then the page-ins, follow the stage's last step.
-    """
-    steps: list[Step] = []
-    size = problem.size
-    for t in range(size):
-        in_stage = set(computed[t])
-        page_out, page_in = boundaries[t] if boundaries is not None else ([], [])
-        keep_next = (retained[t + 1] if t + 1 <= size else set()) | set(page_out)
-        for k in computed[t]:
-            steps.append(Step(op="compute", node=problem.ids[k]))
-            for i in problem.deps[k] + (k,):
-                later_user = any(j in in_stage for j in problem.users[i] if k < j <= t)
-                if not later_user and i not in keep_next:
-                    steps.append(Step(op="free", node=problem.ids[i]))
-        steps += [Step(op="page_out", node=problem.ids[i]) for i in page_out]
-        steps += [Step(op="page_in", node=problem.ids[i]) for i in page_in]
-    return Schedule(steps=tuple(steps))
-
-
-def _stages_for_retention(problem: _Problem, keep: Any) -> tuple[list[list[int]], list[set[int]]]:
+# -------------------------------------------------------------------- section 5: phase two of the LP rounding
+def _stages_for_retention(problem: StageProblem, keep: Any) -> tuple[list[list[int]], list[set[int]]]:
     """Phase two of the LP rounding: for a fixed retention choice ``keep(t, i)`` the cheapest R.
 
     Walk the stages backwards: what stage t+1 reads from retention must be present at the end of
@@ -399,6 +100,7 @@ def _stages_for_retention(problem: _Problem, keep: Any) -> tuple[list[list[int]]
 
 
 # -------------------------------------------------------------------- entry points
+@formulation("checkmate", store_all_is_optimal=True)
 def checkmate(
     graph: Graph,
     budget: int,
@@ -430,15 +132,40 @@ def checkmate(
     a lot when the limit is tight), and the objective is bounded by the limit. ``infeasible``
     then means that no schedule of the space fits the budget at that cost; ``optimal`` still
     means optimal over the whole space (every schedule left out costs more).
+
+    Parameters
+    ----------
+    graph : Graph
+        The training step.
+    budget : int
+        The memory budget in the graph's units, caller-owned values included.
+    solver, time_limit, threads, progress, verbose
+        The MILP backend, its wall-clock limit (model building included), worker threads, a
+        progress callback and the solver's log.
+    max_nodes : int
+        The largest graph the O(n^2) model is built for (:class:`~coop.errors.SolverError` above).
+    memory_levels : int or None
+        Coarsen memory to at most this many units of the budget.
+    cost_limit : float or None
+        Search only schedules that cost at most this much.
+
+    Returns
+    -------
+    SolveResult
+        The simulated schedule, its cost and the solver's bound; ``extra`` holds the model's size,
+        the memory unit and whether it was exact.
+
+    References
+    ----------
+    Jain et al., "Checkmate: Breaking the Memory Wall with Optimal Tensor Rematerialization",
+    MLSys 2020, section 4 (the model: :func:`coop.formulations.stage_model.build_stage_model`).
     """
-    early = _early_result("checkmate", graph, budget, max_nodes)
-    if early is not None:
-        return early
+    _refuse_too_large(graph, max_nodes)
     if memory_levels is None and solver.lower().replace("_", "-") in ("cp-sat", "cpsat"):
         memory_levels = CP_SAT_MEMORY_LEVELS
     started = time.perf_counter()
-    problem = _project(graph, budget, memory_levels)
-    model, variables = _build_model(problem)
+    problem = project(graph, budget, memory_levels)
+    model, variables = build_stage_model(problem)
     if cost_limit is not None:
         _limit_cost(model, problem, variables, cost_limit)
     # Building the model counts against the time limit (seconds for a few hundred nodes); the
@@ -450,7 +177,7 @@ def checkmate(
                              cost_limit)
 
 
-def _limit_cost(model: LinearModel, problem: _Problem, variables: _Variables, cost_limit: float) -> None:
+def _limit_cost(model: LinearModel, problem: StageProblem, variables: StageVariables, cost_limit: float) -> None:
     """Restrict the model to schedules costing at most ``cost_limit`` (see :func:`checkmate`)."""
     extra = cost_limit - model.objective_constant  # the cost of computing every node once
     for t, row in enumerate(variables.R):
@@ -462,6 +189,7 @@ def _limit_cost(model: LinearModel, problem: _Problem, variables: _Variables, co
     model.add_row(list(model.objective), "<=", extra)
 
 
+@formulation("checkmate-lp", store_all_is_optimal=True)
 def checkmate_lp(
     graph: Graph,
     budget: int,
@@ -483,11 +211,37 @@ def checkmate_lp(
     and rounded again, while the time limit allows. ``bound`` is the optimum of the LP at the
     full budget, a lower bound on every schedule's cost. Model building, every LP and every
     rounding count against ``time_limit``.
+
+    Parameters
+    ----------
+    graph : Graph
+        The training step.
+    budget : int
+        The memory budget in the graph's units, caller-owned values included.
+    time_limit, threads, progress
+        The wall-clock limit, LP worker threads and a progress callback.
+    max_nodes : int
+        The largest graph the O(n^2) model is built for.
+    thresholds : tuple of float
+        The deterministic rounding thresholds of S.
+    random_roundings : int
+        How many randomised roundings per LP.
+    seed : int
+        The randomised roundings' seed.
+
+    Returns
+    -------
+    SolveResult
+        ``feasible`` with the cheapest fitting rounding and the LP's bound, or ``unknown`` /
+        ``infeasible`` with the reason.
+
+    References
+    ----------
+    Jain et al., "Checkmate: Breaking the Memory Wall with Optimal Tensor Rematerialization",
+    MLSys 2020, section 5 (two-phase LP rounding).
     """
     started = time.perf_counter()
-    early = _early_result("checkmate-lp", graph, budget, max_nodes)
-    if early is not None:
-        return early
+    _refuse_too_large(graph, max_nodes)
     deadline = started + time_limit  # building the model and rounding count against the limit too
     rng = random.Random(seed)
     lower_bound: float | None = None
@@ -500,8 +254,8 @@ def checkmate_lp(
         # Rounding can overshoot the LP's budget; when no rounding fits, the LP is solved again
         # under a tighter budget (the schedules are still checked against the real one).
         lp_budget = graph.caller_owned_bytes + math.floor(factor * (budget - graph.caller_owned_bytes))
-        problem = _project(graph, lp_budget, None)
-        model, variables = _build_model(problem)
+        problem = project(graph, lp_budget, None)
+        model, variables = build_stage_model(problem)
         relaxation = solve_lp_relaxation(model, time_limit=deadline - time.perf_counter(), threads=threads)
         lp_notes.append(f"x{factor:g}: {relaxation.message}")
         if relaxation.values is None:
@@ -517,7 +271,7 @@ def checkmate_lp(
                 break  # at least one rounding always runs: the LP solution is already paid for
             tried += 1
             computed, retained = _stages_for_retention(problem, keep)
-            schedule = _schedule_from_stages(problem, computed, retained)
+            schedule = schedule_from_stages(problem, computed, retained)
             sim = simulate(graph, schedule)
             if sim.peak <= budget:
                 fitting += 1
@@ -553,7 +307,7 @@ def _lp_failure(relaxation: MilpSolution, model: LinearModel, budget: int, time_
                                f"time_limit or use chen-greedy or moccasin")
 
 
-def _rounding_rules(variables: _Variables, values: list[float], thresholds: tuple[float, ...],
+def _rounding_rules(variables: StageVariables, values: list[float], thresholds: tuple[float, ...],
                     random_roundings: int, rng: random.Random, factor: float) -> list[tuple[str, Any]]:
     """Section 5's deterministic thresholds and randomised roundings of the LP's S."""
     def retention(t: int, i: int) -> float:
@@ -582,19 +336,16 @@ def _random_rule(retention: Any, rng: random.Random) -> Any:
     return keep
 
 
-def _early_result(name: str, graph: Graph, budget: int, max_nodes: int) -> SolveResult | None:
-    """Refuse graphs too big for an O(n^2) model; answer budgets below min_budget."""
+def _refuse_too_large(graph: Graph, max_nodes: int) -> None:
+    """Refuse graphs too big for an O(n^2) model."""
     if len(graph.order) > max_nodes:
         raise SolverError(
             f"graph {graph.name!r} has {len(graph.order)} computed nodes, above max_nodes={max_nodes}: "
             f"Checkmate's MILP has O(n^2) variables; use moccasin, or raise max_nodes"
         )
-    if below := below_min_budget(budget, graph):
-        return SolveResult(name, "infeasible", message=below)
-    return None
 
 
-def _result_from_milp(graph: Graph, budget: int, problem: _Problem, variables: _Variables, solution: MilpSolution,
+def _result_from_milp(graph: Graph, budget: int, problem: StageProblem, variables: StageVariables, solution: MilpSolution,
                       solver: str, num_rows: int, num_vars: int, cost_limit: float | None = None) -> SolveResult:
     extra: dict[str, Any] = {"solver": solver, "variables": num_vars, "constraints": num_rows,
                              "memory_unit": problem.unit, "memory_exact": problem.exact, "cost_limit": cost_limit}
@@ -609,8 +360,8 @@ def _result_from_milp(graph: Graph, budget: int, problem: _Problem, variables: _
         if solution.status == "infeasible" and not problem.exact:
             message = "infeasible with memory rounded up to the coarse unit; retry with a larger memory_levels"
         return SolveResult("checkmate", status, wall_s=solution.wall_s, message=message, extra=extra)
-    computed, retained = _stages_from_solution(variables, solution.values, problem.size)
-    schedule = _schedule_from_stages(problem, computed, retained)
+    computed, retained = stages_from_solution(variables, solution.values, problem.size)
+    schedule = schedule_from_stages(problem, computed, retained)
     sim = simulate(graph, schedule)
     extra["milp_objective"] = objective
     if sim.peak > budget:

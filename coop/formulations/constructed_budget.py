@@ -17,6 +17,9 @@ from dataclasses import dataclass
 
 from coop.budget import min_budget
 from coop.errors import CoopError
+from coop.formulations.baselines import checkpoint_all, chen_greedy, chen_sqrt
+from coop.formulations.heuristics import REBUILD_SIZE_PENALTIES, greedy_eviction_schedule
+from coop.formulations.solving_order import solving_graph
 from coop.graph import Graph
 from coop.schedule import Schedule, simulate
 
@@ -41,10 +44,6 @@ class ConstructedBudget:
 
 def constructed_budget(graph: Graph, tolerance: float = TOLERANCE) -> ConstructedBudget:
     """The lowest budget that a constructed schedule fits (see the module docstring)."""
-    from coop.formulations.baselines import checkpoint_all, chen_greedy, chen_sqrt
-    from coop.formulations.heuristics import REBUILD_SIZE_PENALTIES, greedy_eviction_schedule
-    from coop.formulations.solving_order import solving_graph
-
     lower = min_budget(graph)
     # The baseline order always fits its own peak: the bisection starts from it.
     baseline = Schedule.from_order(graph.order)

@@ -39,7 +39,7 @@ def greedy_eviction_schedule(graph: Graph, budget: int, rebuild_size_penalty: fl
     input back in memory, usually where memory is tightest. 0 is DTR's score.
     """
     problem = SlotProblem.build(graph, budget)
-    return _GreedyEvictor(problem, rebuild_size_penalty).run()
+    return GreedyEvictor(problem, rebuild_size_penalty).run()
 
 
 #: With a rebuild-size penalty, a backward value (a gradient) is evicted only when no forward value is nearly as
@@ -59,7 +59,22 @@ class _Stuck(Exception):
 COMPUTE_LIMIT_FACTOR = 20
 
 
-class _GreedyEvictor:
+class GreedyEvictor:
+    """The walk of :func:`greedy_eviction_schedule`, open to subclasses that change one step.
+
+    :meth:`run` walks the baseline order and calls :meth:`compute` for each node; that makes room
+    with :meth:`make_room` (freeing :meth:`cheapest_victim` until the step fits) and recomputes
+    missing inputs on demand. :mod:`coop.formulations.monet_greedy` overrides the compute step to
+    run it in place.
+
+    Parameters
+    ----------
+    problem:
+        The graph and budget as :class:`~coop.formulations.slot_problem.SlotProblem`.
+    rebuild_size_penalty:
+        See :func:`greedy_eviction_schedule`.
+    """
+
     def __init__(self, problem: SlotProblem, rebuild_size_penalty: float = 0.0) -> None:
         self.p = problem
         # per value, what the rebuild-size penalty multiplies its eviction score by (fixed by the graph: computed once)

@@ -12,8 +12,12 @@ Efficient Tensor Rematerialization for Neural Networks", ICML 2023 (arXiv 2304.1
   node's workspace on its unit compute interval) and capacity = budget - caller-owned bytes;
 * objective: the total duration, ``sum_vi cost_v * p_vi``. O(n C) integer variables.
 
+:func:`build_model` creates them in that order on the shared substrate of
+:mod:`coop.formulations.interval_model` (the interval variables, precedence, first-computation order,
+hints and solution to schedule, shared with MONeT's and POET's interval models).
+
 Beyond the paper (on current OR-Tools the published model alone may find no feasible schedule
-for large graphs within a practical time limit; DESIGN.md records the measurements), this module
+for large graphs within a practical time limit; BENCHMARKS.md records the measurements), this module
 
 * starts from the best warm start of :mod:`coop.formulations.warm_start` (Checkmate's LP
   rounding on small graphs, the heuristics, the baselines, the online policies' schedules and any
@@ -50,17 +54,34 @@ ends) that is always checked with the one simulator, :func:`coop.schedule.simula
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from ortools.sat.python import cp_model
 
-from coop.budget import baseline_peak, below_min_budget
+from coop.budget import baseline_peak
 from coop.errors import CoopError
+from coop.formulations.entry import formulation
 from coop.formulations.heuristics import improve_by_local_search
+from coop.formulations.interval_model import (
+    Interval,
+    IntervalModel,
+    add_first_computation_order,
+    add_precedences,
+    ancestor_and_descendant_counts,
+    first_computations_in_order,
+    follow_previous,
+    hint_choices,
+    interval_hint,
+    keep_last_to_end,
+    new_retention_bounds,
+    pin_absent,
+    present_intervals,
+    retention_schedule,
+    retention_spans,
+)
 from coop.formulations.progress import ProgressCallback, ProgressClock
 from coop.formulations.result import SolveResult
 from coop.formulations.slot_feasibility import (
@@ -74,12 +95,9 @@ from coop.formulations.slot_problem import SlotProblem, sufficient_horizon, suff
 from coop.formulations.solving_order import solving_graph
 from coop.formulations.warm_start import best_warm_start
 from coop.graph import Graph
-from coop.schedule import Schedule, Simulation, Step, ordered_first_computations, simulate, take_extras_promptly
+from coop.schedule import Schedule, Simulation, simulate
 
 FORMULATION = "moccasin"
-
-#: One retention interval on the slot axis: computed at ``start``, resident through ``end``.
-Interval = tuple[int, int]
 
 
 # ==================================================================== what a proof of optimality needs
@@ -88,7 +106,7 @@ PROOF_MAX_INTERVALS_FACTOR = 8
 #: Above this many precedence choice literals, the model that would prove optimality is not built.
 PROOF_MAX_CHOICES = 60_000
 def _choice_literals(problem: SlotProblem, per_node: dict[int, int]) -> int:
-    """How many precedence choice literals :func:`_add_precedences` creates for ``per_node``."""
+    """How many precedence choice literals :func:`add_covering` creates for ``per_node``."""
     return sum(per_node[v] * per_node[u] for v in problem.order for u in problem.inputs[v] if per_node[u] > 1)
 
 
@@ -102,138 +120,122 @@ def _affordable(problem: SlotProblem, per_node: dict[int, int], horizon: int) ->
 def schedule_intervals(graph: Graph, schedule: Schedule) -> tuple[dict[int, list[Interval]], int]:
     """Each node's retention intervals on the slot axis (one slot per compute) and the slot count.
 
-    Uses the simulator's instances, so an interval is exactly the instance's lifetime. Extra
-    outputs are first taken right after their op (:func:`take_extras_promptly`, the same memory),
-    so each one's interval starts at its own compute slot, as the model has it.
+    Parameters
+    ----------
+    graph : Graph
+    schedule : Schedule
+        The warm start (legal under contract 2) whose intervals hint the model.
+
+    Returns
+    -------
+    (intervals, slots) : tuple
+        Per node of ``graph.order`` its ``(s_vi, e_vi)`` in slot order (:func:`retention_spans`: exactly the
+        simulator's instances, each extra output taken right after its op), and the number of computes.
     """
-    schedule = take_extras_promptly(graph, schedule)
-    sim = simulate(graph, schedule)
-    slot_of_step = []
-    slot = -1
-    for step in schedule.steps:
-        if step.op == "compute":
-            slot += 1
-        slot_of_step.append(max(slot, 0))
-    intervals: dict[int, list[Interval]] = {v: [] for v in graph.order}
-    for inst in sim.instances:
-        # An interval starts at its compute slot (an extra output's memory counts from its op's
-        # compute, which the model adds itself).
-        intervals[inst.node].append((slot_of_step[inst.computed_at], slot_of_step[inst.end]))
-    for ivs in intervals.values():
-        ivs.sort()
-    return intervals, slot + 1
+    spans, slots = retention_spans(graph, schedule, graph.order, in_place=False)
+    return {v: [(start, end) for start, end, _ in rows] for v, rows in spans.items()}, slots
 
 
 def intervals_to_schedule(problem: SlotProblem, intervals: dict[int, list[Interval]]) -> Schedule:
     """Computes at interval starts in time order; a free after the slot where an interval ends.
 
-    The final interval of a graph output is never freed (it must be resident at the end).
+    Parameters
+    ----------
+    problem : SlotProblem
+    intervals : dict
+        Per node its present intervals ``(s_vi, e_vi)`` in slot order.
+
+    Returns
+    -------
+    Schedule
+        The final interval of a graph output is never freed (it must be resident at the end).
     """
-    events = sorted((start, v, end, k == len(ivs) - 1) for v, ivs in intervals.items() for k, (start, end) in enumerate(ivs))
-    ends_at: dict[int, list[int]] = {}
-    for start, v, end, last in events:
-        if not (last and v in problem.outputs):
-            ends_at.setdefault(end, []).append(v)
-    steps: list[Step] = []
-    for start, v, _end, _last in events:
-        steps.append(Step(op="compute", node=v))
-        for u in ends_at.pop(start, []):
-            steps.append(Step(op="free", node=u))
-    return Schedule(steps=tuple(steps))
+    return retention_schedule({v: [(start, end, None) for start, end in ivs] for v, ivs in intervals.items()},
+                              problem.outputs)
 
 
 # ==================================================================== the CP-SAT model
 @dataclass
-class _Model:
-    model: cp_model.CpModel
-    horizon: int
-    starts: dict[int, list[cp_model.IntVar]]
-    ends: dict[int, list[cp_model.IntVar]]
-    present: dict[int, list[Any]]  # first entry is the constant True
-    extra_cost: cp_model.LinearExpr
-    lows: dict[int, int]  # earliest slot of each node (its number of computed ancestors)
+class _Model(IntervalModel):
+    """The Moccasin model: s_vi, e_vi, p_vi of :class:`IntervalModel` (``p_v0`` the constant 1), the extra
+    cost ``sum cost_v p_vi`` over the recomputations and, with a relaxed capacity, the overflow."""
+
+    extra_cost: Any = 0
     overflow: Any = None  # set when the memory capacity is relaxed (see build_model)
-    choices: list[tuple[int, int, int, list[Any]]] = field(default_factory=list)  # (u, v, i, b_j)
-
-
-def _ancestor_counts(problem: SlotProblem) -> tuple[dict[int, int], dict[int, int]]:
-    """Number of computed ancestors and descendants of each node (bitsets over positions)."""
-    position = {v: k for k, v in enumerate(problem.order)}
-    ancestors: dict[int, int] = {}
-    for v in problem.order:
-        bits = 0
-        for u in problem.inputs[v]:
-            bits |= ancestors[u] | (1 << position[u])
-        ancestors[v] = bits
-    descendants: dict[int, int] = {}
-    for v in reversed(problem.order):
-        bits = 0
-        for c in problem.consumers[v]:
-            bits |= descendants[c] | (1 << position[c])
-        descendants[v] = bits
-    return ({v: ancestors[v].bit_count() for v in problem.order}, {v: descendants[v].bit_count() for v in problem.order})
 
 
 def build_model(problem: SlotProblem, horizon: int, intervals_per_node: dict[int, int], keep_order: bool,
                 relax_memory: bool = False) -> _Model:
-    """The Moccasin model (paper's s_vi, e_vi, p_vi) on ``horizon`` compute slots.
+    """The Moccasin model (the paper's s_vi, e_vi, p_vi) on ``horizon`` compute slots.
 
-    With ``relax_memory`` the cumulative's capacity is a variable and the objective adds
-    ``weight x overflow`` over the budget, with weight above any total cost: every solution with
-    less overflow is better, so a feasible start (store-all) always exists and CP-SAT's search
-    walks the peak down to the budget before it trades cost. Its bound stays a valid bound on
-    the cost of the unrelaxed model (whose solutions are those with zero overflow).
+    Parameters
+    ----------
+    problem : SlotProblem
+    horizon : int
+        The number of compute slots.
+    intervals_per_node : dict
+        Per node its number of retention intervals (the paper's C, 1 for a non-recomputable node).
+    keep_order : bool
+        First computations in ``problem.order`` (Checkmate's restriction); else only the random draws.
+    relax_memory : bool
+        The cumulative's capacity becomes a variable and the objective adds ``weight x overflow`` over the
+        budget, with weight above any total cost: every solution with less overflow is better, so a
+        feasible start (store-all) always exists and CP-SAT's search walks the peak down to the budget
+        before it trades cost. Its bound stays a valid bound on the cost of the unrelaxed model (whose
+        solutions are those with zero overflow).
+
+    Returns
+    -------
+    _Model
+
+    References
+    ----------
+    Bartan et al., "Moccasin: Efficient Tensor Rematerialization for Neural Networks", ICML 2023.
     """
-    model = cp_model.CpModel()
+    built = _Model(cp_model.CpModel(), horizon)
+    model = built.model
     last = horizon - 1
-    n_anc, n_desc = _ancestor_counts(problem)
-    starts: dict[int, list[Any]] = {}
-    ends: dict[int, list[Any]] = {}
-    present: dict[int, list[Any]] = {}
+    n_anc, n_desc = ancestor_and_descendant_counts(problem)
     retention, demands, compute_slots = [], [], []
     cost_terms = []
     for v in problem.order:
-        lo = n_anc[v]
-        first_hi = last - n_desc[v]
-        starts[v], ends[v], present[v] = [], [], []
+        lo = built.lows[v] = n_anc[v]
+        starts: list[Any] = []
+        ends: list[Any] = []
+        present: list[Any] = []
+        built.starts[v], built.ends[v], built.present[v] = starts, ends, present
         for i in range(intervals_per_node[v]):
-            s = model.NewIntVar(lo, first_hi if i == 0 else last, f"s_{v}_{i}")
-            e = model.NewIntVar(lo, last, f"e_{v}_{i}")
+            # Retention interval i of v: [s_vi, e_vi], present when p_vi (the first one always).
+            s, e = new_retention_bounds(model, v, i, lo, last - n_desc[v], last)
             p = model.NewConstant(1) if i == 0 else model.NewBoolVar(f"p_{v}_{i}")
             size = model.NewIntVar(1, horizon, f"len_{v}_{i}")
             if v in problem.output_of:
                 # An extra output exists from right after its op's first compute (contract 2),
                 # wherever its own (free) compute slot lies; it reads nothing.
-                op_start = starts[problem.output_of[v]][0]
+                op_start = built.starts[problem.output_of[v]][0]
                 model.Add(e >= s)
                 retention.append(model.NewIntervalVar(op_start + 1, size, e + 1, f"keep_{v}_{i}"))
             else:
                 retention.append(model.NewOptionalIntervalVar(s, size, e + 1, p, f"keep_{v}_{i}"))
             demands.append(problem.mem[v])
-            unit = model.NewOptionalFixedSizeIntervalVar(s, 1, p, f"run_{v}_{i}")
+            unit = model.NewOptionalFixedSizeIntervalVar(s, 1, p, f"run_{v}_{i}")  # its compute, at s_vi
             compute_slots.append(unit)
             if problem.workspace[v]:
                 retention.append(unit)
                 demands.append(problem.workspace[v])
             if i > 0:
-                model.AddImplication(p, present[v][-1])
-                model.Add(s > ends[v][-1]).OnlyEnforceIf(p)  # intervals of one node never overlap
-                # Absent intervals are pinned to one value to remove symmetric copies.
-                model.Add(s == lo).OnlyEnforceIf(p.Not())
-                model.Add(e == lo).OnlyEnforceIf(p.Not())
-                cost_terms.append(problem.cost[v] * p)
-            starts[v].append(s)
-            ends[v].append(e)
-            present[v].append(p)
-        if v in problem.outputs:  # the last present interval is retained to the end
-            for i in range(intervals_per_node[v]):
-                if i + 1 < intervals_per_node[v]:
-                    model.Add(ends[v][i] == last).OnlyEnforceIf([present[v][i], present[v][i + 1].Not()])
-                else:
-                    model.Add(ends[v][i] == last).OnlyEnforceIf(present[v][i])
-    model.AddNoOverlap(compute_slots)
-    built = _Model(model, horizon, starts, ends, present, sum(cost_terms), n_anc)
+                follow_previous(model, s, p, ends[-1], present[-1])
+                pin_absent(model, s, e, p, lo)
+                cost_terms.append(problem.cost[v] * p)  # a recomputation costs cost_v
+            starts.append(s)
+            ends.append(e)
+            present.append(p)
+        if v in problem.outputs:
+            keep_last_to_end(model, ends, present, last)
+    model.AddNoOverlap(compute_slots)  # one compute per slot
+    built.extra_cost = sum(cost_terms)
     objective = built.extra_cost
+    # Memory: one cumulative over the retention intervals (and workspaces), capacity budget - caller-owned bytes.
     if relax_memory:
         most = sum(problem.mem.values()) + sum(problem.workspace.values())
         capacity = model.NewIntVar(0, max(most, problem.capacity), "capacity")
@@ -245,46 +247,13 @@ def build_model(problem: SlotProblem, horizon: int, intervals_per_node: dict[int
         built.overflow = overflow
     elif retention:
         model.AddCumulative(retention, demands, problem.capacity)
-    _add_precedences(problem, built)
-    if keep_order:
-        for a, b in itertools.pairwise(problem.order):
-            model.Add(starts[a][0] < starts[b][0])
-    else:
-        # Random ops (Node.random) must still draw in the captured order, or
-        # the replay would draw different numbers than eager PyTorch.
-        for a, b in itertools.pairwise(ordered_first_computations(problem.graph, problem.order, keep_order=False)):
-            model.Add(starts[a][0] < starts[b][0])
+    # Precedence: every present interval of v is computed inside a present interval of each input u.
+    add_precedences(problem, built, lambda v, i: [] if i == 0 else [built.present[v][i]])
+    # Random ops (Node.random) draw in the captured order even without keep_order, or the replay would
+    # draw different numbers than eager PyTorch.
+    add_first_computation_order(built, problem.graph, problem.order, keep_order)
     model.Minimize(objective)
     return built
-
-
-def _add_precedences(problem: SlotProblem, built: _Model) -> None:
-    """Each present interval of v starts strictly inside a present interval of each input u."""
-    model = built.model
-    for v in problem.order:
-        for u in problem.inputs[v]:
-            model.Add(built.starts[u][0] < built.starts[v][0])  # first u precedes first v
-            if v in problem.output_of:
-                continue  # an extra output is taken, not computed from u: u need not be resident
-            for i, (s_v, p_v) in enumerate(zip(built.starts[v], built.present[v])):
-                if len(built.starts[u]) == 1:
-                    literal = [] if i == 0 else [p_v]
-                    model.Add(built.starts[u][0] < s_v).OnlyEnforceIf(literal)
-                    model.Add(built.ends[u][0] >= s_v).OnlyEnforceIf(literal)
-                    continue
-                chosen = []
-                for j, (s_u, e_u, p_u) in enumerate(zip(built.starts[u], built.ends[u], built.present[u])):
-                    b = model.NewBoolVar(f"b_{u}_{j}_{v}_{i}")
-                    if j > 0:
-                        model.AddImplication(b, p_u)
-                    model.Add(s_u < s_v).OnlyEnforceIf(b)
-                    model.Add(e_u >= s_v).OnlyEnforceIf(b)
-                    chosen.append(b)
-                if i == 0:
-                    model.AddBoolOr(chosen)
-                else:
-                    model.AddBoolOr(chosen).OnlyEnforceIf(p_v)
-                built.choices.append((u, v, i, chosen))
 
 
 def _add_hint(built: _Model, intervals: dict[int, list[Interval]], outputs: set[int]) -> None:
@@ -297,34 +266,16 @@ def _add_hint(built: _Model, intervals: dict[int, list[Interval]], outputs: set[
     model = built.model
     for v, ivs in intervals.items():
         for i, s in enumerate(built.starts[v]):
-            if i < len(ivs):
-                model.AddHint(s, ivs[i][0])
-                end = built.horizon - 1 if v in outputs and i == len(ivs) - 1 else ivs[i][1]
-                model.AddHint(built.ends[v][i], end)
-                if i > 0:
-                    model.AddHint(built.present[v][i], True)
-            else:
-                model.AddHint(s, built.lows[v])
-                model.AddHint(built.ends[v][i], built.lows[v])
-                model.AddHint(built.present[v][i], False)
-    for u, v, i, chosen in built.choices:
-        covering = None
-        if i < len(intervals[v]):
-            s_v = intervals[v][i][0]
-            covering = next((j for j, (s, e) in enumerate(intervals[u]) if s < s_v <= e), None)
-        for j, b in enumerate(chosen):
-            model.AddHint(b, j == covering)
+            present, start, end = interval_hint(ivs, i, built.lows[v], built.horizon - 1, v in outputs)
+            model.AddHint(s, start)
+            model.AddHint(built.ends[v][i], end)
+            if i > 0 or not present:  # p_v0 is the constant 1
+                model.AddHint(built.present[v][i], present)
+    hint_choices(built, intervals)
 
 
 def _solution_intervals(solver: cp_model.CpSolver, built: _Model) -> dict[int, list[Interval]]:
-    result: dict[int, list[Interval]] = {}
-    for v in built.starts:
-        result[v] = [
-            (solver.Value(s), solver.Value(e))
-            for s, e, p in zip(built.starts[v], built.ends[v], built.present[v])
-            if solver.BooleanValue(p)
-        ]
-    return result
+    return {v: [(start, end) for _, start, end in rows] for v, rows in present_intervals(solver, built).items()}
 
 
 class _ProgressReporter(cp_model.CpSolverSolutionCallback):
@@ -404,6 +355,7 @@ class _Round:
     wall_s: float = 0.0
 
 
+@formulation(FORMULATION, store_all_is_optimal=True)
 def moccasin(
     graph: Graph,
     budget: int,
@@ -422,53 +374,80 @@ def moccasin(
     cp_sat_parameters: dict[str, Any] | None = None,
     order: str = "auto",
 ) -> SolveResult:
-    """Solve rematerialization under ``budget`` with the Moccasin CP-SAT model (Bartan et al. 2023).
+    """Solve rematerialization under ``budget`` with the Moccasin CP-SAT model.
 
-    ``max_intervals`` is the paper's C, the number of retention intervals a recomputable node
-    gets in a restricted model (raised per node where the warm start needs more); with ``prove``
-    a proof model with what :func:`sufficient_intervals` says a proof needs replaces it when that
-    model stays small (see the module docstring); ``hint`` a
-    Schedule or SolveResult to start from, or a list of them (the cheapest that fits is used);
-    ``keep_order`` keeps first computations in the baseline order (Checkmate's restriction); None
-    (default) keeps it on graphs of a training step (a backward part: the order is all but forced,
-    a forward chain then its reverse, and fixing it removes the time axis' symmetry) and frees it
-    elsewhere (on graphs without a backward part, such as the random layered graphs, the order
-    itself is a large degree of freedom: a reordering may fit a budget with no recomputation at
-    all, see BENCHMARKS.md); ``extra_slots`` is how many compute slots beyond the warm start's a
-    restricted model's horizon gets (default n // 5 + 2); ``lp_warm_start`` adds Checkmate's LP
-    rounding to the warm starts on graphs of at most LP_WARM_START_MAX_NODES nodes;
-    ``local_search`` is the share of the time spent in :func:`improve_by_local_search` before
-    CP-SAT (default 0.5 on graphs of at least LOCAL_SEARCH_MIN_NODES nodes, where CP-SAT alone
-    rarely improves the warm start within a minute; else at most 0.25, ending early once
-    LOCAL_SEARCH_SMALL_STALL repairs in a row found nothing cheaper); ``cp_sat_parameters``
-    are CP-SAT parameters by name (e.g. ``{"log_search_progress": True}``).
+    Parameters
+    ----------
+    graph : Graph
+        The model works in the order of :func:`coop.formulations.solving_order.solving_graph` (see
+        ``order``); below, ``graph`` is the graph in that order.
+    budget : int
+        Bytes, caller-owned values included.
+    time_limit : float
+        Seconds for the whole solve.
+    threads, seed : int
+        CP-SAT's workers and random seed.
+    max_intervals : int
+        The paper's C, the number of retention intervals a recomputable node gets in a restricted model
+        (raised per node where the warm start needs more); with ``prove`` a proof model with what
+        :func:`sufficient_intervals` says a proof needs replaces it when that model stays small (see the
+        module docstring).
+    hint : Schedule, SolveResult or a list of them, optional
+        Schedules to start from (the cheapest that fits is used).
+    progress : callable, optional
+        Called with each incumbent and bound.
+    keep_order : bool or None
+        Keep first computations in the baseline order (Checkmate's restriction). None (default) keeps it
+        on graphs of a training step (a backward part: the order is all but forced, a forward chain then
+        its reverse, and fixing it removes the time axis' symmetry) and frees it elsewhere (on graphs
+        without a backward part, such as the random layered graphs, the order itself is a large degree of
+        freedom: a reordering may fit a budget with no recomputation at all, see BENCHMARKS.md).
+    extra_slots : int or None
+        How many compute slots beyond the warm start's a restricted model's horizon gets (default
+        n // 5 + 2).
+    prove : bool
+        Build proof models (and ask the feasibility question) where they stay small.
+    lp_warm_start : bool
+        Add Checkmate's LP rounding to the warm starts on graphs of at most LP_WARM_START_MAX_NODES nodes.
+    local_search : float or None
+        The share of the time spent in :func:`improve_by_local_search` before CP-SAT (default 0.5 on
+        graphs of at least LOCAL_SEARCH_MIN_NODES nodes, where CP-SAT alone rarely improves the warm start
+        within a minute; else at most 0.25, ending early once LOCAL_SEARCH_SMALL_STALL repairs in a row
+        found nothing cheaper).
+    cp_sat_parameters : dict, optional
+        CP-SAT parameters by name (e.g. ``{"log_search_progress": True}``).
+    order : str
+        "auto" (the default: ``graph.order``, or the deferred order where that lowers the store-all
+        peak), "captured" or "deferred"; ``extra["order"]`` says which.
 
-    The model works in the order of :func:`coop.formulations.solving_order.solving_graph` (``order``: "auto",
-    the default, is ``graph.order`` or the deferred order where that lowers the store-all peak; "captured" or
-    "deferred" force one; ``extra["order"]`` says which); below, ``graph`` is the graph in that order.
+    Returns
+    -------
+    SolveResult
+        What the statuses prove. ``optimal``: no legal schedule (contract 2) whose first computations
+        follow ``prompt_order(graph)`` (so none following ``graph.order`` either: taking an extra output
+        earlier never adds memory) costs less than the one returned. It is claimed only when CP-SAT
+        proved its model optimal, the graph's costs are integers (the model's costs are then exact) and
+        the model has at least :func:`sufficient_intervals` intervals per node and
+        :func:`sufficient_horizon` slots for the returned cost, so that it contains a schedule at least
+        as good as any schedule of lower cost. ``infeasible``: no such schedule fits (CP-SAT proved the
+        feasibility model or a proof model infeasible, or the budget is below
+        :func:`coop.budget.min_budget`); without ``keep_order`` the space is every order in which the
+        random ops draw as captured. ``extra["feasibility"]`` says whether the feasibility question was
+        asked (not when a warm start fits, nor with ``prove=False``, nor when the model would exceed
+        ``slot_feasibility.FEASIBILITY_MAX_CELLS``) and what CP-SAT answered; it gets FEASIBILITY_SHARE
+        of the time limit. ``feasible``: a schedule that fits; ``bound`` is then a valid lower bound on
+        every such schedule's cost when the last model was large enough for the proof, else None, and
+        the bound within the restricted model (at most C intervals per node, the given horizon) is
+        ``extra["restricted_bound"]``.
 
-    What the statuses prove. ``optimal``: no legal schedule (contract 2) whose first
-    computations follow ``prompt_order(graph)`` (so none following ``graph.order`` either: taking
-    an extra output earlier never adds memory) costs less than the one returned. It is claimed
-    only when
-    CP-SAT proved its model optimal, the graph's costs are integers (the model's costs are then
-    exact) and the model has at least :func:`sufficient_intervals` intervals per node and
-    :func:`sufficient_horizon` slots for the returned cost, so that it contains a schedule at
-    least as good as any schedule of lower cost. ``infeasible``: no such schedule fits (CP-SAT
-    proved the feasibility model or a proof model infeasible, or the budget is below
-    :func:`coop.budget.min_budget`); without ``keep_order`` the space is every order in which the
-    random ops draw as captured. ``extra["feasibility"]`` says whether the feasibility question
-    was asked (not when a warm start fits, nor with ``prove=False``, nor when the model would exceed
-    ``slot_feasibility.FEASIBILITY_MAX_CELLS``) and what CP-SAT answered; it gets FEASIBILITY_SHARE
-    of the time limit. ``feasible``: a schedule that fits; ``bound`` is then a valid lower bound on every such schedule's cost when
-    the last model was large enough for the proof, else None, and the bound within the restricted
-    model (at most C intervals per node, the given horizon) is ``extra["restricted_bound"]``.
+    References
+    ----------
+    Bartan, Li, Teague, Feng, Jain and Taylor, "Moccasin: Efficient Tensor Rematerialization for Neural
+    Networks", ICML 2023.
     """
     clock = ProgressClock(progress)
     if max_intervals < 1:
         raise CoopError(f"max_intervals={max_intervals} must be at least 1 (the paper's C)")
-    if below := below_min_budget(budget, graph):
-        return SolveResult(FORMULATION, "infeasible", wall_s=clock.elapsed_s, message=below)
     graph, order = solving_graph(graph, order)
     if budget >= baseline_peak(graph):
         # Store-all fits, and no schedule costs less than computing every node once.
@@ -585,7 +564,7 @@ def _solve_round(problem: SlotProblem, incumbent: _Incumbent | None, settings: _
         # recomputations) would take longer than the time limit allows: CP-SAT is not run.
         return _Round(horizon=horizon, intervals=sum(per_node.values()), covers=covers, relaxed=incumbent is None,
                       status="NOT_RUN"), None
-    keep_order = settings.keep_order and _first_computes_in_order(problem, intervals)
+    keep_order = settings.keep_order and first_computations_in_order(intervals, problem.order)
     built = build_model(problem, horizon, per_node, keep_order, relax_memory=incumbent is None)
     _add_hint(built, intervals, problem.outputs)
     round_ = _Round(horizon=horizon, intervals=sum(per_node.values()), covers=covers, relaxed=incumbent is None)
@@ -700,9 +679,3 @@ def _result(problem: SlotProblem, incumbent: _Incumbent | None, warm: tuple[str,
     best = f" (best peak reached {budget + last.overflow})" if last.overflow else ""
     return SolveResult(FORMULATION, "unknown", wall_s=clock.elapsed_s, extra=extra,
                        message=f"CP-SAT found no schedule within the budget {budget} in {clock.elapsed_s:.0f} s{best}")
-
-
-def _first_computes_in_order(problem: SlotProblem, intervals: dict[int, list[Interval]]) -> bool:
-    """Whether the first computations of these intervals follow the baseline order."""
-    firsts = [intervals[v][0][0] for v in problem.order]
-    return all(a < b for a, b in itertools.pairwise(firsts))

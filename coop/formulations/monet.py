@@ -11,8 +11,10 @@ inside the memory constraints, and reaches budgets that recomputation alone cann
 The implementations come from the graph (contract 1): ``Node.impls`` with their cost, output,
 workspace, the values they read (``Impl.inputs``, possibly ``optional`` values such as a mask)
 and the input they overwrite (``Impl.inplace_of``). This module solves a Checkmate-style
-frontier-advancing stage model (Jain et al. 2020, the space of :mod:`coop.formulations.checkmate`)
-extended the way MONeT extends its checkpointing MILP with per-operator implementation variables:
+frontier-advancing stage model (Jain et al. 2020, the space of :mod:`coop.formulations.checkmate`;
+the latest reads, ``S``, the ``U`` recurrence and the schedule's extraction are
+:mod:`coop.formulations.stage_model`'s) extended the way MONeT extends its checkpointing MILP with
+per-operator implementation variables:
 
 * positions: ``prompt_order(graph)`` with each optional value inserted before the first regular
   node once its inputs are placed (:func:`stage_order`); stage t computes position t (an optional
@@ -45,15 +47,15 @@ small-graph model*: it runs on graphs of at most ``max_nodes`` positions (defaul
 ``recompute=False`` or ``model="intervals"``, monet solves MONeT's problem on an O(n) interval model
 instead: Moccasin's retention intervals (Bartan et al. 2023) with one literal per node, interval and
 implementation, per-implementation memory, workspace and precedences, and in place
-(:mod:`coop.formulations.monet_intervals`, driven by :mod:`coop.formulations.monet_large`, warm-started
+(:mod:`coop.formulations.monet_interval_model`, driven by :mod:`coop.formulations.monet_intervals`, warm-started
 from moccasin's remat-only schedule and from the lightest-implementation schedule of
 :mod:`coop.formulations.monet_warm`). MONeT's own default limit was 24 hours; here ``time_limit``
 (seconds to minutes) stops either solver, which returns its incumbent with status ``feasible`` and
 the gap (the interval model is restricted and reports ``extra["restricted_bound"]`` instead).
 
 The stage MILP is warm-started from the cheapest of MONeT's warm starts
-(:func:`coop.formulations.monet_large.monet_warm_starts`): the best remat-only schedule, moccasin's
-(Bartan et al. 2023) on the graph with default implementations given ``monet_large.REMAT_SHARE`` of
+(:func:`coop.formulations.monet_intervals.monet_warm_starts`): the best remat-only schedule, moccasin's
+(Bartan et al. 2023) on the graph with default implementations given ``monet_intervals.REMAT_SHARE`` of
 the time limit and itself started from the one warm-start collector; below the remat-only least
 peak the lightest-implementation schedule; and the caller's ``hint`` s. The MILP then searches only
 schedules cheaper than it (an objective cutoff), and when it
@@ -71,23 +73,33 @@ from dataclasses import dataclass
 from functools import reduce
 from typing import Any
 
-from coop.budget import below_min_budget
 from coop.errors import CoopError
+from coop.formulations.entry import formulation
 from coop.formulations.milp_backends import LinearModel, MilpSolution, solve_milp
+from coop.formulations.monet_intervals import monet_intervals, monet_warm_starts
 from coop.formulations.monet_warm import order_with_optional
 from coop.formulations.progress import ProgressCallback
 from coop.formulations.result import SolveResult
 from coop.formulations.solving_order import solving_graph
+from coop.formulations.stage_model import (
+    Entry,
+    Linear,
+    StageStep,
+    add_memory_recurrence,
+    add_retention_variables,
+    entries_sum,
+    latest_possible_reads,
+    linear_plus,
+    linear_scaled,
+    retained_from_solution,
+    schedule_from_stage_steps,
+)
 from coop.graph import Graph, Impl, Node
-from coop.schedule import Schedule, Simulation, Step, simulate
+from coop.schedule import Schedule, Simulation, simulate
 
 #: Above this many positions (computed nodes plus optional values) the O(T^2) stage model gives way to
-#: the O(n) interval model (:mod:`coop.formulations.monet_large`).
+#: the O(n) interval model (:mod:`coop.formulations.monet_intervals`).
 DEFAULT_MAX_NODES = 40
-
-Entry = int | bool
-#: A linear expression: (variable, coefficient) terms and a constant.
-Linear = tuple[list[tuple[int, float]], float]
 
 
 @dataclass(frozen=True)
@@ -127,7 +139,18 @@ class _Problem:
 
 def stage_order(graph: Graph) -> tuple[int, ...]:
     """``prompt_order(graph)`` with each optional value placed before the first regular (not an extra
-    output) node that comes once all its inputs are placed: the positions of the stage model."""
+    output) node that comes once all its inputs are placed: the positions of the stage model.
+
+    Parameters
+    ----------
+    graph : Graph
+        The training step.
+
+    Returns
+    -------
+    tuple of int
+        Node ids, one per position.
+    """
     return tuple(order_with_optional(graph, set(graph.optional_ids)))
 
 
@@ -184,20 +207,6 @@ class _Variables:
     S: list[list[Entry]]         # S[t][i], i < t, t = 0..T
 
 
-def _total(entries: list[Entry]) -> Linear:
-    terms, constant = [], 0.0
-    for entry in entries:
-        if entry is True:
-            constant += 1
-        elif entry is not False:
-            terms.append((entry, 1.0))
-    return terms, constant
-
-
-def _plus(*parts: Linear) -> Linear:
-    return [t for terms, _ in parts for t in terms], sum(c for _, c in parts)
-
-
 def _at_most(model: LinearModel, left: Linear, right: Linear) -> None:
     """left <= right over 0-1 entries; a row between constants is checked here (a violated one
     makes the model infeasible through a variable fixed to 0 that must be 1)."""
@@ -214,7 +223,7 @@ def _at_most(model: LinearModel, left: Linear, right: Linear) -> None:
 def _build(problem: _Problem) -> tuple[LinearModel, _Variables]:
     model = LinearModel()
     T = problem.positions
-    latest = _latest_reads(problem)
+    latest = latest_possible_reads(problem.readers, problem.recomputable, problem.outputs)
     R: list[list[list[Entry]]] = []
     for t in range(T):
         row: list[list[Entry]] = []
@@ -231,22 +240,21 @@ def _build(problem: _Problem) -> tuple[LinearModel, _Variables]:
             else:
                 row.append([False] * len(options))
         R.append(row)
-    S: list[list[Entry]] = [[]]
-    for t in range(1, T + 1):
-        S.append([(i in problem.outputs) if t == T else
-                  (model.add_var(f"S[{t},{i}]") if latest[i] >= t or i in problem.outputs else False)
-                  for i in range(t)])
+    S = add_retention_variables(model, latest, problem.outputs)
 
+    # The reads, in-place and FREE rows are MONeT's own forms (_at_most over sums of choices), not
+    # stage_model's one-choice rows: they also write rows that always hold, which Checkmate's builder
+    # skips, so sharing that builder would change this model.
     def present(t: int, i: int) -> Linear:
-        return _plus(_total(R[t][i]), _total([S[t][i]] if i < t else []))
+        return linear_plus(entries_sum(R[t][i]), entries_sum([S[t][i]] if i < t else []))
 
     for t in range(T):
         for k in range(t + 1):
             for i in {i for c in problem.choices[k] for i in c.reads}:
-                _at_most(model, _total([R[t][k][p] for p in problem.reading(k, i)]), present(t, i))
+                _at_most(model, entries_sum([R[t][k][p] for p in problem.reading(k, i)]), present(t, i))
             _add_in_place(model, problem, t, k, R, S)
         for i in range(t + 1):
-            _at_most(model, _total([S[t + 1][i]]), present(t, i))
+            _at_most(model, entries_sum([S[t + 1][i]]), present(t, i))
         _add_stage_memory(model, problem, t, R, S)
     for t in range(T):
         for i in range(t + 1):
@@ -259,19 +267,6 @@ def _build(problem: _Problem) -> tuple[LinearModel, _Variables]:
     return model, _Variables(R=R, S=S)
 
 
-def _latest_reads(problem: _Problem) -> list[int]:
-    """For each position, the last stage in which any schedule of the space may read it."""
-    T = problem.positions
-    latest = [-1] * T
-    for i in range(T - 1, -1, -1):
-        for j in problem.readers[i]:
-            until = max(j, latest[j]) if problem.recomputable[j] else j
-            if problem.recomputable[j] and j in problem.outputs:
-                until = T - 1
-            latest[i] = max(latest[i], until)
-    return latest
-
-
 def _add_in_place(model: LinearModel, problem: _Problem, t: int, k: int, R: list[list[list[Entry]]],
                   S: list[list[Entry]]) -> None:
     """An in-place choice consumes u: u is not retained past the stage and no later node of the stage reads it."""
@@ -279,52 +274,44 @@ def _add_in_place(model: LinearModel, problem: _Problem, t: int, k: int, R: list
         u = choice.inplace
         if u is None or R[t][k][p] is False:
             continue
-        mine = _total([R[t][k][p]])
-        _at_most(model, _plus(mine, _total([S[t + 1][u]])), ([], 1.0))
+        mine = entries_sum([R[t][k][p]])
+        _at_most(model, linear_plus(mine, entries_sum([S[t + 1][u]])), ([], 1.0))
         for j in problem.readers[u]:
             if k < j <= t:
-                _at_most(model, _plus(mine, _total([R[t][j][q] for q in problem.reading(j, u)])), ([], 1.0))
+                _at_most(model, linear_plus(mine, entries_sum([R[t][j][q] for q in problem.reading(j, u)])), ([], 1.0))
 
 
 def _reads(problem: _Problem, R: list[list[list[Entry]]], t: int, k: int, i: int) -> Linear:
     """Whether k runs in stage t reading i (i = k: whether k runs at all)."""
-    return _total(R[t][k] if i == k else [R[t][k][p] for p in problem.reading(k, i)])
+    return entries_sum(R[t][k] if i == k else [R[t][k][p] for p in problem.reading(k, i)])
 
 
 def _add_stage_memory(model: LinearModel, problem: _Problem, t: int, R: list[list[list[Entry]]],
                       S: list[list[Entry]]) -> None:
     """Checkmate's U/FREE recurrence over the stage, with each choice's bytes and workspace; an
     in-place choice adds its output less the consumed input and gives the consumed input's free back."""
-    previous: int | None = None
-    carried: Linear = ([], 0.0)  # -(frees after the previous compute) + in-place give-backs
-    for k in range(t + 1):
-        if all(e is False for e in R[t][k]):
-            continue
-        u_var = model.add_var(f"U[{t},{k}]", "continuous", 0.0, float(max(problem.capacity, 0)))
-        added: Linear = ([], 0.0)
+    retained: Linear = ([], 0.0)
+    for i in range(t):
+        retained = linear_plus(retained, linear_scaled(entries_sum([S[t][i]]), problem.size[i]))
+
+    def added(k: int) -> Linear:
+        total: Linear = ([], 0.0)
         for p, choice in enumerate(problem.choices[k]):
             new_bytes = problem.size[k] - (problem.size[choice.inplace] if choice.inplace is not None else 0)
-            added = _plus(added, _scaled(_total([R[t][k][p]]), new_bytes))
-        if previous is None:
-            start = ([], 0.0)
-            for i in range(t):
-                start = _plus(start, _scaled(_total([S[t][i]]), problem.size[i]))
-            before = start
-        else:
-            before = _plus(([(previous, 1.0)], 0.0), carried)
-        rhs = _plus(before, added)
-        model.add_row([(u_var, 1.0)] + [(v, -c) for v, c in rhs[0]], "==", rhs[1])
-        workspace = ([], 0.0)
+            total = linear_plus(total, linear_scaled(entries_sum([R[t][k][p]]), new_bytes))
+        return total
+
+    def budget_while(u: int, k: int) -> None:
+        # MONeT's workspace term: U[t,k] + sum_p workspace[k,p] R[t,k,p] <= capacity.
+        workspace: Linear = ([], 0.0)
         for p, choice in enumerate(problem.choices[k]):
-            workspace = _plus(workspace, _scaled(_total([R[t][k][p]]), choice.workspace))
+            workspace = linear_plus(workspace, linear_scaled(entries_sum([R[t][k][p]]), choice.workspace))
         if workspace[0] or workspace[1]:
-            model.add_row([(u_var, 1.0)] + workspace[0], "<=", problem.capacity - workspace[1])
-        carried = _frees_after(model, problem, t, k, R, S)
-        previous = u_var
+            model.add_row([(u, 1.0)] + workspace[0], "<=", problem.capacity - workspace[1])
 
-
-def _scaled(expression: Linear, factor: float) -> Linear:
-    return [(v, c * factor) for v, c in expression[0]], expression[1] * factor
+    computing = [k for k in range(t + 1) if not all(e is False for e in R[t][k])]
+    add_memory_recurrence(model, t, computing, retained, float(max(problem.capacity, 0)), added, budget_while,
+                          lambda k: _frees_after(model, problem, t, k, R, S))
 
 
 def _frees_after(model: LinearModel, problem: _Problem, t: int, k: int, R: list[list[list[Entry]]],
@@ -336,23 +323,23 @@ def _frees_after(model: LinearModel, problem: _Problem, t: int, k: int, R: list[
     for i in candidates:
         read = _reads(problem, R, t, k, i)
         later = [_reads(problem, R, t, j, i) for j in problem.readers[i] if k < j <= t]
-        kept = _total([S[t + 1][i]])
+        kept = entries_sum([S[t + 1][i]])
         hazards = [kept, *later]
         if (not read[0] and read[1] <= 0) or any(not h[0] and h[1] >= 1 for h in hazards):
             continue
         if not read[0] and all(not h[0] and h[1] <= 0 for h in hazards):
-            change = _plus(change, ([], -float(problem.size[i])))
+            change = linear_plus(change, ([], -float(problem.size[i])))
             continue
         free = model.add_var(f"FREE[{t},{i},{k}]")
         _at_most(model, ([(free, 1.0)], 0.0), read)
         for hazard in hazards:
-            _at_most(model, _plus(([(free, 1.0)], 0.0), hazard), ([], 1.0))
+            _at_most(model, linear_plus(([(free, 1.0)], 0.0), hazard), ([], 1.0))
         # 1 - FREE <= (1 - read) + kept + later reads
-        _at_most(model, _plus(read, ([], 0.0)), _plus(([(free, 1.0)], 0.0), *hazards))
-        change = _plus(change, ([(free, -float(problem.size[i]))], 0.0))
+        _at_most(model, linear_plus(read, ([], 0.0)), linear_plus(([(free, 1.0)], 0.0), *hazards))
+        change = linear_plus(change, ([(free, -float(problem.size[i]))], 0.0))
     for p, choice in enumerate(problem.choices[k]):
         if choice.inplace is not None:
-            change = _plus(change, _scaled(_total([R[t][k][p]]), problem.size[choice.inplace]))
+            change = linear_plus(change, linear_scaled(entries_sum([R[t][k][p]]), problem.size[choice.inplace]))
     return change
 
 
@@ -365,30 +352,23 @@ def _chosen(entries: list[Entry], values: list[float]) -> int | None:
 
 
 def _schedule(problem: _Problem, variables: _Variables, values: list[float]) -> Schedule:
-    """Stage by stage, in position order; after each compute free what it read (and itself) when
-    no later compute of the stage reads it and it is not retained (a consumed input is gone already)."""
-    steps: list[Step] = []
-    T = problem.positions
-    for t in range(T):
-        stage = [(k, p) for k in range(t + 1) if (p := _chosen(variables.R[t][k], values)) is not None]
-        kept = {i for i in range(t + 1) if _value(variables.S[t + 1][i], values)}
-        for index, (k, p) in enumerate(stage):
-            choice = problem.choices[k][p]
-            steps.append(Step(op="compute", node=problem.ids[k], impl=choice.name))
-            for i in (*choice.reads, k):
-                if i == choice.inplace or i in kept:
-                    continue
-                if any(i in problem.choices[j][q].reads for j, q in stage[index + 1:]):
-                    continue
-                steps.append(Step(op="free", node=problem.ids[i]))
-    return Schedule(steps=tuple(steps))
-
-
-def _value(entry: Entry, values: list[float]) -> bool:
-    return entry if isinstance(entry, bool) else values[entry] > 0.5
+    """Stage by stage, in position order, each position with its chosen implementation; the frees of
+    :func:`coop.formulations.stage_model.schedule_from_stage_steps` (a consumed input is gone already)."""
+    stages: list[list[StageStep]] = []
+    for t in range(problem.positions):
+        stage = []
+        for k in range(t + 1):
+            p = _chosen(variables.R[t][k], values)
+            if p is not None:
+                choice = problem.choices[k][p]
+                stage.append(StageStep(k, choice.reads, choice.name, choice.inplace))
+        stages.append(stage)
+    kept = [retained_from_solution(variables.S, values, t + 1) for t in range(problem.positions)]
+    return schedule_from_stage_steps(problem.ids, stages, kept)
 
 
 # -------------------------------------------------------------------- entry point
+@formulation("monet")
 def monet(
     graph: Graph,
     budget: int,
@@ -420,6 +400,32 @@ def monet(
     "implementation choice only" ablation: every node computed once, the interval model) and
     ``max_intervals`` (the interval model's C) apply to the interval model. ``order``: the order first
     computations keep (:func:`coop.formulations.solving_order.solving_graph`: auto, captured or deferred).
+
+    Parameters
+    ----------
+    graph : Graph
+        The training step, with its nodes' implementations (``Node.impls``).
+    budget : int
+        The memory budget in the graph's units, caller-owned values included.
+    time_limit, threads, progress, verbose, solver
+        The wall-clock limit (warm starts included), worker threads, a progress callback, the
+        solver's log and the MILP backend.
+    hint : Any
+        Schedules (or results) that compete as warm starts.
+    captured : Any
+        Unused.
+    exact, max_nodes, warm_start, recompute, model, max_intervals, order
+        As above.
+
+    Returns
+    -------
+    SolveResult
+        The schedule with the implementations it uses (``extra["implementations"]``).
+
+    References
+    ----------
+    Shah et al., "Memory Optimization for Deep Networks", ICLR 2021; the stages are Checkmate's
+    (Jain et al., MLSys 2020, section 4).
     """
     del captured  # implementations and their costs come from the graph
     started = time.perf_counter()
@@ -428,14 +434,10 @@ def monet(
     graph, order = solving_graph(graph, order)
     positions = len(stage_order(graph))
     if model == "intervals" or not recompute or (model == "auto" and positions > max_nodes):
-        from coop.formulations.monet_large import monet_intervals
-
         result = monet_intervals(graph, budget, time_limit=time_limit, threads=threads, progress=progress, hint=hint,
                                  exact=exact, recompute=recompute, max_intervals=max_intervals)
         result.extra["order"] = order
         return result
-    if below := below_min_budget(budget, graph):
-        return SolveResult("monet", "infeasible", message=below)
     warm = _cheapest_warm_start(graph, budget, hint, exact, time_limit, threads) if warm_start else None
     problem = _project(graph, budget, exact)
     if problem.capacity < 0:
@@ -456,12 +458,10 @@ def monet(
 
 def _cheapest_warm_start(graph: Graph, budget: int, hint: Any, exact: bool, time_limit: float,
                          threads: int) -> tuple[str, Schedule, Simulation] | None:
-    """The cheapest fitting warm start (:func:`coop.formulations.monet_large.monet_warm_starts`): the best
+    """The cheapest fitting warm start (:func:`coop.formulations.monet_intervals.monet_warm_starts`): the best
     remat-only schedule (moccasin, Bartan et al. 2023), so
     that monet is never worse than it, and below the remat-only least peak the lightest-implementation
     schedule, so that the MILP starts from a point that fits."""
-    from coop.formulations.monet_large import monet_warm_starts
-
     hints = list(hint) if isinstance(hint, list | tuple) else ([] if hint is None else [hint])
     found = monet_warm_starts(graph, budget, hints, exact, True, time_limit, threads)
     return min(found, key=lambda candidate: candidate[2].cost, default=None)

@@ -11,14 +11,14 @@ of values that are never recomputed do not read runs in place, needing room only
 input's instance is used up. Where a later compute in the baseline order still reads that input (a forward
 value), it runs in place only when running out of place would have to evict (the input is then treated as
 evicted, and rebuilt when needed). The result is checked by the simulator on
-the graph with implementations by the caller (:mod:`coop.formulations.monet_large`).
+the graph with implementations by the caller (:mod:`coop.formulations.monet_intervals`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from coop.formulations.heuristics import _GreedyEvictor
+from coop.formulations.heuristics import GreedyEvictor
 from coop.formulations.monet_warm import Choice, usable_impls
 from coop.formulations.slot_problem import SlotProblem
 from coop.graph import Graph
@@ -62,7 +62,7 @@ def in_place_greedy_schedule(fixed: Graph, budget: int, choices: dict[int, Choic
     return _InPlaceEvictor(SlotProblem.build(fixed, budget), choices, options, rebuild_size_penalty).run()
 
 
-class _InPlaceEvictor(_GreedyEvictor):
+class _InPlaceEvictor(GreedyEvictor):
     def __init__(self, problem: SlotProblem, choices: dict[int, Choice], options: dict[int, tuple[InPlace, ...]],
                  rebuild_size_penalty: float = 0.0) -> None:
         super().__init__(problem, rebuild_size_penalty)

@@ -1,377 +1,229 @@
-"""MONeT's joint choice of recomputation and implementations as a Moccasin-style interval model.
+"""MONeT (Shah et al., ICLR 2021) on graphs too large for its quadratic MILP: the interval model driven.
 
-MONeT (Shah, Wu, Chandrashekaran, Goyal, Yu, "Memory Optimization for Deep Networks", ICLR 2021)
-chooses, with checkpointing, how each operator runs: which values its backward reads, whether it
-runs in place, which algorithm (with its workspace). Its MILP, like Checkmate's, is quadratic in
-the graph; coop's stage model (:mod:`coop.formulations.monet`) stays the exact one for small graphs.
-This module carries the implementation choice over to Moccasin's O(n) retention-interval model
-(Bartan et al., ICML 2023; :mod:`coop.formulations.moccasin`), so that captured ResNet-50 (about
-800 nodes), MobileNetV2, VGG-16, U-Nets and GPT-2 are solved within seconds to minutes:
+:func:`monet_intervals` is what :func:`coop.formulations.monet.monet` runs above its ``max_nodes``
+(and always for ``recompute=False``): warm starts (:mod:`coop.formulations.monet_warm`), then
+CP-SAT on the interval model of :mod:`coop.formulations.monet_interval_model` hinted with the cheapest.
 
-* per node v up to C retention intervals ``[s_vi, e_vi]`` on the compute-slot axis (the first
-  present unless v is ``optional``: then every one may be absent), presence ``p_vi``;
-* per interval and implementation q a literal ``x_viq`` with ``sum_q x_viq = p_vi``; the objective is
-  ``sum cost_q x_viq`` (the implementation's own cost, first computations included);
-* memory: one ``AddCumulative`` over optional retention intervals, one per interval and group of
-  implementations with the same output size (presence: the group's literals), and per implementation
-  with a workspace an optional unit interval at ``s_vi``; capacity = budget - caller-owned bytes;
-* precedence follows the chosen implementation's inputs: when an implementation reading u is
-  chosen, ``s_vi`` lies inside a present interval of u (``s_uj < s_vi <= e_uj``); an input read
-  by every implementation orders the first computations as Moccasin does;
-* in place (``Impl.inplace_of = u``): the covering interval of u ends exactly at ``s_vi``
-  (``e_uj = s_vi``: it is that instance's last read, so no later reader) and v's retention interval
-  for that choice starts at ``s_vi + 1``: at its step the moved bytes are counted once, as u's;
-* first computations of the regular nodes follow ``prompt_order(graph)`` on training-step graphs
-  (Checkmate's and the stage model's restriction); optional values may go anywhere.
+1. The remat-only schedule: Moccasin (Bartan et al. 2023) on ``graph.remat_only()`` with
+   :data:`REMAT_SHARE` of the time limit and the caller's hints; on a graph without
+   implementations that *is* the problem, and Moccasin gets the whole limit and its result is returned.
+2. The lightest-implementation schedules: the graph with each node's lightest implementation fixed,
+   greedy eviction on it (with each of ``REBUILD_SIZE_PENALTIES``), and Moccasin (:data:`REMAT_SHARE`
+   again) where no remat-only schedule fits or it costs more than :data:`LIGHTEST_RUN_OVERHEAD`.
+3. The structured warm start (:mod:`coop.formulations.structured_warm_start`: keep the convolutions and
+   products, rebuild the cheap rest just in time) on ``graph.remat_only()`` and with the lightest implementations.
+4. Greedy eviction that runs computes in place (:mod:`coop.formulations.monet_greedy`), with each penalty:
+   the one warm start below the out-of-place floor, which a plain graph cannot express.
+5. Each after in-place conversion; the cheapest that fits hints CP-SAT, which gets the rest of the time.
 
-The model is a *restricted* one (C intervals, the warm start's slots plus a slack), so its optimum
-is reported as ``feasible`` with ``extra["restricted_bound"]``, never as ``optimal``; with
-``recompute=False`` (MONeT's "implementation choice only" ablation: every node computed once) it
-contains every such schedule whose first computations keep the order, and CP-SAT's OPTIMAL there is
-reported as ``optimal`` with the space named in the message. Every schedule is checked by
-:func:`coop.schedule.simulate`.
+monet therefore never returns a schedule costlier than the remat-only one it started from. Statuses
+are honest: the interval model is restricted (C intervals per node, the warm start's slots plus a
+slack), so a schedule is ``feasible`` with ``extra["restricted_bound"]``; ``optimal`` only for
+``recompute=False`` when CP-SAT proves its model (every compute-once schedule with first computations
+in the baseline order) optimal with integer costs; ``unknown`` when nothing fits in time.
 """
 
 from __future__ import annotations
 
 import itertools
-import math
-from dataclasses import dataclass, field
+import time
 from typing import Any
 
 from ortools.sat.python import cp_model
 
-from coop.formulations.monet_warm import usable_impls
-from coop.formulations.slot_problem import integer_cost_scale
+from coop.errors import CoopError
+from coop.formulations.entry import formulation
+from coop.formulations.heuristics import REBUILD_SIZE_PENALTIES, greedy_eviction_schedule
+from coop.formulations.moccasin import moccasin
+from coop.formulations.monet_greedy import in_place_greedy_schedule, in_place_options
+from coop.formulations.monet_interval_model import (
+    ImplProblem,
+    add_hint,
+    build_model,
+    schedule_spans,
+    solution_spans,
+    spans_to_schedule,
+)
+from coop.formulations.monet_warm import apply_in_place, fixed_impl_graph, lightest_choices, with_choices
+from coop.formulations.progress import ProgressCallback, ProgressClock
+from coop.formulations.result import SolveResult
+from coop.formulations.structured_warm_start import cheap_recompute_schedule
+from coop.formulations.warm_start import Candidate, WarmStarts
 from coop.graph import Graph
-from coop.schedule import Schedule, Step, ordered_first_computations, prompt_order, simulate, take_extras_promptly
+from coop.schedule import Schedule, Simulation, simulate
 
-#: One retention interval with its implementation: computed at ``start`` (slot), resident through ``end``.
-Span = tuple[int, int, str | None]
-
-
-@dataclass(frozen=True)
-class Option:
-    """One implementation of a node as the model sees it."""
-
-    name: str | None
-    cost: int           # scaled integer cost (floored: the model never overstates a cost)
-    mem: int
-    workspace: int
-    reads: tuple[int, ...]   # computed values it reads (caller-owned ones are always resident)
-    inplace: int | None
+#: The share of the time limit each Moccasin warm start may take.
+REMAT_SHARE = 0.35
+#: Moccasin also runs on the lightest implementations where the remat-only schedule costs more than this overhead.
+LIGHTEST_RUN_OVERHEAD = 0.15
+#: The formulation name results carry.
+NAME = "monet"
 
 
-@dataclass
-class ImplProblem:
-    """The computed nodes (regular ones in ``prompt_order``, then optional values) with their options."""
 
-    graph: Graph
-    budget: int
-    order: list[int]
-    optional: list[int]
-    options: dict[int, list[Option]]
-    recomputable: dict[int, bool]
-    outputs: set[int]
-    output_of: dict[int, int]
-    capacity: int
-    cost_scale: float
-
-    @property
-    def nodes(self) -> list[int]:
-        return self.order + self.optional
-
-    @classmethod
-    def build(cls, graph: Graph, budget: int, exact: bool) -> ImplProblem:
-        order = list(prompt_order(graph))
-        optional = list(graph.optional_ids)
-        owned = set(graph.caller_owned_ids)
-        raw: dict[int, list[tuple[Any, Any]]] = {}
-        for v in order + optional:
-            node = graph.node(v)
-            raw[v] = [(None, node), *((impl, impl) for impl in usable_impls(graph, node, exact))]
-        scale = integer_cost_scale([source.cost for rows in raw.values() for _, source in rows])
-        options: dict[int, list[Option]] = {}
-        for v, rows in raw.items():
-            node = graph.node(v)
-            options[v] = [Option(
-                name=None if impl is None else impl.name, cost=math.floor(source.cost * scale), mem=source.mem,
-                workspace=source.workspace,
-                reads=() if node.output_of is not None else tuple(i for i in node.reads(impl) if i not in owned),
-                inplace=None if impl is None else impl.inplace_of) for impl, source in rows]
-        return cls(graph=graph, budget=budget, order=order, optional=optional, options=options,
-                   recomputable={v: graph.node(v).recomputable for v in order + optional},
-                   outputs={v for v in graph.outputs if v not in owned},
-                   output_of={v: graph.node(v).output_of for v in order if graph.node(v).output_of is not None},
-                   capacity=budget - graph.caller_owned_bytes, cost_scale=scale)
-
-
-# ==================================================================== schedules <-> spans
-def schedule_spans(graph: Graph, schedule: Schedule) -> tuple[dict[int, list[Span]], int]:
-    """Each node's retention spans on the slot axis (one slot per compute) with the implementation that
-    made it, and the slot count. An instance consumed in place ends at its consumer's slot (the model's
-    ``e_uj = s_vi``)."""
-    schedule = take_extras_promptly(graph, schedule)
-    sim = simulate(graph, schedule)
-    slot_of_step: list[int] = []
-    slot = -1
-    consumed_at: dict[int, int] = {}
-    current: dict[int, int] = {}
-    impl_of: list[str | None] = []
-    for step in schedule.steps:
-        if step.op == "compute":
-            slot += 1
-            impl = graph.node(step.node).implementation(step.impl)
-            if impl is not None and impl.inplace_of is not None:
-                consumed_at[current[impl.inplace_of]] = slot
-            current[step.node] = len(impl_of)
-            impl_of.append(step.impl)
-        slot_of_step.append(max(slot, 0))
-    spans: dict[int, list[Span]] = {v: [] for v in graph.order}
-    spans.update({v: [] for v in graph.optional_ids})
-    for k, inst in enumerate(sim.instances):
-        end = consumed_at.get(k, slot_of_step[inst.end])
-        spans[inst.node].append((slot_of_step[inst.computed_at], end, impl_of[k]))
-    for rows in spans.values():
-        rows.sort()
-    return spans, slot + 1
-
-
-def spans_to_schedule(problem: ImplProblem, spans: dict[int, list[Span]]) -> Schedule:
-    """Computes at span starts in slot order (naming their implementation); a free after the slot where a
-    span ends, except an output's final span and a span consumed in place (already gone)."""
-    consumed: set[tuple[int, int]] = set()
-    for v, rows in spans.items():
-        for start, _end, name in rows:
-            option = next(o for o in problem.options[v] if o.name == name)
-            if option.inplace is not None:
-                consumed.add((option.inplace, start))  # the instance of u ending at v's slot
-    events = sorted((start, v, end, name, k == len(rows) - 1)
-                    for v, rows in spans.items() for k, (start, end, name) in enumerate(rows))
-    ends_at: dict[int, list[int]] = {}
-    for _start, v, end, _name, last in events:
-        if not (last and v in problem.outputs) and (v, end) not in consumed:
-            ends_at.setdefault(end, []).append(v)
-    steps: list[Step] = []
-    for start, v, _end, name, _last in events:
-        steps.append(Step(op="compute", node=v, impl=name))
-        steps.extend(Step(op="free", node=u) for u in ends_at.pop(start, []))
-    return Schedule(steps=tuple(steps))
-
-
-# ==================================================================== the CP-SAT model
-@dataclass
-class ImplModel:
-    model: cp_model.CpModel
-    horizon: int
-    starts: dict[int, list[Any]]
-    ends: dict[int, list[Any]]
-    present: dict[int, list[Any]]
-    chosen: dict[int, list[list[Any]]]   # chosen[v][i][q]: x_viq
-    lows: dict[int, int]
-    choices: list[tuple[int, int, int, list[Any]]] = field(default_factory=list)  # (u, v, i, b_j)
-
-
-def build_model(problem: ImplProblem, horizon: int, per_node: dict[int, int], keep_order: bool) -> ImplModel:
-    """The interval model of the module docstring on ``horizon`` compute slots, ``per_node`` intervals each."""
-    model = cp_model.CpModel()
-    last = horizon - 1
-    rank = {v: k for k, v in enumerate(problem.order)}
-    built = ImplModel(model, horizon, {}, {}, {}, {}, {})
-    demands: list[tuple[Any, int]] = []
-    slots, cost_terms = [], []
-    for v in problem.nodes:
-        optional = v not in rank
-        lo = rank[v] if keep_order and not optional else 0
-        first_hi = last - (len(problem.order) - 1 - rank[v]) if keep_order and not optional else last
-        built.lows[v] = lo
-        starts, ends, present, chosen = [], [], [], []
-        for i in range(per_node[v]):
-            s = model.NewIntVar(lo, first_hi if i == 0 else last, f"s_{v}_{i}")
-            e = model.NewIntVar(lo, last, f"e_{v}_{i}")
-            p: Any = True if i == 0 and not optional else model.NewBoolVar(f"p_{v}_{i}")
-            model.Add(e >= s)
-            x = _implementation_literals(model, problem, v, i, p)
-            _add_memory(model, problem, v, s, e, p, x, built, demands)
-            slots.append(_interval(model, s, 1, s + 1, p, f"run_{v}_{i}"))
-            if i > 0 or optional:
-                model.Add(s == lo).OnlyEnforceIf(p.Not())  # absent intervals pinned: no symmetric copies
-                model.Add(e == lo).OnlyEnforceIf(p.Not())
-            if i > 0:
-                if present[-1] is not True:
-                    model.AddImplication(p, present[-1])
-                model.Add(s > ends[-1]).OnlyEnforceIf(p)
-            cost_terms.extend(option.cost * (1 if literal is True else literal)
-                              for option, literal in zip(problem.options[v], x) if option.cost)
-            starts.append(s)
-            ends.append(e)
-            present.append(p)
-            chosen.append(x)
-        built.starts[v], built.ends[v], built.present[v], built.chosen[v] = starts, ends, present, chosen
-        if v in problem.outputs:  # the last present interval is retained to the end
-            for i in range(per_node[v]):
-                later = [present[i + 1].Not()] if i + 1 < per_node[v] else []
-                _enforce(model.Add(ends[i] == last), [present[i], *later])
-    model.AddNoOverlap(slots)
-    if demands:
-        model.AddCumulative([d[0] for d in demands], [d[1] for d in demands], max(problem.capacity, 0))
-    _add_precedences(problem, built)
-    _add_order(problem, built, keep_order)
-    model.Minimize(sum(cost_terms))
-    return built
-
-
-def _implementation_literals(model: cp_model.CpModel, problem: ImplProblem, v: int, i: int, p: Any) -> list[Any]:
-    """x_viq: exactly one implementation when the interval is present, none when it is absent."""
-    options = problem.options[v]
-    if len(options) == 1:
-        return [p]
-    x = [model.NewBoolVar(f"x_{v}_{i}_{q}") for q in range(len(options))]
-    model.Add(sum(x) == (1 if p is True else p))
-    return x
-
-
-def _any_of(model: cp_model.CpModel, literals: list[Any], name: str) -> Any:
-    """A literal equal to the sum of mutually exclusive ``literals``."""
-    if len(literals) == 1:
-        return literals[0]
-    group = model.NewBoolVar(name)
-    model.Add(group == sum(literals))
-    return group
-
-
-def _add_memory(model: cp_model.CpModel, problem: ImplProblem, v: int, s: Any, e: Any, p: Any, x: list[Any],
-                built: ImplModel, demands: list[tuple[Any, int]]) -> None:
-    """Retention intervals per group of implementations with one output size (in place: from s + 1, the
-    step itself holds the overwritten input's bytes), and each implementation's workspace at s."""
-    options = problem.options[v]
-    horizon = built.horizon
-    groups: dict[tuple[int, bool], list[int]] = {}
-    for q, option in enumerate(options):
-        groups.setdefault((option.mem, option.inplace is not None), []).append(q)
-    for (mem, inplace), members in groups.items():
-        if mem == 0:
-            continue
-        literal = p if len(members) == len(options) else _any_of(model, [x[q] for q in members], f"g_{v}_{s.Name()}_{mem}")
-        if v in problem.output_of:
-            # An extra output exists from right after its op's first compute (contract 2).
-            op_start = built.starts[problem.output_of[v]][0]
-            size = model.NewIntVar(1, horizon, f"len_{v}_{s.Name()}")
-            demands.append((_interval(model, op_start + 1, size, e + 1, literal, f"keep_{v}"), mem))
-            continue
-        size = model.NewIntVar(0, horizon, f"len_{s.Name()}_{mem}_{inplace}")
-        start = s + 1 if inplace else s
-        demands.append((_interval(model, start, size, e + 1, literal, f"keep_{s.Name()}_{mem}"), mem))
-    for q, option in enumerate(options):
-        if option.workspace:
-            demands.append((_interval(model, s, 1, s + 1, x[q], f"ws_{s.Name()}_{q}"), option.workspace))
-
-
-def _add_precedences(problem: ImplProblem, built: ImplModel) -> None:
-    """A chosen implementation's inputs are resident at its slot; an in-place one ends its input's instance there."""
-    model = built.model
-    for v in problem.nodes:
-        options = problem.options[v]
-        if v in problem.output_of:
-            model.Add(built.starts[problem.output_of[v]][0] < built.starts[v][0])
-            continue
-        for u in sorted({u for o in options for u in o.reads}):
-            readers = [q for q, o in enumerate(options) if u in o.reads]
-            in_place = [q for q, o in enumerate(options) if o.inplace == u]
-            every = len(readers) == len(options)
-            if every and u not in problem.optional and v not in problem.optional:
-                model.Add(built.starts[u][0] < built.starts[v][0])  # v's first compute reads u's first instance
-            for i in range(len(built.starts[v])):
-                x = built.chosen[v][i]
-                reading = built.present[v][i] if every else _any_of(model, [x[q] for q in readers], f"r_{u}_{v}_{i}")
-                _covered(model, built, u, v, i, reading, [x[q] for q in in_place])
-
-
-def _covered(model: cp_model.CpModel, built: ImplModel, u: int, v: int, i: int, reading: Any,
-             in_place: list[Any]) -> None:
-    """When ``reading``: s_vi lies in a present interval of u (b_j picks it); under an in-place literal
-    that interval ends at s_vi."""
-    s_v = built.starts[v][i]
-    chosen = []
-    for j, (s_u, e_u, p_u) in enumerate(zip(built.starts[u], built.ends[u], built.present[u])):
-        if len(built.starts[u]) == 1 and p_u is True:
-            b = reading
-        else:
-            b = model.NewBoolVar(f"b_{u}_{j}_{v}_{i}")
-            if p_u is not True:
-                model.AddImplication(b, p_u)
-            chosen.append(b)
-        _enforce(model.Add(s_u < s_v), [b])
-        _enforce(model.Add(e_u >= s_v), [b])
-        for literal in in_place:
-            _enforce(model.Add(e_u == s_v), [b, literal])
-    if chosen:
-        _enforce(model.AddBoolOr(chosen), [reading])
-        built.choices.append((u, v, i, chosen))
-
-
-def _enforce(constraint: Any, literals: list[Any]) -> None:
-    """Enforce ``constraint`` under the literals that are not the constant True (all of them: always)."""
-    variables = [literal for literal in literals if literal is not True]
-    if variables:
-        constraint.OnlyEnforceIf(variables)
-
-
-def _interval(model: cp_model.CpModel, start: Any, size: Any, end: Any, presence: Any, name: str) -> Any:
-    if presence is True:
-        return model.NewIntervalVar(start, size, end, name)
-    return model.NewOptionalIntervalVar(start, size, end, presence, name)
-
-
-def _add_order(problem: ImplProblem, built: ImplModel, keep_order: bool) -> None:
-    """First computations in the baseline order (or, without ``keep_order``, the random draws in it)."""
-    order = ordered_first_computations(problem.graph, problem.order, keep_order)
-    for a, b in itertools.pairwise(order):
-        built.model.Add(built.starts[a][0] < built.starts[b][0])
-
-
-def add_hint(problem: ImplProblem, built: ImplModel, spans: dict[int, list[Span]]) -> None:
-    """A complete hint: every s, e, p, x and precedence choice of the warm-start schedule (an output's
-    final span reaching the horizon's last slot, as the model has it)."""
-    model = built.model
-    options = problem.options
-    for v, starts in built.starts.items():
-        rows = spans.get(v, [])
-        for i, s in enumerate(starts):
-            present = i < len(rows)
-            start, end, name = rows[i] if present else (built.lows[v], built.lows[v], None)
-            if present and v in problem.outputs and i == len(rows) - 1:
-                end = built.horizon - 1
-            model.AddHint(s, start)
-            model.AddHint(built.ends[v][i], end)
-            if built.present[v][i] is not True:
-                model.AddHint(built.present[v][i], present)
-            x = built.chosen[v][i]
-            if len(x) > 1:
-                for q, literal in enumerate(x):
-                    model.AddHint(literal, bool(present and options[v][q].name == name))
-    for u, v, i, chosen in built.choices:
-        covering = None
-        rows = spans.get(v, [])
-        if i < len(rows):
-            s_v = rows[i][0]
-            covering = next((j for j, (s, e, _) in enumerate(spans.get(u, [])) if s < s_v <= e), None)
-        for j, b in enumerate(chosen):
-            model.AddHint(b, j == covering)
-
-
-def solution_spans(solver: cp_model.CpSolver, problem: ImplProblem, built: ImplModel) -> dict[int, list[Span]]:
-    """The present intervals of a solution with their chosen implementations."""
-    result: dict[int, list[Span]] = {}
-    for v in built.starts:
-        rows = []
-        for s, e, p, x in zip(built.starts[v], built.ends[v], built.present[v], built.chosen[v]):
-            if p is True or solver.BooleanValue(p):
-                q = next(q for q, literal in enumerate(x) if literal is True or solver.BooleanValue(literal))
-                rows.append((solver.Value(s), solver.Value(e), problem.options[v][q].name))
-        result[v] = rows
+@formulation(NAME)
+def monet_intervals(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int = 2,
+                    progress: ProgressCallback | None = None, hint: Any = None, exact: bool = False,
+                    recompute: bool = True, max_intervals: int = 2, seed: int = 0) -> SolveResult:
+    """MONeT over the interval model (see the module docstring); ``recompute=False`` computes every node once."""
+    clock = ProgressClock(progress)
+    hints = list(hint) if isinstance(hint, list | tuple) else ([] if hint is None else [hint])
+    if recompute and not graph.has_impls:
+        return _moccasin_only(graph, budget, time_limit, threads, progress, hints)
+    candidates = monet_warm_starts(graph, budget, hints, exact, recompute, time_limit, threads)
+    best = min(candidates, key=lambda c: c[2].cost, default=None)
+    if best is not None:
+        clock.report(best[2].cost, None, f"monet: warm start {best[0]}")
+    result = _solve_model(graph, budget, best, exact, recompute, max_intervals, seed, threads,
+                          time_limit - clock.elapsed_s, clock)
+    result.wall_s = clock.elapsed_s
+    result.extra.update({"model": "intervals", "recompute": recompute, "exact": exact,
+                         "warm_starts": {name: sim.cost for name, _, sim in candidates}, **_choices(graph, result.schedule)})
     return result
 
 
-__all__ = ["ImplModel", "ImplProblem", "Option", "Span", "add_hint", "build_model", "schedule_spans",
-           "solution_spans", "spans_to_schedule"]
+def _moccasin_only(graph: Graph, budget: int, time_limit: float, threads: int, progress: ProgressCallback | None,
+                   hints: list[Any]) -> SolveResult:
+    """No implementations to choose: MONeT is Moccasin's problem, solved with the whole time limit."""
+    result = moccasin(graph, budget, time_limit=time_limit, threads=threads, progress=progress, hint=hints or None)
+    result.formulation = NAME
+    result.extra.update({"model": "moccasin (the graph has no implementations)", "implementations": [],
+                         "inexact_implementations": []})
+    return result
+
+
+def monet_warm_starts(graph: Graph, budget: int, hints: list[Any], exact: bool, recompute: bool, time_limit: float,
+                 threads: int) -> list[Candidate]:
+    """MONeT's warm starts that fit (after in-place conversion), for the interval model and the stage MILP:
+    moccasin's remat-only schedule, the lightest-implementation schedule, store-all, the caller's hints."""
+    raw: list[tuple[str, Schedule | None]] = []
+    choices = lightest_choices(graph, exact)
+    fixed = fixed_impl_graph(graph, choices)
+    if recompute:
+        remat = _moccasin(graph.remat_only(), budget, REMAT_SHARE * time_limit, threads, hints)
+        raw.append(("moccasin (remat only)", remat))
+        for penalty in REBUILD_SIZE_PENALTIES:
+            raw.append((f"greedy eviction (lightest implementations{_penalised(penalty)})",
+                        _with(greedy_eviction_schedule(fixed, budget, penalty), choices)))
+        # Moccasin on the lightest implementations only where remat alone does not fit or costs more than
+        # LIGHTEST_RUN_OVERHEAD: at low overheads a second Moccasin run never won on bench_monet's models at 30 s and
+        # left CP-SAT a third less time (U-Net 0.5 then kept moccasin's 6.41 %; with that time CP-SAT found 5.17 %);
+        # at U-Net 1/3 (remat-only 30.5 %) it is the start from which CP-SAT reached 15.8 % (22.6 % without it).
+        remat_sim = None if remat is None else simulate(graph, remat)
+        costly = remat_sim is None or remat_sim.peak > budget or remat_sim.overhead > LIGHTEST_RUN_OVERHEAD
+        if costly and any(c is not None for c in choices.values()):
+            raw.append(("moccasin (lightest implementations)",
+                        _with(_moccasin(fixed, budget, REMAT_SHARE * time_limit, threads, []), choices)))
+        # keep the convolutions, rebuild the cheap rest just in time (coop.formulations.structured_warm_start), on the
+        # remat-only graph and with the lightest implementations
+        raw.append(("structured (remat only)", cheap_recompute_schedule(graph.remat_only())))
+        raw.append(("structured (lightest implementations)", _with(cheap_recompute_schedule(fixed), choices)))
+        options = in_place_options(graph, fixed, choices, exact)
+        for penalty in REBUILD_SIZE_PENALTIES if options else ():
+            # the only warm start below the out-of-place floor (coop.formulations.monet_greedy)
+            raw.append((f"greedy eviction in place (lightest implementations{_penalised(penalty)})",
+                        in_place_greedy_schedule(fixed, budget, choices, options, penalty)))
+    raw.append(("store-all", Schedule.from_order(graph.order)))
+    raw.append(("store-all (lightest implementations)", with_choices(Schedule.from_order(fixed.order), choices)))
+    raw.extend(("hint", getattr(h, "schedule", h)) for h in hints)
+    collector = WarmStarts(graph, budget, prepare=lambda schedule: apply_in_place(graph, schedule, exact),
+                           accept=lambda schedule, sim: _monet_may_start_from(graph, schedule, sim, exact, recompute))
+    collector.offer_all(raw)
+    return collector.found
+
+
+def _penalised(penalty: float) -> str:
+    return f", rebuild-size penalty {penalty:g}" if penalty else ""
+
+
+def _moccasin(graph: Graph, budget: int, time_limit: float, threads: int, hints: list[Any]) -> Schedule | None:
+    try:
+        result = moccasin(graph, budget, time_limit=max(time_limit, 1.0), threads=threads, hint=hints or None)
+    except CoopError:
+        return None
+    return result.schedule
+
+
+def _with(schedule: Schedule | None, choices: dict[int, str | None]) -> Schedule | None:
+    return None if schedule is None else with_choices(schedule, choices)
+
+
+def _monet_may_start_from(graph: Graph, schedule: Schedule, sim: Simulation, exact: bool, recompute: bool) -> bool:
+    """MONeT's own rules on a warm start: only exact implementations under ``exact``, and (without
+    ``recompute``) every node computed once."""
+    if not recompute and sim.recomputations:
+        return False
+    return not (exact and any(not graph.node(s.node).implementation(s.impl).exact for s in schedule.steps if s.impl))
+
+
+def _solve_model(graph: Graph, budget: int, best: Candidate | None, exact: bool, recompute: bool, max_intervals: int,
+                 seed: int, threads: int, seconds: float, clock: ProgressClock) -> SolveResult:
+    """CP-SAT on the interval model, hinted with ``best``; the better of its schedule and ``best``."""
+    problem = ImplProblem.build(graph, budget, exact)
+    spans, slots = schedule_spans(graph, best[1]) if best is not None else ({}, 0)
+    if recompute:
+        per_node = {v: max(len(spans.get(v, ())), max_intervals if problem.recomputable[v] else 1)
+                    for v in problem.nodes}
+        horizon = max(slots, len(problem.order)) + len(problem.nodes) // 5 + 2
+    else:
+        per_node = {v: 1 for v in problem.nodes}
+        horizon = len(problem.nodes)
+    firsts = [spans[v][0][0] for v in problem.order] if spans else []
+    keep_order = graph.has_backward and all(a < b for a, b in itertools.pairwise(firsts))
+    extra: dict[str, Any] = {"horizon": horizon, "intervals": sum(per_node.values()), "keep_order": keep_order,
+                             "warm_start": None if best is None else best[0]}
+    if seconds < 0.5:
+        return _from_warm(best, "CP-SAT not run: no time left after the warm starts", extra, budget)
+    built = build_model(problem, horizon, per_node, keep_order)
+    if spans:
+        add_hint(problem, built, spans)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.1, seconds - 0.5 - 0.02 * seconds)
+    solver.parameters.num_workers = max(1, threads)
+    solver.parameters.random_seed = seed
+    started = time.perf_counter()
+    status = solver.Solve(built.model)
+    extra |= {"cp_sat_status": solver.StatusName(status), "solver_wall_s": time.perf_counter() - started}
+    found: Candidate | None = None
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        bound = solver.BestObjectiveBound() / problem.cost_scale
+        extra["restricted_bound"] = bound
+        schedule = spans_to_schedule(problem, solution_spans(solver, problem, built))
+        sim = simulate(graph, schedule)
+        if sim.peak > budget:  # never hand out a schedule the simulator rejects
+            raise AssertionError(f"monet interval schedule peaks at {sim.peak} > budget {budget}")
+        found = ("cp-sat", schedule, sim)
+    proven = (status == cp_model.OPTIMAL and not recompute and problem.cost_scale == 1.0 and keep_order)
+    if found is not None and (best is None or found[2].cost < best[2].cost or proven):
+        clock.report(found[2].cost, extra.get("restricted_bound"), "monet: CP-SAT")
+        if proven:
+            return SolveResult(NAME, "optimal", found[1], found[2], found[2].cost, found[2].cost, extra=extra,
+                               message="CP-SAT OPTIMAL over every schedule that computes each node once with first "
+                                       "computations in the baseline order")
+        return SolveResult(NAME, "feasible", found[1], found[2], found[2].cost, None, extra=extra,
+                           message=f"CP-SAT {extra['cp_sat_status']} on the restricted interval model "
+                                   f"({extra['intervals']} intervals, {horizon} slots)")
+    if best is None and status == cp_model.INFEASIBLE and not recompute and keep_order:
+        return SolveResult(NAME, "infeasible", extra=extra, message=f"no schedule that computes each node once with "
+                           f"first computations in the baseline order fits budget {budget} (CP-SAT proved it)")
+    return _from_warm(best, f"CP-SAT {extra['cp_sat_status']} found nothing cheaper", extra, budget)
+
+
+def _from_warm(best: Candidate | None, note: str, extra: dict[str, Any], budget: int) -> SolveResult:
+    if best is None:
+        return SolveResult(NAME, "unknown", extra=extra,
+                           message=f"no schedule within budget {budget} found in time ({note}); raise time_limit")
+    return SolveResult(NAME, "feasible", best[1], best[2], best[2].cost, None, extra=extra,
+                       message=f"kept the warm start {best[0]}: {note}")
+
+
+def _choices(graph: Graph, schedule: Schedule | None) -> dict[str, Any]:
+    """Which implementations the plan uses (a plan says which inexact ones it relies on)."""
+    if schedule is None:
+        return {"implementations": [], "inexact_implementations": []}
+    used = sorted({(s.node, s.impl) for s in schedule.steps if s.op == "compute" and s.impl is not None})
+    inexact = [f"{node}:{impl}" for node, impl in used if not graph.node(node).implementation(impl).exact]
+    return {"implementations": [f"{node}:{impl}" for node, impl in used], "inexact_implementations": inexact}
+
+
+__all__ = ["REMAT_SHARE", "monet_intervals"]

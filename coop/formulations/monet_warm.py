@@ -1,6 +1,6 @@
 """Warm starts for MONeT's interval model (Shah et al. 2021): schedules that choose implementations.
 
-MONeT's solver starts from a feasible point; coop's interval model (:mod:`coop.formulations.monet_intervals`)
+MONeT's solver starts from a feasible point; coop's interval model (:mod:`coop.formulations.monet_interval_model`)
 is hinted with the cheapest of:
 
 * the best remat-only schedule (Moccasin, Bartan et al. 2023, on ``graph.remat_only()``): every

@@ -5,8 +5,9 @@ Integrated Rematerialization and Paging", ICML 2022. A value may be recomputed (
 written out to a slower memory tier and read back before its next use; the solver trades one
 against the other by their energy or time on a device (:mod:`coop.device_profiles`).
 
-The model is Checkmate's MILP (:mod:`coop.formulations.checkmate`, built by the same code through
-its :class:`~coop.formulations.checkmate.ModelExtension` hook) over frontier-advancing stages,
+The model is Checkmate's MILP (:mod:`coop.formulations.checkmate`, built by the same code,
+:func:`coop.formulations.stage_model.build_stage_model`, through its
+:class:`~coop.formulations.stage_model.ModelExtension` hook) over frontier-advancing stages,
 with POET's paging variables (section 3 of the paper, the same names):
 
 * ``R[t,i]`` compute i in stage t; ``S_RAM[t,i]`` (Checkmate's ``S``) i on the device at the start
@@ -48,130 +49,49 @@ why; its status is ``feasible`` with the baseline's price as the bound, never ``
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from coop.budget import below_min_budget
-from coop.device_profiles import DeviceProfile, load_device_profile
-from coop.errors import CoopError
-from coop.formulations.checkmate import (
-    Entry,
-    _build_model,
-    _latest_possible_reads,
-    _Problem,
-    _project,
-    _schedule_from_stages,
-    _stages_from_solution,
-)
+from coop.device_profiles import DeviceProfile
+from coop.formulations.entry import formulation
 from coop.formulations.milp_backends import LinearModel, MilpSolution, solve_milp
+from coop.formulations.poet_intervals import solve_intervals
+from coop.formulations.poet_setting import (
+    DEFAULT_DEVICE_PROFILE,
+    OBJECTIVES,
+    NodePrice,
+    Objective,
+    PoetError,
+    PoetSetting,
+    SchedulePrice,
+    at_least_baseline,
+    best_fallback,
+    node_price,
+    poet_setting,
+    price_schedule,
+    priced_result,
+)
 from coop.formulations.progress import Progress, ProgressCallback
 from coop.formulations.result import SolveResult
+from coop.formulations.stage_model import (
+    Entry,
+    StageProblem,
+    StageVariables,
+    build_stage_model,
+    latest_possible_reads,
+    project,
+    schedule_from_stages,
+    stages_from_solution,
+)
 from coop.graph import Graph
-from coop.schedule import Schedule, ScheduleError, simulate
+from coop.schedule import Schedule
 
 #: Above this many computed nodes the T x T model (about 5 T^2 / 2 binaries and Checkmate's FREE
 #: rows) is not built: poet runs the interval model of coop.formulations.poet_intervals and says so.
 DEFAULT_MAX_NODES = 300
-#: The profile used when none is given: coop's usual target, a data-centre GPU paging over PCIe.
-DEFAULT_DEVICE_PROFILE = "h100-sxm-pcie5"
-OBJECTIVES = ("energy", "time")
 #: The solver sees the objective scaled so that the baseline schedule scores this (joules of a
 #: microcontroller are 1e-5: CBC's absolute tolerances would swallow them).
 OBJECTIVE_SCALE = 1e4
-
-Objective = Literal["energy", "time"]
-
-
-class PoetError(CoopError):
-    """A bad option of the poet formulation (objective, runtime budget)."""
-
-
-# -------------------------------------------------------------------- prices (the one place)
-@dataclass(frozen=True)
-class NodePrice:
-    """What one compute, page-in and page-out of a node costs on a profile, in seconds and joules."""
-
-    compute_s: float
-    compute_j: float
-    pagein_s: float
-    pagein_j: float
-    pageout_s: float
-    pageout_j: float
-
-    def compute(self, objective: Objective) -> float:
-        return self.compute_j if objective == "energy" else self.compute_s
-
-    def pagein(self, objective: Objective) -> float:
-        return self.pagein_j if objective == "energy" else self.pagein_s
-
-    def pageout(self, objective: Objective) -> float:
-        return self.pageout_j if objective == "energy" else self.pageout_s
-
-
-def node_price(runtime_s: float, num_bytes: int, profile: DeviceProfile) -> NodePrice:
-    """POET's model: compute_j = runtime x FLOP/s / FLOP-per-J; paging (latency + bytes / throughput) x memory power.
-
-    The graph's cost is read as seconds on the profiled device (POET's graphs: ``runtime_s``) and
-    its memory as bytes.
-    """
-    return NodePrice(runtime_s, profile.compute_j(runtime_s), profile.pagein_s(num_bytes), profile.pagein_j(num_bytes),
-                     profile.pageout_s(num_bytes), profile.pageout_j(num_bytes))
-
-
-@dataclass
-class SchedulePrice:
-    """A schedule priced on a profile: energy and time, split into compute and paging."""
-
-    compute_j: float = 0.0
-    paging_j: float = 0.0
-    compute_s: float = 0.0
-    paging_s: float = 0.0
-    page_ins: int = 0
-    page_outs: int = 0
-    paged_bytes: int = 0
-
-    @property
-    def energy_j(self) -> float:
-        return self.compute_j + self.paging_j
-
-    @property
-    def time_s(self) -> float:
-        return self.compute_s + self.paging_s
-
-    def value(self, objective: Objective) -> float:
-        return self.energy_j if objective == "energy" else self.time_s
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**dataclasses.asdict(self), "energy_j": self.energy_j, "time_s": self.time_s}
-
-
-def price_schedule(graph: Graph, schedule: Schedule, profile: DeviceProfile | str) -> SchedulePrice:
-    """Energy and time of every step of the schedule on the profile (steps are not checked here)."""
-    profile = load_device_profile(profile)
-    price = SchedulePrice()
-    for step in schedule.steps:
-        node = graph.node(step.node)
-        cost, mem = node.cost, node.mem
-        if step.impl is not None:
-            impl = next(i for i in node.impls if i.name == step.impl)
-            cost, mem = impl.cost, impl.mem
-        each = node_price(float(cost), mem, profile)
-        if step.op == "compute":
-            price.compute_s += each.compute_s
-            price.compute_j += each.compute_j
-        elif step.op == "page_in":
-            price.paging_s += each.pagein_s
-            price.paging_j += each.pagein_j
-            price.page_ins += 1
-            price.paged_bytes += mem
-        elif step.op == "page_out":
-            price.paging_s += each.pageout_s
-            price.paging_j += each.pageout_j
-            price.page_outs += 1
-            price.paged_bytes += mem
-    return price
 
 
 # -------------------------------------------------------------------- the paging variables
@@ -185,9 +105,9 @@ class _Paging:
         self.MOUT: dict[tuple[int, int], int] = {}   # M_out[t,i]: paged out after stage t
         self.MIN: dict[tuple[int, int], int] = {}    # M_in[t,i]: paged in after stage t
 
-    def add_variables(self, model: LinearModel, problem: _Problem, R: list[list[Entry]], S: list[list[Entry]]) -> None:
+    def add_variables(self, model: LinearModel, problem: StageProblem, R: list[list[Entry]], S: list[list[Entry]]) -> None:
         T = problem.size
-        last_use = _latest_possible_reads(problem)
+        last_use = latest_possible_reads(problem.users, problem.recomputable, problem.outputs)
         for i in range(T):
             if problem.mem[i] == 0 or not self.pageable[i]:
                 continue  # paging nothing only costs latency; a host value is never paged (M_out, M_in fixed to 0)
@@ -209,7 +129,7 @@ class _Paging:
         for (t, i), var in self.MIN.items():
             model.objective.append((var, self.prices[i].pagein(self.objective) * self.scale))
 
-    def _add_rows(self, model: LinearModel, problem: _Problem, R: list[list[Entry]], S: list[list[Entry]]) -> None:
+    def _add_rows(self, model: LinearModel, problem: StageProblem, R: list[list[Entry]], S: list[list[Entry]]) -> None:
         for (t, i), out in self.MOUT.items():
             # M_out <= R[t,i] + S_RAM[t,i]; a value paged out is not on the device next stage.
             _row(model, [(out, 1.0), (R[t][i], -1.0), (S[t][i] if i < t else False, -1.0)], "<=", 0.0)
@@ -260,6 +180,7 @@ def _row(model: LinearModel, terms: list[tuple[Entry, float]], sense: str, rhs: 
 
 
 # -------------------------------------------------------------------- entry point
+@formulation("poet")
 def poet(
     graph: Graph,
     budget: int,
@@ -290,21 +211,39 @@ def poet(
     ``captured`` is accepted (the common options) and unused. The result's ``objective`` and
     ``bound`` are in the objective's unit; ``extra`` holds the schedule's price (energy, time,
     page-ins and -outs, paged bytes).
+
+    Parameters
+    ----------
+    graph : Graph
+        The training step.
+    budget : int
+        The device memory budget in the graph's units, caller-owned values included.
+    objective, device_profile, runtime_budget, remat, paging
+        What is minimised on which device, under which runtime budget, with which moves (above).
+    solver, time_limit, threads, progress, verbose
+        The MILP backend, the wall-clock limit (warm starts included), worker threads, a progress
+        callback and the solver's log.
+    hint : Any
+        Schedules (or results) that compete as warm starts.
+    captured : Any
+        Unused.
+    max_nodes : int
+        The largest graph the T x T model is built for.
+
+    Returns
+    -------
+    SolveResult
+        The best admitted schedule, priced on the profile.
+
+    References
+    ----------
+    Patil et al., "POET: Training Neural Networks on Tiny Devices with Integrated Rematerialization
+    and Paging", ICML 2022, section 3; the stages are Checkmate's (Jain et al., MLSys 2020, section 4).
     """
     started = time.perf_counter()
-    if objective not in OBJECTIVES:
-        raise PoetError(f"unknown objective {objective!r} for poet: choose energy or time")
-    if runtime_budget is not None and (isinstance(runtime_budget, bool) or not math.isfinite(runtime_budget)
-                                       or runtime_budget < 1):
-        raise PoetError(f"runtime budget {runtime_budget!r} is not a factor >= 1 of the baseline compute time "
-                        "(every node is computed at least once); give e.g. 1.5")
-    profile = load_device_profile(device_profile or DEFAULT_DEVICE_PROFILE)
-    if not remat and not paging:
-        raise PoetError("poet with remat=False and paging=False can only run the baseline; use store-all")
-    if below := below_min_budget(budget, graph):
-        return SolveResult("poet", "infeasible", message=below)
-    setting = _Setting(graph, budget, objective, profile, runtime_budget, remat, paging)
-    fallback = _best_fallback(setting, hint, time_limit)
+    setting = poet_setting(graph, budget, objective=objective, device_profile=device_profile,
+                           runtime_budget=runtime_budget, remat=remat, paging=paging)
+    fallback = best_fallback(setting, hint, time_limit)
     if len(graph.order) > max_nodes:
         return _too_large(setting, fallback, max_nodes, started, time_limit, threads, progress)
     # the warm starts ran inside the limit: the models get what is left of it
@@ -314,93 +253,9 @@ def poet(
     return result
 
 
-@dataclass
-class _Setting:
-    graph: Graph
-    budget: int
-    objective: Objective
-    profile: DeviceProfile
-    runtime_budget: float | None
-    remat: bool
-    paging: bool
-
-    def price(self, schedule: Schedule) -> SchedulePrice:
-        return price_schedule(self.graph, schedule, self.profile)
-
-    def admits(self, schedule: Schedule) -> bool:
-        """Legal, within the memory budget, within the runtime budget, and of the allowed kind."""
-        try:
-            sim = simulate(self.graph, schedule)
-        except ScheduleError:
-            return False
-        price = self.price(schedule)
-        if sim.peak > self.budget or (not self.remat and sim.recomputations):
-            return False
-        if not self.paging and (price.page_ins or price.page_outs):
-            return False
-        return self.runtime_budget is None or price.time_s <= self.runtime_budget * self.graph.baseline_cost * (1 + 1e-9)
-
-
-def _best_fallback(setting: _Setting, hint: Any, time_limit: float) -> tuple[str, Schedule] | None:
-    """The cheapest admitted warm start on the objective: the best remat-only one (coop.formulations.
-    warm_start), where paging is allowed the paging-only heuristic (coop.formulations.paging_heuristic),
-    which fits in milliseconds below the least budget recomputation alone reaches, and every hint."""
-    from coop.formulations.paging_heuristic import paging_schedule
-    from coop.formulations.warm_start import best_warm_start
-
-    candidates: list[tuple[str, Schedule]] = []
-    if setting.remat:
-        found = best_warm_start(setting.graph, setting.budget, hint, lp_time_limit=min(10.0, time_limit / 6))
-        if found is not None:
-            candidates.append((found[0], found[1]))
-        remat_only = _moccasin_remat_only(setting, MOCCASIN_SHARE * time_limit, found)
-        if remat_only is not None:
-            candidates.append(("moccasin (remat only)", remat_only))
-    if setting.paging:
-        paged = paging_schedule(setting.graph, setting.budget)
-        if paged is not None:
-            candidates.append(("paging heuristic", paged))
-    # Every hint competes on the objective too (best_warm_start ranks by compute cost, which a paging
-    # schedule's energy does not follow).
-    for given in hint if isinstance(hint, list | tuple) else [hint]:
-        schedule = getattr(given, "schedule", given)
-        if isinstance(schedule, Schedule):
-            candidates.append(("hint", schedule))
-    admitted = [(setting.price(s).value(setting.objective), name, s) for name, s in candidates if setting.admits(s)]
-    if not admitted:
-        return None
-    _, name, schedule = min(admitted, key=lambda item: item[0])
-    return name, schedule
-
-
-#: The share of poet's time limit that Moccasin's remat-only model gets as a warm start.
-MOCCASIN_SHARE = 0.25
-
-
-def _moccasin_remat_only(setting: _Setting, time_limit: float, found: Any) -> Schedule | None:
-    """Moccasin's schedule (Bartan et al. 2023) without paging: a schedule of a subset of POET's space, so POET
-    starts no worse than it (issue 24: POET's graphs at POET's budgets ended 0.02 % above Moccasin's remat-only
-    schedule). Without recomputation paging costs nothing to compare here: a remat-only schedule's energy and time
-    follow its compute cost, Moccasin's objective. None where it finds nothing (or no time is left for it)."""
-    from coop.formulations.moccasin import moccasin
-
-    if time_limit < 1.0:
-        return None
-    hints = [found[1]] if found is not None else None
-    try:
-        # in POET's own order of first computations (its stages keep graph.order): a subset of POET's space
-        result = moccasin(setting.graph, setting.budget, time_limit=time_limit, threads=1, hint=hints,
-                          keep_order=True, order="captured")
-    except CoopError:
-        return None
-    return result.schedule
-
-
-def _too_large(setting: _Setting, fallback: tuple[str, Schedule] | None, max_nodes: int, started: float,
+def _too_large(setting: PoetSetting, fallback: tuple[str, Schedule] | None, max_nodes: int, started: float,
                time_limit: float, threads: int, progress: ProgressCallback | None) -> SolveResult:
     """Above max_nodes: the interval model of :mod:`coop.formulations.poet_intervals`, hinted with the warm start."""
-    from coop.formulations.poet_intervals import solve_intervals
-
     size = len(setting.graph.order)
     why = (f"graph {setting.graph.name!r} has {size} computed nodes, above max_nodes={max_nodes}: POET's T x T model "
            f"(about {5 * size * size // 2} binaries) is not built (raise max_nodes to build it)")
@@ -408,7 +263,7 @@ def _too_large(setting: _Setting, fallback: tuple[str, Schedule] | None, max_nod
                            progress=progress)
 
 
-def _solve_models(setting: _Setting, solver: str, time_limit: float, threads: int, progress: ProgressCallback | None,
+def _solve_models(setting: PoetSetting, solver: str, time_limit: float, threads: int, progress: ProgressCallback | None,
                   verbose: bool, fallback: tuple[str, Schedule] | None) -> SolveResult:
     """Remat-only model first (a hint and a floor), then the full model; the best admitted schedule wins."""
     deadline = time.perf_counter() + time_limit
@@ -441,13 +296,13 @@ def _solve_models(setting: _Setting, solver: str, time_limit: float, threads: in
     return _final(setting, solution, scale, admitted, model, "; ".join(notes))
 
 
-def _final(setting: _Setting, solution: MilpSolution, scale: float, admitted: list[tuple[float, str, Schedule]],
+def _final(setting: PoetSetting, solution: MilpSolution, scale: float, admitted: list[tuple[float, str, Schedule]],
            model: LinearModel, notes: str) -> SolveResult:
     extra = {"variables": model.num_vars, "constraints": len(model.rows), "models": notes,
              "milp_status": solution.status,
              "milp_objective": None if solution.objective is None else solution.objective / scale}
     milp_bound = None if solution.bound is None else solution.bound / scale
-    bound = _at_least_baseline(setting, milp_bound)
+    bound = at_least_baseline(setting, milp_bound)
     if not admitted:
         status = "infeasible" if solution.status == "infeasible" else "unknown"
         what = ("no schedule of POET's space (frontier-advancing stages with paging between them) fits budget "
@@ -459,51 +314,30 @@ def _final(setting: _Setting, solution: MilpSolution, scale: float, admitted: li
     if milp_bound is not None and value < milp_bound - 1e-9 * max(1.0, abs(milp_bound)):
         # a warm start outside POET's stage space beats what the MILP proved for that space: its proof
         # says nothing about the schedule returned, so only the baseline's price bounds it
-        status, bound = "feasible", _at_least_baseline(setting, None)
+        status, bound = "feasible", at_least_baseline(setting, None)
         notes += f"; the {name} beats the MILP's bound {milp_bound:.6g} (it lies outside POET's stage space)"
     elif status == "optimal" and bound is not None:
         bound = min(bound, value)
     message = f"{solution.status} ({notes})" + ("" if name == "milp" else f"; the best schedule came from the {name}")
-    return _result(setting, schedule, status, bound, solution.wall_s, message, {**extra, "source": name})
+    return priced_result(setting, schedule, status, bound, solution.wall_s, message, {**extra, "source": name})
 
 
-def _at_least_baseline(setting: _Setting, bound: float | None) -> float:
-    """A proven lower bound: the solver's, and never below the baseline's price (every node computed once,
-    nothing paged), which every legal schedule pays at least (paging costs >= 0), so that a solve stopped
-    before its root LP still states a gap."""
-    cheapest = [min([n.cost, *(i.cost for i in n.impls)]) for n in setting.graph.nodes
-                if not n.caller_owned and not n.optional]  # a hint may run a cheaper implementation
-    prices = [node_price(float(cost), 0, setting.profile) for cost in cheapest]
-    floor = sum(p.compute_j if setting.objective == "energy" else p.compute_s for p in prices)
-    return floor if bound is None else max(bound, floor)
-
-
-def _result(setting: _Setting, schedule: Schedule, status: Any, bound: float | None, wall: float, message: str,
-            extra: dict[str, Any]) -> SolveResult:
-    sim = simulate(setting.graph, schedule)
-    price = setting.price(schedule)
-    extra = {**extra, "objective": setting.objective, "device_profile": setting.profile.name, **price.to_dict(),
-             "recomputations": sim.recomputations}
-    return SolveResult("poet", status, schedule=schedule, simulation=sim, objective=price.value(setting.objective),
-                       bound=bound, wall_s=wall, message=message, extra=extra)
-
-
-def _priced_problem(setting: _Setting) -> tuple[_Problem, list[NodePrice], float]:
+def _priced_problem(setting: PoetSetting) -> tuple[StageProblem, list[NodePrice], float]:
     """Checkmate's projection (exact memory units), the prices per position, and the objective scale."""
-    problem = _project(setting.graph, setting.budget, None)
+    problem = project(setting.graph, setting.budget, None)
     prices = [node_price(c, setting.graph.node(i).mem, setting.profile) for i, c in zip(problem.ids, problem.cost)]
     baseline = sum(p.compute(setting.objective) for p in prices)
     scale = OBJECTIVE_SCALE / baseline if baseline > 0 else 1.0
     return problem, prices, scale
 
 
-def _model(setting: _Setting, problem: _Problem, prices: list[NodePrice],
-           scale: float) -> tuple[LinearModel, Any, _Paging | None]:
+def _model(setting: PoetSetting, problem: StageProblem, prices: list[NodePrice],
+           scale: float) -> tuple[LinearModel, StageVariables, _Paging | None]:
     """Checkmate's model with POET's objective, paging variables and runtime budget."""
     priced = dataclasses.replace(problem, cost=tuple(p.compute(setting.objective) * scale for p in prices))
     pageable = [setting.graph.pageable(i) for i in problem.ids]
     extension = _Paging(prices, setting.objective, scale, pageable) if setting.paging else None
-    model, variables = _build_model(priced, extension)
+    model, variables = build_stage_model(priced, extension)
     if not setting.remat:
         for t, row in enumerate(variables.R):
             for i in range(t):
@@ -514,7 +348,7 @@ def _model(setting: _Setting, problem: _Problem, prices: list[NodePrice],
     return model, variables, extension
 
 
-def _add_runtime_budget(model: LinearModel, problem: _Problem, prices: list[NodePrice], variables: Any,
+def _add_runtime_budget(model: LinearModel, problem: StageProblem, prices: list[NodePrice], variables: StageVariables,
                         extension: _Paging | None, factor: float) -> None:
     """sum R compute_s + sum M_in pagein_s + sum M_out pageout_s <= factor x baseline compute time."""
     terms: list[tuple[Entry, float]] = [(variables.R[t][i], prices[i].compute_s)
@@ -526,10 +360,10 @@ def _add_runtime_budget(model: LinearModel, problem: _Problem, prices: list[Node
     _row(model, terms, "<=", factor * baseline * (1 + 1e-9))
 
 
-def _extract(problem: _Problem, variables: Any, extension: _Paging | None, values: list[float]) -> Schedule:
-    computed, retained = _stages_from_solution(variables, values, problem.size)
+def _extract(problem: StageProblem, variables: StageVariables, extension: _Paging | None, values: list[float]) -> Schedule:
+    computed, retained = stages_from_solution(variables, values, problem.size)
     boundaries = extension.boundaries(values, problem.size) if extension is not None else None
-    return _schedule_from_stages(problem, computed, retained, boundaries)
+    return schedule_from_stages(problem, computed, retained, boundaries)
 
 
 def _unscaled(progress: ProgressCallback | None, scale: float) -> ProgressCallback | None:
@@ -545,5 +379,5 @@ def _unscaled(progress: ProgressCallback | None, scale: float) -> ProgressCallba
     return report
 
 
-__all__ = ["DEFAULT_DEVICE_PROFILE", "DEFAULT_MAX_NODES", "OBJECTIVES", "NodePrice", "SchedulePrice", "node_price",
-           "poet", "price_schedule"]
+__all__ = ["DEFAULT_DEVICE_PROFILE", "DEFAULT_MAX_NODES", "OBJECTIVES", "OBJECTIVE_SCALE", "NodePrice", "Objective",
+           "PoetError", "SchedulePrice", "node_price", "poet", "price_schedule"]

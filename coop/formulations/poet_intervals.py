@@ -4,7 +4,7 @@ POET (Patil, Jain, Dutta, Stoica, Gonzalez, "POET: Training Neural Networks on T
 Integrated Rematerialization and Paging", ICML 2022) solves a T x T MILP (:mod:`coop.formulations.poet`)
 that is not built above ``max_nodes`` computed nodes. This module carries POET's choices over to
 Moccasin's O(n) retention-interval model (Bartan et al., ICML 2023; :mod:`coop.formulations.moccasin`),
-with the same prices (:func:`coop.formulations.poet.node_price`) and the same simulator:
+with the same prices (:func:`coop.formulations.poet_setting.node_price`) and the same simulator:
 
 * every computed value v has up to C device-residency intervals ``[s_vi, e_vi]`` on a slot axis
   (one compute per slot); the first is present and starts with a compute, the others are optional
@@ -38,7 +38,6 @@ from the baseline order) first looks for a schedule that fits, as Moccasin does.
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from dataclasses import dataclass, field
@@ -46,12 +45,37 @@ from typing import Any
 
 from ortools.sat.python import cp_model
 
-from coop.formulations.moccasin import _ancestor_counts
+from coop.formulations.entry import formulation
+from coop.formulations.interval_model import (
+    IntervalModel,
+    add_first_computation_order,
+    add_precedences,
+    ancestor_and_descendant_counts,
+    enforcement_literals,
+    first_computations_in_order,
+    follow_previous,
+    hint_choices,
+    interval_hint,
+    keep_last_to_end,
+    literal_value,
+    new_interval,
+    new_retention_bounds,
+    pin_absent,
+    present_intervals,
+)
+from coop.formulations.poet_setting import (
+    PoetError,
+    at_least_baseline,
+    best_fallback,
+    node_price,
+    poet_setting,
+    priced_result,
+)
 from coop.formulations.progress import ProgressCallback, ProgressClock
 from coop.formulations.result import SolveResult
 from coop.formulations.slot_problem import SlotProblem
 from coop.graph import Graph
-from coop.schedule import Schedule, ScheduleError, Step, ordered_first_computations, simulate, take_extras_promptly
+from coop.schedule import Schedule, ScheduleError, Step, simulate, take_extras_promptly
 
 #: Residency intervals per value (Moccasin's C) unless the warm start needs more.
 DEFAULT_MAX_INTERVALS = 2
@@ -71,7 +95,18 @@ def schedule_spans(graph: Graph, schedule: Schedule) -> tuple[dict[int, list[Spa
     From the simulator's instances: each stay of an instance on the device is one span; the first
     starts at the instance's compute, the others with a page-in (at the slot of the next compute). A
     stay with no compute in it is dropped (it changes no compute's memory), except an output's last,
-    which is kept to the end. None if the schedule pages a caller-owned value (the model never does).
+    which is kept to the end.
+
+    Parameters
+    ----------
+    graph : Graph
+    schedule : Schedule
+
+    Returns
+    -------
+    (spans, count) or None
+        Per computed value its ``(start, end, paged_in)`` in slot order and the number of computes; None if
+        the schedule pages a caller-owned value (the model never does).
     """
     schedule = take_extras_promptly(graph, schedule)
     sim = simulate(graph, schedule)
@@ -98,8 +133,17 @@ def schedule_spans(graph: Graph, schedule: Schedule) -> tuple[dict[int, list[Spa
 def spans_to_schedule(problem: SlotProblem, spans: dict[int, list[Span]]) -> Schedule:
     """Per slot: its page-ins, its compute, then the page-outs and frees of the intervals ending there.
 
-    An interval followed by a page-in interval ends with a page-out; an output's last interval is
-    kept to the end; every other interval ends with a free.
+    Parameters
+    ----------
+    problem : SlotProblem
+    spans : dict
+        Per computed value its present ``(start, end, paged_in)`` in slot order.
+
+    Returns
+    -------
+    Schedule
+        An interval followed by a page-in interval ends with a page-out; an output's last interval is
+        kept to the end; every other interval ends with a free.
     """
     events: list[tuple[int, int, int, str]] = []
     for v, own in spans.items():
@@ -128,8 +172,6 @@ class Coefficients:
 
     @classmethod
     def build(cls, setting: Any, order: list[int]) -> Coefficients:
-        from coop.formulations.poet import node_price
-
         prices = {v: node_price(float(setting.graph.node(v).cost), setting.graph.node(v).mem, setting.profile)
                   for v in order}
         objective = setting.objective
@@ -147,25 +189,13 @@ class Coefficients:
 
 
 @dataclass
-class _Model:
-    model: cp_model.CpModel
-    horizon: int
-    starts: dict[int, list[Any]] = field(default_factory=dict)
-    ends: dict[int, list[Any]] = field(default_factory=dict)
-    present: dict[int, list[Any]] = field(default_factory=dict)   # True for the first interval
+class _Model(IntervalModel):
+    """The residency intervals of :class:`IntervalModel` (``present[v][0]`` is True) with POET's kinds."""
+
     computed: dict[int, list[Any]] = field(default_factory=dict)  # c_vi: True, False or a literal
     paged: dict[int, list[Any]] = field(default_factory=dict)     # g_vi: True, False or a literal
     sizes: dict[int, list[Any]] = field(default_factory=dict)     # residency lengths (hinted: a complete hint)
-    lows: dict[int, int] = field(default_factory=dict)
-    choices: list[tuple[int, int, int, list[Any]]] = field(default_factory=list)  # (u, v, i, b_uj)
     overflow: Any = None  # bytes over the budget, when the capacity is relaxed
-
-
-def _when(*literals: Any) -> list[Any] | None:
-    """The enforcement literals of a constraint, or None when one is the constant False (no constraint)."""
-    if any(lit is False for lit in literals):
-        return None
-    return [lit for lit in literals if lit is not True]
 
 
 def _kinds(built: _Model, v: int, i: int, can_recompute: bool, can_page: bool, p: Any) -> tuple[Any, Any]:
@@ -183,13 +213,37 @@ def build_model(problem: SlotProblem, coefficients: Coefficients, horizon: int, 
                 setting: Any, keep_order: bool, relax_memory: bool = False) -> _Model:
     """The interval model (s_vi, e_vi, p_vi, c_vi, g_vi) on ``horizon`` slots; see the module docstring.
 
-    With ``relax_memory`` the capacity is a variable and the objective is the overflow over the budget alone:
-    the baseline order is then a feasible start and CP-SAT walks the peak down to the budget.
+    Parameters
+    ----------
+    problem : SlotProblem
+    coefficients : Coefficients
+        The integer prices.
+    horizon : int
+        The number of compute slots.
+    per_node : dict
+        Per value its number of residency intervals (Moccasin's C).
+    setting : PoetSetting
+        POET's options (remat, paging, runtime budget).
+    keep_order : bool
+        First computations in ``problem.order``; else only the random draws.
+    relax_memory : bool
+        The capacity is a variable and the objective is the overflow over the budget alone: the baseline
+        order is then a feasible start and CP-SAT walks the peak down to the budget.
+
+    Returns
+    -------
+    _Model
+
+    References
+    ----------
+    Patil et al., "POET: Training Neural Networks on Tiny Devices with Integrated Rematerialization and
+    Paging", ICML 2022; Bartan et al., "Moccasin: Efficient Tensor Rematerialization for Neural Networks",
+    ICML 2023 (the interval model, :mod:`coop.formulations.interval_model`).
     """
     model = cp_model.CpModel()
     built = _Model(model, horizon)
     last = horizon - 1
-    n_anc, n_desc = _ancestor_counts(problem)
+    n_anc, n_desc = ancestor_and_descendant_counts(problem)
     residency, demands, runs = [], [], []
     objective, seconds = [], []
     for v in problem.order:
@@ -199,18 +253,15 @@ def build_model(problem: SlotProblem, coefficients: Coefficients, horizon: int, 
         for name in ("starts", "ends", "present", "computed", "paged", "sizes"):
             getattr(built, name)[v] = []
         for i in range(per_node[v]):
-            s = model.NewIntVar(lo, last - n_desc[v] if i == 0 else last, f"s_{v}_{i}")
-            e = model.NewIntVar(lo, last, f"e_{v}_{i}")
+            s, e = new_retention_bounds(model, v, i, lo, last - n_desc[v], last)
             p = True if i == 0 else model.NewBoolVar(f"p_{v}_{i}")
             c, g = _kinds(built, v, i, can_recompute, can_page, p)
             size = model.NewIntVar(1, horizon, f"len_{v}_{i}")
             if v in problem.output_of and i == 0:  # an extra output exists from right after its op's first compute
                 model.Add(e >= s)
                 residency.append(model.NewIntervalVar(built.starts[problem.output_of[v]][0] + 1, size, e + 1, f"r_{v}"))
-            elif p is True:
-                residency.append(model.NewIntervalVar(s, size, e + 1, f"r_{v}_{i}"))
             else:
-                residency.append(model.NewOptionalIntervalVar(s, size, e + 1, p, f"r_{v}_{i}"))
+                residency.append(new_interval(model, s, size, e + 1, p, f"r_{v}_{i}"))
             demands.append(problem.mem[v])
             if c is not False:
                 run = (model.NewFixedSizeIntervalVar(s, 1, f"run_{v}_{i}") if c is True
@@ -221,21 +272,15 @@ def build_model(problem: SlotProblem, coefficients: Coefficients, horizon: int, 
                     demands.append(problem.workspace[v])
             seconds.append((c, coefficients.compute_s[v]))
             if i > 0:
-                if built.present[v][-1] is not True:
-                    model.AddImplication(p, built.present[v][-1])
-                model.Add(s > built.ends[v][-1]).OnlyEnforceIf(p)  # one value's intervals never overlap
-                model.Add(s == lo).OnlyEnforceIf(p.Not())  # absent intervals pinned: no symmetric copies
-                model.Add(e == lo).OnlyEnforceIf(p.Not())
+                follow_previous(model, s, p, built.ends[v][-1], built.present[v][-1])
+                pin_absent(model, s, e, p, lo)
                 objective += [(c, coefficients.compute[v]), (g, coefficients.paging[v])]
                 seconds.append((g, coefficients.paging_s[v]))
             for name, value in zip(("starts", "ends", "present", "computed", "paged", "sizes"), (s, e, p, c, g, size),
                                    strict=True):
                 getattr(built, name)[v].append(value)
         if v in problem.outputs:  # the last present interval is kept to the end
-            for i, p in enumerate(built.present[v]):
-                following = built.present[v][i + 1] if i + 1 < per_node[v] else False
-                literals = _when(p, following.Not() if following is not False else True)
-                model.Add(built.ends[v][i] == last).OnlyEnforceIf(literals)
+            keep_last_to_end(model, built.ends[v], built.present[v], last)
     model.AddNoOverlap(runs)
     if relax_memory:
         most = max(sum(demands), problem.capacity)
@@ -247,10 +292,10 @@ def build_model(problem: SlotProblem, coefficients: Coefficients, horizon: int, 
         model.AddHint(built.overflow, most - problem.capacity)
     else:
         model.AddCumulative(residency, demands, problem.capacity)
-    _add_precedences(problem, built)
-    ordered = ordered_first_computations(problem.graph, problem.order, keep_order)
-    for a, b in itertools.pairwise(ordered):
-        model.Add(built.starts[a][0] < built.starts[b][0])
+    # A compute interval of v reads its inputs (a page-in interval reads nothing); a value paged in at slot s
+    # is readable at s, a computed one from s + 1.
+    add_precedences(problem, built, lambda v, i: enforcement_literals(built.computed[v][i]), paged=built.paged)
+    add_first_computation_order(built, problem.graph, problem.order, keep_order)
     if setting.runtime_budget is not None:
         limit = setting.runtime_budget * setting.graph.baseline_cost  # poet's: compute and paging seconds
         model.Add(_linear(seconds) <= math.floor(limit * (1 + 1e-9) * coefficients.seconds_scale))
@@ -263,37 +308,16 @@ def _linear(terms: list[tuple[Any, int]]) -> Any:
     return sum(coef * (1 if lit is True else lit) for lit, coef in terms if lit is not False and coef)
 
 
-def _add_precedences(problem: SlotProblem, built: _Model) -> None:
-    """Each compute interval of v starts inside a present interval of each computed input u."""
-    model = built.model
-    for v in problem.order:
-        for u in problem.inputs[v]:
-            model.Add(built.starts[u][0] < built.starts[v][0])  # first u precedes first v
-            if v in problem.output_of:
-                continue  # an extra output is taken from its op, not computed from u
-            for i, (s_v, c_v) in enumerate(zip(built.starts[v], built.computed[v], strict=True)):
-                literals = _when(c_v)
-                if literals is None:
-                    continue  # a page-in interval reads nothing
-                if len(built.starts[u]) == 1:
-                    model.Add(built.starts[u][0] < s_v).OnlyEnforceIf(literals)
-                    model.Add(built.ends[u][0] >= s_v).OnlyEnforceIf(literals)
-                    continue
-                chosen = []
-                for j, (s_u, e_u, p_u, g_u) in enumerate(zip(built.starts[u], built.ends[u], built.present[u],
-                                                               built.paged[u], strict=True)):
-                    b = model.NewBoolVar(f"b_{u}_{j}_{v}_{i}")
-                    if p_u is not True:
-                        model.AddImplication(b, p_u)
-                    model.Add(s_u + 1 - (0 if g_u is False else g_u) <= s_v).OnlyEnforceIf(b)
-                    model.Add(e_u >= s_v).OnlyEnforceIf(b)
-                    chosen.append(b)
-                model.AddBoolOr(chosen).OnlyEnforceIf(literals)
-                built.choices.append((u, v, i, chosen))
-
-
 def add_hint(built: _Model, spans: dict[int, list[Span]], problem: SlotProblem) -> None:
-    """A complete hint from the warm start's spans: every s, e, p, c, g and precedence choice."""
+    """A complete hint from the warm start's spans: every s, e, p, c, g and precedence choice.
+
+    Parameters
+    ----------
+    built : _Model
+    spans : dict
+        The warm start's spans (:func:`schedule_spans`).
+    problem : SlotProblem
+    """
     model, outputs = built.model, problem.outputs
     hinted: set[int] = set()  # c_vi or g_vi may be p_vi itself: hint each variable once
 
@@ -305,41 +329,50 @@ def add_hint(built: _Model, spans: dict[int, list[Span]], problem: SlotProblem) 
     for v in problem.order:
         own = spans.get(v, [])
         for i, s in enumerate(built.starts[v]):
-            if i < len(own):
-                start, end, paged_in = own[i]
-                end = built.horizon - 1 if v in outputs and i == len(own) - 1 else end
-                model.AddHint(s, start)
-                model.AddHint(built.ends[v][i], end)
+            present, start, end = interval_hint(own, i, built.lows[v], built.horizon - 1, v in outputs)
+            model.AddHint(s, start)
+            model.AddHint(built.ends[v][i], end)
+            if present:
                 first = spans[problem.output_of[v]][0][0] + 1 if v in problem.output_of and i == 0 else start
                 model.AddHint(built.sizes[v][i], end + 1 - first)
+                paged_in = own[i][2]
                 hint(built.present[v][i], True)
                 hint(built.computed[v][i], not paged_in)
                 hint(built.paged[v][i], paged_in)
             else:
-                model.AddHint(s, built.lows[v])
-                model.AddHint(built.ends[v][i], built.lows[v])
                 model.AddHint(built.sizes[v][i], 1)
                 for var in (built.present[v][i], built.computed[v][i], built.paged[v][i]):
                     hint(var, False)
-    for u, v, i, chosen in built.choices:
-        covering = None
-        if i < len(spans[v]):
-            s_v = spans[v][i][0]
-            covering = next((j for j, (s, e, g) in enumerate(spans[u]) if s + (0 if g else 1) <= s_v <= e), None)
-        for j, b in enumerate(chosen):
-            model.AddHint(b, j == covering)
+    hint_choices(built, spans, covers=_readable_at)
+
+
+def _readable_at(span: Span, slot: int) -> bool:
+    """Whether u's span makes it readable at ``slot``: a paged-in value from its own slot, a computed one after."""
+    start, end, paged_in = span
+    return start + (0 if paged_in else 1) <= slot <= end
 
 
 def solution_spans(solver: cp_model.CpSolver, built: _Model) -> dict[int, list[Span]]:
-    def value(lit: Any) -> bool:
-        return lit if isinstance(lit, bool) else solver.BooleanValue(lit)
+    """The present residency intervals of a solution, each with whether a page-in starts it.
 
-    return {v: [(solver.Value(s), solver.Value(e), value(g))
-                for s, e, p, g in zip(built.starts[v], built.ends[v], built.present[v], built.paged[v], strict=True)
-                if value(p)] for v in built.starts}
+    Parameters
+    ----------
+    solver : CpSolver
+        Its last solve found a solution (OPTIMAL or FEASIBLE).
+    built : _Model
+        The model it solved.
+
+    Returns
+    -------
+    dict
+        Per computed value its ``(s_vi, e_vi, g_vi)`` in slot order.
+    """
+    return {v: [(start, end, literal_value(solver, built.paged[v][i])) for i, start, end in rows]
+            for v, rows in present_intervals(solver, built).items()}
 
 
 # ==================================================================== solving
+@formulation("poet")
 def poet_intervals(
     graph: Graph,
     budget: int,
@@ -360,26 +393,12 @@ def poet_intervals(
     """POET's choices in the interval model on any graph (what :func:`coop.formulations.poet.poet` runs above
     its ``max_nodes``). The options are poet's; ``max_intervals`` is Moccasin's C; ``warm_start=False``
     leaves out poet's warm starts (CP-SAT then starts from the baseline order, which may not fit)."""
-    from coop.budget import below_min_budget
-    from coop.device_profiles import load_device_profile
-    from coop.formulations.poet import DEFAULT_DEVICE_PROFILE, OBJECTIVES, PoetError, _best_fallback, _Setting
-
     started = time.perf_counter()
-    if objective not in OBJECTIVES:
-        raise PoetError(f"unknown objective {objective!r} for poet: choose energy or time")
-    if runtime_budget is not None and (isinstance(runtime_budget, bool) or not math.isfinite(runtime_budget)
-                                       or runtime_budget < 1):
-        raise PoetError(f"runtime budget {runtime_budget!r} is not a factor >= 1 of the baseline compute time; "
-                        "give e.g. 1.5")
-    if not remat and not paging:
-        raise PoetError("poet with remat=False and paging=False can only run the baseline; use store-all")
+    setting = poet_setting(graph, budget, objective=objective, device_profile=device_profile,
+                           runtime_budget=runtime_budget, remat=remat, paging=paging)
     if isinstance(max_intervals, bool) or not isinstance(max_intervals, int) or max_intervals < 1:
         raise PoetError(f"max_intervals={max_intervals!r} must be an integer >= 1 (Moccasin's C)")
-    if below := below_min_budget(budget, graph):
-        return SolveResult("poet", "infeasible", message=below)
-    profile = load_device_profile(device_profile or DEFAULT_DEVICE_PROFILE)
-    setting = _Setting(graph, budget, objective, profile, runtime_budget, remat, paging)  # type: ignore[arg-type]
-    fallback = _best_fallback(setting, hint, time_limit) if warm_start else None
+    fallback = best_fallback(setting, hint, time_limit) if warm_start else None
     return solve_intervals(setting, fallback, why="the interval model was asked for", started=started,
                            time_limit=time_limit, threads=threads, progress=progress, max_intervals=max_intervals)
 
@@ -391,12 +410,10 @@ def solve_intervals(setting: Any, fallback: tuple[str, Schedule] | None, *, why:
     ``time_limit`` (counted from ``started``), return the cheaper admitted schedule (``why``: the message's
     opening, which model runs and why). With no warm start, a capacity-relaxed model first looks for a
     schedule that fits (up to 3/4 of the time left), which then hints the priced model."""
-    from coop.formulations.poet import _at_least_baseline, _result
-
     clock = ProgressClock(progress)
     problem = SlotProblem.build(setting.graph, setting.budget)
     coefficients = Coefficients.build(setting, problem.order)
-    floor = _at_least_baseline(setting, None)
+    floor = at_least_baseline(setting, None)
     extra: dict[str, Any] = {"model": "poet-intervals", "max_intervals": max_intervals,
                              "warm_start": fallback[0] if fallback else None,
                              "warm_start_objective": setting.price(fallback[1]).value(setting.objective)
@@ -431,7 +448,7 @@ def solve_intervals(setting: Any, fallback: tuple[str, Schedule] | None, *, why:
     clock.report(value, floor, "poet intervals: done", final=True)
     message = (f"{words}; the best schedule came from the {name}; a restricted model (C intervals per value, "
                "these slots): optimality not proven, the bound is the baseline's price")
-    return _result(setting, schedule, "feasible", floor, wall, message, {**extra, "source": name})
+    return priced_result(setting, schedule, "feasible", floor, wall, message, {**extra, "source": name})
 
 
 def _shaped_model(setting: Any, problem: SlotProblem, coefficients: Coefficients,
@@ -441,8 +458,7 @@ def _shaped_model(setting: Any, problem: SlotProblem, coefficients: Coefficients
     spans, slots = _warm_spans(setting.graph, problem, start)
     per_node = {v: max(len(spans[v]), max_intervals) if _may_repeat(setting, problem, v) else 1 for v in problem.order}
     horizon = slots + 1 + len(problem.order) // 10 + 2
-    keep_order = setting.graph.has_backward and all(spans[a][0][0] < spans[b][0][0]
-                                                    for a, b in itertools.pairwise(problem.order))
+    keep_order = setting.graph.has_backward and first_computations_in_order(spans, problem.order)
     built = build_model(problem, coefficients, horizon, per_node, setting, keep_order, relax_memory)
     add_hint(built, spans, problem)
     return built

@@ -1,4 +1,4 @@
-"""Progress reports of long solves: incumbent, bound and elapsed time (DESIGN.md, CLI).
+"""Progress reports of long solves: incumbent, bound and elapsed time.
 
 A solver calls its progress callback with a :class:`Progress` whenever it learns something
 (a new incumbent, a better bound, start and end). :func:`stderr_progress` is the default

@@ -28,7 +28,7 @@ How it is run here, on the SAME graph as every other formulation:
   which the partitioner recomputes at ``activation_memory_budget = 0`` (drawing new random
   numbers), is kept from the forward instead; ``extra["kept_not_recomputable"]`` counts those.
 
-The knob is not a peak bound and is not monotone (DESIGN.md, measured facts), so
+The knob is not a peak bound and is not monotone (bench_captured's sweep in BENCHMARKS.md shows both), so
 :func:`pytorch_mincut` sweeps it, simulates every split with the one simulator, and returns the
 cheapest schedule whose peak fits the budget, else the lowest-peak one with ``fits = False``.
 """
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import copy
 import time
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -145,9 +146,9 @@ def pytorch_mincut(graph: Graph, budget: int, *, captured: Any = None,
 def sweep_splits(graph: Graph, captured: Any, knobs: Sequence[float]) -> tuple[list[SplitPlan], float]:
     """One simulated split per knob, and the seconds the sweep took when it ran.
 
-    The splits do not depend on the budget, so they are cached on the (immutable) graph: a
-    comparison over several budgets partitions once. ``sweep_s`` is the time of the run that
-    filled the cache.
+    The splits do not depend on the budget, so they are cached per captured step, graph and knobs
+    (:data:`_SWEEPS`, an entry dropped when its step or graph is collected): a comparison over several
+    budgets partitions once. ``sweep_s`` is the time of the run that filled the cache.
     """
 
     def run() -> tuple[list[SplitPlan], float]:
@@ -159,7 +160,16 @@ def sweep_splits(graph: Graph, captured: Any, knobs: Sequence[float]) -> tuple[l
             plans.append(split_to_schedule(graph, captured, joint, forward_module, backward_module, knob))
         return plans, time.perf_counter() - started
 
-    return graph.memo(f"pytorch-mincut/{tuple(knobs)}/{id(captured.module)}", run)
+    key = (id(captured), id(graph), tuple(knobs))
+    if key not in _SWEEPS:
+        _SWEEPS[key] = run()
+        for owner in (captured, graph):
+            weakref.finalize(owner, _SWEEPS.pop, key, None)
+    return _SWEEPS[key]
+
+
+#: The sweeps run so far, by (captured step, graph, knobs) identity: see :func:`sweep_splits`.
+_SWEEPS: dict[tuple[int, int, tuple[float, ...]], tuple[list[SplitPlan], float]] = {}
 
 
 def _choose(plans: list[SplitPlan], budget: int) -> SplitPlan:

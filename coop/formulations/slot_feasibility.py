@@ -9,7 +9,6 @@ so that INFEASIBLE is a proof for the whole space.
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,8 +16,9 @@ from typing import Any
 
 from ortools.sat.python import cp_model
 
+from coop.formulations.interval_model import first_computation_pairs
 from coop.formulations.slot_problem import SlotProblem, sufficient_horizon, sufficient_intervals
-from coop.schedule import Schedule, Step, ordered_first_computations, simulate
+from coop.schedule import Schedule, Step, simulate
 
 
 @dataclass
@@ -57,6 +57,15 @@ def feasibility_horizon(problem: SlotProblem) -> tuple[dict[int, int], int]:
     :func:`sufficient_intervals` without a cost bound: dropping computations that nothing reads
     never raises memory nor leaves the space, so if any schedule of the space fits, one within
     these limits does, and it makes at most :func:`sufficient_horizon` computations.
+
+    Parameters
+    ----------
+    problem : SlotProblem
+
+    Returns
+    -------
+    (limits, horizon) : tuple
+        Per node its most computations, and the number of slots.
     """
     limits = sufficient_intervals(problem, None)
     return limits, sufficient_horizon(problem, limits, None)
@@ -73,7 +82,29 @@ def build_feasibility_model(problem: SlotProblem, keep_order: bool, horizon: int
     at that compute. Empty slots come only at the end (removing an empty slot changes nothing),
     and v is never recomputed while an instance of it is alive (freeing it first is the same
     memory). With ``keep_order`` first computations follow ``problem.order``; else only random
-    ops' first draws do (``Graph.random_draws``), as in :func:`build_model`.
+    ops' first draws do (``Graph.random_draws``), as in the interval models
+    (:func:`coop.formulations.interval_model.first_computation_pairs`).
+
+    Parameters
+    ----------
+    problem : SlotProblem
+    keep_order : bool
+    horizon : int
+        The number of slots (:func:`feasibility_horizon`).
+    limits : dict
+        Per node its most computations.
+    capacity : int or IntVar
+        Bytes beyond the caller-owned values at every step.
+
+    Returns
+    -------
+    SlotGrid
+
+    References
+    ----------
+    Jain et al., "Checkmate: Breaking the Memory Wall with Optimal Tensor Rematerialization", MLSys 2020
+    (R and S); Bartan et al., "Moccasin: Efficient Tensor Rematerialization for Neural Networks", ICML 2023
+    (one compute per slot).
     """
     model = cp_model.CpModel()
     ops = [v for v in problem.order if v not in problem.output_of]
@@ -107,8 +138,7 @@ def build_feasibility_model(problem: SlotProblem, keep_order: bool, horizon: int
         memory.append(used)
     for output in problem.outputs:
         model.Add(resident[output][horizon] == 1)
-    ordered = ordered_first_computations(problem.graph, ops, keep_order)
-    for a, b in itertools.pairwise(ordered):
+    for a, b in first_computation_pairs(problem.graph, ops, keep_order):  # a's first computation precedes b's
         model.Add(done[b][0] == 0)
         for t in range(1, horizon):
             model.AddImplication(done[b][t], done[a][t - 1])
@@ -135,8 +165,20 @@ def _add_node_rules(model: cp_model.CpModel, problem: SlotProblem, v: int, compu
 
 
 def grid_schedule(problem: SlotProblem, grid: SlotGrid, solver: cp_model.CpSolver) -> Schedule:
-    """The solution's computes in slot order, each extra output taken right after its op's first
-    compute; values are freed after their last use (the simulator's default)."""
+    """The solution's computes in slot order, each extra output taken right after its op's first compute.
+
+    Parameters
+    ----------
+    problem : SlotProblem
+    grid : SlotGrid
+    solver : CpSolver
+        Holding a solution of ``grid.model``.
+
+    Returns
+    -------
+    Schedule
+        Values are freed after their last use (the simulator's default).
+    """
     steps: list[Step] = []
     taken: set[int] = set()
     for t in range(grid.horizon):
@@ -151,7 +193,19 @@ def grid_schedule(problem: SlotProblem, grid: SlotGrid, solver: cp_model.CpSolve
 
 
 def space_words(problem: SlotProblem, keep_order: bool, order_words: str = "graph.order") -> str:
-    """The schedules a proof speaks about, in words; ``order_words`` names the order first computations keep."""
+    """The schedules a proof speaks about, in words.
+
+    Parameters
+    ----------
+    problem : SlotProblem
+    keep_order : bool
+    order_words : str
+        Names the order first computations keep.
+
+    Returns
+    -------
+    str
+    """
     if keep_order:
         return f"no schedule with first computations in {order_words}"
     if len(problem.graph.random_draws & set(problem.order)) > 1:
@@ -175,6 +229,7 @@ class CpSatParameters:
     options: dict[str, Any]
 
     def solver(self, seconds: float) -> cp_model.CpSolver:
+        """A CP-SAT solver with these parameters and a limit of ``seconds``."""
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = max(0.01, seconds)
         solver.parameters.num_workers = max(1, self.threads)
@@ -190,9 +245,23 @@ def check_feasibility(problem: SlotProblem, *, keep_order: bool, share_s: float,
 
     Moccasin's capacity-relaxed model (minimise overflow) can spend the whole limit without proving
     that nothing fits just below the least peak; this question, with no objective, often settles
-    it in a fraction of a second. ``left_s()`` is the time the caller has left. Returns what CP-SAT
-    answered and, when it found one, a schedule of the grid (the caller simulates it). After an
-    INFEASIBLE answer the space's least peak is sought too (:func:`_find_least_peak`).
+    it in a fraction of a second. After an INFEASIBLE answer the space's least peak is sought too.
+
+    Parameters
+    ----------
+    problem : SlotProblem
+    keep_order : bool
+        The space: first computations in ``problem.order``, or only the random draws.
+    share_s : float
+        Seconds for the question.
+    left_s : callable
+        The time the caller has left.
+    parameters : CpSatParameters
+
+    Returns
+    -------
+    (check, schedule) : tuple
+        What CP-SAT answered and, when it found one, a schedule of the grid (the caller simulates it).
     """
     check = FeasibilityCheck()
     limits, horizon = feasibility_horizon(problem)

@@ -35,6 +35,18 @@ class SlotProblem:
 
     @classmethod
     def build(cls, graph: Graph, budget: int) -> SlotProblem:
+        """The slot problem of ``graph`` under ``budget`` (bytes, caller-owned values included).
+
+        Parameters
+        ----------
+        graph : Graph
+        budget : int
+
+        Returns
+        -------
+        SlotProblem
+            Its computed nodes in ``prompt_order(graph)`` (extra outputs right after their op: the same memory).
+        """
         order = list(prompt_order(graph))  # extra outputs right after their op: the same memory
         computed = set(order)
         inputs = {v: [u for u in graph.node(v).inputs if u in computed] for v in order}
@@ -63,6 +75,14 @@ def integer_cost_scale(costs: list[float]) -> float:
 
     Scaled costs are rounded down (see :meth:`SlotProblem.build`), so the model's objective never
     exceeds a schedule's true cost and CP-SAT's bound stays a valid lower bound.
+
+    Parameters
+    ----------
+    costs : list of float
+
+    Returns
+    -------
+    float
     """
     if all(float(c).is_integer() for c in costs):
         return 1.0
@@ -87,6 +107,17 @@ def sufficient_intervals(problem: SlotProblem, extra_cost: float | None) -> dict
     ``computations(v) <= 1 + [v is an output] + sum over consumers c of computations(c)``; and a
     node with cost c_v > 0 is recomputed at most ``floor(extra_cost / c_v)`` times. Non-recomputable
     nodes are computed once. Evaluated in reverse baseline (topological) order.
+
+    Parameters
+    ----------
+    problem : SlotProblem
+    extra_cost : float or None
+        The most extra cost (graph cost units) of the schedules considered; None: any.
+
+    Returns
+    -------
+    dict
+        Per node its most computations.
     """
     limits: dict[int, int] = {}
     for v in reversed(problem.order):
@@ -103,8 +134,22 @@ def sufficient_intervals(problem: SlotProblem, extra_cost: float | None) -> dict
 
 
 def sufficient_horizon(problem: SlotProblem, limits: dict[int, int], extra_cost: float | None) -> int:
-    """The most computations such a schedule makes: n plus the most recomputations that
-    ``limits`` allow within ``extra_cost`` (cheapest first, which maximises their number)."""
+    """The most computations such a schedule makes.
+
+    Parameters
+    ----------
+    problem : SlotProblem
+    limits : dict
+        Per node its most computations (:func:`sufficient_intervals`).
+    extra_cost : float or None
+        The most extra cost; None: any.
+
+    Returns
+    -------
+    int
+        n plus the most recomputations that ``limits`` allow within ``extra_cost`` (cheapest first, which
+        maximises their number).
+    """
     recomputations = 0
     remaining = math.inf if extra_cost is None else extra_cost + 1e-9
     for v in sorted(problem.order, key=lambda v: problem.graph.node(v).cost):

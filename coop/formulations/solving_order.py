@@ -22,7 +22,7 @@ schedule of the reordered graph is a schedule of the graph (the one simulator do
 from __future__ import annotations
 
 from coop.errors import CoopError
-from coop.graph import Graph
+from coop.graph import Graph, derived_from_graph
 from coop.schedule import Schedule, simulate
 
 #: The deferred order is used only where it lowers the store-all peak by at least this fraction.
@@ -86,6 +86,7 @@ def _readers(graph: Graph) -> dict[int, set[int]]:
 ORDER_CHOICES = ("auto", "captured", "deferred")
 
 
+@derived_from_graph
 def solving_graph(graph: Graph, order: str = "auto") -> tuple[Graph, str]:
     """The graph a solver should work on and the order's name. ``order="auto"``: the graph in
     :func:`deferred_order` where that order's store-all peak is at least :data:`MIN_PEAK_GAIN` below the captured
@@ -100,19 +101,16 @@ def solving_graph(graph: Graph, order: str = "auto") -> tuple[Graph, str]:
             return graph, "captured (deferring moves nothing)"
         return _in_order(graph, deferred), "deferred (asked for)"
 
-    def build() -> tuple[Graph, str]:
-        if not graph.has_backward:
-            return graph, "captured"
-        order = deferred_order(graph)
-        if order == graph.order:
-            return graph, "captured"
-        before = simulate(graph, Schedule.from_order(graph.order)).peak
-        after = simulate(graph, Schedule.from_order(order)).peak
-        if after > (1 - MIN_PEAK_GAIN) * before:
-            return graph, "captured"
-        return _in_order(graph, order), f"deferred (store-all peak {after:,} B, captured order's {before:,} B)"
-
-    return graph.memo("solving_graph", build)
+    if not graph.has_backward:
+        return graph, "captured"
+    deferred = deferred_order(graph)
+    if deferred == graph.order:
+        return graph, "captured"
+    before = simulate(graph, Schedule.from_order(graph.order)).peak
+    after = simulate(graph, Schedule.from_order(deferred)).peak
+    if after > (1 - MIN_PEAK_GAIN) * before:
+        return graph, "captured"
+    return _in_order(graph, deferred), f"deferred (store-all peak {after:,} B, captured order's {before:,} B)"
 
 
 def _in_order(graph: Graph, order: tuple[int, ...]) -> Graph:

@@ -1,4 +1,4 @@
-"""Warm starts: the one place that collects the schedules a solver starts from.
+"""Warm starts: the one collector of the schedules a solver starts from.
 
 Every exact formulation is handed the cheapest legal schedule that fits among: the caller's
 ``hint`` s, Checkmate's LP rounding on small graphs, the solver-free heuristics of
@@ -8,14 +8,23 @@ schedules the online eviction policies (DTR, DTE, Coop; :mod:`coop.online`) reac
 graph and budget. The last makes a static plan never worse than online eviction there; the solver
 then improves on it. A candidate must also draw random numbers in the captured order, or a replay
 would differ from eager PyTorch.
+
+:class:`WarmStarts` is the collector every solver uses: candidates are offered by name, each is
+passed through the solver's ``prepare`` hook (MONeT converts computes to in-place ones), kept only
+when it is legal, fits, draws in order and passes the solver's ``accept`` hook (MONeT's exactness
+and compute-once rules), and ranked by the solver's ``key`` (compute cost by default; POET prices
+on its device profile). :func:`best_warm_start` is the collection the exact formulations share.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from coop.errors import CoopError, ScheduleError
+from coop.formulations.baselines import checkpoint_all, chen_greedy, chen_sqrt, store_all
+from coop.formulations.checkmate import checkmate_lp
 from coop.formulations.heuristics import REBUILD_SIZE_PENALTIES, greedy_eviction_schedule, peak_shaving_schedule
 from coop.formulations.structured_warm_start import cheap_recompute_schedule
 from coop.graph import Graph
@@ -26,8 +35,65 @@ from coop.schedule import Schedule, Simulation, draws_out_of_order, simulate, va
 #: Checkmate's LP rounding (O(n^2) variables) is a warm start only on graphs up to this size.
 LP_WARM_START_MAX_NODES = 150
 
-#: The baselines tried as warm starts (functions of :mod:`coop.formulations.baselines`).
-BASELINE_WARM_STARTS = ("store_all", "checkpoint_all", "chen_sqrt", "chen_greedy")
+#: The baselines tried as warm starts.
+BASELINE_WARM_STARTS = (("store_all", store_all), ("checkpoint_all", checkpoint_all), ("chen_sqrt", chen_sqrt),
+                        ("chen_greedy", chen_greedy))
+
+#: A warm start that passed the checks: (its source's name, the schedule, the one simulator's verdict).
+Candidate = tuple[str, Schedule, Simulation]
+
+
+@dataclass
+class WarmStarts:
+    """Collects candidate schedules for one graph and budget and keeps those a solver may start from.
+
+    Parameters
+    ----------
+    graph, budget:
+        The problem (budget in graph units).
+    prepare:
+        Applied to each offered schedule before the checks (identity by default); may raise
+        :class:`~coop.errors.CoopError` or :class:`~coop.errors.ScheduleError` to drop it.
+    accept:
+        A solver's own rule on a legal, fitting, in-order candidate (all pass by default).
+    key:
+        The ranking of :meth:`best` (compute cost by default).
+    """
+
+    graph: Graph
+    budget: int
+    prepare: Callable[[Schedule], Schedule] = lambda schedule: schedule
+    accept: Callable[[Schedule, Simulation], bool] = lambda schedule, sim: True
+    key: Callable[[Candidate], Any] = lambda candidate: candidate[2].cost
+    found: list[Candidate] = field(default_factory=list)
+
+    def offer(self, name: str, schedule: Any) -> Candidate | None:
+        """Check one candidate (anything not a Schedule, e.g. a failed heuristic's None, is dropped);
+        the candidate when kept."""
+        schedule = getattr(schedule, "schedule", schedule)
+        if not isinstance(schedule, Schedule):
+            return None
+        try:
+            schedule = self.prepare(schedule)
+            sim = simulate(self.graph, schedule)
+        except (ScheduleError, CoopError, KeyError):  # an illegal candidate (e.g. a caller's hint) is skipped
+            return None
+        if sim.peak > self.budget or draws_out_of_order(self.graph, schedule) is not None:
+            return None
+        if not self.accept(schedule, sim):
+            return None
+        candidate = (name, schedule, sim)
+        self.found.append(candidate)
+        return candidate
+
+    def offer_all(self, candidates: list[tuple[str, Any]]) -> None:
+        """Offer each (name, schedule) in turn."""
+        for name, schedule in candidates:
+            self.offer(name, schedule)
+
+    def best(self) -> Candidate | None:
+        """The candidate kept with the least :attr:`key` (of equals, the first offered)."""
+        return min(self.found, key=self.key, default=None)
 
 
 def online_schedule(graph: Graph, budget: int, policies: tuple[str, ...] | None = None) -> Schedule | None:
@@ -49,17 +115,21 @@ def online_schedule(graph: Graph, budget: int, policies: tuple[str, ...] | None 
     return best[1] if best else None
 
 
-def candidate_warm_starts(graph: Graph, budget: int, hint: Any = None,
-                          lp_time_limit: float = 10.0) -> list[tuple[str, Schedule]]:
-    """Every schedule to start from, named by its source (not yet checked against the budget)."""
-    candidates: list[tuple[str, Schedule]] = []
+def hint_schedules(hint: Any) -> list[tuple[str, Any]]:
+    """The caller's hints (a schedule, a result holding one, or a list of either), named for messages."""
+    named: list[tuple[str, Any]] = []
     for given in hint if isinstance(hint, list | tuple) else [hint]:
         schedule = getattr(given, "schedule", given)
         if isinstance(schedule, Schedule):
-            candidates.append((f"hint ({given.formulation})" if hasattr(given, "formulation") else "hint", schedule))
-    if len(graph.order) <= LP_WARM_START_MAX_NODES and lp_time_limit > 0:
-        from coop.formulations.checkmate import checkmate_lp
+            named.append((f"hint ({given.formulation})" if hasattr(given, "formulation") else "hint", schedule))
+    return named
 
+
+def candidate_warm_starts(graph: Graph, budget: int, hint: Any = None,
+                          lp_time_limit: float = 10.0) -> list[tuple[str, Schedule]]:
+    """Every schedule to start from, named by its source (not yet checked against the budget)."""
+    candidates: list[tuple[str, Schedule]] = hint_schedules(hint)
+    if len(graph.order) <= LP_WARM_START_MAX_NODES and lp_time_limit > 0:
         try:
             rounded = checkmate_lp(graph, budget, time_limit=lp_time_limit, threads=1)
         except CoopError:  # no LP solver: one warm start fewer
@@ -75,11 +145,9 @@ def candidate_warm_starts(graph: Graph, budget: int, hint: Any = None,
         schedule = heuristic(graph, budget)
         if schedule is not None:
             candidates.append((name, schedule))
-    from coop.formulations import baselines
-
-    for name in BASELINE_WARM_STARTS:
+    for name, baseline in BASELINE_WARM_STARTS:
         try:
-            result = getattr(baselines, name)(graph, budget)
+            result = baseline(graph, budget)
         except CoopError:  # a baseline that cannot meet the budget is one warm start fewer
             continue
         if result.schedule is not None:
@@ -88,17 +156,9 @@ def candidate_warm_starts(graph: Graph, budget: int, hint: Any = None,
 
 
 def best_warm_start(graph: Graph, budget: int, hint: Any = None,
-                    lp_time_limit: float = 10.0) -> tuple[str, Schedule, Simulation] | None:
+                    lp_time_limit: float = 10.0) -> Candidate | None:
     """The cheapest candidate warm start whose simulated peak fits the budget and whose random
     draws follow the baseline order (a replay must draw them in eager PyTorch's order)."""
-    best = None
-    for name, schedule in candidate_warm_starts(graph, budget, hint, lp_time_limit):
-        try:
-            sim = simulate(graph, schedule)
-        except ScheduleError:  # an illegal candidate (e.g. a caller's hint) is skipped
-            continue
-        if draws_out_of_order(graph, schedule) is not None:
-            continue
-        if sim.peak <= budget and (best is None or sim.cost < best[2].cost):
-            best = (name, schedule, sim)
-    return best
+    collector = WarmStarts(graph, budget)
+    collector.offer_all(candidate_warm_starts(graph, budget, hint, lp_time_limit))
+    return collector.best()

@@ -7,7 +7,7 @@ that owns their storage and prices every node (:mod:`coop.graph_capture.lower`,
 made-up data anywhere in a capture: storage sizes come from a reviewed table
 (:mod:`coop.graph_capture.storage_table`) or, with ``profile``, from the real step on the caller's
 parameters and batch; MONeT's programs are priced on fake tensors
-(:mod:`coop.graph_capture.alternatives_price`).
+(:mod:`coop.graph_capture.alternatives.price`).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def capture(model: nn.Module, example_batch: torch.Tensor | tuple | list, loss_f
     With ``alternatives`` the Graph also holds the implementations PyTorch offers (MONeT: ReLU /
     hardtanh backward from a compact mask, in-place activations; :mod:`coop.graph_capture.alternatives`),
     priced like the nodes (with ``profile``, the analytic model calibrated on the profiled step:
-    :class:`~coop.graph_capture.alternatives_price.Calibration`); formulations other than ``monet`` ignore them.
+    :class:`~coop.graph_capture.alternatives.price.Calibration`); formulations other than ``monet`` ignore them.
     """
     if not isinstance(model, nn.Module):
         raise CaptureError(f"capture needs an nn.Module, got {type(model).__name__}")

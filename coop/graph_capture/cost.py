@@ -7,7 +7,7 @@ uses, so the graph's total FLOPs equal FlopCounterMode's count on the eager step
 pointwise ops from looking free. The rates are nominal (a CPU core-ish machine), recorded in the
 graph's metadata with the unit.
 
-Nothing here runs a kernel on made-up data (DESIGN.md, "Facts measured on a lent H100": an
+Nothing here runs a kernel on made-up data (measured on an H100: an
 attention backward on zero-filled inputs killed the process). Real storage sizes come from the
 reviewed table of :mod:`coop.graph_capture.storage_table` and, when capture profiles, from the real
 step itself: :class:`TimingInterpreter` runs the captured program on the caller's parameters and

@@ -1,4 +1,4 @@
-"""Lower the fx joint graph to a coop Graph (DESIGN.md, contract 1).
+"""Lower the fx joint graph to a coop Graph (contract 1: :mod:`coop.graph`).
 
 Alias folding is decided by storage identity on the fake values, not by a list of view ops: the
 first fx node whose output holds a storage owns it, and a node that creates no new storage (a

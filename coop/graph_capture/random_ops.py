@@ -3,8 +3,10 @@
 On CPU, ``F.dropout`` in training runs ATen's composite ``_dropout``: ``noise =
 empty_like(x).bernoulli_(1 - p); noise.div_(1 - p); out = x * noise``. Functionalized and traced,
 that is ``bernoulli.p(like, 1 - p) -> div -> mul``, where the ``bernoulli.p`` node holds a full-size
-float tensor of zeros and ones. Random ops may never be recomputed (DESIGN.md, contract 1: a
-replay must not draw new numbers), so that float tensor had to stay resident from the forward to
+float tensor of zeros and ones. A replay must not draw new numbers: the
+executor can recompute a random op only by restoring the generator state saved before its first
+draw (:mod:`coop.runtime.rng`), and capture marks every random op not recomputable
+(:mod:`coop.graph_capture.lower`), so that float tensor had to stay resident from the forward to
 the backward whenever a formulation wanted to recompute the scaled noise.
 
 :func:`compact_random_masks` rewrites every floating ``bernoulli.p`` into

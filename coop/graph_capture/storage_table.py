@@ -4,8 +4,8 @@ Why: a captured value's bytes are read off its fake tensor, whose storage size c
 meta function (or Python decomposition); a few kernels return a larger storage than that, and the
 executor runs the real kernels, so the Graph must count what they really hold. Learning this by
 running ops on made-up data is not an option: ``_scaled_dot_product_efficient_attention_backward``
-on zero-filled inputs (0-d int64 philox seed/offset) killed the process on an H100 (DESIGN.md,
-"Facts measured on a lent H100"). So the sizes come from this table, a pure function of the fake
+on zero-filled inputs (0-d int64 philox seed/offset) killed the process on an H100 (torch
+2.11). So the sizes come from this table, a pure function of the fake
 arguments, and, when capture profiles, from the real step itself
 (:class:`coop.graph_capture.cost.TimingInterpreter` records each node's real storage; lowering
 prefers it and lists in the graph's metadata where it differs from this table).

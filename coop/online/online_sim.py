@@ -43,7 +43,7 @@ from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from coop.budget import parse_budget
+from coop.budget import parsed_budget
 from coop.graph import Graph
 from coop.online.arena import Arena, Block
 from coop.online.policies import EvictionPolicy, TensorInfo, make_policy
@@ -392,7 +392,7 @@ class OnlineSimulator:
 
 def simulate_online(
     graph: Graph,
-    budget: int | str | float,  # noqa: PYI041 (an int is graph units, a float a fraction)
+    budget: int,
     policy: str | EvictionPolicy,
     *,
     max_overhead: float = 10.0,
@@ -400,10 +400,10 @@ def simulate_online(
 ) -> OnlineResult:
     """Run ``graph.order`` under ``budget`` with an online eviction ``policy`` ("dtr", "dtr-eq", "dte", "coop").
 
-    The budget is in graph units, or any spec :func:`coop.budget.parse_budget` reads (a budget
-    below :func:`coop.budget.min_budget` is not an error here: the run reports "oom").
+    The budget is in graph units, parsed by the caller (:func:`coop.budget.parse_budget`); a budget
+    below :func:`coop.budget.min_budget` is not an error here: the run reports "oom".
     """
-    budget_units = parse_budget(budget, graph, check=False)
+    budget_units = parsed_budget(budget, "simulate_online")
     policy_object = make_policy(policy)
     engine = OnlineSimulator(graph, budget_units, policy_object, max_overhead, replay_random)
     started = time.perf_counter()

@@ -44,7 +44,7 @@ import numpy as np
 from coop.errors import CoopError
 from coop.graph import Graph, device_order
 from coop.online.arena import Arena
-from coop.schedule import Schedule, simulate
+from coop.schedule import Schedule, Simulation, simulate
 
 #: CP-SAT placement is attempted only up to this many blocks unless the caller asks for more.
 EXACT_MAX_BLOCKS = 60
@@ -131,7 +131,7 @@ class Placement:
 
 
 def schedule_lifetimes(graph: Graph, schedule: Schedule, *, alignment: int = 1, extras_from_op: bool = False,
-                       caller_owned: bool = True) -> tuple[list[Lifetime], int]:
+                       caller_owned: bool = True, simulation: Simulation | None = None) -> tuple[list[Lifetime], int]:
     """The device blocks of a legal schedule and its live peak (the simulator's, unchanged).
 
     The blocks are what :func:`coop.schedule.simulate` counts: each caller-owned value's and each
@@ -145,9 +145,10 @@ def schedule_lifetimes(graph: Graph, schedule: Schedule, *, alignment: int = 1, 
     there, and vectorized kernels see aligned pointers), and ``extras_from_op`` starts each extra
     output's block (``Node.output_of``) at its op's step, where the simulator counts it inside the
     op's workspace, and takes it out of that workspace: the op then writes the extra output once,
-    at the address it keeps for its whole life.
+    at the address it keeps for its whole life. ``simulation`` is ``simulate(graph, schedule)`` where the caller
+    already holds it (an executor's); it is computed when absent.
     """
-    sim = simulate(graph, schedule)
+    sim = simulation if simulation is not None else simulate(graph, schedule)
     lifetimes: list[Lifetime] = []
     for owned, intervals in sim.owned_device.items() if caller_owned else ():
         lifetimes.extend(_blocks(f"owned %{owned}", owned, intervals, graph.node(owned).mem))
@@ -171,16 +172,16 @@ def schedule_lifetimes(graph: Graph, schedule: Schedule, *, alignment: int = 1, 
 
 
 def best_fit_placement(graph: Graph, schedule: Schedule, *, alignment: int = 1, extras_from_op: bool = False,
-                       caller_owned: bool = True) -> Placement:
+                       caller_owned: bool = True, simulation: Simulation | None = None) -> Placement:
     """Place every block in schedule order with best fit over the Arena model (lowest address on ties), each
     device's blocks in that device's address space.
 
-    ``alignment``, ``extras_from_op`` and ``caller_owned`` as in :func:`schedule_lifetimes`; they are recorded
-    in ``extra`` so that an executor can refuse a placement made without them.
+    ``alignment``, ``extras_from_op``, ``caller_owned`` and ``simulation`` as in :func:`schedule_lifetimes`; the
+    first three are recorded in ``extra`` so that an executor can refuse a placement made without them.
     """
     started = time.perf_counter()
     lifetimes, _ = schedule_lifetimes(graph, schedule, alignment=alignment, extras_from_op=extras_from_op,
-                                      caller_owned=caller_owned)
+                                      caller_owned=caller_owned, simulation=simulation)
     offsets = _per_device(lifetimes, _best_fit)
     live_peak = _live_peak(lifetimes)
     return Placement("best-fit", "heuristic", lifetimes, offsets, sum(_device_peaks(lifetimes, offsets).values()),
@@ -189,16 +190,16 @@ def best_fit_placement(graph: Graph, schedule: Schedule, *, alignment: int = 1, 
 
 
 def packed_placement(graph: Graph, schedule: Schedule, *, alignment: int = 1, extras_from_op: bool = False,
-                     caller_owned: bool = True) -> Placement:
+                     caller_owned: bool = True, simulation: Simulation | None = None) -> Placement:
     """The lower of two placements of the same blocks: best fit in schedule order (an online
     allocator's view) and greedy by size (the offline view: every lifetime is known before the
     step, so the largest blocks are placed first, each at the lowest-waste gap among the blocks it
     overlaps in time; Pisarchyk and Lee, "Efficient Memory Management for Deep Neural Net
-    Inference", 2020), per device. ``alignment``, ``extras_from_op`` and ``caller_owned`` as in
+    Inference", 2020), per device. ``alignment``, ``extras_from_op``, ``caller_owned`` and ``simulation`` as in
     :func:`schedule_lifetimes`.
     """
     online = best_fit_placement(graph, schedule, alignment=alignment, extras_from_op=extras_from_op,
-                                caller_owned=caller_owned)
+                                caller_owned=caller_owned, simulation=simulation)
     if online.arena_peak == online.live_peak:
         return online  # already at the lower bound
     started = time.perf_counter()
@@ -215,11 +216,31 @@ def packed_placement(graph: Graph, schedule: Schedule, *, alignment: int = 1, ex
 ARENA_ALIGNMENT = 64
 
 
-def execution_placement(graph: Graph, schedule: Schedule, alignment: int = ARENA_ALIGNMENT) -> Placement:
+def execution_placement(graph: Graph, schedule: Schedule, alignment: int = ARENA_ALIGNMENT, *,
+                        simulation: Simulation | None = None) -> Placement:
     """The placement an arena replay executes (:func:`packed_placement`): aligned blocks, extra outputs placed
     from their op's step, each device's values in its own arena, caller-owned values in none (they stay in the
-    caller's storages: ``arena_peaks`` are the arenas' sizes and nothing else)."""
-    return packed_placement(graph, schedule, alignment=alignment, extras_from_op=True, caller_owned=False)
+    caller's storages: ``arena_peaks`` are the arenas' sizes and nothing else).
+
+    Parameters
+    ----------
+    graph : Graph
+        The Graph ``schedule`` is legal on.
+    schedule : Schedule
+        The schedule the arena replay runs (an executor's ``schedule``: extra outputs taken at their op's step).
+    alignment : int
+        Bytes every block is rounded up to (every offset is a multiple of it).
+    simulation : Simulation or None
+        ``simulate(graph, schedule)`` where the caller already holds it (``executor.simulation``); computed when
+        absent.
+
+    Returns
+    -------
+    Placement
+        Each block's offset in its device's arena.
+    """
+    return packed_placement(graph, schedule, alignment=alignment, extras_from_op=True, caller_owned=False,
+                            simulation=simulation)
 
 
 def exact_placement(

@@ -35,7 +35,6 @@ from coop.runtime.allocator import AllocatorAssumption, prepare_allocator
 from coop.runtime.arena_replay import measure_outside
 from coop.runtime.copy_stream import require_cuda
 from coop.runtime.executor import (
-    SOURCE_NODE,
     Executor,
     recorded_program,
     replay_graph,
@@ -43,6 +42,7 @@ from coop.runtime.executor import (
     unwrap_model,
 )
 from coop.runtime.meter import cpu_allocation_peak
+from coop.runtime.program_builder import SOURCE_NODE
 from coop.schedule import Schedule, Simulation, Step, simulate, validate
 
 PLAN_FORMAT = "coop.plan/1"
@@ -57,7 +57,7 @@ class Plan(BasePlan):
 
     def __init__(self, model: nn.Module, captured: Captured, schedule: Schedule, budget: int, formulation: str,
                  result: SolveResult | None = None, note: str = "", loss_fn: LossFn | None = None,
-                 wrapper: nn.Module | None = None) -> None:
+                 wrapper: nn.Module | None = None, simulation: Simulation | None = None) -> None:
         super().__init__(model, captured, budget, loss_fn=loss_fn, wrapper=wrapper)
         self.arena_peak: int | None = None  # packed arena peak, set by plan(..., arena=True)
         #: every CPU byte the ordinary replay's step held at its peak (caller-owned values + the step's allocations,
@@ -68,12 +68,13 @@ class Plan(BasePlan):
         self.formulation = formulation
         self.result = result
         self.note = note
-        self.executor = Executor(captured, schedule)
+        self.executor = Executor(captured, schedule, simulation=simulation)
         self.simulation: Simulation = self.executor.simulation
 
     def use_copy_stream(self) -> None:
         """Page on a side CUDA stream (coop.runtime.copy_stream; opt-in, not yet measured on a GPU)."""
-        self.executor = Executor(self.captured, self.schedule, copy_stream=True)
+        self.executor = Executor(self.captured, self.executor.schedule, copy_stream=True,
+                                 simulation=self.executor.simulation)
 
     def use_arena(self, placement: Any) -> None:
         """Replay inside one arena per device at ``placement``'s offsets (coop.runtime.arena_replay); refused in one
@@ -83,7 +84,8 @@ class Plan(BasePlan):
         (arenas, scratch, output slots) and what the step allocates beside them once measured
         (:func:`coop.runtime.arena_replay.measure_outside`; until then the largest transient, a lower estimate)."""
         refuse_arena_off_cpu(self.captured.graph)
-        self.executor = Executor(self.captured, self.schedule, arena=placement)
+        self.executor = Executor(self.captured, self.executor.schedule, arena=placement,
+                                 simulation=self.executor.simulation)
         self.arena_peak = placement.arena_peak
 
     @property
@@ -380,7 +382,8 @@ def _fit_measured(within: Callable[[int], Plan], measure: Callable[[Plan, int], 
 def _measure_arena_step(candidate: Plan, live_budget: int, *, flat: Callable[[], list[torch.Tensor]]) -> tuple[int, str]:
     """Place ``candidate``'s schedule in arenas, build its arena replay and measure one step
     (:func:`coop.runtime.arena_replay.measure_outside`): its footprint, itemised."""
-    placement = execution_placement(candidate.graph, candidate.executor.schedule)
+    placement = execution_placement(candidate.graph, candidate.executor.schedule,
+                                    simulation=candidate.executor.simulation)
     candidate.use_arena(placement)
     program = candidate.executor.arena_program
     owned = candidate.graph.caller_owned_bytes
@@ -470,7 +473,7 @@ def refuse_arena_off_cpu(graph: Graph) -> None:
 
     The arena replay writes an op's result into its planned view through CPU kernels
     (:mod:`coop.runtime.arena_kernels`); on CUDA most ops allocate their own output beside the arena and copy
-    it in. Measured on an H100 (DESIGN.md): ResNet-50 allocated 1.16-1.30x the prediction at 1.33-1.58x eager
+    it in. Measured on an H100 (torch 2.11): ResNet-50 allocated 1.16-1.30x the prediction at 1.33-1.58x eager
     step time, with 421-442 ops computed outside the arena, and GPT-2 crashed. There coop uses the ordinary
     replay, whose reserved bytes it bounds with the caching allocator's expandable segments.
     """
@@ -520,9 +523,10 @@ def _plan_within(model: nn.Module, captured: Captured, budget_bytes: int, *, for
     graph = exact_only(replay_graph(captured)) if exact else replay_graph(captured)
     result = solve(graph, budget_bytes, formulation, time_limit=time_limit, captured=captured,
                    device_profile=device_profile)
-    if result.schedule is not None and validate(graph, result.schedule, budget_bytes).ok:
+    verdict = None if result.schedule is None else validate(graph, result.schedule, budget_bytes)
+    if verdict is not None and verdict.ok:  # its simulation is handed on: the plan simulates its schedule once
         return Plan(model, captured, result.schedule, budget_bytes, result.formulation, result, note=result.message,
-                    loss_fn=loss_fn, wrapper=wrapper)
+                    loss_fn=loss_fn, wrapper=wrapper, simulation=verdict.simulation)
     fallback = cheapest_fitting_baseline(graph, budget_bytes, failed=formulation)
     note = (f"{formulation} found no schedule within the budget ({result.status}: {result.message}); fell back to "
             f"{fallback.formulation}")

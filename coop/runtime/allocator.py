@@ -2,7 +2,7 @@
 
 A plan's budget must bound what the process takes from the device (``max_memory_reserved``: what
 decides an out-of-memory error), not only the live bytes the simulator counts. Measured on an H100
-(DESIGN.md, facts): with the allocator's default settings a ResNet-50 replay reserved 1.25x-1.56x
+(torch 2.11): with the allocator's default settings a ResNet-50 replay reserved 1.25x-1.56x
 its prediction while allocating 0.97-0.99x of it: blocks of many sizes, freed in the schedule's
 order, leave segments that no later request fits (fragmentation). With expandable segments
 (``expandable_segments:True``: one virtual range per stream and pool, grown and shrunk by mapping
@@ -100,7 +100,7 @@ def _truthy(value: str) -> bool:
 
 
 def _set_allocator_settings(setting: str) -> None:
-    """Apply an allocator setting at run time (takes effect for segments made afterwards; DESIGN.md, facts)."""
+    """Apply an allocator setting at run time (takes effect for segments made afterwards)."""
     setter = getattr(torch._C, "_accelerator_setAllocatorSettings", None)
     if setter is None:  # torch before the accelerator API
         setter = torch.cuda.memory._set_allocator_settings

@@ -90,10 +90,10 @@ from coop.runtime.arena_kernels import (
     tensor_leaves,
     view_extent,
 )
-from coop.runtime.executor import _ProgramBuilder, _Unavailable
 from coop.runtime.meter import cpu_allocation_peak
 from coop.runtime.paging import page_in
-from coop.schedule import Schedule, Simulation
+from coop.runtime.program_builder import ProgramBuilder
+from coop.schedule import Schedule, Simulation, Step
 
 aten = torch.ops.aten
 ALIGN = 64  # bytes: every block, scratch piece and output slot starts on a multiple of it
@@ -294,8 +294,23 @@ def _rounded(nbytes: int) -> int:
     return -(-nbytes // ALIGN) * ALIGN
 
 
-def check_placement(captured: Captured, graph: Any, schedule: Schedule, placement: Placement) -> None:
-    """Refuse (one CoopError line) a placement that is not this schedule's execution placement or overlaps."""
+def check_placement(captured: Captured, graph: Any, schedule: Schedule, placement: Placement,
+                    simulation: Simulation | None = None) -> None:
+    """Refuse (one CoopError line) a placement that is not this schedule's execution placement or overlaps.
+
+    Parameters
+    ----------
+    captured : Captured
+        The captured step.
+    graph : Graph
+        The Graph ``schedule`` is legal on.
+    schedule : Schedule
+        The schedule the arena replay runs.
+    placement : Placement
+        The placement to check (:func:`coop.online.static_arena.execution_placement` of ``schedule``).
+    simulation : Simulation or None
+        ``simulate(graph, schedule)`` where the caller holds it; computed when absent.
+    """
     if not isinstance(placement, Placement):
         raise CoopError(f"arena= takes a Placement from coop.online.static_arena.execution_placement, not "
                         f"{type(placement).__name__}")
@@ -303,7 +318,8 @@ def check_placement(captured: Captured, graph: Any, schedule: Schedule, placemen
     if alignment < 16 or not placement.extra.get("extras_from_op"):
         raise CoopError("arena replay needs a placement made by coop.online.static_arena.execution_placement "
                         f"(aligned blocks, extra outputs from their op's step); this one has alignment {alignment}")
-    expected, _ = schedule_lifetimes(graph, schedule, alignment=alignment, extras_from_op=True, caller_owned=False)
+    expected, _ = schedule_lifetimes(graph, schedule, alignment=alignment, extras_from_op=True, caller_owned=False,
+                                     simulation=simulation)
     if expected != placement.lifetimes or len(placement.offsets) != len(expected):
         raise CoopError("arena placement was made for another schedule or places caller-owned values (its blocks "
                         "differ from this schedule's); place the executor's own schedule (executor.schedule) with "
@@ -317,8 +333,23 @@ def check_placement(captured: Captured, graph: Any, schedule: Schedule, placemen
     placement.check()
 
 
-class ArenaProgramBuilder(_ProgramBuilder):
-    """The executor's program builder, writing each planned value into its view of the device's buffer."""
+class ArenaProgramBuilder(ProgramBuilder):
+    """The replay program builder (:class:`~coop.runtime.program_builder.ProgramBuilder`) writing each planned
+    value into its view of the device's buffer.
+
+    It overrides :meth:`start` (one buffer per device after the flat inputs), :meth:`run_step` (the step and
+    the instance it computes, from ``simulation``), :meth:`emit` (a value owned by the node computed now is
+    written into its planned view) and :meth:`page_in` (a paged value comes back into its block).
+
+    Parameters
+    ----------
+    captured, graph, replayed
+        As for :class:`~coop.runtime.program_builder.ProgramBuilder`.
+    simulation : Simulation
+        ``simulate(graph, schedule)`` of the schedule built: its instances name the placed blocks.
+    placement : Placement
+        The schedule's execution placement (:func:`coop.online.static_arena.execution_placement`).
+    """
 
     page_whole_storage = False  # a value's storage is the whole buffer: page only the bytes the value spans
 
@@ -409,23 +440,17 @@ class ArenaProgramBuilder(_ProgramBuilder):
         return views
 
     # ---------------------------------------------------------------- steps
-    def run(self, schedule: Schedule) -> fx.GraphModule:
-        self.start()
-        for index, step in enumerate(schedule.steps):
-            self.step = index
-            if step.op == "compute":
-                self.node_id, self.first = step.node, step.node not in self.computed
-                if index in self.instance_at:
-                    self.current[step.node] = self.instance_at[index]
-                self.compute(index, step.node)
-                self.node_id = -1
-            elif step.op == "free":
-                self.drop(step.node, f"freed at step {index}")
-            elif step.op == "page_out":
-                self.page_out(step.node)
-            else:
-                self.page_in_arena(index, step.node)
-        return self.finish()
+    def run_step(self, index: int, step: Step) -> None:
+        """Keep the step, and for a compute the node and the instance it computes, while the step is built."""
+        self.step = index
+        if step.op != "compute":
+            super().run_step(index, step)
+            return
+        self.node_id, self.first = step.node, step.node not in self.computed
+        if index in self.instance_at:
+            self.current[step.node] = self.instance_at[index]
+        self.compute(index, step.node)  # no implementation: build_arena_program refuses a schedule that names one
+        self.node_id = -1
 
     def emit(self, node: fx.Node) -> None:
         if self.owner.get(node) != self.node_id or node.op != "call_function" or node.target is operator.getitem:
@@ -570,23 +595,20 @@ class ArenaProgramBuilder(_ProgramBuilder):
             return [self.graph_node(self.node_id).mem]
         return [t.untyped_storage().nbytes() for t in tensor_leaves(fake)]
 
-    def page_in_arena(self, index: int, node_id: int) -> None:
+    def page_in(self, index: int, node_id: int) -> None:
         """Bring a paged value back into its block for this stay (caller-owned values stay the caller's)."""
         if self.captured.graph.node(node_id).caller_owned:
             return
-        base = self._base(node_id)
+        base = self.base_of(node_id)
         block = self.block.get((self.current[node_id], index))
         if block is None:
-            self.page_in(node_id)
+            super().page_in(index, node_id)
             return
         view = self.view_at(*block, base.meta["val"])
         self.env[base] = self.program.call_function(page_in, (self.hosts.pop(node_id),),  # layout and device checked
                                                     {"into": view})
-        for node in self.group(node_id):  # re-derive the value's views, as the ordinary page_in does
-            if self.position[node] > self.position[base] and all(
-                a in self.env and not isinstance(self.env[a], _Unavailable) for a in node.all_input_nodes
-            ):
-                super().emit(node)
+        for node in self.rederived_views(node_id, base):  # re-derive the value's views, as the ordinary page_in does
+            super().emit(node)
 
     def output_slots(self) -> dict[int, list[OutputSlot]]:
         """Two slots after the arena and scratch for the loss, used in turn (a training loop holds the last loss
@@ -644,13 +666,34 @@ def measure_outside(program: ArenaProgram, run: Callable[[], Any]) -> int | None
 
 def build_arena_program(captured: Captured, graph: Any, schedule: Schedule, simulation: Simulation,
                         replayed: set[int], placement: Placement) -> tuple[fx.GraphModule, ArenaProgram]:
-    """The replay program of ``schedule`` (already legal on ``graph``) writing into one buffer per device."""
+    """The replay program of ``schedule`` (already legal on ``graph``) writing into one buffer per device.
+
+    Parameters
+    ----------
+    captured : Captured
+        The captured step.
+    graph : Graph
+        The Graph ``schedule`` is legal on.
+    schedule : Schedule
+        The schedule replayed (an executor's: extra outputs taken at their op's step).
+    simulation : Simulation
+        ``simulate(graph, schedule)``: it names the instances the placement places, and checks the placement.
+    replayed : set[int]
+        The random nodes the schedule recomputes (:func:`coop.runtime.program_builder.replayed_draws`).
+    placement : Placement
+        The schedule's execution placement (:func:`coop.online.static_arena.execution_placement`).
+
+    Returns
+    -------
+    tuple[fx.GraphModule, ArenaProgram]
+        The program, and what it allocates and the buffers it keeps.
+    """
     chosen = next((s for s in schedule.steps
                    if s.op == "compute" and (s.impl is not None or graph.node(s.node).optional)), None)
     if chosen is not None:
         raise CoopError("arena replay does not run operator implementations (MONeT) yet: the schedule computes "
                         f"{chosen}; replay it without arena=True, or plan with another formulation")
-    check_placement(captured, graph, schedule, placement)
+    check_placement(captured, graph, schedule, placement, simulation)
     builder = ArenaProgramBuilder(captured, graph, replayed, simulation, placement)
     module = builder.run(schedule)
     return module, builder.result()

@@ -1,7 +1,8 @@
-"""The static executor: replay any legal Schedule of a captured step (DESIGN.md, runtime).
+"""The static executor: replay any legal Schedule of a captured step.
 
-From a :class:`~coop.graph_capture.Captured` step and a Schedule, :func:`build_program`
-generates once a new fx program in schedule order: each ``compute v`` copies the fx nodes that
+From a :class:`~coop.graph_capture.Captured` step and a Schedule, :func:`build_program` (and
+:class:`Executor`) generates once a new fx program in schedule order, with the builder every replay
+shares (:class:`coop.runtime.program_builder.ProgramBuilder`; the arena replay subclasses it): each ``compute v`` copies the fx nodes that
 Graph node ``v`` owns (a recomputation copies them again, reading the most recent instances of
 its inputs), ``page_out``/``page_in`` become copies to and from a host tier, and fx's code
 generator releases every value right after its last use, so an instance lives exactly as long
@@ -50,7 +51,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -60,250 +60,11 @@ from torch import fx, nn
 from coop.errors import CaptureError, ScheduleError
 from coop.graph import Graph
 from coop.graph_capture import Captured
-from coop.graph_capture.trace import is_random
-from coop.runtime.copy_stream import CopyStream, StreamAPI, copy_stream_for
-from coop.runtime.paging import page_in, page_out, pin_host_copy
-from coop.runtime.rng import output_device, restore_generator_state, save_generator_state, swap_generator_state
+from coop.online.static_arena import execution_placement
+from coop.runtime.arena_replay import build_arena_program
+from coop.runtime.copy_stream import StreamAPI, copy_stream_for
+from coop.runtime.program_builder import SOURCE_NODE, ProgramBuilder, replayed_draws
 from coop.schedule import Schedule, Simulation, simulate, take_extras_promptly
-
-
-class _Unavailable:
-    """Marks an fx value that was freed or paged out; reading it is a bug in the schedule."""
-
-    def __init__(self, why: str) -> None:
-        self.why = why
-
-
-class _Deferred:
-    """A paged-in value (or a view of one) whose program nodes are emitted at its first read (``emit_now``):
-    with a copy stream, the compute stream waits for the page-in's copy as late as the schedule allows."""
-
-    def __init__(self, emit_now: Any) -> None:
-        self.emit_now = emit_now
-
-
-class _ProgramBuilder:
-    """Writes the replay fx program of one schedule: copies nodes of the captured fx graph (``source``) into
-    ``program`` in schedule order, by the coop Graph (``schedule_graph``) the schedule is legal on. With
-    ``copy_stream`` page-outs and page-ins go through it (:mod:`coop.runtime.copy_stream`)."""
-
-    #: Page a value's whole storage (its own: storage offset kept); False where values share one buffer (arena).
-    page_whole_storage = True
-
-    def __init__(self, captured: Captured, graph: Graph, replayed: set[int],
-                 copy_stream: CopyStream | None = None) -> None:
-        self.copy_stream = copy_stream
-        self.captured = captured
-        self.schedule_graph = graph  # the coop Graph the schedule is legal on (random draws recomputable or not)
-        self.replayed = replayed  # random nodes the schedule recomputes: their generator state is saved
-        self.saved_states: dict[fx.Node, fx.Node] = {}  # random fx node -> program value of its saved state
-        self.source = captured.module.graph  # the captured fx graph, read
-        self.position = {n: i for i, n in enumerate(self.source.nodes)}
-        self.by_name = {n.name: n for n in self.source.nodes}
-        self.program = fx.Graph()  # the replay fx graph, written in schedule order
-        self.env: dict[fx.Node, Any] = {}
-        self.hosts: dict[int, fx.Node] = {}  # paged-out value id -> the program value of its HostCopy
-        self.computed: set[int] = set()
-        self.last_random = -1
-        self.optional_values: dict[int, Any] = {}  # optional value id -> its program value (or _Unavailable)
-
-    def group(self, node_id: int) -> list[fx.Node]:
-        return sorted((self.by_name[n] for n in self.captured.fx_names[node_id]), key=self.position.__getitem__)
-
-    def lookup(self, node: fx.Node) -> fx.Node:
-        value = self.env.get(node)
-        if isinstance(value, _Deferred):  # the first read of a paged-in value: wait for its copy here
-            value.emit_now()
-            value = self.env.get(node)
-        if value is None or isinstance(value, _Unavailable):
-            why = value.why if isinstance(value, _Unavailable) else "never computed"
-            raise ScheduleError(f"the executor needs {node.name} (Graph node {self.captured.owner_of[node.name]}), which is {why}")
-        return value
-
-    def emit(self, node: fx.Node) -> None:
-        new = self.program.node_copy(node, self.lookup)
-        new.meta = dict(node.meta) | {SOURCE_NODE: node.name}
-        self.env[node] = new
-
-    def start(self) -> None:
-        for node in self.source.nodes:
-            if node.op == "placeholder":
-                self.emit(node)
-        for node in self.source.nodes:
-            if node.op == "get_attr":
-                self.emit(node)
-        # views of caller-owned values (e.g. a transposed weight) cost nothing: make them up front
-        for node_id in self.captured.graph.caller_owned_ids:
-            for node in self.group(node_id)[1:]:
-                self.emit(node)
-
-    def compute(self, index: int, node_id: int, impl: str | None = None) -> None:
-        graph_node = self.schedule_graph.node(node_id)
-        first = node_id not in self.computed
-        if not first and not graph_node.recomputable:
-            raise ScheduleError(f"step {index} (compute %{node_id}): node {node_id} ({graph_node.name}) is not "
-                                "recomputable (a random op or an extracted output); keep it instead")
-        self.computed.add(node_id)
-        if graph_node.optional or impl is not None:
-            self.compute_alternative(index, node_id, impl)
-            return
-        for node in self.group(node_id):
-            if not is_random(node):
-                self.emit(node)
-            elif first:
-                if self.position[node] < self.last_random:
-                    raise ScheduleError(f"step {index} (compute %{node_id}): random op {node.name} runs out of the "
-                                        "captured order, so it would draw different numbers than eager PyTorch")
-                self.last_random = self.position[node]
-                if node_id in self.replayed:
-                    device = str(output_device(node))
-                    self.saved_states[node] = self.program.call_function(save_generator_state, (device,))
-                self.emit(node)
-            else:
-                self.replay(node)
-
-    def compute_alternative(self, index: int, node_id: int, impl: str | None) -> None:
-        """An optional value, or node ``node_id`` under implementation ``impl``: the captured program of it
-        (:mod:`coop.graph_capture.alternatives`); an in-place one consumes the value it overwrites."""
-        graph_node = self.schedule_graph.node(node_id)
-        where = f"step {index} (compute %{node_id}" + (f" [{impl}])" if impl else ")")
-        if graph_node.optional:
-            program = self.captured.optional_fx.get(node_id)
-        else:
-            program = self.captured.impl_fx.get(node_id, {}).get(impl or "")
-        if program is None:
-            raise ScheduleError(f"{where}: the capture has no fx program for it; capture with alternatives=True")
-        value = self.run_program(program)
-        if graph_node.optional:
-            self.optional_values[node_id] = value
-            return
-        group = self.group(node_id)
-        value.meta = {**value.meta, **group[0].meta}
-        self.env[group[0]] = value
-        for node in group[1:]:  # the folded views of the value
-            self.emit(node)
-        consumed = graph_node.implementation(impl).inplace_of
-        if consumed is not None:
-            self.drop(consumed, f"overwritten in place at step {index}")
-
-    def run_program(self, program: Any) -> fx.Node:
-        """Copy an implementation's fx program into the replay, its placeholders bound to the values it reads."""
-        local: dict[fx.Node, fx.Node] = {}
-        placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
-        for placeholder, read in zip(placeholders, program.reads, strict=True):
-            local[placeholder] = self.lookup(self.by_name[read]) if isinstance(read, str) else self.optional_value(read)
-        for node in program.calls:
-            new = self.program.node_copy(node, local.__getitem__)
-            new.meta = dict(node.meta)
-            local[node] = new
-        return local[program.output]
-
-    def optional_value(self, node_id: int) -> fx.Node:
-        value = self.optional_values.get(node_id)
-        if isinstance(value, _Deferred):
-            value.emit_now()
-            value = self.optional_values.get(node_id)
-        if value is None or isinstance(value, _Unavailable):
-            why = value.why if isinstance(value, _Unavailable) else "never computed"
-            raise ScheduleError(f"the executor needs optional value {node_id}, which is {why}")
-        return value
-
-    def replay(self, node: fx.Node) -> None:
-        """Recompute a random op from the generator state saved before its first draw."""
-        saved = self.saved_states[node]
-        previous = self.program.call_function(swap_generator_state, (saved,))
-        self.emit(node)
-        self.env[node] = self.program.call_function(restore_generator_state, (previous, saved, self.env[node]))
-
-    def drop(self, node_id: int, why: str) -> None:
-        if node_id in self.optional_values:
-            self.optional_values[node_id] = _Unavailable(why)
-            return
-        for node in self.group(node_id):
-            self.env[node] = _Unavailable(why)
-
-    def page_out(self, node_id: int) -> None:
-        """Copy the value to the host tier (:func:`coop.runtime.paging.page_out`: its whole storage, layout and
-        device kept), pinned where its device is CUDA; with a copy stream, on the side stream."""
-        if self.captured.graph.node(node_id).caller_owned:
-            return  # the caller holds its own reference; there is nothing the replay can free
-        optional = node_id in self.optional_values
-        value = self.optional_value(node_id) if optional else self.lookup(self._base(node_id))
-        pin = pin_host_copy(self._device(node_id, value))
-        if self.copy_stream is None:
-            options = {"pin": pin, "non_blocking": pin} | ({} if self.page_whole_storage else {"whole_storage": False})
-            self.hosts[node_id] = self.program.call_function(page_out, (value,), options)
-        else:
-            self.hosts[node_id] = self.program.call_function(self.copy_stream.page_out, (value,), {"pin": pin})
-        if optional:
-            self.optional_values[node_id] = _Unavailable("paged out")
-        else:
-            self.drop(node_id, "paged out")
-
-    def _device(self, node_id: int, value: fx.Node) -> torch.device:
-        """The device a value lives on: its traced value's, else the Graph's record of it."""
-        fake = value.meta.get("val")
-        if isinstance(fake, torch.Tensor):
-            return fake.device
-        return torch.device(self.schedule_graph.node(node_id).device or "cpu")
-
-    def paged_in(self, node_id: int) -> fx.Node:
-        """The program value of a page-in on the compute stream (:func:`coop.runtime.paging.page_in`)."""
-        return self.program.call_function(page_in, (self.hosts.pop(node_id),))  # non_blocking where pinned
-
-    def page_in(self, node_id: int) -> None:
-        if self.captured.graph.node(node_id).caller_owned:
-            return
-        if self.copy_stream is not None:
-            self.page_in_on_copy_stream(node_id)
-            return
-        if node_id in self.optional_values:
-            self.optional_values[node_id] = self.paged_in(node_id)
-            return
-        base = self._base(node_id)
-        self.env[base] = self.paged_in(node_id)
-        for node in self.group(node_id):
-            # re-derive the views of the value; outputs taken from a tuple stay unavailable
-            if self.position[node] > self.position[base] and all(
-                not isinstance(self.env.get(a), _Unavailable) and a in self.env for a in node.all_input_nodes
-            ):
-                self.emit(node)
-
-    def page_in_on_copy_stream(self, node_id: int) -> None:
-        """Queue the page-in's copy now; the compute stream's wait (and the value's views) come at its first read."""
-        pending = self.program.call_function(self.copy_stream.page_in, (self.hosts.pop(node_id),))
-
-        def wait_for(store: dict, key: Any) -> _Deferred:
-            def emit_now() -> None:
-                store[key] = self.program.call_function(self.copy_stream.wait, (pending,))
-            return _Deferred(emit_now)
-
-        if node_id in self.optional_values:
-            self.optional_values[node_id] = wait_for(self.optional_values, node_id)
-            return
-        base = self._base(node_id)
-        self.env[base] = wait_for(self.env, base)
-        group = set(self.group(node_id))
-        for node in self.group(node_id):
-            if self.position[node] > self.position[base] and all(
-                not isinstance(self.env.get(a), _Unavailable) and a in self.env for a in node.all_input_nodes
-            ):  # a view of the value is emitted at its first read too, unless it reads other values
-                if all(a in group for a in node.all_input_nodes):
-                    self.env[node] = _Deferred(lambda node=node: self.emit(node))
-                else:
-                    self.emit(node)
-
-    def _base(self, node_id: int) -> fx.Node:
-        for node in self.group(node_id):
-            if isinstance(node.meta.get("val"), torch.Tensor):
-                return node
-        raise ScheduleError(f"node {node_id} has no tensor value to page")
-
-    def finish(self) -> fx.GraphModule:
-        outputs = [self.lookup(n) if n is not None else None for n in self.captured.output_nodes()]
-        self.program.output(outputs)
-        self.program.lint()
-        return fx.GraphModule(self.captured.module, self.program)
 
 
 def replay_graph(captured: Captured, replay_random: bool = True) -> Graph:
@@ -312,20 +73,25 @@ def replay_graph(captured: Captured, replay_random: bool = True) -> Graph:
 
 
 def build_program(captured: Captured, schedule: Schedule, replay_random: bool = True) -> fx.GraphModule:
-    """Generate the replay program of a legal schedule (ScheduleError if it cannot be replayed)."""
+    """Generate the replay program of a legal schedule (ScheduleError if it cannot be replayed).
+
+    Parameters
+    ----------
+    captured : Captured
+        The captured step.
+    schedule : Schedule
+        The schedule to replay, as given (extra outputs are not moved: :class:`Executor` moves them).
+    replay_random : bool
+        Whether the schedule may recompute random ops (:func:`replay_graph`).
+
+    Returns
+    -------
+    fx.GraphModule
+        The replay program (:class:`~coop.runtime.program_builder.ProgramBuilder`).
+    """
     graph = replay_graph(captured, replay_random)
     simulate(graph, schedule)  # legality under contract 2, with the step and reason
-    return _program(captured, graph, schedule)
-
-
-def _replayed_draws(graph: Graph, schedule: Schedule) -> set[int]:
-    """Random nodes the schedule recomputes: their generator state is saved before the first draw."""
-    computes = Counter(step.node for step in schedule.steps if step.op == "compute")
-    return {v for v in graph.random_draws if computes[v] > 1}
-
-
-#: The key of a replay program node's ``meta`` that names the captured fx node it copies.
-SOURCE_NODE = "coop_source_node"
+    return ProgramBuilder(captured, graph, replayed_draws(graph, schedule)).run(schedule)
 
 
 def saved_generator_bytes(graph: Graph, schedule: Schedule) -> int:
@@ -336,28 +102,85 @@ def saved_generator_bytes(graph: Graph, schedule: Schedule) -> int:
     (:mod:`coop.runtime.rng`); a replay swaps in one more while it runs. The simulator does not count them (they
     are not values of the graph); the planner keeps the schedule's live peak this much below the budget.
     """
-    replayed = _replayed_draws(graph, schedule)
+    replayed = replayed_draws(graph, schedule)
     if graph.has_accelerator or not replayed:
         return 0
     state = torch.get_rng_state()
     return (len(replayed) + 1) * state.untyped_storage().nbytes()
 
 
-def _program(captured: Captured, graph: Graph, schedule: Schedule,
-             copy_stream: CopyStream | None = None) -> fx.GraphModule:
-    """The replay program of a schedule already checked legal on ``graph`` (paging on ``copy_stream`` if given)."""
-    builder = _ProgramBuilder(captured, graph, _replayed_draws(graph, schedule), copy_stream)
-    builder.start()
-    for index, step in enumerate(schedule.steps):
+def replayed_schedule(graph: Graph, schedule: Schedule,
+                      simulation: Simulation | None = None) -> tuple[Schedule, Simulation]:
+    """The schedule a replay runs (:func:`take_extras_promptly` of ``schedule``) and its simulation, simulating
+    at most once; ScheduleError, with ``schedule``'s own step numbers, where ``schedule`` is illegal.
+
+    Where the moved schedule has the very steps of ``schedule``, one simulation (``simulation``, else a new
+    one) checks it and predicts the replay. Where only extra outputs move (:func:`_only_extras_move`), the
+    moved schedule is legal exactly when ``schedule`` is, so only it is simulated (``schedule`` again only
+    to word the refusal). Otherwise ``schedule`` is checked first (unless ``simulation`` says it is legal).
+
+    Parameters
+    ----------
+    graph : Graph
+        The Graph the schedule must be legal on.
+    schedule : Schedule
+        The schedule as given.
+    simulation : Simulation or None
+        ``simulate(graph, schedule)`` where the caller already holds it (it then counts as checked).
+
+    Returns
+    -------
+    tuple[Schedule, Simulation]
+        The replayed schedule and its simulation.
+    """
+    replayed = take_extras_promptly(graph, schedule)
+    if replayed.steps == schedule.steps:
+        return replayed, simulation if simulation is not None else simulate(graph, schedule)
+    if simulation is None and not _only_extras_move(graph, schedule):
+        simulation = simulate(graph, schedule)  # refuse an illegal schedule with its own step numbers
+    try:
+        return replayed, simulate(graph, replayed)
+    except ScheduleError:
+        if simulation is None:
+            simulate(graph, schedule)  # word the refusal with the schedule's own step numbers
+        raise
+
+
+def _only_extras_move(graph: Graph, schedule: Schedule) -> bool:
+    """Whether :func:`take_extras_promptly` changes ``schedule`` only by moving each extra output's one plain
+    compute up to right after its op's first compute, with no step in between touching that extra output (naming
+    it, reading it, overwriting it in place): then every other step sees the same resident values in both
+    schedules, and the moved one is legal exactly when ``schedule`` is."""
+    extras = graph.extra_outputs
+    moved = {e for group in extras.values() for e in group}
+    if moved & set(extras):
+        return False  # an op that is itself an extra output moves too
+    nodes = {node.id: node for node in graph.nodes}
+    pending: set[int] = set()  # extra outputs whose op has run and which the schedule has not taken yet
+    ops_run: set[int] = set()
+    for step in schedule.steps:
+        node = nodes.get(step.node)
+        if node is None:
+            return False
+        touched = {step.node}
         if step.op == "compute":
-            builder.compute(index, step.node, step.impl)
-        elif step.op == "free":
-            builder.drop(step.node, f"freed at step {index}")
-        elif step.op == "page_out":
-            builder.page_out(step.node)
-        else:
-            builder.page_in(step.node)
-    return builder.finish()
+            impl = None if step.impl is None else node.implementation(step.impl)
+            if step.impl is not None and impl is None:
+                return False
+            if impl is not None and impl.inplace_of is not None:
+                touched.add(impl.inplace_of)
+            touched.update(node.reads(impl))
+            if step.node in moved:
+                if step.node not in pending or step.impl is not None:
+                    return False  # taken before its op, twice, or under an implementation
+                pending.discard(step.node)
+                touched.discard(step.node)
+        if touched & pending:
+            return False
+        if step.op == "compute" and step.node in extras and step.node not in ops_run:
+            ops_run.add(step.node)
+            pending.update(extras[step.node])
+    return not pending
 
 
 class Executor:
@@ -366,7 +189,10 @@ class Executor:
     ``requested`` is the schedule as given; ``schedule`` the one replayed (extra outputs taken at
     their op's step, :func:`take_extras_promptly`: the same peak and cost) and ``simulation`` its
     prediction. With ``replay_random`` (the default) the schedule may recompute random ops; it is
-    checked against ``graph`` = :func:`replay_graph`.
+    checked against ``graph`` = :func:`replay_graph`. The schedule is simulated once
+    (:func:`replayed_schedule`), and not at all where the caller hands on its own simulation of a
+    schedule that already takes its extra outputs at their op's step (an executor's ``schedule`` and
+    ``simulation``).
 
     With ``arena`` (a :class:`~coop.online.static_arena.Placement` of ``executor.schedule`` made by
     :func:`~coop.online.static_arena.execution_placement`; see :func:`arena_placement`) every
@@ -383,26 +209,41 @@ class Executor:
     The program runs as fx's generated Python code with every aten op bound once as a global
     (:func:`bind_ops`): the code fx prints (``module.code``), minus the attribute look-ups and
     the ``OpOverload.__call__`` frame per node. ``code`` is the source that runs.
+
+    Parameters
+    ----------
+    captured : Captured
+        The captured step.
+    schedule : Schedule
+        The schedule to replay (ScheduleError, with its own step numbers, where it is illegal).
+    replay_random : bool
+        Whether the schedule may recompute random ops (:func:`replay_graph`).
+    arena : Placement or None
+        Replay inside one buffer per device at this placement's offsets.
+    copy_stream : bool or StreamAPI
+        Page on a side CUDA stream (True: torch.cuda's; an object: its protocol).
+    simulation : Simulation or None
+        ``simulate(replay_graph(captured, replay_random), schedule)`` where the caller already holds it (it then
+        counts as checked); computed when absent.
     """
 
     def __init__(self, captured: Captured, schedule: Schedule, replay_random: bool = True,
-                 arena: Any = None, copy_stream: bool | StreamAPI = False) -> None:
+                 arena: Any = None, copy_stream: bool | StreamAPI = False, *,
+                 simulation: Simulation | None = None) -> None:
         self.captured = captured
         self.graph = replay_graph(captured, replay_random)
         self.requested = schedule
-        simulate(self.graph, schedule)  # refuse an illegal schedule with its own step numbers
-        self.schedule = take_extras_promptly(self.graph, schedule)
-        self.simulation: Simulation = simulate(self.graph, self.schedule)
+        self.schedule, self.simulation = replayed_schedule(self.graph, schedule, simulation)
         self.placement = arena
         self.arena_program = None
         self.copy_stream = copy_stream_for(captured, self.schedule, copy_stream, arena)
+        replayed = replayed_draws(self.graph, self.schedule)
         if arena is None:
-            self.module = _program(captured, self.graph, self.schedule, self.copy_stream)  # just simulated
+            builder = ProgramBuilder(captured, self.graph, replayed, self.copy_stream)
+            self.module = builder.run(self.schedule)  # just simulated: legal
         else:
-            from coop.runtime.arena_replay import build_arena_program
-
             self.module, self.arena_program = build_arena_program(
-                captured, self.graph, self.schedule, self.simulation, _replayed_draws(self.graph, self.schedule), arena)
+                captured, self.graph, self.schedule, self.simulation, replayed, arena)
         self._forward, self._source = bind_ops(self.module)
 
     @property
@@ -429,10 +270,9 @@ class Executor:
 
 
 def arena_placement(executor: Executor) -> Any:
-    """The placement an arena replay of ``executor``'s schedule executes (aligned, packed)."""
-    from coop.online.static_arena import execution_placement
-
-    return execution_placement(executor.graph, executor.schedule)
+    """The placement an arena replay of ``executor``'s schedule executes (aligned, packed), from the executor's
+    own simulation of it."""
+    return execution_placement(executor.graph, executor.schedule, simulation=executor.simulation)
 
 
 _OP_CALL = re.compile(r"\btorch\.ops\.([A-Za-z_]\w*)\.([A-Za-z_]\w*)\.([A-Za-z_]\w*)\(")
@@ -503,14 +343,14 @@ def unwrap_model(model: nn.Module) -> tuple[nn.Module, Any]:
 def _ddp_class() -> type | None:
     if not torch.distributed.is_available():
         return None
-    from torch.nn.parallel import DistributedDataParallel
+    from torch.nn.parallel import DistributedDataParallel  # lazy: only where torch.distributed is available
 
     return DistributedDataParallel
 
 
 def _refused_wrapper(model: nn.Module) -> str:
     """Why coop cannot plan for ``model`` as wrapped ('' when it can)."""
-    from torch._dynamo.eval_frame import OptimizedModule
+    from torch._dynamo.eval_frame import OptimizedModule  # lazy: torch._dynamo is slow to import
 
     if isinstance(model, OptimizedModule):
         return ("coop cannot plan a torch.compile'd module (coop replays its own program of the eager step); pass the "
@@ -537,7 +377,7 @@ def _refused_wrapper(model: nn.Module) -> str:
 def _is_fsdp(module: nn.Module) -> bool:
     if not torch.distributed.is_available():
         return False
-    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel  # lazy: needs torch.distributed
 
     return isinstance(module, (FullyShardedDataParallel, FSDPModule))
 
@@ -599,3 +439,6 @@ def _gradient_ready_order(captured: Captured) -> list[int]:
     outputs = captured.output_nodes()[captured.grad_slice]
     return sorted(range(len(outputs)), key=lambda i: (position.get(outputs[i], -1), i))
 
+
+__all__ = ["SOURCE_NODE", "Executor", "GradientSync", "arena_placement", "bind_ops", "build_program", "recorded_program",
+           "replay_graph", "replayed_schedule", "saved_generator_bytes", "unwrap_model"]

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from coop.budget import parse_budget
+from coop.budget import below_min_budget, parsed_budget
 from coop.errors import BudgetError, InfeasibleError
 from coop.graph_capture import Captured
 from coop.online.online_sim import OnlineSimulator, OutOfMemory, Thrashing
@@ -150,7 +150,7 @@ def run_dynamic(
     captured: Captured,
     model: nn.Module,
     batch: tuple[torch.Tensor, ...],
-    budget: int | str | float,  # noqa: PYI041 (int: bytes, float: fraction)
+    budget: int,
     policy: str | EvictionPolicy = "coop",
     *,
     max_overhead: float = 10.0,
@@ -165,7 +165,9 @@ def run_dynamic(
     out of evictable memory or thrashes past ``max_overhead``.
     """
     graph = captured.graph
-    budget_bytes = parse_budget(budget, graph)  # below min_budget: the one BudgetError of coop.budget
+    budget_bytes = parsed_budget(budget, "run_dynamic")
+    if below := below_min_budget(budget_bytes, graph):
+        raise BudgetError(below)
     engine = DynamicStep(captured, budget_bytes, make_policy(policy), max_overhead, replay_random)
     engine.bind(captured.flat_inputs(model, batch))
     try:

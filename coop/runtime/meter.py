@@ -1,4 +1,4 @@
-"""An independent meter of live tensor bytes while code runs (DESIGN.md, runtime).
+"""An independent meter of live tensor bytes while code runs.
 
 On CPU, :class:`MemoryMeter` is a TorchDispatchMode that sees every aten op's outputs, counts
 each new storage once (keyed by its StorageImpl) and drops it when the last tensor that holds it

@@ -21,7 +21,15 @@ from typing import Any
 import torch
 from torch import fx
 
-from coop.graph import Graph
+from coop.graph_capture.alternatives.base import (
+    CapturedStep,
+    FoundAlternatives,
+    ImplProgram,
+    ImplProgramBuilder,
+    same_layout,
+    signature,
+    whole_storage,
+)
 
 aten = torch.ops.aten
 
@@ -33,16 +41,39 @@ SOFTMAX_BACKWARDS = (aten._log_softmax_backward_data.default, aten._softmax_back
 
 
 def written_over(grad: torch.Tensor, *written: Any) -> torch.Tensor:
-    """grad (now grad_input), once the chunk copies ``written`` ran."""
+    """The output of a (log-)softmax backward run over its incoming gradient (the program's last call).
+
+    Parameters
+    ----------
+    grad
+        The incoming gradient's storage, now grad_input.
+    *written
+        The chunk copies into it (listed so that they run first).
+
+    Returns
+    -------
+    torch.Tensor
+        ``grad``.
+    """
     return grad
 
 
-def grad_inplace_program(backward: fx.Node) -> Any:
-    """``grad_inplace``: reads ``[grad, out]``; the kernel per chunk of rows, each chunk copied over grad's rows."""
-    from coop.graph_capture.alternatives import _Builder
+def grad_inplace_program(backward: fx.Node) -> ImplProgram:
+    """The implementation ``grad_inplace`` of a (log-)softmax backward: the kernel per chunk of rows, each chunk
+    copied over grad's rows.
 
+    Parameters
+    ----------
+    backward
+        A captured backward of :data:`SOFTMAX_BACKWARDS`.
+
+    Returns
+    -------
+    ImplProgram
+        Reads ``[grad, out]``.
+    """
     grad, output, _, dtype = backward.args
-    builder = _Builder([(grad.name, grad.meta["val"]), (output.name, output.meta["val"])])
+    builder = ImplProgramBuilder([(grad.name, grad.meta["val"]), (output.name, output.meta["val"])])
     g, out = builder.inputs
     shape = list(grad.meta["val"].shape)
     rows, width = math.prod(shape[:-1]), shape[-1]
@@ -56,10 +87,19 @@ def grad_inplace_program(backward: fx.Node) -> Any:
     return builder.done(builder.call(written_over, g, *written))
 
 
-def find_softmax_grad_inplace(backward: fx.Node, graph: Graph, owner_of: dict[str, int], found: Any) -> None:
-    """Offer ``grad_inplace`` for a CPU (log-)softmax backward over the last dimension whose grad it may overwrite."""
-    from coop.graph_capture.alternatives import _same_layout, _whole_storage, shared_program, signature
+def find_softmax_grad_inplace(backward: fx.Node, step: CapturedStep, found: FoundAlternatives) -> None:
+    """Offer ``grad_inplace`` for a CPU (log-)softmax backward over the last dimension whose grad it may overwrite.
 
+    Parameters
+    ----------
+    backward
+        A captured backward of :data:`SOFTMAX_BACKWARDS`.
+    step
+        The capture.
+    found
+        Receives the implementation (its program shared by backwards of one configuration).
+    """
+    graph, owner_of = step.graph, step.owner_of
     if len(backward.args) != 4 or backward.kwargs:
         return
     grad, output, dim, dtype = backward.args
@@ -70,15 +110,15 @@ def find_softmax_grad_inplace(backward: fx.Node, graph: Graph, owner_of: dict[st
         return
     if dim % value.dim() != value.dim() - 1 or dtype != value.dtype:
         return
-    if not (_whole_storage(value) and _same_layout(value, output.meta.get("val"))
-            and _same_layout(value, backward.meta.get("val"))):
+    if not (whole_storage(value) and same_layout(value, output.meta.get("val"))
+            and same_layout(value, backward.meta.get("val"))):
         return
     grad_node, node = graph.node(owner_of[grad.name]), graph.node(owner_of[backward.name])
     if grad_node.caller_owned or grad_node.output_of is not None or grad_node.mem != node.mem:
         return
-    program = shared_program(found, ("grad_inplace", *signature(backward)), (grad.name, output.name),
-                             lambda: grad_inplace_program(backward))
-    found.impls.setdefault(node.id, {})["grad_inplace"] = (program, {"inplace_of": grad_node.id})
+    program = found.shared_program(("grad_inplace", *signature(backward)), (grad.name, output.name),
+                                   lambda: grad_inplace_program(backward))
+    found.offer(node.id, "grad_inplace", program, {"inplace_of": grad_node.id})
 
 
 __all__ = ["ROW_CHUNKS", "SOFTMAX_BACKWARDS", "find_softmax_grad_inplace", "grad_inplace_program", "written_over"]

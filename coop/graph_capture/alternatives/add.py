@@ -12,35 +12,75 @@ broadcasting into it, no dtype promotion) that is its whole storage.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import fx
 
-from coop.graph import Graph
+from coop.graph_capture.alternatives.base import (
+    CapturedStep,
+    FoundAlternatives,
+    ImplProgram,
+    ImplProgramBuilder,
+    same_layout,
+    whole_storage,
+)
 
 aten = torch.ops.aten
 
+#: The op this module rewrites.
+ADD = aten.add.Tensor
+
 
 def add_into_other(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a + b`` written into ``b``'s storage (the operands in eager's order)."""
+    """``a + b`` written into ``b``'s storage (the operands in eager's order).
+
+    Parameters
+    ----------
+    a, b
+        The operands.
+
+    Returns
+    -------
+    torch.Tensor
+        ``b``, now holding ``a + b``.
+    """
     return aten.add.out(a, b, out=b)
 
 
-def add_in_place_program(add: fx.Node, position: int) -> Any:
-    """``add_`` over operand 0, or :func:`add_into_other` over operand 1."""
-    from coop.graph_capture.alternatives import _Builder
+def add_in_place_program(add: fx.Node, position: int) -> ImplProgram:
+    """The implementation ``inplace`` (``add_`` over operand 0) or ``inplace_other`` (:func:`add_into_other` over
+    operand 1) of an ``add``.
 
+    Parameters
+    ----------
+    add
+        A captured ``add.Tensor(a, b)``.
+    position
+        The operand written over: 0 or 1.
+
+    Returns
+    -------
+    ImplProgram
+        Reads ``[a, b]``.
+    """
     a, b = add.args[:2]
-    builder = _Builder([(a.name, a.meta["val"]), (b.name, b.meta["val"])])
+    builder = ImplProgramBuilder([(a.name, a.meta["val"]), (b.name, b.meta["val"])])
     x, y = builder.inputs
     return builder.done(builder.call(aten.add_.Tensor if position == 0 else add_into_other, x, y))
 
 
-def find_add_in_place(add: fx.Node, graph: Graph, owner_of: dict[str, int], found: Any) -> None:
-    """Offer ``inplace`` / ``inplace_other`` for a two-tensor ``add`` whose overwritten operand may take the output."""
-    from coop.graph_capture.alternatives import _same_layout, _whole_storage
+def find_add_in_place(add: fx.Node, step: CapturedStep, found: FoundAlternatives) -> None:
+    """Offer ``inplace`` / ``inplace_other`` for a two-tensor ``add`` whose overwritten operand may take the output.
 
+    Parameters
+    ----------
+    add
+        A captured ``add.Tensor``.
+    step
+        The capture.
+    found
+        Receives the implementations.
+    """
+    graph, owner_of = step.graph, step.owner_of
     if len(add.args) != 2 or add.kwargs or not all(isinstance(v, fx.Node) for v in add.args):
         return
     node = graph.node(owner_of[add.name])
@@ -54,9 +94,9 @@ def find_add_in_place(add: fx.Node, graph: Graph, owner_of: dict[str, int], foun
         if source.caller_owned or source.output_of is not None or source.optional or source.mem != node.mem:
             continue
         value = operand.meta.get("val")
-        if not (_whole_storage(value) and _same_layout(value, add.meta.get("val"))):
+        if not (whole_storage(value) and same_layout(value, add.meta.get("val"))):
             continue
-        found.impls.setdefault(node.id, {})[name] = (add_in_place_program(add, position), {"inplace_of": source.id})
+        found.offer(node.id, name, add_in_place_program(add, position), {"inplace_of": source.id})
 
 
-__all__ = ["add_in_place_program", "add_into_other", "find_add_in_place"]
+__all__ = ["ADD", "add_in_place_program", "add_into_other", "find_add_in_place"]

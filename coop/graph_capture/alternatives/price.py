@@ -26,18 +26,16 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
+from coop.graph_capture.alternatives.base import ImplProgram
 from coop.graph_capture.cost import NodeProfile, allocator_bytes, analytic_seconds, node_flops, tensor_leaves
 from coop.graph_capture.storage_table import predicted_storage_bytes
-
-if TYPE_CHECKING:
-    from coop.graph_capture.alternatives import ImplProgram
 
 
 @dataclass
@@ -62,7 +60,20 @@ class Calibration:
 
     @classmethod
     def of_step(cls, module: fx.GraphModule, profile: NodeProfile) -> Calibration:
-        """The ratios of the step ``module`` whose call nodes ``profile`` timed."""
+        """The ratios of a profiled step.
+
+        Parameters
+        ----------
+        module
+            The captured step.
+        profile
+            The measured seconds of its call nodes.
+
+        Returns
+        -------
+        Calibration
+            Measured over analytic seconds per op overload, per class and overall.
+        """
         measured: dict[Any, float] = {}
         analytic: dict[Any, float] = {}
         free: list[float] = []
@@ -82,7 +93,18 @@ class Calibration:
                    overall=ratios.get(None, 0.0), free_call=statistics.median(free) if free else 0.0)
 
     def seconds(self, node: fx.Node) -> float:
-        """Estimated seconds of one call of a program: its analytic seconds at the step's measured rate."""
+        """Estimated seconds of one call of a program.
+
+        Parameters
+        ----------
+        node
+            A ``call_function`` node of a program.
+
+        Returns
+        -------
+        float
+            Its analytic seconds at the step's measured rate.
+        """
         seconds = analytic_seconds(node, node_flops(node))
         if seconds <= 0:
             return self.free_call
@@ -99,8 +121,18 @@ def _pointwise(node: fx.Node) -> bool:
 def price(program: ImplProgram, calibration: Calibration | None = None) -> Price:
     """Seconds, stored bytes and workspace of a program, without running any kernel (see the module docstring).
 
-    Seconds: with ``calibration`` (a profiled capture) the analytic model at the step's measured rates, else the
-    analytic model.
+    Parameters
+    ----------
+    program
+        An implementation's or optional value's program.
+    calibration
+        Of a profiled capture: seconds are then the analytic model at the step's measured rates, else the analytic
+        model.
+
+    Returns
+    -------
+    Price
+        Its seconds, output bytes, workspace and the bytes of a tuple output's further tensors.
     """
     mem, workspace, extra = _fake_run_bytes(program)
     if calibration is None:
@@ -154,7 +186,6 @@ def _fake_run_bytes(program: ImplProgram) -> tuple[int, int, int]:
         out_bytes = live.get(_key(outputs[0]), 0) if outputs else 0
         all_out = sum(live.get(key, 0) for key in _storage_keys(env[program.output]))
     return out_bytes, max(peak - all_out, 0), all_out - out_bytes
-
 
 
 def _key(tensor: torch.Tensor) -> int:

@@ -28,27 +28,57 @@ from typing import Any
 import torch
 from torch import fx
 
-from coop.graph import Graph
+from coop.graph_capture.alternatives.base import (
+    CapturedStep,
+    FoundAlternatives,
+    ImplProgram,
+    ImplProgramBuilder,
+    same_layout,
+)
 
 aten = torch.ops.aten
 
+#: The op this module rewrites.
+MAX_POOL_BACKWARD = aten.max_pool2d_with_indices_backward.default
 
-def from_indices_program(backward: fx.Node) -> Any:
-    """``from_indices``: the backward with a zero-stride stand-in for ``self``; reads ``[grad_out, indices]``."""
-    from coop.graph_capture.alternatives import _Builder
+#: A max-pool window's (kernel, stride, padding, dilation), each as (rows, columns).
+WindowGeometry = tuple[tuple[int, int], tuple[int, int], tuple[int, int], tuple[int, int]]
 
+
+def from_indices_program(backward: fx.Node) -> ImplProgram:
+    """The implementation ``from_indices`` of a max-pool backward: a zero-stride stand-in for ``self``.
+
+    Parameters
+    ----------
+    backward
+        A captured ``max_pool2d_with_indices_backward``.
+
+    Returns
+    -------
+    ImplProgram
+        Reads ``[grad_out, indices]``.
+    """
     grad, source, *geometry, indices = backward.args
-    builder = _Builder([(grad.name, grad.meta["val"]), (indices.name, indices.meta["val"])])
+    builder = ImplProgramBuilder([(grad.name, grad.meta["val"]), (indices.name, indices.meta["val"])])
     g, index = builder.inputs
     zero = builder.call(aten.new_zeros.default, g, [])
     stand_in = builder.call(aten.expand.default, zero, list(source.meta["val"].shape))
     return builder.done(builder.call(aten.max_pool2d_with_indices_backward.default, g, stand_in, *geometry, index))
 
 
-def find_max_pool_from_indices(backward: fx.Node, graph: Graph, owner_of: dict[str, int], found: Any) -> None:
-    """Offer ``from_indices`` for a CPU max-pool backward over a contiguous, computed (not caller-owned) input."""
-    from coop.graph_capture.alternatives import _same_layout
+def find_max_pool_from_indices(backward: fx.Node, step: CapturedStep, found: FoundAlternatives) -> None:
+    """Offer ``from_indices`` for a CPU max-pool backward over a contiguous, computed (not caller-owned) input.
 
+    Parameters
+    ----------
+    backward
+        A captured ``max_pool2d_with_indices_backward``.
+    step
+        The capture.
+    found
+        Receives the implementation.
+    """
+    graph, owner_of = step.graph, step.owner_of
     if len(backward.args) != 8 or backward.kwargs:
         return
     grad, source, indices = backward.args[0], backward.args[1], backward.args[7]
@@ -60,8 +90,8 @@ def find_max_pool_from_indices(backward: fx.Node, graph: Graph, owner_of: dict[s
     if graph.node(owner_of[source.name]).caller_owned:
         return  # the input stays resident anyway
     program = from_indices_program(backward)
-    if _same_layout(program.output.meta["val"], backward.meta["val"]):
-        found.impls.setdefault(owner_of[backward.name], {})["from_indices"] = (program, {})
+    if same_layout(program.output.meta["val"], backward.meta["val"]):
+        found.offer(owner_of[backward.name], "from_indices", program)
 
 
 # -------------------------------------------------------------------- packed indices
@@ -69,9 +99,20 @@ def find_max_pool_from_indices(backward: fx.Node, graph: Graph, owner_of: dict[s
 PACK_CHUNKS = 16
 
 
-def window_geometry(backward: fx.Node) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int], tuple[int, int]] | None:
-    """(kernel, stride, padding, dilation) as (rows, columns) pairs of a ``max_pool2d_with_indices_backward``, or
-    None where a window has more than 128 elements (its offsets would not fit a signed byte)."""
+def window_geometry(backward: fx.Node) -> WindowGeometry | None:
+    """A max-pool's window.
+
+    Parameters
+    ----------
+    backward
+        A captured ``max_pool2d_with_indices_backward``.
+
+    Returns
+    -------
+    WindowGeometry or None
+        (kernel, stride, padding, dilation) as (rows, columns) pairs, or None where a window has more than 128
+        elements (its offsets would not fit a signed byte).
+    """
     def pair(value: Any, default: tuple[int, int]) -> tuple[int, int]:
         items = list(value) if value else list(default)
         return (int(items[0]), int(items[-1]))
@@ -87,7 +128,7 @@ def _chunks(batch: int) -> list[tuple[int, int]]:
     return [(start, min(start + step, batch)) for start in range(0, batch, step)]
 
 
-def _window_origins(builder: Any, out_shape: torch.Size, geometry: Any) -> tuple[fx.Node, fx.Node]:
+def _window_origins(builder: ImplProgramBuilder, out_shape: torch.Size, geometry: WindowGeometry) -> tuple[fx.Node, fx.Node]:
     """The input row of each output row's first window row inside the input (shape [1, 1, OH, 1]) and the column
     of its first column inside ([1, 1, 1, OW]): the window's start, moved past the padding in steps of the dilation
     as the kernel does. Offsets count from there, so offset 0 is an element of the input whatever the data (a
@@ -106,15 +147,26 @@ def _window_origins(builder: Any, out_shape: torch.Size, geometry: Any) -> tuple
     return builder.call(aten.view.default, top, [1, 1, rows, 1]), builder.call(aten.view.default, left, [1, 1, 1, cols])
 
 
-def packed_indices_program(backward: fx.Node, geometry: Any) -> Any:
-    """The optional value: each argmax's offset inside its window, int8, from ``indices`` (reads ``[indices]``)."""
-    from coop.graph_capture.alternatives import _Builder
+def packed_indices_program(backward: fx.Node, geometry: WindowGeometry) -> ImplProgram:
+    """The optional value ``packed_indices``: each argmax's offset inside its window, int8.
 
+    Parameters
+    ----------
+    backward
+        A captured ``max_pool2d_with_indices_backward``.
+    geometry
+        Its :func:`window_geometry`.
+
+    Returns
+    -------
+    ImplProgram
+        Reads ``[indices]``.
+    """
     indices = backward.args[7]
     width = backward.args[1].meta["val"].shape[-1]
     (_, kernel_w), _, _, dilation = geometry
     value = indices.meta["val"]
-    builder = _Builder([(indices.name, value)])
+    builder = ImplProgramBuilder([(indices.name, value)])
     (index,) = builder.inputs
     top, left = _window_origins(builder, value.shape, geometry)
     packed = builder.call(aten.empty.memory_format, list(value.shape), dtype=torch.int8, device=value.device)
@@ -132,16 +184,30 @@ def packed_indices_program(backward: fx.Node, geometry: Any) -> Any:
     return builder.done(packed)
 
 
-def from_packed_program(backward: fx.Node, packed_id: int, packed: torch.Tensor, geometry: Any) -> Any:
-    """``from_packed``: the int64 indices rebuilt from the window offsets a batch chunk at a time, each chunk's
-    gradient written by the kernel's ``.grad_input`` variant into its rows of one zero-filled result; reads
-    ``[grad_out, packed]``."""
-    from coop.graph_capture.alternatives import _Builder
+def from_packed_program(backward: fx.Node, packed_id: int, packed: torch.Tensor, geometry: WindowGeometry) -> ImplProgram:
+    """The implementation ``from_packed`` of a max-pool backward.
 
+    The int64 indices rebuilt from the window offsets a batch chunk at a time, each chunk's gradient written by the
+    kernel's ``.grad_input`` variant into its rows of one zero-filled result.
+
+    Parameters
+    ----------
+    backward
+        A captured ``max_pool2d_with_indices_backward``.
+    packed_id, packed
+        The packed indices' Graph id and (fake) value (see :func:`packed_indices_program`).
+    geometry
+        The backward's :func:`window_geometry`.
+
+    Returns
+    -------
+    ImplProgram
+        Reads ``[grad_out, packed]``.
+    """
     grad, source = backward.args[0], backward.args[1]
     width = source.meta["val"].shape[-1]
     (_, kernel_w), _, _, dilation = geometry
-    builder = _Builder([(grad.name, grad.meta["val"]), (packed_id, packed)])
+    builder = ImplProgramBuilder([(grad.name, grad.meta["val"]), (packed_id, packed)])
     g, offsets = builder.inputs
     top, left = _window_origins(builder, packed.shape, geometry)
     shape = list(source.meta["val"].shape)
@@ -165,35 +231,41 @@ def from_packed_program(backward: fx.Node, packed_id: int, packed: torch.Tensor,
     return builder.done(result)
 
 
-def find_max_pool_from_packed(backward: fx.Node, graph: Graph, owner_of: dict[str, int], found: Any,
-                              next_id: int) -> int:
-    """Offer ``from_packed`` (and its optional value) for a CPU max-pool backward over a contiguous 4-d input whose
-    indices are a computed value and whose windows have at most 128 elements; returns the next free node id."""
-    from coop.graph_capture.alternatives import _same_layout
+def find_max_pool_from_packed(backward: fx.Node, step: CapturedStep, found: FoundAlternatives) -> None:
+    """Offer ``from_packed`` for a CPU max-pool backward over a contiguous 4-d input whose indices are a computed
+    value and whose windows have at most 128 elements.
 
+    Parameters
+    ----------
+    backward
+        A captured ``max_pool2d_with_indices_backward``.
+    step
+        The capture.
+    found
+        Receives the implementation and its optional value ``packed_indices:<indices>`` (shared by backwards of one
+        indices value and geometry).
+    """
+    graph, owner_of = step.graph, step.owner_of
     if len(backward.args) != 8 or backward.kwargs:
-        return next_id
+        return
     grad, source, indices = backward.args[0], backward.args[1], backward.args[7]
     if not all(isinstance(v, fx.Node) for v in (grad, source, indices)) or indices.name not in owner_of:
-        return next_id
+        return
     value, index_value = source.meta.get("val"), indices.meta.get("val")
     if not isinstance(value, torch.Tensor) or value.device.type != "cpu" or not value.is_contiguous() or value.dim() != 4:
-        return next_id
+        return
     if not isinstance(index_value, torch.Tensor) or not index_value.is_contiguous() or index_value.dtype != torch.int64:
-        return next_id
+        return
     geometry = window_geometry(backward)
     if geometry is None or graph.node(owner_of[indices.name]).caller_owned:
-        return next_id
+        return
     key = (f"packed_indices:{indices.name}", *map(repr, geometry))
-    if key not in found.optional:
-        found.optional[key] = (next_id, packed_indices_program(backward, geometry), owner_of[indices.name])
-        next_id += 1
-    packed_id, packed, _ = found.optional[key]
+    packed_id, packed = found.optional_once(key, lambda: packed_indices_program(backward, geometry),
+                                            owner_of[indices.name])
     program = from_packed_program(backward, packed_id, packed.output.meta["val"], geometry)
-    if _same_layout(program.output.meta["val"], backward.meta["val"]):
-        found.impls.setdefault(owner_of[backward.name], {})["from_packed"] = (program, {})
-    return next_id
+    if same_layout(program.output.meta["val"], backward.meta["val"]):
+        found.offer(owner_of[backward.name], "from_packed", program)
 
 
-__all__ = ["PACK_CHUNKS", "find_max_pool_from_indices", "find_max_pool_from_packed", "from_indices_program",
+__all__ = ["MAX_POOL_BACKWARD", "PACK_CHUNKS", "WindowGeometry", "find_max_pool_from_indices", "find_max_pool_from_packed", "from_indices_program",
            "from_packed_program", "packed_indices_program", "window_geometry"]

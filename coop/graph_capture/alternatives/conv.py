@@ -54,9 +54,19 @@ from typing import Any
 import torch
 from torch import fx
 
-from coop.graph import Graph
+from coop.graph_capture.alternatives.base import (
+    CapturedStep,
+    FoundAlternatives,
+    ImplProgram,
+    ImplProgramBuilder,
+    same_layouts,
+    signature,
+)
 
 aten = torch.ops.aten
+
+#: The op this module rewrites.
+CONVOLUTION_BACKWARD = aten.convolution_backward.default
 
 #: Relative tolerance declared for a split whose bits are not proven equal to the fused call's (the chunked
 #: split; any split off the CPU): chunking input channels changes the kernel's blocking, and with it the order
@@ -70,8 +80,22 @@ CHUNKS = 8
 
 
 def convolution_gradients(grad_input: torch.Tensor | None, weight_part: tuple[Any, ...], *written: Any) -> tuple[Any, ...]:
-    """The output tuple of the fused ``convolution_backward``: the data part's grad_input, W's weight/bias grads
-    (``written``: the chunk copies into grad_input, listed so that they run first)."""
+    """The output tuple of the fused ``convolution_backward`` (a split program's last call packs it).
+
+    Parameters
+    ----------
+    grad_input
+        The data part's grad_input.
+    weight_part
+        W: the weight part's output tuple.
+    *written
+        The chunk copies into grad_input (listed so that they run first).
+
+    Returns
+    -------
+    tuple
+        ``(grad_input, grad_weight, grad_bias)``.
+    """
     return grad_input, weight_part[1], weight_part[2]
 
 
@@ -83,24 +107,45 @@ def _contiguous_strides(shape: tuple[int, ...] | torch.Size) -> list[int]:
     return strides[::-1]
 
 
-def weight_part_program(backward: fx.Node) -> Any:
-    """W: ``convolution_backward`` with ``output_mask=[False, mask[1], mask[2]]``; reads grad_out, input, weight."""
-    from coop.graph_capture.alternatives import _Builder
+def weight_part_program(backward: fx.Node) -> ImplProgram:
+    """The optional value W of a split convolution backward: its weight and bias gradients.
 
+    Parameters
+    ----------
+    backward
+        A captured ``convolution_backward``.
+
+    Returns
+    -------
+    ImplProgram
+        Reads ``[grad_out, input, weight]``; ``convolution_backward`` with ``output_mask=[False, mask[1], mask[2]]``.
+    """
     grad, source, weight = backward.args[:3]
-    builder = _Builder([(grad.name, grad.meta["val"]), (source.name, source.meta["val"]), (weight.name, weight.meta["val"])])
+    builder = ImplProgramBuilder([(grad.name, grad.meta["val"]), (source.name, source.meta["val"]), (weight.name, weight.meta["val"])])
     g, x, w = builder.inputs
     mask = backward.args[10]
     return builder.done(builder.call(aten.convolution_backward.default, g, x, w, *backward.args[3:10],
                                      [False, mask[1], mask[2]]))
 
 
-def data_part_program(backward: fx.Node, weight_part_id: int, weight_part: Any) -> Any:
-    """``split``: grad_input from ``[grad_out, weight, W]`` with the input's shape over grad_out's storage."""
-    from coop.graph_capture.alternatives import _Builder
+def data_part_program(backward: fx.Node, weight_part_id: int, weight_part: Any) -> ImplProgram:
+    """The implementation ``split`` where grad_out's storage can stand for the input.
 
+    Parameters
+    ----------
+    backward
+        A captured ``convolution_backward``.
+    weight_part_id, weight_part
+        W's Graph id and (fake) value (see :func:`weight_part_program`).
+
+    Returns
+    -------
+    ImplProgram
+        Reads ``[grad_out, weight, W]``; grad_input with the input's shape over grad_out's storage, W's tensors as
+        the weight and bias gradients.
+    """
     grad, source, weight = backward.args[:3]
-    builder = _Builder([(grad.name, grad.meta["val"]), (weight.name, weight.meta["val"]), (weight_part_id, weight_part)])
+    builder = ImplProgramBuilder([(grad.name, grad.meta["val"]), (weight.name, weight.meta["val"]), (weight_part_id, weight_part)])
     g, w, part = builder.inputs
     shape = list(source.meta["val"].shape)
     like_input = builder.call(aten.as_strided.default, g, shape, _contiguous_strides(shape), 0)
@@ -110,15 +155,28 @@ def data_part_program(backward: fx.Node, weight_part_id: int, weight_part: Any) 
     return builder.done(builder.call(convolution_gradients, grad_input, part))
 
 
-def chunked_data_part_program(backward: fx.Node, weight_part_id: int, weight_part: Any) -> Any:
-    """``split`` where grad_out cannot stand for the input: grad_input in :data:`CHUNKS` chunks of input channels
-    (of whole groups for a grouped convolution), each computed from its weight slice (and grad_out slice) with a
-    stand-in over grad_input's own, not yet written, storage, then copied into its channels."""
-    from coop.graph_capture.alternatives import _Builder
+def chunked_data_part_program(backward: fx.Node, weight_part_id: int, weight_part: Any) -> ImplProgram:
+    """The implementation ``split`` where grad_out cannot stand for the input.
 
+    grad_input in :data:`CHUNKS` chunks of input channels (of whole groups for a grouped convolution), each
+    computed from its weight slice (and grad_out slice) with a stand-in over grad_input's own, not yet written,
+    storage, then copied into its channels.
+
+    Parameters
+    ----------
+    backward
+        A captured ``convolution_backward``.
+    weight_part_id, weight_part
+        W's Graph id and (fake) value (see :func:`weight_part_program`).
+
+    Returns
+    -------
+    ImplProgram
+        Reads ``[grad_out, weight, W]``.
+    """
     grad, source, weight = backward.args[:3]
     stride, padding, dilation, _, output_padding, groups = backward.args[4:10]
-    builder = _Builder([(grad.name, grad.meta["val"]), (weight.name, weight.meta["val"]), (weight_part_id, weight_part)])
+    builder = ImplProgramBuilder([(grad.name, grad.meta["val"]), (weight.name, weight.meta["val"]), (weight_part_id, weight_part)])
     g, w, part = builder.inputs
     shape = list(source.meta["val"].shape)
     channels, outputs = shape[1], grad.meta["val"].shape[1]
@@ -150,44 +208,50 @@ def _shape_cover(grad: torch.Tensor, source: torch.Tensor) -> bool:
             and grad.untyped_storage().nbytes() >= source.numel() * source.element_size())
 
 
-def find_convolution_split(backward: fx.Node, graph: Graph, owner_of: dict[str, int], found: Any, next_id: int) -> int:
+def find_convolution_split(backward: fx.Node, step: CapturedStep, found: FoundAlternatives) -> None:
     """Offer ``split`` for a convolution backward that computes grad_input and the weight gradient.
 
-    Adds W to ``found.optional`` (key: the backward's name) and returns the next free node id.
+    Parameters
+    ----------
+    backward
+        A captured ``convolution_backward``.
+    step
+        The capture.
+    found
+        Receives the implementation and W, an optional value (key: ``conv_weight_grad:<backward>``).
     """
-    from coop.graph_capture.alternatives import _same_layout, shared_program, signature
-
+    graph, owner_of = step.graph, step.owner_of
     grad, source, weight = backward.args[:3]
     mask = backward.args[10]
     if not all(isinstance(v, fx.Node) for v in (grad, source, weight)) or not isinstance(mask, (list, tuple)):
-        return next_id
+        return
     if not (mask[0] and mask[1]) or not all(isinstance(m, bool) for m in mask):
-        return next_id  # nothing to split: no grad_input (a first layer) or no weight gradient
+        return  # nothing to split: no grad_input (a first layer) or no weight gradient
     if graph.node(owner_of[source.name]).caller_owned:
-        return next_id  # the input stays resident anyway: the fused call holds nothing more
+        return  # the input stays resident anyway: the fused call holds nothing more
     grad_value, source_value = grad.meta.get("val"), source.meta.get("val")
     if not isinstance(grad_value, torch.Tensor) or not isinstance(source_value, torch.Tensor):
-        return next_id
+        return
     if not source_value.is_contiguous():
-        return next_id
+        return
     weight_program = weight_part_program(backward)
+    weight_part_id = found.next_id  # W's id, once it is added below
     covered = _shape_cover(grad_value, source_value)
     if covered:
-        program = data_part_program(backward, next_id, weight_program.output.meta["val"])
+        program = data_part_program(backward, weight_part_id, weight_program.output.meta["val"])
     elif backward.args[7] is False:
-        program = shared_program(found, ("split", *signature(backward)), (grad.name, weight.name, next_id),
-                                 lambda: chunked_data_part_program(backward, next_id, weight_program.output.meta["val"]))
+        program = found.shared_program(
+            ("split", *signature(backward)), (grad.name, weight.name, weight_part_id),
+            lambda: chunked_data_part_program(backward, weight_part_id, weight_program.output.meta["val"]))
     else:
-        return next_id
-    produced, expected = program.output.meta["val"], backward.meta["val"]
-    if not all(a is None and b is None or _same_layout(a, b) for a, b in zip(produced, expected, strict=True)):
-        return next_id
+        return
+    if not same_layouts(program.output.meta["val"], backward.meta["val"]):
+        return
     proven = covered and source_value.device.type == "cpu"  # bit for bit: tests/test_alternatives_conv.py
     fields = {} if proven else {"exact": False, "tolerance": CONV_SPLIT_TOLERANCE}
-    found.optional[(f"conv_weight_grad:{backward.name}",)] = (next_id, weight_program, tuple(
-        dict.fromkeys(owner_of[v.name] for v in (grad, source, weight))))
-    found.impls.setdefault(owner_of[backward.name], {})["split"] = (program, fields)
-    return next_id + 1
+    found.add_optional((f"conv_weight_grad:{backward.name}",), weight_program,
+                       tuple(dict.fromkeys(owner_of[v.name] for v in (grad, source, weight))))
+    found.offer(owner_of[backward.name], "split", program, fields)
 
 
-__all__ = ["CHUNKS", "chunked_data_part_program", "convolution_gradients", "data_part_program", "find_convolution_split", "weight_part_program"]
+__all__ = ["CHUNKS", "CONVOLUTION_BACKWARD", "CONV_SPLIT_TOLERANCE", "chunked_data_part_program", "convolution_gradients", "data_part_program", "find_convolution_split", "weight_part_program"]

@@ -1,0 +1,115 @@
+"""The registry of formulations: name -> function and options type, and :func:`solve`, the one options contract.
+
+Modules are imported on first use (``importlib``, from the registered ``"module:function"``), so
+that listing formulations or their options imports no solver.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from coop.errors import CoopError
+from coop.formulations.options import (
+    AutoOptions,
+    BaselineOptions,
+    CheckmateLpOptions,
+    CheckmateOptions,
+    ChenGreedyOptions,
+    ChenSqrtOptions,
+    MincutOptions,
+    MoccasinOptions,
+    MonetOptions,
+    PoetOptions,
+    SolverOptions,
+)
+from coop.formulations.result import SolveResult
+from coop.graph import Graph
+
+
+@dataclass(frozen=True)
+class Formulation:
+    """A registered formulation: where its function lives and the type of its options.
+
+    Parameters
+    ----------
+    target:
+        ``"module:function"``, imported on first use so that a missing optional solver only
+        matters when it is asked for.
+    options:
+        The :class:`~coop.formulations.options.SolverOptions` subclass declaring what it takes.
+    """
+
+    target: str
+    options: type[SolverOptions]
+
+    def function(self) -> Callable[..., SolveResult]:
+        """The solve function (its module imported now)."""
+        module_name, function_name = self.target.split(":")
+        return getattr(importlib.import_module(module_name), function_name)
+
+
+#: name -> registered formulation (lazy so that importing coop stays light).
+FORMULATIONS: dict[str, Formulation] = {
+    "store-all": Formulation("coop.formulations.baselines:store_all", BaselineOptions),
+    "checkpoint-all": Formulation("coop.formulations.baselines:checkpoint_all", BaselineOptions),
+    "chen-sqrt": Formulation("coop.formulations.baselines:chen_sqrt", ChenSqrtOptions),
+    "chen-greedy": Formulation("coop.formulations.baselines:chen_greedy", ChenGreedyOptions),
+    "checkmate": Formulation("coop.formulations.checkmate:checkmate", CheckmateOptions),
+    "checkmate-lp": Formulation("coop.formulations.checkmate:checkmate_lp", CheckmateLpOptions),
+    "moccasin": Formulation("coop.formulations.moccasin:moccasin", MoccasinOptions),
+    "monet": Formulation("coop.formulations.monet:monet", MonetOptions),
+    "pytorch-mincut": Formulation("coop.formulations.pytorch_mincut:pytorch_mincut", MincutOptions),
+    "poet": Formulation("coop.formulations.poet:poet", PoetOptions),
+    "auto": Formulation("coop.formulations.auto:auto", AutoOptions),
+}
+
+BASELINES = ("store-all", "checkpoint-all", "chen-sqrt", "chen-greedy")
+
+
+def registered(name: str) -> Formulation:
+    """The formulation registered under ``name`` (one-line CoopError naming the choices otherwise)."""
+    found = FORMULATIONS.get(name)
+    if found is None:
+        raise CoopError(f"unknown formulation {name!r}: choose one of {', '.join(FORMULATIONS)}")
+    return found
+
+
+def get_formulation(name: str) -> Callable[..., SolveResult]:
+    """The solve function registered under ``name`` (CoopError naming the choices otherwise)."""
+    return registered(name).function()
+
+
+def formulation_options(formulation: str) -> frozenset[str]:
+    """The keyword options the formulation's function takes (its own and the common ones it reads)."""
+    return registered(formulation).options.taken()
+
+
+def solve(graph: Graph, budget: int, formulation: str, **options: Any) -> SolveResult:
+    """Run one formulation on a graph under a budget in graph units: the one options contract.
+
+    Parameters
+    ----------
+    graph, budget:
+        The problem; ``budget`` already parsed to graph units (``coop.budget.parse_budget``).
+    formulation:
+        A name of :data:`FORMULATIONS`.
+    options:
+        Its options by name (:mod:`coop.formulations.options`): any of :data:`COMMON_OPTIONS`, or one of
+        the formulation's own; ``None`` means the default.
+
+    Returns
+    -------
+    SolveResult
+        The formulation's result.
+
+    Raises
+    ------
+    CoopError
+        One line naming an unknown option and listing what the formulation takes.
+    """
+    spec = registered(formulation)
+    typed = spec.options.from_keywords(formulation, options)
+    return spec.function()(graph, budget, **typed.keywords())
