@@ -42,8 +42,29 @@ def parse_budget(spec: str | float, graph: Graph, *, check: bool = True) -> int:
 
     ``int`` -> graph units; ``float`` in (0, ...) -> fraction of the baseline peak; strings:
     ``"90%"``, ``"0.9"`` (a fraction when it has a decimal point and no unit), ``"6GiB"``,
-    ``"750MB"``, ``"132156"``. With ``check`` a budget below :func:`min_budget` raises a
-    BudgetError with the message of :func:`below_min_budget`.
+    ``"750MB"``, ``"132156"``.
+
+    Parameters
+    ----------
+    spec : str or float
+        The budget as given by the user: a number or a size string in one of the forms above.
+    graph : Graph
+        The graph the budget is for; fractions are of its :func:`baseline_peak`, and bytes are
+        refused on a graph in abstract units.
+    check : bool
+        Whether to refuse a budget below :func:`min_budget`.
+
+    Returns
+    -------
+    int
+        The budget in graph units.
+
+    Raises
+    ------
+    BudgetError
+        When ``spec`` is not understood, not positive, too large, in bytes on a graph in abstract
+        units, or (with ``check``) below :func:`min_budget`, with the message of
+        :func:`below_min_budget`.
     """
     budget = _parse(spec, graph)
     if check and (message := below_min_budget(budget, graph)):
@@ -56,6 +77,19 @@ def below_min_budget(budget: int, graph: Graph) -> str | None:
 
     Every module that meets such a budget (the parser, the formulations, compare, the fallback)
     reports it with this line, so a user reads the same bound and the same fix everywhere.
+
+    Parameters
+    ----------
+    budget : int
+        The budget in graph units.
+    graph : Graph
+        The graph whose :func:`min_budget` the budget is compared with.
+
+    Returns
+    -------
+    str or None
+        The message naming the budget, the min_budget and the least budget to use; None when
+        ``budget`` is at least :func:`min_budget`.
     """
     least = min_budget(graph)
     if budget >= least:
@@ -72,6 +106,23 @@ def parsed_budget(budget: object, taker: str) -> int:
 
     Engines below the API and CLI take parsed budgets only, so that a budget is parsed once, at
     the edge; this refuses anything else in one line naming :func:`parse_budget`.
+
+    Parameters
+    ----------
+    budget : object
+        The budget an engine was given.
+    taker : str
+        The name of the engine, for the message.
+
+    Returns
+    -------
+    int
+        ``budget`` unchanged.
+
+    Raises
+    ------
+    BudgetError
+        When ``budget`` is not an int (a bool counts as not), or not in (0, MAX_BUDGET].
     """
     if isinstance(budget, bool) or not isinstance(budget, int) or not 0 < budget <= MAX_BUDGET:
         raise BudgetError(f"{taker} takes a budget in graph units (a positive int), not {budget!r}: parse a spec "
@@ -84,6 +135,21 @@ def check_budget_syntax(spec: object) -> None:
 
     For inputs read before a graph exists (sweep configs): a spec that passes may still be refused
     later for a graph (bytes on a graph in abstract units, or below its min_budget).
+
+    Parameters
+    ----------
+    spec : object
+        The budget spec to check (an int, a float or a size string).
+
+    Returns
+    -------
+    None
+
+    Raises
+    ------
+    BudgetError
+        When ``spec`` is not a size, not understood, not positive, has an unknown unit or is too
+        large.
     """
     _parse_spec(spec)
 
@@ -149,7 +215,18 @@ MAX_FRACTION = 1000.0
 
 @derived_from_graph
 def baseline_peak(graph: Graph) -> int:
-    """Peak of the graph's baseline order with no recomputation (contract 1)."""
+    """Peak of the graph's baseline order with no recomputation (contract 1).
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph, simulated in its baseline order ``graph.order``.
+
+    Returns
+    -------
+    int
+        The peak memory of that schedule, in graph units.
+    """
     return simulate(graph, Schedule.from_order(graph.order)).peak
 
 
@@ -160,8 +237,20 @@ def min_budget(graph: Graph, *, paging: bool = False) -> int:
     The larger of (a) the biggest single compute step: the node's distinct inputs, its output and
     workspace, and (b) every graph output at the end; both plus the caller-owned values. Values
     count at their smallest implementation (MONeT impls); an implementation that reads optional
-    values counts their compute steps too (they must then be computed). With ``paging`` (schedules that may
-    page caller-owned values out, POET) only the caller-owned values a step reads count there.
+    values counts their compute steps too (they must then be computed).
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph to bound.
+    paging : bool
+        For schedules that may page caller-owned values out (POET): then only the caller-owned
+        values a step reads count in that step.
+
+    Returns
+    -------
+    int
+        The lower bound, in graph units.
     """
     return _min_budget(graph, paging)
 
@@ -221,10 +310,23 @@ def _min_budget(graph: Graph, paging: bool) -> int:
 
 
 def format_memory(value: float | None, graph: Graph) -> str:
-    """An amount of ``graph``'s memory as text: ``"1,200 units"`` on graphs in abstract units,
-    ``"1,536 B (1.5KiB)"`` on graphs in bytes (the binary size only from 1 KiB up), ``"-"`` for None.
+    """An amount of ``graph``'s memory as text.
 
-    The one memory formatter of coop: messages, the CLI and plans print sizes through it.
+    ``"1,200 units"`` on graphs in abstract units, ``"1,536 B (1.5KiB)"`` on graphs in bytes (the
+    binary size only from 1 KiB up), ``"-"`` for None. The one memory formatter of coop: messages,
+    the CLI and plans print sizes through it.
+
+    Parameters
+    ----------
+    value : float or None
+        The amount, in graph units; None for none.
+    graph : Graph
+        The graph whose unit (``meta["mem_unit"]``) decides the form.
+
+    Returns
+    -------
+    str
+        The amount as text.
     """
     if value is None:
         return "-"

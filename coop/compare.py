@@ -126,7 +126,26 @@ class CompareReport:
 def simulate_report(graph: Graph, policy: str, budget: str | int | float) -> dict[str, Any]:  # noqa: PYI041 (int: graph units)
     """``coop simulate``: one online policy on one graph and budget, as a JSON-ready dict.
 
-    A budget below :func:`coop.budget.min_budget` is reported (status "infeasible"), not raised.
+    Parameters
+    ----------
+    graph : Graph
+        The graph whose baseline order is run.
+    policy : str
+        The online eviction policy's name (:func:`coop.online.online_sim.simulate_online`).
+    budget : str or int or float
+        The budget, in any form :func:`coop.budget.parse_budget` reads (an int is graph units).
+
+    Returns
+    -------
+    dict of str to Any
+        The graph's name, the policy, the budget in graph units, ``min_budget`` and ``baseline_peak``, then either
+        the online run's result with ``ok``, or, for a budget below :func:`coop.budget.min_budget`, status
+        "infeasible" and the message (reported, not raised).
+
+    Raises
+    ------
+    BudgetError
+        When the budget cannot be parsed.
     """
     budget_units = parse_budget(budget, graph, check=False)
     least = min_budget(graph)
@@ -157,12 +176,47 @@ def compare(
 ) -> CompareReport:
     """Run the static formulations and online policies on ``graph`` at every budget.
 
-    ``formulations`` / ``policies`` default to all registered ones; a formulation that raises a
-    CoopError on this graph (e.g. a baseline that needs a forward/backward split) gets a
-    "skipped" row with the reason. ``time_limit`` is passed to formulations that take one;
-    ``solver_options`` adds per-formulation keyword options. ``progress`` shows a rich bar. By
-    default ``monet`` runs only on graphs with implementations (elsewhere it is moccasin's search
-    again) and ``poet`` only with a ``device_profile``, whose energy and paged bytes its rows show.
+    A formulation that raises a CoopError on this graph (e.g. a baseline that needs a forward/backward split)
+    gets a "skipped" row with the reason; a budget below :func:`coop.budget.min_budget` gets "infeasible" rows.
+    Static formulations run on ``graph.with_random_replay()`` (random draws recomputable, as the executor
+    replays them).
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph to compare on.
+    budgets : sequence of str or int or float
+        The budgets, each in any form :func:`coop.budget.parse_budget` reads; at least one.
+    formulations : iterable of str or None
+        Static formulations by name; None: all registered ones, except that by default ``monet`` runs only on
+        graphs with implementations (elsewhere it is moccasin's search again) and ``poet`` only with a
+        ``device_profile``.
+    policies : iterable of str or None
+        Online eviction policies by name; None: all of them.
+    time_limit : float
+        Seconds, passed to formulations that take one.
+    progress : bool
+        Show a rich progress bar.
+    solver_options : dict of str to dict or None
+        Per-formulation keyword options, by formulation name.
+    on_row : callable or None
+        Called with each row as it is made.
+    device_profile : str or None
+        A device profile (name or .toml path) that prices ``poet``'s paging; its rows show energy and paged bytes.
+
+    Returns
+    -------
+    CompareReport
+        One row per budget and method, with the break-even steps of static plans against online policies.
+
+    Raises
+    ------
+    CoopError
+        For an unknown formulation or policy, or no budget.
+    DeviceProfileError
+        For an unknown device profile or one whose file cannot be read.
+    BudgetError
+        When a budget cannot be parsed.
     """
     formulation_names = _formulation_names(formulations, graph, device_profile)
     if device_profile is not None:
@@ -202,8 +256,22 @@ def compare(
 
 
 def run_sweep(config: SweepConfig, progress: bool = False, output_dir: str | Path | None = None) -> list[CompareReport]:
-    """Every graph of a sweep config through :func:`compare`; with ``output_dir`` (default the
-    config's) writes ``<graph>.csv``, ``<graph>.md`` and ``<graph>.png`` there."""
+    """Every graph of a sweep config through :func:`compare`, each report written as CSV, Markdown and a plot.
+
+    Parameters
+    ----------
+    config : SweepConfig
+        The sweep: graphs, budgets, formulations, policies, time limit, solver options.
+    progress : bool
+        Show a rich progress bar per graph.
+    output_dir : str or Path or None
+        Where ``<graph>.csv``, ``<graph>.md`` and ``<graph>.png`` are written; None: the config's ``output_dir``.
+
+    Returns
+    -------
+    list of CompareReport
+        One report per graph, in config order.
+    """
     reports = []
     for graph in config.load_graphs():
         report = compare(graph, config.budgets, config.formulation_names, config.policy_names, config.time_limit,
@@ -300,7 +368,18 @@ def _online_row(graph: Graph, name: str, spec: str, budget: int, peak: int) -> d
 
 # -------------------------------------------------------------------- break-even
 def cost_is_seconds(graph: Graph) -> bool:
-    """Whether the graph's node costs are seconds (captured graphs), so per-step times are real."""
+    """Whether the graph's node costs are seconds (captured graphs), so per-step times are real.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph; its ``meta["cost_unit"]`` is read.
+
+    Returns
+    -------
+    bool
+        True when the cost unit starts with ``"seconds"``.
+    """
     return str(graph.meta.get("cost_unit", "")).startswith("seconds")
 
 
@@ -315,6 +394,21 @@ def break_even_steps(solve_s: float, static_step_s: float, online_step_s: float)
 
     The static plan costs ``solve_s + n * static_step_s`` over n steps, the online policy
     ``n * online_step_s``; the smallest n where the static plan is no more expensive.
+
+    Parameters
+    ----------
+    solve_s : float
+        The static plan's solve time, seconds.
+    static_step_s : float
+        The static plan's time per step, seconds.
+    online_step_s : float
+        The online policy's time per step, seconds.
+
+    Returns
+    -------
+    float
+        The number of steps (a whole number); 0 when the solve took no time, ``inf`` when the static plan's
+        steps are not faster.
     """
     saving = online_step_s - static_step_s
     if solve_s <= 0:

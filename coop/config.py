@@ -145,7 +145,23 @@ def _capture_zoo(source: GraphSource) -> Graph:
 
 
 def load_config(path: str | Path) -> SweepConfig:
-    """Read and validate a TOML sweep config (ConfigError with one line on any problem)."""
+    """Read and validate a TOML sweep config (ConfigError with one line on any problem).
+
+    Parameters
+    ----------
+    path : str or Path
+        The TOML file; relative paths in it are taken from its folder.
+
+    Returns
+    -------
+    SweepConfig
+        The validated config.
+
+    Raises
+    ------
+    ConfigError
+        When the path is a folder or cannot be read, is not UTF-8 or not valid TOML, or the config is invalid.
+    """
     path = Path(path)
     if path.is_dir():
         raise ConfigError(f"config {path} is a directory: give the path of a TOML file")
@@ -163,7 +179,27 @@ def load_config(path: str | Path) -> SweepConfig:
 
 
 def parse_config(data: dict[str, Any], base_dir: Path | str = ".", origin: str = "config") -> SweepConfig:
-    """Validate a config dict (as read from TOML)."""
+    """Validate a config dict (as read from TOML).
+
+    Parameters
+    ----------
+    data : dict of str to Any
+        The config's tables and keys.
+    base_dir : Path or str
+        The folder relative paths in the config are taken from.
+    origin : str
+        What the config is called in error messages (its file's path).
+
+    Returns
+    -------
+    SweepConfig
+        The validated config.
+
+    Raises
+    ------
+    ConfigError
+        With one line describing what is invalid.
+    """
     try:
         return SweepConfig.model_validate({**data, "base_dir": Path(base_dir)})
     except ValidationError as exc:

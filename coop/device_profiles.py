@@ -115,7 +115,24 @@ def known_profiles() -> tuple[str, ...]:
 
 
 def load_device_profile(name_or_path: str | Path | DeviceProfile) -> DeviceProfile:
-    """A shipped profile by name (``"m4"``, ``"a100-pcie4"``), or a TOML file by path; a profile passes through."""
+    """A shipped profile by name (``"m4"``, ``"a100-pcie4"``), or a TOML file by path; a profile passes through.
+
+    Parameters
+    ----------
+    name_or_path : str or Path or DeviceProfile
+        A shipped profile's name, the path of a ``.toml`` profile, or a profile.
+
+    Returns
+    -------
+    DeviceProfile
+        The checked profile (``name_or_path`` itself when it is one).
+
+    Raises
+    ------
+    DeviceProfileError
+        When the name is no shipped profile and no file, the file cannot be read or is not TOML, or
+        its content is refused by :func:`profile_from_dict`.
+    """
     if isinstance(name_or_path, DeviceProfile):
         return name_or_path
     text = str(name_or_path)
@@ -133,7 +150,28 @@ def load_device_profile(name_or_path: str | Path | DeviceProfile) -> DeviceProfi
 
 
 def profile_from_dict(data: dict[str, Any], origin: str = "device profile", default_name: str = "custom") -> DeviceProfile:
-    """Convert a profile's keys (each quantity in the unit its key names) to a checked SI profile."""
+    """Convert a profile's keys (each quantity in the unit its key names) to a checked SI profile.
+
+    Parameters
+    ----------
+    data : dict
+        The profile's keys: the text keys and one key per quantity, its unit in its name.
+    origin : str
+        What the data came from (a file's path), for messages.
+    default_name : str
+        The profile's name when ``data`` has none.
+
+    Returns
+    -------
+    DeviceProfile
+        The profile, each quantity converted to SI units.
+
+    Raises
+    ------
+    DeviceProfileError
+        When a key is unknown, a quantity is missing or given twice, a value is not a number, or the
+        profile fails its validation.
+    """
     fields: dict[str, Any] = {key: data[key] for key in TEXT_KEYS if key in data}
     fields.setdefault("name", default_name)
     for key in data:

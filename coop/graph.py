@@ -76,7 +76,18 @@ Flag = Annotated[bool, BeforeValidator(_reject_non_bool)]
 
 
 def device_order(device: str | None) -> tuple[bool, str]:
-    """Sort key of device names: None (an imported graph's one device) first, then by name."""
+    """Sort key of device names: None (an imported graph's one device) first, then by name.
+
+    Parameters
+    ----------
+    device : str or None
+        A device name, or None for an imported graph's one device.
+
+    Returns
+    -------
+    tuple of (bool, str)
+        The sort key.
+    """
     return (device is not None, device or "")
 
 
@@ -745,14 +756,26 @@ def derived_from_graph(function: Callable[..., Derived]) -> Callable[..., Derive
     The cache lives on the graph (so it goes with it) and is keyed by the decorated function itself
     and its arguments, so two layers can never read each other's entries by a shared name. The
     arguments must be hashable.
+
+    Parameters
+    ----------
+    function : callable
+        A function whose first argument is the graph.
+
+    Returns
+    -------
+    callable
+        The cached wrapper, with ``function``'s name and docstring; positional, keyword and defaulted
+        spellings of the same arguments share one entry.
     """
 
     signature = inspect.signature(function)
+    takes_arguments = len(signature.parameters) > 1
 
     @functools.wraps(function)
     def cached(graph: Graph, *args: Any, **kwargs: Any) -> Derived:
         cache = graph.__dict__.setdefault("_derived", {})
-        if args or kwargs:  # one key however the arguments are spelled (positional, keyword, defaulted)
+        if takes_arguments:  # one key however the arguments are spelled (positional, keyword, defaulted)
             bound = signature.bind(graph, *args, **kwargs)
             bound.apply_defaults()
             key: tuple[Any, ...] = (function, *list(bound.arguments.items())[1:])

@@ -19,7 +19,23 @@ from coop.text import first_line, json_type_name, short_repr
 
 
 def load_graph(path: str | Path) -> Graph:
-    """Read a graph file: coop JSON, or either networkx node-link layout of the published graphs."""
+    """Read a graph file: coop JSON, or either networkx node-link layout of the published graphs.
+
+    Parameters
+    ----------
+    path : str or Path
+        The graph file; its stem names a graph whose document has no name.
+
+    Returns
+    -------
+    Graph
+        The graph, as :func:`graph_from_dict` builds it.
+
+    Raises
+    ------
+    GraphError
+        When the file cannot be read as JSON (:func:`read_json_file`) or holds no graph.
+    """
     path = Path(path)
     return graph_from_dict(read_json_file(path, "graph", GraphError), default_name=path.stem)
 
@@ -29,6 +45,26 @@ def read_json_file(path: Path, what: str, error: type[CoopError]) -> Any:
 
     Shared by the graph and schedule loaders: a missing file, a folder, bytes that are not UTF-8,
     truncated or non-JSON text and absurdly deep nesting all end here, never in a traceback.
+
+    Parameters
+    ----------
+    path : Path
+        The file to read.
+    what : str
+        What the file should hold (``"graph"``, ``"schedule"``), for messages.
+    error : type of CoopError
+        The error class to raise.
+
+    Returns
+    -------
+    Any
+        The parsed JSON document.
+
+    Raises
+    ------
+    CoopError
+        An ``error`` when the path is a directory, cannot be read, is not UTF-8, is empty, or is not
+        readable JSON.
     """
     if path.is_dir():
         raise error(f"{what} file {path} is a directory: give the path of a JSON file")
@@ -52,7 +88,26 @@ def read_json_file(path: Path, what: str, error: type[CoopError]) -> Any:
 
 
 def graph_from_dict(data: Any, default_name: str = "graph") -> Graph:
-    """Dispatch on the layout: coop JSON, Checkmate node-link, or random layered node-link."""
+    """Dispatch on the layout: coop JSON, Checkmate node-link, or random layered node-link.
+
+    Parameters
+    ----------
+    data : Any
+        The parsed JSON document.
+    default_name : str
+        The graph's name when a node-link document has none.
+
+    Returns
+    -------
+    Graph
+        The validated graph.
+
+    Raises
+    ------
+    GraphError
+        When ``data`` is not an object, has an unknown format tag, has nodes but no links, or has no
+        recognised layout (and from the layout's own checks).
+    """
     if not isinstance(data, dict):
         raise GraphError(f"a graph file must hold a JSON object, not {json_type_name(data)}: "
                          "write coop JSON or networkx node-link JSON")

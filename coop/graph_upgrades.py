@@ -105,7 +105,18 @@ SEEDED_RANDOM_OPS: frozenset[str] = frozenset(
 
 
 def is_seeded_random_op(op: str) -> bool:
-    """Whether a version-1 node with this ``op`` is a seeded random op (free-text ops never are)."""
+    """Whether a version-1 node with this ``op`` is a seeded random op (free-text ops never are).
+
+    Parameters
+    ----------
+    op : str
+        The node's op name.
+
+    Returns
+    -------
+    bool
+        True when ``op`` is one of ``SEEDED_RANDOM_OPS``.
+    """
     return op in SEEDED_RANDOM_OPS
 
 
@@ -113,6 +124,19 @@ def upgrade_v1(data: dict[str, Any], current_version: int) -> dict[str, Any]:
     """A version-1 graph document as the current version: each node's ``random`` from its op name.
 
     Only what is well formed is touched; anything else is left for the Graph's validation to name.
+
+    Parameters
+    ----------
+    data : dict
+        The version-1 graph document; it is not modified.
+    current_version : int
+        The version to tag the result with.
+
+    Returns
+    -------
+    dict
+        A new document with the current version and, for each node that is a dict with a string op
+        and no ``random``, ``random`` set by :func:`is_seeded_random_op`.
     """
     nodes = data.get("nodes")
     if not isinstance(nodes, (list, tuple)):
@@ -131,5 +155,17 @@ def upgrade_v2(data: dict[str, Any], current_version: int) -> dict[str, Any]:
     Versions 3 and 4 only added fields whose defaults are the older meaning (an implementation reads
     the node's inputs, runs out of place and is exact; no node is optional; every value lives on the
     graph's one device), so only the tag changes.
+
+    Parameters
+    ----------
+    data : dict
+        The version-2 or version-3 graph document; it is not modified.
+    current_version : int
+        The version to tag the result with.
+
+    Returns
+    -------
+    dict
+        A copy of ``data`` with ``version`` set to ``current_version``.
     """
     return {**data, "version": current_version}

@@ -133,6 +133,18 @@ def relative_overhead(extra_cost: float, baseline_cost: float) -> float:
 
     The one overhead formula: the simulator, the online engines and the dynamic fallback report it.
     A graph whose baseline costs nothing has no overhead.
+
+    Parameters
+    ----------
+    extra_cost : float
+        The cost above the baseline, in the graph's cost units.
+    baseline_cost : float
+        The cost of the baseline order, in the same units.
+
+    Returns
+    -------
+    float
+        ``extra_cost / baseline_cost``; 0.0 when ``baseline_cost`` is 0.
     """
     return extra_cost / baseline_cost if baseline_cost else 0.0
 
@@ -187,6 +199,28 @@ def simulate(graph: Graph, schedule: Schedule, paging: PagingCosts | None = None
     pageable (:meth:`Graph.pageable`: on an accelerator, not a host value); every non-optional computed node is
     computed at least once; every output is resident at the end; an ``impl`` names one of the
     node's implementations; an in-place compute consumes the instance it overwrites.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph the schedule runs.
+    schedule : Schedule
+        The steps to run.
+    paging : PagingCosts or None
+        The cost of each page_out and page_in step; None: ``PagingCosts()``.
+
+    Returns
+    -------
+    Simulation
+        Peak and per-step memory (graph units), cost (compute plus paging), page cost,
+        recomputations, per-step workspace, every instance's lifetime and device intervals, and the
+        device intervals of the caller-owned values.
+
+    Raises
+    ------
+    ScheduleError
+        At the first illegal step (its index in ``step``), or when a node is never computed or an
+        output is not resident on the device at the end.
     """
     paging = paging or PagingCosts()
     steps = schedule.steps
@@ -409,6 +443,18 @@ def take_extras_promptly(graph: Graph, schedule: Schedule) -> Schedule:
     The same memory at every compute (contract 2 counts an extra output from its op's first
     compute anyway) and the same cost; legal whenever ``schedule`` is. This is the order in which
     a replay takes the outputs of a multi-output op.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph, whose ``extra_outputs`` name each op's extra outputs.
+    schedule : Schedule
+        The schedule to reorder.
+
+    Returns
+    -------
+    Schedule
+        The reordered schedule; ``schedule`` itself when the graph has no extra outputs.
     """
     extras = graph.extra_outputs
     if not extras:
@@ -437,6 +483,16 @@ def prompt_order(graph: Graph) -> tuple[int, ...]:
     The same memory as ``order`` (contract 2 counts an extra output from its op's first compute),
     with no step in between that undercounts it: the order the formulations number their stages
     by and the online engines run.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph whose baseline order is reordered.
+
+    Returns
+    -------
+    tuple of int
+        The node ids in that order; ``graph.order`` itself when the graph has no extra outputs.
     """
     if not graph.extra_outputs:
         return graph.order
@@ -465,15 +521,46 @@ class Validation:
 
 
 def ordered_first_computations(graph: Graph, order: Sequence[int], keep_order: bool) -> list[int]:
-    """The nodes of ``order`` whose first computations a model must keep in that order: all of them with
-    ``keep_order``, else the random draws among them (:attr:`Graph.random_draws`: one generator, drawn in eager
-    PyTorch's order, or the replay draws other numbers)."""
+    """The nodes of ``order`` whose first computations a model must keep in that order.
+
+    All of them with ``keep_order``, else the random draws among them (:attr:`Graph.random_draws`: one
+    generator, drawn in eager PyTorch's order, or the replay draws other numbers).
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph, whose ``random_draws`` are kept in order.
+    order : Sequence of int
+        The node ids in their order.
+    keep_order : bool
+        Whether every node's first computation keeps its place in ``order``.
+
+    Returns
+    -------
+    list of int
+        Those nodes, in ``order``'s order.
+    """
     return list(order) if keep_order else [v for v in order if v in graph.random_draws]
 
 
 def draws_out_of_order(graph: Graph, schedule: Schedule) -> tuple[int, int] | None:
-    """The first (step index, node) whose first computation draws out of ``graph.order`` among the random draws;
-    None when every random draw is first computed in that order (the rule :func:`validate` enforces)."""
+    """The first (step index, node) whose first computation draws out of ``graph.order`` among the random draws.
+
+    The rule :func:`validate` enforces.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph, whose ``random_draws`` are checked.
+    schedule : Schedule
+        The schedule whose first computations are checked.
+
+    Returns
+    -------
+    tuple of (int, int) or None
+        The step index and node of the first random draw computed out of order; None when every
+        random draw is first computed in ``graph.order``.
+    """
     expected = iter(ordered_first_computations(graph, graph.order, keep_order=False))
     seen: set[int] = set()
     for index, step in enumerate(schedule.steps):
@@ -486,7 +573,27 @@ def draws_out_of_order(graph: Graph, schedule: Schedule) -> tuple[int, int] | No
 
 
 def validate(graph: Graph, schedule: Schedule, budget: int | None = None) -> Validation:
-    """Check a schedule: legal under contract 2 and, when a budget is given, within it."""
+    """Check a schedule: legal under contract 2 and, when a budget is given, within it.
+
+    Legal also means the random draws are first computed in ``graph.order``
+    (:func:`draws_out_of_order`).
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph the schedule runs.
+    schedule : Schedule
+        The schedule to check.
+    budget : int or None
+        The memory budget in graph units; None: no budget.
+
+    Returns
+    -------
+    Validation
+        ``ok`` with the peak, cost, overhead and simulation; else ``ok=False`` with the reason and
+        the step (an illegal step's, an out-of-order draw's, or the peak step when over budget).
+        An illegal schedule is reported here, not raised.
+    """
     try:
         sim = simulate(graph, schedule)
     except ScheduleError as exc:
@@ -515,7 +622,32 @@ def schedule_to_json(
     formulation: str,
     solver: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Contract 2's schedule JSON (node ids of the input graph, unchanged)."""
+    """Contract 2's schedule JSON (node ids of the input graph, unchanged).
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph the schedule runs; its name and sha256 go into the document.
+    schedule : Schedule
+        The schedule to write.
+    budget : int
+        The budget it was solved for, in graph units.
+    formulation : str
+        The name of the formulation that made it.
+    solver : dict or None
+        The solver's report; None: a heuristic's (status ``"heuristic"``, the simulated cost as
+        objective).
+
+    Returns
+    -------
+    dict
+        The document, with the steps and the predicted peak, cost, baseline cost and overhead.
+
+    Raises
+    ------
+    ScheduleError
+        When the schedule is illegal (from :func:`simulate`).
+    """
     sim = simulate(graph, schedule)
     return {
         "format": SCHEDULE_FORMAT,
@@ -538,6 +670,21 @@ def load_schedule(path: str | Path) -> tuple[Schedule, dict[str, Any]]:
 
     Anything malformed (unreadable, not JSON, another format, a step with an unknown op, a missing
     or mistyped field) raises one-line ScheduleError naming the file, the step index and the fix.
+
+    Parameters
+    ----------
+    path : str or Path
+        The schedule file.
+
+    Returns
+    -------
+    tuple of (Schedule, dict)
+        The schedule and the parsed document.
+
+    Raises
+    ------
+    ScheduleError
+        When the file is malformed as above.
     """
     path = Path(path)
     data = read_json_file(path, "schedule", ScheduleError)
@@ -545,7 +692,26 @@ def load_schedule(path: str | Path) -> tuple[Schedule, dict[str, Any]]:
 
 
 def schedule_from_document(data: Any, origin: str = "schedule") -> Schedule:
-    """The Schedule of a parsed schedule document, every field checked (contract 2's JSON)."""
+    """The Schedule of a parsed schedule document, every field checked (contract 2's JSON).
+
+    Parameters
+    ----------
+    data : Any
+        The parsed JSON document.
+    origin : str
+        What the document came from (a file's path), for messages.
+
+    Returns
+    -------
+    Schedule
+        The document's steps.
+
+    Raises
+    ------
+    ScheduleError
+        When ``data`` is not an object, has another format, or a field or step is missing or
+        malformed.
+    """
     if not isinstance(data, dict):
         raise ScheduleError(f"{origin} is not a coop schedule: it holds {json_type_name(data)}, not an object "
                             f"with \"format\": {SCHEDULE_FORMAT!r}")
@@ -625,6 +791,25 @@ def check_schedule_nodes(graph: Graph, schedule: Schedule, origin: str = "schedu
 
     These are input errors of a schedule file (it does not belong to this graph), told apart from an
     illegal order of legal steps, which :func:`validate` reports as its verdict.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph the schedule should belong to.
+    schedule : Schedule
+        The schedule read from the file.
+    origin : str
+        What the schedule came from (a file's path), for messages.
+
+    Returns
+    -------
+    None
+
+    Raises
+    ------
+    ScheduleError
+        When a step names a node not in ``graph``, a step other than a compute names an
+        implementation, or a compute names an implementation the node lacks.
     """
     for index, step in enumerate(schedule.steps):
         where = f"{origin}: step {index} ({step})"

@@ -31,8 +31,31 @@ def plot_memory_timeline(
 ) -> Path:
     """Memory in use at every step, one line per schedule, with the budget as a dashed line.
 
-    ``series`` maps a label to the per-step memory that :func:`coop.schedule.simulate` reports
-    (``Simulation.memory``). Schedules of different lengths share the step axis.
+    Schedules of different lengths share the step axis.
+
+    Parameters
+    ----------
+    series : Mapping of str to sequence of int
+        A label to the per-step memory that :func:`coop.schedule.simulate` reports (``Simulation.memory``),
+        in graph units.
+    budget : int or None
+        The budget, drawn dashed; None draws none.
+    path : str or Path
+        The file to write (.png, .pdf or .svg); its folder is made if needed.
+    mem_unit : str
+        The graph's memory unit (``"bytes"`` labels binary sizes).
+    title : str or None
+        The plot's title.
+
+    Returns
+    -------
+    Path
+        The file written.
+
+    Raises
+    ------
+    CoopError
+        When ``series`` is empty, or the file's extension cannot be written.
     """
     if not series:
         raise CoopError("nothing to plot: give at least one schedule")
@@ -58,10 +81,30 @@ def plot_overhead_vs_budget(rows: Iterable[Mapping[str, Any]], path: str | Path,
                             xlabel: str = "budget", dashed: Iterable[str] = ()) -> Path:
     """Compute overhead against budget, one line per method (the curves of the Checkmate/Moccasin papers).
 
-    Each row has ``method``, ``budget`` (a fraction of the baseline peak, or graph units) and
-    ``overhead`` (a fraction: 0.05 is 5% extra compute; None where the method found no schedule,
-    which leaves a gap in its line). Methods named in ``dashed`` (e.g. online policies) are drawn
-    dashed with square markers.
+    Parameters
+    ----------
+    rows : iterable of Mapping
+        Each row has ``method``, ``budget`` (a fraction of the baseline peak, or graph units) and ``overhead``
+        (a fraction: 0.05 is 5% extra compute; None where the method found no schedule, which leaves a gap in
+        its line).
+    path : str or Path
+        The file to write (.png, .pdf or .svg); its folder is made if needed.
+    title : str or None
+        The plot's title.
+    xlabel : str
+        The budget axis's label.
+    dashed : iterable of str
+        Methods drawn dashed with square markers (e.g. online policies).
+
+    Returns
+    -------
+    Path
+        The file written.
+
+    Raises
+    ------
+    CoopError
+        When a row lacks a key, there is no row, or the file's extension cannot be written.
     """
     dashed = set(dashed)
     by_method: dict[str, list[tuple[float, float | None]]] = {}

@@ -112,9 +112,24 @@ Built = tuple[nn.Module, tuple[torch.Tensor, ...], "Callable[..., torch.Tensor] 
 def build(name: str, **size: Any) -> Built:
     """``(model, example_batch, loss_fn | None)`` for a zoo model in train mode.
 
-    Size options (all optional): ``layers``, ``hidden``, ``batch``, ``seq`` (token models),
-    ``image`` (image side for cnn/resnet/vit/mobilenet), ``heads`` (llama: half as many key/value heads), ``vocab``, ``seed`` (seeds the global RNG too,
-    so the weights are the same on every call).
+    Parameters
+    ----------
+    name : str
+        The zoo model: one of :data:`ZOO_NAMES`.
+    **size : Any
+        Size options (all optional): ``layers``, ``hidden``, ``batch``, ``seq`` (token models), ``image``
+        (image side for cnn/resnet/vit/mobilenet), ``heads`` (llama: half as many key/value heads), ``vocab``,
+        ``seed`` (default 0; seeds the global RNG too, so the weights are the same on every call).
+
+    Returns
+    -------
+    Built
+        The model (in train mode), its example batch, and its loss function or None.
+
+    Raises
+    ------
+    CoopError
+        For an unknown model or size option.
     """
     builders = {"mlp": _mlp, "cnn": _cnn, "transformer": _transformer, "gpt2": _gpt2, "bert": _bert, "resnet": _resnet,
                 "llama": _llama, "vit": _vit, "mobilenet": _mobilenet}
@@ -232,14 +247,50 @@ def _classifier_loss(model: nn.Module, images: torch.Tensor, labels: torch.Tenso
 
 # ============================================================================ user models
 def model_from_zoo(name: str, size: dict[str, int]) -> Built:
-    """``(model, batch, loss_fn)`` of a zoo model by name (``coop capture --model``)."""
+    """``(model, batch, loss_fn)`` of a zoo model by name (``coop capture --model``).
+
+    Parameters
+    ----------
+    name : str
+        The zoo model: one of :data:`ZOO_NAMES`.
+    size : dict of str to int
+        Size options, as for :func:`build`.
+
+    Returns
+    -------
+    Built
+        The model, its example batch, and its loss function or None.
+
+    Raises
+    ------
+    CoopError
+        For an unknown model or size option.
+    """
     if name not in ZOO_NAMES:
         raise CoopError(f"unknown zoo model {name!r}: choose one of {', '.join(ZOO_NAMES)}")
     return build(name, **size)
 
 
 def model_from_factory(target: str) -> Built:
-    """A user's model: import FILE.py and call FACTORY() from it (``coop capture FILE.py:FACTORY``)."""
+    """A user's model: import FILE.py and call FACTORY() from it (``coop capture FILE.py:FACTORY``).
+
+    Parameters
+    ----------
+    target : str
+        ``FILE.py:FACTORY``; the file's folder is on ``sys.path`` while it is imported.
+
+    Returns
+    -------
+    Built
+        What the factory returned, ``(model, batch)`` or ``(model, batch, loss_fn)``, as a model, batch and loss
+        function (or None).
+
+    Raises
+    ------
+    CoopError
+        When ``target`` is not ``FILE.py:FACTORY``, the file does not exist or cannot be imported, it has no such
+        function, the factory fails, or it returns anything else.
+    """
     file_name, sep, factory_name = target.rpartition(":")
     if not sep or not file_name or not factory_name:
         raise CoopError(f"model {target!r} is not FILE.py:FACTORY (for example models.py:make_model)")

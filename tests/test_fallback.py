@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from coop.budget import baseline_peak, parse_budget
+from coop.budget import baseline_peak, min_budget, parse_budget
 from coop.errors import BudgetError
 from coop.graph_capture import capture
 from coop.graph_capture.random_ops import bernoulli_mask
@@ -131,3 +131,37 @@ def test_below_min_budget_is_an_error(gpt2) -> None:
     model, batch, _, captured = gpt2
     with pytest.raises(BudgetError, match="below min_budget"):
         run_dynamic(captured, model, batch, 1, "coop")
+
+
+@pytest.mark.parametrize("policy", tuple(POLICIES))
+@pytest.mark.parametrize("name", ["cnn", "gpt2"])  # at 0.6 every policy finishes on both (simulate_online)
+def test_the_first_online_step_is_recorded_validated_and_replayed_like_eager_over_two_adamw_steps(
+        name: str, policy: str) -> None:
+    """Issue 23, item 3: the first step runs online; its decisions, recorded as a schedule, validate within the
+    budget with the engine's own peak and recomputations (the online engine is the reference), and the static
+    executor replays them from the second step on, bit for bit like eager PyTorch under AdamW."""
+    model, batch, loss_fn = build(name, **(GPT2 if name == "gpt2" else {}))
+    captured = capture(model, batch, loss_fn=loss_fn)
+    budget = max(min_budget(captured.graph), round(0.6 * baseline_peak(captured.graph)))
+    eager, planned = copy.deepcopy(model), copy.deepcopy(model)
+    plan = DynamicPlan(captured, planned, budget, policy=policy)
+    optimizer, eager_optimizer = torch.optim.AdamW(planned.parameters()), torch.optim.AdamW(eager.parameters())
+    for step in range(2):
+        torch.manual_seed(100 + step)
+        loss = plan.step(*batch)
+        torch.manual_seed(100 + step)
+        eager_loss = eager(*batch) if loss_fn is None else loss_fn(eager, *batch)
+        eager_loss.backward()
+        assert torch.equal(loss, eager_loss.detach()), step
+        _assert_same_gradients(eager, planned)
+        optimizer.step(), eager_optimizer.step()
+        optimizer.zero_grad(), eager_optimizer.zero_grad()
+    assert all(torch.equal(p, q) for p, q in zip(planned.parameters(), eager.parameters(), strict=True))
+    assert plan.recorded is not None and plan.replayed_steps == 1
+    online = simulate_online(captured.graph, budget, policy)
+    recorded = plan.last_stats.schedule
+    assert recorded == online.schedule  # the real engine decided what its simulator decides
+    verdict = validate(captured.graph.with_random_replay(), recorded, budget)
+    assert verdict.ok, verdict.reason
+    assert verdict.simulation.recomputations == plan.last_stats.recomputations == online.recomputations
+    assert verdict.peak <= plan.last_stats.peak <= budget

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 
 from coop.budget import baseline_peak
 from coop.errors import GraphError
-from coop.graph import GRAPH_VERSION, Graph
+from coop.graph import GRAPH_VERSION, Graph, derived_from_graph
 from coop.graph_files import graph_from_dict, load_graph
 from coop.schedule import Schedule, simulate
 from tests.strategies import MALFORMATIONS, malformed_graph_dict, malformed_graphs, random_graphs
@@ -269,3 +269,19 @@ def test_a_kept_value_is_released_after_the_last_compute_that_can_read_it() -> N
     without_r = Graph.model_validate({"name": "kept", "nodes": [n.model_dump() for n in graph.nodes if n.id not in (3, 6)],
                                       "outputs": [5]})
     assert without_r.release_positions((1, 2, 4, 5), {1, 2}) == {1: 1, 2: 3}
+
+
+def test_a_value_derived_from_a_graph_is_computed_once_however_its_arguments_are_spelled() -> None:
+    calls: list[tuple[str, int]] = []
+
+    @derived_from_graph
+    def counted(graph: Graph, label: str = "x", *, times: int = 1) -> str:
+        calls.append((label, times))
+        return label * times
+
+    graph = Graph.model_validate({"name": "g", "nodes": [{"id": 0, "name": "a", "mem": 1, "cost": 1}]})
+    assert counted(graph) == counted(graph, "x") == counted(graph, label="x", times=1) == "x"
+    assert counted(graph, "y", times=2) == "yy"
+    assert calls == [("x", 1), ("y", 2)]
+    other = Graph.model_validate({"name": "h", "nodes": [{"id": 0, "name": "a", "mem": 1, "cost": 1}]})
+    assert counted(other) == "x" and len(calls) == 3  # each graph has its own values

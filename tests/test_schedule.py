@@ -243,7 +243,8 @@ def test_validate_accepts_impls_paging_and_reports_budget_overrun(tiny: Graph) -
     assert sim.owned_device == {10: ((0, 1), (4, 5))}  # x is on the host from its page_out to its page_in
     assert [(i.node, i.device) for i in sim.instances] == [(1, ((0, 3),)), (4, ((1, 1),)), (2, ((3, 5),)),
                                                             (3, ((5, 5),))]
-    assert validate(tiny, schedule, budget=7).ok
+    accepted = validate(tiny, schedule, budget=7)
+    assert accepted.ok and accepted.simulation.memory == [6, 7, 2, 2, 4, 5]  # handed on to whoever replays it
     verdict = validate(tiny, schedule, budget=6)
     assert not verdict.ok and verdict.step == 1 and "exceeds the budget 6" in verdict.reason
 

@@ -75,24 +75,90 @@ SOLVERS: dict[str, tuple[Callable[..., SolveResult], type[SolverOptions]]] = {
 
 
 def run_solver(graph: Graph, budget: int, name: str, **options: Any) -> SolveResult:
-    """Call one of :data:`SOLVERS` as a function, with the options its type declares it takes."""
+    """Call one of :data:`SOLVERS` as a function, with the options its type declares it takes.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph to schedule.
+    budget : int
+        The budget in graph units (parsed).
+    name : str
+        A key of :data:`SOLVERS`.
+    **options : Any
+        The solver's options; None values mean the default.
+
+    Returns
+    -------
+    SolveResult
+        The solver's result.
+
+    Raises
+    ------
+    CoopError
+        When an option is one the solver does not take (and whatever the solver raises).
+    """
     function, options_type = SOLVERS[name]
     return function(graph, budget, **options_type.from_keywords(name, options).keywords())
 
 
 def choose_formulation(graph: Graph, budget: int, *, captured: Any = None) -> str:
-    """The formulation ``auto`` runs first for this graph and budget."""
+    """The formulation ``auto`` runs first for this graph and budget.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph to schedule.
+    budget : int
+        The budget in graph units.
+    captured : Any
+        Not used: the choice depends on the graph and budget only.
+
+    Returns
+    -------
+    str
+        The first rung of :func:`formulation_ladder` (without a device profile).
+    """
     return formulation_ladder(graph, budget)[0]
 
 
 def needs_implementations(graph: Graph, budget: int) -> bool:
-    """Whether the graph has implementations (MONeT) and recomputation alone provably cannot reach
-    the budget: it is below min_budget of the graph with default implementations only."""
+    """Whether the graph has implementations (MONeT) and recomputation alone provably cannot reach the budget.
+
+    That is, the budget is below min_budget of the graph with default implementations only.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph to schedule.
+    budget : int
+        The budget in graph units.
+
+    Returns
+    -------
+    bool
+        True when ``graph.has_impls`` and ``budget < min_budget(graph.remat_only())``.
+    """
     return graph.has_impls and budget < min_budget(graph.remat_only())
 
 
 def formulation_ladder(graph: Graph, budget: int, device_profile: Any = None) -> list[str]:
-    """The formulations ``auto`` tries, in order (see the module docstring)."""
+    """The formulations ``auto`` tries, in order (see the module docstring).
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph to schedule.
+    budget : int
+        The budget in graph units.
+    device_profile : Any
+        A device profile, or None; given one, "poet" ends the ladder.
+
+    Returns
+    -------
+    list of str
+        The formulation names: ``["store-all"]`` alone when the baseline peak fits the budget.
+    """
     if budget >= baseline_peak(graph):
         return ["store-all"]
     if needs_implementations(graph, budget):  # recomputation alone provably cannot reach it
@@ -118,7 +184,37 @@ def _reordering_fits(graph: Graph, budget: int) -> bool:
 @formulation("auto")
 def auto(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int = 2, progress: Any = None,
          captured: Any = None, hint: Any = None, device_profile: Any = None) -> SolveResult:
-    """Climb :func:`formulation_ladder` within ``time_limit`` seconds in all; return the cheapest fitting schedule."""
+    """Climb :func:`formulation_ladder` within ``time_limit`` seconds in all; return the cheapest fitting schedule.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph to schedule.
+    budget : int
+        The budget in graph units (parsed).
+    time_limit : float
+        Seconds for the whole ladder; each rung gets an equal share of what is left (at least
+        ``MIN_RUNG_SECONDS``).
+    threads : int
+        Solver threads, passed to each rung.
+    progress : Any
+        A progress callback, passed to each rung.
+    captured : Any
+        The captured program, passed to each rung.
+    hint : Any
+        A schedule or a list of schedules to warm-start the rungs with, before what earlier rungs
+        found.
+    device_profile : Any
+        A device profile; given one, POET is the last rung.
+
+    Returns
+    -------
+    SolveResult
+        The cheapest fitting schedule found (ties: a rung's over the baseline's, then the earlier),
+        with ``extra["auto"]`` naming who found it and ``extra["auto_tried"]`` each rung's status;
+        else a result with status "unknown", no schedule, and a message saying what to try. A rung
+        that raises a CoopError counts as "unknown".
+    """
     started = time.perf_counter()
     ladder = formulation_ladder(graph, budget, device_profile)
     found: list[SolveResult] = []
@@ -197,8 +293,26 @@ def cheapest_fitting_baseline(graph: Graph, budget: int, *, failed: str | None =
 
     The one fallback for a formulation that found no schedule within the budget (``auto``, the
     planner) and for a step re-planned inside a training loop: baselines take no solver time.
-    Raises InfeasibleError naming ``failed`` (the formulation tried first) and the best peak any
-    baseline reached.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph to schedule.
+    budget : int
+        The budget in graph units.
+    failed : str or None
+        The formulation tried first, for the message.
+
+    Returns
+    -------
+    SolveResult
+        The result of the cheapest of :data:`BASELINES` whose schedule validates within ``budget``.
+
+    Raises
+    ------
+    InfeasibleError
+        When no baseline fits, naming ``failed``, the best peak any baseline reached and the
+        baselines' errors.
     """
     best: SolveResult | None = None
     best_cost = 0.0

@@ -46,7 +46,21 @@ __all__ = ["checkpoint_all", "chen_greedy", "chen_sqrt", "store_all"]
 
 # -------------------------------------------------------------------- entry points
 def store_all(graph: Graph, budget: int) -> SolveResult:
-    """The baseline order with no recomputation: each value is freed after its last use."""
+    """The baseline order with no recomputation: each value is freed after its last use.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph to schedule.
+    budget : int
+        The budget in graph units; only checked against the schedule's peak.
+
+    Returns
+    -------
+    SolveResult
+        A "heuristic" result with the schedule of ``graph.order``; returned even when its peak
+        exceeds ``budget`` (then ``extra["fits"]`` is False and the message says so).
+    """
     started = time.perf_counter()
     schedule = Schedule.from_order(graph.order)
     return _result("store-all", graph, budget, schedule, started)
@@ -59,6 +73,24 @@ def checkpoint_all(graph: Graph, budget: int) -> SolveResult:
     resident anyway. Each backward node recomputes the forward values it reads from resident
     ones, freeing every recomputed value as soon as this recomputation no longer needs it and
     the rest right after the backward node runs.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph to schedule; it must have a forward/backward split.
+    budget : int
+        The budget in graph units; only checked against the schedule's peak.
+
+    Returns
+    -------
+    SolveResult
+        A "heuristic" result with the schedule; returned even when its peak exceeds ``budget``
+        (then ``extra["fits"]`` is False and the message says so).
+
+    Raises
+    ------
+    CoopError
+        When the graph has no backward nodes.
     """
     started = time.perf_counter()
     split = _split_forward_backward(graph, "checkpoint-all")
@@ -73,10 +105,34 @@ def chen_sqrt(graph: Graph, budget: int, *, use_articulation_points: bool = True
     positions (each moved within half a segment to its cheapest frontier) split it into
     segments, and the frontier of every boundary is kept (:class:`_Chain`). Other forward values
     are freed after their last forward use and recomputed on demand in the backward from the
-    kept frontier, each recomputed value kept until its last use. With
-    ``use_articulation_points`` the paper's own candidates are tried as well: every
-    ``round(sqrt(|C|))``-th articulation point of the forward (Checkmate's choice on graphs that
-    have them); the schedule with the lower peak (then cost) is returned.
+    kept frontier, each recomputed value kept until its last use.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph to schedule; it must have a forward/backward split.
+    budget : int
+        The budget in graph units; it does not steer the rule, only the result's fit.
+    use_articulation_points : bool
+        Also try the paper's own candidates: every ``round(sqrt(|C|))``-th articulation point of the
+        forward (Checkmate's choice on graphs that have them); the schedule with the lower peak
+        (then cost) is returned.
+
+    Returns
+    -------
+    SolveResult
+        A "heuristic" result with the schedule, its checkpoints and which candidate won; returned
+        even when its peak exceeds ``budget`` (then ``extra["fits"]`` is False).
+
+    Raises
+    ------
+    CoopError
+        When the graph has no backward nodes.
+
+    References
+    ----------
+    Chen, Xu, Zhang and Guestrin, "Training Deep Nets with Sublinear Memory Cost", arXiv 2016,
+    section 4.1.
     """
     started = time.perf_counter()
     split = _split_forward_backward(graph, "chen-sqrt")
@@ -103,11 +159,36 @@ def chen_greedy(
 
     Walking the linearised forward, recomputable memory accumulates since the last cut; once it
     exceeds ``b`` the segment is cut at its cheapest boundary (fewest frontier bytes) and the
-    frontier there is kept. With ``use_articulation_points`` the paper's own rule runs too: an
-    articulation point becomes a checkpoint once the segment's memory exceeds ``b``. ``b``
-    sweeps a geometric grid of ``grid_size`` values between the smallest positive forward value
-    and the whole forward's memory (and 0). Returns the cheapest schedule whose peak fits the
-    budget, else the one with the lowest peak.
+    frontier there is kept. ``b`` sweeps a geometric grid between the smallest positive forward
+    value and the whole forward's memory (and 0).
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph to schedule; it must have a forward/backward split.
+    budget : int
+        The budget in graph units.
+    use_articulation_points : bool
+        Run the paper's own rule too: an articulation point becomes a checkpoint once the
+        segment's memory exceeds ``b``.
+    grid_size : int
+        The number of thresholds ``b`` swept (at least 1).
+
+    Returns
+    -------
+    SolveResult
+        A "heuristic" result with the cheapest schedule whose peak fits the budget, else the one
+        with the lowest peak (then ``extra["fits"]`` is False); with its checkpoints, the winning
+        candidate and the number of checkpoint sets tried.
+
+    Raises
+    ------
+    CoopError
+        When ``grid_size`` is below 1 or the graph has no backward nodes.
+
+    References
+    ----------
+    Chen, Xu, Zhang and Guestrin, "Training Deep Nets with Sublinear Memory Cost", arXiv 2016.
     """
     if grid_size < 1:
         raise CoopError(f"chen-greedy: grid_size {grid_size} must be at least 1")

@@ -43,7 +43,23 @@ class ConstructedBudget:
 
 
 def constructed_budget(graph: Graph, tolerance: float = TOLERANCE) -> ConstructedBudget:
-    """The lowest budget that a constructed schedule fits (see the module docstring)."""
+    """The lowest budget that a constructed schedule fits (see the module docstring).
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph to find a budget for.
+    tolerance : float
+        The bisection stops when the bracket is narrower than this fraction of the lower bound
+        (and at 1 graph unit).
+
+    Returns
+    -------
+    ConstructedBudget
+        The lowest simulated peak found, the schedule reaching it, its source ("store-all",
+        "checkpoint-all", "chen-greedy", "chen-sqrt" or "greedy-eviction") and
+        :func:`coop.budget.min_budget` as the lower bound.
+    """
     lower = min_budget(graph)
     # The baseline order always fits its own peak: the bisection starts from it.
     baseline = Schedule.from_order(graph.order)

@@ -33,10 +33,26 @@ def greedy_eviction_schedule(graph: Graph, budget: int, rebuild_size_penalty: fl
     computations do not need, and recomputes freed inputs on demand (recursively). In the spirit
     of DTR (Kirisame et al. 2021), but offline with exact next-use distances of the baseline order.
 
-    ``rebuild_size_penalty`` p multiplies each score by ``(1 + inputs / bytes) ** p``, where ``inputs``
-    are the bytes of the value's recomputable inputs: a value much smaller than what it is made from
-    (a ReLU's 1-byte mask, a pooled map) is cheap to rebuild in time but its rebuild needs the large
-    input back in memory, usually where memory is tightest. 0 is DTR's score.
+    Parameters
+    ----------
+    graph : Graph
+        The graph to schedule.
+    budget : int
+        The budget in graph units.
+    rebuild_size_penalty : float
+        p: multiplies each score by ``(1 + inputs / bytes) ** p``, where ``inputs`` are the bytes of
+        the value's recomputable inputs: a value much smaller than what it is made from (a ReLU's
+        1-byte mask, a pooled map) is cheap to rebuild in time but its rebuild needs the large input
+        back in memory, usually where memory is tightest. 0 is DTR's score.
+
+    Returns
+    -------
+    Schedule or None
+        The schedule, or None when the heuristic gets stuck.
+
+    References
+    ----------
+    Kirisame et al., "Dynamic Tensor Rematerialization", ICLR 2021 (the eviction score).
     """
     problem = SlotProblem.build(graph, budget)
     return GreedyEvictor(problem, rebuild_size_penalty).run()
@@ -209,7 +225,22 @@ def peak_shaving_schedule(graph: Graph, budget: int, max_rounds: int | None = No
     step p is over budget, it picks the value u resident across p but not read there whose
     recomputation just before its next read b saves the most memory at p per unit of cost
     (saving = mem_u minus the inputs of u whose lifetimes must now stretch over p to reach b),
-    and inserts ``compute u`` before b. Returns None when no such value is left.
+    and inserts ``compute u`` before b.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph to schedule.
+    budget : int
+        The budget in graph units.
+    max_rounds : int or None
+        The most shaving rounds; None: ``4 * len(graph.order) + 10``.
+
+    Returns
+    -------
+    Schedule or None
+        A schedule of computes only, or None when no such value is left (or the rounds run out)
+        before the peak fits.
     """
     problem = SlotProblem.build(graph, budget)
     sequence = _shave(problem, list(problem.order), max_rounds)
@@ -260,14 +291,38 @@ def improve_by_local_search(graph: Graph, budget: int, schedule: Schedule, time_
                             seed: int = 0, max_stall: int | None = None) -> Schedule:
     """A schedule at most as costly as ``schedule`` under ``budget``, by destroy-and-repair.
 
-    A large-neighbourhood search over compute sequences (Shaw 1998; Pisinger and Ropke 2010):
-    first drop every recomputation the budget does not need, then repeatedly remove one or two
-    recomputations that lie close together in the sequence, repair the overflow with randomised
-    peak shaving, drop what the repair made redundant, and accept the result when it is cheaper or,
-    while the search is young, at most :data:`ANNEALING_START` costlier (simulated annealing); the
-    cheapest sequence seen is returned. Every candidate is judged by the one simulator; first
-    computations keep their order. Stops at ``time_limit`` seconds, or after ``max_stall`` repairs
-    in a row found nothing cheaper than the best.
+    A large-neighbourhood search over compute sequences: first drop every recomputation the budget
+    does not need, then repeatedly remove one or two recomputations that lie close together in the
+    sequence, repair the overflow with randomised peak shaving, drop what the repair made redundant,
+    and accept the result when it is cheaper or, while the search is young, at most
+    :data:`ANNEALING_START` costlier (simulated annealing); the cheapest sequence seen is returned.
+    Every candidate is judged by the one simulator; first computations keep their order.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph the schedule runs.
+    budget : int
+        The budget in graph units.
+    schedule : Schedule
+        The legal schedule to improve; its computes are the starting sequence.
+    time_limit : float
+        Seconds the search may run.
+    seed : int
+        Seed of the search's random choices.
+    max_stall : int or None
+        Stop after this many repairs in a row found nothing cheaper than the best; None: run to
+        ``time_limit``.
+
+    Returns
+    -------
+    Schedule
+        The cheapest schedule of computes found when its cost is at most ``schedule``'s, else
+        ``schedule``; ``schedule`` unchanged when its computes alone (without its frees) do not fit.
+
+    References
+    ----------
+    Shaw, CP 1998 (large-neighbourhood search); Pisinger and Ropke, Handbook of Metaheuristics 2010.
     """
     problem = SlotProblem.build(graph, budget)
     rng = random.Random(seed)

@@ -425,7 +425,20 @@ def hint_choices(built: IntervalModel, spans: Mapping[int, Sequence[Sequence[Any
 
 
 def literal_value(solver: cp_model.CpSolver, literal: Any) -> bool:
-    """The value of a literal in the solver's solution; a constant True/False is itself."""
+    """The value of a literal in the solver's solution; a constant True/False is itself.
+
+    Parameters
+    ----------
+    solver : cp_model.CpSolver
+        The solver after a solve.
+    literal : Any
+        A CP-SAT literal, or a constant bool.
+
+    Returns
+    -------
+    bool
+        The literal's value.
+    """
     return literal if isinstance(literal, bool) else solver.BooleanValue(literal)
 
 

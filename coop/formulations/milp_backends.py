@@ -107,7 +107,36 @@ def solve_milp(
     progress: ProgressCallback | None = None,
     verbose: bool = False,
 ) -> MilpSolution:
-    """Solve the model with one backend; ``time_limit`` in seconds, ``threads`` worker threads."""
+    """Solve the model with one backend; ``time_limit`` in seconds, ``threads`` worker threads.
+
+    Parameters
+    ----------
+    model : LinearModel
+        The MILP.
+    solver : str
+        The backend, one of :data:`MILP_SOLVERS` (case and ``_`` / ``-`` are not told apart;
+        "cpsat" is "cp-sat").
+    time_limit : float
+        Seconds; at most 0 reports "unknown" without solving.
+    threads : int
+        Worker threads.
+    progress : ProgressCallback or None
+        Told (through a ProgressClock) the model's size, CP-SAT's progress while it solves, and the
+        final objective, bound and status.
+    verbose : bool
+        Let the backend print its log.
+
+    Returns
+    -------
+    MilpSolution
+        The status, values, objective and bound (the model's objective constant added; an optimal
+        solution's bound is its objective when the backend gives none) and the wall time.
+
+    Raises
+    ------
+    SolverError
+        When ``solver`` names no backend.
+    """
     name = solver.lower().replace("_", "-")
     if name == "cpsat":
         name = "cp-sat"
@@ -160,8 +189,27 @@ def solve_lp_relaxation(
     stall or give up (HiGHS returned "unknown" on a captured transformer). The model is solved
     in scaled form (:func:`_scaled_for_lp`: bounded continuous columns to [0, 1], each row and
     the objective divided by their largest coefficient), which is exact: the values and objective
-    returned are mapped back. Backends share ``time_limit``; the first that proves optimality or
-    infeasibility wins. Otherwise the status is ``unknown`` and the message lists each attempt.
+    returned are mapped back.
+
+    Parameters
+    ----------
+    model : LinearModel
+        The MILP whose relaxation is solved.
+    time_limit : float
+        Seconds shared by the backends; a backend is not started when too little is left.
+    threads : int
+        Worker threads.
+    backends : tuple of str
+        The pywraplp backends to try, in order.
+    verbose : bool
+        Let the backends print their logs.
+
+    Returns
+    -------
+    MilpSolution
+        The first backend's that proves optimality (values and objective mapped back, bound equal
+        to the objective) or infeasibility; otherwise status ``unknown``. The message lists each
+        attempt (an optimal one: the last).
     """
     start = time.perf_counter()
     scaled, column_scale, objective_scale = _scaled_for_lp(model)

@@ -36,9 +36,29 @@ class InPlace:
 
 def in_place_options(graph: Graph, fixed: Graph, choices: dict[int, Choice],
                      exact: bool) -> dict[int, tuple[InPlace, ...]]:
-    """Per node of ``fixed`` its in-place implementations that read no more than its chosen one and make a value
-    of the chosen one's size (so the fixed graph's bytes stay right after the swap), cheapest first: a residual
-    add may overwrite either operand, whichever is resident and read by nothing later."""
+    """Per node of ``fixed`` its in-place implementations that fit the chosen one, cheapest first.
+
+    An implementation fits when it reads no more than the chosen one and makes a value of the
+    chosen one's size (so the fixed graph's bytes stay right after the swap): a residual add may
+    overwrite either operand, whichever is resident and read by nothing later.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph with implementations.
+    fixed : Graph
+        ``graph`` with the implementations fixed to ``choices``
+        (:func:`coop.formulations.monet_warm.fixed_impl_graph`).
+    choices : dict of int to Choice
+        Each node's chosen implementation (None: its own fields).
+    exact : bool
+        Only exact implementations (:func:`coop.formulations.monet_warm.usable_impls`).
+
+    Returns
+    -------
+    dict of int to tuple of InPlace
+        The options of each node that has any, by increasing cost.
+    """
     options: dict[int, tuple[InPlace, ...]] = {}
     for node in fixed.nodes:
         original = graph.node(node.id)
@@ -56,9 +76,28 @@ def in_place_options(graph: Graph, fixed: Graph, choices: dict[int, Choice],
 def in_place_greedy_schedule(fixed: Graph, budget: int, choices: dict[int, Choice],
                              options: dict[int, tuple[InPlace, ...]],
                              rebuild_size_penalty: float = 0.0) -> Schedule | None:
-    """Greedy eviction on ``fixed`` under ``budget`` with computes in place where :class:`InPlace` options
-    allow; every compute names its implementation. None when the heuristic gets stuck.
-    ``rebuild_size_penalty``: as in :func:`coop.formulations.heuristics.greedy_eviction_schedule`."""
+    """Greedy eviction on ``fixed`` under ``budget`` with computes in place where :class:`InPlace` options allow.
+
+    Every compute names its implementation.
+
+    Parameters
+    ----------
+    fixed : Graph
+        The graph with implementations fixed to ``choices``.
+    budget : int
+        The budget in graph units.
+    choices : dict of int to Choice
+        Each node's chosen implementation.
+    options : dict of int to tuple of InPlace
+        The in-place options per node (:func:`in_place_options`).
+    rebuild_size_penalty : float
+        As in :func:`coop.formulations.heuristics.greedy_eviction_schedule`.
+
+    Returns
+    -------
+    Schedule or None
+        The schedule, or None when the heuristic gets stuck.
+    """
     return _InPlaceEvictor(SlotProblem.build(fixed, budget), choices, options, rebuild_size_penalty).run()
 
 

@@ -65,7 +65,43 @@ NAME = "monet"
 def monet_intervals(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int = 2,
                     progress: ProgressCallback | None = None, hint: Any = None, exact: bool = False,
                     recompute: bool = True, max_intervals: int = 2, seed: int = 0) -> SolveResult:
-    """MONeT over the interval model (see the module docstring); ``recompute=False`` computes every node once."""
+    """MONeT over the interval model (see the module docstring); ``recompute=False`` computes every node once.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph to schedule; without implementations (and with ``recompute``) Moccasin solves it.
+    budget : int
+        The budget in graph units (parsed).
+    time_limit : float
+        Seconds for the warm starts and CP-SAT together.
+    threads : int
+        Solver threads.
+    progress : ProgressCallback or None
+        Called with the best warm start and CP-SAT's progress.
+    hint : Any
+        A schedule (or result) or a list of them to warm-start from.
+    exact : bool
+        Only exact implementations.
+    recompute : bool
+        Allow recomputation; False computes every node once.
+    max_intervals : int
+        The least intervals per recomputable node in the model (a warm start's own count is kept
+        when higher).
+    seed : int
+        CP-SAT's random seed.
+
+    Returns
+    -------
+    SolveResult
+        The better of CP-SAT's schedule and the cheapest warm start, with the model, the warm
+        starts' costs and the implementation choices in ``extra`` (statuses: see the module
+        docstring).
+
+    References
+    ----------
+    Shah et al., "Memory Optimization for Deep Networks", ICLR 2021; Bartan et al., ICML 2023.
+    """
     clock = ProgressClock(progress)
     hints = list(hint) if isinstance(hint, list | tuple) else ([] if hint is None else [hint])
     if recompute and not graph.has_impls:
@@ -94,8 +130,33 @@ def _moccasin_only(graph: Graph, budget: int, time_limit: float, threads: int, p
 
 def monet_warm_starts(graph: Graph, budget: int, hints: list[Any], exact: bool, recompute: bool, time_limit: float,
                  threads: int) -> list[Candidate]:
-    """MONeT's warm starts that fit (after in-place conversion), for the interval model and the stage MILP:
-    moccasin's remat-only schedule, the lightest-implementation schedule, store-all, the caller's hints."""
+    """MONeT's warm starts that fit (after in-place conversion), for the interval model and the stage MILP.
+
+    Moccasin's remat-only schedule, the lightest-implementation schedules, the structured ones,
+    in-place greedy eviction, store-all, the caller's hints (see the module docstring).
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph with implementations.
+    budget : int
+        The budget in graph units.
+    hints : list of Any
+        The caller's schedules (or results with a ``schedule``).
+    exact : bool
+        Only exact implementations, in the schedules and the ones accepted.
+    recompute : bool
+        Build the recomputing warm starts; without it only compute-once schedules are accepted.
+    time_limit : float
+        The formulation's time limit; each Moccasin run takes :data:`REMAT_SHARE` of it.
+    threads : int
+        Solver threads.
+
+    Returns
+    -------
+    list of Candidate
+        The ``(name, schedule, simulation)`` of each warm start that fits and MONeT may start from.
+    """
     raw: list[tuple[str, Schedule | None]] = []
     choices = lightest_choices(graph, exact)
     fixed = fixed_impl_graph(graph, choices)

@@ -29,9 +29,26 @@ Choice = str | None
 
 
 def usable_impls(graph: Graph, node: Node, exact: bool) -> list[Impl]:
-    """The implementations a plan may choose for ``node``: exact ones only under ``exact``, and an
-    in-place one only where every implementation of the overwritten node has its size (then the
-    moved bytes are the same whichever one made the overwritten instance)."""
+    """The implementations a plan may choose for ``node``.
+
+    Exact ones only under ``exact``, and an in-place one only where every implementation of the
+    overwritten node has its size (then the moved bytes are the same whichever one made the
+    overwritten instance).
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph ``node`` belongs to.
+    node : Node
+        The node whose implementations are filtered.
+    exact : bool
+        Leave out the implementations that are not exact.
+
+    Returns
+    -------
+    list of Impl
+        The usable implementations, in the node's order.
+    """
     usable = []
     for impl in node.impls:
         if exact and not impl.exact:
@@ -45,8 +62,24 @@ def usable_impls(graph: Graph, node: Node, exact: bool) -> list[Impl]:
 
 
 def lightest_choices(graph: Graph, exact: bool) -> dict[int, Choice]:
-    """Per computed node the out-of-place implementation with the fewest bytes read (computed values
-    only), made and worked in; ties go to the cheaper one. In place is left to :func:`apply_in_place`."""
+    """Per computed node the out-of-place implementation with the fewest bytes around it.
+
+    The bytes are those read (computed values only), made and worked in; ties go to the cheaper
+    one. In place is left to :func:`apply_in_place`.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph with implementations.
+    exact : bool
+        Only exact implementations (:func:`usable_impls`).
+
+    Returns
+    -------
+    dict of int to Choice
+        For every computed node that is not optional or an extra output, the chosen implementation's
+        name (None: the node's own fields).
+    """
     choices: dict[int, Choice] = {}
     for node in graph.nodes:
         if node.caller_owned or node.optional or node.output_of is not None:
@@ -63,9 +96,29 @@ def lightest_choices(graph: Graph, exact: bool) -> dict[int, Choice]:
 
 
 def fixed_impl_graph(graph: Graph, choices: dict[int, Choice]) -> Graph:
-    """The graph with every node's implementation fixed to ``choices`` (no in-place ones): a plain
-    graph with the same node ids, whose schedules are legal on ``graph`` once each compute names its
-    choice (:func:`with_choices`). The optional values the choices read become regular nodes."""
+    """The graph with every node's implementation fixed to ``choices`` (no in-place ones).
+
+    A plain graph with the same node ids, whose schedules are legal on ``graph`` once each compute
+    names its choice (:func:`with_choices`). The optional values the choices read become regular
+    nodes; the others are left out.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph with implementations.
+    choices : dict of int to Choice
+        Each node's chosen implementation (None or absent: its own fields).
+
+    Returns
+    -------
+    Graph
+        The plain graph, named ``"<name>+impls"``, in the order of :func:`order_with_optional`.
+
+    Raises
+    ------
+    CoopError
+        When a choice is an in-place implementation.
+    """
     needed: set[int] = set()
     stack = [i for node_id, name in choices.items() for i in graph.node(node_id).reads(
         graph.node(node_id).implementation(name)) if graph.node(i).optional]
@@ -91,9 +144,24 @@ def fixed_impl_graph(graph: Graph, choices: dict[int, Choice]) -> Graph:
 
 
 def order_with_optional(graph: Graph, values: set[int]) -> list[int]:
-    """``prompt_order(graph)`` with each of ``values`` (optional values) placed before the first node
-    (not an extra output) that comes once its inputs are placed, so before every node that may read it;
-    values that become ready together keep the graph's node order."""
+    """``prompt_order(graph)`` with each of ``values`` (optional values) placed early.
+
+    Each is placed before the first node (not an extra output) that comes once its inputs are
+    placed, so before every node that may read it; values that become ready together keep the
+    graph's node order.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph.
+    values : set of int
+        The optional values to place.
+
+    Returns
+    -------
+    list of int
+        The order; values whose inputs are never placed come last.
+    """
     placed = set(graph.caller_owned_ids)
     pending = [node.id for node in graph.nodes if node.id in values]
     result: list[int] = []
@@ -119,17 +187,47 @@ def order_with_optional(graph: Graph, values: set[int]) -> list[int]:
 
 
 def with_choices(schedule: Schedule, choices: dict[int, Choice]) -> Schedule:
-    """The schedule with every compute naming its node's chosen implementation."""
+    """The schedule with every compute naming its node's chosen implementation.
+
+    Parameters
+    ----------
+    schedule : Schedule
+        A schedule, typically of :func:`fixed_impl_graph`'s graph.
+    choices : dict of int to Choice
+        Each node's chosen implementation (absent: None, its own fields).
+
+    Returns
+    -------
+    Schedule
+        The schedule with each compute's ``impl`` set; other steps unchanged.
+    """
     return Schedule(steps=tuple(Step(op=s.op, node=s.node, impl=choices.get(s.node)) if s.op == "compute" else s
                                 for s in schedule.steps))
 
 
 def apply_in_place(graph: Graph, schedule: Schedule, exact: bool) -> Schedule:
-    """Run computes in place where that is free: the compute of v whose in-place implementation reads
-    what v's current one reads, costs no more, and overwrites an instance whose last read is this very
-    step (and that is not an output's final instance). Each such step then adds no bytes and the
-    instance's free disappears; peak and cost never rise. Returns ``schedule`` when nothing changes
-    (or, defensively, when the result does not simulate)."""
+    """Run computes in place where that is free.
+
+    The compute of v whose in-place implementation reads what v's current one reads, costs no
+    more, and overwrites an instance whose last read is this very step (and that is not an
+    output's final instance). Each such step then adds no bytes and the instance's free disappears;
+    peak and cost never rise.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph with implementations.
+    schedule : Schedule
+        A legal schedule of it.
+    exact : bool
+        Only exact implementations (:func:`usable_impls`).
+
+    Returns
+    -------
+    Schedule
+        The converted schedule; ``schedule`` when nothing changes (or, defensively, when the result
+        does not simulate or would raise the peak or cost).
+    """
     if not any(impl.inplace_of is not None for node in graph.nodes for impl in node.impls):
         return schedule
     sim = simulate(graph, schedule)

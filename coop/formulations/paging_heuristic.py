@@ -25,7 +25,29 @@ MOVES_PER_NODE = 4
 
 
 def paging_schedule(graph: Graph, budget: int, start: Schedule | None = None) -> Schedule | None:
-    """A schedule of ``start`` (default: the baseline order) with page-outs and page-ins that fits ``budget``."""
+    """A schedule of ``start`` (default: the baseline order) with page-outs and page-ins that fits ``budget``.
+
+    See the module docstring for the move taken at each round.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph to schedule.
+    budget : int
+        The budget in graph units.
+    start : Schedule or None
+        The schedule to add paging to; None: the computes of ``prompt_order(graph)``.
+
+    Returns
+    -------
+    Schedule or None
+        The first schedule whose simulated peak fits; None when no value can be paged at the peak
+        step, or after ``MOVES_PER_NODE`` moves per computed node.
+
+    References
+    ----------
+    Peng et al., "Capuchin: Tensor-based GPU Memory Management for Deep Learning", ASPLOS 2020.
+    """
     schedule = start if start is not None else Schedule.from_order(prompt_order(graph))
     for _ in range(MOVES_PER_NODE * max(1, len(graph.order))):
         sim = simulate(graph, schedule)

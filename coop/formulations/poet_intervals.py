@@ -390,9 +390,52 @@ def poet_intervals(
     max_intervals: int = DEFAULT_MAX_INTERVALS,
     warm_start: bool = True,
 ) -> SolveResult:
-    """POET's choices in the interval model on any graph (what :func:`coop.formulations.poet.poet` runs above
-    its ``max_nodes``). The options are poet's; ``max_intervals`` is Moccasin's C; ``warm_start=False``
-    leaves out poet's warm starts (CP-SAT then starts from the baseline order, which may not fit)."""
+    """POET's choices in the interval model on any graph.
+
+    What :func:`coop.formulations.poet.poet` runs above its ``max_nodes``.
+
+    Parameters
+    ----------
+    graph : Graph
+        The training step.
+    budget : int
+        The device memory budget in the graph's units, caller-owned values included.
+    objective, device_profile, runtime_budget, remat, paging
+        As :func:`coop.formulations.poet.poet` takes them (checked by
+        :func:`coop.formulations.poet_setting.poet_setting`).
+    time_limit : float
+        The wall-clock limit in seconds, warm starts included.
+    threads : int
+        CP-SAT's worker threads.
+    progress : ProgressCallback or None
+        A progress callback.
+    hint : Any
+        Schedules (or results) that compete as warm starts.
+    captured : Any
+        Unused.
+    max_intervals : int
+        Moccasin's C: the intervals per value (at least 1).
+    warm_start : bool
+        False leaves out poet's warm starts (CP-SAT then starts from the baseline order, which may
+        not fit).
+
+    Returns
+    -------
+    SolveResult
+        As :func:`solve_intervals` returns.
+
+    Raises
+    ------
+    PoetError
+        When an option is refused (:func:`coop.formulations.poet_setting.poet_setting`) or
+        ``max_intervals`` is not an integer >= 1.
+
+    References
+    ----------
+    Patil et al., "POET: Training Neural Networks on Tiny Devices with Integrated Rematerialization
+    and Paging", ICML 2022; Bartan et al., "Moccasin: Efficient Tensor Rematerialization for Neural
+    Networks", ICML 2023 (the interval model).
+    """
     started = time.perf_counter()
     setting = poet_setting(graph, budget, objective=objective, device_profile=device_profile,
                            runtime_budget=runtime_budget, remat=remat, paging=paging)
@@ -406,10 +449,38 @@ def poet_intervals(
 def solve_intervals(setting: Any, fallback: tuple[str, Schedule] | None, *, why: str, started: float,
                     time_limit: float, threads: int, progress: ProgressCallback | None,
                     max_intervals: int = DEFAULT_MAX_INTERVALS) -> SolveResult:
-    """Build the interval model around poet's best warm start ``fallback``, solve it for what is left of
-    ``time_limit`` (counted from ``started``), return the cheaper admitted schedule (``why``: the message's
-    opening, which model runs and why). With no warm start, a capacity-relaxed model first looks for a
-    schedule that fits (up to 3/4 of the time left), which then hints the priced model."""
+    """Build the interval model around poet's best warm start ``fallback`` and solve it.
+
+    The model is solved for what is left of ``time_limit`` (counted from ``started``), and the cheaper
+    admitted schedule is returned. With no warm start, a capacity-relaxed model first looks for a
+    schedule that fits (up to 3/4 of the time left), which then hints the priced model.
+
+    Parameters
+    ----------
+    setting : Any
+        poet's setting (:class:`coop.formulations.poet_setting.PoetSetting`).
+    fallback : tuple of (str, Schedule) or None
+        The best warm start, named; None: none fits.
+    why : str
+        The message's opening: which model runs and why.
+    started : float
+        ``time.perf_counter()`` when the solve began.
+    time_limit : float
+        Seconds from ``started`` for everything.
+    threads : int
+        CP-SAT's worker threads.
+    progress : ProgressCallback or None
+        A progress callback.
+    max_intervals : int
+        Moccasin's C: the intervals per value.
+
+    Returns
+    -------
+    SolveResult
+        "feasible" with the cheaper on the objective of CP-SAT's admitted schedule and the warm start
+        (a restricted model: optimality not proven, the bound is the baseline's price), or "unknown"
+        with no schedule when neither exists.
+    """
     clock = ProgressClock(progress)
     problem = SlotProblem.build(setting.graph, setting.budget)
     coefficients = Coefficients.build(setting, problem.order)

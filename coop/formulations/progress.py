@@ -49,7 +49,20 @@ ProgressCallback = Callable[[Progress], None]
 
 
 def stderr_progress(stream: TextIO | None = None, min_interval_s: float = 1.0) -> ProgressCallback:
-    """A reporter printing one line per report to ``stream`` (stderr), throttled to one a second."""
+    """A reporter printing one line per report to ``stream`` (stderr), throttled to one a second.
+
+    Parameters
+    ----------
+    stream : TextIO or None
+        Where to print; None: ``sys.stderr`` at the time of each report.
+    min_interval_s : float
+        The least seconds between two printed lines; a final report is always printed.
+
+    Returns
+    -------
+    ProgressCallback
+        The reporter, printing ``Progress.line()``.
+    """
     last_printed = [float("-inf")]
 
     def report(progress: Progress) -> None:

@@ -105,10 +105,34 @@ def pytorch_mincut(graph: Graph, budget: int, *, captured: Any = None,
                    memory_budgets: Sequence[float] | None = None) -> SolveResult:
     """Sweep PyTorch's ``activation_memory_budget`` and keep the cheapest split that fits.
 
-    ``captured`` is the :class:`coop.graph_capture.Captured` whose ``graph`` this is (same
-    structure; costs may differ, e.g. profiled). ``memory_budgets`` overrides the sweep
-    (:data:`DEFAULT_MEMORY_BUDGETS`); each value must lie in [0, 1]. Every split is simulated by
-    coop.schedule.simulate; ``extra["sweep"]`` reports every knob's peak and cost.
+    Every split is simulated by coop.schedule.simulate; ``extra["sweep"]`` reports every knob's peak
+    and cost.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph to schedule.
+    budget : int
+        The budget in graph units.
+    captured : Any
+        The :class:`coop.graph_capture.Captured` whose ``graph`` this is (same structure; costs may
+        differ, e.g. profiled).
+    memory_budgets : Sequence of float or None
+        Overrides the sweep (:data:`DEFAULT_MEMORY_BUDGETS`); each value must lie in [0, 1].
+
+    Returns
+    -------
+    SolveResult
+        A "heuristic" result with the chosen split's schedule, its saved set and the sweep in
+        ``extra``; when no knob fits the budget, the lowest-peak split and a message saying so.
+
+    Raises
+    ------
+    CoopError
+        When ``captured`` is None, not a Captured or not of this graph, or ``memory_budgets`` is
+        empty or has a value outside [0, 1].
+    SolverError
+        When the partitioner fails (:func:`partition`).
     """
     started = time.perf_counter()
     if captured is None:
@@ -148,7 +172,26 @@ def sweep_splits(graph: Graph, captured: Any, knobs: Sequence[float]) -> tuple[l
 
     The splits do not depend on the budget, so they are cached per captured step, graph and knobs
     (:data:`_SWEEPS`, an entry dropped when its step or graph is collected): a comparison over several
-    budgets partitions once. ``sweep_s`` is the time of the run that filled the cache.
+    budgets partitions once.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph the splits are scheduled over.
+    captured : Any
+        The captured step whose joint module is partitioned.
+    knobs : Sequence of float
+        The ``activation_memory_budget`` values, each in [0, 1].
+
+    Returns
+    -------
+    tuple of (list of SplitPlan, float)
+        One plan per knob, in order, and ``sweep_s``: the time of the run that filled the cache.
+
+    Raises
+    ------
+    SolverError
+        When the partitioner fails or the AOT-style copy renames a node.
     """
 
     def run() -> tuple[list[SplitPlan], float]:
@@ -222,6 +265,22 @@ def aot_style_joint(captured: Any) -> AotJoint:
     placeholder, outputs are reordered to ``(loss, new buffers..., gradients...)``. Every other
     node keeps its name, meta (fake values) and arguments. A fresh copy per call, because the
     partitioner mutates its input (dead-code elimination, tags).
+
+    Parameters
+    ----------
+    captured : Any
+        The captured step (its ``module``, ``loss_index``, ``grad_slice`` and ``buffer_slice``).
+
+    Returns
+    -------
+    AotJoint
+        The copied module, its number of forward outputs (the loss and the buffers), the placeholder
+        renaming and the seed's name.
+
+    Raises
+    ------
+    SolverError
+        When a copied node would not keep its name.
     """
     source = captured.module.graph
     (flat_outputs,) = source.output_node().args
@@ -258,7 +317,27 @@ def aot_style_joint(captured: Any) -> AotJoint:
 
 
 def partition(joint: AotJoint, memory_budget: float) -> tuple[fx.GraphModule, fx.GraphModule]:
-    """Run PyTorch's min-cut partitioner with ``activation_memory_budget = memory_budget``."""
+    """Run PyTorch's min-cut partitioner with ``activation_memory_budget = memory_budget``.
+
+    CSE is off, so that no node of coop's graph goes uncomputed by the modules.
+
+    Parameters
+    ----------
+    joint : AotJoint
+        The joint module (:func:`aot_style_joint`); the partitioner mutates it.
+    memory_budget : float
+        The ``activation_memory_budget`` knob, in [0, 1].
+
+    Returns
+    -------
+    tuple of (fx.GraphModule, fx.GraphModule)
+        The forward and backward modules.
+
+    Raises
+    ------
+    SolverError
+        When the partitioner raises, with the first line of its error.
+    """
     from torch._functorch import config as functorch_config
     from torch._functorch.partitioners import min_cut_rematerialization_partition
 
@@ -315,7 +394,30 @@ class _Mapper:
 
 def split_to_schedule(graph: Graph, captured: Any, joint: AotJoint, forward_module: fx.GraphModule,
                       backward_module: fx.GraphModule, memory_budget: float) -> SplitPlan:
-    """Turn one (forward, backward) split into a coop Schedule over ``graph`` and simulate it."""
+    """Turn one (forward, backward) split into a coop Schedule over ``graph`` and simulate it.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph the schedule runs.
+    captured : Any
+        The captured step ``graph`` was made from.
+    joint : AotJoint
+        The joint module that was partitioned.
+    forward_module : fx.GraphModule
+        The partitioner's forward module.
+    backward_module : fx.GraphModule
+        The partitioner's backward module.
+    memory_budget : float
+        The knob that made the split, recorded in the plan.
+
+    Returns
+    -------
+    SplitPlan
+        The schedule of computes (forward, then backward with its recomputations), its simulation,
+        the saved values (fx names, node ids, bytes), the recomputed nodes, the values kept because
+        they may not be recomputed, and the nodes placed because no module computed them.
+    """
     mapper = _Mapper(graph, captured, joint)
     forward_ids = _forward_steps(mapper, forward_module)
     saved_fx, backward_ids, kept = _backward_steps(mapper, backward_module, set(forward_ids))

@@ -70,7 +70,23 @@ BASELINES = ("store-all", "checkpoint-all", "chen-sqrt", "chen-greedy")
 
 
 def registered(name: str) -> Formulation:
-    """The formulation registered under ``name`` (one-line CoopError naming the choices otherwise)."""
+    """The formulation registered under ``name`` (one-line CoopError naming the choices otherwise).
+
+    Parameters
+    ----------
+    name : str
+        A key of ``FORMULATIONS``.
+
+    Returns
+    -------
+    Formulation
+        The registry's entry.
+
+    Raises
+    ------
+    CoopError
+        When no formulation is registered under ``name``.
+    """
     found = FORMULATIONS.get(name)
     if found is None:
         raise CoopError(f"unknown formulation {name!r}: choose one of {', '.join(FORMULATIONS)}")
@@ -78,12 +94,44 @@ def registered(name: str) -> Formulation:
 
 
 def get_formulation(name: str) -> Callable[..., SolveResult]:
-    """The solve function registered under ``name`` (CoopError naming the choices otherwise)."""
+    """The solve function registered under ``name`` (CoopError naming the choices otherwise).
+
+    Parameters
+    ----------
+    name : str
+        A key of ``FORMULATIONS``.
+
+    Returns
+    -------
+    callable
+        The formulation's function, returning a SolveResult.
+
+    Raises
+    ------
+    CoopError
+        When no formulation is registered under ``name``.
+    """
     return registered(name).function()
 
 
 def formulation_options(formulation: str) -> frozenset[str]:
-    """The keyword options the formulation's function takes (its own and the common ones it reads)."""
+    """The keyword options the formulation's function takes (its own and the common ones it reads).
+
+    Parameters
+    ----------
+    formulation : str
+        A key of ``FORMULATIONS``.
+
+    Returns
+    -------
+    frozenset of str
+        The option names.
+
+    Raises
+    ------
+    CoopError
+        When no formulation is registered under ``formulation``.
+    """
     return registered(formulation).options.taken()
 
 

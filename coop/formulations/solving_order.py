@@ -30,9 +30,21 @@ MIN_PEAK_GAIN = 0.01
 
 
 def deferred_order(graph: Graph) -> tuple[int, ...]:
-    """``graph.order`` with every node that adds more bytes than it frees moved to just before its first
-    reader (see the module docstring). A topological order of the same nodes in which random draws and
-    extra outputs keep their places relative to their ops."""
+    """``graph.order`` with every node that adds more bytes than it frees moved to just before its first reader.
+
+    See the module docstring. A topological order of the same nodes in which random draws and extra
+    outputs keep their places relative to their ops.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph whose order is rearranged.
+
+    Returns
+    -------
+    tuple of int
+        The deferred order.
+    """
     order = list(graph.order)
     readers = _readers(graph)
     has_extras = {node.output_of for node in graph.nodes if node.output_of is not None}
@@ -88,9 +100,29 @@ ORDER_CHOICES = ("auto", "captured", "deferred")
 
 @derived_from_graph
 def solving_graph(graph: Graph, order: str = "auto") -> tuple[Graph, str]:
-    """The graph a solver should work on and the order's name. ``order="auto"``: the graph in
-    :func:`deferred_order` where that order's store-all peak is at least :data:`MIN_PEAK_GAIN` below the captured
-    order's, else the graph; ``"captured"``: the graph as it is; ``"deferred"``: the deferred order always."""
+    """The graph a solver should work on and the order's name.
+
+    Parameters
+    ----------
+    graph : Graph
+        The captured graph.
+    order : str
+        One of :data:`ORDER_CHOICES`. ``"auto"``: the graph in :func:`deferred_order` where that order's
+        store-all peak is at least :data:`MIN_PEAK_GAIN` below the captured order's (graphs with a
+        backward only), else the graph; ``"captured"``: the graph as it is; ``"deferred"``: the deferred
+        order always.
+
+    Returns
+    -------
+    tuple of (Graph, str)
+        The graph (``graph`` itself where the captured order is kept or deferring moves nothing) and
+        the name of its order, for messages.
+
+    Raises
+    ------
+    CoopError
+        When ``order`` is not one of :data:`ORDER_CHOICES`.
+    """
     if order not in ORDER_CHOICES:
         raise CoopError(f"order {order!r} is unknown: choose {', '.join(ORDER_CHOICES)}")
     if order == "captured":

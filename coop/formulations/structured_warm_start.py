@@ -28,7 +28,21 @@ EXPENSIVE_OPS = ("convolution", "addmm", ".mm.", ".bmm.", "matmul", "linear", "a
 
 
 def is_expensive(graph: Graph, node: Node) -> bool:
-    """Whether ``node``'s output is kept: an expensive op by name, or by cost on a graph without op names."""
+    """Whether ``node``'s output is kept: an expensive op by name, or by cost on a graph without op names.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph ``node`` belongs to.
+    node : Node
+        The node looked at.
+
+    Returns
+    -------
+    bool
+        On a graph with op names: whether ``node.op`` contains one of ``EXPENSIVE_OPS``; else whether
+        its cost is above the median of the forward nodes' costs.
+    """
     if any(node.op for node in graph.nodes if not node.caller_owned):
         return any(fragment in node.op for fragment in EXPENSIVE_OPS)
     forward_costs = [n.cost for n in graph.nodes if n.kind == "forward"]
@@ -36,8 +50,23 @@ def is_expensive(graph: Graph, node: Node) -> bool:
 
 
 def cheap_recompute_schedule(graph: Graph, budget: int | None = None) -> Schedule | None:
-    """The schedule of the module docstring (``budget`` is unused: the caller checks the fit), or None where it
-    recomputes nothing (no cheap forward value is read by the backward)."""
+    """The schedule of the module docstring, or None where it recomputes nothing.
+
+    None when no cheap forward value is read by the backward.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph to schedule.
+    budget : int or None
+        Unused: the caller checks the fit.
+
+    Returns
+    -------
+    Schedule or None
+        The schedule of computes, each backward node preceded by rebuilds of the cheap forward
+        values it reads; None where nothing is rebuilt.
+    """
     del budget
     outputs = set(graph.outputs)
     cheap = {n.id for n in graph.nodes if n.kind == "forward" and n.recomputable and not n.random and not n.optional

@@ -100,6 +100,21 @@ def online_schedule(graph: Graph, budget: int, policies: tuple[str, ...] | None 
     """The cheapest schedule any online policy finds within ``budget`` (validated), or None.
 
     The policies run with random ops kept (no RNG replay), so their schedule is a legal static one.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph to schedule.
+    budget : int
+        The budget in graph units.
+    policies : tuple of str or None
+        The policy names to run; None: every one of ``POLICIES``.
+
+    Returns
+    -------
+    Schedule or None
+        The cheapest schedule that validates within ``budget``; None when no policy finds one (a
+        policy that raises a CoopError is skipped).
     """
     best: tuple[float, Schedule] | None = None
     for policy in policies or tuple(POLICIES):
@@ -116,7 +131,19 @@ def online_schedule(graph: Graph, budget: int, policies: tuple[str, ...] | None 
 
 
 def hint_schedules(hint: Any) -> list[tuple[str, Any]]:
-    """The caller's hints (a schedule, a result holding one, or a list of either), named for messages."""
+    """The caller's hints (a schedule, a result holding one, or a list of either), named for messages.
+
+    Parameters
+    ----------
+    hint : Any
+        A schedule, a result with a ``schedule``, a list or tuple of either, or None.
+
+    Returns
+    -------
+    list of tuple of (str, Schedule)
+        Each hint's schedule named ``"hint"`` or ``"hint (<formulation>)"``; what holds no schedule is
+        left out.
+    """
     named: list[tuple[str, Any]] = []
     for given in hint if isinstance(hint, list | tuple) else [hint]:
         schedule = getattr(given, "schedule", given)
@@ -127,7 +154,27 @@ def hint_schedules(hint: Any) -> list[tuple[str, Any]]:
 
 def candidate_warm_starts(graph: Graph, budget: int, hint: Any = None,
                           lp_time_limit: float = 10.0) -> list[tuple[str, Schedule]]:
-    """Every schedule to start from, named by its source (not yet checked against the budget)."""
+    """Every schedule to start from, named by its source (not yet checked against the budget).
+
+    The caller's hints, Checkmate's rounded LP on graphs of at most ``LP_WARM_START_MAX_NODES`` nodes,
+    the heuristics and the baselines.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph to schedule.
+    budget : int
+        The budget in graph units.
+    hint : Any
+        The caller's hints (:func:`hint_schedules`).
+    lp_time_limit : float
+        Seconds for the rounded LP; 0 or less leaves it out.
+
+    Returns
+    -------
+    list of tuple of (str, Schedule)
+        The named schedules; a source that finds none or raises a CoopError is left out.
+    """
     candidates: list[tuple[str, Schedule]] = hint_schedules(hint)
     if len(graph.order) <= LP_WARM_START_MAX_NODES and lp_time_limit > 0:
         try:
@@ -157,8 +204,28 @@ def candidate_warm_starts(graph: Graph, budget: int, hint: Any = None,
 
 def best_warm_start(graph: Graph, budget: int, hint: Any = None,
                     lp_time_limit: float = 10.0) -> Candidate | None:
-    """The cheapest candidate warm start whose simulated peak fits the budget and whose random
-    draws follow the baseline order (a replay must draw them in eager PyTorch's order)."""
+    """The cheapest candidate warm start that fits the budget and draws in the baseline order.
+
+    Its simulated peak fits, and its random draws follow the baseline order (a replay must draw
+    them in eager PyTorch's order).
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph to schedule.
+    budget : int
+        The budget in graph units.
+    hint : Any
+        The caller's hints (:func:`hint_schedules`).
+    lp_time_limit : float
+        Seconds for Checkmate's rounded LP warm start.
+
+    Returns
+    -------
+    Candidate or None
+        ``(name, schedule, simulation)`` of the cheapest (:func:`candidate_warm_starts`); None when none
+        fits.
+    """
     collector = WarmStarts(graph, budget)
     collector.offer_all(candidate_warm_starts(graph, budget, hint, lp_time_limit))
     return collector.best()

@@ -30,17 +30,41 @@ def capture(model: nn.Module, example_batch: torch.Tensor | tuple | list, loss_f
             profile: bool = False, compact_masks: bool = True, alternatives: bool = False) -> Captured:
     """Capture one training step of ``model`` on ``example_batch`` as a coop Graph.
 
-    ``loss_fn(model, *batch)`` returns a scalar; without it ``model(*batch)`` must return a
-    scalar or an object with ``.loss``. With ``profile`` node costs are measured seconds on the
-    batch's device, node bytes the storages the real step returned and each node's workspace its
-    measured scratch (:func:`coop.graph_capture.cost.measure_workspace`, on every device), else the analytic model of
-    :mod:`coop.graph_capture.cost` and the storage table of :mod:`coop.graph_capture.storage_table`. With
-    ``compact_masks`` (the default) each dropout draw is a bool mask, the only non-recomputable
-    node of a dropout (:mod:`coop.graph_capture.random_ops`); ``False`` keeps the traced float draw.
-    With ``alternatives`` the Graph also holds the implementations PyTorch offers (MONeT: ReLU /
-    hardtanh backward from a compact mask, in-place activations; :mod:`coop.graph_capture.alternatives`),
-    priced like the nodes (with ``profile``, the analytic model calibrated on the profiled step:
-    :class:`~coop.graph_capture.alternatives.price.Calibration`); formulations other than ``monet`` ignore them.
+    With ``profile`` node costs are measured seconds on the batch's device, node bytes the storages the real
+    step returned and each node's workspace its measured scratch
+    (:func:`coop.graph_capture.cost.measure_workspace`, on every device), else the analytic model of
+    :mod:`coop.graph_capture.cost` and the storage table of :mod:`coop.graph_capture.storage_table`.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model to train.
+    example_batch : torch.Tensor or tuple or list
+        One batch: a tensor, or a tuple or list of tensors passed as ``model(*batch)``.
+    loss_fn : callable or None
+        ``loss_fn(model, *batch)`` returns a scalar; without it ``model(*batch)`` must return a
+        scalar or an object with ``.loss``.
+    profile : bool
+        Measure costs (seconds), storage bytes and workspaces on the real step instead of estimating them.
+    compact_masks : bool
+        With it (the default) each dropout draw is a bool mask, the only non-recomputable
+        node of a dropout (:mod:`coop.graph_capture.random_ops`); ``False`` keeps the traced float draw.
+    alternatives : bool
+        Also record the implementations PyTorch offers (MONeT: ReLU / hardtanh backward from a compact mask,
+        in-place activations; :mod:`coop.graph_capture.alternatives`), priced like the nodes (with ``profile``,
+        the analytic model calibrated on the profiled step:
+        :class:`~coop.graph_capture.alternatives.price.Calibration`); formulations other than ``monet`` ignore them.
+
+    Returns
+    -------
+    Captured
+        The Graph (bytes; seconds), the traced fx module, the placeholders and the maps between them.
+
+    Raises
+    ------
+    CaptureError
+        When ``model`` is not an ``nn.Module``, or the step cannot be traced (see
+        :func:`coop.graph_capture.trace.trace_step`).
     """
     if not isinstance(model, nn.Module):
         raise CaptureError(f"capture needs an nn.Module, got {type(model).__name__}")

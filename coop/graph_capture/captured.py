@@ -125,13 +125,38 @@ def batch_positions(placeholders: Sequence[tuple[str, str]]) -> list[int]:
 
     The trace lays the batch out after the model's state, in batch order
     (:func:`coop.graph_capture.trace.flat_names`): the i-th ``input`` placeholder is ``batch[i]``.
+
+    Parameters
+    ----------
+    placeholders : sequence of (str, str)
+        ``(kind, name)`` of each flat placeholder, in order.
+
+    Returns
+    -------
+    list of int
+        The positions of the ``input`` placeholders, in order.
     """
     return [position for position, (kind, _) in enumerate(placeholders) if kind == "input"]
 
 
 def flat_values(placeholders: Sequence[tuple[str, str]], state: Mapping[str, torch.Tensor],
                 batch: Sequence[Any]) -> list[Any]:
-    """The flat inputs of a captured step: ``state`` (parameters, buffers by name) and the batch."""
+    """The flat inputs of a captured step: ``state`` (parameters, buffers by name) and the batch.
+
+    Parameters
+    ----------
+    placeholders : sequence of (str, str)
+        ``(kind, name)`` of each flat placeholder, in order.
+    state : Mapping of str to torch.Tensor
+        Parameters and buffers by name; every non-``input`` placeholder's name must be in it.
+    batch : sequence
+        The batch, one value per ``input`` placeholder.
+
+    Returns
+    -------
+    list
+        One value per placeholder, in placeholder order.
+    """
     values: list[Any] = [None if kind == "input" else state[name] for kind, name in placeholders]
     for position, value in zip(batch_positions(placeholders), batch, strict=True):
         values[position] = value

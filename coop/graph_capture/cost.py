@@ -37,7 +37,18 @@ CUDA_BLOCK_BYTES = 512
 
 
 def node_flops(node: fx.Node) -> int:
-    """FLOPs of one fx call node, by the formula FlopCounterMode applies to its op (0 if none)."""
+    """FLOPs of one fx call node, by the formula FlopCounterMode applies to its op (0 if none).
+
+    Parameters
+    ----------
+    node : fx.Node
+        A node of a traced step, with fake values in ``meta["val"]``.
+
+    Returns
+    -------
+    int
+        The op's FLOPs; 0 for a node that is not a ``call_function`` or whose op has no formula.
+    """
     if node.op != "call_function":
         return 0
     packet = getattr(node.target, "_overloadpacket", None)
@@ -58,10 +69,23 @@ def _tensor_bytes(value: Any) -> int:
 
 
 def bytes_moved(node: fx.Node) -> int:
-    """Bytes read (tensor arguments) plus bytes written (outputs) by one fx node; none for a view (an op whose
-    output aliases its input: ``view``, ``slice``, ``t``, ``expand``, ...) or a ``getitem`` of a multi-output op's
-    tuple, which move no data (counting the viewed tensor made a channel-blocked program pay for the whole
-    tensor once per block, and a ``getitem`` for every tensor of the tuple)."""
+    """Bytes read (tensor arguments) plus bytes written (outputs) by one fx node.
+
+    None for a view (an op whose output aliases its input: ``view``, ``slice``, ``t``, ``expand``, ...) or a
+    ``getitem`` of a multi-output op's tuple, which move no data (counting the viewed tensor made a
+    channel-blocked program pay for the whole tensor once per block, and a ``getitem`` for every tensor of the
+    tuple).
+
+    Parameters
+    ----------
+    node : fx.Node
+        A node of a traced step, with fake values in ``meta["val"]``.
+
+    Returns
+    -------
+    int
+        Bytes moved; 0 for a view or a ``getitem``.
+    """
     if node.target is operator.getitem or getattr(node.target, "is_view", False):
         return 0
     reads = sum(_tensor_bytes(arg.meta.get("val")) for arg in node.all_input_nodes)
@@ -69,6 +93,20 @@ def bytes_moved(node: fx.Node) -> int:
 
 
 def analytic_seconds(node: fx.Node, flops: int) -> float:
+    """The analytic cost of one fx node: ``flops / FLOP_RATE + bytes_moved(node) / BANDWIDTH``.
+
+    Parameters
+    ----------
+    node : fx.Node
+        A node of a traced step.
+    flops : int
+        Its FLOPs (:func:`node_flops`).
+
+    Returns
+    -------
+    float
+        Seconds, on the nominal rates :data:`FLOP_RATE` (FLOP/s) and :data:`BANDWIDTH` (bytes/s).
+    """
     return flops / FLOP_RATE + bytes_moved(node) / BANDWIDTH
 
 
@@ -76,6 +114,18 @@ def allocator_bytes(nbytes: int, device: torch.device) -> int:
     """Bytes the device's allocator holds for a storage of ``nbytes``: whole 512-byte blocks on CUDA.
 
     What ``max_memory_allocated`` measures; on CPU the allocator's bookkeeping is the storage itself.
+
+    Parameters
+    ----------
+    nbytes : int
+        The storage's size in bytes.
+    device : torch.device
+        The storage's device.
+
+    Returns
+    -------
+    int
+        ``nbytes`` rounded up to a multiple of :data:`CUDA_BLOCK_BYTES` on CUDA, else ``nbytes``.
     """
     if device.type == "cuda" and nbytes > 0:
         return -(-nbytes // CUDA_BLOCK_BYTES) * CUDA_BLOCK_BYTES
@@ -123,17 +173,29 @@ WORKSPACE_RANGE = "coop::"
 
 
 def measure_workspace(module: fx.GraphModule, flat_inputs: list[torch.Tensor]) -> dict[str, int] | None:
-    """Each call node's transient bytes on the real step: the scratch its kernel takes and gives back (oneDNN's
-    convolution reorders on CPU, cuDNN's workspace on CUDA, a reduction's buffer), by fx node name.
+    """Each call node's transient bytes on the real step, by fx node name.
 
-    One code path for every device: the allocators' own reports to ``torch.profiler`` (``profile_memory=True``;
-    the CPU allocator and the CUDA caching allocator report each allocation and free with its size). Each node
-    runs inside a profiler range; within it, the running sum of the allocation events reaches a peak, and what
-    is still allocated at the range's end is the node's outputs (and anything it keeps): the transient is the
-    peak less that, i.e. what ``max_memory_allocated() - memory_allocated()`` gives on CUDA, on the CPU too. The
-    run is untimed (the profiler slows it) and comes after a warm-up, so one-off allocations that persist (a
-    library's handle workspace, a primitive cache) are not taken for a node's scratch. None (not measured)
-    while another profiler is running.
+    The scratch its kernel takes and gives back (oneDNN's convolution reorders on CPU, cuDNN's workspace on
+    CUDA, a reduction's buffer). One code path for every device: the allocators' own reports to
+    ``torch.profiler`` (``profile_memory=True``; the CPU allocator and the CUDA caching allocator report each
+    allocation and free with its size). Each node runs inside a profiler range; within it, the running sum of the
+    allocation events reaches a peak, and what is still allocated at the range's end is the node's outputs (and
+    anything it keeps): the transient is the peak less that, i.e. what ``max_memory_allocated() -
+    memory_allocated()`` gives on CUDA, on the CPU too. The run is untimed (the profiler slows it) and comes after
+    a warm-up, so one-off allocations that persist (a library's handle workspace, a primitive cache) are not
+    taken for a node's scratch.
+
+    Parameters
+    ----------
+    module : fx.GraphModule
+        The traced step.
+    flat_inputs : list of torch.Tensor
+        Its real flat inputs; it runs once, without grad, under a forked CPU generator.
+
+    Returns
+    -------
+    dict of str to int or None
+        Transient bytes by fx node name; None (not measured) while another profiler is running.
     """
     from torch.profiler import ProfilerActivity, profile
 
@@ -164,7 +226,18 @@ def measure_workspace(module: fx.GraphModule, flat_inputs: list[torch.Tensor]) -
 
 
 def tensor_leaves(value: Any) -> list[torch.Tensor]:
-    """The tensor leaves of a value, in pytree order."""
+    """The tensor leaves of a value, in pytree order.
+
+    Parameters
+    ----------
+    value : Any
+        A tensor, or a pytree (tuple, list, dict) holding tensors.
+
+    Returns
+    -------
+    list of torch.Tensor
+        Its tensor leaves; non-tensor leaves left out.
+    """
     return [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
 
 
@@ -187,12 +260,31 @@ class NodeProfile:
 
 def profile_nodes(module: fx.GraphModule, flat_inputs: list[torch.Tensor],
                   repeats: int = PROFILE_REPEATS) -> NodeProfile:
-    """Each node's fastest of ``repeats`` runs after one warm-up, and its workspace measured on one more run
-    (:func:`measure_workspace`).
+    """Each node's fastest of ``repeats`` runs after one warm-up, and its workspace measured on one more run.
 
     The warm-up run also lets the allocator reach the step's high-water mark, so the timed runs
     measure compute rather than first-touch page faults, and one-off allocations that persist
-    (cuBLAS's workspace per handle) are not taken for a node's scratch.
+    (cuBLAS's workspace per handle) are not taken for a node's scratch. The workspace comes from
+    :func:`measure_workspace`.
+
+    Parameters
+    ----------
+    module : fx.GraphModule
+        The traced step.
+    flat_inputs : list of torch.Tensor
+        Its real flat inputs; the runs are without grad.
+    repeats : int
+        The timed runs after the warm-up (:data:`PROFILE_REPEATS` by default).
+
+    Returns
+    -------
+    NodeProfile
+        Seconds, workspace bytes (empty when not measured) and storage bytes, by fx node name.
+
+    Raises
+    ------
+    CaptureError
+        When ``repeats`` is below 1.
     """
     if repeats < 1:
         raise CaptureError(f"profile_nodes needs at least one timed run, got repeats={repeats}; pass repeats >= 1")
@@ -208,5 +300,25 @@ def profile_nodes(module: fx.GraphModule, flat_inputs: list[torch.Tensor],
 
 def profile_seconds(module: fx.GraphModule, flat_inputs: list[torch.Tensor],
                     repeats: int = PROFILE_REPEATS) -> dict[str, float]:
-    """Measured seconds per fx node name (:func:`profile_nodes` without the workspace)."""
+    """Measured seconds per fx node name (:func:`profile_nodes` without the workspace).
+
+    Parameters
+    ----------
+    module : fx.GraphModule
+        The traced step.
+    flat_inputs : list of torch.Tensor
+        Its real flat inputs.
+    repeats : int
+        The timed runs after the warm-up.
+
+    Returns
+    -------
+    dict of str to float
+        Each node's fastest time in seconds, by fx node name.
+
+    Raises
+    ------
+    CaptureError
+        When ``repeats`` is below 1.
+    """
     return profile_nodes(module, flat_inputs, repeats).seconds

@@ -67,7 +67,18 @@ class Lowered:
 
 
 def storage_key(tensor: torch.Tensor) -> int:
-    """Identity of a tensor's storage (fake or real); stable while the storage lives."""
+    """Identity of a tensor's storage (fake or real); stable while the storage lives.
+
+    Parameters
+    ----------
+    tensor : torch.Tensor
+        A fake or real tensor.
+
+    Returns
+    -------
+    int
+        Its untyped storage's ``_cdata``.
+    """
     return tensor.untyped_storage()._cdata
 
 
@@ -77,9 +88,28 @@ def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: st
     """Build the Graph of a traced step: one node per storage-producing fx node.
 
     With ``profiled`` a node's cost is the measured seconds of its fx nodes, its workspace
-    includes their measured transient bytes (scratch, on every device) and its bytes are the storages the profiled run
-    measured; else its cost is the analytic estimate and its bytes the storage table's or the fake
-    value's (see the module docstring).
+    includes their measured transient bytes (scratch, on every device) and its bytes are the storages the
+    profiled run measured; else its cost is the analytic estimate and its bytes the storage table's or the fake
+    value's (see the module docstring). Views are folded into the node that owns their storage; each extra
+    output of a multi-output op becomes its own node where a ``getitem`` first takes it.
+
+    Parameters
+    ----------
+    traced : TracedStep
+        The traced step (:func:`coop.graph_capture.trace.trace_step`).
+    placeholder_names : list of (str, str)
+        ``(kind, name)`` of each flat placeholder (:func:`coop.graph_capture.trace.flat_names`).
+    name : str
+        The Graph's name.
+    profiled : NodeProfile or None
+        Measured seconds, workspaces and storage bytes (:func:`coop.graph_capture.cost.profile_nodes`); None
+        for the analytic model.
+
+    Returns
+    -------
+    Lowered
+        The Graph (bytes; seconds) and the maps between it and the fx graph: fx names per node, the owning node
+        of each fx name, FLOPs per node and per fx node.
     """
     seconds = profiled.seconds if profiled is not None else None
     measured_workspace = profiled.workspace if profiled is not None else {}
@@ -198,7 +228,18 @@ def _new_node_fields(fx_node: fx.Node, node_id: int, mem: int, labels: dict[str,
 
 
 def output_nodes(fx_graph: fx.Graph) -> list[fx.Node | None]:
-    """The flat outputs of the step: loss, one gradient per parameter, one value per buffer."""
+    """The flat outputs of the step: loss, one gradient per parameter, one value per buffer.
+
+    Parameters
+    ----------
+    fx_graph : fx.Graph
+        The traced step's graph.
+
+    Returns
+    -------
+    list of (fx.Node or None)
+        The output node's flattened arguments; None for an output that is not a node.
+    """
     (flat,) = fx_graph.output_node().args
     return [a if isinstance(a, fx.Node) else None for a in pytree.tree_leaves(flat)]
 

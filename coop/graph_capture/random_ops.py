@@ -40,7 +40,22 @@ aten = torch.ops.aten
 
 @torch.library.custom_op("coop::bernoulli_mask", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
 def bernoulli_mask(size: Sequence[int], p: float, device: torch.device) -> torch.Tensor:
-    """A bool tensor of ``size`` whose elements are True with probability ``p`` (global RNG)."""
+    """A bool tensor of ``size`` whose elements are True with probability ``p`` (global RNG).
+
+    Parameters
+    ----------
+    size : sequence of int
+        The mask's shape.
+    p : float
+        The probability of True.
+    device : torch.device
+        Where the mask is drawn (that device's default generator).
+
+    Returns
+    -------
+    torch.Tensor
+        The bool mask.
+    """
     return torch.empty(size, dtype=torch.bool, device=device).bernoulli_(p)
 
 
@@ -58,7 +73,21 @@ def _is_float_draw(node: fx.Node) -> bool:
 
 
 def compact_random_masks(graph: fx.Graph) -> int:
-    """Split each floating ``bernoulli.p`` into a bool draw and a recomputable cast; returns how many."""
+    """Split each floating ``bernoulli.p`` into a bool draw and a recomputable cast; returns how many.
+
+    The graph is rewritten in place: the draw becomes :func:`bernoulli_mask` followed by an ``_to_copy`` to the
+    draw's dtype, which takes over its uses.
+
+    Parameters
+    ----------
+    graph : fx.Graph
+        The traced step's graph, with fake values in ``meta["val"]``.
+
+    Returns
+    -------
+    int
+        The number of draws rewritten.
+    """
     rewritten = 0
     for node in list(graph.nodes):
         if not _is_float_draw(node):

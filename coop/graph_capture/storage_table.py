@@ -73,8 +73,25 @@ def _argument(op: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str
 
 
 def unreduced_loss(op: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> list[int] | None:
-    """A mean- or sum-reduced loss that keeps its unreduced buffer: ``numel`` of the broadcast input and
-    target, in the loss's dtype (see the module docstring)."""
+    """A mean- or sum-reduced loss that keeps its unreduced buffer (see the module docstring).
+
+    Parameters
+    ----------
+    op : torch._ops.OpOverload
+        The loss op.
+    args : tuple
+        Its positional arguments (fake values); the first two are the input and target.
+    kwargs : dict of str to Any
+        Its keyword arguments.
+    out : Any
+        Its (fake) output.
+
+    Returns
+    -------
+    list of int or None
+        One size in bytes: ``numel`` of the broadcast input and target, in the loss's dtype; None for
+        ``reduction="none"`` or a non-tensor output.
+    """
     if _argument(op, args, kwargs, "reduction") == REDUCTION_NONE or not isinstance(out, torch.Tensor):
         return None
     shape = torch.broadcast_shapes(tuple(args[0].shape), tuple(args[1].shape))
@@ -90,8 +107,25 @@ TABLE: dict[tuple[torch._ops.OpOverloadPacket, str], StorageRule] = {
 
 
 def table_storage_bytes(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> list[int] | None:
-    """The real storage bytes of each output tensor of ``op(*args, **kwargs)`` (fake values) where the
-    table has an entry for the op on its output's device, else None (the fake storage is the real one)."""
+    """The real storage bytes of each output tensor of ``op(*args, **kwargs)``, where the table knows them.
+
+    Parameters
+    ----------
+    op : Any
+        The op (an ``OpOverload``; anything without an overload packet has no entry).
+    args : tuple
+        Its positional arguments (fake values).
+    kwargs : dict of str to Any
+        Its keyword arguments.
+    out : Any
+        Its (fake) output.
+
+    Returns
+    -------
+    list of int or None
+        Bytes per output tensor where the table has an entry for the op on its output's device; None otherwise,
+        or when the entry gives no sizes or the wrong number (the fake storage is the real one).
+    """
     packet = getattr(op, "_overloadpacket", None)
     tensors = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
     if packet is None or not tensors:
@@ -104,8 +138,25 @@ def table_storage_bytes(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], 
 
 
 def predicted_storage_bytes(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> list[int]:
-    """Storage bytes of each output tensor of ``op(*args, **kwargs)`` without running it: the table's where it
-    has an entry, else the (fake) output's own storages."""
+    """Storage bytes of each output tensor of ``op(*args, **kwargs)`` without running it.
+
+    Parameters
+    ----------
+    op : Any
+        The op.
+    args : tuple
+        Its positional arguments (fake values).
+    kwargs : dict of str to Any
+        Its keyword arguments.
+    out : Any
+        Its (fake) output.
+
+    Returns
+    -------
+    list of int
+        The table's sizes (:func:`table_storage_bytes`) where it has an entry, else the (fake) output's own
+        storage sizes.
+    """
     table = table_storage_bytes(op, args, kwargs, out)
     if table is not None:
         return table

@@ -59,7 +59,18 @@ class TracedStep:
 
 
 def split_state(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Trainable parameters, buffers and frozen parameters (tied tensors listed once)."""
+    """Trainable parameters, buffers and frozen parameters (tied tensors listed once).
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model.
+
+    Returns
+    -------
+    tuple of three dicts of str to torch.Tensor
+        Parameters that require grad, buffers, and parameters that do not require grad, by name.
+    """
     params = {k: v for k, v in model.named_parameters() if v.requires_grad}
     frozen = {k: v for k, v in model.named_parameters() if not v.requires_grad}
     buffers = dict(model.named_buffers())
@@ -70,8 +81,32 @@ def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossF
                compact_masks: bool = True) -> TracedStep:
     """Trace forward + backward of ``model`` on ``batch`` into a pure fx joint graph.
 
-    With ``compact_masks`` each dropout draw becomes a bool mask plus a recomputable cast
-    (:mod:`coop.graph_capture.random_ops`); without it the float draw is kept as traced.
+    Traced with fake tensors (``make_fx``), functionalized, batch norm made functional and dead code dropped.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The model; at least one parameter must require grad.
+    batch : tuple of torch.Tensor
+        The batch, tensors only.
+    loss_fn : LossFn or None
+        ``loss_fn(model, *batch)`` gives the loss; None: ``model(*batch)`` does.
+    compact_masks : bool
+        With it each dropout draw becomes a bool mask plus a recomputable cast
+        (:mod:`coop.graph_capture.random_ops`); without it the float draw is kept as traced.
+
+    Returns
+    -------
+    TracedStep
+        The fx module (flat inputs; loss, gradients and new buffers as outputs) and the names of the parameters,
+        buffers and frozen parameters.
+
+    Raises
+    ------
+    CaptureError
+        When no parameter requires grad, a batch element is not a tensor, the loss is not a scalar or does not
+        depend on a trainable parameter, the traced step still mutates a tensor in place, or tracing fails (the
+        first line of the error, with a hint for data-dependent control flow).
     """
     params, buffers, frozen = split_state(model)
     if not params:
@@ -249,6 +284,16 @@ def is_random(node: fx.Node) -> bool:
 
     The one definition of a random op: the lowering marks the Graph node it creates (``Node.random``),
     and everything that reads the Graph reads that flag.
+
+    Parameters
+    ----------
+    node : fx.Node
+        A node of a traced step.
+
+    Returns
+    -------
+    bool
+        Whether its target is tagged ``nondeterministic_seeded``.
     """
     tags = getattr(node.target, "tags", ())
     return torch.Tag.nondeterministic_seeded in tags
@@ -262,7 +307,24 @@ def _drop_dead_code(graph: fx.Graph) -> None:
 
 
 def flat_names(params: dict, buffers: dict, frozen: dict, batch_size: int) -> list[tuple[str, str]]:
-    """(kind, name) of each flat placeholder, in the order make_fx lays them out."""
+    """(kind, name) of each flat placeholder, in the order make_fx lays them out.
+
+    Parameters
+    ----------
+    params : dict
+        Trainable parameters by name (kind ``"param"``).
+    buffers : dict
+        Buffers by name (kind ``"buffer"``).
+    frozen : dict
+        Frozen parameters by name (kind ``"frozen"``).
+    batch_size : int
+        The number of batch tensors (kind ``"input"``, named ``batch[i]``).
+
+    Returns
+    -------
+    list of (str, str)
+        ``(kind, name)`` per placeholder.
+    """
     structure = ({k: ("param", k) for k in params}, {k: ("buffer", k) for k in buffers},
                  {k: ("frozen", k) for k in frozen}, *[("input", f"batch[{i}]") for i in range(batch_size)])
     leaves, _ = pytree.tree_flatten(structure, is_leaf=lambda x: isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str))

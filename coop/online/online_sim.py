@@ -402,6 +402,37 @@ def simulate_online(
 
     The budget is in graph units, parsed by the caller (:func:`coop.budget.parse_budget`); a budget
     below :func:`coop.budget.min_budget` is not an error here: the run reports "oom".
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph whose baseline order is run.
+    budget : int
+        The arena size, in graph units (already parsed).
+    policy : str or EvictionPolicy
+        The eviction policy, by name or as an object (:func:`make_policy`).
+    max_overhead : float
+        The run stops as thrashing once its extra compute passes ``max_overhead`` x the baseline
+        cost, or its recomputations pass ``max_overhead`` x the steps of the order plus the steps.
+    replay_random : bool
+        Whether the engine may recompute a random op by replaying its saved RNG state
+        (:func:`replayable_random_ids`).
+
+    Returns
+    -------
+    OnlineResult
+        The status ("ok", "oom" or "thrashed", with its message), overhead, cost, evictions,
+        recomputations, allocation failures and fragmentation, peaks and timings; the schedule of
+        computes only when the status is "ok". A finished run whose overhead exceeds
+        ``THRASH_OVERHEAD`` is reported "thrashed"; a run cut short reports the recomputation it paid
+        for so far as its overhead.
+
+    Raises
+    ------
+    BudgetError
+        When ``budget`` is not a parsed budget (:func:`coop.budget.parsed_budget`).
+    CoopError
+        When ``policy`` names no policy.
     """
     budget_units = parsed_budget(budget, "simulate_online")
     policy_object = make_policy(policy)
@@ -452,6 +483,17 @@ def simulate_online(
 
 
 def replayable_random_ids(graph: Graph) -> set[int]:
-    """Computed random ops that an engine can recompute exactly by replaying their saved RNG state."""
+    """Computed random ops that an engine can recompute exactly by replaying their saved RNG state.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph whose random draws are looked at.
+
+    Returns
+    -------
+    set of int
+        The ids of the random draws that are not recomputable in the graph.
+    """
     return {v for v in graph.random_draws if not graph.node(v).recomputable}
 

@@ -91,7 +91,20 @@ class EngineView(Protocol):
 
 
 def staleness(view: EngineView, info: TensorInfo) -> float:
-    """Logical time since the tensor was last touched (never zero)."""
+    """Logical time since the tensor was last touched (never zero).
+
+    Parameters
+    ----------
+    view : EngineView
+        The engine's state; its ``clock`` is the current logical time.
+    info : TensorInfo
+        The tensor, with its ``last_access``.
+
+    Returns
+    -------
+    float
+        ``view.clock - info.last_access``, at least ``_MIN_STALENESS``.
+    """
     return max(view.clock - info.last_access, _MIN_STALENESS)
 
 
@@ -256,7 +269,21 @@ def cheapest_window(slots: list[tuple[int, float | None]], request: int,
     With ``per_byte`` the windows are ranked by cost / bytes instead of cost, over the same
     candidates (for each right end, the shortest covering window): still O(n), and the window
     returned is the cheapest per byte among the windows that no left block can be dropped from.
-    Returns ``(first, last, score)`` (score: the window's cost, or cost / bytes) or None.
+
+    Parameters
+    ----------
+    slots : list of tuple of (int, float or None)
+        The slots' ``(bytes, cost)`` in address order; cost None: pinned.
+    request : int
+        The bytes the window must cover.
+    per_byte : bool
+        Rank windows by cost / bytes instead of cost.
+
+    Returns
+    -------
+    tuple of (int, int, float) or None
+        ``(first, last, score)``: the window's first and last slot indices and its score (its cost,
+        or cost / bytes); None when no window without a pinned slot covers ``request``.
     """
     best: tuple[int, int, float] | None = None
     left = 0
@@ -382,7 +409,23 @@ POLICIES: dict[str, type[EvictionPolicy]] = {
 
 
 def make_policy(name: str | EvictionPolicy) -> EvictionPolicy:
-    """A fresh policy object by name (an object passes through after a reset)."""
+    """A fresh policy object by name (an object passes through after a reset).
+
+    Parameters
+    ----------
+    name : str or EvictionPolicy
+        A key of ``POLICIES``, or a policy object.
+
+    Returns
+    -------
+    EvictionPolicy
+        A new instance of the named policy, or ``name`` itself after ``reset()``.
+
+    Raises
+    ------
+    CoopError
+        When ``name`` is not a key of ``POLICIES``.
+    """
     if isinstance(name, EvictionPolicy):
         name.reset()
         return name

@@ -136,17 +136,41 @@ def schedule_lifetimes(graph: Graph, schedule: Schedule, *, alignment: int = 1, 
 
     The blocks are what :func:`coop.schedule.simulate` counts: each caller-owned value's and each
     instance's device intervals (one block per stay on the device) and each step's workspace, each
-    on its value's device (``Node.device``; a workspace on its op's). ``caller_owned=False`` leaves the
-    caller-owned values out (they live outside an arena: :func:`execution_placement`).
+    on its value's device (``Node.device``; a workspace on its op's).
 
     For execution in an arena (:mod:`coop.runtime.arena_replay`) two options make the blocks
-    addressable by real kernels without changing the bytes live at any step: ``alignment`` rounds
-    every block up to a multiple of it (so every offset is one: a view of any dtype can start
-    there, and vectorized kernels see aligned pointers), and ``extras_from_op`` starts each extra
-    output's block (``Node.output_of``) at its op's step, where the simulator counts it inside the
-    op's workspace, and takes it out of that workspace: the op then writes the extra output once,
-    at the address it keeps for its whole life. ``simulation`` is ``simulate(graph, schedule)`` where the caller
-    already holds it (an executor's); it is computed when absent.
+    addressable by real kernels without changing the bytes live at any step (``alignment`` and
+    ``extras_from_op`` below).
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph the schedule runs.
+    schedule : Schedule
+        A legal schedule of it.
+    alignment : int
+        Round every block up to a multiple of it (so every offset is one: a view of any dtype can
+        start there, and vectorized kernels see aligned pointers); 1: no rounding.
+    extras_from_op : bool
+        Start each extra output's block (``Node.output_of``) at its op's step, where the simulator
+        counts it inside the op's workspace, and take it out of that workspace: the op then writes
+        the extra output once, at the address it keeps for its whole life.
+    caller_owned : bool
+        False leaves the caller-owned values out (they live outside an arena:
+        :func:`execution_placement`).
+    simulation : Simulation or None
+        ``simulate(graph, schedule)`` where the caller already holds it (an executor's); computed
+        when None.
+
+    Returns
+    -------
+    tuple of (list of Lifetime, int)
+        The blocks of positive size, and the simulated peak in graph units.
+
+    Raises
+    ------
+    ScheduleError
+        When the schedule is illegal and ``simulation`` is None (from :func:`coop.schedule.simulate`).
     """
     sim = simulation if simulation is not None else simulate(graph, schedule)
     lifetimes: list[Lifetime] = []
@@ -173,11 +197,31 @@ def schedule_lifetimes(graph: Graph, schedule: Schedule, *, alignment: int = 1, 
 
 def best_fit_placement(graph: Graph, schedule: Schedule, *, alignment: int = 1, extras_from_op: bool = False,
                        caller_owned: bool = True, simulation: Simulation | None = None) -> Placement:
-    """Place every block in schedule order with best fit over the Arena model (lowest address on ties), each
-    device's blocks in that device's address space.
+    """Place every block in schedule order with best fit over the Arena model (lowest address on ties).
 
-    ``alignment``, ``extras_from_op``, ``caller_owned`` and ``simulation`` as in :func:`schedule_lifetimes`; the
-    first three are recorded in ``extra`` so that an executor can refuse a placement made without them.
+    Each device's blocks go in that device's address space.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph the schedule runs.
+    schedule : Schedule
+        A legal schedule of it.
+    alignment : int
+        As in :func:`schedule_lifetimes`.
+    extras_from_op : bool
+        As in :func:`schedule_lifetimes`.
+    caller_owned : bool
+        As in :func:`schedule_lifetimes`.
+    simulation : Simulation or None
+        As in :func:`schedule_lifetimes`.
+
+    Returns
+    -------
+    Placement
+        The "best-fit" heuristic placement: the blocks, their offsets, the summed arena peaks and
+        the live peak (its bound); ``alignment``, ``extras_from_op`` and ``caller_owned`` are
+        recorded in ``extra`` so that an executor can refuse a placement made without them.
     """
     started = time.perf_counter()
     lifetimes, _ = schedule_lifetimes(graph, schedule, alignment=alignment, extras_from_op=extras_from_op,
@@ -191,12 +235,36 @@ def best_fit_placement(graph: Graph, schedule: Schedule, *, alignment: int = 1, 
 
 def packed_placement(graph: Graph, schedule: Schedule, *, alignment: int = 1, extras_from_op: bool = False,
                      caller_owned: bool = True, simulation: Simulation | None = None) -> Placement:
-    """The lower of two placements of the same blocks: best fit in schedule order (an online
-    allocator's view) and greedy by size (the offline view: every lifetime is known before the
-    step, so the largest blocks are placed first, each at the lowest-waste gap among the blocks it
-    overlaps in time; Pisarchyk and Lee, "Efficient Memory Management for Deep Neural Net
-    Inference", 2020), per device. ``alignment``, ``extras_from_op``, ``caller_owned`` and ``simulation`` as in
-    :func:`schedule_lifetimes`.
+    """The lower of two placements of the same blocks, per device.
+
+    Best fit in schedule order (an online allocator's view) and greedy by size (the offline view:
+    every lifetime is known before the step, so the largest blocks are placed first, each at the
+    lowest-waste gap among the blocks it overlaps in time).
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph the schedule runs.
+    schedule : Schedule
+        A legal schedule of it.
+    alignment : int
+        As in :func:`schedule_lifetimes`.
+    extras_from_op : bool
+        As in :func:`schedule_lifetimes`.
+    caller_owned : bool
+        As in :func:`schedule_lifetimes`.
+    simulation : Simulation or None
+        As in :func:`schedule_lifetimes`.
+
+    Returns
+    -------
+    Placement
+        The best-fit placement (:func:`best_fit_placement`) when it meets the live peak or greedy by
+        size is no lower; else the "greedy-by-size" placement, with best fit's ``extra``.
+
+    References
+    ----------
+    Pisarchyk and Lee, "Efficient Memory Management for Deep Neural Net Inference", 2020 (greedy by size).
     """
     online = best_fit_placement(graph, schedule, alignment=alignment, extras_from_op=extras_from_op,
                                 caller_owned=caller_owned, simulation=simulation)
@@ -254,9 +322,32 @@ def exact_placement(
     """The least arenas for this schedule by CP-SAT (NoOverlap2D over lifetime x address, one per device).
 
     Never worse than :func:`best_fit_placement`: its placement is the hint and each device's arena peak
-    the upper bound of that device's; the objective is the sum of the devices' arena peaks. When CP-SAT
-    finds nothing better in ``time_limit`` the best fit is returned with status "feasible". More than
-    ``max_blocks`` blocks raise a CoopError (use best fit).
+    the upper bound of that device's; the objective is the sum of the devices' arena peaks.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph the schedule runs.
+    schedule : Schedule
+        A legal schedule of it.
+    time_limit : float
+        CP-SAT's time limit in seconds (at least 0.01).
+    max_blocks : int
+        The most blocks this solves; more raise.
+    threads : int
+        CP-SAT's workers (at least 1).
+
+    Returns
+    -------
+    Placement
+        The "exact" placement: "optimal" when proven (best fit meeting the live peak is), else
+        "feasible"; when CP-SAT finds nothing better in ``time_limit`` the best fit's offsets are
+        returned. Its bound is the solver's, at least the live peak.
+
+    Raises
+    ------
+    CoopError
+        When the schedule has more than ``max_blocks`` blocks (use best fit).
     """
     from ortools.sat.python import cp_model
 
@@ -312,7 +403,25 @@ def exact_placement(
 
 
 def place(graph: Graph, schedule: Schedule, *, exact: bool | None = None, time_limit: float = 10.0) -> Placement:
-    """Best fit, improved by the exact packing when ``exact`` (default: when the schedule is small)."""
+    """Best fit, improved by the exact packing when ``exact`` (default: when the schedule is small).
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph the schedule runs.
+    schedule : Schedule
+        A legal schedule of it.
+    exact : bool or None
+        True: always run :func:`exact_placement`; False: never; None: when there are at most
+        ``EXACT_MAX_BLOCKS`` blocks.
+    time_limit : float
+        The exact packing's time limit in seconds.
+
+    Returns
+    -------
+    Placement
+        :func:`best_fit_placement`'s, or :func:`exact_placement`'s.
+    """
     greedy = best_fit_placement(graph, schedule)
     if exact is False or (exact is None and len(greedy.lifetimes) > EXACT_MAX_BLOCKS):
         return greedy
@@ -424,6 +533,22 @@ def next_live_budget(live_budget: int, live_peak: int, arena_peak: int, arena_bu
 
     Aims the live peak below what this schedule's fragmentation ratio allows, and strictly lower
     than this round's budget (by at least the overflow), so rounds never repeat a solve.
+
+    Parameters
+    ----------
+    live_budget : int
+        This round's live-bytes budget.
+    live_peak : int
+        The schedule's live peak.
+    arena_peak : int
+        Its best-fit arena peak, above ``arena_budget``.
+    arena_budget : int
+        The arena's size.
+
+    Returns
+    -------
+    int
+        ``min(live_budget - (arena_peak - arena_budget), live_peak * arena_budget // arena_peak)``.
     """
     return min(live_budget - (arena_peak - arena_budget), live_peak * arena_budget // arena_peak)
 

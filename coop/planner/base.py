@@ -161,13 +161,41 @@ def _does_not_fit(change: str, exc: Exception) -> ContextError:
 
 
 def batch_key(batch: tuple[Any, ...]) -> tuple:
-    """Shapes and dtypes of a batch (types for non-tensors): what a captured step is specific to."""
+    """Shapes and dtypes of a batch (types for non-tensors): what a captured step is specific to.
+
+    Parameters
+    ----------
+    batch : tuple
+        The batch's values.
+
+    Returns
+    -------
+    tuple
+        ``(shape, dtype)`` per tensor, ``(None, type)`` per other value.
+    """
     return tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else (None, type(t)) for t in batch)
 
 
 def recapture(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossFn | None,
               context: TrainingContext) -> Captured:
-    """``model``'s step on ``batch`` captured again now, in ``context`` (which it records)."""
+    """``model``'s step on ``batch`` captured again now, in ``context`` (which it records).
+
+    Parameters
+    ----------
+    model : nn.Module
+        The (unwrapped) model.
+    batch : tuple of torch.Tensor
+        The batch to capture on.
+    loss_fn : LossFn or None
+        As for :func:`coop.capture`.
+    context : TrainingContext
+        The training context the new capture is made in; stored on it.
+
+    Returns
+    -------
+    Captured
+        The new capture (analytic costs, no alternatives), its ``context`` set.
+    """
     again = capture(model, batch, loss_fn=loss_fn)
     again.context = context
     return again

@@ -1,12 +1,19 @@
-"""``coop.plan(..., formulation="dynamic")``: a plan whose every step runs under online eviction.
+"""``coop.plan(..., formulation="dynamic")``: a plan that evicts online, and decides once per shape.
 
 The engine that runs tensors under eviction is the runtime's (:func:`coop.runtime.fallback.run_dynamic`);
 this module is the plan around it: the same face as a static plan (:class:`BasePlan`), the same
 write-back, and the same re-plan for another training context or another batch shape.
+
+On a static graph the online engine's decisions are the same every step, so the first step's are
+recorded as a schedule (the computes it executed, recomputations included), checked by the one
+validator within the budget, and replayed by the static executor from the second step on: later
+steps pay no host time for eviction decisions. A batch of other shapes is captured again and its
+plan records its own first step (``record=False`` keeps every step online).
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -17,7 +24,9 @@ from coop.graph_capture import Captured
 from coop.graph_capture.context import TrainingContext
 from coop.online.policies import EvictionPolicy
 from coop.planner.base import BasePlan, LossFn, batch_key
+from coop.runtime.executor import Executor, replay_graph
 from coop.runtime.fallback import DynamicStats, run_dynamic
+from coop.schedule import Schedule, validate
 
 
 class DynamicPlan(BasePlan):
@@ -26,16 +35,25 @@ class DynamicPlan(BasePlan):
     ``step(*batch)`` returns the loss, accumulates gradients into ``.grad`` as ``backward()``
     would and writes new buffer values (BatchNorm statistics) into the model. A batch of other
     shapes is captured again for it, with a warning, like another training context.
-    ``last_stats`` holds the last step's evictions, recomputations and arena measurements.
+    ``last_stats`` holds the last online step's evictions, recomputations and arena measurements.
+
+    With ``record`` (the default) the first step's decisions become :attr:`recorded`, an executor of
+    their schedule that runs every later step (:attr:`replayed_steps` counts them); a recorded schedule
+    that the validator refuses (a bug: the engine's soundness rules make it legal and within budget)
+    is not replayed, and the warning says why.
     """
 
     def __init__(self, captured: Captured, model: nn.Module, budget: int | str | float,  # noqa: PYI041
                  policy: str | EvictionPolicy = "coop", replay_random: bool = True, *, wrapper: nn.Module | None = None,
-                 loss_fn: LossFn | None = None) -> None:
+                 loss_fn: LossFn | None = None, record: bool = True) -> None:
         super().__init__(model, captured, parse_budget(budget, captured.graph), loss_fn=loss_fn, wrapper=wrapper)
         self.policy = policy
         self.replay_random = replay_random
+        self.record = record
         self.last_stats: DynamicStats | None = None
+        #: the static replay of the first step's recorded schedule (None before it, or without ``record``)
+        self.recorded: Executor | None = None
+        self.replayed_steps = 0
 
     @property
     def formulation(self) -> str:  # type: ignore[override]
@@ -51,11 +69,14 @@ class DynamicPlan(BasePlan):
         return None
 
     def summary(self) -> dict[str, Any]:
-        """Budget, baseline peak and the last step's eviction statistics."""
+        """Budget, baseline peak, the last online step's eviction statistics, and how many steps replayed its record."""
         stats = self.last_stats
         return {
             **super().summary(),
-            "last_step": None if stats is None else {k: v for k, v in vars(stats).items() if not k.startswith("_")},
+            "last_step": None if stats is None else {k: v for k, v in vars(stats).items()
+                                                     if not k.startswith("_") and k != "schedule"},
+            "recorded": self.recorded is not None,
+            "replayed_steps": self.replayed_steps,
         }
 
     def _change(self, current: TrainingContext, batch: tuple[torch.Tensor, ...]) -> str:
@@ -68,11 +89,26 @@ class DynamicPlan(BasePlan):
         return change
 
     def _run(self, batch: tuple[torch.Tensor, ...]) -> list[Any]:
+        if self.recorded is not None:
+            self.replayed_steps += 1
+            return self.recorded.run_flat(self.captured.flat_inputs(self.model, batch))
         outputs, self.last_stats = run_dynamic(self.captured, self.model, batch, self.budget, self.policy,
                                                 replay_random=self.replay_random)
+        if self.record and self.last_stats.schedule is not None:
+            self.recorded = self._recorded_executor(self.last_stats.schedule)
         return outputs
+
+    def _recorded_executor(self, schedule: Schedule) -> Executor | None:
+        """The static executor of the online step's schedule, once the validator accepts it within the budget."""
+        graph = replay_graph(self.captured, self.replay_random)
+        verdict = validate(graph, schedule, self.budget)
+        if not verdict.ok:
+            warnings.warn(f"the online step's recorded schedule is not replayed ({verdict.reason}); every step "
+                          f"runs the online engine", UserWarning, stacklevel=4)
+            return None
+        return Executor(self.captured, schedule, self.replay_random, simulation=verdict.simulation)
 
     def _replan(self, captured: Captured, change: str) -> tuple[BasePlan, str]:
         other = DynamicPlan(captured, self.model, self.budget, self.policy, self.replay_random, wrapper=self.wrapper,
-                            loss_fn=self.loss_fn)
+                            loss_fn=self.loss_fn, record=self.record)
         return other, f"online eviction ({self.policy_name} policy)"

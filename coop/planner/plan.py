@@ -221,52 +221,96 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
          alternatives: bool | None = None, exact: bool = False, copy_stream: bool = False) -> Plan | DynamicPlan:
     """Capture a training step, solve for a schedule within ``budget`` and return its replay.
 
-    ``formulation="auto"`` picks per graph (coop.formulations.auto: the baseline order when it
-    fits, Checkmate's MILP on small graphs, Moccasin's CP-SAT on large ones). A formulation that
-    returns no schedule within the budget falls back to the cheapest fitting baseline, and the
-    plan's ``note`` (and ``summary()["note"]``) says so. ``profile=True`` captures with the real step's
-    measured op times, storage sizes and each op's internal scratch (its workspace in the graph, which the
-    schedule then counts). On a step whose values all live on the CPU the ordinary replay leaves room for the
-    generator states it saves to replay recomputed random ops (:func:`coop.runtime.executor.saved_generator_bytes`),
-    and the planned step is run once on ``example_batch`` to measure what it holds (the caller-owned values plus
-    every allocation, kernels' scratch included: ``summary()["step_footprint"]``); where that exceeds the budget
-    (scratch a capture without ``profile`` does not know) it re-solves once with each op's scratch, measured on
-    that plan's own replay (no unplanned step), as its workspace, keeps the re-solved plan when its measured step
-    fits, and otherwise warns, naming the fix. With ``arena=True`` the budget is the size
-    of everything a step holds: every value the step computes gets an address in its device's arena
-    (coop.online.static_arena's packed execution placement), the plan replays inside those arenas
-    (coop.runtime.arena_replay: one buffer per device, allocated at the first step and reused; the loss is
-    copied into one of two slots after the arena, a new ``.grad`` is handed out where the step computed it), and
-    the budget must hold the step's whole footprint (``summary()["arena_footprint"]``): the caller-owned values
-    (parameters, buffers, batch; they stay in the caller's storages and are counted once), the buffers (arenas,
-    scratch, the loss's slots) and what a step allocates beside them (kernels' internal scratch such as oneDNN's
-    convolution reorders, measured by running the step once on ``example_batch`` at the current thread count,
-    :func:`coop.runtime.arena_replay.measure_outside`). The live-bytes budget of the solve is lowered by what
-    the footprint exceeds (bisecting where the solver finds nothing) until it fits; the note itemises it, and
-    ``plan.budget`` stays the budget asked for. The budget holds for a step after the caller released the
-    previous ``.grad`` values (``zero_grad()``); accumulated ``.grad`` values are the caller's own memory, as
-    in eager PyTorch. The arena replay runs CPU steps only: a step with values on an accelerator is refused in
-    one line (:func:`refuse_arena_off_cpu`).
-    ``captured`` reuses an earlier :func:`coop.capture` of this model and batch (several budgets,
-    one capture and one profile). ``device_profile`` (a name such as ``"a100-pcie4"``, a .toml path or a
-    :class:`coop.device_profiles.DeviceProfile`) prices paging for ``formulation="poet"`` and lets ``auto``
-    page to the device's slower tier when recomputation alone cannot reach the budget.
-
-    ``alternatives`` captures the operator implementations PyTorch offers (MONeT: ReLU/hardtanh
-    backward from a compact mask, in-place activations; coop.graph_capture.alternatives); by default
-    only for ``formulation="monet"``. ``summary()`` lists the implementations a plan uses and which
-    are inexact; ``exact=True`` removes inexact implementations before solving.
+    A formulation that returns no schedule within the budget falls back to the cheapest fitting baseline,
+    and the plan's ``note`` (and ``summary()["note"]``) says so. On a step whose values all live on the CPU the
+    ordinary replay leaves room for the generator states it saves to replay recomputed random ops
+    (:func:`coop.runtime.executor.saved_generator_bytes`), and the planned step is run once on ``example_batch``
+    to measure what it holds (the caller-owned values plus every allocation, kernels' scratch included:
+    ``summary()["step_footprint"]``); where that exceeds the budget (scratch a capture without ``profile`` does
+    not know) it re-solves once with each op's scratch, measured on that plan's own replay (no unplanned step), as
+    its workspace, keeps the re-solved plan when its measured step fits, and otherwise warns, naming the fix.
+    The budget holds for a step after the caller released the previous ``.grad`` values (``zero_grad()``);
+    accumulated ``.grad`` values are the caller's own memory, as in eager PyTorch. On CUDA the budget less the
+    caching allocator's page rounding (:func:`within_allocator_headroom`) is what the schedule's live bytes
+    must meet.
 
     The plan records the training context it was captured in (autocast, grad mode, devices,
     deterministic algorithms, train/eval; a ``captured`` without one is taken to be from the
     current context) and ``step`` honours it. A model wrapped in DistributedDataParallel is
     captured without the wrapper (``loss_fn`` receives the wrapped module) and its gradients are
-    synced by the wrapper's reducer; wrappers coop cannot honour (FSDP, DataParallel,
-    torch.compile) are refused with a CaptureError.
+    synced by the wrapper's reducer.
 
-    ``copy_stream=True`` (CUDA only, opt-in, not yet measured on a GPU) runs the plan's page-outs and
-    page-ins on a side stream overlapped with compute (coop.runtime.copy_stream); it is refused without
-    CUDA, with ``arena``, for ``formulation="dynamic"`` and for a plan that pages nothing.
+    Parameters
+    ----------
+    model : nn.Module
+        The model to train, possibly wrapped in DistributedDataParallel.
+    budget : str or float
+        The memory budget, in any form :func:`coop.budget.parse_budget` reads (bytes, a size string such as
+        ``"6GiB"``, or a fraction of the baseline peak such as ``"90%"``).
+    example_batch : Any
+        One batch: a tensor, or a tuple or list of tensors.
+    loss_fn : LossFn or None
+        ``loss_fn(model, *batch)`` returns the loss; None: ``model(*batch)`` does (see :func:`coop.capture`).
+    formulation : str
+        The solver: ``"auto"`` picks per graph (coop.formulations.auto: the baseline order when it fits,
+        Checkmate's MILP on small graphs, Moccasin's CP-SAT on large ones); ``"dynamic"`` returns a
+        :class:`DynamicPlan` (online eviction) instead of solving.
+    time_limit : float
+        Seconds the solver may take.
+    profile : bool
+        Capture with the real step's measured op times, storage sizes and each op's internal scratch (its
+        workspace in the graph, which the schedule then counts).
+    arena : bool
+        The budget is the size of everything a step holds: every value the step computes gets an address in
+        its device's arena (coop.online.static_arena's packed execution placement), the plan replays inside those
+        arenas (coop.runtime.arena_replay: one buffer per device, allocated at the first step and reused; the loss
+        is copied into one of two slots after the arena, a new ``.grad`` is handed out where the step computed
+        it), and the budget must hold the step's whole footprint (``summary()["arena_footprint"]``): the
+        caller-owned values (parameters, buffers, batch; they stay in the caller's storages and are counted
+        once), the buffers (arenas, scratch, the loss's slots) and what a step allocates beside them (kernels'
+        internal scratch such as oneDNN's convolution reorders, measured by running the step once on
+        ``example_batch`` at the current thread count, :func:`coop.runtime.arena_replay.measure_outside`). The
+        live-bytes budget of the solve is lowered by what the footprint exceeds (bisecting where the solver finds
+        nothing) until it fits; the note itemises it, and ``plan.budget`` stays the budget asked for. CPU steps
+        only (:func:`refuse_arena_off_cpu`).
+    captured : Captured or None
+        Reuses an earlier :func:`coop.capture` of this model and batch (several budgets, one capture and one
+        profile); None captures now.
+    device_profile : Any
+        A name such as ``"a100-pcie4"``, a .toml path or a :class:`coop.device_profiles.DeviceProfile`: prices
+        paging for ``formulation="poet"`` and lets ``auto`` page to the device's slower tier when recomputation
+        alone cannot reach the budget.
+    alternatives : bool or None
+        Capture the operator implementations PyTorch offers (MONeT: ReLU/hardtanh backward from a compact mask,
+        in-place activations; coop.graph_capture.alternatives); None: only for ``formulation="monet"``.
+        ``summary()`` lists the implementations a plan uses and which are inexact.
+    exact : bool
+        Remove inexact implementations before solving (:func:`exact_only`).
+    copy_stream : bool
+        Run the plan's page-outs and page-ins on a side stream overlapped with compute (coop.runtime.copy_stream;
+        CUDA only, opt-in, not yet measured on a GPU).
+
+    Returns
+    -------
+    Plan or DynamicPlan
+        The plan, ready to ``step``; a :class:`DynamicPlan` for ``formulation="dynamic"``.
+
+    Raises
+    ------
+    CoopError
+        When ``copy_stream`` is combined with ``arena`` or ``formulation="dynamic"``, or ``arena`` is asked for on a
+        step with values on an accelerator.
+    ContextError
+        When ``copy_stream`` is asked for without CUDA, or a value it pages was captured off CUDA.
+    ScheduleError
+        When ``copy_stream`` is asked for and the plan pages no computed value.
+    CaptureError
+        For a wrapper coop cannot honour (FSDP, DataParallel, torch.compile), or a step that cannot be captured.
+    BudgetError
+        For a budget that cannot be parsed, or that is below :func:`coop.budget.min_budget` (after the allocator's
+        page rounding on CUDA).
+    InfeasibleError
+        When no plan leaves room for the saved generator states, or (with ``arena``) no plan's footprint fits.
     """
     if copy_stream:
         require_cuda()
@@ -456,9 +500,28 @@ def _measure_ordinary_step(candidate: Plan, live_budget: int, *, flat: Callable[
 
 
 def within_allocator_headroom(budget_bytes: int, allocator: AllocatorAssumption, graph: Graph) -> int:
-    """The live-bytes budget a schedule must meet: the budget less the allocator's page rounding
-    (:mod:`coop.runtime.allocator`; 0 on CPU), or a one-line BudgetError naming the least budget that leaves
-    min_budget after it."""
+    """The live-bytes budget a schedule must meet: the budget less the allocator's page rounding.
+
+    Parameters
+    ----------
+    budget_bytes : int
+        The budget asked for, in bytes.
+    allocator : AllocatorAssumption
+        What :func:`coop.runtime.allocator.prepare_allocator` assumed; its ``headroom`` is 0 on CPU.
+    graph : Graph
+        The captured step (for :func:`coop.budget.min_budget` and the message's units).
+
+    Returns
+    -------
+    int
+        ``budget_bytes - allocator.headroom``.
+
+    Raises
+    ------
+    BudgetError
+        When the headroom leaves less than :func:`coop.budget.min_budget`, naming the least budget that leaves
+        ``min_budget`` after it.
+    """
     live = budget_bytes - allocator.headroom
     least = min_budget(graph)
     if allocator.headroom and live < least:
@@ -476,6 +539,20 @@ def refuse_arena_off_cpu(graph: Graph) -> None:
     it in. Measured on an H100 (torch 2.11): ResNet-50 allocated 1.16-1.30x the prediction at 1.33-1.58x eager
     step time, with 421-442 ops computed outside the arena, and GPT-2 crashed. There coop uses the ordinary
     replay, whose reserved bytes it bounds with the caching allocator's expandable segments.
+
+    Parameters
+    ----------
+    graph : Graph
+        The captured step; its ``devices`` are read.
+
+    Returns
+    -------
+    None
+
+    Raises
+    ------
+    CoopError
+        When a value of the step lives on a device other than the CPU.
     """
     accelerators = [d for d in graph.devices if d not in (None, "cpu")]
     if accelerators:
@@ -535,7 +612,18 @@ def _plan_within(model: nn.Module, captured: Captured, budget_bytes: int, *, for
 
 
 def exact_only(graph: Graph) -> Graph:
-    """``graph`` without its inexact implementations (``plan(..., exact=True)``): no formulation can choose them."""
+    """``graph`` without its inexact implementations (``plan(..., exact=True)``): no formulation can choose them.
+
+    Parameters
+    ----------
+    graph : Graph
+        A graph, possibly with operator implementations (MONeT).
+
+    Returns
+    -------
+    Graph
+        ``graph`` itself when every implementation is exact, else a copy whose nodes keep only the exact ones.
+    """
     if all(impl.exact for node in graph.nodes for impl in node.impls):
         return graph
     data = graph.model_dump()
@@ -545,7 +633,21 @@ def exact_only(graph: Graph) -> Graph:
 
 
 def implementations_used(graph: Graph, schedule: Schedule) -> dict[str, list[str]]:
-    """The implementations a schedule chooses (``node:impl``), and which of them are inexact (MONeT)."""
+    """The implementations a schedule chooses (``node:impl``), and which of them are inexact (MONeT).
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph the schedule is for.
+    schedule : Schedule
+        The schedule; its compute steps with an ``impl`` are read.
+
+    Returns
+    -------
+    dict of str to list of str
+        ``"implementations"``: each ``node:impl`` chosen, sorted; ``"inexact_implementations"``: those that are
+        inexact, with their tolerance.
+    """
     used = sorted({(s.node, s.impl) for s in schedule.steps if s.op == "compute" and s.impl is not None})
     named = [(f"{node}:{impl}", graph.node(node).implementation(impl)) for node, impl in used]
     return {"implementations": [name for name, _ in named],
@@ -553,7 +655,32 @@ def implementations_used(graph: Graph, schedule: Schedule) -> dict[str, list[str
 
 
 def load_plan(path: str | Path, model: nn.Module, loss_fn: LossFn | None = None) -> Plan:
-    """Rebuild a saved plan for ``model``; refused when the model's graph differs from the saved one."""
+    """Rebuild a saved plan for ``model``; refused when the model's graph differs from the saved one.
+
+    The step is captured again on a batch of zeros of the saved shapes (tracing runs on fake tensors, so the
+    graph is the same) and compared by its structure digest.
+
+    Parameters
+    ----------
+    path : str or Path
+        The plan file (written by ``Plan.save``).
+    model : nn.Module
+        The model the plan was made for, possibly wrapped in DistributedDataParallel.
+    loss_fn : LossFn or None
+        The loss function the plan was made with.
+
+    Returns
+    -------
+    Plan
+        The saved schedule, budget and formulation on a fresh capture of ``model``.
+
+    Raises
+    ------
+    CoopError
+        When the file cannot be read, is not a coop plan, or was made for a different model or batch shape.
+    ContextError
+        When the graph differs because the plan was captured in another training context (autocast, eval modules).
+    """
     try:
         document = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:

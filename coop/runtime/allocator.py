@@ -66,12 +66,37 @@ class AllocatorAssumption:
 
 
 def cuda_devices(graph: Graph) -> tuple[str, ...]:
-    """The CUDA devices the step's values live on (``Node.device``)."""
+    """The CUDA devices the step's values live on (``Node.device``).
+
+    Parameters
+    ----------
+    graph : Graph
+        The captured step; its ``devices`` are read.
+
+    Returns
+    -------
+    tuple of str
+        The graph's devices whose name starts with ``"cuda"`` (None devices left out), in ``graph.devices`` order.
+    """
     return tuple(device for device in graph.devices if device is not None and device.startswith("cuda"))
 
 
 def user_settings(environ: Mapping[str, str] | None = None) -> tuple[str, dict[str, str]]:
-    """The allocator configuration the user set (variable name, key -> value), lower-cased keys; ("", {}) if none."""
+    """The allocator configuration the user set, with lower-cased keys.
+
+    The variables of :data:`CONF_VARIABLES` are read in order, the newer name first: the first one set to a
+    non-blank value is parsed (``key:value,key:[a:b,c:d]``, brackets kept whole).
+
+    Parameters
+    ----------
+    environ : Mapping of str to str or None
+        The environment to read; None reads ``os.environ``.
+
+    Returns
+    -------
+    tuple of (str, dict of str to str)
+        The variable's name and its settings (key -> value); ``("", {})`` if none is set.
+    """
     environ = os.environ if environ is None else environ
     for variable in CONF_VARIABLES:
         text = environ.get(variable, "").strip()
@@ -111,7 +136,27 @@ def prepare_allocator(graph: Graph, *, streams: int = 1, environ: Mapping[str, s
                       set_settings: Callable[[str], None] = _set_allocator_settings) -> AllocatorAssumption:
     """Turn on expandable segments for a step with CUDA values unless the user configured them; say what was assumed.
 
-    ``streams``: the CUDA streams the replay allocates on (2 with the copy stream), each with its own pools.
+    A step without CUDA values gets "not applicable" with no headroom; a user's ``expandable_segments`` setting
+    (either way) or another backend is respected and reported, not overridden.
+
+    Parameters
+    ----------
+    graph : Graph
+        The captured step; its CUDA devices (:func:`cuda_devices`) decide whether anything applies.
+    streams : int
+        The CUDA streams the replay allocates on (2 with the copy stream), each with its own pools.
+    environ : Mapping of str to str or None
+        The environment the user's setting is read from (:func:`user_settings`); None reads ``os.environ``.
+    set_settings : callable
+        Applies an allocator setting string at run time; called with :data:`EXPANDABLE` only when coop turns
+        expandable segments on (injectable so that tests can check what would be set).
+
+    Returns
+    -------
+    AllocatorAssumption
+        What was assumed (on, off, or None where it does not apply), who chose it, the headroom in bytes kept free
+        of the budget (one large and one small page per CUDA device and stream, 0 unless expandable segments are
+        on), and a one-line note.
     """
     devices = cuda_devices(graph)
     if not devices:

@@ -168,15 +168,55 @@ def _constant_pad_into(out: torch.Tensor, x: torch.Tensor, pad: list[int], value
 
 
 def embedding_into(out: torch.Tensor, weight: torch.Tensor, indices: torch.Tensor, *_: Any) -> torch.Tensor:
-    """``embedding`` is ``weight.index_select(0, indices.reshape(-1)).view(...)``."""
+    """``embedding`` into ``out``: ``weight.index_select(0, indices.reshape(-1)).view(...)``.
+
+    Parameters
+    ----------
+    out : torch.Tensor
+        The output's arena view, of shape ``indices.shape + (weight.size(1),)``.
+    weight : torch.Tensor
+        The embedding table (rows by embedding size).
+    indices : torch.Tensor
+        The rows to look up, any shape.
+    *_ : Any
+        The op's remaining arguments (padding index, sparse flags), not needed for the forward.
+
+    Returns
+    -------
+    torch.Tensor
+        ``out``, holding the looked-up rows.
+    """
     aten.index_select.out(weight, 0, indices.reshape(-1), out=out.view(-1, weight.size(1)))
     return out
 
 
 def embedding_backward_into(out: torch.Tensor, grad: torch.Tensor, indices: torch.Tensor, num_weights: int,
                              padding_idx: int, scale_grad_by_freq: bool) -> torch.Tensor:
-    """``embedding_dense_backward`` on CPU: zeros, then each index's gradient row added in index order (what
-    ``index_add_`` does), the padding row left at zero."""
+    """``embedding_dense_backward`` on CPU, into ``out``.
+
+    Zeros, then each index's gradient row added in index order (what ``index_add_`` does), the padding row left
+    at zero.
+
+    Parameters
+    ----------
+    out : torch.Tensor
+        The weight gradient's arena view, ``num_weights`` rows.
+    grad : torch.Tensor
+        The gradient of the embedding's output.
+    indices : torch.Tensor
+        The indices the forward looked up.
+    num_weights : int
+        The number of rows of the table (unused: ``out`` has them).
+    padding_idx : int
+        The row whose gradient stays zero; negative for none.
+    scale_grad_by_freq : bool
+        The op's flag (unused by this kernel).
+
+    Returns
+    -------
+    torch.Tensor
+        ``out``, holding the weight gradient.
+    """
     out.zero_().index_add_(0, indices.reshape(-1), grad.reshape(-1, out.size(1)))
     if padding_idx >= 0:
         out[padding_idx].zero_()
@@ -186,7 +226,30 @@ def embedding_backward_into(out: torch.Tensor, grad: torch.Tensor, indices: torc
 def batch_norm_into(outs: tuple[torch.Tensor, ...], x: torch.Tensor, weight: Any, bias: Any,
                     running_mean: torch.Tensor, running_var: torch.Tensor, training: bool, momentum: float,
                     eps: float) -> tuple[torch.Tensor, ...]:
-    """``_native_batch_norm_legit_functional`` is its in-place form on copies of the running statistics."""
+    """``_native_batch_norm_legit_functional`` into ``outs``: its in-place form on copies of the running statistics.
+
+    Parameters
+    ----------
+    outs : tuple of torch.Tensor
+        The five output views: output, saved mean, saved inverse std, new running mean, new running variance.
+    x : torch.Tensor
+        The input.
+    weight, bias : torch.Tensor or None
+        The affine parameters.
+    running_mean, running_var : torch.Tensor
+        The running statistics, copied into the new-statistics views and updated there (left untouched).
+    training : bool
+        Whether batch statistics are used (and the running ones updated).
+    momentum : float
+        The running statistics' update factor.
+    eps : float
+        Added to the variance.
+
+    Returns
+    -------
+    tuple of torch.Tensor
+        ``outs``, filled.
+    """
     out, save_mean, save_invstd, new_mean, new_var = outs
     new_mean.copy_(running_mean)
     new_var.copy_(running_var)
@@ -197,8 +260,28 @@ def batch_norm_into(outs: tuple[torch.Tensor, ...], x: torch.Tensor, weight: Any
 
 def safe_softmax_into(out: torch.Tensor, row_max: torch.Tensor, masked: torch.Tensor, x: torch.Tensor,
                        dim: int) -> torch.Tensor:
-    """``_safe_softmax`` is softmax with rows that are all -inf set to 0; a row is all -inf exactly when its
-    maximum is -inf (a NaN propagates through both tests)."""
+    """``_safe_softmax`` into ``out``: softmax with rows that are all -inf set to 0.
+
+    A row is all -inf exactly when its maximum is -inf (a NaN propagates through both tests).
+
+    Parameters
+    ----------
+    out : torch.Tensor
+        The output's arena view.
+    row_max : torch.Tensor
+        Scratch for the maximum along ``dim`` (kept dimension).
+    masked : torch.Tensor
+        Bool scratch, True on the rows whose maximum is -inf.
+    x : torch.Tensor
+        The input.
+    dim : int
+        The softmax dimension.
+
+    Returns
+    -------
+    torch.Tensor
+        ``out``, the softmax with all -inf rows zeroed.
+    """
     aten._softmax.out(x, dim, False, out=out)
     aten.amax.out(x, [dim], True, out=row_max)
     aten.eq.Scalar_out(row_max, float("-inf"), out=masked)
@@ -311,14 +394,46 @@ COPIES_MADE: dict[int, list[tuple[str, int]]] = {}
 
 
 def forget_sites(sites: tuple[int, ...]) -> None:
+    """Drop what :data:`LEARNED` and :data:`COPIES_MADE` hold for ``sites``.
+
+    Called when the arena program that owns these call sites is collected.
+
+    Parameters
+    ----------
+    sites : tuple of int
+        Call-site ids (:func:`kernel_site`).
+
+    Returns
+    -------
+    None
+    """
     for site in sites:
         LEARNED.pop(site, None)
         COPIES_MADE.pop(site, None)
 
 
 def kernel_into(site: int, op: Any, views: tuple[torch.Tensor | None, ...], *args: Any, **kwargs: Any) -> Any:
-    """``op(*args, **kwargs)`` computed by its CPU kernel into ``views`` (:class:`KernelOutputs`) at call site
-    ``site``; an output the kernel put elsewhere is copied into its view."""
+    """``op(*args, **kwargs)`` computed by its CPU kernel into ``views`` (:class:`KernelOutputs`) at call site ``site``.
+
+    Which allocation is which output is learned at a site's first call (:data:`LEARNED`); an output the kernel
+    put elsewhere is copied into its view and recorded in :data:`COPIES_MADE`.
+
+    Parameters
+    ----------
+    site : int
+        The call site's id (:func:`kernel_site`).
+    op : Any
+        The aten op overload, redispatched to its CPU kernel.
+    views : tuple of (torch.Tensor or None)
+        One arena view per output; None for an output left where the kernel puts it.
+    *args, **kwargs : Any
+        The op's arguments.
+
+    Returns
+    -------
+    Any
+        The op's result (a tensor, or a tuple like the op's), each placed output being its view.
+    """
     mode = KernelOutputs(views, LEARNED.get(site))
     with mode:
         result = op.redispatch(_CPU_KERNEL, *args, **kwargs)
@@ -359,14 +474,42 @@ def _dense(view: torch.Tensor) -> bool:
 
 
 def view_extent(shape: Any, stride: Any, dtype: torch.dtype) -> int:
-    """Bytes from a view's first element to its last (what its storage must hold past its offset)."""
+    """Bytes from a view's first element to its last (what its storage must hold past its offset).
+
+    Parameters
+    ----------
+    shape : sequence of int
+        The view's shape.
+    stride : sequence of int
+        The view's strides, in elements.
+    dtype : torch.dtype
+        The element type.
+
+    Returns
+    -------
+    int
+        The extent in bytes; 0 for a view with no elements.
+    """
     if any(s == 0 for s in shape):
         return 0
     return dtype.itemsize * (1 + sum((s - 1) * st for s, st in zip(shape, stride, strict=True)))
 
 
 def same_device_copy(node: fx.Node, fake: torch.Tensor) -> bool:
-    """Whether a copy op's result is its same-shaped input on the same device (a plain ``view.copy_(input)``)."""
+    """Whether a copy op's result is its same-shaped input on the same device (a plain ``view.copy_(input)``).
+
+    Parameters
+    ----------
+    node : fx.Node
+        The copy op's node; its first argument's ``meta["val"]`` is the source.
+    fake : torch.Tensor
+        The op's (fake) result.
+
+    Returns
+    -------
+    bool
+        True when the source is a tensor on ``fake``'s device with its shape and ``fake`` is strided.
+    """
     source = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
     return (isinstance(source, torch.Tensor) and source.device == fake.device and fake.layout == torch.strided
             and source.shape == fake.shape)
@@ -378,7 +521,18 @@ def bernoulli_mask_op() -> Any:
 
 
 def tensor_leaves(value: Any) -> list[torch.Tensor]:
-    """The tensors of a value that is a tensor or a tuple/list of them (non-tensors left out)."""
+    """The tensors of a value that is a tensor or a tuple/list of them (non-tensors left out).
+
+    Parameters
+    ----------
+    value : Any
+        A tensor, a tuple or list, or anything else.
+
+    Returns
+    -------
+    list of torch.Tensor
+        ``[value]`` for a tensor, the tensor items of a tuple or list, else empty.
+    """
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, (tuple, list)):
@@ -387,7 +541,20 @@ def tensor_leaves(value: Any) -> list[torch.Tensor]:
 
 
 def into_views(computed: Any, views: tuple[torch.Tensor | None, ...]) -> Any:
-    """Copy a computed value (a tensor or a tuple) into its arena views; unplaced outputs stay as computed."""
+    """Copy a computed value (a tensor or a tuple) into its arena views; unplaced outputs stay as computed.
+
+    Parameters
+    ----------
+    computed : Any
+        A tensor, or a tuple of outputs.
+    views : tuple of (torch.Tensor or None)
+        One arena view per output; None leaves that output as computed.
+
+    Returns
+    -------
+    Any
+        The first view (for a tensor), or the tuple of views and unplaced outputs.
+    """
     if isinstance(computed, torch.Tensor):
         return views[0].copy_(computed)
     return tuple(c if v is None or c is None else v.copy_(c) for v, c in zip(views, computed, strict=True))

@@ -635,8 +635,7 @@ class ArenaProgramBuilder(ProgramBuilder):
 
 
 def measure_outside(program: ArenaProgram, run: Callable[[], Any]) -> int | None:
-    """Run one step (``run``: the executor's ``run_flat`` on the real example batch) and record in
-    ``program.outside_peak`` the most CPU bytes it held beside the buffers; None when it cannot be measured.
+    """Run one step and record the most CPU bytes it held beside the buffers in ``program.outside_peak``.
 
     What a step allocates outside its buffers cannot all be predicted from the graph: a kernel's internal
     scratch (oneDNN's convolution reorders its input and output through blocked-layout buffers of up to
@@ -648,8 +647,20 @@ def measure_outside(program: ArenaProgram, run: Callable[[], Any]) -> int | None
     model) under a forked CPU generator, so the plan's first real step draws what eager PyTorch draws; buffers
     it allocated are released again (the plan's first step allocates them), while what the call sites
     learned stays. Measured at ``torch.get_num_threads()`` threads (kept in ``program.outside_threads``):
-    oneDNN's backward scratch grows a little with the thread count. None (nothing recorded) while another
-    profiler is running.
+    oneDNN's backward scratch grows a little with the thread count.
+
+    Parameters
+    ----------
+    program : ArenaProgram
+        The arena program whose step is measured; its ``outside_peak`` and ``outside_threads`` are set.
+    run : callable
+        Runs one step: the executor's ``run_flat`` on the real example batch.
+
+    Returns
+    -------
+    int or None
+        The outside peak in bytes (also stored in ``program.outside_peak``); None (nothing recorded) while another
+        profiler is running.
     """
     fresh = not program.buffers
     peak = cpu_allocation_peak(run)

@@ -197,8 +197,32 @@ class CopyStream:
 
 def copy_stream_for(captured: Captured, schedule: Schedule, option: bool | StreamAPI | None,
                     arena: Any = None) -> CopyStream | None:
-    """The copy stream an Executor pages on for ``option`` (None: copies on the compute stream), or a one-line
-    refusal: no CUDA, a schedule without paging of a computed value, an arena replay, values captured off CUDA."""
+    """The copy stream an Executor pages on for ``option``, or a one-line refusal.
+
+    Parameters
+    ----------
+    captured : Captured
+        The captured step; its fx values tell where the paged values live.
+    schedule : Schedule
+        The schedule replayed; it must page (``page_out``/``page_in``) a computed value.
+    option : bool or StreamAPI or None
+        The executor's ``copy_stream``: False or None for copies on the compute stream, True for torch.cuda's
+        streams, or a :class:`StreamAPI` to use instead (then neither CUDA nor the values' devices are checked).
+    arena : Any
+        The executor's arena option; anything but None is refused with a copy stream.
+
+    Returns
+    -------
+    CopyStream or None
+        The copy stream, or None when ``option`` is False or None.
+
+    Raises
+    ------
+    ContextError
+        When ``option`` is True and torch sees no CUDA device, or a paged value was captured off CUDA.
+    ScheduleError
+        When the schedule pages no computed value, or an arena replay is asked for as well.
+    """
     if option is False or option is None:
         return None
     if option is True:

@@ -68,7 +68,20 @@ from coop.schedule import Schedule, Simulation, simulate, take_extras_promptly
 
 
 def replay_graph(captured: Captured, replay_random: bool = True) -> Graph:
-    """The Graph an executor's schedules are legal on: random draws recomputable when it replays them."""
+    """The Graph an executor's schedules are legal on: random draws recomputable when it replays them.
+
+    Parameters
+    ----------
+    captured : Captured
+        The captured step.
+    replay_random : bool
+        Whether the executor replays random draws from saved generator states.
+
+    Returns
+    -------
+    Graph
+        ``captured.graph.with_random_replay()`` with ``replay_random``, else ``captured.graph``.
+    """
     return captured.graph.with_random_replay() if replay_random else captured.graph
 
 
@@ -95,12 +108,24 @@ def build_program(captured: Captured, schedule: Schedule, replay_random: bool = 
 
 
 def saved_generator_bytes(graph: Graph, schedule: Schedule) -> int:
-    """The most bytes of saved generator states a replay of ``schedule`` holds at once, on a step whose values all
-    live on the CPU (0 on a step with an accelerator: the states are host memory there, outside its budget).
+    """The most bytes of saved generator states a replay of ``schedule`` holds at once, on a CPU-only step.
 
     Each random op the schedule recomputes keeps the CPU generator's state from its first draw
     (:mod:`coop.runtime.rng`); a replay swaps in one more while it runs. The simulator does not count them (they
     are not values of the graph); the planner keeps the schedule's live peak this much below the budget.
+
+    Parameters
+    ----------
+    graph : Graph
+        The step's graph.
+    schedule : Schedule
+        The schedule replayed on it.
+
+    Returns
+    -------
+    int
+        Bytes: (replayed random ops + 1) times the size of the CPU generator's state; 0 when the schedule replays no
+        draw or the step has an accelerator (the states are host memory there, outside its budget).
     """
     replayed = replayed_draws(graph, schedule)
     if graph.has_accelerator or not replayed:
@@ -270,8 +295,18 @@ class Executor:
 
 
 def arena_placement(executor: Executor) -> Any:
-    """The placement an arena replay of ``executor``'s schedule executes (aligned, packed), from the executor's
-    own simulation of it."""
+    """The placement an arena replay of ``executor``'s schedule executes (aligned, packed).
+
+    Parameters
+    ----------
+    executor : Executor
+        The executor; its graph, schedule and own simulation of the schedule are used.
+
+    Returns
+    -------
+    Any
+        The execution placement (:func:`execution_placement`) of the schedule.
+    """
     return execution_placement(executor.graph, executor.schedule, simulation=executor.simulation)
 
 
@@ -287,6 +322,16 @@ def bind_ops(module: fx.GraphModule) -> tuple[Any, str]:
     dispatcher: the same kernels, the same dispatch (modes included), bit for bit. Measured on CPU
     (benchmarks/bench_replay_host.py, zoo models, one thread): a step takes 0.83-0.94x the time of
     fx's own code and 0.37-0.59x that of ``fx.Interpreter``.
+
+    Parameters
+    ----------
+    module : fx.GraphModule
+        The captured program.
+
+    Returns
+    -------
+    tuple of (callable, str)
+        The compiled ``forward`` function (called with the module as ``self``) and its rewritten source.
     """
     python_code = module.graph.python_code(root_module="self")
     namespace = dict(python_code.globals)
@@ -322,8 +367,23 @@ def unwrap_model(model: nn.Module) -> tuple[nn.Module, Any]:
     """The module to capture and the DistributedDataParallel wrapper around it (None without one).
 
     A DDP-wrapped model is captured without its wrapper; :class:`GradientSync` then hands the
-    replayed gradients to the wrapper's own reducer. Wrappers whose semantics a replay of the
-    plain module cannot reproduce are refused with a CaptureError naming the wrapper and the fix.
+    replayed gradients to the wrapper's own reducer.
+
+    Parameters
+    ----------
+    model : nn.Module
+        The user's model, wrapped or not.
+
+    Returns
+    -------
+    tuple of (nn.Module, Any)
+        The plain module and its DDP wrapper, or ``(model, None)`` when it is not DDP-wrapped.
+
+    Raises
+    ------
+    CaptureError
+        For a wrapper whose semantics a replay of the plain module cannot reproduce, naming the wrapper and the fix
+        (among them DDP with the Python reducer, all all-reduces delayed, or ``mixed_precision``).
     """
     refusal = _refused_wrapper(model)
     if refusal:

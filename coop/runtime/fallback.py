@@ -39,7 +39,7 @@ from coop.online.online_sim import OnlineSimulator, OutOfMemory, Thrashing
 from coop.online.policies import EvictionPolicy, make_policy
 from coop.runtime.executor import recorded_program
 from coop.runtime.rng import RngState
-from coop.schedule import relative_overhead
+from coop.schedule import Schedule, relative_overhead
 
 
 @dataclass
@@ -56,6 +56,10 @@ class DynamicStats:
     search_s: float
     fragmentation: float
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the step's decisions as a static schedule: the computes it executed, in order (recomputations
+    #: included); legal on the graph with random draws replayable, and its simulated peak is at most the
+    #: arena's used bytes (coop.online.online_sim's soundness rules)
+    schedule: Schedule | None = field(default=None, repr=False)
 
 
 class DynamicStep(OnlineSimulator):
@@ -156,13 +160,39 @@ def run_dynamic(
     max_overhead: float = 10.0,
     replay_random: bool = True,
 ) -> tuple[list[Any], DynamicStats]:
-    """Run one captured step on real tensors within ``budget`` bytes; returns (flat outputs, stats).
+    """Run one captured step on real tensors within ``budget`` bytes with an online eviction policy.
 
     With ``replay_random`` (the default) random ops are evictable and recomputed by replaying
     their saved generator state; without it they stay resident until no recomputation needs them.
 
-    Raises BudgetError below :func:`coop.budget.min_budget` and InfeasibleError when the policy runs
-    out of evictable memory or thrashes past ``max_overhead``.
+    Parameters
+    ----------
+    captured : Captured
+        The captured step.
+    model : nn.Module
+        The model whose parameters and buffers are the step's inputs.
+    batch : tuple of torch.Tensor
+        The step's batch.
+    budget : int
+        The budget in bytes (graph units; parsed by :func:`coop.budget.parsed_budget`).
+    policy : str or EvictionPolicy
+        The eviction policy, by name (``"coop"`` by default) or as an object.
+    max_overhead : float
+        The recomputation overhead (relative to the step's baseline cost) past which the policy counts as thrashing.
+    replay_random : bool
+        Whether random ops are evictable and replayed from saved generator states.
+
+    Returns
+    -------
+    tuple of (list, DynamicStats)
+        The flat outputs and the run's stats (evictions, recomputations, overhead, peaks, search time).
+
+    Raises
+    ------
+    BudgetError
+        Below :func:`coop.budget.min_budget`.
+    InfeasibleError
+        When the policy runs out of evictable memory or thrashes past ``max_overhead``.
     """
     graph = captured.graph
     budget_bytes = parsed_budget(budget, "run_dynamic")
@@ -190,6 +220,7 @@ def run_dynamic(
         search_s=engine.search_s,
         fragmentation=arena.mean_failure_free_fraction,
         extra={"random_replays": engine.random_replays, "failures": len(arena.failures)},
+        schedule=Schedule.from_order(engine.executed),
     )
     engine.env.clear()
     engine.rng_states.clear()

@@ -55,11 +55,22 @@ def in_host_pool() -> bool:
 
 
 def cpu_allocation_peak(run: Callable[[], Any]) -> int | None:
-    """The most CPU bytes ``run`` held at once above what was allocated when it started, by the CPU
-    allocator's own reports to ``torch.profiler`` (``profile_memory=True``): every allocation and free with
-    its size, kernels' internal scratch included (oneDNN's convolution buffers), which a dispatch-level meter
-    such as :class:`MemoryMeter` cannot see. ``run`` runs under a forked CPU generator, so the caller's
-    random draws are untouched. None while another profiler is running (nothing is recorded then).
+    """The most CPU bytes ``run`` held at once above what was allocated when it started.
+
+    Read from the CPU allocator's own reports to ``torch.profiler`` (``profile_memory=True``): every allocation
+    and free with its size, kernels' internal scratch included (oneDNN's convolution buffers), which a
+    dispatch-level meter such as :class:`MemoryMeter` cannot see. ``run`` runs under a forked CPU generator, so the
+    caller's random draws are untouched.
+
+    Parameters
+    ----------
+    run : callable
+        Called once with no arguments.
+
+    Returns
+    -------
+    int or None
+        The peak in bytes; None while another profiler is running (``run`` is not called then).
     """
     from torch.profiler import ProfilerActivity, profile
 

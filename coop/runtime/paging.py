@@ -34,8 +34,21 @@ from coop.runtime.meter import host_pool
 
 
 def pin_host_copy(device: torch.device) -> bool:
-    """Whether a value paged out from ``device`` goes to pinned host memory: on CUDA, where a pinned buffer makes
-    the D2H and H2D copies asynchronous (``non_blocking``), and nowhere else (a CPU value pages to plain memory)."""
+    """Whether a value paged out from ``device`` goes to pinned host memory.
+
+    On CUDA, where a pinned buffer makes the D2H and H2D copies asynchronous (``non_blocking``), and nowhere else
+    (a CPU value pages to plain memory).
+
+    Parameters
+    ----------
+    device : torch.device
+        The device the value lives on.
+
+    Returns
+    -------
+    bool
+        True for a CUDA device.
+    """
     return device.type == "cuda"
 
 
@@ -63,9 +76,29 @@ class HostCopy:
 def page_out(value: torch.Tensor, *, pin: bool, non_blocking: bool, whole_storage: bool = True) -> HostCopy:
     """Copy ``value``'s whole storage to a host buffer (pinned when ``pin``), keeping what rebuilds it exactly.
 
-    ``whole_storage=False`` is for values that share one storage with others by design (the arena replay's
-    buffer): only the bytes from the value's first element to its last are copied, and the value comes back
-    at storage offset 0 of a storage of that size (its strides, dtype and device kept)."""
+    Parameters
+    ----------
+    value : torch.Tensor
+        The value to page out: strided, without a lazy conjugate or negative bit.
+    pin : bool
+        Whether the host buffer is pinned.
+    non_blocking : bool
+        Whether the copy to the host is asynchronous.
+    whole_storage : bool
+        False for values that share one storage with others by design (the arena replay's buffer): only the
+        bytes from the value's first element to its last are copied, and the value comes back at storage offset 0
+        of a storage of that size (its strides, dtype and device kept).
+
+    Returns
+    -------
+    HostCopy
+        The host bytes with the dtype, shape, stride, storage offset, device and pinning to rebuild the value.
+
+    Raises
+    ------
+    ValueError
+        For a tensor that is not strided, or has a lazy conjugate or negative bit.
+    """
     _check_pageable(value)
     if whole_storage:
         source, offset = _storage_bytes(value), value.storage_offset()
@@ -79,10 +112,30 @@ def page_out(value: torch.Tensor, *, pin: bool, non_blocking: bool, whole_storag
 
 
 def page_in(host: HostCopy, *, non_blocking: bool | None = None, into: torch.Tensor | None = None) -> torch.Tensor:
-    """The paged-out value back on ``host.device``: a new storage of the same bytes, viewed with the recorded
-    dtype, shape, stride and storage offset. With ``into`` (a tensor of the same dtype, shape and device, e.g. the
-    arena's block for it) the value is written there instead, and ``into`` is returned. ``non_blocking``: by
-    default where the host buffer is pinned."""
+    """The paged-out value back on ``host.device``.
+
+    A new storage of the same bytes, viewed with the recorded dtype, shape, stride and storage offset; or,
+    with ``into``, the value written there.
+
+    Parameters
+    ----------
+    host : HostCopy
+        The paged-out value (:func:`page_out`).
+    non_blocking : bool or None
+        Whether the copy back is asynchronous; None: where the host buffer is pinned.
+    into : torch.Tensor or None
+        A tensor of the same dtype, shape and device (e.g. the arena's block for it) to write the value into.
+
+    Returns
+    -------
+    torch.Tensor
+        The rebuilt value, or ``into`` holding it.
+
+    Raises
+    ------
+    ValueError
+        When ``into``'s dtype, shape or device differs from the paged-out value's.
+    """
     non_blocking = host.pinned if non_blocking is None else non_blocking
     if into is not None:
         return _page_into(host, into, non_blocking)

@@ -66,7 +66,18 @@ def _set_generator_state(device: torch.device, state: torch.Tensor) -> None:
 
 
 def output_device(fx_node: fx.Node) -> torch.device:
-    """The device of an fx node's (first) output: where its random op draws."""
+    """The device of an fx node's (first) output: where its random op draws.
+
+    Parameters
+    ----------
+    fx_node : fx.Node
+        The random op's node; its ``meta["val"]`` is read.
+
+    Returns
+    -------
+    torch.device
+        The device of its (first) output tensor; CPU when it has no tensor value.
+    """
     value = fx_node.meta.get("val")
     first = value[0] if isinstance(value, (tuple, list)) else value
     return first.device if isinstance(first, torch.Tensor) else torch.device("cpu")
@@ -74,12 +85,34 @@ def output_device(fx_node: fx.Node) -> torch.device:
 
 # ---------------------------------------------------------------- in a generated replay program
 def save_generator_state(device: str) -> RngState:
-    """The state of ``device``'s default generator now (called right before a random op's first draw)."""
+    """The state of ``device``'s default generator now (called right before a random op's first draw).
+
+    Parameters
+    ----------
+    device : str
+        The device whose default generator is read.
+
+    Returns
+    -------
+    RngState
+        The device and a copy of its generator's state.
+    """
     return RngState.save(device)
 
 
 def swap_generator_state(saved: RngState) -> torch.Tensor:
-    """Set the generator to ``saved`` and return the state it had (for :func:`restore_generator_state`)."""
+    """Set the generator to ``saved`` and return the state it had (for :func:`restore_generator_state`).
+
+    Parameters
+    ----------
+    saved : RngState
+        The state to set, on its device's default generator.
+
+    Returns
+    -------
+    torch.Tensor
+        The generator's state before the swap.
+    """
     current = _generator_state(saved.device)
     _set_generator_state(saved.device, saved.state)
     return current
@@ -89,6 +122,20 @@ def restore_generator_state(previous: torch.Tensor, saved: RngState, value: obje
     """Put the generator back to ``previous`` once ``value`` (the replayed draw) exists; returns ``value``.
 
     Taking ``value`` as an argument orders this call after the replayed op in a generated program.
+
+    Parameters
+    ----------
+    previous : torch.Tensor
+        The state to restore (from :func:`swap_generator_state`).
+    saved : RngState
+        The saved state that was swapped in; names the device whose generator is restored.
+    value : object
+        The replayed draw.
+
+    Returns
+    -------
+    object
+        ``value``, unchanged.
     """
     _set_generator_state(saved.device, previous)
     return value
