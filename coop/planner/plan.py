@@ -41,6 +41,7 @@ from coop.runtime.executor import (
     saved_generator_bytes,
     unwrap_model,
 )
+from coop.runtime.graph_replay import GraphAPI, GraphReplay, require_cuda_graph
 from coop.runtime.meter import cpu_allocation_peak
 from coop.runtime.program_builder import SOURCE_NODE
 from coop.schedule import Schedule, Simulation, Step, simulate, validate
@@ -70,6 +71,15 @@ class Plan(BasePlan):
         self.note = note
         self.executor = Executor(captured, schedule, simulation=simulation)
         self.simulation: Simulation = self.executor.simulation
+        #: the CUDA-graph replay of the executor's program (:meth:`use_cuda_graph`); None: the ordinary replay
+        self.graph_replay: GraphReplay | None = None
+
+    def use_cuda_graph(self, api: GraphAPI | None = None) -> None:
+        """Replay the plan's program as one CUDA graph, captured at the first step (coop.runtime.graph_replay;
+        opt-in, not yet measured on a GPU). ``api`` replaces torch.cuda's graphs (a test's fake); without it a
+        step with no CUDA value is refused in one line. Call it after :meth:`use_copy_stream` / :meth:`use_arena`
+        (which it does not combine with): it wraps the executor the plan has now."""
+        self.graph_replay = GraphReplay(self.executor, api)
 
     def use_copy_stream(self) -> None:
         """Page on a side CUDA stream (coop.runtime.copy_stream; opt-in, not yet measured on a GPU)."""
@@ -125,6 +135,7 @@ class Plan(BasePlan):
             "arena_peak": self.arena_peak,
             "arena_footprint": self.arena_footprint,
             "step_footprint": self.step_footprint,
+            "cuda_graph": self.graph_replay.status if self.graph_replay is not None else "off",
             **implementations_used(self.graph, self.schedule),
         }
 
@@ -142,7 +153,8 @@ class Plan(BasePlan):
         return super()._step_here(batch)
 
     def _run(self, batch: tuple[torch.Tensor, ...]) -> list[Any]:
-        return self.executor.run_flat(self.captured.flat_inputs(self.model, batch))
+        replay = self.graph_replay if self.graph_replay is not None else self.executor
+        return replay.run_flat(self.captured.flat_inputs(self.model, batch))
 
     def _replan(self, captured: Captured, change: str) -> tuple[BasePlan, str]:
         """The cheapest baseline schedule that fits (no solver time inside a training loop) with room for the
@@ -218,7 +230,8 @@ class Plan(BasePlan):
 def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: LossFn | None = None,
          formulation: str = "auto", time_limit: float = 60, profile: bool = False,
          arena: bool = False, captured: Captured | None = None, device_profile: Any = None,
-         alternatives: bool | None = None, exact: bool = False, copy_stream: bool = False) -> Plan | DynamicPlan:
+         alternatives: bool | None = None, exact: bool = False, copy_stream: bool = False,
+         cuda_graph: bool = False) -> Plan | DynamicPlan:
     """Capture a training step, solve for a schedule within ``budget`` and return its replay.
 
     A formulation that returns no schedule within the budget falls back to the cheapest fitting baseline,
@@ -289,6 +302,14 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
     copy_stream : bool
         Run the plan's page-outs and page-ins on a side stream overlapped with compute (coop.runtime.copy_stream;
         CUDA only, opt-in, not yet measured on a GPU).
+    cuda_graph : bool
+        Replay the plan's program as one CUDA graph captured at the first step (coop.runtime.graph_replay): the
+        batch copied into static buffers, loss and gradients delivered as eager delivers them; a schedule that
+        recomputes random draws or pages, or a step whose capture fails (a CPU sync such as ``.item()``, a
+        data-dependent shape), falls back to the ordinary replay with one warning naming the op, and
+        ``summary()["cuda_graph"]`` says which runs. CUDA steps only. Default False for now: issue 23 wants it the
+        default on CUDA once the GPU acceptance rows (benchmarks/bench_cuda.py, ``cuda-graph``) prove it
+        bit-identical to eager and within the reserved-bytes rule; that proof is not in yet.
 
     Returns
     -------
@@ -299,7 +320,8 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
     ------
     CoopError
         When ``copy_stream`` is combined with ``arena`` or ``formulation="dynamic"``, or ``arena`` is asked for on a
-        step with values on an accelerator.
+        step with values on an accelerator; when ``cuda_graph`` is asked for on a step with no CUDA value (CUDA
+        graphs replay CUDA kernels only), or with ``arena``, ``copy_stream`` or ``formulation="dynamic"``.
     ContextError
         When ``copy_stream`` is asked for without CUDA, or a value it pages was captured off CUDA.
     ScheduleError
@@ -325,10 +347,12 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
     if captured.context is None:
         captured.context = TrainingContext.current(module, batch)
     graph = captured.graph
+    if cuda_graph:
+        _refuse_cuda_graph(graph, arena=arena, copy_stream=copy_stream, dynamic=formulation == "dynamic")
     budget_bytes = parse_budget(budget, graph)
     if arena:
         refuse_arena_off_cpu(graph)
-    allocator = prepare_allocator(graph, streams=2 if copy_stream else 1)
+    allocator = prepare_allocator(graph, streams=2 if copy_stream or cuda_graph else 1)  # a graph: its private pool
     live_bytes = within_allocator_headroom(budget_bytes, allocator, graph)
     if formulation == "dynamic":
         dynamic = DynamicPlan(captured, module, live_bytes, policy="coop", wrapper=wrapper, loss_fn=loss_fn)
@@ -355,8 +379,18 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
                           "it), or lower the budget by the excess", stacklevel=2)
     if copy_stream:
         chosen.use_copy_stream()
+    if cuda_graph:
+        chosen.use_cuda_graph()
     chosen.allocator = allocator
     return chosen
+
+
+def _refuse_cuda_graph(graph: Graph, *, arena: bool, copy_stream: bool, dynamic: bool) -> None:
+    """Refuse ``cuda_graph=True`` in one line before solving: a step with no CUDA value, or a combination."""
+    require_cuda_graph(graph)
+    other = "arena=True" if arena else "copy_stream=True" if copy_stream else "formulation=dynamic" if dynamic else ""
+    if other:
+        raise CoopError(f"cuda_graph=True does not combine with {other} yet; drop one of them")
 
 
 #: Re-solves at most to make room for the saved generator states (their count changes with the schedule).
