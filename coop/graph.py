@@ -753,9 +753,9 @@ def _jsonable(value: Any) -> Any:
 def derived_from_graph(function: Callable[..., Derived]) -> Callable[..., Derived]:
     """Decorator: ``function(graph, *args, **kwargs)`` runs once per (immutable) graph and arguments.
 
-    The cache lives on the graph (so it goes with it) and is keyed by the decorated function itself
-    and its arguments, so two layers can never read each other's entries by a shared name. The
-    arguments must be hashable.
+    The cache lives on the graph (so it goes with it) and is keyed by the decorated function's full
+    name (module and qualified name: two layers can never read each other's entries, and a graph
+    holding derived values still pickles) and its arguments, which must be hashable.
 
     Parameters
     ----------
@@ -771,6 +771,7 @@ def derived_from_graph(function: Callable[..., Derived]) -> Callable[..., Derive
 
     signature = inspect.signature(function)
     takes_arguments = len(signature.parameters) > 1
+    name = f"{function.__module__}.{function.__qualname__}"  # a string: a graph with values stays picklable
 
     @functools.wraps(function)
     def cached(graph: Graph, *args: Any, **kwargs: Any) -> Derived:
@@ -778,9 +779,9 @@ def derived_from_graph(function: Callable[..., Derived]) -> Callable[..., Derive
         if takes_arguments:  # one key however the arguments are spelled (positional, keyword, defaulted)
             bound = signature.bind(graph, *args, **kwargs)
             bound.apply_defaults()
-            key: tuple[Any, ...] = (function, *list(bound.arguments.items())[1:])
+            key: tuple[Any, ...] = (name, *list(bound.arguments.items())[1:])
         else:
-            key = (function,)
+            key = (name,)
         if key not in cache:
             cache[key] = function(graph, *args, **kwargs)
         return cache[key]

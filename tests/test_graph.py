@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from coop.budget import baseline_peak
+from coop.budget import baseline_peak, min_budget
 from coop.errors import GraphError
 from coop.graph import GRAPH_VERSION, Graph, derived_from_graph
 from coop.graph_files import graph_from_dict, load_graph
@@ -285,3 +286,12 @@ def test_a_value_derived_from_a_graph_is_computed_once_however_its_arguments_are
     assert calls == [("x", 1), ("y", 2)]
     other = Graph.model_validate({"name": "h", "nodes": [{"id": 0, "name": "a", "mem": 1, "cost": 1}]})
     assert counted(other) == "x" and len(calls) == 3  # each graph has its own values
+
+
+def test_a_graph_holding_derived_values_still_pickles() -> None:
+    graph = Graph.model_validate({"name": "g", "nodes": [
+        {"id": 0, "name": "x", "kind": "input", "mem": 10, "cost": 0, "recomputable": False},
+        {"id": 1, "name": "f", "inputs": [0], "mem": 10, "cost": 1}], "outputs": [1]})
+    peak, least = baseline_peak(graph), min_budget(graph)
+    again = pickle.loads(pickle.dumps(graph))
+    assert again == graph and (baseline_peak(again), min_budget(again)) == (peak, least) == (20, 20)

@@ -80,9 +80,26 @@ def test_a_budget_below_min_budget_is_answered_by_the_one_entry_check(name: str)
     assert result.message == below_min_budget(39, graph), name
 
 
-@pytest.mark.parametrize("name", ["checkmate", "checkmate-lp", "moccasin"])
-def test_where_store_all_fits_a_recomputation_only_solver_returns_it_as_optimal(name: str) -> None:
+def test_where_store_all_fits_moccasin_returns_it_as_optimal_without_a_model() -> None:
+    """The entry check's shortcut (moccasin's; Checkmate's MILP proves the same optimum with its own bound)."""
     graph = chain()
-    result = solve(graph, 10**6, name, time_limit=5, threads=1)
-    assert result.status == "optimal" and result.schedule == Schedule.from_order(graph.order), name
-    assert result.simulation.cost == graph.baseline_cost == 4
+    result = solve(graph, 10**6, "moccasin", time_limit=5, threads=1)
+    assert result.status == "optimal" and result.schedule == Schedule.from_order(graph.order)
+    assert result.simulation.cost == graph.baseline_cost == 4 and "store-all fits the budget" in result.message
+
+
+def test_a_cost_limit_below_the_baseline_cost_excludes_store_all_even_where_it_fits() -> None:
+    """The chain's baseline computes 4 ops of cost 1: under a cost limit of 3.5 nothing fits, however roomy."""
+    result = solve(chain(), 10**6, "checkmate", time_limit=5, threads=1, cost_limit=3.5)
+    assert result.status == "infeasible" and result.schedule is None
+
+
+@pytest.mark.parametrize(("name", "bad"), [("moccasin", {"max_intervals": 0}), ("moccasin", {"order": "backwards"}),
+                                           ("monet", {"model": "bogus"}), ("monet", {"order": "backwards"}),
+                                           ("poet", {"objective": "bogus"}), ("poet", {"remat": False, "paging": False}),
+                                           ("checkmate", {"max_nodes": 2})])
+@pytest.mark.parametrize("budget", [39, 10**6])  # below min_budget (40) and above the baseline peak
+def test_a_bad_option_is_refused_at_every_budget(name: str, bad: dict, budget: int) -> None:
+    with pytest.raises(CoopError) as caught:
+        solve(chain(), budget, name, time_limit=5, threads=1, **bad)
+    assert "\n" not in str(caught.value)

@@ -100,7 +100,12 @@ def _stages_for_retention(problem: StageProblem, keep: Any) -> tuple[list[list[i
 
 
 # -------------------------------------------------------------------- entry points
-@formulation("checkmate", store_all_is_optimal=True)
+def _check_size(*, graph: Graph, max_nodes: int, **_: Any) -> None:
+    """The option check of both Checkmate entry points (run first, at every budget)."""
+    _refuse_too_large(graph, max_nodes)
+
+
+@formulation("checkmate", check_options=_check_size)
 def checkmate(
     graph: Graph,
     budget: int,
@@ -160,7 +165,6 @@ def checkmate(
     Jain et al., "Checkmate: Breaking the Memory Wall with Optimal Tensor Rematerialization",
     MLSys 2020, section 4 (the model: :func:`coop.formulations.stage_model.build_stage_model`).
     """
-    _refuse_too_large(graph, max_nodes)
     if memory_levels is None and solver.lower().replace("_", "-") in ("cp-sat", "cpsat"):
         memory_levels = CP_SAT_MEMORY_LEVELS
     started = time.perf_counter()
@@ -189,7 +193,7 @@ def _limit_cost(model: LinearModel, problem: StageProblem, variables: StageVaria
     model.add_row(list(model.objective), "<=", extra)
 
 
-@formulation("checkmate-lp", store_all_is_optimal=True)
+@formulation("checkmate-lp", check_options=_check_size)
 def checkmate_lp(
     graph: Graph,
     budget: int,
@@ -241,7 +245,6 @@ def checkmate_lp(
     MLSys 2020, section 5 (two-phase LP rounding).
     """
     started = time.perf_counter()
-    _refuse_too_large(graph, max_nodes)
     deadline = started + time_limit  # building the model and rounding count against the limit too
     rng = random.Random(seed)
     lower_bound: float | None = None

@@ -92,7 +92,7 @@ from coop.formulations.slot_feasibility import (
     space_words,
 )
 from coop.formulations.slot_problem import SlotProblem, sufficient_horizon, sufficient_intervals
-from coop.formulations.solving_order import solving_graph
+from coop.formulations.solving_order import check_order, solving_graph
 from coop.formulations.warm_start import best_warm_start
 from coop.graph import Graph
 from coop.schedule import Schedule, Simulation, simulate
@@ -355,7 +355,14 @@ class _Round:
     wall_s: float = 0.0
 
 
-@formulation(FORMULATION, store_all_is_optimal=True)
+def _check_moccasin_options(*, max_intervals: int, order: str, **_: Any) -> None:
+    """Moccasin's option checks, run first at every budget (one CoopError line each)."""
+    if max_intervals < 1:
+        raise CoopError(f"max_intervals={max_intervals} must be at least 1 (the paper's C)")
+    check_order(order)
+
+
+@formulation(FORMULATION, store_all_is_optimal=True, check_options=_check_moccasin_options)
 def moccasin(
     graph: Graph,
     budget: int,
@@ -446,8 +453,6 @@ def moccasin(
     Networks", ICML 2023.
     """
     clock = ProgressClock(progress)
-    if max_intervals < 1:
-        raise CoopError(f"max_intervals={max_intervals} must be at least 1 (the paper's C)")
     graph, order = solving_graph(graph, order)
     if budget >= baseline_peak(graph):
         # Store-all fits, and no schedule costs less than computing every node once.

@@ -80,7 +80,7 @@ from coop.formulations.monet_intervals import monet_intervals, monet_warm_starts
 from coop.formulations.monet_warm import order_with_optional
 from coop.formulations.progress import ProgressCallback
 from coop.formulations.result import SolveResult
-from coop.formulations.solving_order import solving_graph
+from coop.formulations.solving_order import check_order, solving_graph
 from coop.formulations.stage_model import (
     Entry,
     Linear,
@@ -368,7 +368,14 @@ def _schedule(problem: _Problem, variables: _Variables, values: list[float]) -> 
 
 
 # -------------------------------------------------------------------- entry point
-@formulation("monet")
+def _check_monet_options(*, model: str, order: str, **_: Any) -> None:
+    """MONeT's option checks, run first at every budget (one CoopError line each)."""
+    if model not in ("auto", "stage", "intervals"):
+        raise CoopError(f"monet model {model!r} is unknown: choose auto, stage or intervals")
+    check_order(order)
+
+
+@formulation("monet", check_options=_check_monet_options)
 def monet(
     graph: Graph,
     budget: int,
@@ -429,8 +436,6 @@ def monet(
     """
     del captured  # implementations and their costs come from the graph
     started = time.perf_counter()
-    if model not in ("auto", "stage", "intervals"):
-        raise CoopError(f"monet model {model!r} is unknown: choose auto, stage or intervals")
     graph, order = solving_graph(graph, order)
     positions = len(stage_order(graph))
     if model == "intervals" or not recompute or (model == "auto" and positions > max_nodes):

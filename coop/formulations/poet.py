@@ -66,6 +66,7 @@ from coop.formulations.poet_setting import (
     SchedulePrice,
     at_least_baseline,
     best_fallback,
+    check_poet_options,
     node_price,
     poet_setting,
     price_schedule,
@@ -180,7 +181,7 @@ def _row(model: LinearModel, terms: list[tuple[Entry, float]], sense: str, rhs: 
 
 
 # -------------------------------------------------------------------- entry point
-@formulation("poet")
+@formulation("poet", check_options=check_poet_options)
 def poet(
     graph: Graph,
     budget: int,
@@ -209,8 +210,8 @@ def poet(
     objective). ``solver``: a :mod:`~coop.formulations.milp_backends` name (cbc, highs, scip, ...).
     ``max_nodes``: the largest graph the T x T model is built for (see the module docstring).
     ``captured`` is accepted (the common options) and unused. The result's ``objective`` and
-    ``bound`` are in the objective's unit; ``extra`` holds the schedule's price (energy, time,
-    page-ins and -outs, paged bytes).
+    ``bound`` are in the objective's unit; ``price`` is the schedule's price (energy, time,
+    page-ins and -outs, paged bytes; ``extra`` splits it into compute and paging).
 
     Parameters
     ----------

@@ -67,6 +67,7 @@ from coop.formulations.poet_setting import (
     PoetError,
     at_least_baseline,
     best_fallback,
+    check_poet_options,
     node_price,
     poet_setting,
     priced_result,
@@ -372,7 +373,14 @@ def solution_spans(solver: cp_model.CpSolver, built: _Model) -> dict[int, list[S
 
 
 # ==================================================================== solving
-@formulation("poet")
+def _check_interval_options(*, max_intervals: int, **arguments: Any) -> None:
+    """poet's option checks and Moccasin's C, run first at every budget."""
+    check_poet_options(**arguments)
+    if isinstance(max_intervals, bool) or not isinstance(max_intervals, int) or max_intervals < 1:
+        raise PoetError(f"max_intervals={max_intervals!r} must be an integer >= 1 (Moccasin's C)")
+
+
+@formulation("poet", check_options=_check_interval_options)
 def poet_intervals(
     graph: Graph,
     budget: int,
@@ -439,8 +447,6 @@ def poet_intervals(
     started = time.perf_counter()
     setting = poet_setting(graph, budget, objective=objective, device_profile=device_profile,
                            runtime_budget=runtime_budget, remat=remat, paging=paging)
-    if isinstance(max_intervals, bool) or not isinstance(max_intervals, int) or max_intervals < 1:
-        raise PoetError(f"max_intervals={max_intervals!r} must be an integer >= 1 (Moccasin's C)")
     fallback = best_fallback(setting, hint, time_limit) if warm_start else None
     return solve_intervals(setting, fallback, why="the interval model was asked for", started=started,
                            time_limit=time_limit, threads=threads, progress=progress, max_intervals=max_intervals)

@@ -215,6 +215,24 @@ def poet_setting(graph: Graph, budget: int, *, objective: str, device_profile: s
     return PoetSetting(graph, budget, objective, profile, runtime_budget, remat, paging)  # type: ignore[arg-type]
 
 
+def check_poet_options(*, graph: Graph, budget: int, objective: str, device_profile: str | DeviceProfile | None,
+                       runtime_budget: float | None, remat: bool, paging: bool, **_: Any) -> None:
+    """poet's option checks, run first at every budget by its entry check (:func:`poet_setting`'s errors).
+
+    Parameters
+    ----------
+    graph, budget, objective, device_profile, runtime_budget, remat, paging:
+        As :func:`poet_setting` takes them; other arguments of the call are ignored.
+
+    Raises
+    ------
+    PoetError
+        For a bad objective, runtime budget or pair of moves.
+    """
+    poet_setting(graph, budget, objective=objective, device_profile=device_profile, runtime_budget=runtime_budget,
+                 remat=remat, paging=paging)
+
+
 def best_fallback(setting: PoetSetting, hint: Any, time_limit: float) -> tuple[str, Schedule] | None:
     """The cheapest admitted warm start on the objective.
 
@@ -311,7 +329,7 @@ def at_least_baseline(setting: PoetSetting, bound: float | None) -> float:
 
 def priced_result(setting: PoetSetting, schedule: Schedule, status: Any, bound: float | None, wall: float,
                   message: str, extra: dict[str, Any]) -> SolveResult:
-    """poet's result for a schedule: simulated, priced on the profile, its price in ``extra``.
+    """poet's result for a schedule: simulated, priced on the profile, its price in ``price``.
 
     Parameters
     ----------

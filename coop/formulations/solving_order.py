@@ -98,7 +98,23 @@ def _readers(graph: Graph) -> dict[int, set[int]]:
 ORDER_CHOICES = ("auto", "captured", "deferred")
 
 
-@derived_from_graph
+def check_order(order: object) -> None:
+    """Refuse, in one line, an ``order`` option that is not one of :data:`ORDER_CHOICES`.
+
+    Parameters
+    ----------
+    order : object
+        The option as given.
+
+    Raises
+    ------
+    CoopError
+        When ``order`` is not one of :data:`ORDER_CHOICES`.
+    """
+    if not isinstance(order, str) or order not in ORDER_CHOICES:
+        raise CoopError(f"order {order!r} is unknown: choose {', '.join(ORDER_CHOICES)}")
+
+
 def solving_graph(graph: Graph, order: str = "auto") -> tuple[Graph, str]:
     """The graph a solver should work on and the order's name.
 
@@ -123,8 +139,13 @@ def solving_graph(graph: Graph, order: str = "auto") -> tuple[Graph, str]:
     CoopError
         When ``order`` is not one of :data:`ORDER_CHOICES`.
     """
-    if order not in ORDER_CHOICES:
-        raise CoopError(f"order {order!r} is unknown: choose {', '.join(ORDER_CHOICES)}")
+    check_order(order)
+    return _solving_graph(graph, order)
+
+
+@derived_from_graph
+def _solving_graph(graph: Graph, order: str) -> tuple[Graph, str]:
+    """:func:`solving_graph` of a checked ``order``, computed once per graph and order."""
     if order == "captured":
         return graph, "captured"
     if order == "deferred":
@@ -150,4 +171,4 @@ def _in_order(graph: Graph, order: tuple[int, ...]) -> Graph:
     return Graph.model_validate(graph.model_dump() | {"order": order})
 
 
-__all__ = ["MIN_PEAK_GAIN", "ORDER_CHOICES", "deferred_order", "solving_graph"]
+__all__ = ["MIN_PEAK_GAIN", "ORDER_CHOICES", "check_order", "deferred_order", "solving_graph"]

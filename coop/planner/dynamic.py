@@ -54,6 +54,7 @@ class DynamicPlan(BasePlan):
         #: the static replay of the first step's recorded schedule (None before it, or without ``record``)
         self.recorded: Executor | None = None
         self.replayed_steps = 0
+        self._record_refused = False  # the validator refused the record once: every step stays online
 
     @property
     def formulation(self) -> str:  # type: ignore[override]
@@ -94,8 +95,9 @@ class DynamicPlan(BasePlan):
             return self.recorded.run_flat(self.captured.flat_inputs(self.model, batch))
         outputs, self.last_stats = run_dynamic(self.captured, self.model, batch, self.budget, self.policy,
                                                 replay_random=self.replay_random)
-        if self.record and self.last_stats.schedule is not None:
+        if self.record and not self._record_refused and self.last_stats.schedule is not None:
             self.recorded = self._recorded_executor(self.last_stats.schedule)
+            self._record_refused = self.recorded is None
         return outputs
 
     def _recorded_executor(self, schedule: Schedule) -> Executor | None:

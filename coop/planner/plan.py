@@ -173,6 +173,8 @@ class Plan(BasePlan):
             dynamic = DynamicPlan(captured, self.model, self.budget, policy="coop", wrapper=self.wrapper,
                                   loss_fn=self.loss_fn)
             return dynamic, "online eviction (coop policy)"
+        if self.graph_replay is not None:  # the re-plan replays as this one did: one CUDA graph per plan
+            other.use_cuda_graph(self.graph_replay.api)
         return other, f"the {other.formulation} schedule"
 
     def _batch_mismatch(self, batch: tuple[torch.Tensor, ...]) -> str:
