@@ -128,8 +128,9 @@ def test_the_command_line_prints_the_table_and_writes_json(tmp_path: Path, capsy
     assert code == 0, printed
     assert "selftest/error" in printed and "gpt2/cuda-graph/store-all" in printed and "acceptance: PASS" in printed
     written = json.loads(out.read_text())
-    assert [row["case"] for row in written["rows"]] == ["gpt2/cuda-graph/store-all", "resnet/cuda-graph/0.5",
-                                                          "selftest/error"]
+    assert [row["case"] for row in written["rows"]] == [
+        *(f"{family}/cuda-graph/{budget}" for family in ("gpt2", "resnet") for budget in ("store-all", 0.7, 0.5)),
+        "selftest/error"]
 
 
 def test_case_selection() -> None:
