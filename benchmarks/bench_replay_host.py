@@ -10,7 +10,10 @@ and the dispatcher, not kernels), the store-all schedule of the captured step re
 * ``bound``: the replay the executor runs (:func:`coop.runtime.executor.bind_ops`: fx's code with
   each op bound once as a global to its C++ callable);
 * ``arena``: the bound replay inside one arena at the planned offsets (:mod:`coop.runtime.arena_replay`);
-* ``eager``: ``loss.backward()`` on the model (autograd's own engine; no program, for reference).
+* ``eager``: ``loss.backward()`` on the model (autograd's own engine; no program, for reference);
+* ``plan_step``: a whole ``Plan.step`` of the same schedule (the training-context check, the flat inputs, the
+  bound replay, the write-back of gradients and buffers), so that ``step_host_us`` (``plan_step`` minus
+  ``bound``) is the host work a step does besides running its program (issue 23, item 2: what to lower).
 
 Times are medians over ``ROUNDS`` interleaved rounds of the best of 3 calls (ms per step, µs per node of
 the ordinary program; the arena program has more nodes: its views).
@@ -32,7 +35,8 @@ from typing import Any
 import torch
 from torch import fx
 
-from coop import capture
+from coop import Plan, capture
+from coop.budget import baseline_peak
 from coop.online.static_arena import execution_placement
 from coop.runtime.executor import Executor, recorded_program
 from coop.runtime.meter import MemoryMeter
@@ -89,12 +93,19 @@ def measure(name: str, rounds: int) -> dict[str, Any]:
                 return fn()
         return run
 
+    plan = Plan(model, captured, ordinary.schedule, baseline_peak(captured.graph), "store-all", loss_fn=loss_fn)
+
+    def plan_step() -> None:
+        plan.step(*batch)
+        model.zero_grad(set_to_none=True)
+
     forms = {
         "interpreted": in_program(lambda: fx.Interpreter(ordinary.module).run(*flat)),
         "fx_code": in_program(lambda: ordinary.module(*flat)),
         "bound": lambda: ordinary.run_flat(flat),
         "arena": lambda: arena.run_flat(flat),
         "eager": eager,
+        "plan_step": plan_step,
     }
     row: dict[str, Any] = {"model": name, "nodes": nodes}
     totals: dict[str, list[float]] = {form: [] for form in forms}
@@ -104,11 +115,12 @@ def measure(name: str, rounds: int) -> dict[str, Any]:
     for form in forms:
         ms = statistics.median(totals[form])
         row[f"{form}_ms"] = round(ms, 3)
-        if form != "eager":
+        if form not in ("eager", "plan_step"):
             row[f"{form}_us_per_node"] = round(ms * 1e3 / nodes, 2)
     row["bound_vs_interpreted"] = round(row["bound_ms"] / row["interpreted_ms"], 3)
     row["bound_vs_fx_code"] = round(row["bound_ms"] / row["fx_code_ms"], 3)
     row["arena_vs_bound"] = round(row["arena_ms"] / row["bound_ms"], 3)
+    row["step_host_us"] = round((row["plan_step_ms"] - row["bound_ms"]) * 1e3, 1)
     tracked = [*flat, *captured.constants()]
     row["allocs_eager"] = _allocations(eager, tracked)
     row["allocs_replay"] = _allocations(lambda: ordinary.run_flat(flat), tracked)
