@@ -39,9 +39,10 @@ class TrainingContext:
         """The context a step of ``model`` on ``batch`` would run in right now."""
         autocast = tuple((device, str(torch.get_autocast_dtype(device)).removeprefix("torch."))
                          for device in AUTOCAST_DEVICES if torch.is_autocast_enabled(device))
-        tensors = [*model.parameters(), *model.buffers(), *(t for t in batch if isinstance(t, torch.Tensor))]
+        named = [*model.named_parameters(), *model.named_buffers()]  # one walk of the module tree for both uses
+        tensors = [*(t for _, t in named), *(t for t in batch if isinstance(t, torch.Tensor))]
         state = tuple((name, tuple(t.shape), str(t.dtype).removeprefix("torch."), t.requires_grad)
-                      for name, t in [*model.named_parameters(), *model.named_buffers()])
+                      for name, t in named)
         return cls(
             autocast=autocast,
             grad_enabled=torch.is_grad_enabled() and not torch.is_inference_mode_enabled(),
