@@ -78,15 +78,16 @@ class Captured:
         """The fx nodes of the flat outputs (None for a constant output): loss, gradients, buffers."""
         return output_nodes(self.module.graph)
 
-    def write_back(self, model: nn.Module, outputs: Sequence[Any], release: GradientRelease | None = None) -> Any:
+    def write_back(self, model: nn.Module, outputs: Sequence[Any], release: GradientRelease | None = None,
+                   state: Mapping[str, torch.Tensor] | None = None) -> Any:
         """The one write-back of a replayed step into ``model``; returns the loss.
 
         New buffer values (BatchNorm statistics) are copied in once. Gradients add to ``.grad``
         as ``loss.backward()`` would, so micro-batches accumulate; with ``release`` (a DDP
-        reducer) they are handed to it instead, which accumulates and all-reduces them.
+        reducer) they are handed to it instead, which accumulates and all-reduces them. ``state`` is
+        :meth:`model_state` of ``model`` when the caller already has it (one walk of the module tree per step).
         """
-        params = dict(model.named_parameters())
-        buffers = dict(model.named_buffers())
+        params = buffers = state if state is not None else self.model_state(model)
         with torch.no_grad():
             for name, value in zip(self.buffer_names, outputs[self.buffer_slice], strict=True):
                 if value is not buffers[name]:
@@ -105,10 +106,16 @@ class Captured:
         return outputs[self.loss_index]
 
     # ---------------------------------------------------------------- flat inputs
-    def flat_inputs(self, model: nn.Module, batch: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
-        """The module's flat inputs for this model's current tensors and a batch."""
-        state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
-        return flat_values(self.placeholders, state, batch)
+    def flat_inputs(self, model: nn.Module, batch: tuple[torch.Tensor, ...],
+                    state: Mapping[str, torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """The module's flat inputs for this model's current tensors (``state``: :meth:`model_state`, when the
+        caller already has it) and a batch."""
+        return flat_values(self.placeholders, state if state is not None else self.model_state(model), batch)
+
+    @staticmethod
+    def model_state(model: nn.Module) -> dict[str, torch.Tensor]:
+        """The model's parameters and buffers by name (their names never collide), in one walk of its modules."""
+        return {**dict(model.named_parameters()), **dict(model.named_buffers())}
 
     def constants(self) -> list[torch.Tensor]:
         """Constant tensors of the traced module (caller-owned ``buffer`` nodes named ``constant:*``)."""

@@ -119,11 +119,13 @@ class BasePlan(ABC):
         if self.sync is not None:
             batch = self.sync.before_step(batch)
         release = self.sync.release if self.sync is not None else None
-        return self.captured.write_back(self.model, self._run(batch), release)
+        state = self.captured.model_state(self.model)  # one walk of the module tree serves the step
+        return self.captured.write_back(self.model, self._run(batch, state), release, state)
 
     @abstractmethod
-    def _run(self, batch: tuple[torch.Tensor, ...]) -> list[Any]:
-        """The step's flat outputs (loss, gradients, new buffers) on this batch."""
+    def _run(self, batch: tuple[torch.Tensor, ...], state: dict[str, torch.Tensor]) -> list[Any]:
+        """The step's flat outputs (loss, gradients, new buffers) on this batch; ``state``: the model's tensors by
+        name (:meth:`Captured.model_state`)."""
 
     @abstractmethod
     def _replan(self, captured: Captured, change: str) -> tuple[BasePlan, str]:

@@ -89,10 +89,10 @@ class DynamicPlan(BasePlan):
             change = "; ".join(filter(None, [change, f"the batch has shapes {shapes}, the plan was made for {planned}"]))
         return change
 
-    def _run(self, batch: tuple[torch.Tensor, ...]) -> list[Any]:
+    def _run(self, batch: tuple[torch.Tensor, ...], state: dict[str, torch.Tensor]) -> list[Any]:
         if self.recorded is not None:
             self.replayed_steps += 1
-            return self.recorded.run_flat(self.captured.flat_inputs(self.model, batch))
+            return self.recorded.run_flat(self.captured.flat_inputs(self.model, batch, state))
         outputs, self.last_stats = run_dynamic(self.captured, self.model, batch, self.budget, self.policy,
                                                 replay_random=self.replay_random)
         if self.record and not self._record_refused and self.last_stats.schedule is not None:

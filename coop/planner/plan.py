@@ -152,9 +152,9 @@ class Plan(BasePlan):
             return self._dynamic_fallback(batch, mismatch).step(*batch)
         return super()._step_here(batch)
 
-    def _run(self, batch: tuple[torch.Tensor, ...]) -> list[Any]:
+    def _run(self, batch: tuple[torch.Tensor, ...], state: dict[str, torch.Tensor]) -> list[Any]:
         replay = self.graph_replay if self.graph_replay is not None else self.executor
-        return replay.run_flat(self.captured.flat_inputs(self.model, batch))
+        return replay.run_flat(self.captured.flat_inputs(self.model, batch, state))
 
     def _replan(self, captured: Captured, change: str) -> tuple[BasePlan, str]:
         """The cheapest baseline schedule that fits (no solver time inside a training loop) with room for the
