@@ -646,6 +646,9 @@ def run_case(case: Case, spec: dict[str, Any], row: dict[str, Any], progress: Ca
     row["grads_equal"], difference = _equal_to_eager(plan, model, eager, batch, loss_fn, progress)
     if difference:
         row["note"] = f"{difference}; {row['note']}" if row["note"] else difference
+    if case.mode == "cuda-graph":  # captured, or fell back (the probe of saved generator states, a refused op)
+        status = f"cuda_graph: {plan.summary()['cuda_graph']}"
+        row["note"] = f"{status}; {row['note']}" if row["note"] else status
 
 
 def _loss(model: torch.nn.Module, batch: tuple, loss_fn: Callable | None) -> torch.Tensor:

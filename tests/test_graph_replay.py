@@ -6,12 +6,21 @@ No GPU runs here, and this torch cannot make a ``torch.cuda.CUDAGraph``. :class:
 - ``capture`` runs the warm-ups, then runs the program once while recording, and refuses, with the error text
   torch.cuda gives, what a real capture refuses: a device-to-host sync (``aten._local_scalar_dense``:
   ``.item()``), an op whose output shape depends on the data (``aten.nonzero``, ``masked_select``, ``unique``:
-  they read the size back to the host), reading or setting the generator's state, and a CPU device (the CPU
-  stands for ``cuda:0`` only where a test says so, as in tests/test_copy_stream.py). As a real capture, it does
-  not advance the generator (draws inside a graph advance only the graph's own offset);
+  they read the size back to the host), and a CPU device (the CPU stands for ``cuda:0`` only where a test says
+  so, as in tests/test_copy_stream.py). As a real capture, it does not advance the generator (draws inside a
+  graph advance only the graph's own offset);
 - ``replay`` runs the program again and copies its results into the tensors the capture returned, so the graph's
   outputs are overwritten in place by every replay, as a real graph's are, and it reads the inputs captured (a
   parameter replaced since the capture is not seen, as a real graph reads the old address).
+
+What reading or setting the generator's state inside a capture means differs between torch builds, so the fake
+has one mode for each behaviour coop must survive (``generator_in_capture``):
+
+- ``"refused"``: the state calls raise ``assertNotCapturing``'s error, as older builds do;
+- ``"graph-local"``: they are accepted but do not reach the graph's draws (the state read is the host's, frozen
+  during capture; a state set is dropped), so every draw of a replay takes the next philox offset and the
+  replay leaves the generator past all of them: a "recomputed" draw draws new numbers;
+- ``"honoured"``: they act as they do eagerly (what one H100 run with torch 2.11 observed for coop's GPT-2 step).
 
 The tests compare with eager PyTorch on twin models (the same seed, the same generator state), bit for bit.
 """
@@ -34,7 +43,7 @@ from coop.errors import CoopError
 from coop.formulations import solve
 from coop.planner.plan import Plan
 from coop.runtime.executor import Executor, replay_graph
-from coop.runtime.graph_replay import GraphReplay, capture_refusal
+from coop.runtime.graph_replay import GraphReplay, capture_refusal, generator_states_in_graphs
 from coop.zoo import build
 
 _CPU = torch.device("cpu")
@@ -85,6 +94,23 @@ def generator_state_refused() -> Any:
         torch.get_rng_state, torch.set_rng_state = get, set_
 
 
+@contextlib.contextmanager
+def generator_state_dropped() -> Any:
+    """Inside capture and replay in ``"graph-local"`` mode: a state read gives the state frozen at the start, a set
+    is dropped, so draws go on taking the next offsets of the generator (the graph's own counter)."""
+    get, set_ = torch.get_rng_state, torch.set_rng_state
+    frozen = get()
+    torch.get_rng_state, torch.set_rng_state = (lambda: frozen.clone()), (lambda _state: None)
+    try:
+        yield
+    finally:
+        torch.get_rng_state, torch.set_rng_state = get, set_
+
+
+#: The fake's behaviours for generator-state calls inside a capture (module docstring).
+GENERATOR_MODES = ("refused", "graph-local", "honoured")
+
+
 @dataclass(eq=False)
 class FakeGraph:
     program: Callable[[], list[Any]] | None = None
@@ -97,7 +123,16 @@ class RecordingGraphs:
     """A :class:`GraphAPI` on CPU tensors (see the module docstring); ``log`` records each call."""
 
     stand_in: torch.device | None = _CPU
+    generator_in_capture: str = "refused"
     log: list[str] = field(default_factory=list)
+
+    def _state_calls(self) -> Any:
+        if self.generator_in_capture == "refused":
+            return generator_state_refused()
+        if self.generator_in_capture == "graph-local":
+            return generator_state_dropped()
+        assert self.generator_in_capture == "honoured", self.generator_in_capture
+        return contextlib.nullcontext()
 
     def new_graph(self) -> FakeGraph:
         self.log.append("graph")
@@ -116,7 +151,7 @@ class RecordingGraphs:
         self.log.append("capture")
         state = torch.default_generator.get_state()  # a capture draws inside the graph only
         try:
-            with generator_state_refused(), RefuseIllegalInCapture():
+            with self._state_calls(), RefuseIllegalInCapture():
                 outputs = program()
         finally:
             torch.default_generator.set_state(state)
@@ -126,7 +161,10 @@ class RecordingGraphs:
     def replay(self, graph: FakeGraph) -> None:
         self.log.append("replay")
         assert graph.program is not None, "replay of a graph never captured"
-        for static, fresh in zip(graph.outputs, graph.program(), strict=True):
+        replay_calls = generator_state_dropped() if self.generator_in_capture == "graph-local" else contextlib.nullcontext()
+        with replay_calls:
+            fresh_outputs = graph.program()
+        for static, fresh in zip(graph.outputs, fresh_outputs, strict=True):
             if isinstance(static, torch.Tensor):
                 static.copy_(fresh)
 
@@ -322,19 +360,83 @@ def test_a_host_value_read_falls_back_once_naming_the_op() -> None:
                                                    "_local_scalar_dense")
 
 
-def test_a_schedule_replaying_random_draws_is_refused_before_capture() -> None:
-    """checkpoint-all recomputes the dropout masks from saved generator states, which capture cannot read or set:
-    refused before any capture, with one warning naming the random op, and bit-identical to eager."""
+#: What the probe logs on the fake before the step's own capture, per mode: its graph, one warm-up, its capture
+#: (which raises where state calls are refused), and its replays (the first already differs where they are dropped).
+PROBE_LOG = {"refused": ["graph", "warmup", "capture"],
+             "graph-local": ["graph", "warmup", "capture", "replay"],
+             "honoured": ["graph", "warmup", "capture", "replay", "replay"]}
+
+
+@pytest.mark.parametrize(("mode", "found"), [
+    ("refused", "capturing a saved-state draw raised RuntimeError: "
+                + GENERATOR_IN_CAPTURE.format("get_offset")),
+    ("graph-local", "a probe graph's first replay drew other numbers than the same program run eagerly")])
+def test_replayed_draws_are_refused_where_the_probe_finds_graphs_do_not_replay_saved_states(
+        mode: str, found: str) -> None:
+    """checkpoint-all recomputes the dropout masks from saved generator states. Where this torch's graphs refuse the
+    state calls, or accept them without reaching the graph's draws, the probe says so: the step is refused before
+    its own capture, with one warning naming the random op and the probe's finding, and stays bit-identical to
+    eager on the ordinary replay."""
     model, eager, batch, loss_fn = _twins("transformer")
-    api = RecordingGraphs()
+    api = RecordingGraphs(generator_in_capture=mode)
     plan = _plan(model, batch, loss_fn, api, baseline="checkpoint-all")
-    why = capture_refusal(plan.executor)
-    assert why.startswith("the schedule recomputes random op ") and "bernoulli_mask" in why
+    why = capture_refusal(plan.executor, draws_in_graphs=found)
+    assert why.startswith("the schedule recomputes random op ") and "bernoulli_mask" in why and found in why
+    assert "no probe" in capture_refusal(plan.executor)  # unprobed: refused, never assumed
     with pytest.warns(UserWarning) as caught:
         _assert_same_training(plan, model, eager, _batches(batch, 6), loss_fn)
     messages = [str(w.message) for w in caught if "cuda_graph" in str(w.message)]
     assert messages == [f"cuda_graph: {why}; running the ordinary replay instead"]
-    assert "capture" not in api.log and "warmup" not in api.log
+    assert api.log == PROBE_LOG[mode]  # the probe only: the step itself was never captured
+
+
+def test_replayed_draws_are_captured_where_graphs_replay_saved_states() -> None:
+    """Where the state calls act inside a graph as they do eagerly, the probe passes and checkpoint-all's recomputed
+    dropout masks are captured with the step: one capture, a replay per micro-batch, bit-identical to eager."""
+    model, eager, batch, loss_fn = _twins("transformer")
+    api = RecordingGraphs(generator_in_capture="honoured")
+    plan = _plan(model, batch, loss_fn, api, baseline="checkpoint-all")
+    assert capture_refusal(plan.executor, draws_in_graphs="") == ""
+    _assert_same_training(plan, model, eager, _batches(batch, 6), loss_fn)
+    assert api.log[:len(PROBE_LOG["honoured"])] == PROBE_LOG["honoured"]
+    assert api.log[len(PROBE_LOG["honoured"]):] == ["graph", *["warmup"] * 3, "capture", *["replay"] * 6]
+    assert plan.summary()["cuda_graph"] == "captured"
+
+
+@pytest.mark.parametrize("mode", GENERATOR_MODES)
+def test_the_probe_leaves_the_generator_as_it_found_it(mode: str) -> None:
+    """Eager draws after the probe are the draws eager makes without it, whatever the probe found."""
+    torch.manual_seed(21)
+    expected = torch.rand(5)
+    torch.manual_seed(21)
+    found = generator_states_in_graphs(RecordingGraphs(generator_in_capture=mode), _CPU)
+    assert (found == "") == (mode == "honoured"), found
+    assert torch.equal(torch.rand(5), expected)
+
+
+def test_the_graph_local_fake_draws_a_recomputation_anew() -> None:
+    """The ``graph-local`` fake's own semantics, against eager arithmetic on the generator: inside its graph a state
+    set is dropped, so the second draw is the generator's next numbers, and a replay advances it past both."""
+    api = RecordingGraphs(generator_in_capture="graph-local")
+
+    def program() -> list[Any]:
+        state = torch.get_rng_state()
+        first = torch.rand(4)
+        torch.set_rng_state(state)
+        return [first, torch.rand(4)]
+
+    graph = api.new_graph()
+    outputs = api.capture(graph, program, api.new_pool(), _CPU, warmup=0)
+    torch.manual_seed(8)
+    api.replay(graph)
+    torch.manual_seed(8)
+    sequential = torch.rand(8)
+    assert torch.equal(outputs[0], sequential[:4]) and torch.equal(outputs[1], sequential[4:])
+    torch.manual_seed(8)
+    api.replay(graph)
+    after = torch.rand(2)  # the replay left the generator past both draws
+    torch.manual_seed(8)
+    assert torch.equal(after, torch.rand(10)[8:])
 
 
 def test_without_the_pre_check_the_fake_capture_refuses_the_generator_state() -> None:
@@ -344,7 +446,7 @@ def test_without_the_pre_check_the_fake_capture_refuses_the_generator_state() ->
     captured = capture(model, batch, loss_fn)
     executor = Executor(captured, solve(replay_graph(captured), 10**12, "checkpoint-all").schedule)
     replay = GraphReplay(executor, RecordingGraphs())
-    replay._refusal = ""
+    replay._replays_draws = False
     with pytest.warns(UserWarning, match=r"failed at node save_generator_state.*Cannot call "
                                          r"CUDAGeneratorImpl::get_offset during CUDA graph capture"):
         replay.run_flat(captured.flat_inputs(model, batch))

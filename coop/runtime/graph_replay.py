@@ -36,21 +36,27 @@ handled here:
 - the warm-up runs draw eagerly and advance the generator: :class:`GraphReplay` saves the state of every
   generator the program draws from before the warm-up and sets it back after the capture (legal outside
   capture), so the first replay draws what the first eager step draws;
-- a schedule that recomputes a random op replays it from a saved generator state (:mod:`coop.runtime.rng`):
-  ``get_rng_state``/``set_rng_state`` are illegal inside capture (``Cannot call CUDAGeneratorImpl::... during
-  CUDA graph capture``), and a state saved on the host at capture would be stale at every replay anyway. Such a
-  schedule is refused before capture (:func:`capture_refusal`) and runs the ordinary replay, with the one
-  fallback warning naming the op. How the two could meet later: a recomputed draw needs only the seed and the
-  offset its first draw used; inside a graph both are known relative to the graph's own base (the seed and
-  offset tensors the replay prologue fills, plus the intra-graph offset of the first draw), so a recomputation
-  could be captured as the same kernel with its philox offset pinned to that of the first draw (a generator
-  registered with the graph whose offset is set, at capture, to the first draw's intra-graph offset: torch's
-  ``graphsafe_set_state`` on a generator ``register_generator_state``'d with the graph) instead of a host
-  save/restore. That is not built: it needs a GPU to prove bit-identity.
+- a schedule that recomputes a random op replays it from a saved generator state (:mod:`coop.runtime.rng`:
+  read the state before the first draw, set it before the recomputation, set the later state back after it).
+  Whether those host-side state calls mean inside a graph what they mean eagerly depends on the torch build:
+  older ones refuse them during capture (``Cannot call CUDAGeneratorImpl::... during CUDA graph capture``);
+  where they are accepted, a captured draw may still take its philox offset from the graph's own counter, so
+  that a "recomputed" draw would draw new numbers and the replay would advance the generator past eager's.
+  One run on a lent H100 (torch 2.11) found GPT-2's recomputed dropout equal to eager's. coop does not assume
+  either: before capturing such a schedule it captures a probe graph (:func:`generator_states_in_graphs`:
+  draw, set the saved state, draw again, set the later state back, draw once more) through the same
+  :class:`GraphAPI` and the same state functions the replay program calls, replays it twice and compares it
+  with the same program run eagerly: every draw and the generator's state after each replay. Where they
+  agree the schedule is captured; where they do not (or the capture raises) it is refused before capture
+  (:func:`capture_refusal`) and runs the ordinary replay, with the one fallback warning naming the op and
+  what the probe found. The probe draws ``torch.rand`` on the step's device only (no kernel on made-up data)
+  and leaves the generator as it found it. A graph-safe alternative, where the probe fails: a recomputation
+  captured as the same kernel with its philox offset pinned to that of the first draw (a generator
+  ``register_generator_state``'d with the graph and ``graphsafe_set_state`` at capture); not built.
 
 **Fallback.** Where a capture is impossible (the API raises during capture: a CPU sync such as ``.item()`` or
 ``.cpu()``, a data-dependent shape such as ``nonzero``, a host value read) or refused before it (replayed
-random draws; a schedule that pages, whose host copies and pinned host buffers are not yet proven inside a
+random draws where the probe failed; a schedule that pages, whose host copies and pinned host buffers are not yet proven inside a
 graph), the step runs the ordinary replay and keeps running it, with ONE warning naming the op: the capture
 runs the program through :class:`NodeTracker`, which records the fx node being run when capture failed. The
 generator states saved before the warm-up are set back, so the fallback draws what eager draws.
@@ -76,7 +82,13 @@ from coop.graph_capture.captured import batch_positions
 from coop.graph_capture.trace import is_random
 from coop.runtime.executor import Executor, recorded_program
 from coop.runtime.program_builder import SOURCE_NODE, replayed_draws
-from coop.runtime.rng import RngState, output_device, swap_generator_state
+from coop.runtime.rng import (
+    RngState,
+    output_device,
+    restore_generator_state,
+    save_generator_state,
+    swap_generator_state,
+)
 
 #: Warm-up runs on a side stream before the capture (the torch documentation's "a few"; DDP needs 11, coop's
 #: program has no autograd or reducer, so the docs' example count is kept).
@@ -160,33 +172,101 @@ def require_cuda_graph(graph: Graph) -> torch.device:
     return torch.device(cuda[0])
 
 
-def capture_refusal(executor: Executor) -> str:
+def capture_refusal(executor: Executor, draws_in_graphs: str | None = None) -> str:
     """Why ``executor``'s program cannot be captured as it is ('' when it can be tried), naming the op.
 
     Parameters
     ----------
     executor : Executor
         The ordinary replay to capture.
+    draws_in_graphs : str or None
+        What :func:`generator_states_in_graphs` found on the capturing API: '' where a draw replayed from a
+        saved generator state inside a graph equals eager's, else why not; None where it was not probed (a
+        schedule with replayed draws is then refused).
 
     Returns
     -------
     str
         '' where capture may be tried; otherwise the reason, naming the first random op the schedule recomputes
-        from a saved generator state, or the first value it pages to the host.
+        from a saved generator state (where the probe failed or did not run), or the first value it pages to
+        the host.
     """
     captured = executor.captured
     replayed = sorted(replayed_draws(executor.graph, executor.schedule))
-    if replayed:
+    if replayed and draws_in_graphs != "":
         name = _op_of(executor, replayed[0])
         more = f" (and {len(replayed) - 1} more)" if len(replayed) > 1 else ""
-        return (f"the schedule recomputes random op {name}{more} from a saved generator state, and "
-                "get_rng_state/set_rng_state cannot run inside CUDA-graph capture")
+        why = draws_in_graphs if draws_in_graphs is not None else "no probe of this torch's CUDA graphs ran"
+        return (f"the schedule recomputes random op {name}{more} from a saved generator state, and a saved state "
+                f"is not replayed inside this torch's CUDA graphs ({why})")
     paged = [s.node for s in executor.schedule.steps
              if s.op == "page_out" and not captured.graph.node(s.node).caller_owned]
     if paged:
         return (f"the schedule pages {_op_of(executor, paged[0])} to the host, and host copies into pinned buffers "
                 "are not yet proven inside a CUDA graph")
     return ""
+
+
+#: Elements of each probe draw (:func:`generator_states_in_graphs`): several philox rounds, still one tiny kernel.
+PROBE_DRAW = 1024
+
+
+def generator_states_in_graphs(api: GraphAPI, device: torch.device) -> str:
+    """Whether a draw replayed from a saved generator state inside a captured graph draws what eager draws.
+
+    Captures, through ``api``, a probe program that calls the very state functions a replay program calls
+    (:mod:`coop.runtime.rng`): save the state, draw, set the saved state, draw again (the "recomputation"),
+    set the later state back, draw once more. The program is run eagerly from a fixed generator state, then
+    captured, and the graph replayed twice from the same states; every draw and the generator's state after
+    each replay must equal the eager run's. The generator is left as it was found.
+
+    Parameters
+    ----------
+    api : GraphAPI
+        The graph API the step will be captured with.
+    device : torch.device
+        The device whose default generator the step draws from.
+
+    Returns
+    -------
+    str
+        '' where the graph replays saved states as eager does; otherwise what differed (or what the capture raised).
+    """
+    user_state = RngState.save(device)
+
+    def program() -> list[Any]:
+        saved = save_generator_state(str(device))
+        first = torch.rand(PROBE_DRAW, device=device)
+        previous = swap_generator_state(saved)
+        again = restore_generator_state(previous, saved, torch.rand(PROBE_DRAW, device=device))
+        later = torch.rand(PROBE_DRAW, device=device)
+        return [first, again, later]
+
+    def eager_from(state: RngState) -> tuple[list[torch.Tensor], RngState]:
+        swap_generator_state(state)
+        outputs = [t.clone() for t in program()]
+        return outputs, RngState.save(device)
+
+    try:
+        start = RngState.save(device)
+        expected, after_one = eager_from(start)
+        expected_two, after_two = eager_from(after_one)
+        swap_generator_state(start)
+        graph = api.new_graph()
+        try:
+            outputs = api.capture(graph, program, api.new_pool(), device, 1)
+        except Exception as exc:  # noqa: BLE001 (a refused state call: the answer, named)
+            return f"capturing a saved-state draw raised {type(exc).__name__}: {_first_line(exc)}"
+        for want, state_after, label in ((expected, after_one, "first"), (expected_two, after_two, "second")):
+            swap_generator_state(start if label == "first" else after_one)
+            api.replay(graph)
+            if not all(torch.equal(got, ref) for got, ref in zip(outputs, want, strict=True)):
+                return f"a probe graph's {label} replay drew other numbers than the same program run eagerly"
+            if not torch.equal(RngState.save(device).state, state_after.state):
+                return f"a probe graph's {label} replay left the generator elsewhere than eager leaves it"
+        return ""
+    finally:
+        swap_generator_state(user_state)
 
 
 def _op_of(executor: Executor, node_id: int) -> str:
@@ -253,7 +333,8 @@ class GraphReplay:
         self.warmup = warmup
         self.fallback: str | None = None
         self.captures = 0
-        self._refusal = capture_refusal(executor)
+        self._refusal = capture_refusal(executor, draws_in_graphs="")  # paging; replayed draws: probed at capture
+        self._replays_draws = bool(replayed_draws(executor.graph, executor.schedule))
         captured = executor.captured
         self._batch = batch_positions(captured.placeholders)
         self._owned = [i for i, (kind, _) in enumerate(captured.placeholders) if kind != "input"]
@@ -322,8 +403,12 @@ class GraphReplay:
 
         graph = None
         try:
-            if self._refusal:
-                raise _Refused(self._refusal)
+            refusal = self._refusal
+            if not refusal and self._replays_draws:
+                probed = [generator_states_in_graphs(self.api, torch.device(d)) for d in self._random_devices]
+                refusal = capture_refusal(self.executor, draws_in_graphs=next((p for p in probed if p), ""))
+            if refusal:
+                raise _Refused(refusal)
             graph, pool = self.api.new_graph(), self.api.new_pool()
             outputs = self.api.capture(graph, program, pool, self.device, self.warmup)
         except _Refused as refused:
@@ -386,5 +471,5 @@ def _stand_in_device(executor: Executor) -> torch.device:
     return torch.device(devices[0]) if devices else torch.device("cpu")
 
 
-__all__ = ["WARMUP_RUNS", "GraphAPI", "GraphReplay", "NodeTracker", "TorchCudaGraphs", "capture_refusal",
-           "require_cuda_graph"]
+__all__ = ["PROBE_DRAW", "WARMUP_RUNS", "GraphAPI", "GraphReplay", "NodeTracker", "TorchCudaGraphs", "capture_refusal",
+           "generator_states_in_graphs", "require_cuda_graph"]
