@@ -188,10 +188,10 @@ def _blocks_sharing_a_mask(blocks: int = 6) -> Graph:
 
 
 def test_chen_cuts_a_forward_without_articulation_points() -> None:
-    from coop.formulations.baselines import _articulation_points, _split_forward_backward
+    from coop.formulations.baselines import _articulation_points, split_forward_backward
 
     graph = _blocks_sharing_a_mask()
-    assert set(_articulation_points(graph, _split_forward_backward(graph, "test"))) <= {20, 21, 100}  # last block
+    assert set(_articulation_points(graph, split_forward_backward(graph, "test"))) <= {20, 21, 100}  # last block
     store_peak = store_all(graph, 10**6).simulation.peak  # type: ignore[union-attr]
     for name in ("chen-sqrt", "chen-greedy"):
         result = solve(graph, 10**6 if name == "chen-sqrt" else min_budget(graph), name)
@@ -203,7 +203,7 @@ def test_chen_cuts_a_forward_without_articulation_points() -> None:
 def test_extra_outputs_of_forward_ops_are_taken_in_the_forward() -> None:
     # f = a two-output op; "stat" (its extra output, kind backward, not recomputable) is read
     # only by the backward. Deferring it to the backward would recompute f just to read it.
-    from coop.formulations.baselines import _split_forward_backward
+    from coop.formulations.baselines import split_forward_backward
 
     graph = Graph.model_validate({"name": "extra", "nodes": [
         {"id": 0, "name": "x", "mem": 1, "cost": 0, "kind": "input"},
@@ -213,7 +213,7 @@ def test_extra_outputs_of_forward_ops_are_taken_in_the_forward() -> None:
         {"id": 4, "name": "loss", "mem": 1, "cost": 1, "inputs": [3]},
         {"id": 5, "name": "dg", "mem": 5, "cost": 1, "inputs": [4, 2], "kind": "backward"},
     ], "outputs": [4, 5]})
-    split = _split_forward_backward(graph, "test")
+    split = split_forward_backward(graph, "test")
     assert split.forward == (1, 2, 3, 4) and split.backward == (5,)
     result = chen_sqrt(graph, 10**6)
     computes = [s.node for s in result.schedule.steps if s.op == "compute"]  # type: ignore[union-attr]

@@ -13,7 +13,7 @@ These are the reference points every formulation is compared against (Checkmate,
   gradient graph with budget b"): walk the forward accumulating memory and cut a segment when it
   exceeds ``b``; sweep ``b`` over a grid.
 
-All four share one scheduler, :func:`_forward_keep_backward_recompute`: "run the forward keeping
+All four share one scheduler, :func:`forward_keep_backward_recompute`: "run the forward keeping
 the set K; run the backward, recomputing on demand what is not resident". Chen's segments are
 chosen over the forward linearised in topological order, as Checkmate applies them to non-linear
 graphs: a boundary at position k keeps its whole frontier (every recomputable forward value made
@@ -41,7 +41,8 @@ from coop.formulations.result import SolveResult
 from coop.graph import Graph, Node
 from coop.schedule import Schedule, Simulation, Step, simulate
 
-__all__ = ["checkpoint_all", "chen_greedy", "chen_sqrt", "store_all"]
+__all__ = ["ForwardBackward", "checkpoint_all", "chen_greedy", "chen_sqrt", "forward_keep_backward_recompute",
+           "split_forward_backward", "store_all"]
 
 
 # -------------------------------------------------------------------- entry points
@@ -93,8 +94,8 @@ def checkpoint_all(graph: Graph, budget: int) -> SolveResult:
         When the graph has no backward nodes.
     """
     started = time.perf_counter()
-    split = _split_forward_backward(graph, "checkpoint-all")
-    schedule = _forward_keep_backward_recompute(graph, split, keep=set(), free_recomputed=True)
+    split = split_forward_backward(graph, "checkpoint-all")
+    schedule = forward_keep_backward_recompute(graph, split, keep=set(), free_recomputed=True)
     return _result("checkpoint-all", graph, budget, schedule, started, checkpoints=[])
 
 
@@ -135,7 +136,7 @@ def chen_sqrt(graph: Graph, budget: int, *, use_articulation_points: bool = True
     section 4.1.
     """
     started = time.perf_counter()
-    split = _split_forward_backward(graph, "chen-sqrt")
+    split = split_forward_backward(graph, "chen-sqrt")
     chain = _linearise(graph, split)
     checkpoint_sets = {"frontier": chain.kept_for(_sqrt_boundaries(chain))}
     cut_vertices = _articulation_points(graph, split) if use_articulation_points else []
@@ -193,7 +194,7 @@ def chen_greedy(
     if grid_size < 1:
         raise CoopError(f"chen-greedy: grid_size {grid_size} must be at least 1")
     started = time.perf_counter()
-    split = _split_forward_backward(graph, "chen-greedy")
+    split = split_forward_backward(graph, "chen-greedy")
     chain = _linearise(graph, split)
     cut_vertices = set(_articulation_points(graph, split)) if use_articulation_points else set()
     checkpoint_sets: dict[tuple[int, ...], str] = {}
@@ -212,20 +213,37 @@ def chen_greedy(
 
 # -------------------------------------------------------------------- the shared scheduler
 @dataclass(frozen=True)
-class _Split:
+class ForwardBackward:
     """The baseline order cut into the forward (no backward ancestor) and the rest."""
 
     forward: tuple[int, ...]
     backward: tuple[int, ...]
 
 
-def _split_forward_backward(graph: Graph, formulation: str) -> _Split:
+def split_forward_backward(graph: Graph, formulation: str) -> ForwardBackward:
     """Forward = computed nodes with no backward node among their ancestors (or themselves).
 
     An extra output of a forward op (a multi-output op's mean/rstd, a dropout mask, max-pool
     indices: not recomputable, kind backward, read off a forward node) is taken in the forward
     where the op runs, as eager PyTorch does: deferring it to the backward would force the op to
     be recomputed just to read it again.
+
+    Parameters
+    ----------
+    graph : Graph
+        A graph of a training step (nodes of kind ``backward``).
+    formulation : str
+        The name the refusal of a graph without a backward part gives.
+
+    Returns
+    -------
+    ForwardBackward
+        The forward and the backward, each in the baseline order.
+
+    Raises
+    ------
+    CoopError
+        When the graph has no backward nodes.
     """
     if not graph.has_backward:
         raise CoopError(
@@ -240,7 +258,7 @@ def _split_forward_backward(graph: Graph, formulation: str) -> _Split:
             after_backward.add(node_id)
     forward = tuple(v for v in graph.order if v not in after_backward)
     backward = tuple(v for v in graph.order if v in after_backward)
-    return _Split(forward, backward)
+    return ForwardBackward(forward, backward)
 
 
 def _extra_output_of_forward_op(node: Node) -> bool:
@@ -268,7 +286,7 @@ class _Emitter:
         return node_id in self.resident or self.graph.node(node_id).caller_owned
 
 
-def _forward_keep_backward_recompute(graph: Graph, split: _Split, keep: set[int], free_recomputed: bool) -> Schedule:
+def forward_keep_backward_recompute(graph: Graph, split: ForwardBackward, keep: set[int], free_recomputed: bool) -> Schedule:
     """Forward pass keeping K; backward pass recomputing on demand what is not resident.
 
     K always includes the values that cannot be recomputed and the forward outputs. A forward
@@ -277,6 +295,23 @@ def _forward_keep_backward_recompute(graph: Graph, split: _Split, keep: set[int]
     ancestors); with ``free_recomputed`` those are freed as soon as this recomputation and the
     node are done with them, otherwise they stay until their last use (the simulator ends an
     instance at its last read).
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph to schedule.
+    split : ForwardBackward
+        Its forward and backward (:func:`split_forward_backward`).
+    keep : set of int
+        Forward values kept from the forward to the backward (K, besides those always kept).
+    free_recomputed : bool
+        Free recomputed values right after the backward node that needed them (checkpoint-all), or at their
+        last use (Chen's segments: a segment recomputed once serves every later reader).
+
+    Returns
+    -------
+    Schedule
+        The forward, then the backward with its recomputations.
     """
     forward_set = set(split.forward)
     keep = set(keep) | {v for v in split.forward if not graph.node(v).recomputable}
@@ -381,7 +416,7 @@ class _Chain:
         return [v for v in self.forward if v in kept]
 
 
-def _linearise(graph: Graph, split: _Split) -> _Chain:
+def _linearise(graph: Graph, split: ForwardBackward) -> _Chain:
     forward = split.forward
     position = {v: p for p, v in enumerate(forward)}
     last_read = list(range(len(forward)))
@@ -448,7 +483,7 @@ def _greedy_boundaries(chain: _Chain, threshold: float) -> list[int]:
     return boundaries
 
 
-def _articulation_points(graph: Graph, split: _Split) -> list[int]:
+def _articulation_points(graph: Graph, split: ForwardBackward) -> list[int]:
     """Articulation points (cut vertices) of the forward subgraph, in forward order.
 
     A virtual source feeds the forward nodes with no forward input and a virtual sink reads the
@@ -513,12 +548,12 @@ class _Candidate:
         return (self.simulation.peak, self.simulation.cost) < (other.simulation.peak, other.simulation.cost)
 
 
-def _best_candidate(graph: Graph, split: _Split, budget: int,
+def _best_candidate(graph: Graph, split: ForwardBackward, budget: int,
                     checkpoint_sets: Iterable[tuple[str, list[int]]]) -> _Candidate:
     """Schedule and simulate every checkpoint set; the best by :meth:`_Candidate.better_than`."""
     best: _Candidate | None = None
     for label, checkpoints in checkpoint_sets:
-        schedule = _forward_keep_backward_recompute(graph, split, keep=set(checkpoints), free_recomputed=False)
+        schedule = forward_keep_backward_recompute(graph, split, keep=set(checkpoints), free_recomputed=False)
         candidate = _Candidate(schedule, simulate(graph, schedule), checkpoints, label)
         if best is None or candidate.better_than(best, budget):
             best = candidate

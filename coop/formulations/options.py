@@ -174,6 +174,14 @@ class MincutOptions(SolverOptions):
 
 
 @dataclass(frozen=True, kw_only=True)
+class BlocksOptions(SolverOptions):
+    """Repeated blocks planned once, composed and polished (Rockmate / HiRemate, ICML 2023 / 2025; Moccasin)."""
+
+    uses: ClassVar[frozenset[str]] = frozenset({"time_limit", "threads", "hint", "progress"})
+    seed: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class PoetOptions(SolverOptions):
     """POET's joint rematerialization and paging (Patil et al., ICML 2022)."""
 

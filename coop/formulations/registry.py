@@ -15,6 +15,7 @@ from coop.errors import CoopError
 from coop.formulations.options import (
     AutoOptions,
     BaselineOptions,
+    BlocksOptions,
     CheckmateLpOptions,
     CheckmateOptions,
     ChenGreedyOptions,
@@ -60,6 +61,7 @@ FORMULATIONS: dict[str, Formulation] = {
     "checkmate": Formulation("coop.formulations.checkmate:checkmate", CheckmateOptions),
     "checkmate-lp": Formulation("coop.formulations.checkmate:checkmate_lp", CheckmateLpOptions),
     "moccasin": Formulation("coop.formulations.moccasin:moccasin", MoccasinOptions),
+    "blocks": Formulation("coop.formulations.blocks:blocks", BlocksOptions),
     "monet": Formulation("coop.formulations.monet:monet", MonetOptions),
     "pytorch-mincut": Formulation("coop.formulations.pytorch_mincut:pytorch_mincut", MincutOptions),
     "poet": Formulation("coop.formulations.poet:poet", PoetOptions),
