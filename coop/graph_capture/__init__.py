@@ -20,13 +20,14 @@ from torch import nn
 
 from coop.errors import CaptureError
 from coop.graph_capture.alternatives import add_alternatives
+from coop.graph_capture.batch import Batch, read_batch
 from coop.graph_capture.captured import Captured, flat_values
 from coop.graph_capture.cost import NodeProfile, profile_nodes
 from coop.graph_capture.lower import lower
 from coop.graph_capture.trace import flat_names, split_state, trace_step
 
 
-def capture(model: nn.Module, example_batch: torch.Tensor | tuple | list, loss_fn: Callable[..., torch.Tensor] | None = None,
+def capture(model: nn.Module, example_batch: torch.Tensor | tuple | list | dict | Batch, loss_fn: Callable[..., torch.Tensor] | None = None,
             profile: bool = False, compact_masks: bool = True, alternatives: bool = False) -> Captured:
     """Capture one training step of ``model`` on ``example_batch`` as a coop Graph.
 
@@ -39,11 +40,14 @@ def capture(model: nn.Module, example_batch: torch.Tensor | tuple | list, loss_f
     ----------
     model : nn.Module
         The model to train.
-    example_batch : torch.Tensor or tuple or list
-        One batch: a tensor, or a tuple or list of tensors passed as ``model(*batch)``.
+    example_batch : torch.Tensor or tuple or list or dict or Batch
+        One batch: a dict of keyword arguments (``model(**batch)``), a tuple or list of positional ones
+        (``model(*batch)``) or one tensor (``model(batch)``); arguments may nest tensors in dicts, tuples and
+        lists beside None and bool, int, float or str values, which become constants of the captured program
+        (:func:`coop.graph_capture.batch.read_batch`).
     loss_fn : callable or None
-        ``loss_fn(model, *batch)`` returns a scalar; without it ``model(*batch)`` must return a
-        scalar or an object with ``.loss``.
+        ``loss_fn(model, *args, **kwargs)`` (the batch's arguments) returns a scalar; without it the model's call
+        must return a scalar tensor or an object with ``.loss`` (transformers' ``ModelOutput``).
     profile : bool
         Measure costs (seconds), storage bytes and workspaces on the real step instead of estimating them.
     compact_masks : bool
@@ -63,14 +67,16 @@ def capture(model: nn.Module, example_batch: torch.Tensor | tuple | list, loss_f
     Raises
     ------
     CaptureError
-        When ``model`` is not an ``nn.Module``, or the step cannot be traced (see
+        When ``model`` is not an ``nn.Module``, the batch holds a value that is neither a tensor nor a flag, or
+        the step cannot be traced (see
         :func:`coop.graph_capture.trace.trace_step`).
     """
     if not isinstance(model, nn.Module):
         raise CaptureError(f"capture needs an nn.Module, got {type(model).__name__}")
-    batch = tuple(example_batch) if isinstance(example_batch, (tuple, list)) else (example_batch,)
+    read = read_batch(example_batch)
+    batch = read.tensors
     start = time.perf_counter()
-    traced = trace_step(model, batch, loss_fn, compact_masks=compact_masks)
+    traced = trace_step(model, batch, loss_fn, compact_masks=compact_masks, layout=read.layout)
     params, buffers, frozen = split_state(model)
     placeholders = flat_names(params, buffers, frozen, len(batch))
     profiled: NodeProfile | None = None
@@ -95,10 +101,11 @@ def capture(model: nn.Module, example_batch: torch.Tensor | tuple | list, loss_f
         owner_of=lowered.owner_of,
         node_flops=lowered.node_flops,
         batch_shapes=[(tuple(t.shape), t.dtype) for t in batch],
+        batch_layout=read.layout,
         capture_s=time.perf_counter() - start,
         impl_fx=found.impl_fx if found is not None else {},
         optional_fx=found.optional_fx if found is not None else {},
     )
 
 
-__all__ = ["Captured", "capture"]
+__all__ = ["Batch", "Captured", "capture"]

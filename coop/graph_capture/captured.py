@@ -16,6 +16,7 @@ from torch import fx, nn
 
 from coop.graph import Graph
 from coop.graph_capture.alternatives import ImplProgram
+from coop.graph_capture.batch import BatchLayout, positional_batch
 from coop.graph_capture.context import TrainingContext
 from coop.graph_capture.lower import output_nodes
 
@@ -51,6 +52,17 @@ class Captured:
     #: program that replaces the node's owning fx node, and optional value id -> the program computing it.
     impl_fx: dict[int, dict[str, ImplProgram]] = field(default_factory=dict)
     optional_fx: dict[int, ImplProgram] = field(default_factory=dict)
+    #: how the model is called from the batch's tensors (keyword arguments, nesting, non-tensor values); None:
+    #: ``model(*batch)`` (:mod:`coop.graph_capture.batch`)
+    batch_layout: BatchLayout | None = None
+
+    @property
+    def layout(self) -> BatchLayout:
+        """The batch layout the step was captured with (positional tensors where none was recorded)."""
+        if self.batch_layout is None:
+            self.batch_layout = positional_batch(tuple(torch.empty(shape, dtype=dtype, device="meta")
+                                                       for shape, dtype in self.batch_shapes)).layout
+        return self.batch_layout
 
     @property
     def flops(self) -> int:

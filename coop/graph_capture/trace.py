@@ -39,6 +39,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
 from coop.errors import CaptureError, CoopError
+from coop.graph_capture.batch import BatchLayout, positional_batch
 from coop.graph_capture.random_ops import compact_random_masks
 
 aten = torch.ops.aten
@@ -78,7 +79,7 @@ def split_state(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, to
 
 
 def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossFn | None,
-               compact_masks: bool = True) -> TracedStep:
+               compact_masks: bool = True, layout: BatchLayout | None = None) -> TracedStep:
     """Trace forward + backward of ``model`` on ``batch`` into a pure fx joint graph.
 
     Traced with fake tensors (``make_fx``), functionalized, batch norm made functional and dead code dropped.
@@ -88,12 +89,16 @@ def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossF
     model : nn.Module
         The model; at least one parameter must require grad.
     batch : tuple of torch.Tensor
-        The batch, tensors only.
+        The batch's tensors (the step's inputs).
     loss_fn : LossFn or None
-        ``loss_fn(model, *batch)`` gives the loss; None: ``model(*batch)`` does.
+        ``loss_fn(model, *args, **kwargs)`` gives the loss; None: ``model(*args, **kwargs)`` does (``args`` and
+        ``kwargs``: ``layout`` filled with ``batch``).
     compact_masks : bool
         With it each dropout draw becomes a bool mask plus a recomputable cast
         (:mod:`coop.graph_capture.random_ops`); without it the float draw is kept as traced.
+    layout : BatchLayout or None
+        How the model is called from the tensors (:mod:`coop.graph_capture.batch`: keyword arguments, nested
+        containers, non-tensor values as constants of the program); None: ``model(*batch)``.
 
     Returns
     -------
@@ -114,11 +119,12 @@ def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossF
     for index, tensor in enumerate(batch):
         if not isinstance(tensor, torch.Tensor):
             raise CaptureError(f"batch element {index} is a {type(tensor).__name__}; pass tensors only")
+    call = layout if layout is not None else positional_batch(batch).layout
 
     def loss_of(params: dict, buffers: dict, frozen: dict, *batch: torch.Tensor) -> tuple[torch.Tensor, dict]:
         state = {**params, **frozen, **buffers}
         with torch.nn.utils.stateless._reparametrize_module(model, state, tie_weights=True, strict=False):
-            out = loss_fn(model, *batch) if loss_fn is not None else model(*batch)
+            out = call.call(loss_fn, (model,), batch) if loss_fn is not None else call.call(model, (), batch)
             new_buffers = {name: _get(model, name) for name in buffers}
         return _scalar_loss(out, loss_fn), new_buffers
 
@@ -134,7 +140,7 @@ def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossF
         return loss, dict(zip(params, grads, strict=True)), new_buffers
 
     try:
-        module = make_fx(_functionalized(step), tracing_mode="fake")(params, buffers, frozen, *batch)
+        module = _traced(step, params, buffers, frozen, *_distinct_storages(batch))
     except CoopError:
         raise
     except Exception as exc:  # noqa: BLE001 - tracing fails with many types; report the first line
@@ -158,6 +164,40 @@ def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossF
         output_grads=list(params),
         output_buffers=list(buffers),
     )
+
+
+def _distinct_storages(batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """The batch for tracing, each tensor with a storage of its own: a tensor passed twice (transformers'
+    ``labels=input_ids``) would be one fake value read by two placeholders. Tracing reads no data, so a repeat is
+    replaced by an uninitialised tensor of its shape, strides and dtype; the replay reads each as given."""
+    seen: set[int] = set()
+    distinct = []
+    for tensor in batch:
+        storage = tensor.untyped_storage().data_ptr()
+        if storage in seen and tensor.untyped_storage().nbytes():
+            tensor = torch.empty_strided(tensor.size(), tensor.stride(), dtype=tensor.dtype, device=tensor.device)
+        seen.add(storage)
+        distinct.append(tensor)
+    return tuple(distinct)
+
+
+def _traced(step: Callable[..., Any], *args: Any) -> fx.GraphModule:
+    """``step`` traced on fake tensors; where the model branches on a batch value, traced again the way
+    ``torch.export`` traces (``torch.compiler.is_compiling()`` true), which libraries read to skip such branches
+    (transformers' check that an attention mask has no padding)."""
+    try:
+        return make_fx(_functionalized(step), tracing_mode="fake")(*args)
+    except CoopError:
+        raise
+    except Exception as exc:  # retried only for a data-dependent branch, else re-raised
+        if not _data_dependent(exc):
+            raise
+    previous = torch.compiler._is_compiling_flag
+    torch.compiler._is_compiling_flag = True
+    try:
+        return make_fx(_functionalized(step), tracing_mode="fake")(*args)
+    finally:
+        torch.compiler._is_compiling_flag = previous
 
 
 def _functionalized(step: Callable[..., Any]) -> Callable[..., Any]:
@@ -212,6 +252,9 @@ def _scalar_loss(out: Any, loss_fn: LossFn | None) -> torch.Tensor:
             loss = out.get("loss")
     if not isinstance(loss, torch.Tensor):
         who = "loss_fn" if loss_fn is not None else "the model"
+        if loss is None and (hasattr(out, "loss") or isinstance(out, dict) and "loss" in out):
+            raise CaptureError(f"{who} returned {type(out).__name__} with loss None (no labels in the batch?); pass "
+                               "labels in the batch, or a loss_fn")
         raise CaptureError(f"{who} returned {type(out).__name__}, not a scalar tensor or an object with .loss; pass loss_fn")
     if loss.dim() != 0:
         raise CaptureError(f"the loss has shape {tuple(loss.shape)}, not a scalar; reduce it (e.g. .mean()) in loss_fn")

@@ -5,7 +5,8 @@ executor) or a :class:`coop.planner.dynamic.DynamicPlan` (online eviction on rea
 training loop uses either the same way: ``step(*batch)`` returns the loss and leaves gradients in
 ``.grad`` (written back by :meth:`Captured.write_back`); ``budget``, ``formulation``,
 ``predicted_peak``, ``baseline_peak`` and ``summary()`` describe it; ``save(path)`` writes it
-where a plan has a schedule to write.
+where a plan has a schedule to write. ``step`` takes the batch as ``coop.plan`` took it (a dict of keyword
+arguments, a tuple, a tensor) or spread as the model takes it (:func:`coop.graph_capture.batch.read_step_batch`).
 
 What both kinds share lives here once: the training-context check before every step, and the
 re-plan, with one warning, for a context other than the capture's (:meth:`BasePlan._for_context`).
@@ -26,6 +27,7 @@ from coop.budget import baseline_peak, format_memory
 from coop.errors import BudgetError, ContextError, CoopError, InfeasibleError
 from coop.graph import Graph
 from coop.graph_capture import Captured, capture
+from coop.graph_capture.batch import Batch, read_step_batch
 from coop.graph_capture.context import TrainingContext
 from coop.runtime.allocator import AllocatorAssumption
 from coop.runtime.executor import GradientSync
@@ -89,38 +91,69 @@ class BasePlan(ABC):
         raise CoopError(f"a {self.formulation} plan decides its evictions while it runs and has no schedule to save; "
                         "save a plan made with a static formulation")
 
+    def export_memory_viz(self, path: str | Path) -> dict[str, Any]:
+        """Write the predicted step as a PyTorch memory snapshot; a plan without a schedule has none to write.
+
+        Parameters
+        ----------
+        path : str or Path
+            The ``.pickle`` file to write.
+
+        Returns
+        -------
+        dict of str to Any
+            The snapshot written (:meth:`coop.planner.plan.Plan.export_memory_viz`).
+
+        Raises
+        ------
+        CoopError
+            Here: a plan that decides its evictions while it runs predicts no timeline.
+        """
+        raise CoopError(f"a {self.formulation} plan decides its evictions while it runs and predicts no memory "
+                        "timeline; export one from a plan made with a static formulation")
+
     # ---------------------------------------------------------------- replay
-    def step(self, *batch: torch.Tensor) -> torch.Tensor:
+    def step(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         """Forward + backward within the budget: grads accumulate into ``p.grad``; returns the loss.
 
-        A training context other than the capture's (autocast, train/eval, frozen parameters:
-        :meth:`TrainingContext.mismatch`) is re-planned for within the same budget, with a warning
+        The batch comes as ``coop.plan`` got it (``plan.step(batch)``: a dict, a tuple or list, a tensor) or
+        spread as the model takes it (``plan.step(*batch)``, ``plan.step(**batch)``); a batch of another
+        structure (other keys, a string where a tensor was) stops with one CoopError line
+        (:func:`coop.graph_capture.batch.read_step_batch`). Other shapes or other non-tensor values (flags) run a
+        step captured for them, with a warning. A training context other than the capture's (autocast,
+        train/eval, frozen parameters: :meth:`TrainingContext.mismatch`) is re-planned for within the same
+        budget, with a warning
         (:meth:`_for_context`); one no re-plan can serve (gradients disabled, another device)
         stops with one ContextError line. Under DDP the gradients are all-reduced by the wrapper's
         own reducer, as in DDP eager (:class:`GradientSync`).
         """
-        current = TrainingContext.current(self.model, batch)
+        return self._step_batch(read_step_batch(args, kwargs, self.captured.layout))
+
+    def _step_batch(self, batch: Batch) -> torch.Tensor:
+        """:meth:`step` on a batch already read against the plan's layout."""
+        current = TrainingContext.current(self.model, batch.tensors)
         change = self._change(current, batch)
         other = self._for_context(current, change, batch) if change else None
         if other is not None:
             try:
-                return other.step(*batch)
+                return other._step_batch(batch)
             except InfeasibleError as exc:
                 raise _does_not_fit(change, exc) from None
-        return self._step_here(tuple(batch))
+        return self._step_here(batch)
 
-    def _change(self, current: TrainingContext, batch: tuple[torch.Tensor, ...]) -> str:
+    def _change(self, current: TrainingContext, batch: Batch) -> str:
         """What differs from the capture that a re-plan serves ('' when nothing does)."""
         recorded = self.captured.context
         return recorded.mismatch(current) if recorded is not None else ""
 
-    def _step_here(self, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    def _step_here(self, batch: Batch) -> torch.Tensor:
         """Run the step with this plan's own program and write the results back into the model."""
+        tensors = batch.tensors
         if self.sync is not None:
-            batch = self.sync.before_step(batch)
+            tensors = self.sync.before_step(tensors)
         release = self.sync.release if self.sync is not None else None
         state = self.captured.model_state(self.model)  # one walk of the module tree serves the step
-        return self.captured.write_back(self.model, self._run(batch, state), release, state)
+        return self.captured.write_back(self.model, self._run(tensors, state), release, state)
 
     @abstractmethod
     def _run(self, batch: tuple[torch.Tensor, ...], state: dict[str, torch.Tensor]) -> list[Any]:
@@ -131,8 +164,7 @@ class BasePlan(ABC):
     def _replan(self, captured: Captured, change: str) -> tuple[BasePlan, str]:
         """A plan for the step captured again in another context, within this budget, and how it runs."""
 
-    def _for_context(self, current: TrainingContext, change: str,
-                     batch: tuple[torch.Tensor, ...]) -> BasePlan | None:
+    def _for_context(self, current: TrainingContext, change: str, batch: Batch) -> BasePlan | None:
         """The replay for a context other than the capture's (None: this plan's program still applies).
 
         The step is captured again in the new context. When its program is the same (a setting
@@ -140,11 +172,13 @@ class BasePlan(ABC):
         re-planned within the same budget (:meth:`_replan`), once per context and batch shape, with
         a warning; a budget nothing meets there is a ContextError naming the difference.
         """
-        key = (current, batch_key(batch))
+        key = (current, batch.key)
         if key in self._by_context:
             return self._by_context[key]
         again = recapture(self.model, batch, self.loss_fn, current)
-        if again.graph.structure_sha256 == self.captured.graph.structure_sha256:
+        # the digest leaves out an op's constant arguments: a batch with other flags always takes the new capture
+        same_flags = batch.layout.key == self.captured.layout.key
+        if same_flags and again.graph.structure_sha256 == self.captured.graph.structure_sha256:
             self._by_context[key] = None
             return None
         try:
@@ -153,7 +187,7 @@ class BasePlan(ABC):
             raise _does_not_fit(change, exc) from None
         warnings.warn(f"{change}; captured the step again for it and running it with {how} within the plan's budget "
                       f"of {format_memory(self.budget, self.graph)}; make a new plan for it to get an optimized schedule",
-                      stacklevel=3)
+                      stacklevel=4)
         self._by_context[key] = other
         return other
 
@@ -162,32 +196,15 @@ def _does_not_fit(change: str, exc: Exception) -> ContextError:
     return ContextError(f"{change}, and the step does not fit the plan's budget there ({exc}); make a new plan for it")
 
 
-def batch_key(batch: tuple[Any, ...]) -> tuple:
-    """Shapes and dtypes of a batch (types for non-tensors): what a captured step is specific to.
-
-    Parameters
-    ----------
-    batch : tuple
-        The batch's values.
-
-    Returns
-    -------
-    tuple
-        ``(shape, dtype)`` per tensor, ``(None, type)`` per other value.
-    """
-    return tuple((tuple(t.shape), t.dtype) if isinstance(t, torch.Tensor) else (None, type(t)) for t in batch)
-
-
-def recapture(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossFn | None,
-              context: TrainingContext) -> Captured:
+def recapture(model: nn.Module, batch: Batch, loss_fn: LossFn | None, context: TrainingContext) -> Captured:
     """``model``'s step on ``batch`` captured again now, in ``context`` (which it records).
 
     Parameters
     ----------
     model : nn.Module
         The (unwrapped) model.
-    batch : tuple of torch.Tensor
-        The batch to capture on.
+    batch : Batch
+        The batch to capture on, as read (its tensors and layout).
     loss_fn : LossFn or None
         As for :func:`coop.capture`.
     context : TrainingContext

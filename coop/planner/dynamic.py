@@ -21,9 +21,10 @@ from torch import nn
 
 from coop.budget import parse_budget
 from coop.graph_capture import Captured
+from coop.graph_capture.batch import Batch
 from coop.graph_capture.context import TrainingContext
 from coop.online.policies import EvictionPolicy
-from coop.planner.base import BasePlan, LossFn, batch_key
+from coop.planner.base import BasePlan, LossFn
 from coop.runtime.executor import Executor, replay_graph
 from coop.runtime.fallback import DynamicStats, run_dynamic
 from coop.schedule import Schedule, validate
@@ -80,14 +81,16 @@ class DynamicPlan(BasePlan):
             "replayed_steps": self.replayed_steps,
         }
 
-    def _change(self, current: TrainingContext, batch: tuple[torch.Tensor, ...]) -> str:
-        """The context's difference and, unlike a static plan's, a batch of other shapes."""
-        change = super()._change(current, batch)
-        if batch_key(batch) != tuple(self.captured.batch_shapes):
-            shapes = [list(shape or ()) for shape, _ in batch_key(batch)]
+    def _change(self, current: TrainingContext, batch: Batch) -> str:
+        """The context's difference and, unlike a static plan's, a batch of other shapes or other non-tensor
+        values (flags)."""
+        changes = [super()._change(current, batch), self.captured.layout.flag_difference(batch.layout)]
+        got = [(tuple(t.shape), t.dtype) for t in batch.tensors]
+        if got != list(self.captured.batch_shapes):
+            shapes = [list(shape) for shape, _ in got]
             planned = [list(shape) for shape, _ in self.captured.batch_shapes]
-            change = "; ".join(filter(None, [change, f"the batch has shapes {shapes}, the plan was made for {planned}"]))
-        return change
+            changes.append(f"the batch has shapes {shapes}, the plan was made for {planned}")
+        return "; ".join(filter(None, changes))
 
     def _run(self, batch: tuple[torch.Tensor, ...], state: dict[str, torch.Tensor]) -> list[Any]:
         if self.recorded is not None:

@@ -26,10 +26,12 @@ from coop.formulations import SolveResult, solve
 from coop.formulations.auto import cheapest_fitting_baseline
 from coop.graph import Graph
 from coop.graph_capture import Captured, capture
+from coop.graph_capture.batch import Batch, layout_from_dict, read_batch
 from coop.graph_capture.context import TrainingContext
 from coop.graph_capture.cost import measure_workspace
+from coop.memory_viz import write_memory_viz
 from coop.online.static_arena import EXECUTION_ROUNDS, execution_placement, next_live_budget
-from coop.planner.base import BasePlan, LossFn, batch_key, recapture
+from coop.planner.base import BasePlan, LossFn, recapture
 from coop.planner.dynamic import DynamicPlan
 from coop.runtime.allocator import AllocatorAssumption, prepare_allocator
 from coop.runtime.arena_replay import measure_outside
@@ -144,12 +146,31 @@ class Plan(BasePlan):
         baseline = simulate(self.graph, Schedule.from_order(self.graph.order)).memory
         return {"plan": list(self.simulation.memory), "baseline": list(baseline)}
 
+    def export_memory_viz(self, path: str | Path) -> dict[str, Any]:
+        """Write the predicted step as a PyTorch memory snapshot (:mod:`coop.memory_viz`) to open in
+        https://pytorch.org/memory_viz beside a measured one: every value the step holds, allocated and freed
+        where the schedule says, with the op that does it; the most bytes live over the trace is
+        :attr:`predicted_peak` (on a one-device step).
+
+        Parameters
+        ----------
+        path : str or Path
+            The ``.pickle`` file to write.
+
+        Returns
+        -------
+        dict of str to Any
+            The snapshot (``segments``, ``device_traces``), as ``torch.cuda._memory_viz`` reads it.
+        """
+        return write_memory_viz(path, self.graph, self.executor.schedule, self.simulation)
+
     # ---------------------------------------------------------------- replay
-    def _step_here(self, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """Replay the schedule; a batch of other shapes runs captured again under online eviction, with a warning."""
+    def _step_here(self, batch: Batch) -> torch.Tensor:
+        """Replay the schedule; a batch of other shapes or flags runs captured again under online eviction, with a
+        warning."""
         mismatch = self._batch_mismatch(batch)
         if mismatch:
-            return self._dynamic_fallback(batch, mismatch).step(*batch)
+            return self._dynamic_fallback(batch, mismatch)._step_batch(batch)
         return super()._step_here(batch)
 
     def _run(self, batch: tuple[torch.Tensor, ...], state: dict[str, torch.Tensor]) -> list[Any]:
@@ -177,29 +198,29 @@ class Plan(BasePlan):
             other.use_cuda_graph(self.graph_replay.api)
         return other, f"the {other.formulation} schedule"
 
-    def _batch_mismatch(self, batch: tuple[torch.Tensor, ...]) -> str:
-        """Why this batch does not fit the plan's shapes ('' when it does)."""
-        expected = self.captured.batch_shapes
-        got = list(batch_key(batch))
-        if len(got) != len(expected):
-            return f"plan.step got {len(got)} batch tensors, the plan was made for {len(expected)}"
-        for index, (have, want) in enumerate(zip(got, expected, strict=True)):
+    def _batch_mismatch(self, batch: Batch) -> str:
+        """Why this batch does not fit the plan's shapes or non-tensor values ('' when it does); its structure is
+        the plan's (:func:`coop.graph_capture.batch.read_step_batch` refused any other)."""
+        flags = self.captured.layout.flag_difference(batch.layout)
+        if flags:
+            return flags
+        paths = self.captured.layout.tensor_paths
+        for path, tensor, want in zip(paths, batch.tensors, self.captured.batch_shapes, strict=True):
+            have = (tuple(tensor.shape), tensor.dtype)
             if have != want:
-                return (f"batch tensor {index} has shape {list(have[0] or [])} {have[1]}, the plan was made for "
-                        f"{list(want[0])} {want[1]}")
+                return (f"{path} has shape {list(have[0])} {have[1]}, the plan was made for {list(want[0])} "
+                        f"{want[1]}")
         return ""
 
-    def _dynamic_fallback(self, batch: tuple[torch.Tensor, ...], mismatch: str) -> DynamicPlan:
-        """Online eviction (Coop's policy) under the same budget for a batch of unplanned shapes."""
-        key = batch_key(batch)
+    def _dynamic_fallback(self, batch: Batch, mismatch: str) -> DynamicPlan:
+        """Online eviction (Coop's policy) under the same budget for a batch of unplanned shapes or flags."""
+        key = batch.key
         dynamic = self._dynamic_by_shape.get(key)
         if dynamic is None:
-            if len(key) != len(self.captured.batch_shapes):
-                raise CoopError(mismatch)
-            warnings.warn(f"{mismatch}; running this shape under online eviction (coop policy) within the plan's "
+            warnings.warn(f"{mismatch}; running this batch under online eviction (coop policy) within the plan's "
                           f"budget of {format_memory(self.budget, self.graph)}; make a new plan for it to get a static schedule",
-                          stacklevel=4)
-            captured = recapture(self.model, batch, self.loss_fn, TrainingContext.current(self.model, batch))
+                          stacklevel=5)
+            captured = recapture(self.model, batch, self.loss_fn, TrainingContext.current(self.model, batch.tensors))
             dynamic = DynamicPlan(captured, self.model, self.budget, policy="coop", wrapper=self.wrapper,
                                   loss_fn=self.loss_fn)
             self._dynamic_by_shape[key] = dynamic
@@ -215,6 +236,7 @@ class Plan(BasePlan):
             "formulation": self.formulation,
             "batch": [{"shape": list(shape), "dtype": str(dtype).removeprefix("torch.")}
                       for shape, dtype in self.captured.batch_shapes],
+            "layout": _layout_document(self.captured),
             "steps": [s.model_dump(exclude_none=True) for s in self.schedule.steps],
             "alternatives": "alternatives" in self.captured.graph.meta,
             "summary": self.summary(),
@@ -233,7 +255,7 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
          formulation: str = "auto", time_limit: float = 60, profile: bool = False,
          arena: bool = False, captured: Captured | None = None, device_profile: Any = None,
          alternatives: bool | None = None, exact: bool = False, copy_stream: bool = False,
-         cuda_graph: bool = False) -> Plan | DynamicPlan:
+         cuda_graph: bool = False, strict: bool = False) -> Plan | DynamicPlan:
     """Capture a training step, solve for a schedule within ``budget`` and return its replay.
 
     A formulation that returns no schedule within the budget falls back to the cheapest fitting baseline,
@@ -253,19 +275,24 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
     deterministic algorithms, train/eval; a ``captured`` without one is taken to be from the
     current context) and ``step`` honours it. A model wrapped in DistributedDataParallel is
     captured without the wrapper (``loss_fn`` receives the wrapped module) and its gradients are
-    synced by the wrapper's reducer.
+    synced by the wrapper's reducer. A ``torch.compile``d module is planned through its ``_orig_mod``, with a
+    warning that coop's replay replaces the compiled step (``strict=True`` refuses it instead).
 
     Parameters
     ----------
     model : nn.Module
-        The model to train, possibly wrapped in DistributedDataParallel.
+        The model to train, possibly wrapped in DistributedDataParallel or compiled by ``torch.compile``.
     budget : str or float
         The memory budget, in any form :func:`coop.budget.parse_budget` reads (bytes, a size string such as
         ``"6GiB"``, or a fraction of the baseline peak such as ``"90%"``).
     example_batch : Any
-        One batch: a tensor, or a tuple or list of tensors.
+        One batch as the model takes it: a dict of keyword arguments (``model(**batch)``), a tuple or list of
+        positional ones (``model(*batch)``), or one tensor; tensors may nest in dicts, tuples and lists beside
+        None and bool, int, float or str values, which are part of the plan like the tensors' shapes
+        (:func:`coop.graph_capture.batch.read_batch`).
     loss_fn : LossFn or None
-        ``loss_fn(model, *batch)`` returns the loss; None: ``model(*batch)`` does (see :func:`coop.capture`).
+        ``loss_fn(model, *args, **kwargs)`` (the batch's arguments) returns the loss; None: the model's call does,
+        as a scalar tensor or an output with ``.loss`` (transformers' ``ModelOutput``; see :func:`coop.capture`).
     formulation : str
         The solver: ``"auto"`` picks per graph (coop.formulations.auto: the baseline order when it fits,
         Checkmate's MILP on small graphs, Moccasin's CP-SAT on large ones); ``"dynamic"`` returns a
@@ -312,6 +339,10 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
         ``summary()["cuda_graph"]`` says which runs. CUDA steps only. Default False for now: issue 23 wants it the
         default on CUDA once the GPU acceptance rows (benchmarks/bench_cuda.py, ``cuda-graph``) prove it
         bit-identical to eager and within the reserved-bytes rule; that proof is not in yet.
+    strict : bool
+        Refuse, in one line, what coop would otherwise plan with a warning: a ``torch.compile``d module (coop plans
+        its ``_orig_mod`` and replays its own program of the eager step, so the compiled kernels do not run in
+        ``plan.step``).
 
     Returns
     -------
@@ -329,7 +360,8 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
     ScheduleError
         When ``copy_stream`` is asked for and the plan pages no computed value.
     CaptureError
-        For a wrapper coop cannot honour (FSDP, DataParallel, torch.compile), or a step that cannot be captured.
+        For a wrapper coop cannot honour (FSDP, DataParallel; torch.compile with ``strict``), a batch value that is
+        neither a tensor nor a flag, or a step that cannot be captured.
     BudgetError
         For a budget that cannot be parsed, or that is below :func:`coop.budget.min_budget` (after the allocator's
         page rounding on CUDA).
@@ -341,11 +373,12 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
         if arena or formulation == "dynamic":
             raise CoopError(f"copy_stream=True does not combine with {'arena=True' if arena else 'formulation=dynamic'} "
                             "yet; drop one of them")
-    module, wrapper = unwrap_model(model)
-    batch = tuple(example_batch) if isinstance(example_batch, (tuple, list)) else (example_batch,)
+    module, wrapper = unwrap_model(model, strict=strict)
+    read = read_batch(example_batch)
+    batch = read.tensors
     if captured is None:
         with_alternatives = formulation == "monet" if alternatives is None else alternatives
-        captured = capture(module, batch, loss_fn=loss_fn, profile=profile, alternatives=with_alternatives)
+        captured = capture(module, read, loss_fn=loss_fn, profile=profile, alternatives=with_alternatives)
     if captured.context is None:
         captured.context = TrainingContext.current(module, batch)
     graph = captured.graph
@@ -690,6 +723,18 @@ def implementations_used(graph: Graph, schedule: Schedule) -> dict[str, list[str
             "inexact_implementations": [f"{name} (tolerance {impl.tolerance:g})" for name, impl in named if not impl.exact]}
 
 
+def _layout_document(captured: Captured) -> dict[str, Any] | None:
+    """The saved plan's batch layout (None for positional tensors, ``model(*batch)``)."""
+    layout = captured.layout
+    if layout.positional_only:
+        return None
+    try:
+        return layout.to_dict()
+    except Exception as exc:  # noqa: BLE001 - pytree refuses containers it cannot serialise (a namedtuple, ...)
+        raise CoopError(f"cannot save a plan whose batch nests {type(exc).__name__}: {exc}; pass the batch in dicts, "
+                        "tuples and lists") from None
+
+
 def load_plan(path: str | Path, model: nn.Module, loss_fn: LossFn | None = None) -> Plan:
     """Rebuild a saved plan for ``model``; refused when the model's graph differs from the saved one.
 
@@ -724,10 +769,15 @@ def load_plan(path: str | Path, model: nn.Module, loss_fn: LossFn | None = None)
     if not isinstance(document, dict) or document.get("format") != PLAN_FORMAT:
         raise CoopError(f"{path} is not a coop plan (expected format {PLAN_FORMAT!r})")
     # Tracing runs on fake tensors, so a batch of zeros of the saved shapes captures the same graph.
-    module, wrapper = unwrap_model(model)
+    module, wrapper = unwrap_model(model, strict=False)
     device = next(module.parameters()).device
     batch = tuple(torch.zeros(b["shape"], dtype=getattr(torch, b["dtype"]), device=device) for b in document["batch"])
-    captured = capture(module, batch, loss_fn=loss_fn, alternatives=bool(document.get("alternatives", False)))
+    layout = layout_from_dict(document["layout"]) if document.get("layout") else None  # None: model(*batch)
+    if layout is not None and len(layout.tensor_paths) != len(batch):
+        raise CoopError(f"plan file {path} names {len(layout.tensor_paths)} batch tensors in its layout and "
+                        f"{len(batch)} shapes; make a new plan with coop.plan")
+    example = Batch(layout, batch) if layout is not None else batch
+    captured = capture(module, example, loss_fn=loss_fn, alternatives=bool(document.get("alternatives", False)))
     captured.context = TrainingContext.current(module, batch)
     if captured.graph.structure_sha256 != document["graph"]["structure_sha256"]:
         saved = document.get("context") or {}

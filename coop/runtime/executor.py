@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -363,16 +364,20 @@ def recorded_program() -> Iterator[None]:
         yield
 
 
-def unwrap_model(model: nn.Module) -> tuple[nn.Module, Any]:
+def unwrap_model(model: nn.Module, strict: bool = True) -> tuple[nn.Module, Any]:
     """The module to capture and the DistributedDataParallel wrapper around it (None without one).
 
     A DDP-wrapped model is captured without its wrapper; :class:`GradientSync` then hands the
-    replayed gradients to the wrapper's own reducer.
+    replayed gradients to the wrapper's own reducer. A ``torch.compile``d module (outside or inside DDP) is
+    refused with ``strict``; without it its ``_orig_mod`` is captured, with a warning: coop's replay runs its own
+    program of the eager step in place of the compiled one (same parameters, so training is unchanged).
 
     Parameters
     ----------
     model : nn.Module
         The user's model, wrapped or not.
+    strict : bool
+        Refuse a compiled module instead of planning its ``_orig_mod``.
 
     Returns
     -------
@@ -385,19 +390,47 @@ def unwrap_model(model: nn.Module) -> tuple[nn.Module, Any]:
         For a wrapper whose semantics a replay of the plain module cannot reproduce, naming the wrapper and the fix
         (among them DDP with the Python reducer, all all-reduces delayed, or ``mixed_precision``).
     """
+    model = _uncompiled(model, strict)
     refusal = _refused_wrapper(model)
     if refusal:
         raise CaptureError(refusal)
     ddp_class = _ddp_class()
     if ddp_class is None or not isinstance(model, ddp_class):
         return model, None
+    inner = _uncompiled(model.module, strict)
+    if inner is not model.module:
+        refusal = _refused_wrapper(inner)
+        if refusal:
+            raise CaptureError(refusal)
     if getattr(model, "_use_python_reducer", False) or getattr(model, "_delay_all_reduce_all_params", False):
         raise CaptureError("coop cannot sync gradients of a DistributedDataParallel that uses the Python reducer or "
                            "delays every all-reduce (compiled DDP); wrap the model in plain DistributedDataParallel")
     if getattr(model, "mixed_precision", None) is not None:
         raise CaptureError("coop cannot honour DistributedDataParallel(mixed_precision=...), which casts parameters "
                            "inside forward; use torch.autocast around plan.step instead")
-    return model.module, model
+    return inner, model
+
+
+#: The one line that refuses a compiled module (``strict``) and the warning that plans its ``_orig_mod`` otherwise.
+COMPILED_REFUSAL = ("coop cannot plan a torch.compile'd module (coop replays its own program of the eager step); pass "
+                    "the uncompiled module (model._orig_mod) to coop.plan")
+COMPILED_WARNING = ("coop.plan got a torch.compile'd module and plans its uncompiled model._orig_mod: coop's replay "
+                    "replaces the compiled step, so plan.step runs eager kernels (bit-identical to eager, not to "
+                    "compiled) while calling the model itself still runs compiled; pass strict=True to refuse instead")
+
+
+def _uncompiled(model: nn.Module, strict: bool) -> nn.Module:
+    """``model``'s ``_orig_mod`` when it is a torch.compile'd module (with a warning; refused with ``strict``)."""
+    if not hasattr(model, "_orig_mod"):  # not compiled: no need to import torch._dynamo (slow) to know it
+        return model
+    from torch._dynamo.eval_frame import OptimizedModule  # lazy: torch._dynamo is slow to import
+
+    if not isinstance(model, OptimizedModule):
+        return model
+    if strict:
+        raise CaptureError(COMPILED_REFUSAL)
+    warnings.warn(COMPILED_WARNING, UserWarning, stacklevel=4)
+    return model._orig_mod
 
 
 def _ddp_class() -> type | None:
@@ -413,8 +446,7 @@ def _refused_wrapper(model: nn.Module) -> str:
     from torch._dynamo.eval_frame import OptimizedModule  # lazy: torch._dynamo is slow to import
 
     if isinstance(model, OptimizedModule):
-        return ("coop cannot plan a torch.compile'd module (coop replays its own program of the eager step); pass the "
-                "uncompiled module (model._orig_mod) to coop.plan")
+        return COMPILED_REFUSAL
     ddp_class = _ddp_class()
     for name, module in model.named_modules():
         where = f"submodule {name!r}" if name else "the model"
