@@ -38,7 +38,7 @@ from coop.formulations.constructed_budget import constructed_budget
 from coop.formulations.progress import stderr_progress
 from coop.graph import Graph
 from coop.graph_files import load_graph
-from coop.online.policies import POLICIES
+from coop.memory_viz import write_memory_viz
 from coop.schedule import Schedule, check_schedule_nodes, load_schedule, schedule_to_json, simulate, validate
 
 EXIT_OK = 0
@@ -57,6 +57,8 @@ console = Console(highlight=False)
 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout.")]
 GraphArg = Annotated[Path, typer.Argument(metavar="GRAPH", help="Graph file: coop JSON or a networkx node-link file.")]
+MemoryVizOption = Annotated[Path | None, typer.Option("--memory-viz", help="Also write the predicted timeline as a "
+                                                      "PyTorch memory snapshot (.pickle) for pytorch.org/memory_viz.")]
 
 
 def _usage_error_types() -> tuple[type[Exception], ...]:
@@ -364,6 +366,7 @@ def validate_command(
     schedule_path: Annotated[Path, typer.Argument(metavar="SCHEDULE", help="Schedule JSON written by coop solve.")],
     budget: Annotated[str | None, typer.Option("--budget", "-b", help="Check against this budget "
                                                                       "(default: the schedule's own).")] = None,
+    memory_viz: MemoryVizOption = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Check that a schedule is legal for a graph and within its budget; exit 1 when it is not."""
@@ -376,6 +379,9 @@ def validate_command(
     predicted = (document.get("predicted") or {}).get("peak")
     report["predicted_peak"] = predicted
     report["predicted_matches"] = None if predicted is None or verdict.peak is None else predicted == verdict.peak
+    if memory_viz is not None and verdict.simulation is not None:  # a legal schedule, within the budget or not
+        write_memory_viz(memory_viz, graph, schedule, verdict.simulation)
+        report["memory_viz"] = str(memory_viz)
     if json_output:
         _emit_json(report)
     else:
@@ -488,15 +494,18 @@ def capture(
 @app.command(name="simulate")
 def simulate_command(
     graph_path: GraphArg,
-    policy: Annotated[str, typer.Option("--policy", "-p", help="Online eviction policy: dtr, dtr-eq, dte or coop.")],
+    policy: Annotated[str, typer.Option("--policy", "-p", help="Online eviction policy: dtr, dtr-eq, dte, coop or "
+                                        "delta (swaps or recomputes; needs --device-profile).")],
     budget: Annotated[str, typer.Option("--budget", "-b", help="Arena size: '6GiB', '132156' (graph units), '70%' or 0.7.")],
+    device_profile: Annotated[str | None, typer.Option("--device-profile", help="delta: the device profile (name or "
+                                                       ".toml) whose host link prices and times its swaps.")] = None,
+    memory_viz: MemoryVizOption = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Run an online eviction policy over the graph in an arena of the budget's size."""
     graph = load_graph(graph_path)
-    if policy not in POLICIES:  # bad input (exit 2), named before any budget verdict
-        raise CoopError(f"unknown eviction policy {policy!r}: choose one of {', '.join(POLICIES)}")
-    report = simulate_report(graph, policy, budget)
+    report = simulate_report(graph, policy, budget, device_profile,  # bad input (exit 2) before any budget verdict
+                             memory_viz=memory_viz)
     if json_output:
         _emit_json(report)
     else:
@@ -523,8 +532,8 @@ def compare_command(
     output_dir: Annotated[Path | None, typer.Option("--output-dir", "-o", help="With --config: where to write "
                                                     "CSV, markdown and plots.")] = None,
     device_profile: Annotated[str | None, typer.Option("--device-profile", help="Add poet (recomputation and "
-                                                       "paging) priced on this device profile: energy and paged "
-                                                       "bytes beside cost.")] = None,
+                                                       "paging) and delta (online swap or recompute) priced on "
+                                                       "this device profile.")] = None,
     json_output: JsonFlag = False,
 ) -> None:
     """Static formulations and online policies side by side at each budget, with break-even steps."""

@@ -37,6 +37,9 @@ from coop.device_profiles import load_device_profile
 from coop.errors import CoopError
 from coop.formulations import BASELINES, FORMULATIONS, solve
 from coop.graph import Graph
+from coop.memory_viz import write_memory_viz
+from coop.online.delta import DELTA, delta_profile
+from coop.online.delta_sim import simulate_delta
 from coop.online.online_sim import OnlineResult, simulate_online
 from coop.online.policies import POLICIES
 from coop.online.static_arena import ARENA_ROUNDS, next_live_budget, packed_placement
@@ -48,6 +51,9 @@ ONLINE_FORMULATION_NAMES = frozenset({"dynamic", "online"})
 FITS_NOTE = ("fits: the arena peak (highest address used, fragmentation included) is within the budget, for static "
              "plans (packed placement of the schedule's values: the lower of best fit and greedy by size) and online policies (which run in an arena of the "
              "budget's size) alike; 'fragmented': the live peak fits but the placement does not")
+
+#: The columns delta's rows add (its swaps, priced on the device profile).
+DELTA_COLUMNS = ("swapped_bytes", "recomputed_cost", "exposed_copy_s", "host_peak")
 
 #: The columns of every row, in table order.
 COLUMNS = (
@@ -95,7 +101,7 @@ class CompareReport:
     def to_markdown(self) -> str:
         """A GitHub table of the main columns, then the notes."""
         break_even = [c for c in self.columns if c.startswith("break_even_vs_")]
-        priced = [c for c in ("energy_j", "paged_bytes") if c in self.columns]  # poet rows (device profile)
+        priced = [c for c in ("energy_j", "paged_bytes", *DELTA_COLUMNS) if c in self.columns]  # poet and delta rows
         columns = ["method", "kind", "budget_spec", "status", "fits", "live_peak", "arena_peak", "overhead", *priced,
                    "solve_s", "search_s", *break_even]
         lines = [
@@ -123,7 +129,8 @@ class CompareReport:
                                        xlabel="budget (fraction of the baseline peak)", dashed=online)
 
 
-def simulate_report(graph: Graph, policy: str, budget: str | int | float) -> dict[str, Any]:  # noqa: PYI041 (int: graph units)
+def simulate_report(graph: Graph, policy: str, budget: str | int | float,  # noqa: PYI041 (int: graph units)
+                    device_profile: str | None = None, *, memory_viz: str | Path | None = None) -> dict[str, Any]:
     """``coop simulate``: one online policy on one graph and budget, as a JSON-ready dict.
 
     Parameters
@@ -134,6 +141,12 @@ def simulate_report(graph: Graph, policy: str, budget: str | int | float) -> dic
         The online eviction policy's name (:func:`coop.online.online_sim.simulate_online`).
     budget : str or int or float
         The budget, in any form :func:`coop.budget.parse_budget` reads (an int is graph units).
+    device_profile : str or None
+        The device profile whose host link prices ``delta``'s swaps (required by delta, refused by the others).
+    memory_viz : str or Path or None
+        Also write the run's schedule, simulated by the one simulator on the graph with its random draws
+        replayable, as a PyTorch memory snapshot there (:func:`coop.memory_viz.write_memory_viz`), when the run
+        finished; ``report["memory_viz"]`` names the file.
 
     Returns
     -------
@@ -146,7 +159,12 @@ def simulate_report(graph: Graph, policy: str, budget: str | int | float) -> dic
     ------
     BudgetError
         When the budget cannot be parsed.
+    DeviceProfileError
+        For delta without a device profile, or an unknown one.
+    CoopError
+        For a device profile given to a policy that does not page.
     """
+    _check_online(policy, device_profile)
     budget_units = parse_budget(budget, graph, check=False)
     least = min_budget(graph)
     report: dict[str, Any] = {
@@ -158,8 +176,26 @@ def simulate_report(graph: Graph, policy: str, budget: str | int | float) -> dic
     }
     if below := below_min_budget(budget_units, graph):
         return report | {"status": "infeasible", "message": below}
-    result = simulate_online(graph, budget_units, policy)
+    result = _simulate(graph, budget_units, policy, device_profile)
+    if memory_viz is not None and result.schedule is not None:  # the online engines' schedules replay random draws
+        write_memory_viz(memory_viz, graph.with_random_replay(), result.schedule)
+        report["memory_viz"] = str(memory_viz)
     return report | result.to_dict() | {"ok": result.status == "ok"}
+
+
+def _check_online(policy: str, device_profile: str | None) -> None:
+    """One line for an unknown policy, delta without a profile, or a profile given to a policy that does not page."""
+    if policy == DELTA:
+        delta_profile(device_profile)
+    elif policy not in POLICIES:
+        raise CoopError(f"unknown eviction policy {policy!r}: choose one of {', '.join([*POLICIES, DELTA])}")
+    elif device_profile is not None:
+        raise CoopError(f"policy {policy!r} only recomputes, so a device profile prices nothing: drop it, or use "
+                        f"--policy {DELTA} (swaps priced on the profile)")
+
+
+def _simulate(graph: Graph, budget: int, policy: str, device_profile: str | None) -> OnlineResult:
+    return simulate_delta(graph, budget, device_profile) if policy == DELTA else simulate_online(graph, budget, policy)
 
 
 def compare(
@@ -192,7 +228,7 @@ def compare(
         graphs with implementations (elsewhere it is moccasin's search again) and ``poet`` only with a
         ``device_profile``.
     policies : iterable of str or None
-        Online eviction policies by name; None: all of them.
+        Online eviction policies by name; None: all of them (``delta`` only with a ``device_profile``).
     time_limit : float
         Seconds, passed to formulations that take one.
     progress : bool
@@ -202,7 +238,8 @@ def compare(
     on_row : callable or None
         Called with each row as it is made.
     device_profile : str or None
-        A device profile (name or .toml path) that prices ``poet``'s paging; its rows show energy and paged bytes.
+        A device profile (name or .toml path) that prices ``poet``'s paging and ``delta``'s swaps; their rows show
+        energy and paged bytes (poet), swapped bytes, recomputed cost, exposed copy time and host peak (delta).
 
     Returns
     -------
@@ -223,10 +260,9 @@ def compare(
         load_device_profile(device_profile)  # an unknown name or a bad file: one line before any solve
         solver_options = {**(solver_options or {})}
         solver_options["poet"] = {"device_profile": device_profile, **solver_options.get("poet", {})}
-    policy_names = list(policies) if policies is not None else list(POLICIES)
+    policy_names = list(policies) if policies is not None else [*POLICIES, *([DELTA] if device_profile else [])]
     for name in policy_names:
-        if name not in POLICIES:
-            raise CoopError(f"unknown eviction policy {name!r}: choose one of {', '.join(POLICIES)}")
+        _check_online(name, device_profile if name == DELTA else None)
     if not budgets:
         raise CoopError("compare needs at least one budget (e.g. --budgets 0.9,0.7,0.5)")
     peak, least = baseline_peak(graph), min_budget(graph)
@@ -247,7 +283,7 @@ def compare(
                 options = {"time_limit": time_limit} | (solver_options or {}).get(name, {})
                 row = _static_row(static_graph, name, spec, units, peak, options)
             else:
-                row = _online_row(graph, name, spec, units, peak)
+                row = _online_row(graph, name, spec, units, peak, device_profile)
             report.rows.append(row)
             if on_row is not None:
                 on_row(row)
@@ -356,14 +392,17 @@ def _static_verdict(solver_status: str, live_peak: int, arena_peak: int, budget:
     return solver_status, ""
 
 
-def _online_row(graph: Graph, name: str, spec: str, budget: int, peak: int) -> dict[str, Any]:
-    result: OnlineResult = simulate_online(graph, budget, name)
+def _online_row(graph: Graph, name: str, spec: str, budget: int, peak: int,
+                device_profile: str | None = None) -> dict[str, Any]:
+    result = _simulate(graph, budget, name, device_profile)
+    # delta's rows: its swaps priced on the device profile (coop.online.delta_sim.DeltaResult).
+    swapped = {column: getattr(result, column) for column in DELTA_COLUMNS if hasattr(result, column)}
     finished = result.schedule is not None
     return _row(name, "online", spec, budget, peak, status=result.status,
                 fits=finished and result.arena_peak <= budget, live_peak=result.peak,
                 arena_peak=result.arena_peak, overhead=result.overhead if finished else None,
                 search_s=result.search_s, step_s=_step_seconds(graph, result.overhead, result.search_s) if finished else None,
-                evictions=result.evictions, fragmentation=result.fragmentation, message=result.message)
+                evictions=result.evictions, fragmentation=result.fragmentation, message=result.message, **swapped)
 
 
 # -------------------------------------------------------------------- break-even

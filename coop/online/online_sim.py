@@ -166,6 +166,8 @@ class OnlineSimulator:
         self.random_replays = 0  # recomputations of random ops from their saved generator state
         self.extra_cost = 0.0
         self.search_s = 0.0
+        #: Seconds the compute waited on copies to or from the host (engines that page; 0 here).
+        self.exposed_s = 0.0
 
     # ---------------------------------------------------------------- EngineView
     @property
@@ -214,6 +216,7 @@ class OnlineSimulator:
             if self._size[owned] and self._arena.allocate(self._size[owned], owned) is None:
                 raise OutOfMemory(f"the caller-owned values ({self.graph.caller_owned_bytes}) do not fit the budget")
         for position, v in enumerate(self.order):
+            self._before_step(position)
             self._materialize(v, program_step=True)
             for kept in self._release_at.get(position, ()):
                 self._released_kept.add(kept)
@@ -236,6 +239,8 @@ class OnlineSimulator:
         """
         if target in self._resident and not program_step:
             return
+        if not program_step and self._bring_back(target):
+            return
         stack: list[list[int]] = [[target, 0]]
         while stack:
             frame = stack[-1]
@@ -243,7 +248,7 @@ class OnlineSimulator:
             inputs = self._inputs[node]
             if position < len(inputs):
                 source = inputs[position]
-                if source in self._resident:
+                if source in self._resident or self._bring_back(source):
                     self._pin(source)
                     frame[1] += 1
                 else:
@@ -293,6 +298,21 @@ class OnlineSimulator:
     def _run_node(self, node: int) -> None:
         """Hook: the op runs here, once its output and workspace have room (a real engine computes)."""
 
+    def _before_step(self, position: int) -> None:
+        """Hook: the program is about to run ``self.order[position]`` (an engine that pages prefetches here)."""
+
+    def _bring_back(self, key: int) -> bool:
+        """Hook: make a non-resident value resident without recomputing it (a page-in); False: recompute it."""
+        return False
+
+    def _evict(self, key: int) -> None:
+        """Hook: a policy's victim leaves memory (here dropped, to be recomputed; a paging engine may swap it)."""
+        self._drop(key)
+
+    def schedule(self) -> Schedule:
+        """The steps executed so far as a coop Schedule (computes only here; a paging engine adds page steps)."""
+        return Schedule(steps=tuple(Step(op="compute", node=v) for v in self.executed))
+
     def _allocate(self, key: Hashable, size: int, cost: float, previous_address: int | None,
                   permanent: bool = False) -> None:
         """Place ``key`` in the arena, evicting policy-chosen victims until it fits.
@@ -317,7 +337,7 @@ class OnlineSimulator:
                     f"largest free block {self._arena.largest_free})"
                 )
             for victim in victims:
-                self._drop(victim)
+                self._evict(victim)
                 self.evictions += 1
 
     def _place(self, key: Hashable, size: int, placement: str, permanent: bool, record: bool) -> bool:
@@ -436,7 +456,24 @@ def simulate_online(
     """
     budget_units = parsed_budget(budget, "simulate_online")
     policy_object = make_policy(policy)
-    engine = OnlineSimulator(graph, budget_units, policy_object, max_overhead, replay_random)
+    return run_engine(OnlineSimulator(graph, budget_units, policy_object, max_overhead, replay_random))
+
+
+def run_engine(engine: OnlineSimulator) -> OnlineResult:
+    """Run an engine over its graph's order and report it (the one report of every online engine).
+
+    Parameters
+    ----------
+    engine : OnlineSimulator
+        A fresh engine (this one, or a subclass that pages or holds real tensors).
+
+    Returns
+    -------
+    OnlineResult
+        As :func:`simulate_online` describes it; the overhead counts the engine's recomputation and
+        the copy time it could not hide (``engine.exposed_s``, zero for recomputation-only engines).
+    """
+    graph = engine.graph
     started = time.perf_counter()
     status: OnlineStatus = "ok"
     message = ""
@@ -449,26 +486,26 @@ def simulate_online(
     wall_s = time.perf_counter() - started
     cost = sum(engine.cost(v) for v in engine.executed)
     baseline = graph.baseline_cost
-    overhead = relative_overhead(cost - baseline, baseline)
-    if status != "ok":  # a run cut short: the recomputation it paid for so far, not its unfinished cost
-        overhead = relative_overhead(engine.extra_cost, baseline)
+    overhead = relative_overhead(cost - baseline + engine.exposed_s, baseline)
+    if status != "ok":  # a run cut short: the recomputation (and waiting) it paid for so far, not its unfinished cost
+        overhead = relative_overhead(engine.extra_cost + engine.exposed_s, baseline)
     schedule = None
     if status == "ok":
-        schedule = Schedule(steps=tuple(Step(op="compute", node=v) for v in engine.executed))
+        schedule = engine.schedule()
         if overhead > THRASH_OVERHEAD:
             status, message = "thrashed", f"overhead {overhead:.2f} exceeds {THRASH_OVERHEAD}"
     arena = engine.arena
     failures = arena.failures
     return OnlineResult(
-        policy=policy_object.name,
-        budget=budget_units,
+        policy=engine.policy.name,
+        budget=arena.size,
         status=status,
         overhead=overhead,
         cost=cost,
         baseline_cost=baseline,
         evictions=engine.evictions,
         recomputations=engine.recomputations,
-        steps=len(engine.executed),
+        steps=len(schedule) if schedule is not None else len(engine.executed),
         failures=len(failures),
         search_s=engine.search_s,
         wall_s=wall_s,
