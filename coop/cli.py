@@ -456,6 +456,12 @@ def capture(
     batch: Annotated[int | None, typer.Option("--batch", min=1, help="Zoo size: batch size.")] = None,
     seq: Annotated[int | None, typer.Option("--seq", min=1, help="Zoo size: sequence length.")] = None,
     image: Annotated[int | None, typer.Option("--image", min=1, help="Zoo size: image side in pixels.")] = None,
+    heads: Annotated[int | None, typer.Option("--heads", min=1, help="Zoo size: attention heads.")] = None,
+    vocab: Annotated[int | None, typer.Option("--vocab", min=1, help="Zoo size: vocabulary.")] = None,
+    meta: Annotated[bool, typer.Option("--meta", help="Build the zoo model on the meta device (no weights: any size "
+                                       "fits this machine); needs --device.")] = False,
+    device: Annotated[str | None, typer.Option("--device", help="With --meta: the device the plan will run on "
+                                               "('cuda', 'cpu'), where the graph records every value.")] = None,
     profile: Annotated[bool, typer.Option("--profile", help="Time every op on this machine for node costs.")] = False,
     alternatives: Annotated[bool, typer.Option("--alternatives", help="Record the operator implementations PyTorch "
                                                "offers (MONeT: mask backwards, in-place activations) for "
@@ -470,13 +476,18 @@ def capture(
     from coop.graph_capture import capture as capture_step  # lazy: keeps the graph commands torch-free
     from coop.zoo import model_from_factory, model_from_zoo  # lazy: keeps the graph commands torch-free
 
+    if meta and model is None:
+        raise CoopError("--meta builds a zoo model on the meta device: use it with --model NAME (a factory builds its "
+                        "model itself: build it under torch.device('meta') there and pass --device)")
     if target is not None:
         module, example_batch, loss_fn = model_from_factory(target)
     else:
-        given = {"layers": layers, "hidden": hidden, "batch": batch, "seq": seq, "image": image}
+        given = {"layers": layers, "hidden": hidden, "batch": batch, "seq": seq, "image": image, "heads": heads,
+                 "vocab": vocab}
         size = {k: v for k, v in given.items() if v is not None}
-        module, example_batch, loss_fn = model_from_zoo(str(model), size)
-    result = capture_step(module, example_batch, loss_fn=loss_fn, profile=profile, alternatives=alternatives)
+        module, example_batch, loss_fn = model_from_zoo(str(model), size, meta=meta)
+    result = capture_step(module, example_batch, loss_fn=loss_fn, profile=profile, alternatives=alternatives,
+                          device=device)
     graph: Graph = result.graph
     output.parent.mkdir(parents=True, exist_ok=True)
     graph.save(output)

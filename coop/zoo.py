@@ -246,7 +246,7 @@ def _classifier_loss(model: nn.Module, images: torch.Tensor, labels: torch.Tenso
 
 
 # ============================================================================ user models
-def model_from_zoo(name: str, size: dict[str, int]) -> Built:
+def model_from_zoo(name: str, size: dict[str, int], meta: bool = False) -> Built:
     """``(model, batch, loss_fn)`` of a zoo model by name (``coop capture --model``).
 
     Parameters
@@ -255,6 +255,9 @@ def model_from_zoo(name: str, size: dict[str, int]) -> Built:
         The zoo model: one of :data:`ZOO_NAMES`.
     size : dict of str to int
         Size options, as for :func:`build`.
+    meta : bool
+        Build it on the meta device: shapes and dtypes without data, so that any size fits this machine
+        (``coop capture --meta``; :mod:`coop.graph_capture.meta`).
 
     Returns
     -------
@@ -268,6 +271,9 @@ def model_from_zoo(name: str, size: dict[str, int]) -> Built:
     """
     if name not in ZOO_NAMES:
         raise CoopError(f"unknown zoo model {name!r}: choose one of {', '.join(ZOO_NAMES)}")
+    if meta:
+        with torch.device("meta"):
+            return build(name, **size)
     return build(name, **size)
 
 

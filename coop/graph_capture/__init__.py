@@ -24,11 +24,13 @@ from coop.graph_capture.batch import Batch, read_batch
 from coop.graph_capture.captured import Captured, flat_values
 from coop.graph_capture.cost import NodeProfile, profile_nodes
 from coop.graph_capture.lower import lower
+from coop.graph_capture.meta import check_weightless_capture, on_device
 from coop.graph_capture.trace import flat_names, split_state, trace_step
 
 
 def capture(model: nn.Module, example_batch: torch.Tensor | tuple | list | dict | Batch, loss_fn: Callable[..., torch.Tensor] | None = None,
-            profile: bool = False, compact_masks: bool = True, alternatives: bool = False) -> Captured:
+            profile: bool = False, compact_masks: bool = True, alternatives: bool = False,
+            device: str | None = None) -> Captured:
     """Capture one training step of ``model`` on ``example_batch`` as a coop Graph.
 
     With ``profile`` node costs are measured seconds on the batch's device, node bytes the storages the real
@@ -58,6 +60,9 @@ def capture(model: nn.Module, example_batch: torch.Tensor | tuple | list | dict 
         in-place activations; :mod:`coop.graph_capture.alternatives`), priced like the nodes (with ``profile``,
         the analytic model calibrated on the profiled step:
         :class:`~coop.graph_capture.alternatives.price.Calibration`); formulations other than ``monet`` ignore them.
+    device : str or None
+        For a model on the meta device (no weights, :mod:`coop.graph_capture.meta`): the device the plan will
+        run on, where every value is recorded; refused for a model with weights.
 
     Returns
     -------
@@ -75,6 +80,7 @@ def capture(model: nn.Module, example_batch: torch.Tensor | tuple | list | dict 
         raise CaptureError(f"capture needs an nn.Module, got {type(model).__name__}")
     read = read_batch(example_batch)
     batch = read.tensors
+    weightless_step = check_weightless_capture(model, batch, device, profile=profile, alternatives=alternatives)
     start = time.perf_counter()
     traced = trace_step(model, batch, loss_fn, compact_masks=compact_masks, layout=read.layout)
     params, buffers, frozen = split_state(model)
@@ -91,8 +97,9 @@ def capture(model: nn.Module, example_batch: torch.Tensor | tuple | list | dict 
         names = [n.name for n in traced.module.graph.nodes if n.op == "placeholder"]
         values = dict(zip(names, flat_values(placeholders, {**params, **buffers, **frozen}, batch), strict=True))
         found = add_alternatives(traced.module, lowered.graph, lowered.fx_names, lowered.owner_of, profiled, values)
+    graph = found.graph if found is not None else lowered.graph
     return Captured(
-        graph=found.graph if found is not None else lowered.graph,
+        graph=on_device(graph, device) if weightless_step and device is not None else graph,
         module=traced.module,
         placeholders=placeholders,
         grad_names=traced.output_grads,

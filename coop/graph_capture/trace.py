@@ -40,6 +40,7 @@ from torch.utils import _pytree as pytree
 
 from coop.errors import CaptureError, CoopError
 from coop.graph_capture.batch import BatchLayout, positional_batch
+from coop.graph_capture.meta import fake_cpu_state, weightless
 from coop.graph_capture.random_ops import compact_random_masks
 
 aten = torch.ops.aten
@@ -140,7 +141,10 @@ def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossF
         return loss, dict(zip(params, grads, strict=True)), new_buffers
 
     try:
-        module = _traced(step, params, buffers, frozen, *_distinct_storages(batch))
+        if weightless(model, batch):  # meta tensors: traced as fake CPU tensors (coop.graph_capture.meta)
+            module = _traced(step, *fake_cpu_state(params, buffers, frozen, batch))
+        else:
+            module = _traced(step, params, buffers, frozen, *_distinct_storages(batch))
     except CoopError:
         raise
     except Exception as exc:  # noqa: BLE001 - tracing fails with many types; report the first line
@@ -182,11 +186,16 @@ def _distinct_storages(batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, .
 
 
 def _traced(step: Callable[..., Any], *args: Any) -> fx.GraphModule:
-    """``step`` traced on fake tensors; where the model branches on a batch value, traced again the way
-    ``torch.export`` traces (``torch.compiler.is_compiling()`` true), which libraries read to skip such branches
-    (transformers' check that an attention mask has no padding)."""
-    try:
+    """``step`` traced on fake tensors (``args``' own fake mode where they are fake already); where the model
+    branches on a batch value, traced again the way ``torch.export`` traces (``torch.compiler.is_compiling()``
+    true), which libraries read to skip such branches (transformers' check that an attention mask has no
+    padding)."""
+
+    def trace() -> fx.GraphModule:
         return make_fx(_functionalized(step), tracing_mode="fake")(*args)
+
+    try:
+        return trace()
     except CoopError:
         raise
     except Exception as exc:  # retried only for a data-dependent branch, else re-raised
@@ -195,7 +204,7 @@ def _traced(step: Callable[..., Any], *args: Any) -> fx.GraphModule:
     previous = torch.compiler._is_compiling_flag
     torch.compiler._is_compiling_flag = True
     try:
-        return make_fx(_functionalized(step), tracing_mode="fake")(*args)
+        return trace()
     finally:
         torch.compiler._is_compiling_flag = previous
 

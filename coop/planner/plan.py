@@ -29,6 +29,7 @@ from coop.graph_capture import Captured, capture
 from coop.graph_capture.batch import Batch, layout_from_dict, read_batch
 from coop.graph_capture.context import TrainingContext
 from coop.graph_capture.cost import measure_workspace
+from coop.graph_capture.meta import weightless
 from coop.memory_viz import write_memory_viz
 from coop.online.static_arena import EXECUTION_ROUNDS, execution_placement, next_live_budget
 from coop.planner.base import BasePlan, LossFn, recapture
@@ -255,7 +256,8 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
          formulation: str = "auto", time_limit: float = 60, profile: bool = False,
          arena: bool = False, captured: Captured | None = None, device_profile: Any = None,
          alternatives: bool | None = None, exact: bool = False, copy_stream: bool = False,
-         cuda_graph: bool = False, strict: bool = False) -> Plan | DynamicPlan:
+         cuda_graph: bool = False, strict: bool = False, device: str | None = None,
+         policy: str = "coop") -> Plan | DynamicPlan:
     """Capture a training step, solve for a schedule within ``budget`` and return its replay.
 
     A formulation that returns no schedule within the budget falls back to the cheapest fitting baseline,
@@ -321,7 +323,8 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
     device_profile : Any
         A name such as ``"a100-pcie4"``, a .toml path or a :class:`coop.device_profiles.DeviceProfile`: prices
         paging for ``formulation="poet"`` and lets ``auto`` page to the device's slower tier when recomputation
-        alone cannot reach the budget.
+        alone cannot reach the budget; with ``formulation="dynamic", policy="delta"`` it prices DELTA's swaps
+        (required there).
     alternatives : bool or None
         Capture the operator implementations PyTorch offers (MONeT: ReLU/hardtanh backward from a compact mask,
         in-place activations; coop.graph_capture.alternatives); None: only for ``formulation="monet"``.
@@ -343,6 +346,13 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
         Refuse, in one line, what coop would otherwise plan with a warning: a ``torch.compile``d module (coop plans
         its ``_orig_mod`` and replays its own program of the eager step, so the compiled kernels do not run in
         ``plan.step``).
+    device : str or None
+        For a model on the meta device (built under ``torch.device("meta")``: no weights, any size): the device
+        the plan will run on (:mod:`coop.graph_capture.meta`). Such a plan cannot step; ``plan.save`` it and
+        ``coop.load_plan`` it on the real model, which checks that the real step has the same graph.
+    policy : str
+        The online eviction policy of ``formulation="dynamic"``: ``"coop"`` (the default), ``"dtr"``, ``"dtr-eq"``,
+        ``"dte"``, or ``"delta"`` (swap or recompute, with ``device_profile``: :mod:`coop.online.delta`).
 
     Returns
     -------
@@ -377,8 +387,9 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
     read = read_batch(example_batch)
     batch = read.tensors
     if captured is None:
-        with_alternatives = formulation == "monet" if alternatives is None else alternatives
-        captured = capture(module, read, loss_fn=loss_fn, profile=profile, alternatives=with_alternatives)
+        with_alternatives = (formulation == "monet" and device is None) if alternatives is None else alternatives
+        captured = capture(module, read, loss_fn=loss_fn, profile=profile, alternatives=with_alternatives,
+                           device=device)
     if captured.context is None:
         captured.context = TrainingContext.current(module, batch)
     graph = captured.graph
@@ -390,7 +401,8 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
     allocator = prepare_allocator(graph, streams=2 if copy_stream or cuda_graph else 1)  # a graph: its private pool
     live_bytes = within_allocator_headroom(budget_bytes, allocator, graph)
     if formulation == "dynamic":
-        dynamic = DynamicPlan(captured, module, live_bytes, policy="coop", wrapper=wrapper, loss_fn=loss_fn)
+        dynamic = DynamicPlan(captured, module, live_bytes, policy=policy, wrapper=wrapper, loss_fn=loss_fn,
+                              device_profile=device_profile)
         dynamic.allocator = allocator
         return dynamic
     solver = functools.partial(_plan_within, module, formulation=formulation, time_limit=time_limit,
@@ -553,6 +565,8 @@ def _measure_ordinary_step(candidate: Plan, live_budget: int, *, flat: Callable[
     graph = candidate.graph
     size = functools.partial(format_memory, graph=graph)
     solved = f"solved within a live-bytes budget of {size(live_budget)}"
+    if weightless(candidate.model):
+        return None, f"held bytes not measured: the model is on the meta device (no weights); {solved}"
     if graph.has_accelerator:
         return None, f"held bytes not measured: the step runs on an accelerator; {solved}"
     if any(step.op == "page_out" for step in candidate.schedule.steps):

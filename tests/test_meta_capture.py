@@ -1,0 +1,98 @@
+"""Capture without weights (coop.graph_capture.meta): a model on the meta device gives the Graph the real model
+gives, a plan made on it loads and replays on the real model bit-identically to eager, and what needs data is
+refused in one line. The oracle is the real model: its own capture, and its eager training."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import coop
+from coop.cli import app
+from coop.errors import CaptureError, CoopError
+from coop.zoo import build
+
+
+def _on_meta(name: str, **size: int) -> tuple:
+    with torch.device("meta"):
+        return build(name, **size)
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "transformer", "gpt2", "llama", "bert"])
+def test_a_meta_capture_gives_the_real_models_graph(name: str) -> None:
+    model, batch, loss_fn = build(name)
+    meta_model, meta_batch, _ = _on_meta(name)
+    real = coop.capture(model, batch, loss_fn).graph
+    weightless = coop.capture(meta_model, meta_batch, loss_fn, device="cpu").graph
+    assert weightless.sha256 == real.sha256  # every node, byte and analytic cost
+    assert weightless.meta.get("captured_on") == "meta"
+
+
+def test_a_meta_capture_for_cuda_records_every_value_there() -> None:
+    meta_model, meta_batch, loss_fn = _on_meta("transformer")
+    model, batch, _ = build("transformer")
+    real = coop.capture(model, batch, loss_fn).graph
+    graph = coop.capture(meta_model, meta_batch, loss_fn, device="cuda").graph
+    assert graph.devices == ("cuda",)
+    assert [(n.id, n.mem, n.cost) for n in graph.nodes] == [(n.id, n.mem, n.cost) for n in real.nodes]
+
+
+def test_a_plan_made_on_meta_loads_on_the_real_model_and_trains_like_eager(tmp_path: Path) -> None:
+    meta_model, meta_batch, loss_fn = _on_meta("transformer")
+    plan = coop.plan(meta_model, 0.8, meta_batch, loss_fn=loss_fn, device="cpu", formulation="moccasin", time_limit=5)
+    assert "meta device" in plan.summary()["note"]
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    model, batch, _ = build("transformer")
+    eager, _, _ = build("transformer")
+    loaded = coop.load_plan(path, model, loss_fn=loss_fn)
+    assert loaded.schedule == plan.schedule
+    for planned, net in ((True, model), (False, eager)):
+        torch.manual_seed(3)
+        optimizer = torch.optim.AdamW(net.parameters(), lr=1e-2)
+        losses = []
+        for _ in range(3):
+            loss = loaded.step(*batch) if planned else (loss_fn(net, *batch) if loss_fn else net(*batch))
+            if not planned:
+                loss.backward()
+            losses.append(loss.detach())
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        if planned:
+            planned_losses = losses
+    assert all(torch.equal(a, b) for a, b in zip(planned_losses, losses, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), eager.parameters(), strict=True))
+
+
+def test_what_needs_data_is_refused_in_one_line() -> None:
+    meta_model, meta_batch, loss_fn = _on_meta("mlp")
+    model, batch, _ = build("mlp")
+    cases = [
+        (lambda: coop.capture(meta_model, meta_batch, loss_fn),
+         r"^the model or batch is on the meta device \(no weights\): pass device='cuda'"),
+        (lambda: coop.capture(model, batch, loss_fn, device="cuda"), r"^device= names where a model on the meta "),
+        (lambda: coop.capture(meta_model, meta_batch, loss_fn, device="cpu", profile=True), r"^profile=True times "),
+        (lambda: coop.capture(meta_model, meta_batch, loss_fn, device="gpu7"), r"^device='gpu7' is not a torch device"),
+    ]
+    for call, message in cases:
+        with pytest.raises(CaptureError, match=message) as caught:
+            call()
+        assert "\n" not in str(caught.value)
+    plan = coop.plan(meta_model, 1.0, meta_batch, loss_fn=loss_fn, device="cpu", formulation="store-all")
+    with pytest.raises(CoopError, match=r"^the model or batch is on the meta device \(no weights\), so no step can run; "
+                                        r"save the plan \(plan.save\) and load it on the real model"):
+        plan.step(*meta_batch)
+
+
+def test_the_cli_captures_a_zoo_model_on_meta(tmp_path: Path) -> None:
+    out = tmp_path / "g.json"
+    result = CliRunner().invoke(app, ["capture", "--model", "gpt2", "--layers", "2", "--meta", "--device", "cpu",
+                                      "-o", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    model, batch, loss_fn = build("gpt2", layers=2)
+    real = coop.capture(model, batch, loss_fn).graph
+    assert json.loads(out.read_text())["nodes"] == json.loads(real.to_json())["nodes"]
