@@ -21,7 +21,10 @@ does not know its size), so the peak is never below the truth.
 
 from __future__ import annotations
 
+import ast
+import re
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, Self
 
 import torch
@@ -75,4 +78,99 @@ class HeldBytes:
         return self.held_bytes + self.block_peak_bytes
 
 
-__all__ = ["HeldBytes", "storage_bytes"]
+
+
+# ------------------------------------------------------------------ the host tier counted apart
+COOP = Path(__file__).resolve().parents[1] / "coop"
+
+
+def host_tier_functions() -> set[tuple[str, str]]:
+    """(file, function) of every coop function whose body enters ``host_pool()`` (read from coop's source, so a new
+    one is found too): what it allocates is the host tier (paging buffers, saved generator states)."""
+    found: set[tuple[str, str]] = set()
+    for path in COOP.rglob("*.py"):
+        for function in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef) and any(
+                    isinstance(node, ast.With) and any(_enters_host_pool(item.context_expr) for item in node.items)
+                    for node in ast.walk(function)):
+                found.add((str(path.resolve()), function.name))
+    return found
+
+
+def _enters_host_pool(expression: ast.expr) -> bool:
+    if not isinstance(expression, ast.Call):
+        return False
+    target = expression.func
+    return (isinstance(target, ast.Name) and target.id == "host_pool") or (
+        isinstance(target, ast.Attribute) and target.attr == "host_pool")
+
+
+class TieredHeldBytes:
+    """:class:`HeldBytes` with the host tier counted apart: on CPU the "device" and the host are one memory.
+
+    Every allocation and free of the CPU allocator, with the Python frames around it (``torch.profiler``,
+    ``with_stack=True``); an allocation made under a coop function that enters ``host_pool()`` is host memory
+    (``host_peak_bytes``), every other one device memory (``device_peak_bytes``, ``held`` storages included).
+    A free is matched to its allocation by address; frees of storages allocated before the block are ignored.
+    """
+
+    def __init__(self, held: Iterable[Any] = ()) -> None:
+        self.held_bytes = storage_bytes(held)
+        self.device_block_peak = 0
+        self.host_peak_bytes = 0
+        self.host_allocations: list[int] = []
+        self._host_functions = host_tier_functions()
+        self._is_host: dict[str, bool] = {}
+        self._profile = profile(activities=[ProfilerActivity.CPU], profile_memory=True, with_stack=True)
+
+    def __enter__(self) -> Self:
+        self._profile.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._profile.__exit__(*exc)
+        allocation, python = torch._C._profiler._ExtraFields_Allocation, torch._C._profiler._ExtraFields_PyCall
+        events = []
+        stack = list(self._profile.profiler.kineto_results.experimental_event_tree())
+        while stack:
+            event = stack.pop()
+            stack.extend(event.children)
+            if isinstance(event.extra_fields, allocation):
+                host, parent = False, event.parent
+                while parent is not None and not host:
+                    host = isinstance(parent.extra_fields, python) and self._host_frame(parent.name)
+                    parent = parent.parent
+                events.append((event.start_time_ns, event.extra_fields.ptr, event.extra_fields.alloc_size, host))
+        live: dict[int, tuple[int, bool]] = {}
+        device = host_bytes = 0
+        for _, address, size, host in sorted(events, key=lambda item: item[0]):
+            if size > 0:
+                live[address] = (size, host)
+            elif address in live:
+                size, host = live.pop(address)
+                size = -size
+            else:
+                continue
+            if host:
+                host_bytes += size
+                self.host_peak_bytes = max(self.host_peak_bytes, host_bytes)
+                if size > 0:
+                    self.host_allocations.append(size)
+            else:
+                device += size
+                self.device_block_peak = max(self.device_block_peak, device)
+
+    def _host_frame(self, name: str) -> bool:
+        if name not in self._is_host:  # the Python tracer names a frame 'FILE(LINE): FUNCTION'
+            match = re.match(r"^(?P<file>.*)\(\d+\): (?P<function>\S+)$", name)
+            self._is_host[name] = bool(match) and (
+                str(Path(match["file"]).resolve()), match["function"]) in self._host_functions
+        return self._is_host[name]
+
+    @property
+    def device_peak_bytes(self) -> int:
+        """``held`` + the most device-tier bytes allocated inside the block and held at once."""
+        return self.held_bytes + self.device_block_peak
+
+
+__all__ = ["HeldBytes", "TieredHeldBytes", "host_tier_functions", "storage_bytes"]

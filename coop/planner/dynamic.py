@@ -9,6 +9,13 @@ recorded as a schedule (the computes it executed, recomputations included), chec
 validator within the budget, and replayed by the static executor from the second step on: later
 steps pay no host time for eviction decisions. A batch of other shapes is captured again and its
 plan records its own first step (``record=False`` keeps every step online).
+
+With ``policy="delta"`` (DELTA: swap or recompute, priced on a device profile's host link) the first step
+makes real copies to the host tier and records them as page steps; the static executor replays them with
+the same paging functions. On a step whose values all live on the CPU the host tier is a
+:class:`coop.runtime.paging.HostPool` made with the plan, sized to the host bytes the simulator predicts for
+the graph and budget (:func:`coop.online.delta_sim.simulate_delta`, whose decisions the step repeats), and
+shared by the online step and its replays: the step itself allocates device-tier memory only.
 """
 
 from __future__ import annotations
@@ -20,13 +27,18 @@ import torch
 from torch import nn
 
 from coop.budget import parse_budget
+from coop.device_profiles import DeviceProfile
 from coop.graph_capture import Captured
 from coop.graph_capture.batch import Batch
 from coop.graph_capture.context import TrainingContext
+from coop.online.delta import DELTA, DeltaPolicy, delta_profile
+from coop.online.delta_sim import simulate_delta
 from coop.online.policies import EvictionPolicy
 from coop.planner.base import BasePlan, LossFn
+from coop.runtime.copy_stream import CopyStream, StreamAPI
 from coop.runtime.executor import Executor, replay_graph
 from coop.runtime.fallback import DynamicStats, run_dynamic
+from coop.runtime.paging import HostPool
 from coop.schedule import Schedule, validate
 
 
@@ -42,15 +54,35 @@ class DynamicPlan(BasePlan):
     their schedule that runs every later step (:attr:`replayed_steps` counts them); a recorded schedule
     that the validator refuses (a bug: the engine's soundness rules make it legal and within budget)
     is not replayed, and the warning says why.
+
+    ``policy="delta"`` needs ``device_profile`` (refused in one line naming the shipped profiles without one);
+    :attr:`host_pool` is then the host tier of a CPU-only step (None on an accelerator, whose pages go to pinned
+    host memory). ``copy_stream`` says where DELTA's copies run, in the online step and in the replays of its
+    record alike (:mod:`coop.runtime.copy_stream`): None, torch.cuda's side stream on a step with an accelerator
+    and the compute stream otherwise; False, the compute stream; True or a ``StreamAPI``, that side stream.
     """
 
     def __init__(self, captured: Captured, model: nn.Module, budget: int | str | float,  # noqa: PYI041
                  policy: str | EvictionPolicy = "coop", replay_random: bool = True, *, wrapper: nn.Module | None = None,
-                 loss_fn: LossFn | None = None, record: bool = True) -> None:
+                 loss_fn: LossFn | None = None, record: bool = True,
+                 device_profile: str | DeviceProfile | None = None,
+                 copy_stream: bool | StreamAPI | None = None) -> None:
         super().__init__(model, captured, parse_budget(budget, captured.graph), loss_fn=loss_fn, wrapper=wrapper)
         self.policy = policy
         self.replay_random = replay_random
         self.record = record
+        self.device_profile: DeviceProfile | None = None
+        #: the host tier of a CPU-only step's DELTA swaps (None: no DELTA, or an accelerator's pinned memory)
+        self.host_pool: HostPool | None = None
+        #: where DELTA's copies run (None: on the compute stream)
+        self.copy_stream: bool | StreamAPI | None = None
+        if isinstance(policy, DeltaPolicy) or (isinstance(policy, str) and policy.lower() == DELTA):
+            self.copy_stream = captured.graph.has_accelerator if copy_stream is None else copy_stream
+            self.device_profile = policy.link if isinstance(policy, DeltaPolicy) else delta_profile(device_profile)
+            if not captured.graph.has_accelerator:
+                predicted = simulate_delta(captured.graph, self.budget, self.device_profile,
+                                           replay_random=replay_random)
+                self.host_pool = HostPool(predicted.host_peak)
         self.last_stats: DynamicStats | None = None
         #: the static replay of the first step's recorded schedule (None before it, or without ``record``)
         self.recorded: Executor | None = None
@@ -96,8 +128,11 @@ class DynamicPlan(BasePlan):
         if self.recorded is not None:
             self.replayed_steps += 1
             return self.recorded.run_flat(self.captured.flat_inputs(self.model, batch, state))
+        streams = None if self.copy_stream in (None, False) else CopyStream(None if self.copy_stream is True
+                                                                             else self.copy_stream)
         outputs, self.last_stats = run_dynamic(self.captured, self.model, batch, self.budget, self.policy,
-                                                replay_random=self.replay_random)
+                                                replay_random=self.replay_random, device_profile=self.device_profile,
+                                                host_pool=self.host_pool, copy_stream=streams)
         if self.record and not self._record_refused and self.last_stats.schedule is not None:
             self.recorded = self._recorded_executor(self.last_stats.schedule)
             self._record_refused = self.recorded is None
@@ -111,9 +146,13 @@ class DynamicPlan(BasePlan):
             warnings.warn(f"the online step's recorded schedule is not replayed ({verdict.reason}); every step "
                           f"runs the online engine", UserWarning, stacklevel=4)
             return None
-        return Executor(self.captured, schedule, self.replay_random, simulation=verdict.simulation)
+        pages = any(step.op in ("page_out", "page_in") for step in schedule.steps)
+        copy_stream = self.copy_stream if pages and self.copy_stream is not None else False
+        return Executor(self.captured, schedule, self.replay_random, copy_stream=copy_stream,
+                        simulation=verdict.simulation, host_pool=self.host_pool)
 
     def _replan(self, captured: Captured, change: str) -> tuple[BasePlan, str]:
         other = DynamicPlan(captured, self.model, self.budget, self.policy, self.replay_random, wrapper=self.wrapper,
-                            loss_fn=self.loss_fn, record=self.record)
+                            loss_fn=self.loss_fn, record=self.record, device_profile=self.device_profile,
+                            copy_stream=self.copy_stream)
         return other, f"online eviction ({self.policy_name} policy)"

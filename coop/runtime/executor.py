@@ -64,6 +64,7 @@ from coop.graph_capture import Captured
 from coop.online.static_arena import execution_placement
 from coop.runtime.arena_replay import build_arena_program
 from coop.runtime.copy_stream import StreamAPI, copy_stream_for
+from coop.runtime.paging import HostPool
 from coop.runtime.program_builder import SOURCE_NODE, ProgramBuilder, replayed_draws
 from coop.schedule import Schedule, Simulation, simulate, take_extras_promptly
 
@@ -251,11 +252,14 @@ class Executor:
     simulation : Simulation or None
         ``simulate(replay_graph(captured, replay_random), schedule)`` where the caller already holds it (it then
         counts as checked); computed when absent.
+    host_pool : HostPool or None
+        Where the ordinary replay's page-outs carve their host buffers (:class:`coop.runtime.paging.HostPool`);
+        None: each allocates its own.
     """
 
     def __init__(self, captured: Captured, schedule: Schedule, replay_random: bool = True,
                  arena: Any = None, copy_stream: bool | StreamAPI = False, *,
-                 simulation: Simulation | None = None) -> None:
+                 simulation: Simulation | None = None, host_pool: HostPool | None = None) -> None:
         self.captured = captured
         self.graph = replay_graph(captured, replay_random)
         self.requested = schedule
@@ -265,7 +269,7 @@ class Executor:
         self.copy_stream = copy_stream_for(captured, self.schedule, copy_stream, arena)
         replayed = replayed_draws(self.graph, self.schedule)
         if arena is None:
-            builder = ProgramBuilder(captured, self.graph, replayed, self.copy_stream)
+            builder = ProgramBuilder(captured, self.graph, replayed, self.copy_stream, host_pool)
             self.module = builder.run(self.schedule)  # just simulated: legal
         else:
             self.module, self.arena_program = build_arena_program(

@@ -20,6 +20,15 @@ draws are unaffected. With ``replay_random=False`` random values are instead nev
 A Graph node owns several fx nodes: the op that allocates its storage and the views/getitems
 folded into it. Only the owner runs when the engine computes the node; folded aliases are
 computed on first use from their (resident) inputs and are deleted with their owner.
+
+With the ``delta`` policy (:mod:`coop.online.delta`) the engine is :class:`DeltaStep`: the simulator's
+DELTA engine (:class:`coop.online.delta_sim.DeltaSimulator`: its filter, director, prefetcher and time model,
+so its decisions are the simulator's) over real tensors, a swap being a real copy of the value's storage
+to the host tier and back by the static executor's paging functions (:func:`coop.runtime.paging.page_out`,
+:func:`~coop.runtime.paging.page_in`). On a CPU-only step the host tier is a :class:`~coop.runtime.paging.
+HostPool` allocated before the step (the "device" and the host are one memory there, and the pool keeps them
+apart); on CUDA the host buffers are pinned and the copies ``non_blocking`` on the compute stream. The step's
+decisions, page steps included, are recorded as a schedule for the static executor.
 """
 
 from __future__ import annotations
@@ -33,11 +42,16 @@ import torch
 from torch import fx, nn
 
 from coop.budget import below_min_budget, parsed_budget
+from coop.device_profiles import DeviceProfile
 from coop.errors import BudgetError, InfeasibleError
 from coop.graph_capture import Captured
+from coop.online.delta import DELTA, DeltaPolicy, delta_profile
+from coop.online.delta_sim import DeltaSimulator
 from coop.online.online_sim import OnlineSimulator, OutOfMemory, Thrashing
 from coop.online.policies import EvictionPolicy, make_policy
+from coop.runtime.copy_stream import CopyStream, PagedOut, PendingPageIn
 from coop.runtime.executor import recorded_program
+from coop.runtime.paging import HostCopy, HostPool, page_in, page_out, pin_host_copy
 from coop.runtime.rng import RngState
 from coop.schedule import Schedule, relative_overhead
 
@@ -57,7 +71,7 @@ class DynamicStats:
     fragmentation: float
     extra: dict[str, Any] = field(default_factory=dict)
     #: the step's decisions as a static schedule: the computes it executed, in order (recomputations
-    #: included); legal on the graph with random draws replayable, and its simulated peak is at most the
+    #: included; DELTA's page-outs and page-ins too); legal on the graph with random draws replayable, and its simulated peak is at most the
     #: arena's used bytes (coop.online.online_sim's soundness rules)
     schedule: Schedule | None = field(default=None, repr=False)
 
@@ -107,6 +121,7 @@ class DynamicStep(OnlineSimulator):
 
     # ---------------------------------------------------------------- engine hooks
     def _run_node(self, node: int) -> None:
+        super()._run_node(node)  # the engine's own bookkeeping (a paging engine's time model and step record)
         owner = self.fx_nodes[self.fx_names[node][0]]
         if owner.op in ("placeholder", "get_attr", "output"):
             return
@@ -150,6 +165,108 @@ class DynamicStep(OnlineSimulator):
         self.env[fx_node.name] = result
 
 
+class DeltaStep(DynamicStep, DeltaSimulator):
+    """DELTA on real tensors: :class:`DeltaSimulator`'s decisions, carried out by real copies to a host tier.
+
+    The filter, director, prefetcher and time model are the simulator's (the same engine, the same Graph
+    costs and sizes), so a step swaps and recomputes exactly what :func:`coop.online.delta_sim.simulate_delta`
+    predicts for the graph and budget; this class adds the copies. A swap copies the storage of the value's
+    tensor (the first fx value of its Graph node that is a tensor; its views are re-derived on first use
+    after the page-in) with :func:`coop.runtime.paging.page_out`, into ``host_pool`` where it is given and
+    pinned like the value's pages; a page-in copies it back with :func:`~coop.runtime.paging.page_in`. A host
+    copy stays valid until the value's last use, as in the simulator (a second swap of it copies nothing).
+    ``host_copy_bytes`` / ``host_copy_peak`` are the bytes of the live host copies, measured on the copies.
+
+    With ``copy_stream`` (:class:`coop.runtime.copy_stream.CopyStream`, CUDA's by default on an accelerator) the
+    copies run on its side stream by its protocol: a page-out after the value's producer, a page-in queued
+    when the engine pages in (prefetches included) and waited for by the compute stream only at the value's
+    first read.
+    """
+
+    def __init__(self, captured: Captured, budget: int, policy: DeltaPolicy, max_overhead: float = 10.0,
+                 replay_random: bool = True, host_pool: HostPool | None = None,
+                 copy_stream: CopyStream | None = None) -> None:
+        super().__init__(captured, budget, policy, max_overhead, replay_random)
+        self.host_pool = host_pool
+        self.copy_stream = copy_stream
+        self._paged: dict[int, PagedOut] = {}  # on the copy stream: the host copy and the event after its copy
+        self._pending: dict[int, PendingPageIn] = {}  # on the copy stream: page-ins not yet waited for
+        self.host_copies: dict[int, HostCopy] = {}
+        self.host_copy_bytes = 0
+        self.host_copy_peak = 0
+        values = {n.name: n.meta.get("val") for n in self.module.graph.nodes}
+        # Graph node -> the fx value whose storage a page-out copies (as the executor's ProgramBuilder.base_of)
+        self._base: dict[int, str] = {}
+        for node_id, names in self.fx_names.items():
+            base = next((name for name in names if isinstance(values.get(name), torch.Tensor)), None)
+            if base is not None:
+                self._base[node_id] = base
+
+    def swappable(self, key: Hashable) -> bool:
+        return super().swappable(key) and key in self._base
+
+    def _swap_out(self, key: int) -> None:
+        if key not in self._host:  # no valid host copy yet: the value's storage leaves now
+            value = self._value(self._base[key])
+            pin = pin_host_copy(value.device)
+            if self.copy_stream is None:
+                copy = page_out(value, pin=pin, non_blocking=pin, pool=self.host_pool)
+            else:
+                self._paged[key] = self.copy_stream.page_out(value, pin=pin)
+                copy = self._paged[key].host
+            del value
+            self.host_copies[key] = copy
+            self.host_copy_bytes += copy.nbytes
+            self.host_copy_peak = max(self.host_copy_peak, self.host_copy_bytes)
+        super()._swap_out(key)
+
+    def _page_in(self, key: int, prefetched: bool) -> None:
+        super()._page_in(key, prefetched)
+        if self.copy_stream is None:
+            self.env[self._base[key]] = page_in(self.host_copies[key])
+        else:
+            self._pending[key] = self.copy_stream.page_in(self._paged[key])
+
+    def _value(self, name: str) -> Any:
+        if name not in self.env and self._pending:  # the first read of a value paged in on the copy stream
+            pending = self._pending.pop(self.owner_of.get(name, -1), None)  # type: ignore[arg-type]
+            if pending is not None:
+                self.env[self._base[self.owner_of[name]]] = self.copy_stream.wait(pending)  # type: ignore[union-attr]
+        return super()._value(name)
+
+    def _forget(self, key: Hashable) -> None:
+        self._pending.pop(key, None)  # type: ignore[call-overload]
+        super()._forget(key)
+
+    def outputs(self) -> list[Any]:
+        """The step's flat outputs, every page-in still pending waited for."""
+        for key in list(self._pending):
+            self._value(self._base[key])
+        return super().outputs()
+
+    def _drop_host_copy(self, key: int) -> None:
+        self._paged.pop(key, None)
+        copy = self.host_copies.pop(key, None)
+        if copy is not None:
+            self.host_copy_bytes -= copy.nbytes
+        del copy
+        super()._drop_host_copy(key)
+
+
+def _engine(captured: Captured, budget: int, policy: str | EvictionPolicy, max_overhead: float, replay_random: bool,
+            device_profile: str | DeviceProfile | None, host_pool: HostPool | None,
+            copy_stream: CopyStream | None) -> DynamicStep:
+    """The engine for ``policy``: :class:`DeltaStep` for DELTA (its device profile required), else DynamicStep."""
+    if isinstance(policy, str) and policy.lower() == DELTA:
+        policy = DeltaPolicy(delta_profile(device_profile))
+    if isinstance(policy, DeltaPolicy):
+        policy.reset()
+        if copy_stream is None and captured.graph.has_accelerator:
+            copy_stream = CopyStream()
+        return DeltaStep(captured, budget, policy, max_overhead, replay_random, host_pool, copy_stream)
+    return DynamicStep(captured, budget, make_policy(policy), max_overhead, replay_random)
+
+
 def run_dynamic(
     captured: Captured,
     model: nn.Module,
@@ -159,6 +276,9 @@ def run_dynamic(
     *,
     max_overhead: float = 10.0,
     replay_random: bool = True,
+    device_profile: str | DeviceProfile | None = None,
+    host_pool: HostPool | None = None,
+    copy_stream: CopyStream | None = None,
 ) -> tuple[list[Any], DynamicStats]:
     """Run one captured step on real tensors within ``budget`` bytes with an online eviction policy.
 
@@ -176,16 +296,25 @@ def run_dynamic(
     budget : int
         The budget in bytes (graph units; parsed by :func:`coop.budget.parsed_budget`).
     policy : str or EvictionPolicy
-        The eviction policy, by name (``"coop"`` by default) or as an object.
+        The eviction policy, by name (``"coop"`` by default; ``"delta"`` swaps as well, :class:`DeltaStep`) or as
+        an object.
     max_overhead : float
         The recomputation overhead (relative to the step's baseline cost) past which the policy counts as thrashing.
     replay_random : bool
         Whether random ops are evictable and replayed from saved generator states.
+    device_profile : str or DeviceProfile or None
+        The device whose host link prices DELTA's swaps (required for ``"delta"``, unused otherwise).
+    host_pool : HostPool or None
+        Where DELTA's host copies are carved from (each allocates its own buffer when None).
+    copy_stream : CopyStream or None
+        Where DELTA's copies run; None: torch.cuda's side stream on a step with an accelerator, else the
+        compute stream.
 
     Returns
     -------
     tuple of (list, DynamicStats)
-        The flat outputs and the run's stats (evictions, recomputations, overhead, peaks, search time).
+        The flat outputs and the run's stats (evictions, recomputations, overhead, peaks, search time; DELTA's
+        swaps, page-ins and host bytes in ``extra``); the schedule has DELTA's page steps.
 
     Raises
     ------
@@ -193,12 +322,15 @@ def run_dynamic(
         Below :func:`coop.budget.min_budget`.
     InfeasibleError
         When the policy runs out of evictable memory or thrashes past ``max_overhead``.
+    DeviceProfileError
+        For ``"delta"`` without a device profile (one line naming the shipped profiles), or an unknown one.
     """
     graph = captured.graph
     budget_bytes = parsed_budget(budget, "run_dynamic")
     if below := below_min_budget(budget_bytes, graph):
         raise BudgetError(below)
-    engine = DynamicStep(captured, budget_bytes, make_policy(policy), max_overhead, replay_random)
+    engine = _engine(captured, budget_bytes, policy, max_overhead, replay_random, device_profile, host_pool,
+                     copy_stream)
     engine.bind(captured.flat_inputs(model, batch))
     try:
         with torch.no_grad(), recorded_program():
@@ -206,9 +338,22 @@ def run_dynamic(
             outputs = engine.outputs()
     except (OutOfMemory, Thrashing) as exc:
         raise InfeasibleError(f"dynamic fallback ({engine.policy.name}) cannot run within {budget_bytes} B: {exc}") from None
-    cost = sum(engine.cost(v) for v in engine.executed)
+    cost = sum(engine.cost(v) for v in engine.executed) + engine.exposed_s
     baseline = graph.baseline_cost
     arena = engine.arena
+    extra: dict[str, Any] = {"random_replays": engine.random_replays, "failures": len(arena.failures)}
+    schedule = Schedule.from_order(engine.executed)
+    if isinstance(engine, DeltaStep):
+        decisions = [decision.action for _, decision in engine.decision_log]
+        extra |= {"device_profile": engine.link.name, "swap_decisions": decisions.count("swap"),
+                  "recompute_decisions": decisions.count("recompute"), "swaps": engine.swaps,
+                  "swapped_bytes": engine.swapped_bytes, "page_ins": engine.page_ins, "prefetches": engine.prefetches,
+                  "exposed_copy_s": engine.exposed_s, "host_peak": engine.host_peak,
+                  "host_copy_peak": engine.host_copy_peak}
+        if engine.host_pool is not None:
+            extra |= {"host_pool_peak": engine.host_pool.peak_bytes, "host_pool_overflow": engine.host_pool.overflow_bytes}
+        schedule = engine.schedule()
+        engine.host_copies.clear()
     stats = DynamicStats(
         policy=engine.policy.name,
         budget=budget_bytes,
@@ -219,12 +364,12 @@ def run_dynamic(
         arena_peak=arena.high_water,
         search_s=engine.search_s,
         fragmentation=arena.mean_failure_free_fraction,
-        extra={"random_replays": engine.random_replays, "failures": len(arena.failures)},
-        schedule=Schedule.from_order(engine.executed),
+        extra=extra,
+        schedule=schedule,
     )
     engine.env.clear()
     engine.rng_states.clear()
     return list(outputs), stats
 
 
-__all__ = ["DynamicStats", "DynamicStep", "run_dynamic"]
+__all__ = ["DeltaStep", "DynamicStats", "DynamicStep", "run_dynamic"]

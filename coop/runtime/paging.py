@@ -21,15 +21,23 @@ sent a value of ``cuda:1`` to ``cuda:0``. The Graph counts a value as its storag
 Whether the host buffer is pinned is the caller's flag (:func:`pin_host_copy` decides it from the
 device, in one place); a copy never branches on the device itself. Host buffers are allocated
 inside :func:`coop.runtime.meter.host_pool`, so the memory meter counts them apart from the device.
+
+A :class:`HostPool` is a host tier of fixed capacity allocated once, up front: page-outs given one carve
+their buffers from it (address-ordered, best fit, :class:`coop.online.arena.Arena`) instead of allocating.
+On a CPU-only step, where the "device" and the host tier are one memory, that keeps the tier apart for any
+meter: the pool exists before the step, so the allocator sees only device-tier allocations during it, and the
+pool says how many host bytes the step held (:attr:`HostPool.peak_bytes`).
 """
 
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 
 import torch
 
+from coop.online.arena import Arena
 from coop.runtime.meter import host_pool
 
 
@@ -73,7 +81,84 @@ class HostCopy:
         return _typed_view(self.data, self.dtype, self.shape, self.stride, self.storage_offset)
 
 
-def page_out(value: torch.Tensor, *, pin: bool, non_blocking: bool, whole_storage: bool = True) -> HostCopy:
+class HostPool:
+    """A host tier of ``capacity`` bytes: one buffer allocated once (pinned when ``pin``), carved per page-out.
+
+    A carved buffer goes back to the pool when the last reference to it dies (the :class:`HostCopy` holding it),
+    as a storage would go back to the allocator. A page-out that finds no room gets a buffer of its own
+    (:attr:`overflow_bytes` counts them), so a pool too small costs memory outside it, never a failed step.
+    """
+
+    def __init__(self, capacity: int, *, pin: bool = False) -> None:
+        self.capacity = max(int(capacity), 1)
+        with host_pool():
+            self.buffer = torch.empty(self.capacity, dtype=torch.uint8, device="cpu", pin_memory=pin)
+        self.pin = pin
+        self._arena = Arena(self.capacity)
+        self._tags = 0
+        self.overflows = 0
+        self.overflow_bytes = 0
+
+    @property
+    def used_bytes(self) -> int:
+        """Bytes of the pool held by live host copies now."""
+        return self._arena.used
+
+    @property
+    def peak_bytes(self) -> int:
+        """The most bytes of the pool held at once."""
+        return self._arena.peak_used
+
+    def take(self, nbytes: int) -> torch.Tensor | None:
+        """A uint8 buffer of ``nbytes`` carved from the pool (an empty one for 0 bytes); None when it has no room.
+
+        Parameters
+        ----------
+        nbytes : int
+            The size of the buffer.
+
+        Returns
+        -------
+        torch.Tensor or None
+            The buffer, returned to the pool when it dies; None when no free block of the pool fits.
+        """
+        if nbytes == 0:
+            return self.buffer[:0]
+        self._tags += 1
+        tag = self._tags
+        start = self._arena.allocate(nbytes, tag, record=False)
+        if start is None:
+            self.overflows += 1
+            self.overflow_bytes += nbytes
+            return None
+        data = self.buffer[start:start + nbytes]
+        weakref.finalize(data, self._arena.free, tag)
+        return data
+
+    def page_out(self, value: torch.Tensor, *, pin: bool, non_blocking: bool, whole_storage: bool = True) -> HostCopy:
+        """:func:`page_out` into this pool (a replay program's call target).
+
+        Parameters
+        ----------
+        value : torch.Tensor
+            The value to page out.
+        pin : bool
+            Whether the host buffer is pinned (the pool is used only where its pinning is the same).
+        non_blocking : bool
+            Whether the copy to the host is asynchronous.
+        whole_storage : bool
+            As :func:`page_out`'s.
+
+        Returns
+        -------
+        HostCopy
+            The host copy, its bytes carved from the pool where it has room.
+        """
+        return page_out(value, pin=pin, non_blocking=non_blocking, whole_storage=whole_storage, pool=self)
+
+
+def page_out(value: torch.Tensor, *, pin: bool, non_blocking: bool, whole_storage: bool = True,
+             pool: HostPool | None = None) -> HostCopy:
     """Copy ``value``'s whole storage to a host buffer (pinned when ``pin``), keeping what rebuilds it exactly.
 
     Parameters
@@ -88,6 +173,9 @@ def page_out(value: torch.Tensor, *, pin: bool, non_blocking: bool, whole_storag
         False for values that share one storage with others by design (the arena replay's buffer): only the
         bytes from the value's first element to its last are copied, and the value comes back at storage offset 0
         of a storage of that size (its strides, dtype and device kept).
+    pool : HostPool or None
+        Where the host buffer is carved from (a buffer of its own when None, when the pool's pinning is not ``pin``,
+        or when the pool has no room).
 
     Returns
     -------
@@ -106,7 +194,9 @@ def page_out(value: torch.Tensor, *, pin: bool, non_blocking: bool, whole_storag
         span = _span_elements(tuple(value.shape), tuple(value.stride()))
         source, offset = value.as_strided((span,), (1,), value.storage_offset()).view(torch.uint8), 0
     with host_pool():
-        data = torch.empty(source.numel(), dtype=torch.uint8, device="cpu", pin_memory=pin)
+        data = pool.take(source.numel()) if pool is not None and pool.pin == pin else None
+        if data is None:
+            data = torch.empty(source.numel(), dtype=torch.uint8, device="cpu", pin_memory=pin)
         data.copy_(source, non_blocking=non_blocking)
     return HostCopy(data, value.dtype, tuple(value.shape), tuple(value.stride()), offset, value.device, pin)
 
@@ -189,4 +279,4 @@ def _span_elements(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
     return 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True))
 
 
-__all__ = ["HostCopy", "page_in", "page_out", "pin_host_copy"]
+__all__ = ["HostCopy", "HostPool", "page_in", "page_out", "pin_host_copy"]

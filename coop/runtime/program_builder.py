@@ -53,7 +53,7 @@ from coop.graph import Graph
 from coop.graph_capture import Captured
 from coop.graph_capture.trace import is_random
 from coop.runtime.copy_stream import CopyStream
-from coop.runtime.paging import page_in, page_out, pin_host_copy
+from coop.runtime.paging import HostPool, page_in, page_out, pin_host_copy
 from coop.runtime.rng import output_device, restore_generator_state, save_generator_state, swap_generator_state
 from coop.schedule import Schedule, Step
 
@@ -116,14 +116,18 @@ class ProgramBuilder:
         before the first draw.
     copy_stream : CopyStream or None
         Where page-outs and page-ins run (:mod:`coop.runtime.copy_stream`); None: on the compute stream.
+    host_pool : HostPool or None
+        Where page-outs on the compute stream carve their host buffers (:class:`coop.runtime.paging.HostPool`);
+        None: each allocates its own.
     """
 
     #: Page a value's whole storage (its own: storage offset kept); False where values share one buffer (arena).
     page_whole_storage = True
 
     def __init__(self, captured: Captured, graph: Graph, replayed: set[int],
-                 copy_stream: CopyStream | None = None) -> None:
+                 copy_stream: CopyStream | None = None, host_pool: HostPool | None = None) -> None:
         self.copy_stream = copy_stream
+        self.host_pool = host_pool
         self.captured = captured
         self.schedule_graph = graph  # the coop Graph the schedule is legal on (random draws recomputable or not)
         self.replayed = replayed  # random nodes the schedule recomputes: their generator state is saved
@@ -338,7 +342,8 @@ class ProgramBuilder:
         pin = pin_host_copy(self._device(node_id, value))
         if self.copy_stream is None:
             options = {"pin": pin, "non_blocking": pin} | ({} if self.page_whole_storage else {"whole_storage": False})
-            self.hosts[node_id] = self.program.call_function(page_out, (value,), options)
+            target = page_out if self.host_pool is None else self.host_pool.page_out
+            self.hosts[node_id] = self.program.call_function(target, (value,), options)
         else:
             self.hosts[node_id] = self.program.call_function(self.copy_stream.page_out, (value,), {"pin": pin})
         if optional:
