@@ -61,7 +61,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"graph_capture"}),
     frozenset({"runtime"}),
     frozenset({"planner", "zoo", "viz", "memory_viz"}),
-    frozenset({"compare", "config"}),
+    frozenset({"compare", "config", "integrations"}),
     frozenset({"cli", "__main__", "__init__"}),
 )
 

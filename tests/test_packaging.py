@@ -43,10 +43,18 @@ def test_pyproject_declares_the_distribution_and_command() -> None:
 DISTRIBUTION_OF = {"sklearn": "scikit-learn", "yaml": "pyyaml"}
 
 
-def third_party_imports(package: Path) -> dict[str, str]:
-    """Every top-level module that a file of ``package`` imports (lazily too), outside the stdlib: name -> a file."""
+#: Modules that import an optional framework (an extra of [project.optional-dependencies]), checked apart.
+OPTIONAL_PARTS = ("integrations",)
+
+
+def third_party_imports(package: Path, parts: tuple[str, ...] | None = None) -> dict[str, str]:
+    """Every top-level module that a file of ``package`` imports (lazily too), outside the stdlib: name -> a file.
+    ``parts``: only the files under these subpackages; None: every file but those under OPTIONAL_PARTS."""
     found: dict[str, str] = {}
     for path in sorted(package.rglob("*.py")):
+        part = path.relative_to(package).parts[0]
+        if (part in OPTIONAL_PARTS) if parts is None else (part not in parts):
+            continue
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             if isinstance(node, ast.Import):
                 names = [alias.name for alias in node.names]
@@ -72,6 +80,19 @@ def test_every_module_coop_imports_is_a_declared_dependency() -> None:
     missing = {f"{name} ({where})" for name, where in imported.items()
                if DISTRIBUTION_OF.get(name, name).lower().replace("_", "-") not in declared}
     assert not missing, f"imported by coop but not in [project].dependencies: {sorted(missing)}"
+
+
+def test_every_framework_an_integration_imports_is_a_declared_extra() -> None:
+    """coop.integrations imports the frameworks it integrates (Trainer, Lightning), which a plain install lacks: each
+    must be a core dependency or named by an extra of [project.optional-dependencies]."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    names = [*project["dependencies"], *(d for extra in project["optional-dependencies"].values() for d in extra)]
+    declared = {re.split(r"[<>=!~\[; ]", d, maxsplit=1)[0].lower() for d in names}
+    imported = third_party_imports(REPO / "coop", OPTIONAL_PARTS)
+    assert {"transformers", "pytorch_lightning"} <= set(imported)
+    missing = {f"{name} ({where})" for name, where in imported.items()
+               if DISTRIBUTION_OF.get(name, name).lower().replace("_", "-") not in declared}
+    assert not missing, f"imported by coop.integrations but declared by no extra: {sorted(missing)}"
 
 
 def test_ci_entry_runs_make_test_strictly() -> None:
