@@ -41,6 +41,9 @@ smallest sizes at which every budget below can be planned (:data:`MODELS`).
   the online engine and records its decisions (``first_step_ms``); later steps replay the record with the static
   executor (``step_ms``), timed beside a static plan of the very same schedule (``static_same_ms``;
   ``later_vs_static``: issue 23's bar is <= 1.1 on the H100).
+* ``gpt2|resnet/dynamic-delta/0.5``: the same with ``policy="delta"`` on the ``h100-sxm-pcie5`` profile (issue
+  26): DELTA swaps to pinned host memory on the copy stream or recomputes, whichever its director prices cheaper;
+  its first step records page steps too, replayed from the second step.
 * ``gpt2|resnet/cuda-graph/store-all|0.7|0.5``: CUDA-graph replay (``coop.plan(..., cuda_graph=True)``);
   ``skipped: not implemented yet`` where ``coop.plan`` does not take ``cuda_graph=``.
 * hidden self-tests (``selftest/crash``, ``selftest/error``, ``selftest/hang``, run with ``--selftest`` or
@@ -153,6 +156,7 @@ CASES: tuple[Case, ...] = (
     Case("gpt2", "paging", 0.3),
     Case("gpt2", "paging+copy_stream", 0.3),
     *(Case(family, "dynamic", budget) for family in ("gpt2", "resnet") for budget in ("store-all", 0.7, 0.5)),
+    *(Case(family, "dynamic-delta", 0.5) for family in ("gpt2", "resnet")),
     *(Case(family, "cuda-graph", budget) for family in ("gpt2", "resnet") for budget in ("store-all", 0.7, 0.5)),
     Case("selftest", "crash", hidden=True),
     Case("selftest", "error", hidden=True),
@@ -284,7 +288,7 @@ def run_cases(cases: list[Case], device: str, quick: bool, jobs: int = 1, isolat
 
 def _expected_length(case: Case) -> int:
     """A rank for starting order: the hang self-test waits out its timeout, arenas and online eviction run longest."""
-    order = ("hang", "arena", "dynamic", "paging", "replay", "capture")
+    order = ("hang", "arena", "dynamic", "dynamic-delta", "paging", "replay", "capture")
     return order.index(case.mode) if case.mode in order else len(order)
 
 
@@ -425,12 +429,12 @@ def acceptance_failures(rows: list[dict[str, Any]]) -> list[str]:
             if not status.startswith("skipped"):
                 failures.append(f"{name}: {status}")
             continue
-        if (row["mode"] in PLANNED_MODES or row["mode"] == "dynamic") and row["grads_equal"] is not True:
+        if (row["mode"] in PLANNED_MODES or row["mode"].startswith("dynamic")) and row["grads_equal"] is not True:
             failures.append(f"{name}: gradients differ from eager ({row['note'] or 'grads_equal false'})")
         reserved = row["reserved_vs_predicted"] or 0
         if row["device"] == "cuda" and name in RESERVED_BAR_CASES and reserved > RESERVED_BAR:
             failures.append(f"{name}: reserved {row['reserved_vs_predicted']}x the prediction > {RESERVED_BAR}")
-        if row["device"] == "cpu" and (row["mode"] in PLANNED_MODES or row["mode"] == "dynamic"):
+        if row["device"] == "cpu" and (row["mode"] in PLANNED_MODES or row["mode"].startswith("dynamic")):
             key = "allocated_vs_predicted" if row["mode"] == "arena" else "no_scratch_vs_predicted"
             if (row[key] or 0) > 1:
                 failures.append(f"{name}: {key} {row[key]} > 1")
@@ -584,8 +588,10 @@ def run_case(case: Case, spec: dict[str, Any], row: dict[str, Any], progress: Ca
     elif case.mode.startswith("paging"):
         formulation, options["device_profile"] = "poet", DEVICE_PROFILE
         options["copy_stream"] = case.mode == "paging+copy_stream"
-    elif case.mode == "dynamic":
+    elif case.mode.startswith("dynamic"):
         formulation = "dynamic"
+        if case.mode == "dynamic-delta":
+            options["policy"], options["device_profile"] = "delta", DEVICE_PROFILE
     elif case.mode == "cuda-graph":
         options["cuda_graph"] = True
     budget = 1.0 if case.budget == "store-all" else case.budget
@@ -613,7 +619,7 @@ def run_case(case: Case, spec: dict[str, Any], row: dict[str, Any], progress: Ca
     else:
         predicted = plan.predicted_peak if plan.predicted_peak is not None else plan.budget
 
-    if case.mode == "dynamic":  # the online step decides and records; later steps replay the record
+    if case.mode.startswith("dynamic"):  # the online step decides and records; later steps replay the record
         progress("dynamic first step (online, timed)")
         synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
         synchronize()
@@ -637,7 +643,7 @@ def run_case(case: Case, spec: dict[str, Any], row: dict[str, Any], progress: Ca
     row["eager_ms"] = round(_median_ms(eager_step, device, sizes), 3)
     row["vs_eager"] = round(row["step_ms"] / row["eager_ms"], 3)
     recorded = getattr(plan, "recorded", None)
-    if case.mode == "dynamic" and recorded is not None:  # the bar: later steps within 1.1x of that static replay
+    if case.mode.startswith("dynamic") and recorded is not None:  # the bar: later steps within 1.1x of that static replay
         progress("static replay of the recorded schedule (timed)")
         static = coop.Plan(model, captured, recorded.schedule, plan.budget, "recorded",
                            loss_fn=loss_fn)
