@@ -29,7 +29,7 @@ from coop.graph import Graph
 from coop.graph_capture import Captured, capture
 from coop.graph_capture.batch import Batch, read_step_batch
 from coop.graph_capture.context import TrainingContext
-from coop.graph_capture.meta import refuse_weightless_step
+from coop.graph_capture.meta import META, refuse_weightless_step
 from coop.runtime.allocator import AllocatorAssumption
 from coop.runtime.executor import GradientSync
 
@@ -133,7 +133,9 @@ class BasePlan(ABC):
     def _step_batch(self, batch: Batch) -> torch.Tensor:
         """:meth:`step` on a batch already read against the plan's layout."""
         current = TrainingContext.current(self.model, batch.tensors)
-        refuse_weightless_step(current.devices)
+        recorded = self.captured.context
+        if recorded is not None and META in recorded.devices:  # planned without weights (coop.graph_capture.meta)
+            refuse_weightless_step(current.devices)
         change = self._change(current, batch)
         other = self._for_context(current, change, batch) if change else None
         if other is not None:
