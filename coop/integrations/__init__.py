@@ -8,3 +8,25 @@ frameworks are optional extras (``pip install coop-remat[transformers]``, ``coop
 * :mod:`coop.integrations.lightning`: a Lightning ``Callback`` for a ``LightningModule``'s ``training_step``;
 * :mod:`coop.integrations.accelerate`: ``CoopBackward`` for a hand-written Accelerate loop (``accelerator.backward``).
 """
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+
+@contextlib.contextmanager
+def rng_untouched() -> Iterator[None]:
+    """The framework's random streams as they were after the block: capture and the plan's measuring run draw
+    random numbers (the CPU generator and, where there is one, the current CUDA device's).
+
+    Returns
+    -------
+    Iterator[None]
+        A context manager (``torch.random.fork_rng`` over those devices).
+    """
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        yield

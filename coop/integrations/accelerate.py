@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from coop.errors import CoopError
+from coop.integrations import rng_untouched
 from coop.planner.plan import plan as make_plan
 
 
@@ -65,8 +66,7 @@ class CoopBackward:
                 return loss / divisor  # as accelerator.backward divides it
 
             # capture and the plan's measuring run draw random numbers: the loop's stream stays untouched
-            devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-            with torch.random.fork_rng(devices=devices):
+            with rng_untouched():
                 self.plan = make_plan(self.model, self.budget, step_batch, loss_fn=loss_fn, **self.plan_options)
         return self.plan.step(step_batch).detach()
 

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from coop.errors import CoopError
+from coop.integrations import rng_untouched
 from coop.planner.plan import plan as make_plan
 
 
@@ -118,8 +119,7 @@ class CoopCallback(*_callback_bases()):
                 return loss / divisor  # as Lightning's ClosureResult normalizes it
 
             # capture and the plan's measuring run draw random numbers: Lightning's stream stays untouched
-            devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-            with torch.random.fork_rng(devices=devices), _no_logging(pl_module), _autocast(autocast, False):
+            with rng_untouched(), _no_logging(pl_module), _autocast(autocast, False):
                 self.plan = make_plan(pl_module, self.budget, step_batch, loss_fn=loss_fn, **self.plan_options)
         # Lightning zeroes the gradients between training_step and backward (on an accumulation window's first
         # batch): the step's gradients wait, and backward adds them as autograd's AccumulateGrad would

@@ -21,6 +21,7 @@ from torch import nn
 from transformers import Trainer
 
 from coop.errors import CoopError
+from coop.integrations import rng_untouched
 from coop.planner.plan import plan as make_plan
 
 
@@ -53,8 +54,7 @@ class CoopStep:
         with trainer.compute_loss_context_manager():
             if self.plan is None:
                 # capture and the plan's measuring run draw random numbers: the Trainer's stream stays untouched
-                devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-                with torch.random.fork_rng(devices=devices):
+                with rng_untouched():
                     self.plan = make_plan(model, self.budget, batch, loss_fn=_trainer_loss(trainer),
                                           **self.plan_options)
             loss = self.plan.step(batch)
