@@ -211,8 +211,10 @@ def violations(log: list, compute: FakeStream) -> list[str]:
             _, stream, reads, writes, allocs, name = entry
             clock = clock_of(stream)
             clock[stream] = clock.get(stream, 0) + 1
-            for key in allocs:
+            for key in allocs:  # the block may have served work queued earlier on this stream: a write for the oracle
                 allocated_on[key] = stream
+                accesses.setdefault(key, []).append(_Access(stream, dict(clock), True,
+                                                            f"op {index} {name} allocating on {stream.name}"))
             for key, write in [(k, False) for k in reads] + [(k, True) for k in writes]:
                 now = _Access(stream, dict(clock), write, f"op {index} {name} on {stream.name}")
                 for before in accesses.get(key, []):
@@ -304,9 +306,10 @@ def test_hand_schedules_keep_the_protocol_and_every_wait_is_needed(captured_mode
     outputs = run_recorded(captured_model, schedule, streams)
     assert all(torch.equal(a, b) for a, b in zip(outputs, eager(captured_model), strict=True))
     assert violations(streams.log, streams.compute) == []
-    # one wait per page-out (side after producer) and one per page-in (compute before first reader);
-    # one record_stream for each: hand-counted from the schedule
-    assert streams.waits == 2 * victims and streams.record_streams == 2 * victims
+    # one wait per page-out (side after producer) and two per page-in (side after the compute stream allocated
+    # its storage, compute before first reader); one record_stream each (the side stream reads the paged-out
+    # block and writes the paged-in one, both of the compute stream's pool): hand-counted from the schedule
+    assert streams.waits == 3 * victims and streams.record_streams == 2 * victims
     for dropped in range(streams.waits):
         mutant = RecordingStreams(drop_wait=dropped)
         run_recorded(captured_model, schedule, mutant)
@@ -512,3 +515,23 @@ def test_paging_a_cpu_value_on_the_copy_stream_fails_as_it_did_on_the_h100() -> 
     copies = CopyStream(RecordingStreams(stand_in=None))
     with pytest.raises(ValueError, match="Expected a cuda device, but got: cpu"):
         copies.page_out(torch.zeros((), dtype=torch.int64), pin=False)
+
+
+def test_a_page_out_copies_the_value_on_the_nodes_device_not_a_host_scalar_folded_in_first() -> None:
+    """A Graph node of a CUDA step can hold a host tensor ahead of its device value (DELTA's first GPT-2 step on an
+    H200 paged a CPU value: torch's 'Expected a cuda device, but got: cpu'); the value paged is the device one."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from coop.runtime.program_builder import paged_value_name
+
+    with FakeTensorMode():
+        on_cuda = torch.empty(4, device="cuda")
+    host_scalar = torch.zeros(())
+    values = {"tuple": (on_cuda,), "seed": host_scalar, "out": on_cuda}
+    names = ["tuple", "seed", "out"]
+    assert paged_value_name(names, values, "cuda:0") == "out"
+    assert paged_value_name(names, values, "cuda") == "out"
+    assert paged_value_name(names, values, "cpu") == "seed"
+    assert paged_value_name(["tuple"], values, "cuda:0") is None
+    # a graph captured on meta for CUDA holds CPU fakes: the first tensor stands in
+    assert paged_value_name(["tuple", "seed"], values, "cuda:0") == "seed"

@@ -145,6 +145,7 @@ class TimingInterpreter(fx.Interpreter):
         super().__init__(module, garbage_collect_values=True)
         self.seconds: dict[str, float] = {}
         self.storage_bytes: dict[str, list[int]] = {}
+        self.devices: dict[str, list[str]] = {}
 
     def run_node(self, node: fx.Node) -> Any:
         if node.op != "call_function":
@@ -155,6 +156,7 @@ class TimingInterpreter(fx.Interpreter):
             torch.cuda.synchronize()
         self.seconds[node.name] = min(self.seconds.get(node.name, float("inf")), time.perf_counter() - start)
         self.storage_bytes[node.name] = [t.untyped_storage().nbytes() for t in tensor_leaves(result)]
+        self.devices[node.name] = [str(t.device) for t in tensor_leaves(result)]
         return result
 
 
@@ -249,13 +251,17 @@ PROFILE_REPEATS = 4
 
 @dataclass
 class NodeProfile:
-    """Measured seconds per fx node name, the real storage bytes of each call node's output tensors
+    """Measured seconds per fx node name, the real storage bytes and devices of each call node's output tensors
     (pytree order) and each node's transient workspace bytes (:func:`measure_workspace`; empty where it could
     not be measured)."""
 
     seconds: dict[str, float]
     workspace: dict[str, int] = field(default_factory=dict)
     storage_bytes: dict[str, list[int]] = field(default_factory=dict)
+    #: the device of each output tensor as the kernel returned it (pytree order): a fake tensor's meta function
+    #: may place an output elsewhere (efficient attention's philox seed and offset: meta, so the fake puts them on
+    #: the query's CUDA device, where the kernel returns CPU tensors)
+    devices: dict[str, list[str]] = field(default_factory=dict)
 
 
 def profile_nodes(module: fx.GraphModule, flat_inputs: list[torch.Tensor],
@@ -295,7 +301,7 @@ def profile_nodes(module: fx.GraphModule, flat_inputs: list[torch.Tensor],
                 interpreter.seconds.clear()
             interpreter.run(*flat_inputs)
     return NodeProfile(seconds=interpreter.seconds, workspace=measure_workspace(module, flat_inputs) or {},
-                       storage_bytes=interpreter.storage_bytes)
+                       storage_bytes=interpreter.storage_bytes, devices=interpreter.devices)
 
 
 def profile_seconds(module: fx.GraphModule, flat_inputs: list[torch.Tensor],

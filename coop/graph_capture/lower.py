@@ -123,6 +123,8 @@ def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: st
     labels = dict(zip((n.name for n in placeholders), placeholder_names, strict=True))
 
     measured_storage = profiled.storage_bytes if profiled is not None else {}
+    measured_devices = profiled.devices if profiled is not None else {}
+    moved: list[dict[str, Any]] = []  # outputs the kernel returned on another device than the fake value said
     missed: list[dict[str, Any]] = []  # measured storages the table (or the fake value) did not predict
     pending: dict[int, int] = {}  # storage key of a not-yet-extracted extra output -> bytes
     producer: dict[int, int] = {}  # storage key of an extra output -> the node id of its op
@@ -160,7 +162,8 @@ def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: st
             for key in new_storages:
                 storage_owner[key] = node_id
             fields[node_id] = _new_node_fields(fx_node, node_id, sum(new_storages.values()), labels)
-            fields[node_id]["device"] = _device_of(tensors, new_storages)
+            devices = _real_devices(fx_node, tensors, measured_devices.get(fx_node.name), moved)
+            fields[node_id]["device"] = _device_of(tensors, new_storages, devices)
             fields[node_id]["workspace"] = sum(extras.values())
             if claimed:  # extracted from a tuple that a recomputation would not keep
                 fields[node_id]["recomputable"] = False
@@ -202,6 +205,7 @@ def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: st
     }
     if profiled is not None:
         meta["storage_table_missed"] = missed
+        meta["devices_moved"] = moved
     order = [i for i, f in fields.items() if f["kind"] not in PLACEHOLDER_KIND.values()]
     graph = Graph(name=name, nodes=tuple(nodes), outputs=tuple(dict.fromkeys(outputs["all"])), order=tuple(order), meta=meta)
     return Lowered(graph=graph, fx_names=fx_names, owner_of=owner_of, node_flops=flops_per_node, fx_flops=fx_flops)
@@ -266,10 +270,36 @@ def _mark_forward(fields: dict[int, dict[str, Any]], roots: list[int]) -> None:
         stack.extend(fields[node_id]["inputs"])
 
 
-def _device_of(tensors: list[torch.Tensor], new_storages: dict[int, int]) -> str | None:
+#: outputs a CUDA kernel returns on the host where its meta function says ``meta`` (so a fake value follows the
+#: inputs to CUDA): efficient attention's 0-d int64 philox seed and offset (outside CUDA-graph capture), as
+#: measured on an H100 (DESIGN.md, facts). Used where no profiled step says where each output went.
+HOST_OUTPUTS: dict[str, tuple[int, ...]] = {
+    "aten._scaled_dot_product_efficient_attention.default": (2, 3),
+    "aten._efficient_attention_forward.default": (2, 3),
+}
+
+
+def _real_devices(fx_node: fx.Node, tensors: list[torch.Tensor], measured: list[str] | None,
+                  moved: list[dict[str, Any]]) -> list[str]:
+    """The device of each of ``fx_node``'s output tensors: as the profiled kernel returned it where measured, else
+    the fake value's (:data:`HOST_OUTPUTS` on the host). Each measured output the kernel placed elsewhere than
+    its fake is noted in ``moved``."""
+    faked = [str(t.device) for t in tensors]
+    if measured is None or len(measured) != len(faked):
+        host = HOST_OUTPUTS.get(str(fx_node.target), ())
+        return ["cpu" if index in host and tensors[index].dim() == 0 else device for index, device in enumerate(faked)]
+    for index, (fake, real) in enumerate(zip(faked, measured, strict=True)):
+        if fake != real:
+            moved.append({"fx_node": fx_node.name, "op": str(fx_node.target), "output": index, "fake": fake,
+                          "real": real})
+    return list(measured)
+
+
+def _device_of(tensors: list[torch.Tensor], new_storages: dict[int, int], devices: list[str]) -> str | None:
     """The device of the storage a node owns (its first new one; a placeholder's own): ``"cuda:0"``, ``"cpu"``.
 
     None for a node that holds no tensor. An extra output of a multi-output op is its own node with its own
-    device: efficient attention's philox seed and offset are CPU tensors beside its CUDA output."""
-    owned = [t for t in tensors if storage_key(t) in new_storages] or tensors
-    return str(owned[0].device) if owned else None
+    device: efficient attention's philox seed and offset are CPU tensors beside its CUDA output (the fake
+    value puts them on CUDA; ``devices``, the profiled step's, says where the kernel put them)."""
+    owned = [i for i, t in enumerate(tensors) if storage_key(t) in new_storages] or list(range(len(tensors)))
+    return devices[owned[0]] if owned else None

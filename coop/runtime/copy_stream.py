@@ -1,7 +1,8 @@
 """Paging on a side copy stream (issue 14, item 3): page-outs to pinned host memory and page-ins
 overlapped with compute.
 
-**Opt-in and not yet measured on a GPU.** ``Executor(..., copy_stream=True)`` /
+**Opt-in.** Measured on an H200 (BENCHMARKS.md, bench_cuda): GPT-2 at 1.05x its minimum budget, 1.62x
+eager's step where the same schedule on the compute stream took 4.97x, but 1.15x its budget reserved. ``Executor(..., copy_stream=True)`` /
 ``coop.plan(..., copy_stream=True)`` turn it on; the default (False) replays page-outs and page-ins
 as ``non_blocking`` copies on the compute stream, which stream order makes safe. Both make the very
 same copies, :func:`coop.runtime.paging.page_out` / :func:`~coop.runtime.paging.page_in` (the value's
@@ -34,26 +35,25 @@ stream ``S`` per :class:`CopyStream`:
   enqueued before the free (the replay holds ``v`` for the call), so it is covered. The pinned
   host block is itself safe: ``copy_`` records the block's use on ``S`` in PyTorch's caching host
   allocator, which reuses the block only after that event.
-- **page-in v** (:meth:`CopyStream.page_in`): the device storage is allocated inside
-  ``torch.cuda.stream(S)``, i.e. from ``S``'s pool of the caching allocator, so the allocator
-  cannot hand it a block that kernels queued on ``C`` may still read or write (blocks are reused
-  only by their own stream without synchronization); the H2D copy runs ``non_blocking`` on ``S``
-  and an event is recorded after it. :meth:`CopyStream.wait` is emitted by the executor right
-  before the first program op that reads the value (its first consumer, or a view of it), as
-  late as the schedule allows, so the copy overlaps the compute in between: ``C`` waits on the
-  event, and ``record_stream(C)`` makes a later free of the tensor (allocated on ``S``) wait for
-  the work queued on ``C`` by then. This is the workflow of PyTorch's own
-  ``THCCachingAllocator_recordStream`` commit (allocate on the copy stream, copy, make the main
-  stream wait on an event, record the tensor on the main stream).
+- **page-in v** (:meth:`CopyStream.page_in`): the device storage is allocated on ``C`` (the
+  current stream), from ``C``'s pool, where the value will be read and freed; an event recorded on
+  ``C`` right after the allocation is waited for by ``S`` (the block may have served kernels queued
+  on ``C`` before: the copy writes it only after them), the H2D copy runs ``non_blocking`` on ``S``,
+  ``record_stream(S)`` keeps the block from reuse until the copy has written it (should the value be
+  freed unread), and an event is recorded after the copy. :meth:`CopyStream.wait` is emitted by the
+  executor right before the first program op that reads the value (its first consumer, or a view of
+  it), as late as the schedule allows, so the copy overlaps the compute in between: ``C`` waits on
+  the event. An earlier protocol allocated the storage inside ``torch.cuda.stream(S)`` (PyTorch's
+  ``recordStream`` workflow): blocks of ``S``'s pool, once freed, serve only ``S``'s allocations, so
+  the two pools together reserved more than the budget (DELTA's ResNet-50 step at 0.5 on an H200:
+  1.41x its budget reserved, 2026-11-26).
 - **the host copy**: a page-in reads the pinned host copy that a page-out wrote. Both copies are
   enqueued on the same stream ``S``, in schedule order, so the D2H copy completes before the H2D
   copy starts (stream order); no event is needed for it and the host never reads the copy.
 
 What a GPU run must still measure: the overlap itself (step time against copies on the compute
 stream); the real peak, since a block freed under ``record_stream`` counts as freed in
-``torch.cuda.max_memory_allocated`` while the allocator still holds it until the copy is done, and
-page-in blocks come from the side stream's pool, which blocks freed on the compute stream do not
-refill (reserved memory may grow beyond the simulator's prediction).
+``torch.cuda.max_memory_allocated`` while the allocator still holds it until the copy is done.
 
 The stream API is injectable (:class:`StreamAPI`; :class:`TorchCudaStreams` is torch.cuda's), so
 the protocol is tested on CPU with a fake that records every record, wait and copy.
@@ -69,7 +69,7 @@ import torch
 
 from coop.errors import ContextError, ScheduleError
 from coop.graph_capture import Captured
-from coop.runtime.paging import HostCopy, page_in, page_out
+from coop.runtime.paging import HostCopy, page_in, page_in_storage, page_out
 from coop.schedule import Schedule
 
 
@@ -173,15 +173,25 @@ class CopyStream:
         return PagedOut(host, copied)
 
     def page_in(self, paged: PagedOut) -> PendingPageIn:
-        """Queue the H2D copy of a paged-out value on the side stream, into a storage from the side stream's pool.
+        """Queue the H2D copy of a paged-out value on the side stream, into a storage of the compute stream's pool.
 
-        The storage is allocated inside ``api.stream(side)``, which is what puts it in the side stream's pool.
-        The D2H copy that wrote ``paged.host`` was queued earlier on the same side stream, so stream order runs
-        it first."""
+        The storage is allocated on the compute stream, where the value will be read and freed: a storage from
+        the side stream's pool would stay in that pool when freed, where no compute-stream allocation can reuse
+        it, and the two pools together would reserve more than the budget (a DELTA ResNet-50 step on an H200
+        reserved 1.41x its budget so). The side stream waits for an event recorded after the allocation (the
+        kernels that last used that block on the compute stream come first), and ``record_stream`` keeps the
+        block from reuse until the copy has written it. The D2H copy that wrote ``paged.host`` was queued earlier
+        on the same side stream, so stream order runs it first."""
         api = self.api
-        side = self.side_stream(paged.host.device)
+        host = paged.host
+        compute, side = api.current_stream(host.device), self.side_stream(host.device)
+        storage = page_in_storage(host)
+        allocated = api.new_event()
+        allocated.record(compute)
+        api.wait_event(side, allocated)
         with api.stream(side):
-            value = page_in(paged.host, non_blocking=True)
+            value = page_in(host, non_blocking=True, storage=storage)
+        api.record_stream(storage, side)
         copied = api.new_event()
         copied.record(side)
         return PendingPageIn(value, copied)
@@ -190,8 +200,7 @@ class CopyStream:
         """The paged-in value, for the compute stream: emitted right before its first reader."""
         api = self.api
         compute = api.current_stream(pending.value.device)
-        api.wait_event(compute, pending.copied)
-        api.record_stream(pending.value, compute)  # a later free waits for the compute stream's readers
+        api.wait_event(compute, pending.copied)  # its storage is the compute stream's own (page_in): no record_stream
         return pending.value
 
 

@@ -52,6 +52,7 @@ from coop.online.policies import EvictionPolicy, make_policy
 from coop.runtime.copy_stream import CopyStream, PagedOut, PendingPageIn
 from coop.runtime.executor import recorded_program
 from coop.runtime.paging import HostCopy, HostPool, page_in, page_out, pin_host_copy
+from coop.runtime.program_builder import paged_value_name
 from coop.runtime.rng import RngState
 from coop.schedule import Schedule, relative_overhead
 
@@ -198,8 +199,9 @@ class DeltaStep(DynamicStep, DeltaSimulator):
         # Graph node -> the fx value whose storage a page-out copies (as the executor's ProgramBuilder.base_of)
         self._base: dict[int, str] = {}
         for node_id, names in self.fx_names.items():
-            base = next((name for name in names if isinstance(values.get(name), torch.Tensor)), None)
-            if base is not None:
+            base = paged_value_name(names, values, captured.graph.node(node_id).device)
+            on_host = base is not None and values[base].device.type == "cpu"
+            if base is not None and not (on_host and captured.graph.has_accelerator):  # a host value stays put
                 self._base[node_id] = base
 
     def swappable(self, key: Hashable) -> bool:

@@ -201,11 +201,18 @@ def page_out(value: torch.Tensor, *, pin: bool, non_blocking: bool, whole_storag
     return HostCopy(data, value.dtype, tuple(value.shape), tuple(value.stride()), offset, value.device, pin)
 
 
-def page_in(host: HostCopy, *, non_blocking: bool | None = None, into: torch.Tensor | None = None) -> torch.Tensor:
+def page_in_storage(host: HostCopy) -> torch.Tensor:
+    """An uninitialised storage on ``host.device`` for the bytes of ``host`` (uint8), allocated on the current
+    stream: what :func:`page_in` copies into (``storage=``) when the copy runs on another stream."""
+    return torch.empty(host.nbytes, dtype=torch.uint8, device=host.device)
+
+
+def page_in(host: HostCopy, *, non_blocking: bool | None = None, into: torch.Tensor | None = None,
+            storage: torch.Tensor | None = None) -> torch.Tensor:
     """The paged-out value back on ``host.device``.
 
-    A new storage of the same bytes, viewed with the recorded dtype, shape, stride and storage offset; or,
-    with ``into``, the value written there.
+    A new storage of the same bytes (``storage``, from :func:`page_in_storage`, where given), viewed with the
+    recorded dtype, shape, stride and storage offset; or, with ``into``, the value written there.
 
     Parameters
     ----------
@@ -229,7 +236,7 @@ def page_in(host: HostCopy, *, non_blocking: bool | None = None, into: torch.Ten
     non_blocking = host.pinned if non_blocking is None else non_blocking
     if into is not None:
         return _page_into(host, into, non_blocking)
-    data = torch.empty(host.nbytes, dtype=torch.uint8, device=host.device)
+    data = page_in_storage(host) if storage is None else storage
     data.copy_(host.data, non_blocking=non_blocking)
     return _typed_view(data, host.dtype, host.shape, host.stride, host.storage_offset)
 
@@ -279,4 +286,4 @@ def _span_elements(shape: tuple[int, ...], stride: tuple[int, ...]) -> int:
     return 1 + sum((n - 1) * s for n, s in zip(shape, stride, strict=True))
 
 
-__all__ = ["HostCopy", "HostPool", "page_in", "page_out", "pin_host_copy"]
+__all__ = ["HostCopy", "HostPool", "page_in", "page_in_storage", "page_out", "pin_host_copy"]

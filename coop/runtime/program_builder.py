@@ -413,10 +413,32 @@ class ProgramBuilder:
 
     def base_of(self, node_id: int) -> fx.Node:
         """The fx node that holds Graph node ``node_id``'s tensor: the one a page-out copies."""
-        for node in self.group(node_id):
-            if isinstance(node.meta.get("val"), torch.Tensor):
-                return node
-        raise ScheduleError(f"node {node_id} has no tensor value to page")
+        group = self.group(node_id)
+        name = paged_value_name([n.name for n in group], {n.name: n.meta.get("val") for n in group},
+                                self.captured.graph.node(node_id).device)
+        if name is None:
+            raise ScheduleError(f"node {node_id} has no tensor value to page")
+        return self.by_name[name]
 
 
-__all__ = ["SOURCE_NODE", "ProgramBuilder", "Unavailable", "replayed_draws"]
+def paged_value_name(names: list[str], values: dict[str, Any], device: str | None) -> str | None:
+    """Of a Graph node's fx values (``names``, in program order), the one whose storage a page-out copies.
+
+    The first tensor on the node's own device (:attr:`coop.graph.Node.device`, the device of the storage it
+    owns): a group can hold a tensor of another device first (a host scalar folded in ahead of the device
+    value), and paging that one would copy a host value to the host. Where none is on that device (a node
+    without a recorded device; a graph captured on meta for another device, whose values are CPU fakes) the
+    first tensor; None where the node holds no tensor."""
+    tensors = [name for name in names if isinstance(values.get(name), torch.Tensor)]
+    return next((name for name in tensors if _on_device(values[name], device)), tensors[0] if tensors else None)
+
+
+def _on_device(value: torch.Tensor, device: str | None) -> bool:
+    """Whether ``value`` lives on ``device`` ("cuda" matches every CUDA index, "cuda:0" only index 0)."""
+    if device is None:
+        return False
+    wanted = torch.device(device)
+    return value.device.type == wanted.type and wanted.index in (None, value.device.index)
+
+
+__all__ = ["SOURCE_NODE", "ProgramBuilder", "Unavailable", "paged_value_name", "replayed_draws"]
