@@ -14,7 +14,7 @@ import math
 from pathlib import Path
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 from coop.budget import baseline_peak, min_budget, parse_budget
@@ -186,6 +186,7 @@ def brute_force(mems: list[int], costs: list[float], profile: DeviceProfile) -> 
 
 
 @settings(max_examples=80, deadline=None)
+@example(mems=[8, 2, 3, 3], costs=[1.0, 1.0, 1.0, 1.0], latency=(0.125, 0.125), bandwidth=(20.0, 20.0))
 @given(
     mems=st.lists(st.integers(2, 60), min_size=1, max_size=4),
     costs=st.lists(st.floats(0.01, 2.0), min_size=4, max_size=4),
@@ -213,7 +214,14 @@ def test_the_director_matches_a_brute_force_over_swap_or_recompute(
     # Prefetching can only hide copy time: never more overhead than the brute force's price.
     prefetched = simulate_delta(graph, budget, profile)
     assert prefetched.overhead <= demand.overhead + 1e-12
-    assert [d.action for _, d in prefetched.decision_log] == [d.action for _, d in demand.decision_log]
+    # The director's verdicts are the same; a value prefetched too early may leave again, by a swap that copies
+    # nothing (its host copy is still valid): hypothesis found mems [8, 2, 3, 3] doing so, and cheaper.
+    first: dict = {}
+    for key, decision in prefetched.decision_log:
+        if key in first:
+            assert decision.action == "swap" and first[key] == "swap", (key, decision)
+        first.setdefault(key, decision.action)
+    assert first == {key: d.action for key, d in demand.decision_log}
 
 
 # ---------------------------------------------------------------------------- legality on random graphs

@@ -218,7 +218,8 @@ class GreedyEvictor:
 
 
 # ==================================================================== peak shaving
-def peak_shaving_schedule(graph: Graph, budget: int, max_rounds: int | None = None) -> Schedule | None:
+def peak_shaving_schedule(graph: Graph, budget: int, max_rounds: int | None = None,
+                          deadline: float | None = None) -> Schedule | None:
     """A schedule under ``budget`` made by repeatedly shaving the peak of the baseline order.
 
     Starts from store-all (a sequence of computes, lifetimes from the simulator). While the peak
@@ -235,20 +236,23 @@ def peak_shaving_schedule(graph: Graph, budget: int, max_rounds: int | None = No
         The budget in graph units.
     max_rounds : int or None
         The most shaving rounds; None: ``4 * len(graph.order) + 10``.
+    deadline : float or None
+        A ``time.perf_counter()`` reading past which it gives up (None: none). Each round simulates the
+        whole sequence, so on a graph of thousands of nodes the rounds take tens of seconds.
 
     Returns
     -------
     Schedule or None
-        A schedule of computes only, or None when no such value is left (or the rounds run out)
-        before the peak fits.
+        A schedule of computes only, or None when no such value is left (or the rounds or the time run
+        out) before the peak fits.
     """
     problem = SlotProblem.build(graph, budget)
-    sequence = _shave(problem, list(problem.order), max_rounds)
+    sequence = _shave(problem, list(problem.order), max_rounds, deadline=deadline)
     return None if sequence is None else Schedule.from_order(sequence)
 
 
 def _shave(problem: SlotProblem, sequence: list[int], max_rounds: int | None = None,
-           rng: random.Random | None = None) -> list[int] | None:
+           rng: random.Random | None = None, deadline: float | None = None) -> list[int] | None:
     """Shave the peak of a compute sequence until it fits (see :func:`peak_shaving_schedule`).
 
     With ``rng`` the candidate moves are tried in a randomly perturbed order (for the local
@@ -260,6 +264,8 @@ def _shave(problem: SlotProblem, sequence: list[int], max_rounds: int | None = N
     for _ in range(rounds):
         if sim.peak <= budget:
             return sequence
+        if deadline is not None and time.perf_counter() > deadline:
+            return None
         excess = _excess(sim, budget)
         candidates = _shave_candidates(problem, sequence, sim)[:_SHAVE_TRIALS]
         if rng is not None and len(candidates) > 1 and rng.random() < 0.5:

@@ -463,7 +463,7 @@ def moccasin(
                            {"warm_start": "store_all", "order": order})
     problem = SlotProblem.build(graph, budget)
     lp_time = min(10.0, time_limit / 4) if lp_warm_start else 0.0
-    warm = best_warm_start(graph, budget, hint, lp_time)
+    warm = best_warm_start(graph, budget, hint, lp_time, time_limit=WARM_START_SHARE * time_limit)
     incumbent = _Incumbent(*warm) if warm is not None else None
     if incumbent is not None:
         clock.report(incumbent.simulation.cost, None, f"warm start {incumbent.source}")
@@ -505,6 +505,9 @@ def moccasin(
 MODEL_MAX_INTERVALS = 20_000
 
 #: From this many computed nodes on, part of the time goes to the local search before CP-SAT.
+#: The share of the time limit the warm starts may take before the slower ones (checkpoint-all's O(n^2)
+#: schedule) are skipped, once one fits (:func:`coop.formulations.warm_start.best_warm_start`).
+WARM_START_SHARE = 0.2
 LOCAL_SEARCH_MIN_NODES = 200
 
 

@@ -257,7 +257,8 @@ def best_fallback(setting: PoetSetting, hint: Any, time_limit: float) -> tuple[s
     """
     candidates: list[tuple[str, Schedule]] = []
     if setting.remat:
-        found = best_warm_start(setting.graph, setting.budget, hint, lp_time_limit=min(10.0, time_limit / 6))
+        found = best_warm_start(setting.graph, setting.budget, hint, lp_time_limit=min(10.0, time_limit / 6),
+                                time_limit=time_limit / 6)
         if found is not None:
             candidates.append((found[0], found[1]))
         remat_only = _moccasin_remat_only(setting, MOCCASIN_SHARE * time_limit, found)

@@ -18,6 +18,7 @@ on its device profile). :func:`best_warm_start` is the collection the exact form
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,10 +35,6 @@ from coop.schedule import Schedule, Simulation, draws_out_of_order, simulate, va
 
 #: Checkmate's LP rounding (O(n^2) variables) is a warm start only on graphs up to this size.
 LP_WARM_START_MAX_NODES = 150
-
-#: The baselines tried as warm starts.
-BASELINE_WARM_STARTS = (("store_all", store_all), ("checkpoint_all", checkpoint_all), ("chen_sqrt", chen_sqrt),
-                        ("chen_greedy", chen_greedy))
 
 #: A warm start that passed the checks: (its source's name, the schedule, the one simulator's verdict).
 Candidate = tuple[str, Schedule, Simulation]
@@ -96,7 +93,8 @@ class WarmStarts:
         return min(self.found, key=self.key, default=None)
 
 
-def online_schedule(graph: Graph, budget: int, policies: tuple[str, ...] | None = None) -> Schedule | None:
+def online_schedule(graph: Graph, budget: int, policies: tuple[str, ...] | None = None,
+                    deadline: float | None = None) -> Schedule | None:
     """The cheapest schedule any online policy finds within ``budget`` (validated), or None.
 
     The policies run with random ops kept (no RNG replay), so their schedule is a legal static one.
@@ -109,6 +107,8 @@ def online_schedule(graph: Graph, budget: int, policies: tuple[str, ...] | None 
         The budget in graph units.
     policies : tuple of str or None
         The policy names to run; None: every one of ``POLICIES``.
+    deadline : float or None
+        A ``time.perf_counter()`` reading after which no further policy starts (None: none).
 
     Returns
     -------
@@ -118,6 +118,8 @@ def online_schedule(graph: Graph, budget: int, policies: tuple[str, ...] | None 
     """
     best: tuple[float, Schedule] | None = None
     for policy in policies or tuple(POLICIES):
+        if deadline is not None and time.perf_counter() > deadline:
+            break
         try:
             result = simulate_online(graph, budget, policy, replay_random=False)
         except CoopError:
@@ -157,7 +159,7 @@ def candidate_warm_starts(graph: Graph, budget: int, hint: Any = None,
     """Every schedule to start from, named by its source (not yet checked against the budget).
 
     The caller's hints, Checkmate's rounded LP on graphs of at most ``LP_WARM_START_MAX_NODES`` nodes,
-    the heuristics and the baselines.
+    the heuristics and the baselines (:func:`warm_start_sources`, all of them, however long they take).
 
     Parameters
     ----------
@@ -175,35 +177,62 @@ def candidate_warm_starts(graph: Graph, budget: int, hint: Any = None,
     list of tuple of (str, Schedule)
         The named schedules; a source that finds none or raises a CoopError is left out.
     """
-    candidates: list[tuple[str, Schedule]] = hint_schedules(hint)
-    if len(graph.order) <= LP_WARM_START_MAX_NODES and lp_time_limit > 0:
-        try:
-            rounded = checkmate_lp(graph, budget, time_limit=lp_time_limit, threads=1)
-        except CoopError:  # no LP solver: one warm start fewer
-            rounded = None
-        if rounded is not None and rounded.schedule is not None:
-            candidates.append(("checkmate-lp", rounded.schedule))
-    heuristics: list[tuple[str, Callable[[Graph, int], Schedule | None]]] = [
-        ("peak-shaving", peak_shaving_schedule), ("greedy-eviction", greedy_eviction_schedule),
-        ("greedy-eviction (rebuild-size aware)",
-         lambda g, b: greedy_eviction_schedule(g, b, rebuild_size_penalty=REBUILD_SIZE_PENALTIES[-1])),
-        ("online eviction", online_schedule), ("cheap recompute (keep convolutions and products)", cheap_recompute_schedule)]
-    for name, heuristic in heuristics:
-        schedule = heuristic(graph, budget)
+    candidates: list[tuple[str, Schedule]] = []
+    for name, make in warm_start_sources(graph, budget, hint, lp_time_limit):
+        schedule = make()
         if schedule is not None:
             candidates.append((name, schedule))
-    for name, baseline in BASELINE_WARM_STARTS:
-        try:
-            result = baseline(graph, budget)
-        except CoopError:  # a baseline that cannot meet the budget is one warm start fewer
-            continue
-        if result.schedule is not None:
-            candidates.append((name, result.schedule))
     return candidates
 
 
+def warm_start_sources(graph: Graph, budget: int, hint: Any = None, lp_time_limit: float = 10.0,
+                       deadline: float | None = None) -> list[tuple[str, Callable[[], Schedule | None]]]:
+    """The warm starts as (name, maker) pairs, quickest to make first: a maker returns its schedule or None.
+
+    The caller's hints; store-all; Checkmate's rounded LP (graphs of at most ``LP_WARM_START_MAX_NODES`` nodes,
+    ``lp_time_limit`` seconds); the heuristics and baselines that take under a second on a 4,312-node graph
+    (greedy eviction, cheap recompute, Chen's two); then peak shaving and online eviction (34 s and 49 s there:
+    each simulates the whole step per move or per policy, and stops at ``deadline``, a ``time.perf_counter()``
+    reading); checkpoint-all last (its schedule recomputes each forward prefix once per backward node: O(n^2)
+    steps to build and to simulate, 21 s there).
+    """
+    sources: list[tuple[str, Callable[[], Schedule | None]]] = [
+        (name, lambda schedule=schedule: schedule) for name, schedule in hint_schedules(hint)]
+    sources.append(("store_all", lambda: _baseline(store_all, graph, budget)))
+    if len(graph.order) <= LP_WARM_START_MAX_NODES and lp_time_limit > 0:
+        sources.append(("checkmate-lp", lambda: _rounded_lp(graph, budget, lp_time_limit)))
+    sources += [
+        ("greedy-eviction", lambda: greedy_eviction_schedule(graph, budget)),
+        ("greedy-eviction (rebuild-size aware)",
+         lambda: greedy_eviction_schedule(graph, budget, rebuild_size_penalty=REBUILD_SIZE_PENALTIES[-1])),
+        ("cheap recompute (keep convolutions and products)", lambda: cheap_recompute_schedule(graph, budget)),
+        ("chen_sqrt", lambda: _baseline(chen_sqrt, graph, budget)),
+        ("chen_greedy", lambda: _baseline(chen_greedy, graph, budget)),
+        ("peak-shaving", lambda: peak_shaving_schedule(graph, budget, deadline=deadline)),
+        ("online eviction", lambda: online_schedule(graph, budget, deadline=deadline)),
+        ("checkpoint_all", lambda: _baseline(checkpoint_all, graph, budget)),
+    ]
+    return sources
+
+
+def _baseline(baseline: Callable[[Graph, int], Any], graph: Graph, budget: int) -> Schedule | None:
+    try:
+        result = baseline(graph, budget)
+    except CoopError:  # a baseline that cannot meet the budget is one warm start fewer
+        return None
+    return result.schedule
+
+
+def _rounded_lp(graph: Graph, budget: int, time_limit: float) -> Schedule | None:
+    try:
+        rounded = checkmate_lp(graph, budget, time_limit=time_limit, threads=1)
+    except CoopError:  # no LP solver: one warm start fewer
+        return None
+    return rounded.schedule if rounded is not None else None
+
+
 def best_warm_start(graph: Graph, budget: int, hint: Any = None,
-                    lp_time_limit: float = 10.0) -> Candidate | None:
+                    lp_time_limit: float = 10.0, time_limit: float | None = None) -> Candidate | None:
     """The cheapest candidate warm start that fits the budget and draws in the baseline order.
 
     Its simulated peak fits, and its random draws follow the baseline order (a replay must draw
@@ -219,13 +248,20 @@ def best_warm_start(graph: Graph, budget: int, hint: Any = None,
         The caller's hints (:func:`hint_schedules`).
     lp_time_limit : float
         Seconds for Checkmate's rounded LP warm start.
+    time_limit : float or None
+        Seconds for the whole collection: once spent and a candidate fits, the sources not yet tried
+        (:func:`warm_start_sources`, cheapest first) are skipped, so that a solver's time limit holds on
+        large graphs. None: every source.
 
     Returns
     -------
     Candidate or None
-        ``(name, schedule, simulation)`` of the cheapest (:func:`candidate_warm_starts`); None when none
-        fits.
+        ``(name, schedule, simulation)`` of the cheapest; None when none fits.
     """
+    deadline = None if time_limit is None else time.perf_counter() + time_limit
     collector = WarmStarts(graph, budget)
-    collector.offer_all(candidate_warm_starts(graph, budget, hint, lp_time_limit))
+    for name, make in warm_start_sources(graph, budget, hint, lp_time_limit, deadline):
+        if deadline is not None and collector.found and time.perf_counter() >= deadline:
+            break
+        collector.offer(name, make())
     return collector.best()
