@@ -195,6 +195,24 @@ def warm_start_sources(graph: Graph, budget: int, hint: Any = None, lp_time_limi
     each simulates the whole step per move or per policy, and stops at ``deadline``, a ``time.perf_counter()``
     reading); checkpoint-all last (its schedule recomputes each forward prefix once per backward node: O(n^2)
     steps to build and to simulate, 21 s there).
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph to schedule.
+    budget : int
+        The budget in graph units.
+    hint : Any
+        The caller's hints (:func:`hint_schedules`), first.
+    lp_time_limit : float
+        Seconds for the rounded LP; 0 or less leaves it out.
+    deadline : float or None
+        The ``time.perf_counter()`` reading at which peak shaving and online eviction stop (None: never).
+
+    Returns
+    -------
+    list of tuple of (str, callable)
+        Each source's name and a maker returning its schedule, or None where it finds none.
     """
     sources: list[tuple[str, Callable[[], Schedule | None]]] = [
         (name, lambda schedule=schedule: schedule) for name, schedule in hint_schedules(hint)]

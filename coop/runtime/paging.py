@@ -203,7 +203,18 @@ def page_out(value: torch.Tensor, *, pin: bool, non_blocking: bool, whole_storag
 
 def page_in_storage(host: HostCopy) -> torch.Tensor:
     """An uninitialised storage on ``host.device`` for the bytes of ``host`` (uint8), allocated on the current
-    stream: what :func:`page_in` copies into (``storage=``) when the copy runs on another stream."""
+    stream: what :func:`page_in` copies into (``storage=``) when the copy runs on another stream.
+
+    Parameters
+    ----------
+    host : HostCopy
+        The paged-out value.
+
+    Returns
+    -------
+    torch.Tensor
+        ``host.nbytes`` uninitialised bytes on ``host.device``.
+    """
     return torch.empty(host.nbytes, dtype=torch.uint8, device=host.device)
 
 
@@ -222,6 +233,8 @@ def page_in(host: HostCopy, *, non_blocking: bool | None = None, into: torch.Ten
         Whether the copy back is asynchronous; None: where the host buffer is pinned.
     into : torch.Tensor or None
         A tensor of the same dtype, shape and device (e.g. the arena's block for it) to write the value into.
+    storage : torch.Tensor or None
+        The uint8 storage to copy the bytes into (:func:`page_in_storage`); None: a new one.
 
     Returns
     -------

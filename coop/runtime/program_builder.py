@@ -428,7 +428,22 @@ def paged_value_name(names: list[str], values: dict[str, Any], device: str | Non
     owns): a group can hold a tensor of another device first (a host scalar folded in ahead of the device
     value), and paging that one would copy a host value to the host. Where none is on that device (a node
     without a recorded device; a graph captured on meta for another device, whose values are CPU fakes) the
-    first tensor; None where the node holds no tensor."""
+    first tensor; None where the node holds no tensor.
+
+    Parameters
+    ----------
+    names : list of str
+        The node's fx value names, in program order.
+    values : dict of str to Any
+        The captured value (``meta["val"]``) of each name.
+    device : str or None
+        The node's device (``"cuda:0"``, ``"cuda"``, ``"cpu"``; None where unrecorded).
+
+    Returns
+    -------
+    str or None
+        The name of the value to page.
+    """
     tensors = [name for name in names if isinstance(values.get(name), torch.Tensor)]
     return next((name for name in tensors if _on_device(values[name], device)), tensors[0] if tensors else None)
 
