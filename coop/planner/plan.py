@@ -47,6 +47,7 @@ from coop.runtime.executor import (
 from coop.runtime.graph_replay import GraphAPI, GraphReplay, require_cuda_graph
 from coop.runtime.meter import cpu_allocation_peak
 from coop.runtime.program_builder import SOURCE_NODE
+from coop.runtime.reserved import cuda_counters, reserved_step_peak
 from coop.schedule import Schedule, Simulation, Step, simulate, validate
 
 PLAN_FORMAT = "coop.plan/1"
@@ -415,7 +416,11 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
         chosen = _within_saved_generator_states(within, live_bytes, graph)
         footprint, held = _measure_ordinary_step(chosen, live_bytes, flat=flat)
         chosen.note = (chosen.note + "; " if chosen.note else "") + held
-        if footprint is not None and footprint > budget_bytes:
+        if footprint is not None and footprint > budget_bytes and graph.has_accelerator:
+            # the CUDA allocator's reserve above the live bytes: solve lower by the excess
+            chosen = _below_measured_excess(chosen, footprint, lambda aim: _within_saved_generator_states(
+                within, aim, graph), functools.partial(_measure_ordinary_step, flat=flat), budget_bytes, live_bytes)
+        elif footprint is not None and footprint > budget_bytes:
             chosen = _with_measured_scratch(chosen, solver, live_bytes, budget_bytes, flat)
         if chosen.step_footprint is not None and chosen.step_footprint > budget_bytes:
             warnings.warn(f"the step holds {format_memory(chosen.step_footprint, graph)}, above the budget "
@@ -552,13 +557,49 @@ def _with_measured_scratch(chosen: Plan, solver: Callable[..., Plan], live_bytes
     return again
 
 
+#: Re-solves at most after a CUDA step reserved more than its budget (each one a solve within the time limit).
+RESERVED_ROUNDS = 3
+
+
+def _below_measured_excess(chosen: Plan, footprint: int, within: Callable[[int], Plan],
+                           measure: Callable[[Plan, int], Measured], budget_bytes: int, live_bytes: int) -> Plan:
+    """A plan whose measured step holds within ``budget_bytes``: ``chosen`` held ``footprint``, so solve again below
+    its live-bytes budget by the excess (or by the footprint's ratio to the budget, whichever is lower:
+    :func:`coop.online.static_arena.next_live_budget`), measure, and repeat at most :data:`RESERVED_ROUNDS` times.
+
+    Raises InfeasibleError, in one line naming the last measure and the fix, where no round fits (or the aim falls
+    below min_budget, or the solver finds nothing there)."""
+    graph = chosen.graph
+    size = functools.partial(format_memory, graph=graph)
+    first, live, note = footprint, live_bytes, ""
+    for _ in range(RESERVED_ROUNDS):
+        aim = next_live_budget(live, chosen.predicted_peak, footprint, budget_bytes)
+        if aim < min_budget(graph):
+            break
+        try:
+            candidate = within(aim)
+        except (InfeasibleError, BudgetError):
+            break
+        measured, note = measure(candidate, aim)
+        if measured is None or measured <= budget_bytes:
+            candidate.note = (candidate.note + "; " if candidate.note else "") + (
+                f"re-solved within a live-bytes budget of {size(aim)}: the plan solved within {size(live_bytes)} held "
+                f"{size(first)} on the device, above the budget {size(budget_bytes)}; {note}")
+            return candidate
+        chosen, live, footprint = candidate, aim, measured
+    raise InfeasibleError(f"no plan's step stays within the budget {size(budget_bytes)} once the device's allocator "
+                          f"reserves its blocks: the last held {size(footprint)} at a live-bytes budget of {size(live)} "
+                          f"(first {size(first)}); raise the budget by the excess")
+
+
 def _measure_ordinary_step(candidate: Plan, live_budget: int, *, flat: Callable[[], list[torch.Tensor]]) -> Measured:
     """Run one step of ``candidate``'s ordinary replay on the example batch and count every CPU byte it holds at
     its peak (:func:`coop.runtime.meter.cpu_allocation_peak`, the CPU allocator's own reports: kernels' internal
     scratch such as oneDNN's convolution reorders included) above the caller-owned values.
 
-    Not measured (None, the note says why): a step with values on an accelerator (there the CUDA caching
-    allocator's headroom, :mod:`coop.runtime.allocator`, bounds what it adds), a schedule that pages (on a
+    On a step with values on one CUDA device, what the caching allocator reserves for a warm step instead
+    (:func:`coop.runtime.reserved.reserved_step_peak`, the measure of the GPU acceptance command) plus the
+    caller-owned values. Not measured (None, the note says why): another accelerator, a schedule that pages (on a
     CPU-only step its host copies are CPU allocations too, so the CPU allocator's sum would count the host tier
     as held), and a step run while another profiler is recording.
     """
@@ -568,7 +609,17 @@ def _measure_ordinary_step(candidate: Plan, live_budget: int, *, flat: Callable[
     if weightless(candidate.model):
         return None, f"held bytes not measured: the model is on the meta device (no weights); {solved}"
     if graph.has_accelerator:
-        return None, f"held bytes not measured: the step runs on an accelerator; {solved}"
+        counters = cuda_counters(graph.devices)
+        if counters is None:
+            return None, f"held bytes not measured: the step runs on an accelerator other than one CUDA device; {solved}"
+        index = counters.device.index if counters.device.index is not None else torch.cuda.current_device()
+        with torch.random.fork_rng(devices=[index]):  # the measured steps draw from a copy of the generators
+            reserved = reserved_step_peak(lambda: candidate.executor.run_flat(flat()), counters)
+        owned = graph.caller_owned_bytes
+        candidate.step_footprint = owned + reserved
+        return owned + reserved, (f"held {size(owned + reserved)} = caller-owned {size(owned)} + what the CUDA "
+                                  f"allocator reserved for the step {size(reserved)} (a warm step on the example batch; "
+                                  f"predicted live {size(candidate.predicted_peak)}), {solved}")
     if any(step.op == "page_out" for step in candidate.schedule.steps):
         return None, ("held bytes not measured: the schedule pages, and on a CPU-only step the host copies share the "
                       f"CPU allocator; {solved}")

@@ -1,0 +1,116 @@
+"""What the CUDA caching allocator reserves for a step: the bytes a process really holds on the device.
+
+Contract 3 (DESIGN.md) bounds what the process holds, and on CUDA that is the caching allocator's reserved
+memory, not the live bytes the simulator predicts: blocks are rounded, segments fragment. Expandable segments
+(:mod:`coop.runtime.allocator`) bring reserved close to allocated, not onto it: on an H200 (torch 2.11,
+BENCHMARKS.md bench_cuda) ordinary replays at half the baseline peak reserved 1.029x (GPT-2) and 1.048x
+(ResNet-50) their budget while allocating exactly the prediction. So ``coop.plan`` measures a CUDA step's
+reserved peak on the example batch (:func:`reserved_step_peak`) and re-solves below the budget by what it
+exceeds (:func:`coop.planner.plan`).
+
+The measure is the one the GPU acceptance command reports (``benchmarks/bench_cuda.py``, ``reserved``): after
+``empty_cache``, one step (what it leaves allocated for later steps stays), ``empty_cache`` again, the peak
+statistics reset, a second, warm step; the peak of reserved bytes during it above what was allocated before the
+first. The allocator's counters are injectable (:class:`AllocatorCounters`), so the procedure is tested on CPU
+against a fake that keeps the allocator's books.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+
+class AllocatorCounters(Protocol):
+    """The caching allocator's calls the measure makes (``torch.cuda``'s, on one device)."""
+
+    def synchronize(self) -> None:
+        """Wait for the device's queued work."""
+
+    def empty_cache(self) -> None:
+        """Release the cached blocks that no tensor holds."""
+
+    def memory_allocated(self) -> int:
+        """Bytes held by tensors now."""
+
+    def reset_peak_memory_stats(self) -> None:
+        """Start the peak statistics afresh."""
+
+    def max_memory_reserved(self) -> int:
+        """The most bytes reserved since the last reset."""
+
+
+class TorchCudaCounters:
+    """The default :class:`AllocatorCounters`: ``torch.cuda``'s, on ``device``."""
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    def empty_cache(self) -> None:
+        torch.cuda.empty_cache()
+
+    def memory_allocated(self) -> int:
+        return torch.cuda.memory_allocated(self.device)
+
+    def reset_peak_memory_stats(self) -> None:
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def max_memory_reserved(self) -> int:
+        return torch.cuda.max_memory_reserved(self.device)
+
+
+def reserved_step_peak(run: Callable[[], Any], counters: AllocatorCounters) -> int:
+    """The most bytes the allocator reserved during a warm run of ``run``, above what was allocated before.
+
+    Parameters
+    ----------
+    run : callable
+        One step; called twice (the first leaves what later steps keep, the second is measured).
+    counters : AllocatorCounters
+        The allocator's counters (:class:`TorchCudaCounters` on CUDA).
+
+    Returns
+    -------
+    int
+        ``max_memory_reserved`` during the second run, after ``empty_cache``, minus ``memory_allocated`` before
+        the first: every reserved byte but those of tensors that existed before (the caller-owned values among
+        them, which the caller adds back as the Graph counts them).
+    """
+    counters.synchronize()
+    counters.empty_cache()
+    before = counters.memory_allocated()
+    run()
+    counters.synchronize()
+    counters.empty_cache()
+    counters.reset_peak_memory_stats()
+    run()
+    counters.synchronize()
+    return counters.max_memory_reserved() - before
+
+
+def cuda_counters(devices: tuple[str | None, ...]) -> TorchCudaCounters | None:
+    """The counters of a step's one CUDA device where torch sees it; None for a step on no CUDA device or on
+    several (then nothing is measured and the plan says so).
+
+    Parameters
+    ----------
+    devices : tuple of str or None
+        The devices of the step's values (:attr:`coop.graph.Graph.devices`).
+
+    Returns
+    -------
+    TorchCudaCounters or None
+        The counters, or None.
+    """
+    cuda = {torch.device(d) for d in devices if d is not None and d.startswith("cuda")}
+    if len(cuda) != 1 or not torch.cuda.is_available():
+        return None
+    return TorchCudaCounters(next(iter(cuda)))
+
+
+__all__ = ["AllocatorCounters", "TorchCudaCounters", "cuda_counters", "reserved_step_peak"]
