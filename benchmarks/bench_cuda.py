@@ -272,15 +272,19 @@ PRELOAD = ("torch", "coop", "coop.zoo", "coop.planner", "coop.graph_capture", "c
 
 def run_cases(cases: list[Case], device: str, quick: bool, jobs: int = 1, isolation: str | None = None,
               report: Callable[[dict[str, Any]], None] | None = None,
-              time_limit: float | None = None, case_timeout: float | None = None) -> list[dict[str, Any]]:
+              time_limit: float | None = None, case_timeout: float | None = None,
+              save_graphs: Path | None = None) -> list[dict[str, Any]]:
     """One row per case, in order; each case runs in a process of its own, ``jobs`` at a time.
 
     ``isolation="exec"`` starts each case as ``python bench_cuda.py --case JSON`` (a fresh interpreter: the
     default on CUDA, where no driver state may cross a fork); ``"fork"`` forks it from a fork server that has
     imported torch, coop and transformers once, which saves each case those seconds of imports (the default on
     CPU, and what the test runs). Either way a crash, a hang or an exception kills or ends only that process.
+    ``time_limit`` and ``case_timeout`` override the size's solver seconds per plan and seconds per case;
+    ``save_graphs``: a folder where each capture case writes its Graph (``FAMILY.json``), so that a machine
+    without the device can run the simulators on the device's graph.
     """
-    sizes = QUICK if quick else FULL
+    sizes = _sizes(quick, time_limit, case_timeout)
     isolation = isolation or ("exec" if device == "cuda" else "fork")
     threads = max(1, (os.cpu_count() or 1) // max(1, jobs))
 
@@ -291,7 +295,8 @@ def run_cases(cases: list[Case], device: str, quick: bool, jobs: int = 1, isolat
             row = _blank_row(case, device) | {"status": f"skipped: {skipped}"}
         else:
             timeout = (HANG_TIMEOUT_S[isolation] if case.name == "selftest/hang" else sizes.case_timeout)
-            row = _run_isolated(case, device, quick, threads, timeout, isolation, sizes.time_limit)
+            row = _run_isolated(case, device, quick, threads, timeout, isolation, sizes.time_limit,
+                                str(save_graphs) if save_graphs else None)
         row["wall_s"] = round(time.perf_counter() - started, 1)
         if report is not None:
             report(row)
@@ -322,12 +327,13 @@ def _skip_reason(case: Case, device: str) -> str:
 
 
 def _run_isolated(case: Case, device: str, quick: bool, threads: int, timeout: float,
-                  isolation: str, time_limit: float) -> dict[str, Any]:
+                  isolation: str, time_limit: float, save_graphs: str | None = None) -> dict[str, Any]:
     """Run one case in a process of its own; a crash, a timeout or an exception becomes its row."""
     with tempfile.TemporaryDirectory(prefix="bench_cuda_") as name:
         workdir = Path(name)
         spec = {"family": case.family, "mode": case.mode, "budget": case.budget, "device": device, "quick": quick,
-                "threads": threads, "workdir": name, "timeout": timeout, "time_limit": time_limit}
+                "threads": threads, "workdir": name, "timeout": timeout, "time_limit": time_limit,
+                "save_graphs": save_graphs}
         returncode = _run_forked(spec, timeout) if isolation == "fork" else _run_executed(spec, timeout)
         if returncode is None:
             return _blank_row(case, device) | {"status": f"timed out after {timeout:g} s", **_last_reached(workdir)}
@@ -597,6 +603,8 @@ def run_case(case: Case, spec: dict[str, Any], row: dict[str, Any], progress: Ca
     started = time.perf_counter()
     captured = coop.capture(model, batch, loss_fn=loss_fn, profile=profile)
     row["capture_s"] = round(time.perf_counter() - started, 2)
+    if spec.get("save_graphs") and case.mode == "capture":
+        captured.graph.save(Path(spec["save_graphs"]) / f"{case.family}.json")
     graph = captured.graph
     row["nodes"] = len(graph.nodes)
     caller_owned = sum(graph.node(node_id).mem for node_id in graph.caller_owned_ids)
@@ -978,6 +986,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"solver seconds per plan (default {FULL.time_limit:g}; quick {QUICK.time_limit:g})")
     parser.add_argument("--case-timeout", type=float, default=None, metavar="S",
                         help=f"seconds per case before it is killed (default {FULL.case_timeout:g})")
+    parser.add_argument("--save-graphs", type=Path, default=None, metavar="DIR",
+                        help="each capture case writes its captured Graph to DIR/FAMILY.json")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # the child: one case, as JSON
     args = parser.parse_args(argv)
@@ -1003,7 +1013,7 @@ def main(argv: list[str] | None = None) -> int:
             args.json.write_text(json.dumps({"rows": finished, "partial": True}, indent=1) + "\n")
 
     rows = run_cases(cases, args.device, args.quick, jobs=jobs, isolation=args.isolation, report=report,
-                     time_limit=args.time_limit, case_timeout=args.case_timeout)
+                     time_limit=args.time_limit, case_timeout=args.case_timeout, save_graphs=args.save_graphs)
     print(format_table(rows))
     print(notes(rows, args.device, args.quick))
     print(f"{len(rows)} cases in {time.perf_counter() - started:.1f} s")

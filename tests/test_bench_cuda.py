@@ -179,3 +179,21 @@ def test_dynamic_rows_time_the_online_first_step_apart_from_the_recorded_later_o
         assert row["status"] == "ok", row
         assert row["first_step_ms"] > 0 and row["static_same_ms"] > 0, row
         assert row["later_vs_static"] == round(row["step_ms"] / row["static_same_ms"], 3), row
+
+
+def test_the_time_limit_case_timeout_and_graph_folder_reach_each_case(monkeypatch, tmp_path) -> None:
+    """On the H200 the parent kept the full sizes' 30 s and 1,800 s whatever the flags said: each case's process
+    gets what the command line asks."""
+    seen: list[tuple] = []
+
+    def record(case, device, quick, threads, timeout, isolation, time_limit, save_graphs=None):
+        seen.append((case.name, timeout, time_limit, save_graphs))
+        return bench._blank_row(case, device) | {"status": "ok"}
+
+    monkeypatch.setattr(bench, "_run_isolated", record)
+    bench.run_cases(bench.select(["gpt2/capture"]), "cpu", quick=False, time_limit=7.5, case_timeout=99,
+                    save_graphs=tmp_path)
+    assert seen == [("gpt2/capture", 99, 7.5, str(tmp_path))]
+    seen.clear()
+    bench.run_cases(bench.select(["gpt2/capture"]), "cpu", quick=True)
+    assert seen == [("gpt2/capture", bench.QUICK.case_timeout, bench.QUICK.time_limit, None)]

@@ -86,7 +86,7 @@ class Plan(BasePlan):
         self.graph_replay = GraphReplay(self.executor, api)
 
     def use_copy_stream(self) -> None:
-        """Page on a side CUDA stream (coop.runtime.copy_stream; opt-in, not yet measured on a GPU)."""
+        """Page on a side CUDA stream (coop.runtime.copy_stream; opt-in)."""
         self.executor = Executor(self.captured, self.executor.schedule, copy_stream=True,
                                  simulation=self.executor.simulation)
 
@@ -413,13 +413,20 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
     if arena:
         chosen = _fit_measured(within, functools.partial(_measure_arena_step, flat=flat), budget_bytes, graph)
     else:
-        chosen = _within_saved_generator_states(within, live_bytes, graph)
+        def replayed_as_asked(aim: int) -> Plan:  # the replay the plan will run, so that its step is measured
+            candidate = _within_saved_generator_states(within, aim, graph)
+            if copy_stream:
+                candidate.use_copy_stream()
+            return candidate
+
+        chosen = replayed_as_asked(live_bytes)
         footprint, held = _measure_ordinary_step(chosen, live_bytes, flat=flat)
         chosen.note = (chosen.note + "; " if chosen.note else "") + held
         if footprint is not None and footprint > budget_bytes and graph.has_accelerator:
             # the CUDA allocator's reserve above the live bytes: solve lower by the excess
-            chosen = _below_measured_excess(chosen, footprint, lambda aim: _within_saved_generator_states(
-                within, aim, graph), functools.partial(_measure_ordinary_step, flat=flat), budget_bytes, live_bytes)
+            chosen = _below_measured_excess(chosen, footprint, replayed_as_asked,
+                                            functools.partial(_measure_ordinary_step, flat=flat), budget_bytes,
+                                            live_bytes)
         elif footprint is not None and footprint > budget_bytes:
             chosen = _with_measured_scratch(chosen, solver, live_bytes, budget_bytes, flat)
         if chosen.step_footprint is not None and chosen.step_footprint > budget_bytes:
@@ -429,7 +436,7 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
                           "knows); "
                           "plan with profile=True (capture then measures each kernel's scratch and the schedule counts "
                           "it), or lower the budget by the excess", stacklevel=2)
-    if copy_stream:
+    if copy_stream and chosen.executor.copy_stream is None:
         chosen.use_copy_stream()
     if cuda_graph:
         chosen.use_cuda_graph()
