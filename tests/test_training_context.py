@@ -29,8 +29,10 @@ def autocast(enabled: bool) -> contextlib.AbstractContextManager:
     return torch.autocast(**BF16, enabled=enabled)
 
 
-def eager_loss(model: nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    loss = model(*batch)
+def eager_loss(model: nn.Module, batch: tuple[torch.Tensor, ...], context=contextlib.nullcontext) -> torch.Tensor:
+    """PyTorch's AMP recipe: the forward (and loss) inside ``context``, the backward outside it."""
+    with context():
+        loss = model(*batch)
     loss.backward()
     return loss.detach()
 
@@ -41,8 +43,7 @@ def assert_steps_equal_eager(model, eager, plan, batch, context, steps: int = 2)
     eager_optimizer = torch.optim.SGD(eager.parameters(), lr=0.1)
     for step in range(steps):
         torch.manual_seed(step)
-        with context():
-            expected = eager_loss(eager, batch)
+        expected = eager_loss(eager, batch, context)
         torch.manual_seed(step)
         with context():
             loss = plan.step(*batch)
@@ -83,6 +84,33 @@ def test_stepped_under_autocast_it_was_not_captured_in_warns_and_equals_eager_au
     model, eager, plan, batch = planned(budget=budget, formulation=formulation, capture_autocast=False)
     with pytest.warns(UserWarning, match=r"autocast is on for cpu \(bfloat16\), the plan was captured with off"):
         assert_steps_equal_eager(model, eager, plan, batch, lambda: autocast(True))
+
+
+def test_the_backward_runs_outside_autocast_as_in_pytorchs_amp_recipe() -> None:
+    """``with torch.autocast(...): plan.step(...)`` equals the recipe's forward under autocast and backward outside it
+    (torch.amp docs: "Backward passes under autocast are not recommended"). GPT-2 in bfloat16 on CPU gets other
+    gradient bits when its backward runs under autocast too, so the test can tell the two apart."""
+    model, batch, loss_fn = build("gpt2")
+    inside, outside = copy.deepcopy(model), copy.deepcopy(model)
+
+    def loss_of(module: nn.Module) -> torch.Tensor:
+        return loss_fn(module, *batch) if loss_fn is not None else module(*batch)
+
+    torch.manual_seed(0)
+    with autocast(True):
+        loss_of(inside).backward()
+    torch.manual_seed(0)
+    with autocast(True):
+        recipe = loss_of(outside)
+    recipe.backward()
+    assert not all(torch.equal(a.grad, b.grad) for a, b in zip(inside.parameters(), outside.parameters(), strict=True))
+    with autocast(True):
+        plan = coop.plan(model, 1.0, batch, loss_fn=loss_fn, formulation="store-all")
+        torch.manual_seed(0)
+        loss = plan.step(*batch)
+    assert torch.equal(loss, recipe.detach())
+    for (name, param), expected in zip(model.named_parameters(), outside.parameters(), strict=True):
+        assert torch.equal(param.grad, expected.grad), name
 
 
 def test_captured_under_autocast_stepped_outside_it_warns_and_equals_eager_float32() -> None:

@@ -28,8 +28,9 @@ dropout draw is split into a bool mask (the only non-recomputable node) and a re
 
 from __future__ import annotations
 
+import contextlib
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,7 @@ from torch.utils import _pytree as pytree
 
 from coop.errors import CaptureError, CoopError
 from coop.graph_capture.batch import BatchLayout, positional_batch
+from coop.graph_capture.context import AUTOCAST_DEVICES
 from coop.graph_capture.meta import fake_cpu_state, weightless
 from coop.graph_capture.random_ops import compact_random_masks
 
@@ -77,6 +79,16 @@ def split_state(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, to
     frozen = {k: v for k, v in model.named_parameters() if not v.requires_grad}
     buffers = dict(model.named_buffers())
     return params, buffers, frozen
+
+
+@contextlib.contextmanager
+def autocast_off() -> Iterator[None]:
+    """Autocast disabled on every device type where it is enabled now (``torch.autocast(device, enabled=False)``)."""
+    with contextlib.ExitStack() as stack:
+        for device in AUTOCAST_DEVICES:
+            if torch.is_autocast_enabled(device):
+                stack.enter_context(torch.autocast(device, enabled=False))
+        yield
 
 
 def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossFn | None,
@@ -136,8 +148,12 @@ def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossF
             raise CaptureError(f"the loss of {type(model).__name__} does not depend on any trainable parameter "
                                "(computed under no_grad or detached?); compute it from the model's output")
         # create_graph=False, as in eager loss.backward(): autograd then calls the kernels eager
-        # calls (silu_backward, not torch.func.grad's infinitely differentiable formula)
-        grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True, materialize_grads=True)
+        # calls (silu_backward, not torch.func.grad's infinitely differentiable formula). An ambient
+        # autocast covers the forward only, as PyTorch's AMP recipe runs it (backward outside autocast):
+        # backward under autocast casts some grad kernels' inputs again (GPT-2 in bfloat16 on CPU: other
+        # gradient bits than the recipe's)
+        with autocast_off():
+            grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True, materialize_grads=True)
         return loss, dict(zip(params, grads, strict=True)), new_buffers
 
     try:
