@@ -458,6 +458,9 @@ def capture(
     image: Annotated[int | None, typer.Option("--image", min=1, help="Zoo size: image side in pixels.")] = None,
     heads: Annotated[int | None, typer.Option("--heads", min=1, help="Zoo size: attention heads.")] = None,
     vocab: Annotated[int | None, typer.Option("--vocab", min=1, help="Zoo size: vocabulary.")] = None,
+    kv_heads: Annotated[int | None, typer.Option("--kv-heads", min=1, help="Zoo llama: key/value heads.")] = None,
+    intermediate: Annotated[int | None, typer.Option("--intermediate", min=1, help="Zoo llama: MLP width.")] = None,
+    dtype: Annotated[str | None, typer.Option("--dtype", help="Zoo: the parameters' dtype (bfloat16, float16).")] = None,
     meta: Annotated[bool, typer.Option("--meta", help="Build the zoo model on the meta device (no weights: any size "
                                        "fits this machine); needs --device.")] = False,
     device: Annotated[str | None, typer.Option("--device", help="With --meta: the device the plan will run on "
@@ -483,7 +486,7 @@ def capture(
         module, example_batch, loss_fn = model_from_factory(target)
     else:
         given = {"layers": layers, "hidden": hidden, "batch": batch, "seq": seq, "image": image, "heads": heads,
-                 "vocab": vocab}
+                 "vocab": vocab, "kv_heads": kv_heads, "intermediate": intermediate, "dtype": dtype}
         size = {k: v for k, v in given.items() if v is not None}
         module, example_batch, loss_fn = model_from_zoo(str(model), size, meta=meta)
     result = capture_step(module, example_batch, loss_fn=loss_fn, profile=profile, alternatives=alternatives,

@@ -118,8 +118,10 @@ def build(name: str, **size: Any) -> Built:
         The zoo model: one of :data:`ZOO_NAMES`.
     **size : Any
         Size options (all optional): ``layers``, ``hidden``, ``batch``, ``seq`` (token models), ``image``
-        (image side for cnn/resnet/vit/mobilenet), ``heads`` (llama: half as many key/value heads), ``vocab``,
-        ``seed`` (default 0; seeds the global RNG too, so the weights are the same on every call).
+        (image side for cnn/resnet/vit/mobilenet), ``heads``, ``kv_heads`` (llama; default half of ``heads``),
+        ``intermediate`` (llama's MLP width; default twice ``hidden``), ``vocab``, ``dtype`` (the parameters' and
+        floating batch tensors' dtype by name, e.g. ``"bfloat16"``; default float32), ``seed`` (default 0; seeds
+        the global RNG too, so the weights are the same on every call).
 
     Returns
     -------
@@ -135,14 +137,30 @@ def build(name: str, **size: Any) -> Built:
                 "llama": _llama, "vit": _vit, "mobilenet": _mobilenet}
     if name not in builders:
         raise CoopError(f"unknown zoo model {name!r}: choose one of {', '.join(ZOO_NAMES)}")
-    known = {"layers", "hidden", "batch", "seq", "image", "heads", "vocab", "seed"}
+    known = {"layers", "hidden", "batch", "seq", "image", "heads", "kv_heads", "intermediate", "vocab", "dtype", "seed"}
     unknown = sorted(set(size) - known)
     if unknown:
         raise CoopError(f"unknown size option {unknown[0]!r} for zoo model {name!r}: use {', '.join(sorted(known))}")
+    if name != "llama" and ({"kv_heads", "intermediate"} & set(size)):
+        raise CoopError(f"kv_heads and intermediate size the zoo's llama only, not {name!r}: drop them")
+    dtype = _dtype(size.pop("dtype", None))
     generator = torch.Generator().manual_seed(int(size.pop("seed", 0)))
     torch.manual_seed(int(generator.initial_seed()))
     model, batch, loss_fn = builders[name](generator, **size)
+    if dtype is not None:
+        model = model.to(dtype)
+        batch = tuple(t.to(dtype) if t.is_floating_point() else t for t in batch)
     return model.train(), batch, loss_fn
+
+
+def _dtype(name: str | None) -> torch.dtype | None:
+    """The floating dtype named ``name`` ("bfloat16", "float16", "float32"), None for None; a CoopError else."""
+    if name is None:
+        return None
+    dtype = getattr(torch, str(name), None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise CoopError(f"dtype {name!r} is not a floating torch dtype: use bfloat16, float16 or float32")
+    return dtype
 
 
 def _tokens(generator: torch.Generator, vocab: int, batch: int, seq: int) -> torch.Tensor:
@@ -188,12 +206,15 @@ def _bert(generator: torch.Generator, layers: int = 2, hidden: int = 64, batch: 
 
 
 def _llama(generator: torch.Generator, layers: int = 2, hidden: int = 64, batch: int = 2, seq: int = 32,
-           heads: int = 4, vocab: int = 128, **_: Any) -> Built:
-    """Llama: RMSNorm, rotary embeddings, SwiGLU MLP, grouped-query attention (half as many kv heads)."""
+           heads: int = 4, vocab: int = 128, kv_heads: int | None = None, intermediate: int | None = None,
+           **_: Any) -> Built:
+    """Llama: RMSNorm, rotary embeddings, SwiGLU MLP, grouped-query attention (by default half as many kv heads and an
+    MLP twice as wide as ``hidden``; Llama-2-7B: ``kv_heads=32, intermediate=11008``)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(num_hidden_layers=layers, hidden_size=hidden, num_attention_heads=heads,
-                         num_key_value_heads=max(1, heads // 2), intermediate_size=2 * hidden, vocab_size=vocab,
+                         num_key_value_heads=kv_heads or max(1, heads // 2), intermediate_size=intermediate or 2 * hidden,
+                         vocab_size=vocab,
                          max_position_embeddings=max(seq, 32), attn_implementation="eager")
     model = LlamaForCausalLM(config)
     tokens = _tokens(generator, vocab, batch, seq)
@@ -246,7 +267,7 @@ def _classifier_loss(model: nn.Module, images: torch.Tensor, labels: torch.Tenso
 
 
 # ============================================================================ user models
-def model_from_zoo(name: str, size: dict[str, int], meta: bool = False) -> Built:
+def model_from_zoo(name: str, size: dict[str, Any], meta: bool = False) -> Built:
     """``(model, batch, loss_fn)`` of a zoo model by name (``coop capture --model``).
 
     Parameters

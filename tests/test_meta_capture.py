@@ -96,3 +96,31 @@ def test_the_cli_captures_a_zoo_model_on_meta(tmp_path: Path) -> None:
     model, batch, loss_fn = build("gpt2", layers=2)
     real = coop.capture(model, batch, loss_fn).graph
     assert json.loads(out.read_text())["nodes"] == json.loads(real.to_json())["nodes"]
+
+
+def test_a_bfloat16_llama_with_its_own_heads_and_mlp_width_captures_on_meta_like_the_real_one(tmp_path: Path) -> None:
+    """Llama-2-7B's shape asks for kv_heads = heads, intermediate 11008 and bfloat16 parameters (issue 27); the CLI
+    builds that shape on meta, and a small one gives the real model's Graph (bytes counted at 2 per element)."""
+    size = {"layers": 2, "hidden": 32, "heads": 4, "kv_heads": 4, "intermediate": 88, "dtype": "bfloat16"}
+    model, batch, loss_fn = build("llama", **size)
+    assert next(model.parameters()).dtype == torch.bfloat16
+    assert model.config.intermediate_size == 88 and model.config.num_key_value_heads == 4
+    real = coop.capture(model, batch, loss_fn).graph
+    meta_model, meta_batch, _ = _on_meta("llama", **size)
+    assert coop.capture(meta_model, meta_batch, loss_fn, device="cpu").graph.sha256 == real.sha256
+    float32 = coop.capture(*build("llama", **{k: v for k, v in size.items() if k != "dtype"})).graph
+    weight = next(n for n in real.nodes if n.caller_owned and n.mem > 1024)
+    assert weight.mem * 2 == next(n for n in float32.nodes if n.id == weight.id).mem
+    out = tmp_path / "g.json"
+    args = ["capture", "--model", "llama", "--layers", "2", "--hidden", "32", "--heads", "4", "--kv-heads", "4",
+            "--intermediate", "88", "--dtype", "bfloat16", "--meta", "--device", "cpu", "-o", str(out), "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["nodes"] == json.loads(real.to_json())["nodes"]
+
+
+def test_zoo_sizes_that_do_not_apply_are_refused_in_one_line() -> None:
+    with pytest.raises(CoopError, match="llama only"):
+        build("gpt2", kv_heads=2)
+    with pytest.raises(CoopError, match="not a floating torch dtype"):
+        build("llama", dtype="int8")
