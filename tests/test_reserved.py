@@ -98,7 +98,7 @@ def cnn_step():  # a small CNN: its min_budget is 0.47 of its peak, room to solv
 def _within(cnn_step):
     model, batch, loss_fn, captured = cnn_step
     return lambda aim: coop.plan(model, aim, batch, loss_fn=loss_fn, captured=captured, formulation="moccasin",
-                                 time_limit=5)
+                                 time_limit=2)
 
 
 def test_a_step_that_reserves_above_its_budget_is_solved_again_below_the_excess(cnn_step) -> None:
