@@ -46,6 +46,11 @@ smallest sizes at which every budget below can be planned (:data:`MODELS`).
   its first step records page steps too, replayed from the second step.
 * ``gpt2|resnet/cuda-graph/store-all|0.7|0.5``: CUDA-graph replay (``coop.plan(..., cuda_graph=True)``);
   ``skipped: not implemented yet`` where ``coop.plan`` does not take ``cuda_graph=``.
+* ``gpt2|bert/meta-plan/0.5``: issue 27's promise on the device: the model moved to the meta device (no
+  weights), captured for this device (``coop.capture(..., device=...)``: attention traced as the fused kernel
+  the device runs, :mod:`coop.graph_capture.attention`), planned at 0.5 and saved; ``coop.load_plan`` on the
+  real model captures it again and must find the same graph (``note`` names the op counts that differ where
+  not), then the loaded plan trains like eager. ``nodes`` is the meta capture's node count.
 * hidden self-tests (``selftest/crash``, ``selftest/error``, ``selftest/hang``, run with ``--selftest`` or
   ``--only``): a child that kills itself with SIGSEGV, raises, or hangs, to prove the machinery.
 
@@ -167,12 +172,13 @@ CASES: tuple[Case, ...] = (
     *(Case(family, "dynamic", budget) for family in ("gpt2", "resnet") for budget in ("store-all", 0.7, 0.5)),
     *(Case(family, "dynamic-delta", 0.5) for family in ("gpt2", "resnet")),
     *(Case(family, "cuda-graph", budget) for family in ("gpt2", "resnet") for budget in ("store-all", 0.7, 0.5)),
+    *(Case(family, "meta-plan", 0.5) for family in ("gpt2", "bert")),
     Case("selftest", "crash", hidden=True),
     Case("selftest", "error", hidden=True),
     Case("selftest", "hang", hidden=True),
 )
 #: modes whose rows replay a plan and so must match eager bit for bit and stay within the prediction
-PLANNED_MODES = ("replay", "arena", "paging", "paging+copy_stream", "cuda-graph")
+PLANNED_MODES = ("replay", "arena", "paging", "paging+copy_stream", "cuda-graph", "meta-plan")
 #: what each self-test's row must read (its status starts so)
 SELFTEST_STATUS = {"crash": "crashed: SIGSEGV", "error": "error: RuntimeError: selftest error", "hang": "timed out"}
 #: the issue's bar: reserved <= 1.03x predicted for these rows on CUDA
@@ -618,6 +624,11 @@ def run_case(case: Case, spec: dict[str, Any], row: dict[str, Any], progress: Ca
         row["eager_ms"] = round(_median_ms(eager_step, device, sizes), 3)
         return
 
+    if case.mode == "meta-plan":
+        _meta_plan(row, case, MODELS[case.family][1 if spec["quick"] else 0][1], model, batch, loss_fn, device, sizes,
+                   meter, caller_owned, progress)
+        return
+
     options: dict[str, Any] = {}
     formulation = "store-all" if case.budget == "store-all" else "auto"
     if case.mode == "arena":
@@ -695,6 +706,34 @@ def run_case(case: Case, spec: dict[str, Any], row: dict[str, Any], progress: Ca
     if case.mode == "cuda-graph":  # captured, or fell back (the probe of saved generator states, a refused op)
         status = f"cuda_graph: {plan.summary()['cuda_graph']}"
         row["note"] = f"{status}; {row['note']}" if row["note"] else status
+
+
+def _meta_plan(row: dict[str, Any], case: Case, make: Callable[[], tuple], model: torch.nn.Module, batch: tuple,
+               loss_fn: Callable | None,
+               device: torch.device, sizes: Any, meter: Any, caller_owned: int,
+               progress: Callable[[str], None]) -> None:
+    """A plan made without weights for ``device``, loaded on the real model (issue 27): same graph, same training."""
+    with torch.device("meta"):  # built there: model.to("meta") would untie tied weights (new Parameters)
+        weightless, meta_batch, _ = make()
+    progress("plan on the meta device")
+    started = time.perf_counter()
+    plan = coop.plan(weightless, case.budget, meta_batch, loss_fn=loss_fn, device=str(device),
+                     time_limit=sizes.time_limit)
+    row["plan_s"] = round(time.perf_counter() - started, 2)
+    row["nodes"] = len(plan.captured.graph.nodes)
+    row["formulation"] = plan.formulation
+    row["budget_bytes"] = plan.budget
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "plan.json"
+        plan.save(path)
+        progress("load the plan on the real model")
+        loaded = coop.load_plan(path, model, loss_fn=loss_fn)  # raises where the real capture differs
+    predicted = loaded.predicted_peak if loaded.predicted_peak is not None else loaded.budget
+    plan_step = _step_of(model, lambda: loaded.step(*batch), progress, "replay step")
+    _measure(row, meter, plan_step, plan_step, caller_owned, predicted)
+    eager = copy.deepcopy(model)
+    row["grads_equal"], difference = _equal_to_eager(loaded, model, eager, batch, loss_fn, progress)
+    row["note"] = difference or None
 
 
 def _loss(model: torch.nn.Module, batch: tuple, loss_fn: Callable | None) -> torch.Tensor:

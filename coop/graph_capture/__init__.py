@@ -82,7 +82,8 @@ def capture(model: nn.Module, example_batch: torch.Tensor | tuple | list | dict 
     batch = read.tensors
     weightless_step = check_weightless_capture(model, batch, device, profile=profile, alternatives=alternatives)
     start = time.perf_counter()
-    traced = trace_step(model, batch, loss_fn, compact_masks=compact_masks, layout=read.layout)
+    traced = trace_step(model, batch, loss_fn, compact_masks=compact_masks, layout=read.layout,
+                        device=device if weightless_step else None)
     params, buffers, frozen = split_state(model)
     placeholders = flat_names(params, buffers, frozen, len(batch))
     profiled: NodeProfile | None = None

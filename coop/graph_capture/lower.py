@@ -32,6 +32,7 @@ dropout, bernoulli, rand*) are not recomputable, and the node a random op create
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,6 +126,7 @@ def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: st
     measured_storage = profiled.storage_bytes if profiled is not None else {}
     measured_devices = profiled.devices if profiled is not None else {}
     moved: list[dict[str, Any]] = []  # outputs the kernel returned on another device than the fake value said
+    host_nodes: list[int] = []  # unprofiled: nodes HOST_OUTPUTS puts on the host
     missed: list[dict[str, Any]] = []  # measured storages the table (or the fake value) did not predict
     pending: dict[int, int] = {}  # storage key of a not-yet-extracted extra output -> bytes
     producer: dict[int, int] = {}  # storage key of an extra output -> the node id of its op
@@ -164,6 +166,9 @@ def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: st
             fields[node_id] = _new_node_fields(fx_node, node_id, sum(new_storages.values()), labels)
             devices = _real_devices(fx_node, tensors, measured_devices.get(fx_node.name), moved)
             fields[node_id]["device"] = _device_of(tensors, new_storages, devices)
+            owned = _owned_index(tensors, new_storages)
+            if profiled is None and owned is not None and owned in host_output_indices(fx_node):
+                host_nodes.append(node_id)  # where the table put it (for a weightless capture: kept on the host)
             fields[node_id]["workspace"] = sum(extras.values())
             if claimed:  # extracted from a tuple that a recomputation would not keep
                 fields[node_id]["recomputable"] = False
@@ -203,6 +208,8 @@ def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: st
         "storage_bytes": "measured on the profiled step" if profiled is not None else
         "storage table (coop.graph_capture.storage_table), else the fake value's storage",
     }
+    if host_nodes:
+        meta["host_outputs"] = host_nodes
     if profiled is not None:
         meta["storage_table_missed"] = missed
         meta["devices_moved"] = moved
@@ -286,7 +293,7 @@ def _real_devices(fx_node: fx.Node, tensors: list[torch.Tensor], measured: list[
     its fake is noted in ``moved``."""
     faked = [str(t.device) for t in tensors]
     if measured is None or len(measured) != len(faked):
-        host = HOST_OUTPUTS.get(str(fx_node.target), ())
+        host = host_output_indices(fx_node)
         return ["cpu" if index in host and tensors[index].dim() == 0 else device for index, device in enumerate(faked)]
     for index, (fake, real) in enumerate(zip(faked, measured, strict=True)):
         if fake != real:
@@ -295,11 +302,26 @@ def _real_devices(fx_node: fx.Node, tensors: list[torch.Tensor], measured: list[
     return list(measured)
 
 
+def host_output_indices(fx_node: Any) -> tuple[int, ...]:
+    """Indices of ``fx_node``'s outputs that :data:`HOST_OUTPUTS` puts on the host: the op's own, or for a
+    ``getitem`` taking one output of such an op, ``(0,)`` where it takes a host output."""
+    if fx_node.target is operator.getitem and fx_node.args and isinstance(fx_node.args[0], fx.Node):
+        source, index = fx_node.args[0], fx_node.args[1]
+        return (0,) if index in HOST_OUTPUTS.get(str(source.target), ()) else ()
+    return HOST_OUTPUTS.get(str(fx_node.target), ())
+
+
 def _device_of(tensors: list[torch.Tensor], new_storages: dict[int, int], devices: list[str]) -> str | None:
     """The device of the storage a node owns (its first new one; a placeholder's own): ``"cuda:0"``, ``"cpu"``.
 
     None for a node that holds no tensor. An extra output of a multi-output op is its own node with its own
     device: efficient attention's philox seed and offset are CPU tensors beside its CUDA output (the fake
     value puts them on CUDA; ``devices``, the profiled step's, says where the kernel put them)."""
+    owned = _owned_index(tensors, new_storages)
+    return devices[owned] if owned is not None else None
+
+
+def _owned_index(tensors: list[torch.Tensor], new_storages: dict[int, int]) -> int | None:
+    """The index of the output whose storage a node owns (its first new one, else its first output)."""
     owned = [i for i, t in enumerate(tensors) if storage_key(t) in new_storages] or list(range(len(tensors)))
-    return devices[owned[0]] if owned else None
+    return owned[0] if owned else None

@@ -13,7 +13,10 @@ process); where the real step on that device runs other ops (a fused attention k
 so. What needs data is refused in one line: profiling (timing kernels), the implementations whose
 offer reads parameter values (``alternatives``), and a step (:func:`refuse_weightless_step`). A plan made so is
 saved (``Plan.save``) and loaded on the real model (``coop.load_plan``), which captures the real step again and
-checks that its graph has the same structure digest before it replays.
+checks that its graph has the same structure digest before it replays. Build the model under
+``with torch.device("meta"):`` rather than moving it there: ``model.to("meta")`` makes new Parameters, which
+unties tied weights (GPT-2's and BERT's embeddings and output layer), and the plan then describes another
+model (``load_plan`` refuses it, naming the ``param`` counts that differ).
 """
 
 from __future__ import annotations
@@ -142,12 +145,14 @@ def on_device(graph: Graph, device: str) -> Graph:
     Returns
     -------
     Graph
-        The same graph, its devices replaced (and ``graph.meta["captured_on"] = "meta"``).
+        The same graph, its devices replaced (and ``graph.meta["captured_on"] = "meta"``) but for the host
+        outputs of CUDA kernels (``graph.meta["host_outputs"]``: efficient attention's philox seed and offset).
     """
     target = str(torch.device(device))
     data = graph.model_dump()
+    host = set((data.get("meta") or {}).get("host_outputs", ()))  # a kernel's host outputs stay there
     for node in data["nodes"]:
-        if node.get("device") is not None:
+        if node.get("device") is not None and node["id"] not in host:
             node["device"] = target
     data["meta"] = {**(data.get("meta") or {}), "captured_on": META}
     return Graph.model_validate(data)

@@ -40,6 +40,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils import _pytree as pytree
 
 from coop.errors import CaptureError, CoopError
+from coop.graph_capture.attention import cuda_attention
 from coop.graph_capture.batch import BatchLayout, positional_batch
 from coop.graph_capture.context import AUTOCAST_DEVICES
 from coop.graph_capture.meta import fake_cpu_state, weightless
@@ -92,7 +93,8 @@ def autocast_off() -> Iterator[None]:
 
 
 def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossFn | None,
-               compact_masks: bool = True, layout: BatchLayout | None = None) -> TracedStep:
+               compact_masks: bool = True, layout: BatchLayout | None = None,
+               device: str | None = None) -> TracedStep:
     """Trace forward + backward of ``model`` on ``batch`` into a pure fx joint graph.
 
     Traced with fake tensors (``make_fx``), functionalized, batch norm made functional and dead code dropped.
@@ -112,6 +114,9 @@ def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossF
     layout : BatchLayout or None
         How the model is called from the tensors (:mod:`coop.graph_capture.batch`: keyword arguments, nested
         containers, non-tensor values as constants of the program); None: ``model(*batch)``.
+    device : str or None
+        For a weightless model (:mod:`coop.graph_capture.meta`), the device the plan will run on: on a CUDA
+        device attention runs the fused kernel CUDA would (:func:`coop.graph_capture.attention.cuda_attention`).
 
     Returns
     -------
@@ -158,7 +163,8 @@ def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossF
 
     try:
         if weightless(model, batch):  # meta tensors: traced as fake CPU tensors (coop.graph_capture.meta)
-            module = _traced(step, *fake_cpu_state(params, buffers, frozen, batch))
+            target = step if device is None or torch.device(device).type != "cuda" else _with_cuda_attention(step)
+            module = _traced(target, *fake_cpu_state(params, buffers, frozen, batch))
         else:
             module = _traced(step, params, buffers, frozen, *_distinct_storages(batch))
     except CoopError:
@@ -184,6 +190,16 @@ def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossF
         output_grads=list(params),
         output_buffers=list(buffers),
     )
+
+
+def _with_cuda_attention(step: Callable[..., Any]) -> Callable[..., Any]:
+    """``step`` with attention calling the fused kernel a CUDA device would (:mod:`coop.graph_capture.attention`)."""
+
+    def on_cuda(*args: Any) -> Any:
+        with cuda_attention():
+            return step(*args)
+
+    return on_cuda
 
 
 def _distinct_storages(batch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
@@ -294,7 +310,8 @@ def _data_dependent(exc: Exception) -> bool:
 def _functionalize_batch_norm(graph: fx.Graph) -> None:
     """native_batch_norm(training) -> _native_batch_norm_legit_functional, new stats as values."""
     for node in list(graph.nodes):
-        if node.target is not aten.native_batch_norm.default:
+        # torch < 2.9 traces batch norm to _native_batch_norm_legit, which has native_batch_norm's arguments.
+        if node.target not in (aten.native_batch_norm.default, aten._native_batch_norm_legit.default):
             continue
         x, weight, bias, running_mean, running_var, training, momentum, eps = node.args
         if not training or running_mean is None or running_var is None:

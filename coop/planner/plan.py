@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import json
 import warnings
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -233,7 +234,8 @@ class Plan(BasePlan):
         """Write the plan (schedule, budget, graph digest, batch shapes) as JSON."""
         document = {
             "format": PLAN_FORMAT,
-            "graph": {"name": self.graph.name, "structure_sha256": self.captured.graph.structure_sha256},
+            "graph": {"name": self.graph.name, "structure_sha256": self.captured.graph.structure_sha256,
+                      "nodes": len(self.captured.graph.nodes), "ops": op_counts(self.captured.graph)},
             "budget": self.budget,
             "formulation": self.formulation,
             "batch": [{"shape": list(shape), "dtype": str(dtype).removeprefix("torch.")}
@@ -859,9 +861,29 @@ def load_plan(path: str | Path, model: nn.Module, loss_fn: LossFn | None = None)
         if changed:
             raise ContextError(f"plan {path} was captured in another training context ({'; '.join(changed)}); load it "
                                "in the context it was made in, or make a new plan with coop.plan")
-        raise CoopError(f"plan {path} was made for a different model or batch shape (graph digest differs); "
-                        "make a new plan with coop.plan")
+        raise CoopError(f"plan {path} was made for a different model or batch shape (graph digest differs"
+                        f"{op_difference(document['graph'], captured.graph)}); make a new plan with coop.plan")
     schedule = Schedule(steps=tuple(Step.model_validate(s) for s in document["steps"]))
     return Plan(module, captured, schedule, int(document["budget"]), document["formulation"], loss_fn=loss_fn,
                 wrapper=wrapper)
 
+
+def op_counts(graph: Graph) -> dict[str, int]:
+    """How many nodes of each op ``graph`` has (saved with a plan, to say how another capture differs)."""
+    return dict(sorted(Counter(node.op or "" for node in graph.nodes).items()))
+
+
+def op_difference(saved: dict[str, Any], graph: Graph) -> str:
+    """``; the plan's graph has N nodes and this one M: op x 12 there, 0 here, ...`` (the first differences), or
+    ``""`` where the plan file holds no op counts or they agree."""
+    if "ops" not in saved:
+        return ""
+    there, here = Counter(saved["ops"]), Counter(op_counts(graph))
+    differing = [op for op in sorted(set(there) | set(here)) if there[op] != here[op]]
+    if not differing:
+        return f"; both have {len(graph.nodes)} nodes of the same ops, wired or sized differently"
+    shown = ", ".join(f"{op} x {there[op]} there, {here[op]} here" for op in differing[:3])
+    more = f" (+{len(differing) - 3} more ops)" if len(differing) > 3 else ""
+    fused = (" -- a fused attention kernel differs: capture and train under the same "
+             "torch.nn.attention.sdpa_kernel([...])" if any("scaled_dot_product" in op for op in differing) else "")
+    return f"; the plan's graph has {saved.get('nodes', '?')} nodes and this one {len(graph.nodes)}: {shown}{more}{fused}"
