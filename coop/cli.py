@@ -514,12 +514,15 @@ def simulate_command(
     device_profile: Annotated[str | None, typer.Option("--device-profile", help="delta: the device profile (name or "
                                                        ".toml) whose host link prices and times its swaps.")] = None,
     memory_viz: MemoryVizOption = None,
+    compact: Annotated[bool, typer.Option("--compact", help="Close the arena's gaps where no eviction makes a "
+                                          "contiguous room, as the dynamic fallback does (its real addresses are the "
+                                          "device allocator's); without it the address model is binding.")] = False,
     json_output: JsonFlag = False,
 ) -> None:
     """Run an online eviction policy over the graph in an arena of the budget's size."""
     graph = load_graph(graph_path)
     report = simulate_report(graph, policy, budget, device_profile,  # bad input (exit 2) before any budget verdict
-                             memory_viz=memory_viz)
+                             memory_viz=memory_viz, compact=compact)
     if json_output:
         _emit_json(report)
     else:

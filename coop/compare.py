@@ -130,7 +130,8 @@ class CompareReport:
 
 
 def simulate_report(graph: Graph, policy: str, budget: str | int | float,  # noqa: PYI041 (int: graph units)
-                    device_profile: str | None = None, *, memory_viz: str | Path | None = None) -> dict[str, Any]:
+                    device_profile: str | None = None, *, memory_viz: str | Path | None = None,
+                    compact: bool = False) -> dict[str, Any]:
     """``coop simulate``: one online policy on one graph and budget, as a JSON-ready dict.
 
     Parameters
@@ -147,6 +148,9 @@ def simulate_report(graph: Graph, policy: str, budget: str | int | float,  # noq
         Also write the run's schedule, simulated by the one simulator on the graph with its random draws
         replayable, as a PyTorch memory snapshot there (:func:`coop.memory_viz.write_memory_viz`), when the run
         finished; ``report["memory_viz"]`` names the file.
+    compact : bool
+        Close the arena's gaps where no eviction makes a contiguous room, as the dynamic fallback does
+        (:func:`coop.online.online_sim.simulate_online`); off, the address model is binding.
 
     Returns
     -------
@@ -176,7 +180,7 @@ def simulate_report(graph: Graph, policy: str, budget: str | int | float,  # noq
     }
     if below := below_min_budget(budget_units, graph):
         return report | {"status": "infeasible", "message": below}
-    result = _simulate(graph, budget_units, policy, device_profile)
+    result = _simulate(graph, budget_units, policy, device_profile, compact)
     if memory_viz is not None and result.schedule is not None:  # the online engines' schedules replay random draws
         write_memory_viz(memory_viz, graph.with_random_replay(), result.schedule)
         report["memory_viz"] = str(memory_viz)
@@ -194,8 +198,11 @@ def _check_online(policy: str, device_profile: str | None) -> None:
                         f"--policy {DELTA} (swaps priced on the profile)")
 
 
-def _simulate(graph: Graph, budget: int, policy: str, device_profile: str | None) -> OnlineResult:
-    return simulate_delta(graph, budget, device_profile) if policy == DELTA else simulate_online(graph, budget, policy)
+def _simulate(graph: Graph, budget: int, policy: str, device_profile: str | None,
+              compact: bool = False) -> OnlineResult:
+    if policy == DELTA:
+        return simulate_delta(graph, budget, device_profile, compact=compact)
+    return simulate_online(graph, budget, policy, compact=compact)
 
 
 def compare(

@@ -18,7 +18,7 @@ Operations are O(log n) searches plus list inserts (C memmove) through ``sortedc
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 
 from sortedcontainers import SortedDict, SortedList
@@ -128,6 +128,32 @@ class Arena:
             new_end = after.end
         self._add_free(new_start, new_end - new_start)
         return block.size
+
+    def compact(self, first: Callable[[Hashable], bool] | None = None) -> int:
+        """Pack every used block at the bottom, closing the gaps; the free bytes become one block at the top.
+        Blocks whose tag ``first`` accepts go first, each group in address order. Returns the bytes moved (the
+        sum of the sizes of the blocks that moved).
+
+        The arena is a model of the device allocator, whose real addresses coop does not choose: compacting
+        stands for the allocator's own freedom to serve a request from memory it releases and maps again
+        (the dynamic fallback's last resort before it gives up, :class:`coop.online.online_sim.OnlineSimulator`).
+        """
+        used = [block for block in self._blocks.values() if not block.free]
+        if first is not None:
+            used.sort(key=lambda block: not first(block.tag))  # stable: address order within each group
+        self._blocks.clear()
+        self._free_by_size.clear()
+        self._free_starts.clear()
+        moved, position = 0, 0
+        for block in used:
+            moved += block.size if block.start != position else 0
+            self._blocks[position] = Block(position, block.size, block.tag)
+            self._where[block.tag] = position
+            position += block.size
+        if position < self.size:
+            self._add_free(position, self.size - position)
+        self.high_water = max(self.high_water, position)
+        return moved
 
     # ---------------------------------------------------------------- queries
     def __contains__(self, tag: object) -> bool:

@@ -270,6 +270,7 @@ def simulate_delta(
     replay_random: bool = True,
     prefetch: bool = True,
     next_use: bool = True,
+    compact: bool = False,
 ) -> DeltaResult:
     """Run ``graph.order`` under ``budget`` with DELTA: release by its filter, swap or recompute by its director.
 
@@ -293,6 +294,9 @@ def simulate_delta(
     next_use : bool
         Let the filter see each tensor's next use (False: staleness alone, as a runtime without a static
         graph; prefetching still uses the next use).
+    compact : bool
+        Close the arena's gaps where no release makes a contiguous room (as :func:`simulate_online`; the
+        dynamic fallback's rule, so its host pool is sized by the same run).
 
     Returns
     -------
@@ -316,6 +320,7 @@ def simulate_delta(
     profile = delta_profile(device_profile)
     budget_units = parsed_budget(budget, "simulate_delta")
     engine = DeltaSimulator(graph, budget_units, DeltaPolicy(profile), max_overhead, replay_random, prefetch, next_use)
+    engine.compact = compact
     result = run_engine(engine)
     decisions = [decision.action for _, decision in engine.decision_log]
     return DeltaResult(

@@ -31,6 +31,10 @@ Soundness rules (why the exported schedule is legal and fits):
   walled on both sides first), so they pile up together instead of splitting the evictable
   region into holes that no eviction can merge (Coop's observation that pinned blocks fragment
   the arena, applied to the engine rather than to one policy);
+* with ``compact`` (the dynamic fallback's setting, off by default here), a request that no eviction can
+  place is retried once after the arena is compacted (never-evictable and pinned blocks first, evictable ones
+  above, the free bytes on top): addresses are a model there, the device allocator's are real; bytes still
+  never exceed the budget;
 * the computes executed form a coop :class:`~coop.schedule.Schedule`; in it every instance lives
   at most as long as it was resident in the arena, so its simulated peak is at most the arena's
   used bytes, which never exceed the budget.
@@ -88,6 +92,8 @@ class OnlineResult:
     schedule: Schedule | None = field(default=None, repr=False)
     message: str = ""
     random_replays: int = 0
+    #: times the arena's gaps were closed (``compact=True``: the dynamic fallback's last resort)
+    compactions: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (the schedule is left out)."""
@@ -124,8 +130,12 @@ class OnlineSimulator:
     """The engine: executes the order, evicts by policy, recomputes on demand (an EngineView)."""
 
     def __init__(self, graph: Graph, budget: int, policy: EvictionPolicy, max_overhead: float,
-                 replay_random: bool = True) -> None:
+                 replay_random: bool = True, compact: bool = False) -> None:
         self.graph = graph
+        #: Close the arena's gaps (:meth:`Arena.compact`) when the policy finds no room but gaps exist: the
+        #: runtime fallback's last resort, where the device allocator, not coop, chooses real addresses.
+        self.compact = compact
+        self.compactions = 0
         self.policy = policy
         self._arena = Arena(budget)
         self._clock = 0.0
@@ -305,6 +315,9 @@ class OnlineSimulator:
         """Hook: make a non-resident value resident without recomputing it (a page-in); False: recompute it."""
         return False
 
+    def _on_compact(self) -> None:
+        """Hook: the arena model closed its gaps (a runtime releases its allocator's cached blocks here)."""
+
     def _evict(self, key: int) -> None:
         """Hook: a policy's victim leaves memory (here dropped, to be recomputed; a paging engine may swap it)."""
         self._drop(key)
@@ -326,11 +339,19 @@ class OnlineSimulator:
             return
         placement = "top" if permanent else self.policy.placement(size, cost)
         first_try = True
+        compacted = False
         while not self._place(key, size, placement, permanent, record=first_try):
             first_try = False
             started = time.perf_counter()
             victims = self.policy.choose(size, self)
             self.search_s += time.perf_counter() - started
+            if not victims and self.compact and not compacted:
+                # what cannot leave first, the evictable values above it: one run of evictable and free bytes
+                self._arena.compact(first=lambda tag: not isinstance(tag, int) or not self._evictable(tag))
+                self.compactions += 1
+                self._on_compact()
+                compacted = True
+                continue
             if not victims:
                 raise OutOfMemory(
                     f"no eviction makes room for {size} (free {self._arena.free_bytes}, "
@@ -339,6 +360,7 @@ class OnlineSimulator:
             for victim in victims:
                 self._evict(victim)
                 self.evictions += 1
+            compacted = False  # room was made: gaps may have opened again
 
     def _place(self, key: Hashable, size: int, placement: str, permanent: bool, record: bool) -> bool:
         """One allocation attempt (``placement``: one of :data:`coop.online.arena.PLACEMENTS`);
@@ -417,6 +439,7 @@ def simulate_online(
     *,
     max_overhead: float = 10.0,
     replay_random: bool = True,
+    compact: bool = False,
 ) -> OnlineResult:
     """Run ``graph.order`` under ``budget`` with an online eviction ``policy`` ("dtr", "dtr-eq", "dte", "coop").
 
@@ -437,6 +460,10 @@ def simulate_online(
     replay_random : bool
         Whether the engine may recompute a random op by replaying its saved RNG state
         (:func:`replayable_random_ids`).
+    compact : bool
+        Where no eviction makes a contiguous room but the arena has gaps, close them and go on
+        (:meth:`coop.online.arena.Arena.compact`; counted in ``compactions``): the dynamic fallback's rule, whose
+        real addresses the device allocator chooses. Off: the address model is binding (Coop's setting).
 
     Returns
     -------
@@ -456,7 +483,7 @@ def simulate_online(
     """
     budget_units = parsed_budget(budget, "simulate_online")
     policy_object = make_policy(policy)
-    return run_engine(OnlineSimulator(graph, budget_units, policy_object, max_overhead, replay_random))
+    return run_engine(OnlineSimulator(graph, budget_units, policy_object, max_overhead, replay_random, compact))
 
 
 def run_engine(engine: OnlineSimulator) -> OnlineResult:
@@ -516,6 +543,7 @@ def run_engine(engine: OnlineSimulator) -> OnlineResult:
         schedule=schedule,
         message=message,
         random_replays=engine.random_replays,
+        compactions=engine.compactions,
     )
 
 

@@ -81,7 +81,7 @@ class DynamicPlan(BasePlan):
             self.device_profile = policy.link if isinstance(policy, DeltaPolicy) else delta_profile(device_profile)
             if not captured.graph.has_accelerator:
                 predicted = simulate_delta(captured.graph, self.budget, self.device_profile,
-                                           replay_random=replay_random)
+                                           replay_random=replay_random, compact=True)  # as the step runs
                 self.host_pool = HostPool(predicted.host_peak)
         self.last_stats: DynamicStats | None = None
         #: the static replay of the first step's recorded schedule (None before it, or without ``record``)

@@ -17,6 +17,13 @@ saved (:class:`RngState`, host memory), and a recomputation of an evicted random
 state, reruns the op and restores the generator, so the replay draws the same bits and later
 draws are unaffected. With ``replay_random=False`` random values are instead never evicted.
 
+The arena is the engine's model of device memory; the real addresses are the allocator's (torch's caching
+allocator on CUDA, the host's on CPU). Where no eviction makes a contiguous room in the model but the bytes are
+there (GPT-2 small at 0.5 on an H200: the 823 MB logits gradient beside two pinned logits-sized inputs), the
+step compacts the model (:meth:`coop.online.arena.Arena.compact`: what cannot leave first, the evictable values
+above it), releases the allocator's cached blocks (``torch.cuda.empty_cache`` on a CUDA step, so that the next
+segment it maps is counted against the budget again) and goes on; ``stats.extra["compactions"]`` counts them.
+
 A Graph node owns several fx nodes: the op that allocates its storage and the views/getitems
 folded into it. Only the owner runs when the engine computes the node; folded aliases are
 computed on first use from their (resident) inputs and are deleted with their owner.
@@ -53,6 +60,7 @@ from coop.runtime.copy_stream import CopyStream, PagedOut, PendingPageIn
 from coop.runtime.executor import recorded_program
 from coop.runtime.paging import HostCopy, HostPool, page_in, page_out, pin_host_copy
 from coop.runtime.program_builder import paged_value_name
+from coop.runtime.reserved import AllocatorCounters, cuda_counters
 from coop.runtime.rng import RngState
 from coop.schedule import Schedule, relative_overhead
 
@@ -83,6 +91,10 @@ class DynamicStep(OnlineSimulator):
     def __init__(self, captured: Captured, budget: int, policy: EvictionPolicy, max_overhead: float = 10.0,
                  replay_random: bool = True) -> None:
         super().__init__(captured.graph, budget, policy, max_overhead, replay_random)
+        # Real addresses are the device allocator's: where no eviction makes a contiguous room in the arena
+        # model, its gaps are closed and the allocator's cached blocks released (a CUDA step; None on CPU).
+        self.compact = True
+        self.allocator: AllocatorCounters | None = cuda_counters(captured.graph.devices)
         self.module: fx.GraphModule = captured.module
         self.fx_names: dict[int, list[str]] = captured.fx_names
         self.owner_of: dict[str, int] = captured.owner_of
@@ -121,6 +133,10 @@ class DynamicStep(OnlineSimulator):
         return fx.node.map_arg(output_node.args[0], lambda n: self._value(n.name))  # type: ignore[return-value]
 
     # ---------------------------------------------------------------- engine hooks
+    def _on_compact(self) -> None:
+        if self.allocator is not None:
+            self.allocator.empty_cache()
+
     def _run_node(self, node: int) -> None:
         super()._run_node(node)  # the engine's own bookkeeping (a paging engine's time model and step record)
         owner = self.fx_nodes[self.fx_names[node][0]]
@@ -343,7 +359,8 @@ def run_dynamic(
     cost = sum(engine.cost(v) for v in engine.executed) + engine.exposed_s
     baseline = graph.baseline_cost
     arena = engine.arena
-    extra: dict[str, Any] = {"random_replays": engine.random_replays, "failures": len(arena.failures)}
+    extra: dict[str, Any] = {"random_replays": engine.random_replays, "failures": len(arena.failures),
+                             "compactions": engine.compactions}
     schedule = Schedule.from_order(engine.executed)
     if isinstance(engine, DeltaStep):
         decisions = [decision.action for _, decision in engine.decision_log]
