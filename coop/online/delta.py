@@ -176,17 +176,11 @@ class DeltaPolicy(CoopPolicy):
         known = view.next_use_distance(info.key)
         return stale if known is None else max(min(known, stale), MIN_DISTANCE)
 
-    def _slot(self, block: Block, view: EngineView) -> tuple[int, float | None]:
-        if block.free:
-            return block.size, 0.0
-        info = view.info(block.tag)
-        if not info.evictable:
-            return block.size, None
+    def eviction_price(self, block: Block, info: TensorInfo, view: EngineView) -> float | None:
+        """The director's price (swap or recompute, the cheaper) over the distance to the next use."""
         delta_view: DeltaView = view  # type: ignore[assignment]
         price = self.decide(info, delta_view).price
-        if math.isinf(price):
-            return block.size, None
-        return block.size, price / self.distance(info, delta_view)
+        return None if math.isinf(price) else price / self.distance(info, delta_view)
 
     # ------------------------------------------------------------ hooks
     def on_evicted(self, key: Hashable, view: EngineView) -> None:

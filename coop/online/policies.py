@@ -387,17 +387,22 @@ class CoopPolicy(DTREquivalencePolicy):
         return Window(first, last, cost, victims)
 
     def _slot(self, block: Block, view: EngineView) -> tuple[int, float | None]:
+        """A block as the window search sees it: its size and the price of freeing it (0 free, None never)."""
         if block.free:
             return block.size, 0.0
         info = view.info(block.tag)
         if not info.evictable:
             return block.size, None
+        return block.size, self.eviction_price(block, info, view)
+
+    def eviction_price(self, block: Block, info: TensorInfo, view: EngineView) -> float | None:
+        """What evicting an evictable block costs in a window (None: it cannot be released)."""
         if self.window_cost == "cost":
-            return block.size, info.cost / staleness(view, info)
+            return info.cost / staleness(view, info)
         score = self.recompute_cost(info, view) / staleness(view, info)
         if self.window_cost == "h":
             score /= block.size
-        return block.size, score
+        return score
 
 
 POLICIES: dict[str, type[EvictionPolicy]] = {
