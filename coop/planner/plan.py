@@ -176,9 +176,13 @@ class Plan(BasePlan):
             return self._dynamic_fallback(batch, mismatch)._step_batch(batch)
         return super()._step_here(batch)
 
+    @property
+    def replay(self) -> Executor | GraphReplay:
+        """What a step runs: the CUDA-graph replay where :meth:`use_cuda_graph` asked for it, else the executor."""
+        return self.graph_replay if self.graph_replay is not None else self.executor
+
     def _run(self, batch: tuple[torch.Tensor, ...], state: dict[str, torch.Tensor]) -> list[Any]:
-        replay = self.graph_replay if self.graph_replay is not None else self.executor
-        return replay.run_flat(self.captured.flat_inputs(self.model, batch, state))
+        return self.replay.run_flat(self.captured.flat_inputs(self.model, batch, state))
 
     def _replan(self, captured: Captured, change: str) -> tuple[BasePlan, str]:
         """The cheapest baseline schedule that fits (no solver time inside a training loop) with room for the
@@ -419,6 +423,8 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
             candidate = _within_saved_generator_states(within, aim, graph)
             if copy_stream:
                 candidate.use_copy_stream()
+            if cuda_graph:  # measured with its graph's private pool (a fresh graph replaces it below)
+                candidate.use_cuda_graph()
             return candidate
 
         chosen = replayed_as_asked(live_bytes)
@@ -623,12 +629,13 @@ def _measure_ordinary_step(candidate: Plan, live_budget: int, *, flat: Callable[
             return None, f"held bytes not measured: the step runs on an accelerator other than one CUDA device; {solved}"
         index = counters.device.index if counters.device.index is not None else torch.cuda.current_device()
         with torch.random.fork_rng(devices=[index]):  # the measured steps draw from a copy of the generators
-            reserved = reserved_step_peak(lambda: candidate.executor.run_flat(flat()), counters)
+            reserved = reserved_step_peak(lambda: candidate.replay.run_flat(flat()), counters)
         owned = graph.caller_owned_bytes
         candidate.step_footprint = owned + reserved
+        pool = " (its CUDA graph's private pool included)" if candidate.graph_replay is not None else ""
         return owned + reserved, (f"held {size(owned + reserved)} = caller-owned {size(owned)} + what the CUDA "
-                                  f"allocator reserved for the step {size(reserved)} (a warm step on the example batch; "
-                                  f"predicted live {size(candidate.predicted_peak)}), {solved}")
+                                  f"allocator reserved for the step{pool} {size(reserved)} (a warm step on the example "
+                                  f"batch; predicted live {size(candidate.predicted_peak)}), {solved}")
     if any(step.op == "page_out" for step in candidate.schedule.steps):
         return None, ("held bytes not measured: the schedule pages, and on a CPU-only step the host copies share the "
                       f"CPU allocator; {solved}")
