@@ -10,7 +10,7 @@ STAMP := $(VENV)/.coop-installed
 # Two workers when pytest-xdist is there: the suite is CPU-bound and the machine has 2 cores.
 PYTEST_ARGS ?= -q -n 2
 
-.PHONY: install demo test smoke lint bench clean
+.PHONY: install demo test test-oldest smoke lint bench clean
 
 install: $(STAMP)
 
@@ -48,6 +48,25 @@ test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 	$(VENV)/bin/ruff check .
 
+# The range we claim is the range we test: the oldest torch and transformers that pyproject.toml declares, in their
+# own venv, then the suite as `make test` runs it. PyPI has no CPU wheel of an older torch, so pip takes the CUDA
+# build (about 4 GB with its nvidia-* wheels; it runs on CPU). The torch spec is given again with the package so that
+# pip keeps it (a spec below the declared floor is a resolver error, not a silent upgrade).
+OLDEST_TORCH_SPEC ?= torch==2.10.0
+OLDEST_TRANSFORMERS_SPEC ?= transformers==5.17.0
+OLDEST_VENV := .venv-oldest
+OLDEST_PY := $(OLDEST_VENV)/bin/python
+
+$(OLDEST_PY):
+	$(PYTHON_BOOT) -m venv $(OLDEST_VENV)
+	$(OLDEST_PY) -m pip install --upgrade pip
+
+test-oldest: | $(OLDEST_PY)
+	$(OLDEST_PY) -m pip install "$(OLDEST_TORCH_SPEC)"
+	$(OLDEST_PY) -m pip install -e ".[test]" "$(OLDEST_TORCH_SPEC)" "$(OLDEST_TRANSFORMERS_SPEC)"
+	$(OLDEST_PY) -c "import torch, transformers; print('test-oldest: torch', torch.__version__, 'transformers', transformers.__version__)"
+	$(OLDEST_PY) -m pytest $(PYTEST_ARGS)
+
 # What a user gets: a fresh venv, torch, then `pip install .` (not editable, no extras), `pip check`, and the smoke
 # script run from outside the source tree (a plan with optimizer steps, `coop simulate`, `coop compare`).
 SMOKE_VENV := .venv-smoke
@@ -67,5 +86,5 @@ bench: install
 	$(PY) benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) $(SMOKE_VENV) out build dist *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(SMOKE_VENV) $(OLDEST_VENV) out build dist *.egg-info .pytest_cache .ruff_cache .hypothesis
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -5,7 +5,8 @@ by asking torch whether that op carries ``Tag.nondeterministic_seeded``. Version
 capture mark the node (:mod:`coop.graph_capture.lower`), so the ground floor needs no torch. A
 version-1 file is upgraded on reading with the table below: every op registered with torch's
 dispatcher that was tagged ``nondeterministic_seeded`` when version 1 was current (torch 2.13,
-inductor's prims and coop's own ``coop.bernoulli_mask`` included). Nothing here imports torch or
+inductor's prims and coop's own ``coop.bernoulli_mask`` included), and the named-tensor overloads of
+``rand``/``randn`` that torch 2.10 (coop's oldest supported) still tags. Nothing here imports torch or
 another part of coop.
 """
 
@@ -68,12 +69,12 @@ _SEEDED_OVERLOADS: dict[str, str] = {
     "aten.normal_": "default",
     "aten.normal_functional": "default",
     "aten.poisson": "default out",
-    "aten.rand": "default generator generator_out out",
+    "aten.rand": "default generator generator_out generator_with_names generator_with_names_out names names_out out",
     "aten.rand_like": "default generator generator_out out",
     "aten.randint": "default generator generator_out low low_generator low_generator_out low_out out",
     "aten.randint_like": "Tensor Tensor_generator Tensor_generator_out Tensor_out default generator "
                          "generator_out low_dtype low_dtype_out low_generator_dtype low_generator_dtype_out out",
-    "aten.randn": "default generator generator_out out",
+    "aten.randn": "default generator generator_out generator_with_names generator_with_names_out names names_out out",
     "aten.randn_like": "default generator generator_out out",
     "aten.random": "default from from_out out to to_out",
     "aten.random_": "default from to",

@@ -69,6 +69,18 @@ def third_party_imports(package: Path, parts: tuple[str, ...] | None = None) -> 
     return found
 
 
+def test_make_test_oldest_runs_the_floors_pyproject_declares() -> None:
+    """`make test-oldest` pins exactly the lowest torch and transformers the package accepts (no drift)."""
+    makefile = (REPO / "Makefile").read_text()
+    dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    for name in ("torch", "transformers"):
+        pinned = re.search(rf"^OLDEST_{name.upper()}_SPEC \?= {name}==([\d.]+)$", makefile, re.MULTILINE)
+        floor = next((re.fullmatch(rf"{name}>=([\d.]+)", d.replace(" ", "")) for d in dependencies
+                      if d.replace(" ", "").startswith(f"{name}>=")), None)
+        assert pinned and floor, name
+        assert pinned.group(1).split(".")[:2] == floor.group(1).split(".")[:2], (name, pinned.group(1), floor.group(1))
+
+
 def test_every_module_coop_imports_is_a_declared_dependency() -> None:
     """A plain ``pip install .`` gets only [project].dependencies: a module reaching the tests through a test extra
     (sortedcontainers via hypothesis) passed the suite and failed every user's first plan. Read the imports from

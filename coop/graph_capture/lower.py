@@ -303,8 +303,18 @@ def _real_devices(fx_node: fx.Node, tensors: list[torch.Tensor], measured: list[
 
 
 def host_output_indices(fx_node: Any) -> tuple[int, ...]:
-    """Indices of ``fx_node``'s outputs that :data:`HOST_OUTPUTS` puts on the host: the op's own, or for a
-    ``getitem`` taking one output of such an op, ``(0,)`` where it takes a host output."""
+    """Indices of ``fx_node``'s outputs that :data:`HOST_OUTPUTS` puts on the host.
+
+    Parameters
+    ----------
+    fx_node : fx.Node
+        A traced node: an op (its own indices in the table) or a ``getitem`` of one output of such an op.
+
+    Returns
+    -------
+    tuple of int
+        The op's host outputs; for a ``getitem`` taking a host output ``(0,)``; else empty.
+    """
     if fx_node.target is operator.getitem and fx_node.args and isinstance(fx_node.args[0], fx.Node):
         source, index = fx_node.args[0], fx_node.args[1]
         return (0,) if index in HOST_OUTPUTS.get(str(source.target), ()) else ()

@@ -310,8 +310,7 @@ def _data_dependent(exc: Exception) -> bool:
 def _functionalize_batch_norm(graph: fx.Graph) -> None:
     """native_batch_norm(training) -> _native_batch_norm_legit_functional, new stats as values."""
     for node in list(graph.nodes):
-        # torch < 2.9 traces batch norm to _native_batch_norm_legit, which has native_batch_norm's arguments.
-        if node.target not in (aten.native_batch_norm.default, aten._native_batch_norm_legit.default):
+        if node.target is not aten.native_batch_norm.default:
             continue
         x, weight, bias, running_mean, running_var, training, momentum, eps = node.args
         if not training or running_mean is None or running_var is None:

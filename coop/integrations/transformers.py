@@ -63,7 +63,7 @@ class CoopStep:
 
 def _divisors(trainer: Any, num_items_in_batch: torch.Tensor | int | None) -> tuple[int, ...]:
     """What ``training_step`` and ``accelerator.backward`` divide the loss by, in their order (1s left out)."""
-    scaled = trainer.loss_is_scaled_for_ga
+    scaled = getattr(trainer, "loss_is_scaled_for_ga", None)  # a Trainer attribute since transformers 5.19
     if scaled is None:
         scaled = (trainer.model_accepts_loss_kwargs and num_items_in_batch is not None) \
             or trainer.compute_loss_func is not None

@@ -876,13 +876,38 @@ def load_plan(path: str | Path, model: nn.Module, loss_fn: LossFn | None = None)
 
 
 def op_counts(graph: Graph) -> dict[str, int]:
-    """How many nodes of each op ``graph`` has (saved with a plan, to say how another capture differs)."""
+    """How many nodes of each op ``graph`` has (saved with a plan, to say how another capture differs).
+
+    Parameters
+    ----------
+    graph : Graph
+        A captured step.
+
+    Returns
+    -------
+    dict of str to int
+        Op name (``""`` for a node without one) to its count, sorted by name.
+    """
     return dict(sorted(Counter(node.op or "" for node in graph.nodes).items()))
 
 
 def op_difference(saved: dict[str, Any], graph: Graph) -> str:
-    """``; the plan's graph has N nodes and this one M: op x 12 there, 0 here, ...`` (the first differences), or
-    ``""`` where the plan file holds no op counts or they agree."""
+    """What differs between a saved plan's graph and a new capture, for :func:`load_plan`'s refusal.
+
+    Parameters
+    ----------
+    saved : dict
+        The plan file's ``graph`` section (``nodes`` and ``ops`` where the plan was saved with them).
+    graph : Graph
+        The graph captured now.
+
+    Returns
+    -------
+    str
+        ``"; the plan's graph has N nodes and this one M: OP x 12 there, 0 here, ..."`` (the first three ops whose
+        counts differ, with a hint where a fused attention kernel is among them), a note that the op counts agree,
+        or ``""`` where the plan file holds no op counts.
+    """
     if "ops" not in saved:
         return ""
     there, here = Counter(saved["ops"]), Counter(op_counts(graph))
