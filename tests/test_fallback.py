@@ -85,13 +85,14 @@ def test_replayed_random_values_keep_gradients_bit_identical(gpt2) -> None:
     """A budget tight enough that evicted dropout masks are redrawn from their saved generator state."""
     model, batch, loss_fn, captured = gpt2
     fraction = 0.35
-    simulated = simulate_online(captured.graph, parse_budget(fraction, captured.graph), "dte")
+    eager, planned = copy.deepcopy(model), copy.deepcopy(model)
+    plan = DynamicPlan(captured, planned, fraction, policy="dte")
+    # the plan's arena: the budget less the generator states the step saves (online_generator_bytes)
+    simulated = simulate_online(captured.graph, plan.arena_budget, "dte", compact=True)
     assert simulated.status == "ok" and simulated.random_replays > 0
     # The schedule recomputes random ops: illegal on the plain graph, legal once they are replayable.
     assert not validate(captured.graph, simulated.schedule, simulated.budget).ok
     assert validate(captured.graph.with_random_replay(), simulated.schedule, simulated.budget).ok
-    eager, planned = copy.deepcopy(model), copy.deepcopy(model)
-    plan = DynamicPlan(captured, planned, fraction, policy="dte")
     peaks = _eager_and_dynamic_steps(eager, batch, loss_fn, captured, planned, plan, steps=1)
     assert plan.last_stats is not None and plan.last_stats.extra["random_replays"] == simulated.random_replays
     assert peaks[0] <= simulated.budget
@@ -158,10 +159,33 @@ def test_the_first_online_step_is_recorded_validated_and_replayed_like_eager_ove
         optimizer.zero_grad(), eager_optimizer.zero_grad()
     assert all(torch.equal(p, q) for p, q in zip(planned.parameters(), eager.parameters(), strict=True))
     assert plan.recorded is not None and plan.replayed_steps == 1
-    online = simulate_online(captured.graph, budget, policy)
+    # the engine the step runs: the budget less the saved generator states, compacting where the model fragments
+    online = simulate_online(captured.graph, plan.arena_budget, policy, compact=True)
     recorded = plan.last_stats.schedule
     assert recorded == online.schedule  # the real engine decided what its simulator decides
     verdict = validate(captured.graph.with_random_replay(), recorded, budget)
     assert verdict.ok, verdict.reason
     assert verdict.simulation.recomputations == plan.last_stats.recomputations == online.recomputations
     assert verdict.peak <= plan.last_stats.peak <= budget
+
+
+def test_the_generator_states_an_online_cpu_step_saves_fit_inside_the_budget(gpt2) -> None:
+    """Every replayable draw's saved CPU generator state is host memory, the budget's tier on a CPU step: the arena
+    is that much smaller than the budget (hand-counted states), and an independent meter stays within the budget."""
+    from coop.runtime.fallback import online_generator_bytes
+
+    model, batch, loss_fn, captured = gpt2
+    graph = captured.graph
+    draws = replayable_random_ids(graph)
+    states = (len(draws) + 1) * torch.get_rng_state().numel()  # a ByteTensor: one byte per element
+    assert draws and online_generator_bytes(graph) == states
+    assert online_generator_bytes(graph, replay_random=False) == 0
+    tight = simulate_online(graph, round(0.45 * baseline_peak(graph)), "coop").peak  # what an arena fills
+    eager, planned = copy.deepcopy(model), copy.deepcopy(model)
+    plan = DynamicPlan(captured, planned, tight, policy="coop", record=False)
+    assert plan.arena_budget == tight - states
+    peaks = _eager_and_dynamic_steps(eager, batch, loss_fn, captured, planned, plan, steps=2)
+    assert plan.last_stats.peak + states <= tight and max(peaks) <= tight, (peaks, tight)
+    _assert_same_gradients(eager, planned)
+    with pytest.raises(BudgetError, match="generator states"):  # a budget the states push below the minimum
+        DynamicPlan(captured, copy.deepcopy(model), min_budget(graph) + states // 2, policy="coop")

@@ -216,7 +216,8 @@ def test_a_saved_plan_loaded_in_another_context_names_it(tmp_path) -> None:
 
 
 def test_dynamic_plan_recaptures_a_batch_of_other_shapes_with_a_warning() -> None:
-    model, eager, plan, batch = planned("mlp", budget=1.0, formulation="dynamic")
+    # 1.5: room for the generator states the online step saves beside the smaller batch's arena
+    model, eager, plan, batch = planned("mlp", budget=1.5, formulation="dynamic")
     smaller = tuple(t[:4] for t in batch)
     with pytest.warns(UserWarning, match=r"the batch has shapes \[\[4, 32\], \[4\]\], the plan was made for"):
         assert_steps_equal_eager(model, eager, plan, smaller, contextlib.nullcontext)

@@ -26,8 +26,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from coop.budget import parse_budget
+from coop.budget import below_min_budget, min_budget, parse_budget
 from coop.device_profiles import DeviceProfile
+from coop.errors import BudgetError
 from coop.graph_capture import Captured
 from coop.graph_capture.batch import Batch
 from coop.graph_capture.context import TrainingContext
@@ -37,7 +38,7 @@ from coop.online.policies import EvictionPolicy
 from coop.planner.base import BasePlan, LossFn
 from coop.runtime.copy_stream import CopyStream, StreamAPI
 from coop.runtime.executor import Executor, replay_graph
-from coop.runtime.fallback import DynamicStats, run_dynamic
+from coop.runtime.fallback import DynamicStats, online_generator_bytes, run_dynamic
 from coop.runtime.paging import HostPool
 from coop.schedule import Schedule, validate
 
@@ -70,6 +71,14 @@ class DynamicPlan(BasePlan):
         super().__init__(model, captured, parse_budget(budget, captured.graph), loss_fn=loss_fn, wrapper=wrapper)
         self.policy = policy
         self.replay_random = replay_random
+        #: the online engine's arena: the budget less the generator states a CPU-only step saves beside it
+        self.arena_budget = self.budget - online_generator_bytes(captured.graph, replay_random)
+        states = self.budget - self.arena_budget
+        if states and below_min_budget(self.arena_budget, captured.graph):
+            least = min_budget(captured.graph)
+            raise BudgetError(f"budget {self.budget} B leaves {self.arena_budget} B for online eviction after the "
+                              f"generator states its step saves ({states} B), below min_budget {least} B; use at "
+                              f"least {least + states}")
         self.record = record
         self.device_profile: DeviceProfile | None = None
         #: the host tier of a CPU-only step's DELTA swaps (None: no DELTA, or an accelerator's pinned memory)
@@ -80,7 +89,7 @@ class DynamicPlan(BasePlan):
             self.copy_stream = captured.graph.has_accelerator if copy_stream is None else copy_stream
             self.device_profile = policy.link if isinstance(policy, DeltaPolicy) else delta_profile(device_profile)
             if not captured.graph.has_accelerator:
-                predicted = simulate_delta(captured.graph, self.budget, self.device_profile,
+                predicted = simulate_delta(captured.graph, self.arena_budget, self.device_profile,
                                            replay_random=replay_random, compact=True)  # as the step runs
                 self.host_pool = HostPool(predicted.host_peak)
         self.last_stats: DynamicStats | None = None
@@ -130,7 +139,7 @@ class DynamicPlan(BasePlan):
             return self.recorded.run_flat(self.captured.flat_inputs(self.model, batch, state))
         streams = None if self.copy_stream in (None, False) else CopyStream(None if self.copy_stream is True
                                                                              else self.copy_stream)
-        outputs, self.last_stats = run_dynamic(self.captured, self.model, batch, self.budget, self.policy,
+        outputs, self.last_stats = run_dynamic(self.captured, self.model, batch, self.arena_budget, self.policy,
                                                 replay_random=self.replay_random, device_profile=self.device_profile,
                                                 host_pool=self.host_pool, copy_stream=streams)
         if self.record and not self._record_refused and self.last_stats.schedule is not None:

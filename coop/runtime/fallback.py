@@ -51,10 +51,11 @@ from torch import fx, nn
 from coop.budget import below_min_budget, parsed_budget
 from coop.device_profiles import DeviceProfile
 from coop.errors import BudgetError, InfeasibleError
+from coop.graph import Graph
 from coop.graph_capture import Captured
 from coop.online.delta import DELTA, DeltaPolicy, delta_profile
 from coop.online.delta_sim import DeltaSimulator
-from coop.online.online_sim import OnlineSimulator, OutOfMemory, Thrashing
+from coop.online.online_sim import OnlineSimulator, OutOfMemory, Thrashing, replayable_random_ids
 from coop.online.policies import EvictionPolicy, make_policy
 from coop.runtime.copy_stream import CopyStream, PagedOut, PendingPageIn
 from coop.runtime.executor import recorded_program
@@ -283,6 +284,32 @@ def _engine(captured: Captured, budget: int, policy: str | EvictionPolicy, max_o
             copy_stream = CopyStream()
         return DeltaStep(captured, budget, policy, max_overhead, replay_random, host_pool, copy_stream)
     return DynamicStep(captured, budget, make_policy(policy), max_overhead, replay_random)
+
+
+def online_generator_bytes(graph: Graph, replay_random: bool = True) -> int:
+    """The most bytes of generator states an online step of ``graph`` saves, on a CPU-only step.
+
+    The engine saves the CPU generator's state at the first draw of every replayable random op (:class:`RngState`)
+    and keeps it for the step, and a replay swaps in one more while it runs: host memory, which on a CPU-only step
+    is the budget's tier, so the dynamic plan's arena is this much smaller than its budget.
+
+    Parameters
+    ----------
+    graph : Graph
+        The step's graph.
+    replay_random : bool
+        Whether random values are replayed (False: none is evicted, no state is saved).
+
+    Returns
+    -------
+    int
+        ``(random ops + 1) x`` the CPU generator state's bytes; 0 with no random op, without replay, or on a step
+        with an accelerator (its states are host memory, outside the device's budget).
+    """
+    draws = replayable_random_ids(graph) if replay_random else set()
+    if graph.has_accelerator or not draws:
+        return 0
+    return (len(draws) + 1) * torch.get_rng_state().untyped_storage().nbytes()
 
 
 def run_dynamic(
