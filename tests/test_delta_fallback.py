@@ -86,7 +86,8 @@ def test_delta_fallback_trains_gpt2_under_04_like_eager_within_its_arena_with_th
     assert isinstance(plan, DynamicPlan) and plan.host_pool is not None
     graph = plan.captured.graph
     assert plan.budget == parse_budget(FRACTION, graph)
-    simulated = simulate_delta(graph, plan.budget, PROFILE)
+    # the engine the step runs: its arena (the budget less the saved generator states), compacting where it fragments
+    simulated = simulate_delta(graph, plan.arena_budget, PROFILE, compact=True)
     assert simulated.status == "ok" and simulated.swaps > 0 and simulated.recompute_decisions > 0
     optimizer, eager_optimizer = torch.optim.AdamW(model.parameters()), torch.optim.AdamW(eager.parameters())
     for step in range(3):

@@ -73,12 +73,6 @@ class DynamicPlan(BasePlan):
         self.replay_random = replay_random
         #: the online engine's arena: the budget less the generator states a CPU-only step saves beside it
         self.arena_budget = self.budget - online_generator_bytes(captured.graph, replay_random)
-        states = self.budget - self.arena_budget
-        if states and below_min_budget(self.arena_budget, captured.graph):
-            least = min_budget(captured.graph)
-            raise BudgetError(f"budget {self.budget} B leaves {self.arena_budget} B for online eviction after the "
-                              f"generator states its step saves ({states} B), below min_budget {least} B; use at "
-                              f"least {least + states}")
         self.record = record
         self.device_profile: DeviceProfile | None = None
         #: the host tier of a CPU-only step's DELTA swaps (None: no DELTA, or an accelerator's pinned memory)
@@ -92,6 +86,12 @@ class DynamicPlan(BasePlan):
                 predicted = simulate_delta(captured.graph, self.arena_budget, self.device_profile,
                                            replay_random=replay_random, compact=True)  # as the step runs
                 self.host_pool = HostPool(predicted.host_peak)
+        states = self.budget - self.arena_budget
+        if states and below_min_budget(self.arena_budget, captured.graph):
+            least = min_budget(captured.graph)
+            raise BudgetError(f"budget {self.budget} B leaves {self.arena_budget} B for online eviction after the "
+                              f"generator states its step saves ({states} B), below min_budget {least} B; use at "
+                              f"least {least + states}")
         self.last_stats: DynamicStats | None = None
         #: the static replay of the first step's recorded schedule (None before it, or without ``record``)
         self.recorded: Executor | None = None
