@@ -31,7 +31,7 @@ def run(with_coop: bool):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     loader = DataLoader(synthetic_dataset(), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(7))
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    coop_step = CoopBackward(accelerator, model, 0.6, time_limit=20)
+    coop_step = CoopBackward(accelerator, model, 0.6, time_limit=10)
     losses, gradients = [], []
     for batch in loader:
         with accelerator.accumulate(model):

@@ -60,7 +60,7 @@ def run(with_coop: bool, precision: str = "32-true"):
     pl.seed_everything(7, verbose=False)
     module = MaskedLM()
     recorder = Recorder()
-    coop_callback = CoopCallback(0.6, time_limit=20)
+    coop_callback = CoopCallback(0.6, time_limit=10)
     loader = DataLoader(synthetic_dataset(), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(7))
     trainer = pl.Trainer(max_steps=STEPS, accumulate_grad_batches=ACCUMULATION, gradient_clip_val=1.0,
                          accelerator="cpu", devices=1, precision=precision, logger=False, enable_checkpointing=False,
@@ -108,7 +108,7 @@ def test_manual_optimization_is_refused_in_one_line() -> None:
     module = MaskedLM()
     module.automatic_optimization = False
     trainer = pl.Trainer(max_steps=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, callbacks=[CoopCallback(0.6)])
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[CoopCallback(0.6, time_limit=10)])
     with pytest.raises(CoopError, match="manual optimization") as caught:
         trainer.fit(module, DataLoader(synthetic_dataset(8), batch_size=8))
     assert "\n" not in str(caught.value)

@@ -50,12 +50,12 @@ def run(tmp_path, with_coop: bool, trainer_class=Trainer, **extra):
     model = bert_tiny()
     recorder = Recorder()
     recorder.model = model
-    kwargs = {"coop_budget": 0.6, "coop_options": {"time_limit": 20}} if trainer_class is CoopTrainer \
+    kwargs = {"coop_budget": 0.6, "coop_options": {"time_limit": 10}} if trainer_class is CoopTrainer \
         else {}
     trainer = trainer_class(model=model, args=arguments(tmp_path, **extra), train_dataset=synthetic_dataset(),
                             callbacks=[recorder], **kwargs)
     if with_coop:
-        enable(trainer, 0.6, time_limit=20)  # the one line
+        enable(trainer, 0.6, time_limit=10)  # the one line
     losses = []
     step = trainer.training_step
     trainer.training_step = lambda *a, **k: losses.append(step(*a, **k)) or losses[-1]
@@ -112,7 +112,7 @@ def test_bf16_autocast_is_captured_and_bit_identical(tmp_path) -> None:
 
 def test_fp16_loss_scaling_is_refused_in_one_line(tmp_path) -> None:
     trainer = Trainer(model=bert_tiny(), args=arguments(tmp_path), train_dataset=synthetic_dataset())
-    enable(trainer, 0.6)
+    enable(trainer, 0.6, time_limit=10)
     trainer.accelerator.scaler = torch.amp.GradScaler("cpu")  # what fp16=True sets up on a GPU
     with pytest.raises(CoopError, match="fp16 loss scaling") as caught:
         trainer.train()

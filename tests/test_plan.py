@@ -112,7 +112,7 @@ def test_measured_peak_falls_with_the_budget(name: str) -> None:
 def test_summary_timeline_save_and_load(tmp_path) -> None:
     model, batch, loss_fn = build("cnn")
     eager = copy.deepcopy(model)
-    plan = coop.plan(model, 1.0, batch, loss_fn=loss_fn)
+    plan = coop.plan(model, 1.0, batch, loss_fn=loss_fn, time_limit=10)
     summary = plan.summary()
     assert summary["baseline_peak"] == plan.baseline_peak and summary["predicted_peak"] <= summary["budget"]
     timeline = plan.memory_timeline()
