@@ -76,8 +76,9 @@ class DeltaSimulator(OnlineSimulator):
     policy: DeltaPolicy
 
     def __init__(self, graph: Graph, budget: int, policy: DeltaPolicy, max_overhead: float = 10.0,
-                 replay_random: bool = True, prefetch: bool = True, next_use: bool = True) -> None:
-        super().__init__(graph, budget, policy, max_overhead, replay_random)
+                 replay_random: bool = True, prefetch: bool = True, next_use: bool = True,
+                 compact: bool = False) -> None:
+        super().__init__(graph, budget, policy, max_overhead, replay_random, compact=compact)
         self.link: DeviceProfile = policy.link
         self.prefetch = prefetch
         self.knows_next_use = next_use
@@ -319,8 +320,8 @@ def simulate_delta(
     """
     profile = delta_profile(device_profile)
     budget_units = parsed_budget(budget, "simulate_delta")
-    engine = DeltaSimulator(graph, budget_units, DeltaPolicy(profile), max_overhead, replay_random, prefetch, next_use)
-    engine.compact = compact
+    engine = DeltaSimulator(graph, budget_units, DeltaPolicy(profile), max_overhead, replay_random, prefetch, next_use,
+                            compact=compact)
     result = run_engine(engine)
     decisions = [decision.action for _, decision in engine.decision_log]
     return DeltaResult(

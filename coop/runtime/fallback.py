@@ -91,10 +91,9 @@ class DynamicStep(OnlineSimulator):
 
     def __init__(self, captured: Captured, budget: int, policy: EvictionPolicy, max_overhead: float = 10.0,
                  replay_random: bool = True) -> None:
-        super().__init__(captured.graph, budget, policy, max_overhead, replay_random)
         # Real addresses are the device allocator's: where no eviction makes a contiguous room in the arena
         # model, its gaps are closed and the allocator's cached blocks released (a CUDA step; None on CPU).
-        self.compact = True
+        super().__init__(captured.graph, budget, policy, max_overhead, replay_random, compact=True)
         self.allocator: AllocatorCounters | None = cuda_counters(captured.graph.devices)
         self.module: fx.GraphModule = captured.module
         self.fx_names: dict[int, list[str]] = captured.fx_names
