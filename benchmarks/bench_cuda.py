@@ -82,7 +82,7 @@ and batch that the Graph holds resident, as the simulator does):
   and dynamic row and ``alloc/pred <= 1`` for an arena row (its footprint counts the scratch).
 * ``step_ms``, ``eager_ms``, ``vs_eager``: medians of synchronized warm steps of the plan and of eager
   PyTorch (``loss.backward()``) on the same weights, and their ratio.
-* ``grads_equal``: loss and every gradient ``torch.equal`` to eager's over two AdamW steps from the same
+* ``grads_equal``: loss, every gradient and every buffer ``torch.equal`` to eager's over two AdamW steps from the same
   weights, each step under the same seed (the second checks that the replay reads the updated weights);
   ``note`` names the first difference.
 * ``nodes``, ``capture_s``: the captured graph's nodes and the capture's wall time (with profiling on
@@ -610,7 +610,9 @@ def run_case(case: Case, spec: dict[str, Any], row: dict[str, Any], progress: Ca
     captured = coop.capture(model, batch, loss_fn=loss_fn, profile=profile)
     row["capture_s"] = round(time.perf_counter() - started, 2)
     if spec.get("save_graphs") and case.mode == "capture":
-        captured.graph.save(Path(spec["save_graphs"]) / f"{case.family}.json")
+        folder = Path(spec["save_graphs"])
+        folder.mkdir(parents=True, exist_ok=True)  # each case makes it: cases run in processes of their own
+        captured.graph.save(folder / f"{case.family}.json")
     graph = captured.graph
     row["nodes"] = len(graph.nodes)
     caller_owned = sum(graph.node(node_id).mem for node_id in graph.caller_owned_ids)
@@ -944,7 +946,8 @@ def _median_ms(step: Callable[[], None], device: torch.device, sizes: Sizes) -> 
 
 def _equal_to_eager(plan: Any, model: torch.nn.Module, eager: torch.nn.Module, batch: tuple,
                     loss_fn: Callable | None, progress: Callable[[str], None]) -> tuple[bool, str]:
-    """Loss and every gradient bit-identical to eager's over EQUAL_STEPS AdamW steps from the same weights.
+    """Loss, every gradient and every buffer bit-identical to eager's over EQUAL_STEPS AdamW steps from the same
+    weights.
 
     Returns whether they are and, when not, the first difference ('step 1 grad of wte.weight: max |diff| 3e-09').
     """
@@ -963,6 +966,10 @@ def _equal_to_eager(plan: Any, model: torch.nn.Module, eager: torch.nn.Module, b
         pairs = [("loss", loss, eager_loss)]
         pairs += [(f"grad of {name}", param.grad, eager_param.grad) for (name, param), eager_param
                   in zip(model.named_parameters(), eager.parameters(), strict=True)]
+        # buffers too: a batch norm whose running statistics were updated twice (a recomputed cuDNN batch norm)
+        # leaves the gradients equal and the buffers not
+        pairs += [(f"buffer {name}", buffer, eager_buffer) for (name, buffer), eager_buffer
+                  in zip(model.named_buffers(), eager.buffers(), strict=True)]
         for what, mine, theirs in pairs:
             where = f"step {step + 1} {what}"
             if first_difference:

@@ -529,9 +529,14 @@ class Graph(BaseModel):
 
     @cached_property
     def structure_sha256(self) -> str:
-        """Digest without measured quantities (costs, workspace): the same model and batch shapes give the same digest."""
-        return _digest({"nodes": self._digest_nodes(("cost", "impls", "workspace")), "outputs": list(self.outputs),
-                        "order": list(self.order)})
+        """Digest without measured quantities (costs, workspace) and without device indices: the same model and
+        batch shapes give the same digest on ``cuda:0``, on ``cuda:1`` (a DDP rank) and in a weightless capture
+        for ``cuda`` (:mod:`coop.graph_capture.meta`)."""
+        nodes = self._digest_nodes(("cost", "impls", "workspace"))
+        for node in nodes:
+            if isinstance(node.get("device"), str):
+                node["device"] = node["device"].split(":", 1)[0]
+        return _digest({"nodes": nodes, "outputs": list(self.outputs), "order": list(self.order)})
 
     def _digest_nodes(self, left_out: tuple[str, ...]) -> list[dict[str, Any]]:
         return [{k: v for k, v in n.items() if k not in ("random", *left_out)} for n in self.to_dict()["nodes"]]

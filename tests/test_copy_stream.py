@@ -13,7 +13,9 @@ the caching allocator's documented contract, not from coop.runtime.copy_stream:
   the host copy after the D2H copy that wrote it);
 - a storage used on a stream other than the one it was allocated on is ``record_stream``'ed onto that
   stream (otherwise the caching allocator may hand its block to another tensor while that stream
-  still reads it: torch.Tensor.record_stream's documentation).
+  still reads it: torch.Tensor.record_stream's documentation), or its own stream waits for that use
+  before it enqueues anything else (then every later kernel of that stream, the block's next user
+  among them, is ordered after the use; the replay drops a value only after the call that paged it).
 
 The mutation checks drop one wait or one ``record_stream`` at a time and require a violation, so the
 oracle is not vacuous; the random-schedule test requires no violation and bit-identical results.
@@ -190,6 +192,9 @@ def violations(log: list, compute: FakeStream) -> list[str]:
     allocated_on: dict[int, FakeStream] = {}
     recorded: set[tuple[int, FakeStream]] = set()
     used_on: dict[tuple[int, FakeStream], str] = {}
+    last_use: dict[tuple[int, FakeStream], int] = {}  # the user stream's clock at its latest use of the storage
+    waited: set[tuple[int, FakeStream]] = set()  # uses the allocating stream waited for before its next op
+    unwaited: set[tuple[int, FakeStream]] = set()  # ... or did not
     found: list[str] = []
 
     def clock_of(stream: FakeStream) -> dict:
@@ -210,6 +215,10 @@ def violations(log: list, compute: FakeStream) -> list[str]:
         elif kind == "op":
             _, stream, reads, writes, allocs, name = entry
             clock = clock_of(stream)
+            for (key, user), tick in list(last_use.items()):  # this op comes after every pending foreign use
+                if allocated_on.get(key, compute) is stream:
+                    (waited if clock.get(user, 0) >= tick else unwaited).add((key, user))
+                    del last_use[(key, user)]
             clock[stream] = clock.get(stream, 0) + 1
             for key in allocs:  # the block may have served work queued earlier on this stream: a write for the oracle
                 allocated_on[key] = stream
@@ -224,10 +233,13 @@ def violations(log: list, compute: FakeStream) -> list[str]:
                 accesses.setdefault(key, []).append(now)
                 if stream is not allocated_on.get(key, compute):
                     used_on.setdefault((key, stream), now.what)
+                    last_use[(key, stream)] = clock[stream]
+    for (key, user), tick in last_use.items():  # no op of the allocating stream after: its final clock decides
+        (waited if clock_of(allocated_on.get(key, compute)).get(user, 0) >= tick else unwaited).add((key, user))
     for (key, stream), what in used_on.items():
-        if (key, stream) not in recorded:
+        if (key, stream) not in recorded and ((key, stream) in unwaited or (key, stream) not in waited):
             found.append(f"storage {key} (allocated on {allocated_on.get(key, compute).name}) used by {what} "
-                         f"without record_stream onto {stream.name}")
+                         f"without record_stream onto {stream.name} or a wait for it before its stream goes on")
     return found
 
 
@@ -274,7 +286,8 @@ def pageable(graph) -> list[int]:
 
 def hand_schedule(graph, victims: int) -> Schedule:
     """Baseline order; ``victims`` values with distinct first readers paged out right after their compute and
-    paged in right before their first reader, so every wait of the protocol is the only one ordering its copy."""
+    paged in one compute before their first reader (that compute runs while the copy may still be writing), so
+    every wait and every ``record_stream`` of the protocol is the only one ordering its copy."""
     chosen: list[int] = []
     first_readers: set[int] = set()
     for value in sorted(pageable(graph), key=lambda v: -graph.node(v).mem):
@@ -288,8 +301,9 @@ def hand_schedule(graph, victims: int) -> Schedule:
             break
     assert len(chosen) == victims
     steps: list[Step] = []
+    before_reader = {v: graph.order[graph.order.index(_readers(graph, v)[0]) - 1] for v in chosen}
     for node_id in graph.order:
-        steps += [Step(op="page_in", node=v) for v in chosen if _readers(graph, v)[0] == node_id]
+        steps += [Step(op="page_in", node=v) for v in chosen if before_reader[v] == node_id]
         steps.append(Step(op="compute", node=node_id))
         steps += [Step(op="page_out", node=node_id)] if node_id in chosen else []
     return Schedule(steps=tuple(steps))
@@ -306,14 +320,16 @@ def test_hand_schedules_keep_the_protocol_and_every_wait_is_needed(captured_mode
     outputs = run_recorded(captured_model, schedule, streams)
     assert all(torch.equal(a, b) for a, b in zip(outputs, eager(captured_model), strict=True))
     assert violations(streams.log, streams.compute) == []
-    # one wait per page-out (side after producer) and two per page-in (side after the compute stream allocated
-    # its storage, compute before first reader); one record_stream each (the side stream reads the paged-out
-    # block and writes the paged-in one, both of the compute stream's pool): hand-counted from the schedule
-    assert streams.waits == 3 * victims and streams.record_streams == 2 * victims
+    # two waits per page-out (side after the producer, compute after the copy, before the block is freed) and two
+    # per page-in (side after the compute stream allocated its storage, compute before the first reader); one
+    # record_stream per page-in (the side stream writes a block of the compute stream's pool; a paged-out block
+    # is protected by the compute stream's wait instead): hand-counted from the schedule
+    assert streams.waits == 4 * victims and streams.record_streams == victims
     for dropped in range(streams.waits):
         mutant = RecordingStreams(drop_wait=dropped)
         run_recorded(captured_model, schedule, mutant)
-        assert any("race" in v for v in violations(mutant.log, mutant.compute)), f"wait {dropped} not needed?"
+        assert any("race" in v or "or a wait for it" in v for v in violations(mutant.log, mutant.compute)), \
+            f"wait {dropped} not needed?"
     for dropped in range(streams.record_streams):
         mutant = RecordingStreams(drop_record_stream=dropped)
         run_recorded(captured_model, schedule, mutant)
@@ -338,7 +354,8 @@ def test_the_compute_stream_waits_at_the_first_reader_not_at_the_page_in(capture
     assert violations(streams.log, streams.compute) == []
     log = streams.log
     h2d = max(i for i, e in enumerate(log) if e[0] == "op" and e[1] is not streams.compute and "copy_" in e[5])
-    wait = next(i for i, e in enumerate(log) if e[0] == "wait" and e[1] is streams.compute)
+    # the compute stream's wait for the page-in (its wait for the page-out comes before the H2D copy)
+    wait = next(i for i, e in enumerate(log) if i > h2d and e[0] == "wait" and e[1] is streams.compute)
     between = [e for e in log[h2d:wait] if e[0] == "op" and e[1] is streams.compute and e[3]]
     assert between, "the compute stream waited right at the page-in: no overlap"
 

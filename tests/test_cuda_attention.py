@@ -77,8 +77,10 @@ def test_gpt2_on_meta_for_cuda_runs_efficient_attention_with_its_seed_on_the_hos
     assert ops[EFFICIENT_OP] == 2 and ops["aten._scaled_dot_product_efficient_attention_backward.default"] == 2
     assert ops["aten.softmax.default"] + ops["aten._softmax.default"] == 0  # no math attention left
     host = set(graph.meta["host_outputs"])
-    assert len(host) == 4  # philox seed and offset of each layer, 0-d int64 (8 bytes) on the host
-    assert all(graph.node(i).device == "cpu" and graph.node(i).mem == 8 for i in host)
+    assert len(host) == 4  # philox seed and offset of each layer, 0-d int64 on the host
+    # counted as the capture of the real model counts them (the fake value says CUDA: one 512-byte block), so that
+    # both graphs have one digest; the H200's capture recorded 512 too
+    assert all(graph.node(i).device == "cpu" and graph.node(i).mem == 512 for i in host)
     assert {n.device for n in graph.nodes if n.device is not None and n.id not in host} == {"cuda"}
     # the backward reads them: the schedule has to keep them where the kernel put them
     backward = next(n for n in graph.nodes if n.op == "aten._scaled_dot_product_efficient_attention_backward.default")

@@ -130,3 +130,39 @@ def test_a_step_that_never_fits_is_refused_in_one_line(cnn_step) -> None:
                                budget)
     message = str(refused.value)
     assert "\n" not in message and "raise the budget" in message
+
+
+def test_a_rejected_candidates_cuda_graph_is_released_before_the_next_is_measured(cnn_step) -> None:
+    """A CUDA graph keeps its private pool reserved while it lives; the re-solve measures each candidate alone.
+
+    On an H200 (2026-11-26) the candidates' graphs stayed alive: GPT-2's cuda_graph plan held 8.3 GB, then 14.0 GB
+    at a lower live budget. Here each candidate carries a stand-in graph replay whose pool is counted while it lives
+    (a weak reference: it is released once no one holds it), and the measure reads that count."""
+    import gc
+    import weakref
+
+    class PoolStandIn:
+        """Stands for a GraphReplay holding its private pool."""
+
+    graph = cnn_step[3].graph
+    peak = coop.baseline_peak(graph)
+    budget = int(0.8 * peak)
+    pools: list[weakref.ref] = []
+
+    def within(aim):
+        plan = _within(cnn_step)(aim)
+        plan.graph_replay = PoolStandIn()
+        pools.append(weakref.ref(plan.graph_replay))
+        return plan
+
+    alive_at_measure: list[int] = []
+
+    def measure(plan, live):
+        gc.collect()
+        alive_at_measure.append(sum(ref() is not None for ref in pools))
+        over = len(alive_at_measure) < 2  # the second candidate fits
+        return (budget + 1 if over else plan.predicted_peak), "held"
+
+    first = within(budget)
+    _below_measured_excess(first, budget + 1, within, measure, budget, budget)
+    assert alive_at_measure == [1, 1]  # only the candidate measured holds a pool

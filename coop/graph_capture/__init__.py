@@ -92,7 +92,8 @@ def capture(model: nn.Module, example_batch: torch.Tensor | tuple | list | dict 
         flat = flat_values(placeholders, state, batch)
         with torch.random.fork_rng(devices=[]):  # profiling must not advance the caller's RNG
             profiled = profile_nodes(traced.module, flat)
-    lowered = lower(traced, placeholders, name=type(model).__name__, profiled=profiled)
+    allocated_on = torch.device(device) if weightless_step and device is not None else None
+    lowered = lower(traced, placeholders, name=type(model).__name__, profiled=profiled, allocated_on=allocated_on)
     found = None
     if alternatives:  # the real parameters let batch norm's backward from its output be offered (nonzero weights)
         names = [n.name for n in traced.module.graph.nodes if n.op == "placeholder"]

@@ -85,7 +85,7 @@ def storage_key(tensor: torch.Tensor) -> int:
 
 
 def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: str,
-          profiled: NodeProfile | None = None) -> Lowered:
+          profiled: NodeProfile | None = None, allocated_on: torch.device | None = None) -> Lowered:
     """Build the Graph of a traced step: one node per storage-producing fx node.
 
     With ``profiled`` a node's cost is the measured seconds of its fx nodes, its workspace
@@ -105,6 +105,10 @@ def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: st
     profiled : NodeProfile or None
         Measured seconds, workspaces and storage bytes (:func:`coop.graph_capture.cost.profile_nodes`); None
         for the analytic model.
+    allocated_on : torch.device or None
+        The device whose allocator will hold every storage, in place of each fake value's own device: a
+        weightless capture for CUDA is traced on fake CPU tensors, and its bytes are CUDA's 512-byte blocks
+        (:func:`coop.graph_capture.cost.allocator_bytes`) as a capture of the real model's would be.
 
     Returns
     -------
@@ -146,7 +150,7 @@ def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: st
                 if nbytes != predicted[index]:
                     missed.append({"fx_node": fx_node.name, "op": str(fx_node.target), "output": index,
                                    "device": str(tensor.device), "predicted": predicted[index], "measured": nbytes})
-                new_storages[key] = allocator_bytes(nbytes, tensor.device)
+                new_storages[key] = allocator_bytes(nbytes, allocated_on or tensor.device)
         claimed = {k: pending.pop(k) for k in [storage_key(t) for t in tensors] if k in pending}
         extras: dict[int, int] = {}
         if len(new_storages) > 1 and fx_node.op == "call_function":

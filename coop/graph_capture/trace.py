@@ -42,7 +42,9 @@ from torch.utils import _pytree as pytree
 from coop.errors import CaptureError, CoopError
 from coop.graph_capture.attention import cuda_attention
 from coop.graph_capture.batch import BatchLayout, positional_batch
+from coop.graph_capture.batch_norm_ops import FUNCTIONAL_FORM
 from coop.graph_capture.context import AUTOCAST_DEVICES
+from coop.graph_capture.cuda_dispatch import cuda_dispatch
 from coop.graph_capture.meta import fake_cpu_state, weightless
 from coop.graph_capture.random_ops import compact_random_masks
 
@@ -116,7 +118,8 @@ def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossF
         containers, non-tensor values as constants of the program); None: ``model(*batch)``.
     device : str or None
         For a weightless model (:mod:`coop.graph_capture.meta`), the device the plan will run on: on a CUDA
-        device attention runs the fused kernel CUDA would (:func:`coop.graph_capture.attention.cuda_attention`).
+        device attention, dropout and batch norm run the kernels CUDA would (:func:`coop.graph_capture.attention.cuda_attention`,
+        :func:`coop.graph_capture.cuda_dispatch.cuda_dispatch`).
 
     Returns
     -------
@@ -163,7 +166,7 @@ def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossF
 
     try:
         if weightless(model, batch):  # meta tensors: traced as fake CPU tensors (coop.graph_capture.meta)
-            target = step if device is None or torch.device(device).type != "cuda" else _with_cuda_attention(step)
+            target = step if device is None or torch.device(device).type != "cuda" else _with_cuda_kernels(step)
             module = _traced(target, *fake_cpu_state(params, buffers, frozen, batch))
         else:
             module = _traced(step, params, buffers, frozen, *_distinct_storages(batch))
@@ -174,6 +177,7 @@ def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossF
         hint = "data-dependent control flow (a Python branch on a tensor value) cannot be captured; " if _data_dependent(exc) else ""
         raise CaptureError(f"cannot trace the training step of {type(model).__name__}: {hint}{type(exc).__name__}: {first}") from None
     _functionalize_batch_norm(module.graph)
+    _functionalize_vendor_batch_norm(module.graph)
     _refuse_mutations(module.graph)
     if compact_masks:
         compact_random_masks(module.graph)
@@ -192,11 +196,12 @@ def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossF
     )
 
 
-def _with_cuda_attention(step: Callable[..., Any]) -> Callable[..., Any]:
-    """``step`` with attention calling the fused kernel a CUDA device would (:mod:`coop.graph_capture.attention`)."""
+def _with_cuda_kernels(step: Callable[..., Any]) -> Callable[..., Any]:
+    """``step`` with attention, dropout and batch norm calling the kernels a CUDA device would
+    (:mod:`coop.graph_capture.attention`, :mod:`coop.graph_capture.cuda_dispatch`)."""
 
     def on_cuda(*args: Any) -> Any:
-        with cuda_attention():
+        with cuda_attention(), cuda_dispatch():
             return step(*args)
 
     return on_cuda
@@ -333,6 +338,35 @@ def _functionalize_batch_norm(graph: fx.Graph) -> None:
         functional.meta["val"] = (*fake_out, fake_mean, fake_var)
         new_mean.meta["val"], new_var.meta["val"] = fake_mean, fake_var
         # Readers after this op saw the mutated statistics: they now read the new values.
+        _redirect_later_uses(graph, running_mean, new_mean, after=new_var)
+        _redirect_later_uses(graph, running_var, new_var, after=new_var)
+
+
+def _functionalize_vendor_batch_norm(graph: fx.Graph) -> None:
+    """cudnn/miopen_batch_norm(training, running stats) -> coop's functional form, new stats as values.
+
+    The vendor kernels update the running statistics in place without their schema saying so; their functional
+    forms (:mod:`coop.graph_capture.batch_norm_ops`) run the same kernel on clones and return them, so that a
+    recomputation cannot update the buffers twice and later readers, the step's new buffer values among them,
+    read the new statistics as values."""
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in FUNCTIONAL_FORM:
+            continue
+        x, weight, bias, running_mean, running_var, training, momentum, eps = node.args
+        if not training or running_mean is None or running_var is None:
+            continue  # eval mode reads the statistics only
+        functional_op, kernel_outputs = FUNCTIONAL_FORM[node.target]
+        with graph.inserting_after(node):
+            functional = graph.call_function(functional_op, (x, weight, bias, running_mean, running_var, momentum, eps))
+        node.replace_all_uses_with(functional)
+        fake_mean, fake_var = running_mean.meta["val"].clone(), running_var.meta["val"].clone()
+        functional.meta = {**node.meta, "val": (*node.meta["val"][:kernel_outputs], fake_mean, fake_var)}
+        graph.erase_node(node)
+        with graph.inserting_after(functional):
+            new_mean = graph.call_function(operator.getitem, (functional, kernel_outputs))
+        with graph.inserting_after(new_mean):
+            new_var = graph.call_function(operator.getitem, (functional, kernel_outputs + 1))
+        new_mean.meta["val"], new_var.meta["val"] = fake_mean, fake_var
         _redirect_later_uses(graph, running_mean, new_mean, after=new_var)
         _redirect_later_uses(graph, running_var, new_var, after=new_var)
 

@@ -572,8 +572,11 @@ def _with_measured_scratch(chosen: Plan, solver: Callable[..., Plan], live_bytes
     return again
 
 
-#: Re-solves at most after a CUDA step reserved more than its budget (each one a solve within the time limit).
-RESERVED_ROUNDS = 3
+#: Re-solves at most after a CUDA step reserved more than its budget (each one a solve within the time limit). Three
+#: were too few on an H200 (2026-11-26, ResNet-50 at 0.5): 1.507 GB, then 1.444 GB against a 1.437 GB budget when
+#: the third round ended; the excess shrinks round after round, but the allocator's fragmentation grows as the
+#: live budget falls.
+RESERVED_ROUNDS = 5
 
 
 def _below_measured_excess(chosen: Plan, footprint: int, within: Callable[[int], Plan],
@@ -591,6 +594,9 @@ def _below_measured_excess(chosen: Plan, footprint: int, within: Callable[[int],
         aim = next_live_budget(live, chosen.predicted_peak, footprint, budget_bytes)
         if aim < min_budget(graph):
             break
+        # A rejected candidate's CUDA graph keeps its private pool reserved while it lives: measured beside the
+        # next candidate's, it would count twice (an H200: GPT-2 held 8.3 GB, then 14.0 GB at a lower budget).
+        chosen.graph_replay = None
         try:
             candidate = within(aim)
         except (InfeasibleError, BudgetError):

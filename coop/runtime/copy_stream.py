@@ -24,16 +24,14 @@ stream ``S`` per :class:`CopyStream`:
 
 - **page-out v** (:meth:`CopyStream.page_out`): an event recorded on ``C`` right after the
   producer of ``v`` was enqueued, ``S`` waits on it (so the D2H copy reads a complete value), the
-  copy ``v -> pinned host`` runs ``non_blocking`` on ``S`` and an event is recorded after it. The
-  compute stream never waits for a page-out. The device block of ``v`` must not be handed to
-  another tensor before the copy has read it: ``v.record_stream(S)`` tells the caching allocator
-  that ``S`` uses the block, so when the replay frees ``v`` the allocator records an event on
-  ``S`` and reuses the block only once all work queued on ``S`` at the time of the free is
-  complete (torch docs, ``torch.Tensor.record_stream``: "When the tensor is deallocated, ensure the
-  tensor memory is not reused for another tensor until all work queued on stream at the time of
-  deallocation is complete"; the semantics described in pytorch/pytorch#113282). The copy is
-  enqueued before the free (the replay holds ``v`` for the call), so it is covered. The pinned
-  host block is itself safe: ``copy_`` records the block's use on ``S`` in PyTorch's caching host
+  copy ``v -> pinned host`` runs ``non_blocking`` on ``S``, an event is recorded after it and ``C``
+  waits on that event before the replay drops ``v``: a page-out frees ``v``'s bytes for what comes
+  next (Contract 2), so the block must serve ``C``'s next allocation at once, and ``C``'s later
+  kernels are ordered after the copy by the wait (no ``record_stream`` is needed). An earlier
+  protocol let ``C`` run on and ``record_stream``'ed ``v`` onto ``S``: the caching allocator took
+  the block back only once the copy had finished, and an allocation in between reserved a new block
+  (DELTA's GPT-2 step at 0.5 on an H200: 1.29x its budget reserved, 2026-11-26). The pinned host
+  block is itself safe: ``copy_`` records the block's use on ``S`` in PyTorch's caching host
   allocator, which reuses the block only after that event.
 - **page-in v** (:meth:`CopyStream.page_in`): the device storage is allocated on ``C`` (the
   current stream), from ``C``'s pool, where the value will be read and freed; an event recorded on
@@ -158,8 +156,18 @@ class CopyStream:
         return self._side[device]
 
     def page_out(self, value: torch.Tensor, *, pin: bool) -> PagedOut:
-        """Queue the D2H copy of ``value`` on the side stream after its producer; the compute stream goes on.
-        ``pin``: the host buffer is pinned (the caller's decision, :func:`coop.runtime.paging.pin_host_copy`)."""
+        """Queue the D2H copy of ``value`` on the side stream after its producer; the compute stream waits for it.
+        ``pin``: the host buffer is pinned (the caller's decision, :func:`coop.runtime.paging.pin_host_copy`).
+
+        A page-out frees its value's block for what the compute stream allocates next (Contract 2: a
+        ``page_out`` step frees the value's bytes; an online eviction makes room for the allocation that follows
+        it), so the compute stream waits for the copy, and the block, once the caller drops the value, serves the
+        compute stream's next allocation at once: its later kernels are ordered after the copy by the wait, no
+        ``record_stream`` needed. The first protocol let the compute stream run on and ``record_stream``'ed the
+        value onto the side stream: the allocator took the block back only once the copy had finished, and an
+        allocation in between reserved a new one (DELTA on GPT-2 at half its peak on an H200: 1.29x its budget
+        reserved, 2026-11-26). The simulator's model is the same (:mod:`coop.online.delta_sim`: the allocation
+        that needed the room waits for the copy); page-ins still overlap the compute."""
         api = self.api
         compute, side = api.current_stream(value.device), self.side_stream(value.device)
         produced = api.new_event()
@@ -167,9 +175,9 @@ class CopyStream:
         api.wait_event(side, produced)
         with api.stream(side):
             host = page_out(value, pin=pin, non_blocking=True)
-        api.record_stream(value, side)  # the allocator keeps value's block until the copy has read it
         copied = api.new_event()
         copied.record(side)
+        api.wait_event(compute, copied)  # the block is free for the compute stream once the copy has read it
         return PagedOut(host, copied)
 
     def page_in(self, paged: PagedOut) -> PendingPageIn:

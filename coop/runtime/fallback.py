@@ -40,6 +40,7 @@ decisions, page steps included, are recorded as a schedule for the static execut
 
 from __future__ import annotations
 
+import copy
 import operator
 from collections.abc import Hashable
 from dataclasses import dataclass, field
@@ -48,14 +49,21 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from coop.budget import below_min_budget, parsed_budget
+from coop.budget import baseline_peak, below_min_budget, parsed_budget
 from coop.device_profiles import DeviceProfile
 from coop.errors import BudgetError, InfeasibleError
 from coop.graph import Graph
 from coop.graph_capture import Captured
 from coop.online.delta import DELTA, DeltaPolicy, delta_profile
 from coop.online.delta_sim import DeltaSimulator
-from coop.online.online_sim import OnlineSimulator, OutOfMemory, Thrashing, replayable_random_ids
+from coop.online.online_sim import (
+    THRASH_OVERHEAD,
+    OnlineSimulator,
+    OutOfMemory,
+    Thrashing,
+    least_running_budget,
+    replayable_random_ids,
+)
 from coop.online.policies import EvictionPolicy, make_policy
 from coop.runtime.copy_stream import CopyStream, PagedOut, PendingPageIn
 from coop.runtime.executor import recorded_program
@@ -195,9 +203,10 @@ class DeltaStep(DynamicStep, DeltaSimulator):
     ``host_copy_bytes`` / ``host_copy_peak`` are the bytes of the live host copies, measured on the copies.
 
     With ``copy_stream`` (:class:`coop.runtime.copy_stream.CopyStream`, CUDA's by default on an accelerator) the
-    copies run on its side stream by its protocol: a page-out after the value's producer, a page-in queued
-    when the engine pages in (prefetches included) and waited for by the compute stream only at the value's
-    first read.
+    copies run on its side stream by its protocol: a page-out after the value's producer, waited for by the
+    compute stream before the value's block is freed (the eviction makes room for the allocation that follows,
+    as the simulator models it), a page-in queued when the engine pages in (prefetches included)
+    and waited for by the compute stream only at the value's first read.
     """
 
     def __init__(self, captured: Captured, budget: int, policy: DeltaPolicy, max_overhead: float = 10.0,
@@ -311,6 +320,32 @@ def online_generator_bytes(graph: Graph, replay_random: bool = True) -> int:
     return (len(draws) + 1) * torch.get_rng_state().untyped_storage().nbytes()
 
 
+def _where_it_runs(engine: DynamicStep, failed: int) -> str:
+    """Where the failed step's policy runs without thrashing, measured by the simulator (one clause of the error).
+
+    The simulator is the step's own engine without tensors (same graph, policy, random replay and compaction),
+    so its decisions at a budget are the step's: :func:`coop.online.online_sim.least_running_budget` bisects
+    between the failed budget and the baseline peak (about ten simulated steps: 1-2 s for ResNet-50). Online
+    eviction is not monotone in the budget, so the clause names the budget found, not a guarantee above it.
+    """
+    graph = engine.graph
+    replay_random = bool(engine.replayable)  # the only use of the flag: an empty set either way otherwise
+    simulator = DeltaSimulator if isinstance(engine, DeltaStep) else OnlineSimulator
+
+    def engine_at(budget: int) -> OnlineSimulator:
+        policy = copy.deepcopy(engine.policy)
+        policy.reset()
+        return simulator(graph, budget, policy, THRASH_OVERHEAD, replay_random, compact=True)  # type: ignore[arg-type]
+
+    peak = baseline_peak(graph)
+    least = least_running_budget(graph, engine_at, failed)
+    name = engine.policy.name
+    if least is None:
+        return f"the simulator finds no budget up to the baseline peak ({peak:,} B) where {name} runs without thrashing"
+    return (f"the least budget found where the simulator runs {name} without thrashing: {least:,} B "
+            f"({least / peak:.3f} of the baseline peak {peak:,} B)")
+
+
 def run_dynamic(
     captured: Captured,
     model: nn.Module,
@@ -365,7 +400,8 @@ def run_dynamic(
     BudgetError
         Below :func:`coop.budget.min_budget`.
     InfeasibleError
-        When the policy runs out of evictable memory or thrashes past ``max_overhead``.
+        When the policy runs out of evictable memory or thrashes past ``max_overhead``; the message (one line)
+        names the least budget at which the simulator found the same policy running without thrashing.
     DeviceProfileError
         For ``"delta"`` without a device profile (one line naming the shipped profiles), or an unknown one.
     """
@@ -381,7 +417,8 @@ def run_dynamic(
             engine.run()
             outputs = engine.outputs()
     except (OutOfMemory, Thrashing) as exc:
-        raise InfeasibleError(f"dynamic fallback ({engine.policy.name}) cannot run within {budget_bytes} B: {exc}") from None
+        raise InfeasibleError(f"dynamic fallback ({engine.policy.name}) cannot run within {budget_bytes} B: {exc}; "
+                              f"{_where_it_runs(engine, budget_bytes)}") from None
     cost = sum(engine.cost(v) for v in engine.executed) + engine.exposed_s
     baseline = graph.baseline_cost
     arena = engine.arena
