@@ -46,9 +46,10 @@ smallest sizes at which every budget below can be planned (:data:`MODELS`).
   its first step records page steps too, replayed from the second step.
 * ``gpt2|resnet/cuda-graph/store-all|0.7|0.5``: CUDA-graph replay (``coop.plan(..., cuda_graph=True)``);
   ``skipped: not implemented yet`` where ``coop.plan`` does not take ``cuda_graph=``.
-* ``gpt2|bert/meta-plan/0.5``: issue 27's promise on the device: the model moved to the meta device (no
-  weights), captured for this device (``coop.capture(..., device=...)``: attention traced as the fused kernel
-  the device runs, :mod:`coop.graph_capture.attention`), planned at 0.5 and saved; ``coop.load_plan`` on the
+* ``gpt2/meta-plan/0.5``, ``bert/meta-plan/0.6``: issue 27's promise on the device: the model built on the meta
+  device (no weights), captured for this device (``coop.capture(..., device=...)``: attention, dropout and batch
+  norm traced as the kernels the device runs, :mod:`coop.graph_capture.attention`,
+  :mod:`coop.graph_capture.cuda_dispatch`), planned and saved; ``coop.load_plan`` on the
   real model captures it again and must find the same graph (``note`` names the op counts that differ where
   not), then the loaded plan trains like eager. ``nodes`` is the meta capture's node count.
 * hidden self-tests (``selftest/crash``, ``selftest/error``, ``selftest/hang``, run with ``--selftest`` or
@@ -172,7 +173,10 @@ CASES: tuple[Case, ...] = (
     *(Case(family, "dynamic", budget) for family in ("gpt2", "resnet") for budget in ("store-all", 0.7, 0.5)),
     *(Case(family, "dynamic-delta", 0.5) for family in ("gpt2", "resnet")),
     *(Case(family, "cuda-graph", budget) for family in ("gpt2", "resnet") for budget in ("store-all", 0.7, 0.5)),
-    *(Case(family, "meta-plan", 0.5) for family in ("gpt2", "bert")),
+    # BERT at 0.6, as its replay row: at 0.5 (0.49 of its peak once the allocator's page rounding is kept, min_budget
+    # 0.48) auto found no schedule in 10 s or 30 s, on the H200 and here (best peak 1,228,340,224 B for a
+    # 1,210,810,880 B live budget)
+    Case("gpt2", "meta-plan", 0.5), Case("bert", "meta-plan", 0.6),
     Case("selftest", "crash", hidden=True),
     Case("selftest", "error", hidden=True),
     Case("selftest", "hang", hidden=True),
