@@ -126,3 +126,30 @@ def test_zoo_sizes_that_do_not_apply_are_refused_in_one_line() -> None:
         build("gpt2", kv_heads=2)
     with pytest.raises(CoopError, match="not a floating torch dtype"):
         build("llama", dtype="int8")
+
+
+def test_a_plan_saved_under_another_model_library_version_names_it_when_refused(tmp_path: Path) -> None:
+    """On the H200 (transformers 5.17) a Llama meta plan made here (5.24) would be refused: the two versions trace
+    its rotary embedding and causal mask differently. The refusal names the versions, read from the plan file."""
+    import importlib.metadata
+
+    import transformers
+
+    meta_model, meta_batch, loss_fn = _on_meta("transformer")
+    plan = coop.plan(meta_model, 1.0, meta_batch, loss_fn=loss_fn, device="cpu", formulation="store-all")
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    document = json.loads(path.read_text())
+    assert document["versions"] == {"torch": importlib.metadata.version("torch"),
+                                     "transformers": transformers.__version__}
+    other, _, _ = build("transformer", layers=1)  # another model: the digest differs
+    with pytest.raises(CoopError) as same_versions:
+        coop.load_plan(path, other, loss_fn=loss_fn)
+    assert "was saved under" not in str(same_versions.value)
+    document["versions"]["transformers"] = "0.0.1"
+    path.write_text(json.dumps(document))
+    with pytest.raises(CoopError) as caught:
+        coop.load_plan(path, other, loss_fn=loss_fn)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"saved under transformers 0.0.1 and this process runs {transformers.__version__}" in message

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.metadata
 import json
 import warnings
 from collections import Counter
@@ -247,6 +248,7 @@ class Plan(BasePlan):
             "layout": _layout_document(self.captured),
             "steps": [s.model_dump(exclude_none=True) for s in self.schedule.steps],
             "alternatives": "alternatives" in self.captured.graph.meta,
+            "versions": library_versions(),
             "summary": self.summary(),
         }
         if self.captured.context is not None:  # what the capture depends on, to name it when a load differs
@@ -875,7 +877,8 @@ def load_plan(path: str | Path, model: nn.Module, loss_fn: LossFn | None = None)
             raise ContextError(f"plan {path} was captured in another training context ({'; '.join(changed)}); load it "
                                "in the context it was made in, or make a new plan with coop.plan")
         raise CoopError(f"plan {path} was made for a different model or batch shape (graph digest differs"
-                        f"{op_difference(document['graph'], captured.graph)}); make a new plan with coop.plan")
+                        f"{op_difference(document['graph'], captured.graph)}"
+                        f"{version_difference(document.get('versions'))}); make a new plan with coop.plan")
     schedule = Schedule(steps=tuple(Step.model_validate(s) for s in document["steps"]))
     return Plan(module, captured, schedule, int(document["budget"]), document["formulation"], loss_fn=loss_fn,
                 wrapper=wrapper)
@@ -895,6 +898,52 @@ def op_counts(graph: Graph) -> dict[str, int]:
         Op name (``""`` for a node without one) to its count, sorted by name.
     """
     return dict(sorted(Counter(node.op or "" for node in graph.nodes).items()))
+
+
+#: The libraries whose versions decide the traced program: torch's dispatch and decompositions, and a model
+#: library's Python (transformers 5.17 and 5.24 trace Llama's rotary embedding and causal mask differently).
+TRACED_LIBRARIES = ("torch", "transformers")
+
+
+def library_versions() -> dict[str, str]:
+    """The installed versions of :data:`TRACED_LIBRARIES` (those installed), saved with a plan.
+
+    Returns
+    -------
+    dict
+        Library name -> version string.
+    """
+    versions = {}
+    for name in TRACED_LIBRARIES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def version_difference(saved: dict[str, str] | None) -> str:
+    """The traced libraries whose versions differ from a saved plan's, for :func:`load_plan`'s refusal.
+
+    Parameters
+    ----------
+    saved : dict or None
+        The plan file's ``versions`` (None: a plan saved before they were recorded).
+
+    Returns
+    -------
+    str
+        ``"; the plan was saved under transformers 5.24.0 and this process runs 5.17.0 (...)"``, or ``""``.
+    """
+    if not saved:
+        return ""
+    now = library_versions()
+    differing = [f"{name} {saved[name]} and this process runs {now.get(name, 'none')}" for name in TRACED_LIBRARIES
+                 if name in saved and saved[name] != now.get(name)]
+    if not differing:
+        return ""
+    return (f"; the plan was saved under {'; '.join(differing)} (another version may trace another program: plan "
+            "and train with the same versions)")
 
 
 def op_difference(saved: dict[str, Any], graph: Graph) -> str:
