@@ -144,7 +144,7 @@ class MoccasinOptions(SolverOptions):
     seed: int | None = None
     prove: bool | None = None
     lp_warm_start: bool | None = None
-    local_search: bool | None = None
+    local_search: float | None = None  # the share of the time limit before CP-SAT (moccasin.moccasin)
     cp_sat_parameters: Mapping[str, Any] | None = None
     order: str | None = None
 
