@@ -64,10 +64,6 @@ def run(quick: bool = False) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    import argparse
     import json
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    print(json.dumps(run(quick=args.quick), indent=1))
+    print(json.dumps(run(quick="--quick" in sys.argv), indent=1))

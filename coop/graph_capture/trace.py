@@ -320,26 +320,8 @@ def _functionalize_batch_norm(graph: fx.Graph) -> None:
         x, weight, bias, running_mean, running_var, training, momentum, eps = node.args
         if not training or running_mean is None or running_var is None:
             continue
-        with graph.inserting_after(node):
-            functional = graph.call_function(
-                aten._native_batch_norm_legit_functional.default,
-                (x, weight, bias, running_mean, running_var, True, momentum, eps),
-            )
-            functional.meta = dict(node.meta)
-        node.replace_all_uses_with(functional)
-        graph.erase_node(node)
-        with graph.inserting_after(functional):
-            new_mean = graph.call_function(operator.getitem, (functional, 3))
-        with graph.inserting_after(new_mean):
-            new_var = graph.call_function(operator.getitem, (functional, 4))
-        fake_out = functional.meta["val"]
-        fake_mean = running_mean.meta["val"].clone()
-        fake_var = running_var.meta["val"].clone()
-        functional.meta["val"] = (*fake_out, fake_mean, fake_var)
-        new_mean.meta["val"], new_var.meta["val"] = fake_mean, fake_var
-        # Readers after this op saw the mutated statistics: they now read the new values.
-        _redirect_later_uses(graph, running_mean, new_mean, after=new_var)
-        _redirect_later_uses(graph, running_var, new_var, after=new_var)
+        _with_statistics_as_values(graph, node, aten._native_batch_norm_legit_functional.default,
+                                   (x, weight, bias, running_mean, running_var, True, momentum, eps), 3)
 
 
 def _functionalize_vendor_batch_norm(graph: fx.Graph) -> None:
@@ -356,19 +338,30 @@ def _functionalize_vendor_batch_norm(graph: fx.Graph) -> None:
         if not training or running_mean is None or running_var is None:
             continue  # eval mode reads the statistics only
         functional_op, kernel_outputs = FUNCTIONAL_FORM[node.target]
-        with graph.inserting_after(node):
-            functional = graph.call_function(functional_op, (x, weight, bias, running_mean, running_var, momentum, eps))
-        node.replace_all_uses_with(functional)
-        fake_mean, fake_var = running_mean.meta["val"].clone(), running_var.meta["val"].clone()
-        functional.meta = {**node.meta, "val": (*node.meta["val"][:kernel_outputs], fake_mean, fake_var)}
-        graph.erase_node(node)
-        with graph.inserting_after(functional):
-            new_mean = graph.call_function(operator.getitem, (functional, kernel_outputs))
-        with graph.inserting_after(new_mean):
-            new_var = graph.call_function(operator.getitem, (functional, kernel_outputs + 1))
-        new_mean.meta["val"], new_var.meta["val"] = fake_mean, fake_var
-        _redirect_later_uses(graph, running_mean, new_mean, after=new_var)
-        _redirect_later_uses(graph, running_var, new_var, after=new_var)
+        _with_statistics_as_values(graph, node, functional_op,
+                                   (x, weight, bias, running_mean, running_var, momentum, eps), kernel_outputs)
+
+
+def _with_statistics_as_values(graph: fx.Graph, node: fx.Node, functional_op: Any, args: tuple,
+                               kernel_outputs: int) -> None:
+    """Replace the batch norm ``node`` (args: x, weight, bias, running_mean, running_var, ...) by ``functional_op``
+    on ``args``, whose outputs are ``node``'s first ``kernel_outputs`` and then the new running mean and variance,
+    each taken by a getitem that later readers of the old statistics read instead."""
+    running_mean, running_var = node.args[3], node.args[4]
+    with graph.inserting_after(node):
+        functional = graph.call_function(functional_op, args)
+    node.replace_all_uses_with(functional)
+    fake_mean, fake_var = running_mean.meta["val"].clone(), running_var.meta["val"].clone()
+    functional.meta = {**node.meta, "val": (*node.meta["val"][:kernel_outputs], fake_mean, fake_var)}
+    graph.erase_node(node)
+    with graph.inserting_after(functional):
+        new_mean = graph.call_function(operator.getitem, (functional, kernel_outputs))
+    with graph.inserting_after(new_mean):
+        new_var = graph.call_function(operator.getitem, (functional, kernel_outputs + 1))
+    new_mean.meta["val"], new_var.meta["val"] = fake_mean, fake_var
+    # Readers after this op saw the mutated statistics: they now read the new values.
+    _redirect_later_uses(graph, running_mean, new_mean, after=new_var)
+    _redirect_later_uses(graph, running_var, new_var, after=new_var)
 
 
 def _redirect_later_uses(graph: fx.Graph, old: fx.Node, new: fx.Node, after: fx.Node) -> None:

@@ -637,11 +637,12 @@ def least_running_budget(graph: Graph, engine_at: Callable[[int], OnlineSimulato
     def runs(budget: int) -> bool:
         return run_engine(engine_at(budget)).status == "ok"
 
-    high = max(baseline_peak(graph), failed + 1)
+    peak = baseline_peak(graph)
+    high = max(peak, failed + 1)
     if not runs(high):
         return None
     low = failed
-    resolution = max(int(BUDGET_RESOLUTION * baseline_peak(graph)), 1)
+    resolution = max(int(BUDGET_RESOLUTION * peak), 1)
     while high - low > resolution:
         middle = (low + high) // 2
         if runs(middle):
