@@ -5,11 +5,11 @@
 CP-SAT on the interval model of :mod:`coop.formulations.monet_interval_model` hinted with the cheapest.
 
 1. The remat-only schedule: Moccasin (Bartan et al. 2023) on ``graph.remat_only()`` with
-   :data:`REMAT_SHARE` of the time limit and the caller's hints; on a graph without
+   :data:`REMAT_SHARE` of the time limit (:data:`REMAT_SHARE_LARGE` on large graphs) and the caller's hints; on a graph without
    implementations that *is* the problem, and Moccasin gets the whole limit and its result is returned.
 2. The lightest-implementation schedules: the graph with each node's lightest implementation fixed,
-   greedy eviction on it (with each of ``REBUILD_SIZE_PENALTIES``), and Moccasin (:data:`REMAT_SHARE`
-   again) where no remat-only schedule fits or it costs more than :data:`LIGHTEST_RUN_OVERHEAD`.
+   greedy eviction on it (with each of ``REBUILD_SIZE_PENALTIES``), and Moccasin (:data:`LIGHTEST_SHARE`
+   of the time limit, less where CP-SAT would keep under :data:`CP_SAT_SHARE`) where no remat-only schedule fits or it costs more than :data:`LIGHTEST_RUN_OVERHEAD`.
 3. The structured warm start (:mod:`coop.formulations.structured_warm_start`: keep the convolutions and
    products, rebuild the cheap rest just in time) on ``graph.remat_only()`` and with the lightest implementations.
 4. Greedy eviction that runs computes in place (:mod:`coop.formulations.monet_greedy`), with each penalty:
@@ -56,8 +56,20 @@ from coop.formulations.warm_start import Candidate, WarmStarts
 from coop.graph import Graph
 from coop.schedule import Schedule, Simulation, simulate
 
-#: The share of the time limit each Moccasin warm start may take.
+#: The share of the time limit the remat-only Moccasin warm start may take; REMAT_SHARE_LARGE from LARGE_GRAPH_NODES
+#: computed nodes on, where CP-SAT's interval model rarely improves on it within the limit. ResNet-50 b32 (780 nodes)
+#: at 1/3 of its peak, 60 s, 2 threads, three runs each (2026-11-26, after the local search became ~4x faster):
+#: 0.25 gave 12.55/12.16/11.88 %, 0.35 gave 12.55/11.88/12.18 %, 0.5 gave 11.85/11.91/11.85 % (CP-SAT kept the
+#: warm start in two of the three). On VGG-16 (114 nodes) and U-Net (315) CP-SAT is where monet gains.
 REMAT_SHARE = 0.35
+REMAT_SHARE_LARGE = 0.5
+LARGE_GRAPH_NODES = 500
+#: The share the lightest-implementation Moccasin run may take (only where the remat-only schedule does not fit or
+#: costs more than LIGHTEST_RUN_OVERHEAD), less where CP-SAT would keep under CP_SAT_SHARE of the time limit. At
+#: 0.25 (2026-11-26, bench_monet at 30 s) VGG-16 at 0.5 of its peak, below the remat-only floor, got 3.91 % where
+#: 0.35 had given 2.44 %.
+LIGHTEST_SHARE = 0.35
+CP_SAT_SHARE = 0.25
 #: Moccasin also runs on the lightest implementations where the remat-only schedule costs more than this overhead.
 LIGHTEST_RUN_OVERHEAD = 0.15
 #: The share of the time limit kept for the last polish of the result: on ResNet-50 b32 at 1/3 one pass over
@@ -163,7 +175,8 @@ def monet_warm_starts(graph: Graph, budget: int, hints: list[Any], exact: bool, 
     recompute : bool
         Build the recomputing warm starts; without it only compute-once schedules are accepted.
     time_limit : float
-        The formulation's time limit; each Moccasin run takes :data:`REMAT_SHARE` of it.
+        The formulation's time limit; the Moccasin runs take :data:`REMAT_SHARE` (:data:`REMAT_SHARE_LARGE`) and
+        :data:`LIGHTEST_SHARE` of it (see there).
     threads : int
         Solver threads.
 
@@ -172,11 +185,13 @@ def monet_warm_starts(graph: Graph, budget: int, hints: list[Any], exact: bool, 
     list of Candidate
         The ``(name, schedule, simulation)`` of each warm start that fits and MONeT may start from.
     """
+    started = time.perf_counter()
     raw: list[tuple[str, Schedule | None]] = []
     choices = lightest_choices(graph, exact)
     fixed = fixed_impl_graph(graph, choices)
     if recompute:
-        remat = _moccasin(graph.remat_only(), budget, REMAT_SHARE * time_limit, threads, hints)
+        share = REMAT_SHARE_LARGE if len(graph.order) >= LARGE_GRAPH_NODES else REMAT_SHARE
+        remat = _moccasin(graph.remat_only(), budget, share * time_limit, threads, hints)
         raw.append(("moccasin (remat only)", remat))
         for penalty in REBUILD_SIZE_PENALTIES:
             raw.append((f"greedy eviction (lightest implementations{_penalised(penalty)})",
@@ -187,9 +202,11 @@ def monet_warm_starts(graph: Graph, budget: int, hints: list[Any], exact: bool, 
         # at U-Net 1/3 (remat-only 30.5 %) it is the start from which CP-SAT reached 15.8 % (22.6 % without it).
         remat_sim = None if remat is None else simulate(graph, remat)
         costly = remat_sim is None or remat_sim.peak > budget or remat_sim.overhead > LIGHTEST_RUN_OVERHEAD
+        left = (1 - CP_SAT_SHARE) * time_limit - (time.perf_counter() - started)
         if costly and any(c is not None for c in choices.values()):
             raw.append(("moccasin (lightest implementations)",
-                        _with(_moccasin(fixed, budget, REMAT_SHARE * time_limit, threads, []), choices)))
+                        _with(_moccasin(fixed, budget, min(LIGHTEST_SHARE * time_limit, left), threads, []),
+                              choices)))
         # keep the convolutions, rebuild the cheap rest just in time (coop.formulations.structured_warm_start), on the
         # remat-only graph and with the lightest implementations
         raw.append(("structured (remat only)", cheap_recompute_schedule(graph.remat_only())))
@@ -318,4 +335,5 @@ def _choices(graph: Graph, schedule: Schedule | None) -> dict[str, Any]:
     return {"implementations": [f"{node}:{impl}" for node, impl in used], "inexact_implementations": inexact}
 
 
-__all__ = ["POLISH_SHARE", "REMAT_SHARE", "monet_intervals"]
+__all__ = ["CP_SAT_SHARE", "LARGE_GRAPH_NODES", "LIGHTEST_SHARE", "POLISH_SHARE", "REMAT_SHARE", "REMAT_SHARE_LARGE",
+           "monet_intervals"]
