@@ -438,7 +438,8 @@ def _blank_row(case: Case, device: str) -> dict[str, Any]:
             "step_ms": None, "eager_ms": None, "vs_eager": None, "first_step_ms": None, "static_same_ms": None,
             "later_vs_static": None, "grads_equal": None, "nodes": None,
             "capture_s": None, "plan_s": None, "pages": None, "recomputations": None, "note": None,
-            "last_phase": None, "last_frame": None, "budget_bytes": None, "reserved_vs_budget": None}
+            "last_phase": None, "last_frame": None, "budget_bytes": None, "reserved_vs_budget": None,
+            "allocator": None}
 
 
 # ============================================================================ the verdict
@@ -774,6 +775,7 @@ def _measure(row: dict[str, Any], meter: Any, first: Callable[[], None], warm: C
         if key in measured:
             row[key] = measured[key] + caller_owned
     row["host"] = measured.get("host")
+    row["allocator"] = measured.get("allocator")
     row["allocated_vs_predicted"] = round(row["allocated"] / predicted, 4)
     if row["reserved"] is not None:
         row["reserved_vs_predicted"] = round(row["reserved"] / predicted, 4)
@@ -783,8 +785,18 @@ def _measure(row: dict[str, Any], meter: Any, first: Callable[[], None], warm: C
         row["no_scratch_vs_predicted"] = round(row["allocated_no_scratch"] / predicted, 4)
 
 
+#: The caching allocator's counters a CUDA row keeps in ``allocator`` (JSON only), to tell where reserved bytes
+#: above the live ones go: ``inactive_split_bytes`` (free pieces of split blocks: fragmentation), the segments,
+#: the retries (a cudaMalloc failed and the cache was flushed), and the largest active bytes (live blocks,
+#: counted until the allocator takes them back: a block under ``record_stream`` stays active until its stream's
+#: work is done).
+ALLOCATOR_STATS = ("active_bytes.all.peak", "allocated_bytes.all.peak", "reserved_bytes.all.peak",
+                   "inactive_split_bytes.all.peak", "segment.all.peak", "num_alloc_retries", "num_device_alloc")
+
+
 class CudaMeter:
-    """The caching allocator's own counters (see the module docstring: allocated, reserved)."""
+    """The caching allocator's own counters (see the module docstring: allocated, reserved, and ``allocator``:
+    :data:`ALLOCATOR_STATS` of the warm step, from ``torch.cuda.memory_stats``)."""
 
     def measure(self, first: Callable[[], None], warm: Callable[[], None]) -> dict[str, int]:
         torch.cuda.synchronize()
@@ -796,8 +808,10 @@ class CudaMeter:
         torch.cuda.reset_peak_memory_stats()
         warm()
         torch.cuda.synchronize()
+        stats = torch.cuda.memory_stats()
         return {"allocated": torch.cuda.max_memory_allocated() - before,
-                "reserved": torch.cuda.max_memory_reserved() - before}
+                "reserved": torch.cuda.max_memory_reserved() - before,
+                "allocator": {key: stats.get(key) for key in ALLOCATOR_STATS}}
 
 
 class CpuMeter:

@@ -11,20 +11,23 @@ the caching allocator's documented contract, not from coop.runtime.copy_stream:
 - two accesses of one storage, one of them a write, are ordered by happens-before (a paged-in value's
   consumer after its H2D copy, a page-out's D2H copy after the value's producer, a page-in's read of
   the host copy after the D2H copy that wrote it);
-- a storage used on a stream other than the one it was allocated on is ``record_stream``'ed onto that
-  stream (otherwise the caching allocator may hand its block to another tensor while that stream
-  still reads it: torch.Tensor.record_stream's documentation), or its own stream waits for that use
-  before it enqueues anything else (then every later kernel of that stream, the block's next user
-  among them, is ordered after the use; the replay drops a value only after the call that paged it).
+- a storage used on a stream other than the one it was allocated on is waited for by its own stream
+  before the storage is freed: the caching allocator hands a freed block (one without
+  ``record_stream``, which the protocol no longer uses) to the next allocation on the stream it was
+  allocated on at once, and only that stream's later kernels are ordered after what it waited for
+  (torch.Tensor.record_stream's documentation: "the caching allocator ... may reuse the memory
+  immediately ... on the allocating stream"). The log learns when a storage is freed from a
+  finalizer on its Python object, which PyTorch keeps as long as any tensor holds the storage.
 
-The mutation checks drop one wait or one ``record_stream`` at a time and require a violation, so the
-oracle is not vacuous; the random-schedule test requires no violation and bit-identical results.
+The mutation checks drop one wait at a time and require a violation, so the oracle is not vacuous;
+the random-schedule test requires no violation and bit-identical results.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +42,7 @@ import coop
 from coop import Schedule, Step, capture, simulate
 from coop.errors import CoopError
 from coop.runtime.executor import Executor
+from coop.runtime.program_builder import unread_page_ins
 from coop.zoo import build
 
 # ---------------------------------------------------------------- the recording fake of the stream API
@@ -72,22 +76,39 @@ class RecordingStreams:
     """A :class:`coop.runtime.copy_stream.StreamAPI` on CPU tensors that logs what a CUDA run would enqueue.
 
     It refuses what torch.cuda refuses: a stream of a CPU device (``current_stream(cpu)``, ``Stream(cpu)``: torch's
-    ValueError, from torch's own check) and ``record_stream`` of a CPU tensor (torch's NotImplementedError). This
-    machine has no GPU, so the replay's tensors are CPU tensors: ``stand_in`` names the device whose tensors play
-    ``cuda:0`` in a recorded run (the CPU by default; None: none does, and every CPU tensor is refused as a CUDA
-    build of torch refuses it). ``drop_wait`` / ``drop_record_stream``: the index of one call to leave out (a
-    mutant protocol)."""
+    ValueError, from torch's own check). This machine has no GPU, so the replay's tensors are CPU tensors:
+    ``stand_in`` names the device whose tensors play ``cuda:0`` in a recorded run (the CPU by default; None: none
+    does, and every CPU tensor is refused as a CUDA build of torch refuses it). ``drop_wait``: the index of one
+    call to leave out (a mutant protocol). :meth:`key` names storages for the log, which records when each
+    is freed."""
 
     drop_wait: int | None = None
-    drop_record_stream: int | None = None
     stand_in: torch.device | None = _CPU
     log: list = field(default_factory=list, repr=False)
     waits: int = 0
-    record_streams: int = 0
 
     def __post_init__(self) -> None:
         self.compute = FakeStream("compute")
         self.current = self.compute
+        self._keys: dict[int, int] = {}
+        self._next_key = itertools.count()
+
+    def key(self, tensor: torch.Tensor) -> tuple[int, bool]:
+        """A name for ``tensor``'s storage, unique over the run, and whether it is new (first seen now); its
+        free is logged as ``("free", key)`` when the last tensor on it goes."""
+        storage = tensor.untyped_storage()
+        known = self._keys.get(storage._cdata)
+        if known is not None:
+            return known, False
+        key = next(self._next_key)
+        self._keys[storage._cdata] = key
+        weakref.finalize(storage, self._freed, storage._cdata, key)
+        return key, True
+
+    def _freed(self, cdata: int, key: int) -> None:
+        if self._keys.get(cdata) == key:
+            del self._keys[cdata]
+        self.log.append(("free", key))
 
     def cuda_device(self, device: torch.device) -> torch.device:
         """The CUDA device torch.cuda would see for ``device``: ``cuda:0`` for the stand-in, else torch's own check."""
@@ -121,44 +142,28 @@ class RecordingStreams:
         if self.waits - 1 != self.drop_wait:
             self.log.append(("wait", stream, event))
 
-    def record_stream(self, tensor: torch.Tensor, stream: FakeStream) -> None:
-        if tensor.device != self.stand_in and tensor.device.type != "cuda":
-            raise NotImplementedError(f"Could not run 'aten::record_stream' with arguments from the "
-                                      f"'{tensor.device.type.upper()}' backend.")
-        self.record_streams += 1
-        if self.record_streams - 1 != self.drop_record_stream:
-            self.log.append(("record_stream", _storage(tensor), stream))
-
-
-def _storage(tensor: torch.Tensor) -> int:
-    return tensor.untyped_storage()._cdata
-
 
 class AccessLog(TorchDispatchMode):
-    """Logs each aten op with the fake stream it is issued on and the storages it reads, writes and allocates.
-
-    Every tensor seen is kept alive until the mode is dropped, so a storage key is never reused."""
+    """Logs each aten op with the fake stream it is issued on and the storages it reads, writes and allocates
+    (named by :meth:`RecordingStreams.key`, which logs their frees)."""
 
     def __init__(self, streams: RecordingStreams) -> None:
         super().__init__()
         self.streams = streams
-        self.seen: set[int] = set()
-        self.keep: list[torch.Tensor] = []
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if func.is_view:  # metadata only: no kernel touches memory
             return out
-        inputs = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
-        outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-        self.keep += inputs + outputs
+        key = self.streams.key
+        inputs = {key(a)[0] for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)}
+        outputs = dict(key(t) for t in tree_leaves(out) if isinstance(t, torch.Tensor))
         allocating_only = "empty" in func.__name__  # empty_like(x) reads x's shape, not its memory, and writes nothing
-        written = {_storage(a) for a, spec in _mutable_arguments(func, args, kwargs)}
-        reads = set() if allocating_only else {_storage(t) for t in inputs}
-        allocs = {_storage(t) for t in outputs} - self.seen - {_storage(t) for t in inputs}
-        writes = written | (set() if allocating_only else {_storage(t) for t in outputs})
-        self.seen |= {_storage(t) for t in inputs} | allocs
+        written = {key(a)[0] for a, spec in _mutable_arguments(func, args, kwargs)}
+        reads = set() if allocating_only else inputs
+        allocs = {k for k, new in outputs.items() if new}
+        writes = written | (set() if allocating_only else set(outputs))
         self.streams.log.append(("op", self.streams.current, reads - written, writes, allocs, str(func)))
         return out
 
@@ -185,20 +190,26 @@ class _Access:
 
 
 def violations(log: list, compute: FakeStream) -> list[str]:
-    """Every race and every unprotected cross-stream use in a recorded log (empty: the protocol holds)."""
+    """Every race and every cross-stream use not waited for before a free in a recorded log (empty: it holds)."""
     clocks: dict[FakeStream, dict] = {}
     event_clock: dict[FakeEvent, dict] = {}
     accesses: dict[int, list[_Access]] = {}
     allocated_on: dict[int, FakeStream] = {}
-    recorded: set[tuple[int, FakeStream]] = set()
-    used_on: dict[tuple[int, FakeStream], str] = {}
-    last_use: dict[tuple[int, FakeStream], int] = {}  # the user stream's clock at its latest use of the storage
-    waited: set[tuple[int, FakeStream]] = set()  # uses the allocating stream waited for before its next op
-    unwaited: set[tuple[int, FakeStream]] = set()  # ... or did not
+    last_use: dict[tuple[int, FakeStream], tuple[int, str]] = {}  # (storage, user) -> user's clock, what
     found: list[str] = []
 
     def clock_of(stream: FakeStream) -> dict:
         return clocks.setdefault(stream, {})
+
+    def check_waited(key: int, when: str) -> None:
+        """The storage's own stream must have waited for every foreign use of it by now."""
+        owner = allocated_on.get(key, compute)
+        for (used, user), (tick, what) in list(last_use.items()):
+            if used == key:
+                if clock_of(owner).get(user, 0) < tick:
+                    found.append(f"storage {key} (allocated on {owner.name}) used by {what} and {when} before "
+                                 f"{owner.name} waited for that use")
+                del last_use[(used, user)]
 
     for index, entry in enumerate(log):
         kind = entry[0]
@@ -210,15 +221,11 @@ def violations(log: list, compute: FakeStream) -> list[str]:
             clock = clock_of(stream)
             for other, tick in event_clock.get(event, {}).items():
                 clock[other] = max(clock.get(other, 0), tick)
-        elif kind == "record_stream":
-            recorded.add((entry[1], entry[2]))
+        elif kind == "free":
+            check_waited(entry[1], f"freed (log entry {index})")
         elif kind == "op":
             _, stream, reads, writes, allocs, name = entry
             clock = clock_of(stream)
-            for (key, user), tick in list(last_use.items()):  # this op comes after every pending foreign use
-                if allocated_on.get(key, compute) is stream:
-                    (waited if clock.get(user, 0) >= tick else unwaited).add((key, user))
-                    del last_use[(key, user)]
             clock[stream] = clock.get(stream, 0) + 1
             for key in allocs:  # the block may have served work queued earlier on this stream: a write for the oracle
                 allocated_on[key] = stream
@@ -232,14 +239,9 @@ def violations(log: list, compute: FakeStream) -> list[str]:
                         found.append(f"race on storage {key}: {before.what} and {now.what}")
                 accesses.setdefault(key, []).append(now)
                 if stream is not allocated_on.get(key, compute):
-                    used_on.setdefault((key, stream), now.what)
-                    last_use[(key, stream)] = clock[stream]
-    for (key, user), tick in last_use.items():  # no op of the allocating stream after: its final clock decides
-        (waited if clock_of(allocated_on.get(key, compute)).get(user, 0) >= tick else unwaited).add((key, user))
-    for (key, stream), what in used_on.items():
-        if (key, stream) not in recorded and ((key, stream) in unwaited or (key, stream) not in waited):
-            found.append(f"storage {key} (allocated on {allocated_on.get(key, compute).name}) used by {what} "
-                         f"without record_stream onto {stream.name} or a wait for it before its stream goes on")
+                    last_use[(key, stream)] = (clock[stream], now.what)
+    for key in {used for used, _ in last_use}:  # alive at the end: the caller's next work runs on its stream
+        check_waited(key, "still held at the end of the step")
     return found
 
 
@@ -287,7 +289,7 @@ def pageable(graph) -> list[int]:
 def hand_schedule(graph, victims: int) -> Schedule:
     """Baseline order; ``victims`` values with distinct first readers paged out right after their compute and
     paged in one compute before their first reader (that compute runs while the copy may still be writing), so
-    every wait and every ``record_stream`` of the protocol is the only one ordering its copy."""
+    every wait of the protocol is the only one ordering its copy."""
     chosen: list[int] = []
     first_readers: set[int] = set()
     for value in sorted(pageable(graph), key=lambda v: -graph.node(v).mem):
@@ -321,19 +323,67 @@ def test_hand_schedules_keep_the_protocol_and_every_wait_is_needed(captured_mode
     assert all(torch.equal(a, b) for a, b in zip(outputs, eager(captured_model), strict=True))
     assert violations(streams.log, streams.compute) == []
     # two waits per page-out (side after the producer, compute after the copy, before the block is freed) and two
-    # per page-in (side after the compute stream allocated its storage, compute before the first reader); one
-    # record_stream per page-in (the side stream writes a block of the compute stream's pool; a paged-out block
-    # is protected by the compute stream's wait instead): hand-counted from the schedule
-    assert streams.waits == 4 * victims and streams.record_streams == victims
+    # per page-in (side after the compute stream allocated its storage, compute before the first reader), no
+    # record_stream (the fake has none): hand-counted from the schedule
+    assert streams.waits == 4 * victims
     for dropped in range(streams.waits):
         mutant = RecordingStreams(drop_wait=dropped)
         run_recorded(captured_model, schedule, mutant)
-        assert any("race" in v or "or a wait for it" in v for v in violations(mutant.log, mutant.compute)), \
+        assert any("race" in v or "waited for that use" in v for v in violations(mutant.log, mutant.compute)), \
             f"wait {dropped} not needed?"
-    for dropped in range(streams.record_streams):
-        mutant = RecordingStreams(drop_record_stream=dropped)
-        run_recorded(captured_model, schedule, mutant)
-        assert any("without record_stream" in v for v in violations(mutant.log, mutant.compute)), dropped
+
+
+def unread_schedule(graph, freed: bool) -> tuple[Schedule, int]:
+    """Baseline order; one deterministic value paged out after its compute, paged in right away and, unread,
+    freed (``freed``) or not, then recomputed before its first reader (over the paged-in instance when not freed):
+    the page-in's copy is never read, so only the wait the replay emits for it orders it before its block returns
+    to the compute stream's pool. Returns it and the page-in's step."""
+    value = next(v for v in pageable(graph) if graph.node(v).recomputable and not graph.node(v).random
+                 and graph.order.index(_readers(graph, v)[0]) - graph.order.index(v) > 1)
+    steps: list[Step] = []
+    for node_id in graph.order:
+        if node_id == _readers(graph, value)[0]:
+            steps.append(Step(op="compute", node=value))  # recomputed (its inputs live on until then)
+        steps.append(Step(op="compute", node=node_id))
+        if node_id == value:
+            steps += [Step(op="page_out", node=value), Step(op="page_in", node=value)]
+            steps += [Step(op="free", node=value)] if freed else []
+    schedule = Schedule(steps=tuple(steps))
+    return schedule, next(i for i, step in enumerate(schedule.steps) if step.op == "page_in")
+
+
+@pytest.mark.parametrize("freed", [True, False], ids=["freed", "recomputed-over"])
+def test_a_page_in_dropped_unread_is_waited_for_before_its_block_returns(captured_model, freed: bool) -> None:
+    _, _, captured = captured_model
+    schedule, page_in_step = unread_schedule(captured.graph, freed)
+    simulate(captured.graph, schedule)  # legal
+    assert unread_page_ins(captured.graph, schedule) == {page_in_step}
+    streams = RecordingStreams()
+    outputs = run_recorded(captured_model, schedule, streams)
+    assert all(torch.equal(a, b) for a, b in zip(outputs, eager(captured_model), strict=True))
+    assert violations(streams.log, streams.compute) == []
+    assert streams.waits == 4  # page-out: side and compute; page-in: side, and compute at once (nothing reads it)
+    mutant = RecordingStreams(drop_wait=3)  # the compute stream's wait for the unread copy
+    run_recorded(captured_model, schedule, mutant)
+    assert any("freed" in v and "waited for that use" in v for v in violations(mutant.log, mutant.compute))
+
+
+def test_unread_page_ins_by_hand() -> None:
+    """a -> b -> c (the output), a paged out and in five times: read by b (step 2), freed unread (5), paged out
+    again (a page-out reads it: 9), recomputed over (11), left unread at the end (14); c's page-in (17) is read
+    as the step's output."""
+    graph = coop.Graph.model_validate({"nodes": [
+        {"id": 0, "name": "x", "kind": "input", "mem": 4, "cost": 0.0},
+        {"id": 1, "name": "a", "inputs": [0], "mem": 4, "cost": 1.0},
+        {"id": 2, "name": "b", "inputs": [1], "mem": 4, "cost": 1.0},
+        {"id": 3, "name": "c", "inputs": [2], "mem": 4, "cost": 1.0},
+    ], "outputs": [3]})
+    ops = [("compute", 1), ("page_out", 1), ("page_in", 1), ("compute", 2), ("page_out", 1), ("page_in", 1),
+           ("free", 1), ("compute", 1), ("page_out", 1), ("page_in", 1), ("page_out", 1), ("page_in", 1),
+           ("compute", 1), ("page_out", 1), ("page_in", 1), ("compute", 3), ("page_out", 3), ("page_in", 3)]
+    schedule = Schedule(steps=tuple(Step(op=op, node=node) for op, node in ops))
+    simulate(graph, schedule)  # legal
+    assert unread_page_ins(graph, schedule) == {5, 11, 14}
 
 
 def test_the_compute_stream_waits_at_the_first_reader_not_at_the_page_in(captured_model) -> None:
@@ -493,17 +543,12 @@ def test_plan_refuses_copy_stream_on_cpu_before_solving() -> None:
 
 def test_the_fake_refuses_a_cpu_device_as_torch_cuda_does() -> None:
     """torch.cuda.current_stream(cpu) and torch.cuda.Stream(cpu) raise this ValueError on a CUDA build (measured on
-    an H100, issue 22; both go through torch.cuda._utils._get_device_index, which the fake calls); record_stream of
-    a CPU tensor has no CPU kernel (the NotImplementedError is this CPU build's own, checked below)."""
+    an H100, issue 22; both go through torch.cuda._utils._get_device_index, which the fake calls)."""
     strict = RecordingStreams(stand_in=None)
     cpu = torch.device("cpu")
     for call in (strict.current_stream, strict.new_stream):
         with pytest.raises(ValueError, match="^Expected a cuda device, but got: cpu$"):
             call(cpu)
-    with pytest.raises(NotImplementedError, match="Could not run 'aten::record_stream' with arguments from the 'CPU'"):
-        strict.record_stream(torch.zeros(2), FakeStream("side"))
-    with pytest.raises(NotImplementedError, match="Could not run 'aten::record_stream' with arguments from the 'CPU'"):
-        torch.zeros(2).record_stream(torch.Stream(device="cpu"))  # what torch itself says
     assert strict.current_stream(torch.device("cuda", 0)) is strict.compute  # a CUDA device is accepted
     with pytest.raises(ValueError, match="Expected a cuda device, but got: meta"):
         RecordingStreams().new_stream(torch.device("meta"))  # only the stand-in plays cuda:0

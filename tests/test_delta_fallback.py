@@ -149,3 +149,31 @@ def test_delta_fallback_on_a_copy_stream_keeps_its_protocol_and_eagers_results()
     # online step and in the replay, none elsewhere on the compute stream
     compute_waits = [entry for entry in streams.log if entry[0] == "wait" and entry[1] is streams.compute]
     assert swaps > 0 and 0 < len(compute_waits) <= 2 * (page_ins + swaps)
+
+
+@pytest.mark.parametrize("drop_wait", [None, 3])
+def test_a_page_in_the_engine_drops_unread_is_waited_for_before_its_block_returns(drop_wait: int | None) -> None:
+    """The online step forgets a value whose page-in is still queued on the copy stream (a prefetch that an
+    eviction overtook): the compute stream must wait for the copy before the value's block goes back to its pool
+    (the happens-before checker of tests/test_copy_stream.py sees the free). White-box: the engine's own
+    page-out, page-in and forget on one value; ``drop_wait=3`` drops that wait (the checker must object)."""
+    from coop.runtime.copy_stream import CopyStream
+    from coop.runtime.fallback import DeltaStep
+    from tests.test_copy_stream import AccessLog, RecordingStreams, violations
+
+    streams = RecordingStreams(drop_wait=drop_wait)
+    engine = DeltaStep.__new__(DeltaStep)  # only the copy-stream state that _forget reads
+    engine.copy_stream, engine._pending, engine.fx_names, engine.env = CopyStream(streams), {}, {7: ["v"]}, {}
+    with AccessLog(streams):
+        value = torch.arange(8.0) * 2  # made on the compute stream
+        paged = engine.copy_stream.page_out(value, pin=False)
+        del value
+        engine._pending[7] = engine.copy_stream.page_in(paged)
+        engine._forget(7)  # never read
+        gc.collect()
+    found = violations(streams.log, streams.compute)
+    assert streams.waits == 4  # page-out: 2; page-in: the side's, the compute's at forget
+    if drop_wait is None:
+        assert found == [] and 7 not in engine._pending
+    else:
+        assert any("freed" in v and "waited for that use" in v for v in found), found

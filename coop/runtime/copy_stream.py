@@ -15,9 +15,10 @@ host value of a CUDA step (a 0-d CPU scalar, the CPU philox seed of efficient at
 
 The protocol below has been checked only on CPU, against a recording fake of the stream/event API
 (``tests/test_copy_stream.py``: a happens-before checker over the recorded log, with a mutation
-check that removing any wait or ``record_stream`` is caught; the fake refuses a CPU device as
-torch.cuda does, and the replay's CPU tensors stand for ``cuda:0`` only where a test says so); its
-overlap and its effect on ``torch.cuda.max_memory_allocated`` have not been measured on CUDA yet.
+check that removing any wait is caught; the checker learns when each storage is freed, as the caching
+allocator does, and requires a block used on another stream to be waited for by its own stream before it
+is freed; the fake refuses a CPU device as torch.cuda does, and the replay's CPU tensors stand for
+``cuda:0`` only where a test says so).
 
 The protocol, for one compute stream ``C`` (the current stream when the step runs) and one side
 stream ``S`` per :class:`CopyStream`:
@@ -37,21 +38,26 @@ stream ``S`` per :class:`CopyStream`:
   current stream), from ``C``'s pool, where the value will be read and freed; an event recorded on
   ``C`` right after the allocation is waited for by ``S`` (the block may have served kernels queued
   on ``C`` before: the copy writes it only after them), the H2D copy runs ``non_blocking`` on ``S``,
-  ``record_stream(S)`` keeps the block from reuse until the copy has written it (should the value be
-  freed unread), and an event is recorded after the copy. :meth:`CopyStream.wait` is emitted by the
-  executor right before the first program op that reads the value (its first consumer, or a view of
-  it), as late as the schedule allows, so the copy overlaps the compute in between: ``C`` waits on
-  the event. An earlier protocol allocated the storage inside ``torch.cuda.stream(S)`` (PyTorch's
-  ``recordStream`` workflow): blocks of ``S``'s pool, once freed, serve only ``S``'s allocations, so
-  the two pools together reserved more than the budget (DELTA's ResNet-50 step at 0.5 on an H200:
-  1.41x its budget reserved, 2026-11-26).
+  and an event is recorded after the copy. :meth:`CopyStream.wait` makes ``C`` wait on that event;
+  the replay calls it right before the first program op that reads the value (its first consumer, or
+  a view of it), as late as the schedule allows, so the copy overlaps the compute in between, and,
+  for a value freed unread, right before it drops the value. Either way ``C`` has waited for the copy
+  before the block can return to ``C``'s pool, so every later user of the block on ``C`` comes after
+  the copy: no ``record_stream``. An earlier protocol ``record_stream``'ed the storage onto ``S``:
+  the caching allocator then keeps a freed block until an event recorded on ``S`` *at the free*
+  completes, after every copy queued on ``S`` by then (the prefetches queued ahead among them), while
+  the host runs ahead of the device, so allocations in between reserved new blocks (suspected cause of
+  the copy-stream replays reserving 1.2-1.35x their budget on an H200, 2026-11-26; not yet measured
+  after this change). An earlier one still allocated the storage inside ``torch.cuda.stream(S)``
+  (PyTorch's ``recordStream`` workflow): blocks of ``S``'s pool, once freed, serve only ``S``'s
+  allocations, so the two pools together reserved more than the budget (DELTA's ResNet-50 step at
+  0.5 on an H200: 1.41x its budget reserved, 2026-11-26).
 - **the host copy**: a page-in reads the pinned host copy that a page-out wrote. Both copies are
   enqueued on the same stream ``S``, in schedule order, so the D2H copy completes before the H2D
   copy starts (stream order); no event is needed for it and the host never reads the copy.
 
 What a GPU run must still measure: the overlap itself (step time against copies on the compute
-stream); the real peak, since a block freed under ``record_stream`` counts as freed in
-``torch.cuda.max_memory_allocated`` while the allocator still holds it until the copy is done.
+stream), and the reserved bytes against the budget (bench_cuda's ``allocator`` counters).
 
 The stream API is injectable (:class:`StreamAPI`; :class:`TorchCudaStreams` is torch.cuda's), so
 the protocol is tested on CPU with a fake that records every record, wait and copy.
@@ -96,8 +102,6 @@ class StreamAPI(Protocol):
     def wait_event(self, stream: Any, event: Any) -> None:
         """Make ``stream``'s later work wait for ``event``'s last record."""
 
-    def record_stream(self, tensor: torch.Tensor, stream: Any) -> None:
-        """Tell the allocator that ``stream`` uses ``tensor``'s block."""
 
 
 class TorchCudaStreams:
@@ -118,8 +122,6 @@ class TorchCudaStreams:
     def wait_event(self, stream: Any, event: Any) -> None:
         stream.wait_event(event)
 
-    def record_stream(self, tensor: torch.Tensor, stream: Any) -> None:
-        tensor.record_stream(stream)
 
 
 @dataclass
@@ -187,9 +189,11 @@ class CopyStream:
         the side stream's pool would stay in that pool when freed, where no compute-stream allocation can reuse
         it, and the two pools together would reserve more than the budget (a DELTA ResNet-50 step on an H200
         reserved 1.41x its budget so). The side stream waits for an event recorded after the allocation (the
-        kernels that last used that block on the compute stream come first), and ``record_stream`` keeps the
-        block from reuse until the copy has written it. The D2H copy that wrote ``paged.host`` was queued earlier
-        on the same side stream, so stream order runs it first."""
+        kernels that last used that block on the compute stream come first). The caller must pass the result to
+        :meth:`wait` before the value is read or dropped, whichever comes first: then the compute stream has
+        waited for the copy before the block can serve anything else, and no ``record_stream`` holds the block
+        back. The D2H copy that wrote ``paged.host`` was queued earlier on the same side stream, so stream order
+        runs it first."""
         api = self.api
         host = paged.host
         compute, side = api.current_stream(host.device), self.side_stream(host.device)
@@ -199,13 +203,13 @@ class CopyStream:
         api.wait_event(side, allocated)
         with api.stream(side):
             value = page_in(host, non_blocking=True, storage=storage)
-        api.record_stream(storage, side)
         copied = api.new_event()
         copied.record(side)
         return PendingPageIn(value, copied)
 
     def wait(self, pending: PendingPageIn) -> torch.Tensor:
-        """The paged-in value, for the compute stream: emitted right before its first reader."""
+        """The paged-in value, for the compute stream: called right before its first reader, or before the replay
+        drops a value it never read (the block returns to the compute stream's pool only after this wait)."""
         api = self.api
         compute = api.current_stream(pending.value.device)
         api.wait_event(compute, pending.copied)  # its storage is the compute stream's own (page_in): no record_stream

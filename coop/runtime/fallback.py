@@ -262,7 +262,9 @@ class DeltaStep(DynamicStep, DeltaSimulator):
         return super()._value(name)
 
     def _forget(self, key: Hashable) -> None:
-        self._pending.pop(key, None)  # type: ignore[call-overload]
+        pending = self._pending.pop(key, None)  # type: ignore[call-overload]
+        if pending is not None:  # paged in and dropped unread: the block returns to the pool only after the copy
+            self.copy_stream.wait(pending)  # type: ignore[union-attr]
         super()._forget(key)
 
     def outputs(self) -> list[Any]:

@@ -76,10 +76,47 @@ class Unavailable:
 
 class _Deferred:
     """A paged-in value (or a view of one) whose program nodes are emitted at its first read (``emit_now``):
-    with a copy stream, the compute stream waits for the page-in's copy as late as the schedule allows."""
+    with a copy stream, the compute stream waits for the page-in's copy as late as the schedule allows.
+    ``waits``: emitting it is the compute stream's wait for the copy (not a view's re-derivation)."""
 
-    def __init__(self, emit_now: Any) -> None:
+    def __init__(self, emit_now: Any, waits: bool = False) -> None:
         self.emit_now = emit_now
+        self.waits = waits
+
+
+def unread_page_ins(graph: Graph, schedule: Schedule) -> set[int]:
+    """The indices of the ``page_in`` steps whose value no step reads before it is freed, paged out again or
+    recomputed (nor the step's outputs at the end): with a copy stream the replay waits for their copies at once,
+    since a value's block may return to the compute stream's pool only after the compute stream waited for the
+    copy into it (:mod:`coop.runtime.copy_stream`), and nothing reads it later to wait there.
+
+    Parameters
+    ----------
+    graph : Graph
+        The graph the schedule is legal on.
+    schedule : Schedule
+        The schedule replayed.
+
+    Returns
+    -------
+    set of int
+        Step indices; a page-out of the value counts as a read (it reads the value to copy it).
+    """
+    read_next = set(graph.outputs)  # values whose next event, walking back from the end, is a read
+    unread: set[int] = set()
+    for index in range(len(schedule.steps) - 1, -1, -1):
+        step = schedule.steps[index]
+        if step.op == "compute":
+            node = graph.node(step.node)
+            read_next.discard(step.node)  # a compute starts a new instance: the one before ends here
+            read_next.update(node.reads(node.implementation(step.impl)))
+        elif step.op == "free":
+            read_next.discard(step.node)
+        elif step.op == "page_out":
+            read_next.add(step.node)
+        elif step.node not in read_next:  # a page_in nobody reads
+            unread.add(index)
+    return unread
 
 
 def replayed_draws(graph: Graph, schedule: Schedule) -> set[int]:
@@ -127,6 +164,7 @@ class ProgramBuilder:
     def __init__(self, captured: Captured, graph: Graph, replayed: set[int],
                  copy_stream: CopyStream | None = None, host_pool: HostPool | None = None) -> None:
         self.copy_stream = copy_stream
+        self.waited_at_once: set[int] = set()  # page_in steps whose copy is waited for at once (set by run)
         self.host_pool = host_pool
         self.captured = captured
         self.schedule_graph = graph  # the coop Graph the schedule is legal on (random draws recomputable or not)
@@ -157,6 +195,7 @@ class ProgramBuilder:
             The replay program: the captured step's flat inputs in, its flat outputs out.
         """
         self.start()
+        self.waited_at_once = unread_page_ins(self.schedule_graph, schedule) if self.copy_stream is not None else set()
         for index, step in enumerate(schedule.steps):
             self.run_step(index, step)
         return self.finish()
@@ -225,6 +264,7 @@ class ProgramBuilder:
         """Emit the output node after the last step (the captured step's outputs, each looked up: a value the
         schedule left unavailable raises) and return the linted program as an fx.GraphModule."""
         outputs = [self.lookup(n) if n is not None else None for n in self.captured.output_nodes()]
+        self.wait_for_pending_copies()  # none are left where unread_page_ins saw every read: a safety net
         self.program.output(outputs)
         self.program.lint()
         return fx.GraphModule(self.captured.module, self.program)
@@ -325,10 +365,23 @@ class ProgramBuilder:
         overwrites, and by :meth:`page_out`. It emits nothing: fx frees a program value after its last use.
         """
         if node_id in self.optional_values:
+            self.wait_for_pending_copies([(self.optional_values, node_id)])
             self.optional_values[node_id] = Unavailable(why)
             return
+        self.wait_for_pending_copies([(self.env, node) for node in self.group(node_id)])
         for node in self.group(node_id):
             self.env[node] = Unavailable(why)
+
+    def wait_for_pending_copies(self, entries: list[tuple[dict, Any]] | None = None) -> None:
+        """Emit the compute stream's wait of each page-in in ``entries`` (``(store, key)``; None: every entry of
+        the program) whose value was never read: the block may return to the compute stream's pool only after its
+        copy (:mod:`coop.runtime.copy_stream`). A view that was never read is left unemitted."""
+        if entries is None:
+            entries = [(store, key) for store in (self.env, self.optional_values) for key in list(store)]
+        for store, key in entries:
+            value = store.get(key)
+            if isinstance(value, _Deferred) and value.waits:
+                value.emit_now()
 
     def page_out(self, index: int, node_id: int) -> None:
         """Step ``index``, ``page_out node_id``: emit a copy of the value to the host tier
@@ -370,7 +423,7 @@ class ProgramBuilder:
         if self.captured.graph.node(node_id).caller_owned:
             return
         if self.copy_stream is not None:
-            self.page_in_on_copy_stream(node_id)
+            self.page_in_on_copy_stream(index, node_id)
             return
         if node_id in self.optional_values:
             self.optional_values[node_id] = self.paged_in(node_id)
@@ -380,20 +433,25 @@ class ProgramBuilder:
         for node in self.rederived_views(node_id, base):
             self.emit(node)
 
-    def page_in_on_copy_stream(self, node_id: int) -> None:
-        """Queue the page-in's copy now; the compute stream's wait (and the value's views) come at its first read."""
+    def page_in_on_copy_stream(self, index: int, node_id: int) -> None:
+        """Queue the page-in's copy now; the compute stream's wait (and the value's views) come at its first read,
+        or at once where nothing reads it before it goes (:func:`unread_page_ins`)."""
         pending = self.program.call_function(self.copy_stream.page_in, (self.hosts.pop(node_id),))
 
         def wait_for(store: dict, key: Any) -> _Deferred:
             def emit_now() -> None:
                 store[key] = self.program.call_function(self.copy_stream.wait, (pending,))
-            return _Deferred(emit_now)
+            return _Deferred(emit_now, waits=True)
 
         if node_id in self.optional_values:
             self.optional_values[node_id] = wait_for(self.optional_values, node_id)
+            if index in self.waited_at_once:
+                self.wait_for_pending_copies([(self.optional_values, node_id)])
             return
         base = self.base_of(node_id)
         self.env[base] = wait_for(self.env, base)
+        if index in self.waited_at_once:
+            self.wait_for_pending_copies([(self.env, base)])
         group = set(self.group(node_id))
         for node in self.rederived_views(node_id, base):
             if all(a in group for a in node.all_input_nodes):  # a view of the value: emitted at its first read too
