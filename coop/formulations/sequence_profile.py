@@ -128,6 +128,19 @@ def sequence_profile(tables: SequenceTables, sequence: list[int]) -> SequencePro
 
 
 def sequence_cost(tables: SequenceTables, sequence: list[int]) -> float:
-    """The compute cost of ``sequence`` in graph units."""
+    """The compute cost of ``sequence`` in graph units.
+
+    Parameters
+    ----------
+    tables : SequenceTables
+        The problem's tables.
+    sequence : list of int
+        Node ids computed, in order.
+
+    Returns
+    -------
+    float
+        The sum of their costs (the graph's, not the scaled integers).
+    """
     cost = tables.cost
     return sum(cost[v] for v in sequence)
