@@ -174,7 +174,8 @@ def recompute_only_row(model: str, costs: str, graph: Graph, replay_graph: Graph
 def delta_row(model: str, costs: str, graph: Graph, replay_graph: Graph, fraction: float, budget: int,
               profile: str) -> dict[str, Any]:
     """delta on ``profile``, with the director's prices summed over the tensors it swapped, in % of the step:
-    the swaps' page-out + page-in, and DTR's e* for recomputing instead those of them that could be
+    the swaps' page-out + page-in, and the director's rebuild price (cost plus evicted ancestors) for
+    recomputing instead those of them that could be
     recomputed; ``forced_swaps`` counts the others (graph outputs, extra outputs of multi-output ops, kept
     random draws: values no recomputation-only policy may release)."""
     result = simulate_delta(graph, budget, profile)
@@ -252,7 +253,7 @@ def _reason(delta: dict[str, Any], profile: str) -> str:
             f"{100 * pageout_s / base:.3g}%; {delta['swaps']} swaps, {delta['prefetched']} page-ins prefetched) vs "
             f"{delta['best_recompute_only']}" + ("" if delta["best_recompute_only"].startswith("coop ") else f" (coop {coop})")
             + f"; the director priced its swaps at {delta['swap_price_pct']:.3g}% against "
-            f"{delta['swapped_recompute_price_pct']:.3g}% (e*) for recomputing the "
+            f"{delta['swapped_recompute_price_pct']:.3g}% (rebuild) for recomputing the "
             f"{delta['swaps'] - delta['forced_swaps']} of them that could be ({delta['forced_swaps']} forced)")
 
 
@@ -296,7 +297,7 @@ def summary(rows: list[dict[str, Any]], profile: str = PROFILE) -> list[str]:
                 f"{100 * r['recomputed_cost'] / r['baseline_cost']:.3g}% + exposed copy "
                 f"{100 * r['exposed_copy_s'] / r['baseline_cost']:.3g}% (decisions {r['decisions']}, "
                 f"{r['forced_swaps']} swaps forced; swaps priced {r['swap_price_pct']:.3g}% vs "
-                f"{r['swapped_recompute_price_pct']:.3g}% e*), coop "
+                f"{r['swapped_recompute_price_pct']:.3g}% rebuild), coop "
                 f"{'-' if r['coop_gap_pct'] is None else format(r['overhead_pct'] - r['coop_gap_pct'], '.4g')}%, "
                 f"gap {'-' if r['coop_gap_pct'] is None else format(r['coop_gap_pct'], '+.3g')} points"
                 for r in slow))
@@ -315,11 +316,11 @@ def _overpriced(rows: list[dict[str, Any]]) -> str:
     text = ""
     if chosen:
         text += (f" Of the {len(chosen)} finished delta rows that chose to swap tensors it could have recomputed and "
-                 f"still lost to the best recomputation-only policy or to Coop, in {len(over)} the e* the director put "
-                 "on those tensors alone (swapped_recompute_price_pct) exceeds the recomputation the whole run paid "
-                 "(recomputed_cost): e* adds each tensor's evicted neighbourhood, which one later recomputation "
-                 "rebuilds for many tensors at once, so it overstates the cost of recomputing and the director swaps "
-                 "where recomputing would have cost less.")
+                 f"still lost to the best recomputation-only policy or to Coop, in {len(over)} the rebuild price the "
+                 "director put on those tensors alone (swapped_recompute_price_pct) exceeds the recomputation the "
+                 "whole run paid (recomputed_cost): each tensor is priced with its evicted ancestors, which one later "
+                 "recomputation rebuilds for many tensors at once, so the price overstates the cost of recomputing "
+                 "and the director swaps where recomputing would have cost less.")
     if forced:
         text += (f" In {len(forced)} losing rows every swap was forced (values only delta may release: graph outputs, "
                  "extra outputs such as batch norm's saved statistics); in "
@@ -363,7 +364,8 @@ def run(quick: bool = False) -> dict[str, Any]:
         ("How DELTA's overhead is made (coop.online.delta_sim): the compute waits for every page-out (the "
          "allocation that needed the room is made once the copy has left), and a page-in is prefetched only into "
          "free memory, else paged in on demand; the director swaps a released tensor when its page-out plus "
-         "page-in take less than recomputing it (DTR's e* estimate). A copy takes the link's time whatever the "
+         "page-in take less than rebuilding it (its cost plus its evicted ancestors'; DTR's e*, which adds the evicted "
+         "descendants as well, made it swap more: a100 costs, 2 of 12 cells on 2026-11-26 18:16). A copy takes the link's time whatever the "
          "graph's costs, so the analytic costs (a nominal 1e11 FLOP/s: the step is "
          f"{min(ratios):.0f}-{max(ratios):.0f}x the A100-timed one here) give every copy that much more compute to "
          "hide behind than the A100 would.") + _overpriced(rows),

@@ -94,6 +94,52 @@ def test_the_director_takes_the_cheaper_action_and_recomputes_on_a_tie() -> None
     assert decide(math.inf, math.inf).action == "recompute" and decide(3.0, math.inf).price == 3.0
 
 
+class _Lineage:
+    """A hand-made DeltaView over a five-value lineage: gp -> p -> t -> d, and q -> t (q resident)."""
+
+    def __init__(self) -> None:
+        self.parents_of = {"gp": [], "p": ["gp"], "q": [], "t": ["p", "q"], "d": ["t"]}
+        self.costs = {"gp": 8.0, "p": 2.0, "q": 16.0, "t": 1.0, "d": 4.0}
+        self.evicted = {"gp", "p", "d"}
+
+    def recomputable(self, key: str) -> bool:
+        return True
+
+    def swappable(self, key: str) -> bool:
+        return True
+
+    def has_host_copy(self, key: str) -> bool:
+        return False
+
+    def parents(self, key: str) -> list[str]:
+        return self.parents_of[key]
+
+    def neighbours(self, key: str) -> list[str]:
+        return self.parents_of[key] + [child for child, ps in self.parents_of.items() if key in ps]
+
+    def is_evicted(self, key: str) -> bool:
+        return key in self.evicted
+
+    def cost(self, key: str) -> float:
+        return self.costs[key]
+
+
+def test_the_director_prices_a_recomputation_by_what_rebuilding_it_runs() -> None:
+    """Rebuilding t runs t (1) and its evicted ancestors p (2) and gp (8): 11; its resident parent q and its
+    evicted child d are not run (d needs t back whichever way t returns, so d's 4, which DTR's e* = 15 adds,
+    is common to both actions). A swap priced 13 (between 11 and 15) therefore loses to recomputing."""
+    from coop.online.policies import TensorInfo
+
+    view = _Lineage()
+    policy = DeltaPolicy(link(latency_out=6.5, bandwidth_out=1e30, latency_in=6.5, bandwidth_in=1e30))
+    info = TensorInfo("t", 8, 1.0, 0.0, True)
+    assert policy.recompute_seconds(info, view) == 11.0  # type: ignore[arg-type]
+    decision = policy.decide(info, view)  # type: ignore[arg-type]
+    assert decision.swap_s == pytest.approx(13.0) and decision.action == "recompute"
+    view.evicted = {"gp", "d"}  # p resident: rebuilding t stops there, gp is not run
+    assert policy.recompute_seconds(info, view) == 1.0  # type: ignore[arg-type]
+
+
 def test_a_fast_link_swaps_the_expensive_tensor_and_recomputes_the_cheap_big_one() -> None:
     """Two saved activations under one fast link (1 GB/s each way, 10 us): a big one (4 MB) that costs 1 ms
     to recompute, below its swap (2 x (10 us + 4 ms) = 8.02 ms), and a small one (1 MB, 2.02 ms to swap)
@@ -274,19 +320,22 @@ def gpt2() -> Graph:
 
 def test_on_a_slow_link_delta_recomputes_and_its_overhead_approaches_coops(gpt2: Graph) -> None:
     """a72 (POET's Raspberry Pi 4 paging to an SD card, 24.5 MB/s out, 45.5 MB/s in): at 0.9 to 0.6 of the
-    peak the director recomputes every release; delta's overhead is within 2 % of the step of Coop's, and
-    when its filter is denied the next uses (staleness alone, as Coop's) it *is* Coop's run, eviction for
-    eviction. On a100-pcie4 (32 GB/s) the same releases are mostly swapped, far below Coop's overhead."""
+    peak the director recomputes (nearly) every release and delta's overhead is at most 2 % of the step above
+    Coop's; when its filter is denied the next uses (staleness alone, as Coop's) it still recomputes (nearly)
+    every release and is at most 2 %
+    above Coop's (it prices a release by what rebuilding it runs, not by e*, so it may be below). On
+    a100-pcie4 (32 GB/s) the same releases are mostly swapped, far below Coop's overhead."""
     for fraction in (0.9, 0.8, 0.7, 0.6):
         budget = parse_budget(fraction, gpt2)
         coop = simulate_online(gpt2, budget, "coop")
         slow = simulate_delta(gpt2, budget, "a72")
         assert slow.status == coop.status == "ok"
         assert slow.recompute_decisions >= 0.9 * slow.evictions > 0
-        assert abs(slow.overhead - coop.overhead) <= 0.02, (fraction, slow.overhead, coop.overhead)
+        assert slow.overhead <= coop.overhead + 0.02, (fraction, slow.overhead, coop.overhead)
         blind = simulate_delta(gpt2, budget, "a72", next_use=False)
-        assert blind.swap_decisions == 0 and blind.schedule == coop.schedule
-        assert (blind.evictions, blind.overhead) == (coop.evictions, pytest.approx(coop.overhead))
+        assert blind.status == "ok" and blind.recompute_decisions >= 0.9 * blind.evictions > 0
+        assert blind.overhead <= coop.overhead + 0.02, (fraction, blind.overhead, coop.overhead)
+        assert validate(gpt2.with_random_replay(), blind.schedule, budget).ok
         fast = simulate_delta(gpt2, budget, "a100-pcie4")
         assert fast.status == "ok" and fast.swap_decisions > fast.recompute_decisions
         assert fast.overhead < coop.overhead and fast.host_peak >= fast.swapped_bytes / fast.swaps

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,6 +123,9 @@ class DeltaSimulator(OnlineSimulator):
 
     def has_host_copy(self, key: Hashable) -> bool:
         return key in self._host
+
+    def parents(self, key: Hashable) -> Iterable[Hashable]:
+        return self._inputs[key]  # type: ignore[index]
 
     def is_evicted(self, key: Hashable) -> bool:
         return key in self._ever and key not in self._resident and key not in self._host
