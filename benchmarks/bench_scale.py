@@ -5,6 +5,8 @@ parameters, batch 1, sequence 4096) at 8, 16 and 32 layers, built on the meta de
 for CUDA (:mod:`coop.graph_capture.meta`); each step is then planned at 50 % of its baseline peak by:
 
 * ``chen-sqrt`` and ``chen-greedy``: Chen et al.'s segment checkpointing (the segments baseline);
+* ``per-layer``: every decoder layer checkpointed, as Hugging Face's ``gradient_checkpointing_enable()`` does
+  (:mod:`coop.formulations.per_layer`: HiRemate's per-layer baseline);
 * ``blocks``: coop's repeated-block formulation (:mod:`coop.formulations.blocks`: the decoder layers solved once
   per budget share, composed, polished), ``BLOCKS_TIME`` seconds;
 * ``moccasin``: the flat Moccasin model over every node, ``MOCCASIN_TIME`` seconds (issue 27 asks for 30 minutes
@@ -60,7 +62,7 @@ def captured(layers: int, shape: dict[str, Any]) -> tuple[Any, float]:
 def methods(quick: bool) -> list[tuple[str, dict[str, Any]]]:
     """(formulation, options) of the compared methods."""
     blocks, moccasin = (QUICK_TIME, QUICK_TIME) if quick else (BLOCKS_TIME, MOCCASIN_TIME)
-    return [("chen-sqrt", {}), ("chen-greedy", {}),
+    return [("chen-sqrt", {}), ("chen-greedy", {}), ("per-layer", {}),
             ("blocks", {"time_limit": blocks, "threads": THREADS}),
             ("moccasin", {"time_limit": moccasin, "threads": THREADS})]
 

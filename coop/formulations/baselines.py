@@ -42,7 +42,7 @@ from coop.graph import Graph, Node
 from coop.schedule import Schedule, Simulation, Step, simulate
 
 __all__ = ["ForwardBackward", "checkpoint_all", "chen_greedy", "chen_sqrt", "forward_keep_backward_recompute",
-           "split_forward_backward", "store_all"]
+           "heuristic_result", "split_forward_backward", "store_all"]
 
 
 # -------------------------------------------------------------------- entry points
@@ -64,7 +64,7 @@ def store_all(graph: Graph, budget: int) -> SolveResult:
     """
     started = time.perf_counter()
     schedule = Schedule.from_order(graph.order)
-    return _result("store-all", graph, budget, schedule, started)
+    return heuristic_result("store-all", graph, budget, schedule, started)
 
 
 def checkpoint_all(graph: Graph, budget: int) -> SolveResult:
@@ -96,7 +96,7 @@ def checkpoint_all(graph: Graph, budget: int) -> SolveResult:
     started = time.perf_counter()
     split = split_forward_backward(graph, "checkpoint-all")
     schedule = forward_keep_backward_recompute(graph, split, keep=set(), free_recomputed=True)
-    return _result("checkpoint-all", graph, budget, schedule, started, checkpoints=[])
+    return heuristic_result("checkpoint-all", graph, budget, schedule, started, checkpoints=[])
 
 
 def chen_sqrt(graph: Graph, budget: int, *, use_articulation_points: bool = True) -> SolveResult:
@@ -145,7 +145,7 @@ def chen_sqrt(graph: Graph, budget: int, *, use_articulation_points: bool = True
         checkpoint_sets["articulation"] = [v for i, v in enumerate(cut_vertices, start=1) if i % stride == 0]
     # A fixed rule with no budget knob: the lower peak (then cost) wins, whatever the budget.
     best = _best_candidate(graph, split, 0, checkpoint_sets.items())
-    return _result("chen-sqrt", graph, budget, best.schedule, started, simulation=best.simulation,
+    return heuristic_result("chen-sqrt", graph, budget, best.schedule, started, simulation=best.simulation,
                    checkpoints=best.checkpoints, candidates=best.label)
 
 
@@ -205,7 +205,7 @@ def chen_greedy(
             label = f"articulation b={threshold:.6g}"
             checkpoint_sets.setdefault(tuple(_greedy_checkpoints(graph, split.forward, cut_vertices, threshold)), label)
     best = _best_candidate(graph, split, budget, ((label, list(kept)) for kept, label in checkpoint_sets.items()))
-    return _result(
+    return heuristic_result(
         "chen-greedy", graph, budget, best.schedule, started, simulation=best.simulation,
         checkpoints=best.checkpoints, candidates=best.label, thresholds_tried=len(checkpoint_sets),
     )
@@ -563,7 +563,7 @@ def _best_candidate(graph: Graph, split: ForwardBackward, budget: int,
 
 
 # -------------------------------------------------------------------- result
-def _result(
+def heuristic_result(
     formulation: str,
     graph: Graph,
     budget: int,
@@ -572,6 +572,31 @@ def _result(
     simulation: Simulation | None = None,
     **extra: Any,
 ) -> SolveResult:
+    """The result of a heuristic schedule (these baselines, :mod:`coop.formulations.per_layer`), judged by the simulator.
+
+    Parameters
+    ----------
+    formulation : str
+        The formulation's name, which the result and its message carry.
+    graph : Graph
+        The graph scheduled.
+    budget : int
+        The budget in graph units, against which the schedule's peak is checked.
+    schedule : Schedule
+        The heuristic's schedule.
+    started : float
+        ``time.perf_counter()`` when the formulation started (the result's ``wall_s`` counts from it).
+    simulation : Simulation or None
+        The schedule's simulation where the caller already has it; None: simulated here.
+    **extra : Any
+        Details for ``extra`` (checkpoints, candidates, ...).
+
+    Returns
+    -------
+    SolveResult
+        Status ``"heuristic"``, objective the simulated cost, ``extra["fits"]`` and ``extra["peak"]``; where the peak
+        exceeds ``budget`` the schedule is still returned and the message says it does not fit.
+    """
     simulation = simulation or simulate(graph, schedule)
     fits = simulation.peak <= budget
     message = ""  # as every formulation: silent when the schedule fits

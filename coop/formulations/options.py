@@ -93,7 +93,7 @@ class SolverOptions:
 
 @dataclass(frozen=True, kw_only=True)
 class BaselineOptions(SolverOptions):
-    """store-all and checkpoint-all: no options."""
+    """store-all, checkpoint-all and per-layer: no options."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -58,6 +58,7 @@ FORMULATIONS: dict[str, Formulation] = {
     "checkpoint-all": Formulation("coop.formulations.baselines:checkpoint_all", BaselineOptions),
     "chen-sqrt": Formulation("coop.formulations.baselines:chen_sqrt", ChenSqrtOptions),
     "chen-greedy": Formulation("coop.formulations.baselines:chen_greedy", ChenGreedyOptions),
+    "per-layer": Formulation("coop.formulations.per_layer:per_layer_checkpoint", BaselineOptions),
     "checkmate": Formulation("coop.formulations.checkmate:checkmate", CheckmateOptions),
     "checkmate-lp": Formulation("coop.formulations.checkmate:checkmate_lp", CheckmateLpOptions),
     "moccasin": Formulation("coop.formulations.moccasin:moccasin", MoccasinOptions),
@@ -68,6 +69,8 @@ FORMULATIONS: dict[str, Formulation] = {
     "auto": Formulation("coop.formulations.auto:auto", AutoOptions),
 }
 
+#: The baselines that schedule any training step (auto's fallback, the tests over every graph); per-layer is a
+#: baseline too but refuses a step without repeated layers.
 BASELINES = ("store-all", "checkpoint-all", "chen-sqrt", "chen-greedy")
 
 
