@@ -9,12 +9,17 @@ for CUDA (:mod:`coop.graph_capture.meta`); each step is then planned at 50 % of 
   (:mod:`coop.formulations.per_layer`: HiRemate's per-layer baseline);
 * ``blocks``: coop's repeated-block formulation (:mod:`coop.formulations.blocks`: the decoder layers solved once
   per budget share, composed, polished), ``BLOCKS_TIME`` seconds;
-* ``moccasin``: the flat Moccasin model over every node, ``MOCCASIN_TIME`` seconds (issue 27 asks for 30 minutes
-  as the reference; the default here is shorter, and the row says how long it had).
+* ``moccasin``: the flat Moccasin model over every node, ``MOCCASIN_TIME`` seconds;
+* ``moccasin`` with ``REFERENCE_TIME`` (30 minutes: issue 27's reference) on every step where ``blocks``'s
+  overhead exceeds ``CLAIM_POINTS``: issue 27 asks for blocks within 1 percentage point of the best of the
+  reference, Chen's segments and per-layer checkpointing, and no schedule's overhead is below 0 %, so where blocks
+  is at most 1 % the claim holds whatever the reference finds, and the 30 minutes are spent only where they can
+  decide it.
 
 Columns: ``nodes``, ``capture_s`` (build + capture), ``max_rss_gib`` (this process's peak resident memory after the
 capture, from ``resource.getrusage``), then per method ``status``, ``overhead_pct`` (predicted recompute cost over
-the baseline step, for the schedule returned even where it does not fit), ``peak`` (the simulator's, bytes),
+the baseline step, for the schedule returned even where it does not fit), ``bound_pct`` (the solver's proven lower
+bound on the overhead, CP-SAT's best bound, where it reports one), ``peak`` (the simulator's, bytes),
 ``valid`` (:func:`coop.schedule.validate` at the budget: legal and within it), ``fits`` (valid and its peak within
 the budget) and ``solve_s`` (wall).
 
@@ -47,6 +52,8 @@ QUICK_LAYERS = (4, 6)  # at 2 layers the logits dominate: nothing fits half the 
 FRACTION = 0.5
 BLOCKS_TIME = 240.0
 MOCCASIN_TIME = 240.0
+REFERENCE_TIME = 1800.0
+CLAIM_POINTS = 1.0
 QUICK_TIME = 20.0
 THREADS = 2
 
@@ -80,12 +87,20 @@ def row_of(label: str, graph: Any, formulation: str, options: dict[str, Any], bu
     return {"model": label, "method": formulation, "time_limit_s": options.get("time_limit"),
             "status": result.status,
             "overhead_pct": None if result.objective is None else round(100 * (result.objective / graph.baseline_cost - 1), 3),
+            "bound_pct": None if result.bound is None else round(100 * (result.bound / graph.baseline_cost - 1), 3),
             "peak": result.simulation.peak if result.simulation is not None else None,
             "fits": check is not None and check.ok and check.peak <= budget,
             "solve_s": round(wall, 1), "valid": None if check is None else check.ok}
 
 
-def run(quick: bool = False) -> dict[str, Any]:
+def needs_reference(rows: list[dict[str, Any]]) -> bool:
+    """Whether the 30-minute reference can decide the 1-point claim on this step: blocks's overhead is above
+    ``CLAIM_POINTS`` (at or below it, blocks is within the points of any schedule, whose overhead is >= 0)."""
+    blocks = next((r for r in rows if r["method"] == "blocks"), None)
+    return blocks is None or blocks.get("overhead_pct") is None or blocks["overhead_pct"] > CLAIM_POINTS
+
+
+def run(quick: bool = False, reference: bool = True) -> dict[str, Any]:
     shape = QUICK_SHAPE if quick else SHAPE_7B
     rows: list[dict[str, Any]] = []
     for layers in QUICK_LAYERS if quick else LAYERS:
@@ -93,16 +108,25 @@ def run(quick: bool = False) -> dict[str, Any]:
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 / 1024
         budget = math.ceil(FRACTION * baseline_peak(graph))
         label = f"llama-7b-shape {layers} layers" if not quick else f"llama {layers}x{shape['hidden']}"
-        for formulation, options in methods(quick):
+        step_rows: list[dict[str, Any]] = []
+        todo = methods(quick)
+        referenced = False
+        for formulation, options in todo:
             row = row_of(label, graph, formulation, options, budget)
-            rows.append({**row, "nodes": len(graph.nodes), "capture_s": round(capture_s, 1),
-                         "max_rss_gib": round(rss, 2), "budget": budget})
+            step_rows.append({**row, "nodes": len(graph.nodes), "capture_s": round(capture_s, 1),
+                              "max_rss_gib": round(rss, 2), "budget": budget})
             print(f"bench_scale: {label} {formulation}: {row.get('status')} {row.get('overhead_pct')} %", flush=True)
+            if len(step_rows) == len(todo) and reference and not quick and not referenced and needs_reference(step_rows):
+                referenced = True
+                todo.append(("moccasin", {"time_limit": REFERENCE_TIME, "threads": THREADS}))
+        rows += step_rows
     notes = (f"Llama-2-7B's shape ({', '.join(f'{k} {v}' for k, v in shape.items())}), built on the meta device and "
              f"captured for CUDA; budget {FRACTION} of each step's baseline peak; {THREADS} solver threads. "
              "overhead_pct: predicted recompute cost over the baseline step (analytic costs). max_rss_gib: this "
              "process's peak resident memory so far (it grows with the largest graph). moccasin is the flat model with "
-             "the time limit shown (issue 27's reference is 30 minutes).")
+             f"the time limit shown; the {REFERENCE_TIME / 60:g}-minute row (issue 27's reference) runs only where blocks's "
+             f"overhead exceeds {CLAIM_POINTS:g} % (below, blocks is within {CLAIM_POINTS:g} point of any schedule). "
+             "bound_pct: the solver's proven lower bound on the overhead (CP-SAT's best bound), where it reports one.")
     return {"rows": rows, "notes": notes}
 
 
@@ -112,5 +136,6 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--no-reference", action="store_true", help="skip the 30-minute moccasin reference rows")
     args = parser.parse_args()
-    print(json.dumps(run(quick=args.quick), indent=1))
+    print(json.dumps(run(quick=args.quick, reference=not args.no_reference), indent=1))
