@@ -10,26 +10,15 @@ exception and a hang each become a row that names the phase the case reached.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-BENCH_FILE = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_cuda.py"
+from tests.benchmark_module import load_benchmark
 
-
-def _load_bench() -> Any:
-    spec = importlib.util.spec_from_file_location("coop_bench_bench_cuda_test", BENCH_FILE)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_bench()
+bench = load_benchmark("bench_cuda")
 PLANNED = ("replay", "arena", "paging")
 
 

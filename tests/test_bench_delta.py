@@ -8,11 +8,8 @@ that rounded, or a count that disagreed with its table, fails here.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import re
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,8 +19,8 @@ from coop.device_profiles import load_device_profile
 from coop.graph import Graph
 from coop.online.delta_sim import simulate_delta
 from coop.schedule import validate
+from tests.benchmark_module import load_benchmark
 
-BENCH_FILE = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_delta.py"
 FRACTIONS = (0.9, 0.6, 0.4, 0.3)
 SLOW = (0.6,)
 STATUSES = {"ok", "oom", "thrashed"}
@@ -33,16 +30,7 @@ COLUMNS = {"model", "costs", "fraction", "budget", "policy", "profile", "status"
 VERDICT = {"best_recompute_only", "delta_le_best", "margin_pct", "only_delta_finishes", "coop_gap_pct"}
 
 
-def _load_bench() -> Any:
-    spec = importlib.util.spec_from_file_location("coop_bench_bench_delta_test", BENCH_FILE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_bench()
+bench = load_benchmark("bench_delta")
 
 
 @pytest.fixture(scope="module")

@@ -3,26 +3,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-BENCH_FILE = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_scale.py"
+from tests.benchmark_module import load_benchmark
 
-
-def _load_bench() -> Any:
-    spec = importlib.util.spec_from_file_location("coop_bench_bench_scale_test", BENCH_FILE)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_bench()
+bench = load_benchmark("bench_scale")
 
 
 class _FakeGraph:

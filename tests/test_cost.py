@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -26,6 +24,7 @@ from coop.graph_capture.cost import (
 )
 from coop.graph_capture.storage_table import table_storage_bytes
 from coop.zoo import build
+from tests.benchmark_module import load_benchmark
 
 aten = torch.ops.aten
 
@@ -113,11 +112,7 @@ def test_profiled_capture_replaces_analytic_costs_with_measured_seconds() -> Non
 # ------------------------------------------------------------------ bench_replay's bookkeeping
 @pytest.fixture(scope="module")
 def bench_replay() -> ModuleType:
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_replay.py"
-    spec = importlib.util.spec_from_file_location("coop_bench_replay_under_test", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_replay")
 
 
 def _worker_rows(warm_seconds: dict, default_seconds: dict, default_faults: dict, predicted: float) -> tuple:

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import subprocess
@@ -31,6 +30,7 @@ from coop.formulations.heuristics import peak_shaving_schedule
 from coop.formulations.milp_backends import LinearModel, _cbc_bound, _printed_lower_bound, solve_milp
 from coop.graph import Graph
 from coop.schedule import Schedule, schedule_to_json, validate
+from tests.benchmark_module import load_benchmark
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,13 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def bench_fuzz() -> ModuleType:
     """The benchmark's graph generator: the graphs it found the bugs on."""
-    path = REPO / "benchmarks" / "bench_fuzz.py"
-    spec = importlib.util.spec_from_file_location("coop_bench_fuzz_under_test", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while being defined
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("bench_fuzz")
 
 
 def chain_graph() -> Graph:
