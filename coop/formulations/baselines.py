@@ -38,7 +38,7 @@ import networkx as nx
 
 from coop.errors import CoopError
 from coop.formulations.result import SolveResult
-from coop.graph import Graph, Node
+from coop.graph import Graph, Node, derived_from_graph
 from coop.schedule import Schedule, Simulation, Step, simulate
 
 __all__ = ["ForwardBackward", "checkpoint_all", "chen_greedy", "chen_sqrt", "forward_keep_backward_recompute",
@@ -95,8 +95,8 @@ def checkpoint_all(graph: Graph, budget: int) -> SolveResult:
     """
     started = time.perf_counter()
     split = split_forward_backward(graph, "checkpoint-all")
-    schedule = forward_keep_backward_recompute(graph, split, keep=set(), free_recomputed=True)
-    return heuristic_result("checkpoint-all", graph, budget, schedule, started, checkpoints=[])
+    schedule, simulation = _kept_schedule(graph, split, frozenset(), free_recomputed=True)
+    return heuristic_result("checkpoint-all", graph, budget, schedule, started, simulation=simulation, checkpoints=[])
 
 
 def chen_sqrt(graph: Graph, budget: int, *, use_articulation_points: bool = True) -> SolveResult:
@@ -548,13 +548,23 @@ class _Candidate:
         return (self.simulation.peak, self.simulation.cost) < (other.simulation.peak, other.simulation.cost)
 
 
+@derived_from_graph
+def _kept_schedule(graph: Graph, split: ForwardBackward, keep: frozenset[int],
+                   free_recomputed: bool = False) -> tuple[Schedule, Simulation]:
+    """The schedule keeping ``keep`` (:func:`forward_keep_backward_recompute`) and its simulation, once per graph and
+    arguments: a planner that re-solves one graph at several budgets (the arena plan's measure-and-re-solve rounds)
+    builds the same budget-independent baselines each time."""
+    schedule = forward_keep_backward_recompute(graph, split, keep=set(keep), free_recomputed=free_recomputed)
+    return schedule, simulate(graph, schedule)
+
+
 def _best_candidate(graph: Graph, split: ForwardBackward, budget: int,
                     checkpoint_sets: Iterable[tuple[str, list[int]]]) -> _Candidate:
     """Schedule and simulate every checkpoint set; the best by :meth:`_Candidate.better_than`."""
     best: _Candidate | None = None
     for label, checkpoints in checkpoint_sets:
-        schedule = forward_keep_backward_recompute(graph, split, keep=set(checkpoints), free_recomputed=False)
-        candidate = _Candidate(schedule, simulate(graph, schedule), checkpoints, label)
+        schedule, simulation = _kept_schedule(graph, split, frozenset(checkpoints))
+        candidate = _Candidate(schedule, simulation, checkpoints, label)
         if best is None or candidate.better_than(best, budget):
             best = candidate
     if best is None:
