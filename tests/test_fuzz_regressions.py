@@ -243,7 +243,13 @@ def test_checkmate_solves_a_small_graph_within_a_short_limit(solver: str, time_l
                                                              chain_optima: dict[tuple[str, int], float]) -> None:
     assert baseline_peak(chain_graph()) == 29 and min_budget(chain_graph()) <= 28
     for budget in CHAIN_BUDGETS:
-        result = checkmate(chain_graph(), budget, solver=solver, time_limit=time_limit, threads=1)
+        # One retry: on the 2-core CI machine under the other worker's load, CBC's process once overran a 1 s limit
+        # in its root LP on this 29-byte graph (2026-11-27); a second overrun in a row fails.
+        for _ in range(2):
+            result = checkmate(chain_graph(), budget, solver=solver, time_limit=time_limit, threads=1)
+            if result.status == "optimal":
+                break
+            assert result.status == "unknown" and "time limit" in result.message, (budget, result.message)
         assert result.status == "optimal", (budget, result.message)
         assert result.objective == pytest.approx(chain_optima[(solver, budget)])
         assert result.wall_s < time_limit + 0.5  # the limit holds (plus process start-up for CBC)
