@@ -93,6 +93,14 @@ def row_of(label: str, graph: Any, formulation: str, options: dict[str, Any], bu
             "solve_s": round(wall, 1), "valid": None if check is None else check.ok}
 
 
+def logged_row(label: str, graph: Any, formulation: str, options: dict[str, Any], budget: int,
+               extra: dict[str, Any]) -> dict[str, Any]:
+    """:func:`row_of` with the step's columns (``extra``), its result printed as it comes."""
+    row = row_of(label, graph, formulation, options, budget)
+    print(f"bench_scale: {label} {formulation}: {row.get('status')} {row.get('overhead_pct')} %", flush=True)
+    return {**row, **extra}
+
+
 def needs_reference(rows: list[dict[str, Any]]) -> bool:
     """Whether the 30-minute reference can decide the 1-point claim on this step: blocks's overhead is above
     ``CLAIM_POINTS`` (at or below it, blocks is within the points of any schedule, whose overhead is >= 0)."""
@@ -108,17 +116,13 @@ def run(quick: bool = False, reference: bool = True) -> dict[str, Any]:
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 / 1024
         budget = math.ceil(FRACTION * baseline_peak(graph))
         label = f"llama-7b-shape {layers} layers" if not quick else f"llama {layers}x{shape['hidden']}"
-        step_rows: list[dict[str, Any]] = []
-        todo = methods(quick)
-        referenced = False
-        for formulation, options in todo:
-            row = row_of(label, graph, formulation, options, budget)
-            step_rows.append({**row, "nodes": len(graph.nodes), "capture_s": round(capture_s, 1),
-                              "max_rss_gib": round(rss, 2), "budget": budget})
-            print(f"bench_scale: {label} {formulation}: {row.get('status')} {row.get('overhead_pct')} %", flush=True)
-            if len(step_rows) == len(todo) and reference and not quick and not referenced and needs_reference(step_rows):
-                referenced = True
-                todo.append(("moccasin", {"time_limit": REFERENCE_TIME, "threads": THREADS}))
+        extra = {"nodes": len(graph.nodes), "capture_s": round(capture_s, 1), "max_rss_gib": round(rss, 2),
+                 "budget": budget}
+        step_rows = [logged_row(label, graph, formulation, options, budget, extra)
+                     for formulation, options in methods(quick)]
+        if reference and not quick and needs_reference(step_rows):
+            step_rows.append(logged_row(label, graph, "moccasin", {"time_limit": REFERENCE_TIME, "threads": THREADS},
+                                        budget, extra))
         rows += step_rows
     notes = (f"Llama-2-7B's shape ({', '.join(f'{k} {v}' for k, v in shape.items())}), built on the meta device and "
              f"captured for CUDA; budget {FRACTION} of each step's baseline peak; {THREADS} solver threads. "

@@ -146,7 +146,7 @@ def chen_sqrt(graph: Graph, budget: int, *, use_articulation_points: bool = True
     # A fixed rule with no budget knob: the lower peak (then cost) wins, whatever the budget.
     best = _best_candidate(graph, split, 0, checkpoint_sets.items())
     return heuristic_result("chen-sqrt", graph, budget, best.schedule, started, simulation=best.simulation,
-                   checkpoints=best.checkpoints, candidates=best.label)
+                            checkpoints=best.checkpoints, candidates=best.label)
 
 
 def chen_greedy(
