@@ -183,19 +183,19 @@ def wrapped_models() -> dict[str, tuple[nn.Module, str]]:
     from torch.distributed.fsdp import FSDPModule
 
     model, _, _ = build("mlp")
-    sharded = copy.deepcopy(model)
-    sharded.__class__ = type("FSDPMLP", (FSDPModule, type(model)), {})  # what fully_shard does to a module
+    sharded = copy.deepcopy(model)  # fully_shard on a layer but not on the model (FSDP2 is planned from its root)
+    sharded.layers[0].__class__ = type("FSDPLinear", (FSDPModule, type(sharded.layers[0])), {})  # what it does
     inner = copy.deepcopy(model)
     inner.layers[0] = nn.DataParallel(inner.layers[0])
     return {
         "data-parallel": (nn.DataParallel(copy.deepcopy(model)), "DataParallel"),
         "data-parallel inside": (inner, r"DataParallel \(submodule 'layers.0'\)"),
         "compiled": (torch.compile(copy.deepcopy(model)), r"torch.compile'd module.*model._orig_mod"),
-        "fsdp2": (sharded, r"FSDP \(the model: FSDPMLP\)"),
+        "fsdp2 below the root": (sharded, r"apply fully_shard to the whole model too \(submodule 'layers.0'"),
     }
 
 
-@pytest.mark.parametrize("name", ["data-parallel", "data-parallel inside", "compiled", "fsdp2"])
+@pytest.mark.parametrize("name", ["data-parallel", "data-parallel inside", "compiled", "fsdp2 below the root"])
 def test_wrappers_coop_cannot_honour_are_refused_with_one_line(name: str) -> None:
     model, pattern = wrapped_models()[name]
     _, batch, _ = build("mlp")

@@ -23,6 +23,7 @@ from coop.graph_capture.alternatives import add_alternatives
 from coop.graph_capture.batch import Batch, read_batch
 from coop.graph_capture.captured import Captured, flat_values
 from coop.graph_capture.cost import NodeProfile, profile_nodes
+from coop.graph_capture.fsdp import find_sharding
 from coop.graph_capture.lower import lower
 from coop.graph_capture.meta import check_weightless_capture, on_device
 from coop.graph_capture.trace import flat_names, split_state, trace_step
@@ -82,8 +83,12 @@ def capture(model: nn.Module, example_batch: torch.Tensor | tuple | list | dict 
     batch = read.tensors
     weightless_step = check_weightless_capture(model, batch, device, profile=profile, alternatives=alternatives)
     start = time.perf_counter()
+    sharding = find_sharding(model)
+    if sharding is not None and (profile or alternatives):
+        raise CaptureError(f"coop cannot {'profile' if profile else 'offer alternatives for'} the step of an "
+                           "FSDP-sharded model yet (its collectives would run); capture it with the analytic costs")
     traced = trace_step(model, batch, loss_fn, compact_masks=compact_masks, layout=read.layout,
-                        device=device if weightless_step else None)
+                        device=device if weightless_step else None, sharding=sharding)
     params, buffers, frozen = split_state(model)
     placeholders = flat_names(params, buffers, frozen, len(batch))
     profiled: NodeProfile | None = None
@@ -114,6 +119,7 @@ def capture(model: nn.Module, example_batch: torch.Tensor | tuple | list | dict 
         capture_s=time.perf_counter() - start,
         impl_fx=found.impl_fx if found is not None else {},
         optional_fx=found.optional_fx if found is not None else {},
+        sharding=sharding,
     )
 
 

@@ -14,10 +14,12 @@ from typing import Any
 import torch
 from torch import fx, nn
 
+from coop.errors import CaptureError
 from coop.graph import Graph
 from coop.graph_capture.alternatives import ImplProgram
 from coop.graph_capture.batch import BatchLayout, positional_batch
 from coop.graph_capture.context import TrainingContext
+from coop.graph_capture.fsdp import Sharding
 from coop.graph_capture.lower import output_nodes
 
 #: How a replay's gradients reach ``.grad`` when not by plain accumulation: ``release(params, grads)``
@@ -55,6 +57,9 @@ class Captured:
     #: how the model is called from the batch's tensors (keyword arguments, nesting, non-tensor values); None:
     #: ``model(*batch)`` (:mod:`coop.graph_capture.batch`)
     batch_layout: BatchLayout | None = None
+    #: the model's FSDP units where FSDP shards it (:mod:`coop.graph_capture.fsdp`): the parameter placeholders are
+    #: shards and the gradient outputs (``grad_names``: one per unit) are the reduced shards FSDP keeps in ``.grad``
+    sharding: Sharding | None = None
 
     @property
     def layout(self) -> BatchLayout:
@@ -104,8 +109,14 @@ class Captured:
             for name, value in zip(self.buffer_names, outputs[self.buffer_slice], strict=True):
                 if value is not buffers[name]:
                     buffers[name].copy_(value)
-        targets = [params[name] for name in self.grad_names]
         grads = list(outputs[self.grad_slice])
+        if self.sharding is not None:  # the step's reduce-scatters handed the gradients to FSDP already
+            if release is None:
+                raise CaptureError("a step of an FSDP-sharded model hands its gradients to FSDP as it runs; replay it "
+                                   "through coop.plan, whose step finishes FSDP's backward")
+            release([], grads)
+            return outputs[self.loss_index]
+        targets = [params[name] for name in self.grad_names]
         if release is not None:
             release(targets, grads)
             return outputs[self.loss_index]
@@ -124,10 +135,13 @@ class Captured:
         caller already has it) and a batch."""
         return flat_values(self.placeholders, state if state is not None else self.model_state(model), batch)
 
-    @staticmethod
-    def model_state(model: nn.Module) -> dict[str, torch.Tensor]:
-        """The model's parameters and buffers by name (their names never collide), in one walk of its modules."""
-        return {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    def model_state(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The model's parameters and buffers by name (their names never collide), in one walk of its modules;
+        under FSDP (``sharding``) each sharded parameter is the rank's padded local shard the step reads."""
+        state = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+        if self.sharding is not None:
+            state.update(self.sharding.shard_state())
+        return state
 
     def constants(self) -> list[torch.Tensor]:
         """Constant tensors of the traced module (caller-owned ``buffer`` nodes named ``constant:*``)."""

@@ -50,6 +50,7 @@ from coop.graph_capture.cost import (
     node_flops,
     tensor_leaves,
 )
+from coop.graph_capture.fsdp import collective_fields
 from coop.graph_capture.storage_table import predicted_storage_bytes
 from coop.graph_capture.trace import TracedStep, is_random
 
@@ -189,6 +190,7 @@ def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: st
             # scratch of the op (or of a view folded into it) exists only while it runs
             fields[node_id]["workspace"] = max(fields[node_id]["workspace"],
                                                sum(extras.values()) + measured_workspace.get(fx_node.name, 0))
+            fields[node_id].update(collective_fields(fx_node) or {})  # an FSDP collective (coop.graph_capture.fsdp)
         for source in fx_node.all_input_nodes:
             source_id = owner_of[source.name]
             if source_id != node_id and source_id not in fields[node_id]["inputs"]:

@@ -45,6 +45,14 @@ from coop.graph_capture.batch import BatchLayout, positional_batch
 from coop.graph_capture.batch_norm_ops import FUNCTIONAL_FORM
 from coop.graph_capture.context import AUTOCAST_DEVICES
 from coop.graph_capture.cuda_dispatch import cuda_dispatch
+from coop.graph_capture.fsdp import (
+    Sharding,
+    hooks_suppressed,
+    place_collectives,
+    reduce_gradients,
+    sharded_gradient_names,
+    sharded_step_state,
+)
 from coop.graph_capture.meta import fake_cpu_state, weightless
 from coop.graph_capture.random_ops import compact_random_masks
 
@@ -96,7 +104,7 @@ def autocast_off() -> Iterator[None]:
 
 def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossFn | None,
                compact_masks: bool = True, layout: BatchLayout | None = None,
-               device: str | None = None) -> TracedStep:
+               device: str | None = None, sharding: Sharding | None = None) -> TracedStep:
     """Trace forward + backward of ``model`` on ``batch`` into a pure fx joint graph.
 
     Traced with fake tensors (``make_fx``), functionalized, batch norm made functional and dead code dropped.
@@ -120,6 +128,10 @@ def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossF
         For a weightless model (:mod:`coop.graph_capture.meta`), the device the plan will run on: on a CUDA
         device attention, dropout and batch norm run the kernels CUDA would (:func:`coop.graph_capture.attention.cuda_attention`,
         :func:`coop.graph_capture.cuda_dispatch.cuda_dispatch`).
+    sharding : Sharding or None
+        The model's FSDP units (:func:`coop.graph_capture.fsdp.find_sharding`): the parameters' placeholders are
+        the rank's shards, each unit is all-gathered before its first use and its gradients reduce-scattered after
+        the last one (:mod:`coop.graph_capture.fsdp`); the gradient outputs are then one per unit.
 
     Returns
     -------
@@ -150,7 +162,11 @@ def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossF
         return _scalar_loss(out, loss_fn), new_buffers
 
     def step(params: dict, buffers: dict, frozen: dict, *batch: torch.Tensor) -> tuple:
+        by_unit: dict[int, list[str]] = {}
         with torch.enable_grad():
+            if sharding is not None:  # the placeholders are shards: gather each unit (coop.graph_capture.fsdp)
+                full, by_unit = sharded_step_state(sharding, {**params, **frozen}, set(params))
+                params, frozen = {n: full[n] for n in params}, {n: full[n] for n in frozen}
             loss, new_buffers = loss_of(params, buffers, frozen, *batch)
         if not loss.requires_grad:
             raise CaptureError(f"the loss of {type(model).__name__} does not depend on any trainable parameter "
@@ -162,14 +178,22 @@ def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossF
         # gradient bits than the recipe's)
         with autocast_off():
             grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True, materialize_grads=True)
-        return loss, dict(zip(params, grads, strict=True)), new_buffers
+        named = dict(zip(params, grads, strict=True))
+        if sharding is not None:
+            named = reduce_gradients(sharding, named, by_unit)
+        return loss, named, new_buffers
+
+    if sharding is not None:
+        shards = sharding.shard_state()
+        params, frozen = {n: shards[n] for n in params}, {n: shards[n] for n in frozen}
 
     try:
         if weightless(model, batch):  # meta tensors: traced as fake CPU tensors (coop.graph_capture.meta)
             target = step if device is None or torch.device(device).type != "cuda" else _with_cuda_kernels(step)
             module = _traced(target, *fake_cpu_state(params, buffers, frozen, batch))
         else:
-            module = _traced(step, params, buffers, frozen, *_distinct_storages(batch))
+            with hooks_suppressed(sharding):
+                module = _traced(step, params, buffers, frozen, *_distinct_storages(batch))
     except CoopError:
         raise
     except Exception as exc:  # noqa: BLE001 - tracing fails with many types; report the first line
@@ -182,6 +206,8 @@ def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossF
     if compact_masks:
         compact_random_masks(module.graph)
     _drop_dead_code(module.graph)
+    if sharding is not None:
+        place_collectives(module.graph)
     module.graph._codegen = fx.graph.CodeGen()  # flat inputs, flat list of outputs
     module.graph.lint()
     module.recompile()
@@ -191,7 +217,7 @@ def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossF
         buffer_names=list(buffers),
         frozen_names=list(frozen),
         batch_size=len(batch),
-        output_grads=list(params),
+        output_grads=list(params) if sharding is None else sharded_gradient_names(sharding, set(params)),
         output_buffers=list(buffers),
     )
 

@@ -32,6 +32,7 @@ from coop.graph_capture.context import TrainingContext
 from coop.graph_capture.meta import META, refuse_weightless_step
 from coop.runtime.allocator import AllocatorAssumption
 from coop.runtime.executor import GradientSync
+from coop.runtime.fsdp import FsdpSync
 
 LossFn = Callable[..., torch.Tensor]
 
@@ -54,7 +55,11 @@ class BasePlan(ABC):
         self.budget = budget
         self.loss_fn = loss_fn
         self.wrapper = wrapper
-        self.sync = GradientSync(wrapper, captured) if wrapper is not None else None
+        self.sync: GradientSync | FsdpSync | None = None
+        if wrapper is not None:
+            self.sync = GradientSync(wrapper, captured)
+        elif captured.sharding is not None:  # FSDP2: the step's own collectives reduce; FSDP's backward ends after
+            self.sync = FsdpSync(captured)
         # Another training context (and batch) -> its replay: None where this plan's program still applies.
         self._by_context: dict[tuple, BasePlan | None] = {}
         #: What the plan assumed of the device allocator (set by coop.plan; coop.runtime.allocator).

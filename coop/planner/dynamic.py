@@ -28,7 +28,7 @@ from torch import nn
 
 from coop.budget import below_min_budget, min_budget, parse_budget
 from coop.device_profiles import DeviceProfile
-from coop.errors import BudgetError
+from coop.errors import BudgetError, CoopError
 from coop.graph_capture import Captured
 from coop.graph_capture.batch import Batch
 from coop.graph_capture.context import TrainingContext
@@ -68,6 +68,9 @@ class DynamicPlan(BasePlan):
                  loss_fn: LossFn | None = None, record: bool = True,
                  device_profile: str | DeviceProfile | None = None,
                  copy_stream: bool | StreamAPI | None = None) -> None:
+        if captured.sharding is not None:  # online decisions differ between ranks, whose collectives must match
+            raise CoopError("online eviction cannot run an FSDP-sharded step (each rank would decide its own "
+                            "re-gathers); plan it with a static formulation")
         super().__init__(model, captured, parse_budget(budget, captured.graph), loss_fn=loss_fn, wrapper=wrapper)
         self.policy = policy
         self.replay_random = replay_random

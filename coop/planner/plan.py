@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from coop.budget import format_memory, min_budget, parse_budget
-from coop.errors import BudgetError, ContextError, CoopError, InfeasibleError
+from coop.errors import BudgetError, ContextError, CoopError, InfeasibleError, ScheduleError
 from coop.formulations import SolveResult, solve
 from coop.formulations.auto import cheapest_fitting_baseline
 from coop.graph import Graph
@@ -36,6 +36,7 @@ from coop.memory_viz import write_memory_viz
 from coop.online.static_arena import EXECUTION_ROUNDS, execution_placement, next_live_budget
 from coop.planner.base import BasePlan, LossFn, recapture
 from coop.planner.dynamic import DynamicPlan
+from coop.planner.ranks import require_same_graph, solved_on_rank_zero
 from coop.runtime.allocator import AllocatorAssumption, prepare_allocator
 from coop.runtime.arena_replay import measure_outside
 from coop.runtime.copy_stream import require_cuda
@@ -222,6 +223,9 @@ class Plan(BasePlan):
 
     def _dynamic_fallback(self, batch: Batch, mismatch: str) -> DynamicPlan:
         """Online eviction (Coop's policy) under the same budget for a batch of unplanned shapes or flags."""
+        if self.captured.sharding is not None:
+            raise ContextError(f"{mismatch}; a plan of an FSDP-sharded model replays the batch shapes it was made for "
+                               "(every rank must run the same collectives); make a new plan for this batch")
         key = batch.key
         dynamic = self._dynamic_by_shape.get(key)
         if dynamic is None:
@@ -401,6 +405,10 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
                            device=device)
     if captured.context is None:
         captured.context = TrainingContext.current(module, batch)
+    if captured.sharding is not None and (arena or copy_stream or cuda_graph or formulation == "dynamic"):
+        asked = "arena=True" if arena else "copy_stream=True" if copy_stream else "cuda_graph=True" if cuda_graph \
+            else "formulation='dynamic'"
+        raise CoopError(f"coop replays an FSDP-sharded step with the ordinary static replay only; drop {asked}")
     graph = captured.graph
     if cuda_graph:
         _refuse_cuda_graph(graph, arena=arena, copy_stream=copy_stream, dynamic=formulation == "dynamic")
@@ -416,6 +424,9 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
         return dynamic
     solver = functools.partial(_plan_within, module, formulation=formulation, time_limit=time_limit,
                                loss_fn=loss_fn, wrapper=wrapper, device_profile=device_profile, exact=exact)
+    if captured.sharding is not None:  # every rank replays rank 0's schedule (coop.planner.ranks)
+        require_same_graph(captured)
+        solver = solved_on_rank_zero(solver, functools.partial(_plan_from_rank_zero, module, loss_fn=loss_fn))
     within = functools.partial(solver, captured)
     flat = functools.partial(captured.flat_inputs, module, batch)
     if arena:
@@ -631,6 +642,9 @@ def _measure_ordinary_step(candidate: Plan, live_budget: int, *, flat: Callable[
     solved = f"solved within a live-bytes budget of {size(live_budget)}"
     if weightless(candidate.model):
         return None, f"held bytes not measured: the model is on the meta device (no weights); {solved}"
+    if candidate.captured.sharding is not None:
+        return None, (f"held bytes not measured: a step of an FSDP-sharded model runs collectives and hands its "
+                      f"gradients to FSDP; {solved}")
     if graph.has_accelerator:
         counters = cuda_counters(graph.devices)
         if counters is None:
@@ -767,6 +781,18 @@ def _plan_within(model: nn.Module, captured: Captured, budget_bytes: int, *, for
             f"{fallback.formulation}")
     return Plan(model, captured, fallback.schedule, budget_bytes, fallback.formulation, fallback, note=note,
                 loss_fn=loss_fn, wrapper=wrapper)
+
+
+def _plan_from_rank_zero(model: nn.Module, captured: Captured, schedule: Schedule, budget_bytes: int,
+                         formulation: str, result: SolveResult | None, note: str, *,
+                         loss_fn: LossFn | None) -> Plan:
+    """The plan of an FSDP rank other than 0: rank 0's schedule, validated on this rank's own step and budget."""
+    verdict = validate(replay_graph(captured), schedule, budget_bytes)
+    if not verdict.ok:
+        raise ScheduleError(f"rank 0's schedule is not legal on this rank's step ({verdict.reason}); plan again with "
+                            "the same model and batch shapes on every rank")
+    return Plan(model, captured, schedule, budget_bytes, formulation, result, note=note, loss_fn=loss_fn,
+                simulation=verdict.simulation)
 
 
 def exact_only(graph: Graph) -> Graph:

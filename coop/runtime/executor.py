@@ -61,6 +61,8 @@ from torch import fx, nn
 from coop.errors import CaptureError, ScheduleError
 from coop.graph import Graph
 from coop.graph_capture import Captured
+from coop.graph_capture.fsdp import is_fsdp2
+from coop.graph_capture.fsdp import refusal as fsdp_refusal
 from coop.online.static_arena import execution_placement
 from coop.runtime.arena_replay import build_arena_program
 from coop.runtime.copy_stream import StreamAPI, copy_stream_for
@@ -457,12 +459,17 @@ def _refused_wrapper(model: nn.Module) -> str:
         if isinstance(module, nn.DataParallel):
             return (f"coop cannot plan through torch.nn.DataParallel ({where}), which splits every batch across GPUs "
                     "inside forward; pass its .module, or use DistributedDataParallel (one process per GPU)")
-        if _is_fsdp(module):
-            return (f"coop cannot plan a model sharded by FSDP ({where}: {type(module).__name__}), whose parameters are "
-                    "gathered inside forward; plan the unsharded module, or use DistributedDataParallel")
+        if _is_fsdp1(module):
+            return (f"coop cannot plan a model wrapped in FullyShardedDataParallel ({where}), FSDP1, whose flat "
+                    "parameters are gathered inside forward; shard it with FSDP2's fully_shard, which coop plans")
         if name and ddp_class is not None and isinstance(module, ddp_class):
             return (f"coop cannot plan a DistributedDataParallel nested inside the model ({where}); wrap the whole "
                     "model in one DistributedDataParallel instead")
+    sharded = fsdp_refusal(model)
+    if sharded:
+        return sharded
+    if is_fsdp2(model):  # its parameters are DTensor shards, which the capture reads as FSDP's local shards
+        return ""
     for name, param in model.named_parameters():
         if type(param) is not nn.Parameter and type(param.data) is not torch.Tensor:
             return (f"coop cannot plan parameter {name!r}, a {type(param.data).__name__} (tensor parallel or another "
@@ -470,12 +477,12 @@ def _refused_wrapper(model: nn.Module) -> str:
     return ""
 
 
-def _is_fsdp(module: nn.Module) -> bool:
+def _is_fsdp1(module: nn.Module) -> bool:
     if not torch.distributed.is_available():
         return False
-    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel  # lazy: needs torch.distributed
+    from torch.distributed.fsdp import FullyShardedDataParallel  # lazy: needs torch.distributed
 
-    return isinstance(module, (FullyShardedDataParallel, FSDPModule))
+    return isinstance(module, FullyShardedDataParallel)
 
 
 class _ReleaseGradient(torch.autograd.Function):
