@@ -198,7 +198,26 @@ def refusal(model: nn.Module) -> str:
 def _param_groups(model: nn.Module) -> list[Any]:
     root_state = model._get_fsdp_state()
     root_state._lazy_init()
-    return [group for state in root_state._state_ctx.all_states for group in state._fsdp_param_groups]
+    return [group for state in root_state._state_ctx.all_states for group in state_groups(state)]
+
+
+def state_groups(state: Any) -> list[Any]:
+    """An FSDP state's parameter groups: torch >= 2.11 keeps a list (one group per mesh), older torch one or none.
+
+    Parameters
+    ----------
+    state : Any
+        An ``FSDPState``.
+
+    Returns
+    -------
+    list
+        Its ``FSDPParamGroup`` s.
+    """
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is not None:
+        return list(groups)
+    return [state._fsdp_param_group] if state._fsdp_param_group is not None else []
 
 
 def find_sharding(model: nn.Module) -> Sharding | None:
@@ -447,4 +466,5 @@ def collective_fields(fx_node: fx.Node) -> dict[str, Any] | None:
 
 __all__ = ["ALIGNMENT", "ALL_GATHER", "LINK_BANDWIDTH", "REDUCE_SCATTER", "UNITS", "ShardedUnit", "Sharding",
            "collective_fields", "find_sharding", "hooks_suppressed", "is_fsdp2", "place_collectives",
-           "reduce_gradients", "refusal", "segment_bytes", "sharded_gradient_names", "sharded_step_state"]
+           "reduce_gradients", "refusal", "segment_bytes", "sharded_gradient_names", "sharded_step_state",
+           "state_groups"]

@@ -22,6 +22,8 @@ FSDP as eager leaves it.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 
@@ -64,12 +66,21 @@ def _reduce_scatter(grads: list[torch.Tensor], unit: int, world_size: int) -> to
     for fsdp_param, grad in zip(trainable, grads, strict=True):
         fsdp_param.unsharded_param.grad = grad
     group.post_backward()
-    states = group.comm_ctx.reduce_scatter_states
-    for state in states:  # the compute stream waits for the reduce-scatter, whose input can then go
+    for state in _reduces_in_flight(group.comm_ctx):  # the compute stream waits; the reduce's input can then go
         if state.event is not None:
             group.device_handle.current_stream().wait_event(state.event)
-    states.clear()
     return grads[0].new_empty((0,))
+
+
+def _reduces_in_flight(context: Any) -> list[Any]:
+    """The reduce-scatters FSDP keeps in flight (each holding its padded input), taken from its communication
+    context: a list in torch >= 2.11, one slot in older torch."""
+    if hasattr(context, "reduce_scatter_states"):
+        states = list(context.reduce_scatter_states)
+        context.reduce_scatter_states.clear()
+        return states
+    state, context.reduce_scatter_state = context.reduce_scatter_state, None
+    return [state] if state is not None else []
 
 
 _KERNELS.impl(ALL_GATHER, _all_gather, "CompositeExplicitAutograd")
