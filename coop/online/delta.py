@@ -44,7 +44,7 @@ from typing import Literal, Protocol
 
 from coop.device_profiles import DeviceProfile, DeviceProfileError, known_profiles, load_device_profile
 from coop.online.arena import Block
-from coop.online.policies import CoopPolicy, EngineView, TensorInfo, staleness
+from coop.online.policies import CoopPolicy, EngineView, TensorInfo, evicted_closure_cost, staleness
 
 #: The policy's name (``coop simulate --policy delta``).
 DELTA = "delta"
@@ -171,16 +171,7 @@ class DeltaPolicy(CoopPolicy):
         recomputed."""
         if not view.recomputable(info.key):
             return math.inf
-        total = info.cost
-        seen = {info.key}
-        frontier = [info.key]
-        while frontier:
-            for parent in view.parents(frontier.pop()):
-                if parent not in seen and view.is_evicted(parent):
-                    seen.add(parent)
-                    total += view.cost(parent)
-                    frontier.append(parent)
-        return total
+        return evicted_closure_cost(info, view, view.parents)
 
     def decide(self, info: TensorInfo, view: DeltaView) -> Decision:
         """Swap or recompute this released tensor, whichever is cheaper now (:func:`decide`)."""

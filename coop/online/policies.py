@@ -38,7 +38,7 @@ Policies:
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -161,17 +161,39 @@ class DTRPolicy(EvictionPolicy):
 
     def recompute_cost(self, info: TensorInfo, view: EngineView) -> float:
         """e*(t): cost of t plus every evicted value reachable from t through evicted values."""
-        total = info.cost
-        seen = {info.key}
-        frontier = [info.key]
-        while frontier:
-            key = frontier.pop()
-            for neighbour in view.neighbours(key):
-                if neighbour not in seen and view.is_evicted(neighbour):
-                    seen.add(neighbour)
-                    total += view.cost(neighbour)
-                    frontier.append(neighbour)
-        return total
+        return evicted_closure_cost(info, view, view.neighbours)
+
+
+def evicted_closure_cost(info: TensorInfo, view: EngineView, links: Callable[[Hashable], Iterable[Hashable]]) -> float:
+    """A tensor's cost plus the cost of every evicted value reachable from it through evicted values along ``links``.
+
+    DTR's e* follows every neighbour (inputs and users, :meth:`DTRPolicy.recompute_cost`); DELTA's director
+    follows the inputs only (what rebuilding the tensor runs, :meth:`coop.online.delta.DeltaPolicy.recompute_seconds`).
+
+    Parameters
+    ----------
+    info : TensorInfo
+        The tensor.
+    view : EngineView
+        The engine's view (``is_evicted``, ``cost``).
+    links : callable
+        The keys next to a key: ``view.neighbours`` or ``view.parents``.
+
+    Returns
+    -------
+    float
+        The summed cost.
+    """
+    total = info.cost
+    seen = {info.key}
+    frontier = [info.key]
+    while frontier:
+        for linked in links(frontier.pop()):
+            if linked not in seen and view.is_evicted(linked):
+                seen.add(linked)
+                total += view.cost(linked)
+                frontier.append(linked)
+    return total
 
 
 class _UnionFind:
