@@ -4,7 +4,8 @@ exactly as FSDP eager.
 Two ranks (gloo, CPU, torch.multiprocessing spawn) shard the same model twice, each block and the root:
 one copy trains in FSDP eager (``loss.backward()``), the other with ``coop.plan``. The oracle is FSDP eager
 itself: after every AdamW step the loss, each rank's sharded gradients and sharded parameters of the coop copy
-are ``torch.equal`` to eager's, with dropout, gradient accumulation over two micro-batches, a schedule that
+are ``torch.equal`` to eager's, with dropout, gradient accumulation over two micro-batches, bfloat16 autocast, a
+schedule that
 re-gathers units before the backward (moccasin at half the baseline peak) and the rank-0 solve broadcast to
 rank 1. The Graph's bytes are checked against hand counts from the parameter shapes: the shards it holds for the
 whole step, each unit's gathered buffer and each unit's reduced gradient shard. What coop cannot honour is
@@ -91,14 +92,17 @@ def check_graph_bytes(plan: coop.Plan, model: Net, batch: tuple[torch.Tensor, ..
     assert set(graph.outputs) >= {n.id for n in reduces}
 
 
-def train_both(rank: int, formulation: str, budget: float, accumulate: bool) -> Counter:
+def train_both(rank: int, formulation: str, budget: float, accumulate: bool, autocast: bool = False) -> Counter:
     """Three AdamW steps in FSDP eager and under a coop plan; asserts equality after each. Returns how often the
-    schedule computes each all-gather."""
+    schedule computes each all-gather. ``autocast``: planned and stepped (both copies) under bfloat16 autocast,
+    backward outside it, as PyTorch's AMP recipe runs it."""
+    amp = (lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if autocast else contextlib.nullcontext
     torch.manual_seed(0)
     model = Net()
     eager = sharded(copy.deepcopy(model))
     planned = sharded(model)
-    plan = coop.plan(planned, budget, batch_for(rank, 0), formulation=formulation, time_limit=10)
+    with amp():
+        plan = coop.plan(planned, budget, batch_for(rank, 0), formulation=formulation, time_limit=10)
     assert plan.predicted_peak <= plan.budget < plan.baseline_peak
     check_graph_bytes(plan, Net(), batch_for(rank, 0))
     graph = plan.graph
@@ -110,10 +114,12 @@ def train_both(rank: int, formulation: str, budget: float, accumulate: bool) -> 
         for micro in range(2 if accumulate else 1):
             batch = batch_for(rank, step, micro)
             torch.manual_seed(100 * rank + 10 * step + micro)
-            eager_loss = eager(*batch)
+            with amp():
+                eager_loss = eager(*batch)
             eager_loss.backward()
             torch.manual_seed(100 * rank + 10 * step + micro)
-            planned_loss = plan.step(*batch)
+            with amp():
+                planned_loss = plan.step(*batch)
             assert torch.equal(eager_loss, planned_loss), f"rank {rank} step {step}.{micro}: loss"
         for (name, a), b in zip(eager.named_parameters(), planned.parameters(), strict=True):
             assert torch.equal(a.grad.to_local(), b.grad.to_local()), f"rank {rank} step {step}: grad {name}"
@@ -166,6 +172,7 @@ def worker(rank: int, port: int, out: str) -> None:
 
         init_device_mesh("cpu", (WORLD_SIZE,))
         train_both(rank, "chen-greedy", 0.9, accumulate=True)
+        train_both(rank, "chen-greedy", 0.8, accumulate=False, autocast=True)
         regathered = train_both(rank, "moccasin", 0.5, accumulate=False)
         refusals(rank)
         Path(out, f"rank{rank}").write_text(f"ok {max(regathered.values())}")
@@ -177,8 +184,9 @@ def worker(rank: int, port: int, out: str) -> None:
 
 
 def test_fsdp_plans_train_bit_identically_to_fsdp_eager_on_both_ranks(tmp_path: Path) -> None:
-    """3 AdamW steps under chen-greedy at 0.9 (two micro-batches each) and moccasin at 0.5 (units gathered again
-    before the backward), equal to FSDP eager on each rank; the refusals in one line."""
+    """3 AdamW steps under chen-greedy at 0.9 (two micro-batches each) and at 0.8 under bfloat16 autocast, and
+    moccasin at 0.5 (units gathered again before the backward), equal to FSDP eager on each rank; the refusals in
+    one line."""
     with contextlib.suppress(Exception):  # a failed rank raises here; its report below says why
         mp.spawn(worker, args=(free_port(), str(tmp_path)), nprocs=WORLD_SIZE, join=True)
     reports = [(tmp_path / f"rank{rank}").read_text() if (tmp_path / f"rank{rank}").exists() else "no report"
