@@ -6,8 +6,8 @@ one copy trains in FSDP eager (``loss.backward()``), the other with ``coop.plan`
 itself: after every AdamW step the loss, each rank's sharded gradients and sharded parameters of the coop copy
 are ``torch.equal`` to eager's, with dropout, gradient accumulation over two micro-batches, bfloat16 autocast, a
 schedule that
-re-gathers units before the backward (moccasin at half the baseline peak) and the rank-0 solve broadcast to
-rank 1. The Graph's bytes are checked against hand counts from the parameter shapes: the shards it holds for the
+re-gathers units before the backward (moccasin at half the baseline peak), a parameter the loss never reaches
+(no gradient, as in eager) and the rank-0 solve broadcast to rank 1. The Graph's bytes are checked against hand counts from the parameter shapes: the shards it holds for the
 whole step, each unit's gathered buffer and each unit's reduced gradient shard. What coop cannot honour is
 refused in one line on both ranks.
 """
@@ -38,7 +38,8 @@ pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_avai
 
 
 class Net(nn.Module):
-    """Linear + LayerNorm + GELU blocks and dropout; widths chosen so that dim 0 of some weights is odd (padded)."""
+    """Linear + LayerNorm + GELU blocks and dropout; widths chosen so that dim 0 of some weights is odd (padded);
+    a spare head the loss never reads (FSDP gathers it with the root's unit, eager leaves its gradient None)."""
 
     def __init__(self, width: int = 24, depth: int = 3) -> None:
         super().__init__()
@@ -47,6 +48,7 @@ class Net(nn.Module):
                                     for _ in range(depth))
         self.dropout = nn.Dropout(0.2)
         self.head = nn.Linear(width, 5)  # 5 rows over 2 ranks: FSDP pads the shard
+        self.spare = nn.Linear(width, 3)
 
     def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         x = self.inp(x)
@@ -77,8 +79,10 @@ def padded_shard_bytes(shape: torch.Size) -> int:
 def check_graph_bytes(plan: coop.Plan, model: Net, batch: tuple[torch.Tensor, ...]) -> None:
     """The Graph's sharded bytes against hand counts from the parameter shapes (the model's own, not FSDP's)."""
     graph = plan.graph
-    units = {"<root>": [model.inp, model.head], **{f"blocks.{i}": [b] for i, b in enumerate(model.blocks)}}
+    units = {"<root>": [model.inp, model.head, model.spare], **{f"blocks.{i}": [b] for i, b in enumerate(model.blocks)}}
     shapes = {label: [p.shape for m in modules for p in m.parameters()] for label, modules in units.items()}
+    reduced = {label: [p.shape for m in modules if m is not model.spare for p in m.parameters()]
+               for label, modules in units.items()}
     shards = sum(padded_shard_bytes(s) for unit in shapes.values() for s in unit)
     batch_bytes = sum(t.numel() * t.element_size() for t in batch)
     assert graph.caller_owned_bytes == shards + batch_bytes  # the shards, never the full parameters
@@ -88,7 +92,7 @@ def check_graph_bytes(plan: coop.Plan, model: Net, batch: tuple[torch.Tensor, ..
                for label, unit in shapes.items()}
     assert sorted(n.mem for n in gathers) == sorted(aligned.values())
     assert all(n.recomputable for n in gathers) and not any(n.recomputable for n in reduces)
-    assert sorted(n.mem for n in reduces) == sorted(sum(padded_shard_bytes(s) for s in unit) for unit in shapes.values())
+    assert sorted(n.mem for n in reduces) == sorted(sum(padded_shard_bytes(s) for s in unit) for unit in reduced.values())
     assert set(graph.outputs) >= {n.id for n in reduces}
 
 
@@ -122,6 +126,9 @@ def train_both(rank: int, formulation: str, budget: float, accumulate: bool, aut
                 planned_loss = plan.step(*batch)
             assert torch.equal(eager_loss, planned_loss), f"rank {rank} step {step}.{micro}: loss"
         for (name, a), b in zip(eager.named_parameters(), planned.parameters(), strict=True):
+            if name.startswith("spare."):  # the loss does not reach it: no gradient, in eager as in the plan
+                assert a.grad is None and b.grad is None, f"rank {rank} step {step}: {name} got a gradient"
+                continue
             assert torch.equal(a.grad.to_local(), b.grad.to_local()), f"rank {rank} step {step}: grad {name}"
         eager_opt.step()
         planned_opt.step()
@@ -214,7 +221,8 @@ class _Handle:
 
 
 class _Param:
-    def __init__(self, shape: tuple[int, ...], trainable: bool = True) -> None:
+    def __init__(self, name: str, shape: tuple[int, ...], trainable: bool = True) -> None:
+        self._param_fqn = name
         self.sharded_param = torch.zeros(shape).requires_grad_(trainable)
         self.unsharded_param = torch.zeros(shape)
 
@@ -226,7 +234,7 @@ class _Group:
     def __init__(self) -> None:
         from types import SimpleNamespace
 
-        self.fsdp_params = [_Param((3, 2)), _Param((4,), trainable=False), _Param((5,))]
+        self.fsdp_params = [_Param("a", (3, 2)), _Param("b", (4,), trainable=False), _Param("c", (5,))]
         self.device_handle = _Handle()
         self.comm_ctx = SimpleNamespace(reduce_scatter_states=[])
         self._module_fqn = "layers.0"
@@ -241,9 +249,10 @@ class _Group:
 
 
 def test_the_reduce_kernel_hands_the_gradients_to_fsdp_and_waits_for_its_side_stream() -> None:
-    """The kernel sets each trainable parameter's unsharded .grad, runs post_backward, makes the compute stream
-    wait for the reduce-scatter's event and releases FSDP's kept input at once (the Graph counts it as the op's
-    workspace only); a unit whose trainable parameters differ from the capture's is refused in one line."""
+    """The kernel sets the unsharded .grad of the parameters it is given (by index in the group), runs
+    post_backward, makes the compute stream wait for the reduce-scatter's event and releases FSDP's kept input at
+    once (the Graph counts it as the op's workspace only); a parameter frozen since the capture is refused in one
+    line."""
     from coop.graph_capture.fsdp import UNITS, ShardedUnit
     from coop.runtime import fsdp as kernels  # registers the kernels
 
@@ -251,12 +260,13 @@ def test_the_reduce_kernel_hands_the_gradients_to_fsdp_and_waits_for_its_side_st
     unit = ShardedUnit(key=-1, label="layers.0", names=["a", "b", "c"], shapes=[], group=group, world_size=2)
     UNITS[unit.key] = unit
     grads = [torch.ones(3, 2), torch.full((5,), 2.0)]
-    token = torch.ops.coop.fsdp_reduce_scatter(grads, unit.key, 2)
+    token = torch.ops.coop.fsdp_reduce_scatter(grads, [0, 2], unit.key, 2)
     assert token.numel() == 0 and kernels is not None
     assert group.handed[0] is grads[0] and group.handed[1] is None and group.handed[2] is grads[1]
     assert group.device_handle.stream.waited == ["rs-event"] and group.comm_ctx.reduce_scatter_states == []
-    with pytest.raises(ContextError, match=r"layers.0 has 2 trainable parameters, the plan was captured with 1") as error:
-        torch.ops.coop.fsdp_reduce_scatter(grads[:1], unit.key, 2)
+    group.fsdp_params[2].sharded_param.requires_grad_(False)
+    with pytest.raises(ContextError, match=r"FSDP parameter c no longer requires grad") as error:
+        torch.ops.coop.fsdp_reduce_scatter(grads, [0, 2], unit.key, 2)
     assert "\n" not in str(error.value)
     with pytest.raises(CoopError, match="FSDP unit -2 of this program is gone"):
-        torch.ops.coop.fsdp_reduce_scatter(grads, -2, 2)
+        torch.ops.coop.fsdp_reduce_scatter(grads, [0, 2], -2, 2)

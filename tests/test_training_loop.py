@@ -132,3 +132,43 @@ def test_three_adamw_steps_with_two_micro_batches_equal_eager(name, formulation,
         assert_state_equal(model, eager, f"{formulation} step {step} after the update", grads=False)
     if formulation == "dynamic":
         assert recomputed > 0  # online eviction did evict and recompute under this budget
+
+
+class WithASpareHead(nn.Module):
+    """Two heads, one of which the loss never reads (a model's unused branch): eager leaves its ``.grad`` None."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.GELU())
+        self.head = nn.Linear(32, 4)
+        self.spare = nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(self.head(self.body(x)), target)
+
+
+@pytest.mark.parametrize("formulation", ["chen-greedy", "dynamic"])
+def test_a_parameter_the_loss_does_not_reach_keeps_no_gradient_and_adamw_leaves_it_as_eager(formulation: str) -> None:
+    """A zero gradient would make AdamW decay and move the spare head; eager leaves it untouched (grad None)."""
+    torch.manual_seed(0)
+    model = WithASpareHead()
+    eager = copy.deepcopy(model)
+    generator = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(256, 16, generator=generator), torch.randint(0, 4, (256,), generator=generator))
+               for _ in range(3)]
+    plan = coop.plan(model, 0.9, batches[0], formulation=formulation, time_limit=TIME_LIMIT)
+    optimizer, eager_optimizer = (torch.optim.AdamW(m.parameters(), lr=0.01) for m in (model, eager))
+    for step, batch in enumerate(batches):
+        eager_loss = eager(*batch)
+        eager_loss.backward()
+        assert torch.equal(plan.step(*batch), eager_loss), f"step {step}: loss"
+        for (name, param), eager_param in zip(model.named_parameters(), eager.parameters(), strict=True):
+            if name.startswith("spare."):
+                assert param.grad is None and eager_param.grad is None, f"step {step}: {name} got a gradient"
+            else:
+                assert torch.equal(param.grad, eager_param.grad), f"step {step}: gradient {name}"
+        optimizer.step()
+        eager_optimizer.step()
+        optimizer.zero_grad()
+        eager_optimizer.zero_grad()
+        assert_state_equal(model, eager, f"step {step}", grads=False)

@@ -100,7 +100,8 @@ class Captured:
         """The one write-back of a replayed step into ``model``; returns the loss.
 
         New buffer values (BatchNorm statistics) are copied in once. Gradients add to ``.grad``
-        as ``loss.backward()`` would, so micro-batches accumulate; with ``release`` (a DDP
+        as ``loss.backward()`` would, so micro-batches accumulate (a parameter the loss does not reach has no
+        gradient output, None, and its ``.grad`` is left as it was); with ``release`` (a DDP
         reducer) they are handed to it instead, which accumulates and all-reduces them. ``state`` is
         :meth:`model_state` of ``model`` when the caller already has it (one walk of the module tree per step).
         """
@@ -122,6 +123,8 @@ class Captured:
             return outputs[self.loss_index]
         with torch.no_grad():
             for param, grad in zip(targets, grads, strict=True):
+                if grad is None:  # a parameter the loss does not reach: eager leaves its .grad as it was
+                    continue
                 if param.grad is None:
                     param.grad = grad
                 else:

@@ -58,7 +58,7 @@ REDUCE_SCATTER = "fsdp_reduce_scatter"
 
 _LIBRARY = torch.library.Library("coop", "FRAGMENT")  # noqa: TOR901 - the kernels live in coop.runtime.fsdp
 _LIBRARY.define(f"{ALL_GATHER}(Tensor[] shards, int unit, int world_size) -> Tensor")
-_LIBRARY.define(f"{REDUCE_SCATTER}(Tensor[] grads, int unit, int world_size) -> Tensor")
+_LIBRARY.define(f"{REDUCE_SCATTER}(Tensor[] grads, int[] params, int unit, int world_size) -> Tensor")
 
 #: The units of live captures by key: the kernels look their FSDP parameter group up here.
 UNITS: weakref.WeakValueDictionary[int, ShardedUnit] = weakref.WeakValueDictionary()
@@ -99,7 +99,7 @@ def _all_gather_fake(shards: list[torch.Tensor], unit: int, world_size: int) -> 
 
 
 @torch.library.register_fake(f"coop::{REDUCE_SCATTER}")
-def _reduce_scatter_fake(grads: list[torch.Tensor], unit: int, world_size: int) -> torch.Tensor:
+def _reduce_scatter_fake(grads: list[torch.Tensor], params: list[int], unit: int, world_size: int) -> torch.Tensor:
     return grads[0].new_empty((_reduced_numel(grads, world_size),))
 
 
@@ -299,7 +299,7 @@ def sharded_step_state(sharding: Sharding, shards: dict[str, torch.Tensor],
     return full, {unit.key: [n for n in unit.names if n in trainable] for unit in sharding.units}
 
 
-def reduce_gradients(sharding: Sharding, grads: dict[str, torch.Tensor],
+def reduce_gradients(sharding: Sharding, grads: dict[str, torch.Tensor | None],
                      trainable_by_unit: dict[int, list[str]]) -> dict[str, torch.Tensor]:
     """Inside the traced step: each unit's gradients reduce-scattered (last unit first, as FSDP's backward runs).
 
@@ -307,23 +307,25 @@ def reduce_gradients(sharding: Sharding, grads: dict[str, torch.Tensor],
     ----------
     sharding : Sharding
         The model's FSDP units.
-    grads : dict of str to torch.Tensor
-        The full gradient of each trainable parameter, by name.
+    grads : dict of str to (torch.Tensor or None)
+        The full gradient of each trainable parameter, by name (None where the loss does not reach it: FSDP eager
+        hands no gradient of it to ``post_backward`` either).
     trainable_by_unit : dict of int to list of str
-        Per unit key, its trainable parameters' names (:func:`sharded_step_state`), in the order the kernel hands
-        them to FSDP.
+        Per unit key, its trainable parameters' names (:func:`sharded_step_state`).
 
     Returns
     -------
-    dict of str to torch.Tensor
-        Per unit label, the rank's shard of its reduced gradients (units without a trainable parameter left out).
+    dict of str to (torch.Tensor or None)
+        Per unit label, the rank's shard of its reduced gradients (units without a trainable parameter left out;
+        None for a unit whose parameters the loss does not reach).
     """
-    reduced = {}
+    reduced: dict[str, torch.Tensor | None] = {}
     for unit in reversed(sharding.units):
-        names = trainable_by_unit[unit.key]
-        if names:
+        names = [name for name in trainable_by_unit[unit.key] if grads[name] is not None]
+        if trainable_by_unit[unit.key]:  # None where the loss reaches none of them: FSDP eager reduces nothing
             reduced[_unit_output_name(unit)] = torch.ops.coop.fsdp_reduce_scatter(
-                [grads[name] for name in names], unit.key, unit.world_size)
+                [grads[name] for name in names], [unit.names.index(name) for name in names], unit.key,
+                unit.world_size) if names else None
     return reduced
 
 
@@ -456,7 +458,7 @@ def collective_fields(fx_node: fx.Node) -> dict[str, Any] | None:
         return None
     value = fx_node.meta["val"]
     received = value.numel() * value.element_size()
-    world_size = fx_node.args[2]
+    world_size = fx_node.args[-1]
     if _is_collective(fx_node, ALL_GATHER):  # gloo stages each parameter's gather through a buffer of its size
         staged = max(segment_bytes(shard.meta["val"], world_size) for shard in fx_node.args[0])
         return {"cost": received / LINK_BANDWIDTH, "workspace": staged}

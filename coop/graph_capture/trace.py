@@ -176,8 +176,10 @@ def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossF
         # autocast covers the forward only, as PyTorch's AMP recipe runs it (backward outside autocast):
         # backward under autocast casts some grad kernels' inputs again (GPT-2 in bfloat16 on CPU: other
         # gradient bits than the recipe's)
+        # a parameter the loss does not reach gets no gradient (None), as eager leaves its .grad untouched: a zero
+        # gradient would change what an optimizer does with it (AdamW decays and moves a parameter with a zero grad)
         with autocast_off():
-            grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True, materialize_grads=True)
+            grads = torch.autograd.grad(loss, list(params.values()), allow_unused=True)
         named = dict(zip(params, grads, strict=True))
         if sharding is not None:
             named = reduce_gradients(sharding, named, by_unit)

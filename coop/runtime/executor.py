@@ -532,7 +532,8 @@ class GradientSync:
         """Accumulate ``grads`` into ``params`` through autograd, so DDP's hooks reduce them."""
         link = torch.zeros((), dtype=torch.float32, device=params[0].device if params else "cpu")
         for index in reversed(self.ready_order):
-            link = _ReleaseGradient.apply(link, params[index], grads[index])
+            if grads[index] is not None:  # a parameter the loss does not reach: no hook fires for it, as in eager
+                link = _ReleaseGradient.apply(link, params[index], grads[index])
         self.ddp._post_forward(link).backward()
 
 

@@ -8,7 +8,8 @@ this module implements on real tensors:
   copy, so the full parameters are FSDP's bit for bit; the schedule may run it again (a re-gather
   before the backward, as FSDP's ``reshard_after_forward`` does).
 * ``coop::fsdp_reduce_scatter``: the unit's full gradients set as its unsharded parameters'
-  ``.grad`` and handed to the unit's ``FSDPParamGroup.post_backward``, which reduce-scatters them
+  ``.grad`` (the parameters the loss reaches, by their index in the group) and handed to the unit's
+  ``FSDPParamGroup.post_backward``, which reduce-scatters them
   exactly as FSDP eager's backward hook does (its division by the world size, its accumulation
   into the sharded ``.grad``). FSDP keeps the reduce-scatter's padded input alive until the next
   unit's reduce on a side stream; here the compute stream waits for the collective and the input
@@ -57,13 +58,13 @@ def _all_gather(shards: list[torch.Tensor], unit: int, world_size: int) -> torch
     return gathered
 
 
-def _reduce_scatter(grads: list[torch.Tensor], unit: int, world_size: int) -> torch.Tensor:
+def _reduce_scatter(grads: list[torch.Tensor], params: list[int], unit: int, world_size: int) -> torch.Tensor:
     group = _unit(unit).group
-    trainable = [p for p in group.fsdp_params if p.sharded_param.requires_grad]
-    if len(trainable) != len(grads):
-        raise ContextError(f"FSDP unit {group._module_fqn or '<root>'} has {len(trainable)} trainable parameters, the "
-                           f"plan was captured with {len(grads)}; make a new plan")
-    for fsdp_param, grad in zip(trainable, grads, strict=True):
+    for index, grad in zip(params, grads, strict=True):
+        fsdp_param = group.fsdp_params[index]
+        if not fsdp_param.sharded_param.requires_grad:
+            raise ContextError(f"FSDP parameter {fsdp_param._param_fqn} no longer requires grad, the plan was captured "
+                               "with it trainable; make a new plan")
         fsdp_param.unsharded_param.grad = grad
     group.post_backward()
     for state in _reduces_in_flight(group.comm_ctx):  # the compute stream waits; the reduce's input can then go
