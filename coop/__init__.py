@@ -52,6 +52,10 @@ def __getattr__(name: str):  # lazy: importing coop must not import torch
         from coop import planner  # lazy: see above
 
         return getattr(planner, name)
+    if name == "fake_cluster":
+        from coop.planner.ranks import fake_cluster  # lazy: see above
+
+        return fake_cluster
     if name == "TrainingContext":
         from coop.graph_capture.context import TrainingContext  # lazy: see above
 

@@ -7,7 +7,9 @@ itself: after every AdamW step the loss, each rank's sharded gradients and shard
 are ``torch.equal`` to eager's, with dropout, gradient accumulation over two micro-batches, bfloat16 autocast, a
 schedule that
 re-gathers units before the backward (moccasin at half the baseline peak), a parameter the loss never reaches
-(no gradient, as in eager) and the rank-0 solve broadcast to rank 1. The Graph's bytes are checked against hand counts from the parameter shapes: the shards it holds for the
+(no gradient, as in eager) and the rank-0 solve broadcast to rank 1. A plan made without the cluster (the model on
+the meta device, sharded under ``coop.fake_cluster``) loads on each real rank with the same graph and trains
+alike. The Graph's bytes are checked against hand counts from the parameter shapes: the shards it holds for the
 whole step, each unit's gathered buffer and each unit's reduced gradient shard. What coop cannot honour is
 refused in one line on both ranks.
 """
@@ -170,14 +172,56 @@ def refusals(rank: int) -> None:
     plan.step(*batch_for(rank, 0))  # and the plan still steps after the refusals
 
 
+def plan_without_the_cluster(path: Path) -> str:
+    """The cluster's plan made in one process without weights: the model built on the meta device, sharded under
+    a fake process group of WORLD_SIZE ranks, planned for the CPU and saved. Returns its graph's digest."""
+    with coop.fake_cluster(WORLD_SIZE):
+        with torch.device("meta"):
+            model = sharded(Net())
+        meta_batch = tuple(t.to("meta") for t in batch_for(0, 0))
+        plan = coop.plan(model, 0.5, meta_batch, formulation="moccasin", time_limit=5, device="cpu")
+        plan.save(path)
+        return plan.graph.sha256
+
+
+def train_the_plan_made_without_the_cluster(rank: int, path: Path, digest: str) -> None:
+    """Each rank loads the meta plan onto its real sharded model (the same graph) and trains like FSDP eager."""
+    torch.manual_seed(0)
+    model = Net()
+    eager = sharded(copy.deepcopy(model))
+    planned = sharded(model)
+    plan = coop.load_plan(path, planned)
+    assert plan.graph.sha256 == digest and not plan.captured.sharding.weightless
+    eager_opt = torch.optim.AdamW(eager.parameters(), lr=0.01)
+    planned_opt = torch.optim.AdamW(planned.parameters(), lr=0.01)
+    for step in range(3):
+        batch = batch_for(rank, step)
+        torch.manual_seed(100 * rank + step)
+        eager_loss = eager(*batch)
+        eager_loss.backward()
+        torch.manual_seed(100 * rank + step)
+        assert torch.equal(eager_loss, plan.step(*batch)), f"rank {rank} step {step}: loss of the meta plan"
+        for (name, a), b in zip(eager.named_parameters(), planned.parameters(), strict=True):
+            same = (a.grad is None and b.grad is None) or torch.equal(a.grad.to_local(), b.grad.to_local())
+            assert same, f"rank {rank} step {step}: grad {name} (meta plan)"
+        eager_opt.step()
+        planned_opt.step()
+        eager_opt.zero_grad()
+        planned_opt.zero_grad()
+
+
 def worker(rank: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
+    meta_plan = Path(out, "meta-plan.json")
+    if rank == 0:  # before the real group: rank 1 waits in init_process_group until rank 0 joins
+        Path(out, "digest").write_text(plan_without_the_cluster(meta_plan))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
     try:
         from torch.distributed.device_mesh import init_device_mesh
 
         init_device_mesh("cpu", (WORLD_SIZE,))
+        train_the_plan_made_without_the_cluster(rank, meta_plan, Path(out, "digest").read_text())
         train_both(rank, "chen-greedy", 0.9, accumulate=True)
         train_both(rank, "chen-greedy", 0.8, accumulate=False, autocast=True)
         regathered = train_both(rank, "moccasin", 0.5, accumulate=False)

@@ -38,7 +38,7 @@ import itertools
 import math
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -131,6 +131,10 @@ class Sharding:
     root_state: Any
     world_size: int
     process_group: Any
+    #: sharded on the meta device (a plan made without weights, under a fake process group): nothing runs
+    weightless: bool = False
+    #: every FSDP state of the model (one per ``fully_shard`` call), whose forward hooks the trace takes off
+    states: list[Any] = field(default_factory=list)
 
     def shard_state(self) -> dict[str, torch.Tensor]:
         """Every sharded parameter's padded local shard, by the parameter's name."""
@@ -176,8 +180,9 @@ def refusal(model: nn.Module) -> str:
     if sharded[0] != "":
         return (f"coop plans an FSDP model from its root: apply fully_shard to the whole model too (submodule "
                 f"{sharded[0]!r} is sharded, the model is not)")
-    for group in _param_groups(model):
-        where = group._module_fqn or "the model"
+    names = {id(param): name for name, param in model.named_parameters()}
+    for label, group in _param_groups(model):
+        where = label
         if group.mp_policy.param_dtype is not None or group.mp_policy.reduce_dtype is not None:
             return (f"coop cannot plan FSDP mixed precision ({where}: MixedPrecisionPolicy with param_dtype or "
                     "reduce_dtype); shard without it and train under torch.autocast")
@@ -187,18 +192,44 @@ def refusal(model: nn.Module) -> str:
             return (f"coop plans FSDP on a one-dimensional mesh only ({where} is {type(group.mesh_info).__name__}: "
                     "HSDP or replication); shard over a 1-D DeviceMesh")
         for fsdp_param in group.fsdp_params:
+            name = names.get(id(fsdp_param.sharded_param), "?")
             if fsdp_param.fsdp_placement.dim != 0 or fsdp_param.is_dtensor:
-                return (f"coop plans FSDP parameters sharded on dim 0 only ({fsdp_param._param_fqn}); drop "
-                        "shard_placement_fn and tensor parallelism")
+                return (f"coop plans FSDP parameters sharded on dim 0 only ({name}); drop shard_placement_fn and "
+                        "tensor parallelism")
             if len(fsdp_param._orig_size) == 0:
-                return f"coop cannot plan the 0-dimensional FSDP parameter {fsdp_param._param_fqn}"
+                return f"coop cannot plan the 0-dimensional FSDP parameter {name}"
     return ""
 
 
-def _param_groups(model: nn.Module) -> list[Any]:
-    root_state = model._get_fsdp_state()
-    root_state._lazy_init()
-    return [group for state in root_state._state_ctx.all_states for group in state_groups(state)]
+def _param_groups(model: nn.Module) -> list[tuple[str, Any]]:
+    """Each FSDP parameter group of ``model`` with its module's name ('<root>' for the model's own), in module
+    order. FSDP's lazy initialisation runs first where the model has weights; a model on the meta device (sharded
+    under a fake process group, to plan without the cluster) keeps its groups as ``fully_shard`` made them."""
+    if not on_meta(model):
+        model._get_fsdp_state()._lazy_init()
+    groups = []
+    seen: set[int] = set()
+    for name, module in model.named_modules():
+        if is_fsdp2(module) and id(state := module._get_fsdp_state()) not in seen:
+            seen.add(id(state))
+            groups.extend((name or "<root>", group) for group in state_groups(state))
+    return groups
+
+
+def on_meta(model: nn.Module) -> bool:
+    """Whether ``model``'s parameters are on the meta device (FSDP shards of a model built without weights).
+
+    Parameters
+    ----------
+    model : nn.Module
+        An FSDP-sharded model.
+
+    Returns
+    -------
+    bool
+        True where any parameter is a meta tensor.
+    """
+    return any(p.device.type == "meta" for p in model.parameters())
 
 
 def state_groups(state: Any) -> list[Any]:
@@ -225,7 +256,9 @@ def find_sharding(model: nn.Module) -> Sharding | None:
 
     Runs FSDP's lazy initialisation, and gathers each unit once through FSDP (``unshard`` then
     ``reshard``, a collective every rank runs) so that FSDP holds the unsharded parameters whose
-    ``.grad`` its ``post_backward`` reduces.
+    ``.grad`` its ``post_backward`` reduces. A model sharded on the meta device (built without weights and
+    ``fully_shard``-ed under a fake process group of the cluster's world size) is read as ``fully_shard`` left
+    it: its plan is made for any rank of that cluster and saved, to be loaded there (``coop.load_plan``).
 
     Parameters
     ----------
@@ -249,13 +282,14 @@ def find_sharding(model: nn.Module) -> Sharding | None:
         return None
     groups = _param_groups(model)
     names = {id(param): name for name, param in model.named_parameters()}
+    weightless = on_meta(model)
     units = []
-    for group in groups:
-        for module in group.modules:
+    for label, group in groups:
+        for module in group.modules if not weightless else ():  # FSDP makes its unsharded parameters here
             module.unshard()
             module.reshard()
         world_size = group.mesh_info.shard_mesh_size
-        unit = ShardedUnit(key=next(_KEYS), label=group._module_fqn or "<root>",
+        unit = ShardedUnit(key=next(_KEYS), label=label,
                            names=[names[id(p.sharded_param)] for p in group.fsdp_params],
                            shapes=[p._orig_size for p in group.fsdp_params], group=group, world_size=world_size)
         UNITS[unit.key] = unit
@@ -263,8 +297,9 @@ def find_sharding(model: nn.Module) -> Sharding | None:
     world = {unit.world_size for unit in units}
     if len(world) != 1:
         raise CaptureError(f"coop plans FSDP with one shard group; this model's units shard over {sorted(world)} ranks")
+    states = list({id(m._get_fsdp_state()): m._get_fsdp_state() for m in model.modules() if is_fsdp2(m)}.values())
     return Sharding(units=units, root_state=model._get_fsdp_state(), world_size=world.pop(),
-                    process_group=groups[0].mesh_info.shard_process_group)
+                    process_group=groups[0][1].mesh_info.shard_process_group, weightless=weightless, states=states)
 
 
 def sharded_step_state(sharding: Sharding, shards: dict[str, torch.Tensor],
@@ -413,7 +448,7 @@ def hooks_suppressed(sharding: Sharding | None) -> Iterator[None]:
     if sharding is None:
         yield
         return
-    states = list(sharding.root_state._state_ctx.all_states)
+    states = sharding.states
     saved: list[tuple[dict, list]] = []
     for state in states:
         for module in state._modules:
@@ -467,6 +502,6 @@ def collective_fields(fx_node: fx.Node) -> dict[str, Any] | None:
 
 
 __all__ = ["ALIGNMENT", "ALL_GATHER", "LINK_BANDWIDTH", "REDUCE_SCATTER", "UNITS", "ShardedUnit", "Sharding",
-           "collective_fields", "find_sharding", "hooks_suppressed", "is_fsdp2", "place_collectives",
+           "collective_fields", "find_sharding", "hooks_suppressed", "is_fsdp2", "on_meta", "place_collectives",
            "reduce_gradients", "refusal", "segment_bytes", "sharded_gradient_names", "sharded_step_state",
            "state_groups"]

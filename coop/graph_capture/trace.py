@@ -190,11 +190,11 @@ def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossF
         params, frozen = {n: shards[n] for n in params}, {n: shards[n] for n in frozen}
 
     try:
-        if weightless(model, batch):  # meta tensors: traced as fake CPU tensors (coop.graph_capture.meta)
-            target = step if device is None or torch.device(device).type != "cuda" else _with_cuda_kernels(step)
-            module = _traced(target, *fake_cpu_state(params, buffers, frozen, batch))
-        else:
-            with hooks_suppressed(sharding):
+        with hooks_suppressed(sharding):
+            if weightless(model, batch):  # meta tensors: traced as fake CPU tensors (coop.graph_capture.meta)
+                target = step if device is None or torch.device(device).type != "cuda" else _with_cuda_kernels(step)
+                module = _traced(target, *fake_cpu_state(params, buffers, frozen, batch))
+            else:
                 module = _traced(step, params, buffers, frozen, *_distinct_storages(batch))
     except CoopError:
         raise

@@ -424,7 +424,7 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
         return dynamic
     solver = functools.partial(_plan_within, module, formulation=formulation, time_limit=time_limit,
                                loss_fn=loss_fn, wrapper=wrapper, device_profile=device_profile, exact=exact)
-    if captured.sharding is not None:  # every rank replays rank 0's schedule (coop.planner.ranks)
+    if captured.sharding is not None and not captured.sharding.weightless:  # every rank replays rank 0's schedule
         require_same_graph(captured)
         solver = solved_on_rank_zero(solver, functools.partial(_plan_from_rank_zero, module, loss_fn=loss_fn))
     within = functools.partial(solver, captured)

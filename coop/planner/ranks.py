@@ -7,17 +7,61 @@ planner solves on the shard group's first rank only and broadcasts the result
 (:func:`solved_on_rank_zero`); each other rank validates it on its own capture before replaying it.
 The ranks' graphs are compared first (:func:`require_same_graph`): a rank whose step differs (another
 batch shape) is refused on every rank in one line, not left waiting in a collective.
+
+A cluster's plan can also be made before renting it: :func:`fake_cluster` opens a process group of the
+cluster's world size that runs no collective, under which a model built on the meta device is sharded and
+planned as one rank of that cluster.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch.distributed as dist
 
 from coop.errors import CaptureError, CoopError
 from coop.graph_capture import Captured
+
+
+@contextlib.contextmanager
+def fake_cluster(world_size: int, rank: int = 0) -> Iterator[None]:
+    """A process group of ``world_size`` ranks that runs no collective: plan a cluster's FSDP step on one machine.
+
+    Inside it, a model built on the meta device (no weights) can be ``fully_shard``-ed as on the
+    cluster, and ``coop.plan(model, budget, meta_batch, device=...)`` makes the plan of one rank (every rank
+    of the cluster has the same step); ``plan.save`` it and ``coop.load_plan`` it on each rank of the real
+    cluster, which captures the real sharded step and checks it is the same graph. It is PyTorch's fake
+    backend (``torch.testing._internal.distributed.fake_pg``), which hallucinates every collective.
+
+    Parameters
+    ----------
+    world_size : int
+        Ranks of the cluster the plan is for.
+    rank : int
+        The rank this process stands for (every rank plans the same step).
+
+    Yields
+    ------
+    None
+        While the fake process group is the default one.
+
+    Raises
+    ------
+    CoopError
+        When a process group is already initialized here (plan in a process without one).
+    """
+    if dist.is_initialized():
+        raise CoopError("a process group is already initialized in this process; plan for a fake cluster in a "
+                        "process without one (the fake one replaces the default group while it is open)")
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401 - registers PyTorch's "fake" backend
+
+    dist.init_process_group("fake", store=dist.HashStore(), rank=rank, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 def require_same_graph(captured: Captured) -> None:
@@ -89,4 +133,4 @@ def solved_on_rank_zero(solve: Callable[[Captured, int], Any], build: Callable[.
     return agreed
 
 
-__all__ = ["require_same_graph", "solved_on_rank_zero"]
+__all__ = ["fake_cluster", "require_same_graph", "solved_on_rank_zero"]
