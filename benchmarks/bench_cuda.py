@@ -780,7 +780,8 @@ def _fsdp_plan(row: dict[str, Any], case: Case, make: Callable[[], tuple], devic
 
     with socket_port() as port:
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=f"tcp://127.0.0.1:{port}",
-                                rank=0, world_size=1, **({"device_id": device} if device.type == "cuda" else {}))
+                                rank=0, world_size=1, **({"device_id": torch.device("cuda", torch.cuda.current_device())}
+                                                         if device.type == "cuda" else {}))
     try:
         progress("build and shard model")
         model, batch, loss_fn = sharded()

@@ -76,11 +76,17 @@ def methods(quick: bool) -> list[tuple[str, dict[str, Any]]]:
 
 def row_of(label: str, graph: Any, formulation: str, options: dict[str, Any], budget: int) -> dict[str, Any]:
     """One method on one graph: its status, overhead, peak, time and the validator's verdict."""
+    return solved_row(label, graph, formulation, options, budget)[0]
+
+
+def solved_row(label: str, graph: Any, formulation: str, options: dict[str, Any],
+               budget: int) -> tuple[dict[str, Any], Any]:
+    """:func:`row_of`, and the solver's result (None where it raised)."""
     started = time.perf_counter()
     try:
         result = solve(graph, budget, formulation, **options)
     except CoopError as exc:
-        return {"model": label, "method": formulation, "status": f"error: {str(exc).splitlines()[0]}"}
+        return {"model": label, "method": formulation, "status": f"error: {str(exc).splitlines()[0]}"}, None
     wall = time.perf_counter() - started
     schedule = result.schedule
     check = validate(graph, schedule, budget) if schedule is not None else None
@@ -90,7 +96,7 @@ def row_of(label: str, graph: Any, formulation: str, options: dict[str, Any], bu
             "bound_pct": None if result.bound is None else round(100 * (result.bound / graph.baseline_cost - 1), 3),
             "peak": result.simulation.peak if result.simulation is not None else None,
             "fits": check is not None and check.ok and check.peak <= budget,
-            "solve_s": round(wall, 1), "valid": None if check is None else check.ok}
+            "solve_s": round(wall, 1), "valid": None if check is None else check.ok}, result
 
 
 def logged_row(label: str, graph: Any, formulation: str, options: dict[str, Any], budget: int,
