@@ -14,21 +14,18 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import os
-import socket
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.nn import functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 import coop
+from tests.spawned_ranks import run_ranks
 from tests.test_auto_ladder import ConvNet, conv_batch
 
 WORLD_SIZE = 2
@@ -57,12 +54,6 @@ class Net(nn.Module):
 def batch_for(rank: int, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(1000 * rank + 10 * step + micro)
     return torch.randn(64, 16, generator=generator), torch.randint(0, 4, (64,), generator=generator)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def conv_batch_for(rank: int, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,9 +113,7 @@ def assert_reduced(module: nn.Module, rank: int) -> None:
         assert torch.equal(gathered[0], gathered[1]), f"rank {rank}: gradient {name} differs between the ranks"
 
 
-def worker(rank: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
+def ranks_train(rank: int, out: Path) -> str:
     dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
     try:
         buckets = [
@@ -139,10 +128,7 @@ def worker(rank: int, port: int, out: str) -> None:
         # issue 24: auto at 0.7 of the conv net, where only a reordering fits (tests/test_auto_ladder.py)
         train_both(rank, bucket_cap_mb=25, width=0, accumulate=False, formulation="auto", net=ConvNet,
                    batches=conv_batch_for, budget=0.7, chosen="moccasin")
-        Path(out, f"rank{rank}").write_text(f"ok {buckets[0]} {buckets[1]}")
-    except BaseException:
-        Path(out, f"rank{rank}").write_text(traceback.format_exc())
-        raise
+        return f"{buckets[0]} {buckets[1]}"
     finally:
         dist.destroy_process_group()
 
@@ -151,11 +137,7 @@ def test_ddp_gradients_and_parameters_equal_ddp_eager_on_both_ranks(tmp_path: Pa
     """3 AdamW steps, one and several buckets, no_sync() accumulation, a static and the dynamic plan,
     static_graph, gradient_as_bucket_view, find_unused_parameters, and auto on the conv net at 0.7 (a
     reordering): bit-identical to DDP eager on each rank."""
-    with contextlib.suppress(Exception):  # a failed rank raises here; its report below says why
-        mp.spawn(worker, args=(free_port(), str(tmp_path)), nprocs=WORLD_SIZE, join=True)
-    reports = [(tmp_path / f"rank{rank}").read_text() if (tmp_path / f"rank{rank}").exists() else "no report"
-               for rank in range(WORLD_SIZE)]
-    for rank, report in enumerate(reports):
+    for rank, report in enumerate(run_ranks(ranks_train, tmp_path, WORLD_SIZE)):
         assert report.startswith("ok"), f"rank {rank}:\n{report}"
         _, default_buckets, small_buckets = report.split()
         assert int(default_buckets) == 1 and int(small_buckets) >= 3, report  # several buckets

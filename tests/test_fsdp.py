@@ -19,21 +19,18 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import os
-import traceback
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.nn import functional as F
 
 import coop
 from coop.errors import CaptureError, ContextError, CoopError
-from tests.test_ddp import free_port
+from tests.spawned_ranks import run_ranks
 
 WORLD_SIZE = 2
 pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="needs gloo")
@@ -210,26 +207,21 @@ def train_the_plan_made_without_the_cluster(rank: int, path: Path, digest: str) 
         planned_opt.zero_grad()
 
 
-def worker(rank: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    meta_plan = Path(out, "meta-plan.json")
+def ranks_train(rank: int, out: Path) -> str:
+    meta_plan = out / "meta-plan.json"
     if rank == 0:  # before the real group: rank 1 waits in init_process_group until rank 0 joins
-        Path(out, "digest").write_text(plan_without_the_cluster(meta_plan))
+        (out / "digest").write_text(plan_without_the_cluster(meta_plan))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD_SIZE)
     try:
         from torch.distributed.device_mesh import init_device_mesh
 
         init_device_mesh("cpu", (WORLD_SIZE,))
-        train_the_plan_made_without_the_cluster(rank, meta_plan, Path(out, "digest").read_text())
+        train_the_plan_made_without_the_cluster(rank, meta_plan, (out / "digest").read_text())
         train_both(rank, "chen-greedy", 0.9, accumulate=True)
         train_both(rank, "chen-greedy", 0.8, accumulate=False, autocast=True)
         regathered = train_both(rank, "moccasin", 0.5, accumulate=False)
         refusals(rank)
-        Path(out, f"rank{rank}").write_text(f"ok {max(regathered.values())}")
-    except BaseException:
-        Path(out, f"rank{rank}").write_text(traceback.format_exc())
-        raise
+        return str(max(regathered.values()))
     finally:
         dist.destroy_process_group()
 
@@ -238,11 +230,7 @@ def test_fsdp_plans_train_bit_identically_to_fsdp_eager_on_both_ranks(tmp_path: 
     """3 AdamW steps under chen-greedy at 0.9 (two micro-batches each) and at 0.8 under bfloat16 autocast, and
     moccasin at 0.5 (units gathered again before the backward), equal to FSDP eager on each rank; the refusals in
     one line."""
-    with contextlib.suppress(Exception):  # a failed rank raises here; its report below says why
-        mp.spawn(worker, args=(free_port(), str(tmp_path)), nprocs=WORLD_SIZE, join=True)
-    reports = [(tmp_path / f"rank{rank}").read_text() if (tmp_path / f"rank{rank}").exists() else "no report"
-               for rank in range(WORLD_SIZE)]
-    for rank, report in enumerate(reports):
+    for rank, report in enumerate(run_ranks(ranks_train, tmp_path, WORLD_SIZE)):
         assert report.startswith("ok"), f"rank {rank}:\n{report}"
         _, regathered = report.split()
         assert int(regathered) >= 2, report  # the half-budget schedule gathers some unit again
