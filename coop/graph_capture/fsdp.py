@@ -83,6 +83,30 @@ def segment_bytes(shard: torch.Tensor, world_size: int) -> int:
     return math.ceil(shard.numel() * shard.element_size() * world_size / ALIGNMENT) * ALIGNMENT
 
 
+def segments(shards: list[torch.Tensor], world_size: int) -> list[slice]:
+    """Where each parameter's gathered bytes lie in its unit's buffer: one after the other, each starting at a
+    multiple of :data:`ALIGNMENT` (the one layout the fake op, the traced views and the kernel share).
+
+    Parameters
+    ----------
+    shards : list of torch.Tensor
+        The unit's padded local shards, in the group's order.
+    world_size : int
+        Ranks of the shard group.
+
+    Returns
+    -------
+    list of slice
+        Per shard, the byte range of its padded full parameter; the buffer's size is :func:`segment_bytes` summed.
+    """
+    placed = []
+    offset = 0
+    for shard in shards:
+        placed.append(slice(offset, offset + shard.numel() * shard.element_size() * world_size))
+        offset += segment_bytes(shard, world_size)
+    return placed
+
+
 def _reduced_numel(grads: list[torch.Tensor], world_size: int) -> int:
     """Elements of a rank's shard of a unit's reduced gradients: each gradient padded on dim 0 to the world size."""
     total = 0
@@ -125,11 +149,10 @@ class ShardedUnit:
 
 @dataclass(eq=False)
 class Sharding:
-    """How FSDP shards a model: its units, the root's FSDP state and the world size."""
+    """How FSDP shards a model: its units (one shard group, whose process group this holds) and FSDP's states."""
 
     units: list[ShardedUnit]
     root_state: Any
-    world_size: int
     process_group: Any
     #: sharded on the meta device (a plan made without weights, under a fake process group): nothing runs
     weightless: bool = False
@@ -181,8 +204,7 @@ def refusal(model: nn.Module) -> str:
         return (f"coop plans an FSDP model from its root: apply fully_shard to the whole model too (submodule "
                 f"{sharded[0]!r} is sharded, the model is not)")
     names = {id(param): name for name, param in model.named_parameters()}
-    for label, group in _param_groups(model):
-        where = label
+    for where, group in _param_groups(model):
         if group.mp_policy.param_dtype is not None or group.mp_policy.reduce_dtype is not None:
             return (f"coop cannot plan FSDP mixed precision ({where}: MixedPrecisionPolicy with param_dtype or "
                     "reduce_dtype); shard without it and train under torch.autocast")
@@ -207,13 +229,17 @@ def _param_groups(model: nn.Module) -> list[tuple[str, Any]]:
     under a fake process group, to plan without the cluster) keeps its groups as ``fully_shard`` made them."""
     if not on_meta(model):
         model._get_fsdp_state()._lazy_init()
-    groups = []
-    seen: set[int] = set()
+    return [(name, group) for name, state in _fsdp_states(model) for group in state_groups(state)]
+
+
+def _fsdp_states(model: nn.Module) -> list[tuple[str, Any]]:
+    """Each FSDP state of ``model`` (one per ``fully_shard`` call) with its first module's name, in module order."""
+    found: dict[int, tuple[str, Any]] = {}
     for name, module in model.named_modules():
-        if is_fsdp2(module) and id(state := module._get_fsdp_state()) not in seen:
-            seen.add(id(state))
-            groups.extend((name or "<root>", group) for group in state_groups(state))
-    return groups
+        if is_fsdp2(module):
+            state = module._get_fsdp_state()
+            found.setdefault(id(state), (name or "<root>", state))
+    return list(found.values())
 
 
 def on_meta(model: nn.Module) -> bool:
@@ -268,7 +294,7 @@ def find_sharding(model: nn.Module) -> Sharding | None:
     Returns
     -------
     Sharding or None
-        The units in FSDP's order, the root state and the shard group's world size.
+        The units in module order, the root state, the shard group's process group and FSDP's states.
 
     Raises
     ------
@@ -297,9 +323,9 @@ def find_sharding(model: nn.Module) -> Sharding | None:
     world = {unit.world_size for unit in units}
     if len(world) != 1:
         raise CaptureError(f"coop plans FSDP with one shard group; this model's units shard over {sorted(world)} ranks")
-    states = list({id(m._get_fsdp_state()): m._get_fsdp_state() for m in model.modules() if is_fsdp2(m)}.values())
-    return Sharding(units=units, root_state=model._get_fsdp_state(), world_size=world.pop(),
-                    process_group=groups[0][1].mesh_info.shard_process_group, weightless=weightless, states=states)
+    return Sharding(units=units, root_state=model._get_fsdp_state(),
+                    process_group=groups[0][1].mesh_info.shard_process_group, weightless=weightless,
+                    states=[state for _, state in _fsdp_states(model)])
 
 
 def sharded_step_state(sharding: Sharding, shards: dict[str, torch.Tensor],
@@ -324,13 +350,11 @@ def sharded_step_state(sharding: Sharding, shards: dict[str, torch.Tensor],
     for unit in sharding.units:
         unit_shards = [shards[name] for name in unit.names]
         gathered = torch.ops.coop.fsdp_all_gather(unit_shards, unit.key, unit.world_size)
-        offset = 0
-        for name, shape, shard in zip(unit.names, unit.shapes, unit_shards, strict=True):
-            nbytes = shard.numel() * shard.element_size() * unit.world_size
+        placed = segments(unit_shards, unit.world_size)
+        for name, shape, shard, where in zip(unit.names, unit.shapes, unit_shards, placed, strict=True):
             rows = shard.numel() * unit.world_size // max(math.prod(shape[1:]), 1)
-            view = gathered[offset:offset + nbytes].view(shard.dtype).view((rows, *shape[1:]))[:shape[0]]
+            view = gathered[where].view(shard.dtype).view((rows, *shape[1:]))[:shape[0]]
             full[name] = view.detach().requires_grad_(name in trainable)
-            offset += segment_bytes(shard, unit.world_size)
     return full, {unit.key: [n for n in unit.names if n in trainable] for unit in sharding.units}
 
 
@@ -355,12 +379,12 @@ def reduce_gradients(sharding: Sharding, grads: dict[str, torch.Tensor | None],
         None for a unit whose parameters the loss does not reach).
     """
     reduced: dict[str, torch.Tensor | None] = {}
-    for unit in reversed(sharding.units):
+    for unit in _reducing_units(sharding, set(grads)):
         names = [name for name in trainable_by_unit[unit.key] if grads[name] is not None]
-        if trainable_by_unit[unit.key]:  # None where the loss reaches none of them: FSDP eager reduces nothing
-            reduced[_unit_output_name(unit)] = torch.ops.coop.fsdp_reduce_scatter(
-                [grads[name] for name in names], [unit.names.index(name) for name in names], unit.key,
-                unit.world_size) if names else None
+        # None where the loss reaches none of them: FSDP eager reduces nothing
+        reduced[_unit_output_name(unit)] = torch.ops.coop.fsdp_reduce_scatter(
+            [grads[name] for name in names], [unit.names.index(name) for name in names], unit.key,
+            unit.world_size) if names else None
     return reduced
 
 
@@ -380,7 +404,12 @@ def sharded_gradient_names(sharding: Sharding, trainable: set[str]) -> list[str]
     list of str
         ``fsdp:<unit label>`` per such unit, last unit first.
     """
-    return [_unit_output_name(unit) for unit in reversed(sharding.units) if any(n in trainable for n in unit.names)]
+    return [_unit_output_name(unit) for unit in _reducing_units(sharding, trainable)]
+
+
+def _reducing_units(sharding: Sharding, trainable: set[str]) -> list[ShardedUnit]:
+    """The units with a trainable parameter, in the order the backward reduces them (the last unit first)."""
+    return [unit for unit in reversed(sharding.units) if any(n in trainable for n in unit.names)]
 
 
 def _unit_output_name(unit: ShardedUnit) -> str:
@@ -412,14 +441,15 @@ def place_collectives(graph: fx.Graph) -> None:
     for gather in [n for n in graph.nodes if _is_collective(n, ALL_GATHER)]:
         chain = [gather]
         members = {gather}
-        for node in graph.nodes:  # the views of the buffer: every input in the chain
-            if node.op == "call_function" and getattr(node.target, "is_view", False) \
-                    and set(node.all_input_nodes) <= members:
-                chain.append(node)
-                members.add(node)
+        for member in chain:  # the views of the buffer: view ops all of whose inputs are in the chain
+            for user in member.users:
+                if user not in members and user.op == "call_function" and getattr(user.target, "is_view", False) \
+                        and set(user.all_input_nodes) <= members:
+                    chain.append(user)
+                    members.add(user)
         readers = [user for member in chain for user in member.users if user not in members]
         first = min(readers, key=position.__getitem__)
-        for node in chain:
+        for node in sorted(chain, key=position.__getitem__):
             first.prepend(node)
         position = {node: index for index, node in enumerate(graph.nodes)}
     for reduce in [n for n in graph.nodes if _is_collective(n, REDUCE_SCATTER)]:
@@ -503,5 +533,5 @@ def collective_fields(fx_node: fx.Node) -> dict[str, Any] | None:
 
 __all__ = ["ALIGNMENT", "ALL_GATHER", "LINK_BANDWIDTH", "REDUCE_SCATTER", "UNITS", "ShardedUnit", "Sharding",
            "collective_fields", "find_sharding", "hooks_suppressed", "is_fsdp2", "on_meta", "place_collectives",
-           "reduce_gradients", "refusal", "segment_bytes", "sharded_gradient_names", "sharded_step_state",
+           "reduce_gradients", "refusal", "segment_bytes", "segments", "sharded_gradient_names", "sharded_step_state",
            "state_groups"]

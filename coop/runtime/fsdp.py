@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from coop.errors import ContextError, CoopError
 from coop.graph_capture.captured import Captured
-from coop.graph_capture.fsdp import ALL_GATHER, REDUCE_SCATTER, UNITS, ShardedUnit, segment_bytes
+from coop.graph_capture.fsdp import ALL_GATHER, REDUCE_SCATTER, UNITS, ShardedUnit, segment_bytes, segments
 
 #: torch 2.13 names it all_gather_single (all_gather_into_tensor is deprecated there); older torch has only the latter
 _ALL_GATHER_INTO = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -50,11 +50,8 @@ def _all_gather(shards: list[torch.Tensor], unit: int, world_size: int) -> torch
     group = found.group._all_gather_process_group
     gathered = torch.empty((sum(segment_bytes(s, world_size) for s in shards),), dtype=torch.uint8,
                            device=shards[0].device)
-    offset = 0
-    for shard in shards:
-        nbytes = shard.numel() * shard.element_size() * world_size
-        _ALL_GATHER_INTO(gathered[offset:offset + nbytes].view(shard.dtype), shard, group=group)
-        offset += segment_bytes(shard, world_size)
+    for shard, where in zip(shards, segments(shards, world_size), strict=True):
+        _ALL_GATHER_INTO(gathered[where].view(shard.dtype), shard, group=group)
     return gathered
 
 
