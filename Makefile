@@ -10,8 +10,11 @@ STAMP := $(VENV)/.coop-installed
 # Two workers when pytest-xdist is there: the suite is CPU-bound and the machine has 2 cores. The 25 slowest tests
 # are listed at the end, so that a CI log shows where the suite's minutes go.
 PYTEST_ARGS ?= -q -n 2 --durations=25
+# `make test` (what CI runs) is the fast tier: every test but those marked `slow` (the end-to-end cases on the
+# larger models, each with a smaller test of the same path and oracle in the fast tier); `make test-all` runs both.
+FAST_TIER := -m "not slow"
 
-.PHONY: install demo test test-oldest smoke lint bench clean
+.PHONY: install demo test test-all test-oldest smoke lint bench clean
 
 install: $(STAMP)
 
@@ -32,13 +35,13 @@ demo: install
 		$(MAKE) --no-print-directory demo-cli; \
 	fi
 
-# The CLI tour, used until examples/demo.py exists: a published graph when ../shared is there.
-DEMO_GRAPH ?= $(firstword $(wildcard ../shared/graphs/moccasin/VGG16_*_train_nx.json))
+# The CLI tour, used until examples/demo.py exists: a published graph shipped in graphs/moccasin.
+DEMO_GRAPH ?= graphs/moccasin/VGG16_256_224_224_3_train_nx.json
 DEMO_OUT := out/demo
 .PHONY: demo-cli
 demo-cli: install
 	@mkdir -p $(DEMO_OUT)
-	@if [ -z "$(DEMO_GRAPH)" ]; then echo "no ../shared/graphs: give DEMO_GRAPH=path/to/graph.json"; exit 2; fi
+	@if [ ! -f "$(DEMO_GRAPH)" ]; then echo "no $(DEMO_GRAPH): give DEMO_GRAPH=path/to/graph.json"; exit 2; fi
 	$(VENV)/bin/coop info $(DEMO_GRAPH)
 	$(VENV)/bin/coop solve $(DEMO_GRAPH) --budget 100% --formulation store-all -o $(DEMO_OUT)/store_all.json
 	$(VENV)/bin/coop solve $(DEMO_GRAPH) --budget 90% --formulation chen-greedy -o $(DEMO_OUT)/chen_greedy.json
@@ -46,6 +49,10 @@ demo-cli: install
 	$(VENV)/bin/coop plot $(DEMO_GRAPH) $(DEMO_OUT)/store_all.json $(DEMO_OUT)/chen_greedy.json -o $(DEMO_OUT)/memory.png
 
 test: install
+	$(PY) -m pytest $(PYTEST_ARGS) $(FAST_TIER)
+	$(VENV)/bin/ruff check .
+
+test-all: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 	$(VENV)/bin/ruff check .
 
@@ -66,7 +73,7 @@ test-oldest: | $(OLDEST_PY)
 	$(OLDEST_PY) -m pip install "$(OLDEST_TORCH_SPEC)"
 	$(OLDEST_PY) -m pip install -e ".[test]" "$(OLDEST_TORCH_SPEC)" "$(OLDEST_TRANSFORMERS_SPEC)"
 	$(OLDEST_PY) -c "import torch, transformers; print('test-oldest: torch', torch.__version__, 'transformers', transformers.__version__)"
-	$(OLDEST_PY) -m pytest $(PYTEST_ARGS)
+	$(OLDEST_PY) -m pytest $(PYTEST_ARGS) $(FAST_TIER)
 
 # What a user gets: a fresh venv, torch, then `pip install .` (not editable, no extras), `pip check`, and the smoke
 # script run from outside the source tree (a plan with optimizer steps, `coop simulate`, `coop compare`).

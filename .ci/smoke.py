@@ -6,8 +6,8 @@ fails (non-zero exit) on any missing dependency or wrong result:
 
 1. ``coop.plan`` on a small built-in model under 60 % of its baseline peak, three AdamW steps, each compared with eager
    PyTorch doing the same steps (loss and every gradient equal);
-2. ``coop simulate`` and ``coop compare`` on a published graph of ``../shared/graphs/moccasin`` (the graph of a zoo
-   model captured here when ``../shared`` is absent, as on a user's clone);
+2. ``coop simulate`` and ``coop compare`` on a published graph shipped in ``graphs/moccasin`` (the graph of a zoo
+   model captured here when the source tree has no ``graphs/``);
 3. ``coop capture --alternatives`` of a zoo model, ``coop solve`` with monet on it, and poet on a device profile
    read from the installed package's data (``coop/configs/devices``).
 """
@@ -26,7 +26,7 @@ import coop
 from coop.zoo import build
 
 SOURCE_TREE = Path(__file__).resolve().parents[1]
-PUBLISHED_GRAPH = SOURCE_TREE.parent / "shared" / "graphs" / "moccasin" / "VGG16_256_224_224_3_train_nx.json"
+PUBLISHED_GRAPH = SOURCE_TREE / "graphs" / "moccasin" / "VGG16_256_224_224_3_train_nx.json"
 
 
 def check(condition: bool, message: str) -> None:
@@ -66,7 +66,7 @@ def plan_and_train() -> None:
 def published_or_captured_graph(workdir: Path) -> Path:
     if PUBLISHED_GRAPH.exists():
         return PUBLISHED_GRAPH
-    print(f"smoke: {PUBLISHED_GRAPH} absent (no ../shared beside the clone): using a captured zoo graph")
+    print(f"smoke: {PUBLISHED_GRAPH} absent (no graphs/ in the source tree): using a captured zoo graph")
     model, batch, loss_fn = build("cnn")
     path = workdir / "cnn.json"
     coop.capture(model, batch, loss_fn).graph.save(path)

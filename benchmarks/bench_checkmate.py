@@ -26,7 +26,7 @@ from coop.budget import baseline_peak, min_budget
 from coop.formulations.checkmate import checkmate
 from coop.graph_files import load_graph
 
-GRAPH_DIR = Path(__file__).resolve().parents[2] / "shared" / "graphs" / "moccasin"
+GRAPH_DIR = Path(__file__).resolve().parents[1] / "graphs" / "moccasin"
 GRAPHS = (
     "VGG16_256_224_224_3_train_nx.json",
     "VGG19_256_224_224_3_train_nx.json",

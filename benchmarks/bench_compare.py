@@ -1,6 +1,6 @@
 """Static plans versus online eviction on the same graphs and budgets (:func:`coop.compare.compare`).
 
-For the Checkmate training graphs in ``../shared/graphs/moccasin/`` (the small ones also through
+For the Checkmate training graphs in ``graphs/moccasin/`` (the small ones also through
 the Checkmate MILP; every one through Moccasin with ``time_limit`` 20 s and the baselines) and one
 captured model (the zoo GPT-2, 4 layers, batch 2, sequence 128; costs in analytic seconds), at
 90/70/50 % of the baseline peak, this reports per (graph, budget):
@@ -30,7 +30,7 @@ from coop.graph import Graph
 from coop.graph_files import load_graph
 from coop.online.policies import POLICIES
 
-GRAPH_DIR = Path(__file__).resolve().parents[2] / "shared" / "graphs" / "moccasin"
+GRAPH_DIR = Path(__file__).resolve().parents[1] / "graphs" / "moccasin"
 FRACTIONS = (0.9, 0.7, 0.5)
 TIME_LIMIT = 20.0
 #: Checkmate's MILP has O(n^2) variables: only graphs up to this many nodes get it.

@@ -118,6 +118,7 @@ import faulthandler
 import fnmatch
 import inspect
 import json
+import math
 import re
 import signal
 import socket
@@ -187,6 +188,8 @@ CASES: tuple[Case, ...] = (
     # 1,210,810,880 B live budget)
     Case("gpt2", "meta-plan", 0.5), Case("bert", "meta-plan", 0.6),
     Case("gpt2", "fsdp", 0.5),
+    # coop inside torch.compile (issue 41): reserved <= budget; time against eager and the compiler's own budget
+    *(Case(family, mode, 0.5) for mode in ("compile", "compile+reduce-overhead") for family in ("gpt2", "resnet")),
     Case("selftest", "crash", hidden=True),
     Case("selftest", "error", hidden=True),
     Case("selftest", "hang", hidden=True),
@@ -490,6 +493,10 @@ def acceptance_failures(rows: list[dict[str, Any]]) -> list[str]:
             key = "allocated_vs_predicted" if row["mode"] == "arena" else "no_scratch_vs_predicted"
             if (row[key] or 0) > 1:
                 failures.append(f"{name}: {key} {row[key]} > 1")
+        if row["mode"].startswith("compile") and row["grads_equal"] is not True:
+            failures.append(f"{name}: gradients differ from torch.compile's own partitioner")
+        if row["mode"].startswith("compile") and row["device"] == "cpu" and (row["allocated"] or 0) > row["budget_bytes"]:
+            failures.append(f"{name}: allocated {row['allocated']} > the budget {row['budget_bytes']}")
         if row["mode"].startswith("paging") and not row["pages"]:
             failures.append(f"{name}: the plan pages nothing (lower the case's budget)")
     return failures
@@ -628,6 +635,9 @@ def run_case(case: Case, spec: dict[str, Any], row: dict[str, Any], progress: Ca
     model, batch, loss_fn = make()
     model = model.to(device)
     batch = tuple(t.to(device) for t in batch)
+    if case.mode.startswith("compile"):
+        _compile_case(row, case, model, batch, loss_fn, device, sizes, progress)
+        return
     profile = device.type == "cuda" or case.mode == "capture"
     progress("capture" + (" with profile" if profile else ""))
     started = time.perf_counter()
@@ -668,7 +678,9 @@ def run_case(case: Case, spec: dict[str, Any], row: dict[str, Any], progress: Ca
             options["policy"], options["device_profile"] = "delta", DEVICE_PROFILE
     elif case.mode == "cuda-graph":
         options["cuda_graph"] = True
-    budget: float | int = STORE_ALL_BUDGET if case.budget == "store-all" else case.budget
+    # above the peak a budget is given in bytes (a fraction is at most 1.0 of the peak)
+    budget: float | int = (math.ceil(STORE_ALL_BUDGET * coop.baseline_peak(graph)) if case.budget == "store-all"
+                           else case.budget)
     if case.mode.startswith("paging"):  # close to the proven minimum, which the device's workspaces raise on CUDA
         budget = max(int(case.budget * coop.baseline_peak(graph)), int(PAGING_OVER_MIN * coop.min_budget(graph)))
     row["budget_bytes"] = int(budget * coop.baseline_peak(graph)) if isinstance(budget, float) else budget
@@ -760,6 +772,60 @@ def _meta_plan(row: dict[str, Any], case: Case, make: Callable[[], tuple], model
     eager = copy.deepcopy(model)
     row["grads_equal"], difference = _equal_to_eager(loaded, model, eager, batch, loss_fn, progress)
     row["note"] = difference or None
+
+
+class _LossModule(torch.nn.Module):
+    """The model and its loss as one module, so that ``torch.compile`` compiles the whole step's forward."""
+
+    def __init__(self, model: torch.nn.Module, loss_fn: Callable | None) -> None:
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+
+    def forward(self, *batch: torch.Tensor) -> torch.Tensor:
+        out = self.loss_fn(self.model, *batch) if self.loss_fn is not None else self.model(*batch)
+        return out if isinstance(out, torch.Tensor) else out.loss
+
+
+def _compile_case(row: dict[str, Any], case: Case, model: torch.nn.Module, batch: tuple, loss_fn: Callable | None,
+                  device: torch.device, sizes: Sizes, progress: Callable[[str], None]) -> None:
+    """``coop.compile`` at the case's share of the compiled step's peak: reserved (allocated on CPU) against its
+    budget, gradients against ``torch.compile``'s own partitioner (same seed), and the step's time against eager and
+    against ``torch.compile`` with ``activation_memory_budget`` at the same share."""
+    kwargs = {"mode": "reduce-overhead"} if case.mode.endswith("reduce-overhead") else {}
+    module = _LossModule(model, loss_fn)
+    eager, reference, own = (copy.deepcopy(module) for _ in range(3))
+    progress("coop.compile")
+    started = time.perf_counter()
+    compiled = coop.compile(module, case.budget, time_limit=max(sizes.time_limit, 20), example_batch=batch, **kwargs)
+    plan = compiled.coop_record.plans[-1]
+    row["budget_bytes"] = plan.requested
+    row["nodes"] = len(plan.joint.graph.nodes)
+    owned = sum(n.mem for n in plan.joint.graph.nodes if n.caller_owned)
+    meter = CudaMeter() if device.type == "cuda" else CpuMeter()
+    coop_step = _step_of(module, lambda: compiled(*batch).backward(), progress, "coop.compile step")
+    _measure(row, meter, coop_step, coop_step, owned, plan.peak)
+    row["capture_s"] = round(time.perf_counter() - started, 2)
+    row["step_ms"] = round(_median_ms(coop_step, device, sizes), 3)
+    row["eager_ms"] = round(_median_ms(_step_of(eager, lambda: eager(*batch).backward()), device, sizes), 3)
+    row["vs_eager"] = round(row["step_ms"] / row["eager_ms"], 3)
+    progress("torch.compile with activation_memory_budget")
+    own_compiled = torch.compile(own, **kwargs)
+    with torch._functorch.config.patch(activation_memory_budget=float(case.budget)):
+        own_step = _step_of(own, lambda: own_compiled(*batch).backward())
+        own_step()
+    row["amb_ms"] = round(_median_ms(own_step, device, sizes), 3)
+    progress("gradients against torch.compile")
+    reference_compiled = torch.compile(reference, **kwargs)
+    grads = []
+    for stepper, params in ((compiled, module), (reference_compiled, reference)):
+        params.zero_grad(set_to_none=True)
+        torch.manual_seed(11)
+        stepper(*batch).backward()
+        grads.append([p.grad for p in params.parameters()])
+    row["grads_equal"] = all((a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
+                             for a, b in zip(*grads, strict=True))
+    row["note"] = compiled.coop_record.summary().splitlines()[0][:200]
 
 
 def _fsdp_plan(row: dict[str, Any], case: Case, make: Callable[[], tuple], device: torch.device, sizes: Any,

@@ -25,7 +25,7 @@ from coop.formulations.result import SolveResult
 from coop.graph import Graph
 from coop.graph_files import load_graph
 
-GRAPHS_DIR = Path(__file__).resolve().parents[2] / "shared" / "graphs" / "moccasin"
+GRAPHS_DIR = Path(__file__).resolve().parents[1] / "graphs" / "moccasin"
 
 GRAPHS: list[tuple[str, str]] = [
     ("VGG16 train", "VGG16_256_224_224_3_train_nx.json"),

@@ -1,7 +1,7 @@
 """Fuzz every formulation and online policy on thousands of random DAGs; every schedule re-counted independently.
 
 Each graph is drawn from a seed: random layered DAGs (the shape of Gagrani et al.'s graphs in
-``../shared/graphs/moccasin``) and training-shaped steps (a forward DAG with caller-owned inputs
+``graphs/moccasin``) and training-shaped steps (a forward DAG with caller-owned inputs
 and parameters, a loss, and a backward part that mirrors it, ``outputs`` = loss + parameter
 gradients), with multi-output ops (``Node.output_of``: batch-norm statistics, dropout masks, a
 backward op's weight gradient), seeded random ops (dropout/bernoulli, never recomputed), node
@@ -350,7 +350,7 @@ class Recount:
 
 
 def recount(graph: Graph, steps: tuple[Step, ...], paging: PagingCosts | None = None) -> Recount:
-    """Replay ``steps`` under DESIGN.md contract 2, independently of ``coop.schedule.simulate``.
+    """Replay ``steps`` under contract 2 (coop.schedule's docstring), independently of ``coop.schedule.simulate``.
 
     Caller-owned values are resident from the start and never computed or freed; a compute needs
     its inputs on the device (an extra output needs only that its op ran) and makes a new copy

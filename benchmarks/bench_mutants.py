@@ -98,7 +98,7 @@ def _apply(root: Path, mutant: Mutant) -> None:
 def run_mutant(mutant: Mutant, tests: tuple[str, ...] = TESTS) -> dict[str, Any]:
     """Copy coop/ and tests/ to a temporary folder, apply the defect, run the tests; the row for the table.
 
-    Tests that read ../shared skip there with their reason (the copy has no ../shared beside it)."""
+    Tests that read the published graphs skip there with their reason (the copy holds no graphs/)."""
     with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name}-") as folder:
         root = Path(folder)
         for part in ("coop", "tests", "pyproject.toml"):
@@ -110,7 +110,8 @@ def run_mutant(mutant: Mutant, tests: tuple[str, ...] = TESTS) -> dict[str, Any]
         _apply(root, mutant)
         started = time.perf_counter()
         env = {**os.environ, "PYTHONPATH": str(root)}
-        command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:xdist", "-p", "no:cacheprovider", *tests]
+        command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:xdist", "-p", "no:cacheprovider", "-m", "not slow",
+                   *tests]  # the default tier (`make test`): a mutant must be caught without the slow tests
         try:
             done = subprocess.run(command, check=False, cwd=root, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
             code, output = done.returncode, done.stdout + done.stderr
@@ -130,7 +131,8 @@ def run(only: list[str] | None = None) -> dict[str, Any]:
             continue
         print(f"bench_mutants: {mutant.name}", file=sys.stderr, flush=True)
         rows.append(run_mutant(mutant))
-    notes = (f"Each mutant runs {len(TESTS)} test files with pytest -x ({', '.join(Path(t).stem for t in TESTS)}); "
+    notes = (f"Each mutant runs {len(TESTS)} test files' default tier (`make test`: -m 'not slow') with pytest -x "
+             f"({', '.join(Path(t).stem for t in TESTS)}); "
              "caught_by is the first failing test. 'NOT caught' is a hole in the suite.")
     return {"rows": rows, "notes": notes}
 

@@ -1,6 +1,6 @@
 """Online eviction on the Checkmate training graphs: DTR, DTR-eq, DTE and Coop side by side.
 
-For every ``*_train_nx.json`` graph in ``../shared/graphs/moccasin/`` and budgets of 90 to 40 %
+For every ``*_train_nx.json`` graph in ``graphs/moccasin/`` and budgets of 90 to 40 %
 of the baseline peak, runs :func:`coop.online.online_sim.simulate_online` with each policy and
 reports status, compute overhead, evictions, eviction-search time and Coop's fragmentation measure
 (mean free bytes / arena at failed allocations). A budget below ``coop.budget.min_budget`` (the
@@ -38,7 +38,7 @@ from coop.online.online_sim import simulate_online
 from coop.online.policies import POLICIES, CoopPolicy, EvictionPolicy
 from coop.schedule import validate
 
-GRAPH_DIR = Path(__file__).resolve().parents[2] / "shared" / "graphs" / "moccasin"
+GRAPH_DIR = Path(__file__).resolve().parents[1] / "graphs" / "moccasin"
 FRACTIONS = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4)
 POLICY_NAMES = tuple(POLICIES)
 #: Coop variants measured beside the registered policies (label -> CoopPolicy options).

@@ -1,6 +1,6 @@
 """Benchmark: POET (Patil et al., ICML 2022) on its own published graphs and device profiles.
 
-For every graph of ``../shared/graphs/poet/`` (POET's layer graphs of five models, costed by
+For every graph of ``graphs/poet/`` (POET's layer graphs of five models, costed by
 POET's code for m0, m4, a72 and a72nocache) and the profiles of :data:`FULL_PROFILES` (any profile of
 ``coop/configs/devices/`` with ``run(profiles=...)``; a graph is re-costed for a profile it was not exported for by POET's
 runtime model, runtime = FLOPs / FLOP/s, from the a72 export), at POET's published budgets
@@ -45,7 +45,7 @@ try:  # run as ``python -m benchmarks.bench_poet`` or by run_all with the reposi
 except ImportError:  # run as a script from benchmarks/
     from poet_published import solve_published  # type: ignore[no-redef]
 
-GRAPH_DIR = Path(__file__).resolve().parents[2] / "shared" / "graphs" / "poet"
+GRAPH_DIR = Path(__file__).resolve().parents[1] / "graphs" / "poet"
 MODELS = ("linear", "transformer", "vgg16_cifar", "resnet18_cifar", "resnet18")
 EXPORTED = ("m0", "m4", "a72", "a72nocache")  # the platforms POET's code costed the graphs for
 FRACTIONS = (0.9, 0.6, 0.4)

@@ -27,7 +27,7 @@ from coop.formulations.moccasin import moccasin
 from coop.graph_files import load_graph
 from coop.schedule import relative_overhead
 
-GRAPHS_DIR = Path(__file__).resolve().parents[2] / "shared" / "graphs" / "moccasin"
+GRAPHS_DIR = Path(__file__).resolve().parents[1] / "graphs" / "moccasin"
 
 #: (label, file, m, published TDI in %)
 PUBLISHED: list[tuple[str, str, float, float]] = [

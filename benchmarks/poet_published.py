@@ -2,7 +2,7 @@
 
 Patil, Jain, Dutta, Stoica, Gonzalez, "POET: Training Neural Networks on Tiny Devices with
 Integrated Rematerialization and Paging", ICML 2022, section 3 and appendix; the semantics its
-public solver gives POET's graphs are written down in ``../shared/graphs/poet/README.md``. This
+public solver gives POET's graphs are written down in ``graphs/poet/README.md``. This
 module is written from those equations, not from any repository's code, and it imports neither
 ``coop.formulations.poet`` nor Checkmate: it is the reference that coop's ``poet`` is compared with
 (``benchmarks/bench_poet.py``, ``tests/test_poet_published.py``). It uses coop only to read the
@@ -116,7 +116,7 @@ def _instance(graph: Graph, profile: DeviceProfile, objective: Objective) -> _In
     if unsupported or graph.outputs:
         node, what = unsupported[0] if unsupported else (graph.outputs[0], "output")
         raise PublishedModelError(f"graph {graph.name!r}: node {node} has a feature ({what}) that POET's published "
-                                  "model has no meaning for; compare on graphs of POET's layout (shared/graphs/poet)")
+                                  "model has no meaning for; compare on graphs of POET's layout (graphs/poet)")
     position = {node_id: p for p, node_id in enumerate(graph.order)}
     nodes = [graph.node(i) for i in graph.order]
     preds = tuple(tuple(sorted({position[u] for u in n.inputs})) for n in nodes)

@@ -132,7 +132,7 @@ def _first_line(doc: str | None) -> str:
 
 # ============================================================================ the machine
 def machine_description() -> str:
-    """CPU model, cores, RAM and the versions that change results (DESIGN.md: benchmark the versions allowed)."""
+    """CPU model, cores, RAM and the versions that change results (each changes results: ARCHITECTURE.md, facts)."""
     versions = ", ".join(f"{package} {_version(package)}" for package in ("torch", "ortools", "pulp", "networkx"))
     return (f"{_cpu_model()}, {os.cpu_count()} cores, {_ram_gib():.0f} GiB RAM{_gpu()}; "
             f"Python {platform.python_version()} on {platform.system()} {platform.machine()}; {versions}")

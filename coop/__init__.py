@@ -2,7 +2,8 @@
 
 The public API: :func:`load_graph`, :class:`Graph`, :class:`Schedule`, :func:`simulate`,
 :func:`validate`, :func:`parse_budget`, :func:`min_budget`, :func:`capture`, :func:`plan` (which
-returns a :class:`Plan` or a :class:`DynamicPlan`, both with the face of :class:`BasePlan`), and
+returns a :class:`Plan` or a :class:`DynamicPlan`, both with the face of :class:`BasePlan`), :func:`compile`
+and :func:`partitioner` (coop's plan inside ``torch.compile``), and
 :class:`ContextError` (plan.step in a training context its plan cannot serve).
 """
 
@@ -20,7 +21,18 @@ from coop.graph import Graph, Node
 from coop.graph_files import load_graph
 from coop.schedule import Schedule, Step, simulate, validate
 
-__version__ = "0.1.0"
+
+def _installed_version() -> str:
+    """The version of the installed distribution ``coop-remat`` (its metadata: pyproject.toml's version)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("coop-remat")
+    except metadata.PackageNotFoundError:  # a source tree imported without `pip install`
+        return "0+unknown"
+
+
+__version__ = _installed_version()
 
 __all__ = [
     "BudgetError",
@@ -56,6 +68,10 @@ def __getattr__(name: str):  # lazy: importing coop must not import torch
         from coop.planner.ranks import fake_cluster  # lazy: see above
 
         return fake_cluster
+    if name in ("compile", "partitioner"):
+        from coop import compiled  # lazy: see above
+
+        return getattr(compiled, name)
     if name == "TrainingContext":
         from coop.graph_capture.context import TrainingContext  # lazy: see above
 

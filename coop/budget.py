@@ -1,9 +1,11 @@
 """Budgets: the one parser, the proven lower bound ``min_budget`` and the one check against it (contract 3).
 
 A budget is ``"6GiB"``, ``"750MB"``, ``"132156"`` (graph units: bytes for captured graphs),
-``"90%"`` or a float fraction such as ``0.9`` of the baseline peak (rounded up). Below
-:func:`min_budget` no schedule exists; :func:`below_min_budget` words that verdict once for every
-caller, and :func:`format_memory` prints any amount of a graph's memory in its own unit.
+``"90%"`` or a float fraction such as ``0.9`` of the baseline peak (rounded up; at most 1.0, since a
+fraction is of the peak: a budget above it is given in bytes). Below :func:`min_budget` no schedule
+exists; :func:`below_min_budget` words that verdict once for every caller, in bytes and as a share of
+the peak. At or above the baseline peak there is nothing to plan; :func:`store_all_fits` words that
+note. :func:`format_memory` prints any amount of a graph's memory in its own unit.
 """
 
 from __future__ import annotations
@@ -62,17 +64,30 @@ def parse_budget(spec: str | float, graph: Graph, *, check: bool = True) -> int:
     Raises
     ------
     BudgetError
-        When ``spec`` is not understood, not positive, too large, in bytes on a graph in abstract
-        units, or (with ``check``) below :func:`min_budget`, with the message of
-        :func:`below_min_budget`.
+        When ``spec`` is not understood, not positive, too large (bytes above 2**60, a fraction above 1.0),
+        in bytes on a graph in abstract units, or (with ``check``) below :func:`min_budget`, with the message
+        of :func:`below_min_budget`.
+
+    Examples
+    --------
+    >>> from coop import Graph, Node, baseline_peak, parse_budget
+    >>> graph = Graph(outputs=(2,), nodes=[Node(id=0, name="x", mem=4, cost=0, kind="input"),
+    ...     Node(id=1, name="a", inputs=(0,), mem=8, cost=1), Node(id=2, name="b", inputs=(1,), mem=2, cost=1)])
+    >>> baseline_peak(graph)
+    14
+    >>> parse_budget("50%", graph, check=False), parse_budget(0.9, graph, check=False), parse_budget(14, graph)
+    (7, 13, 14)
+    >>> parse_budget(13, graph)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    coop.errors.BudgetError: budget 13 B (0.93 of the peak) is below min_budget 14 B ...
     """
     budget = _parse(spec, graph)
-    if check and (message := below_min_budget(budget, graph)):
+    if check and (message := below_min_budget(budget, graph, spec=spec)):
         raise BudgetError(message)
     return budget
 
 
-def below_min_budget(budget: int, graph: Graph) -> str | None:
+def below_min_budget(budget: int, graph: Graph, *, spec: object = None) -> str | None:
     """The one-line verdict for a budget below :func:`min_budget`, or None when the budget is not below it.
 
     Every module that meets such a budget (the parser, the formulations, compare, the fallback)
@@ -84,18 +99,101 @@ def below_min_budget(budget: int, graph: Graph) -> str | None:
         The budget in graph units.
     graph : Graph
         The graph whose :func:`min_budget` the budget is compared with.
+    spec : object
+        The budget as the user gave it (``"60%"``, ``0.4``, ``"50MB"``), when known: a fraction's least budget is
+        then named as a fraction too.
 
     Returns
     -------
     str or None
-        The message naming the budget, the min_budget and the least budget to use; None when
-        ``budget`` is at least :func:`min_budget`.
+        The message naming the budget and the min_budget (each in graph units and as a share of the baseline
+        peak) and the least budget to use; None when ``budget`` is at least :func:`min_budget`.
     """
     least = min_budget(graph)
     if budget >= least:
         return None
-    return (f"budget {format_memory(budget, graph)} is below min_budget {format_memory(least, graph)} of graph "
-            f"{graph.name!r}, the proven lower bound: no schedule can fit it; use at least {least}")
+    peak = baseline_peak(graph)
+    fix = f"use at least {least}"
+    if spec is not None and _is_fraction(spec) and peak > 0:
+        fraction = least_fraction(least, peak)
+        fix = f"use at least {fraction:g} ({100 * fraction:g}%) or {least}"
+    return (f"budget {_with_share(budget, peak, graph)} is below min_budget {_with_share(least, peak, graph)} of graph "
+            f"{graph.name!r}, the proven lower bound: no schedule can fit it; {fix}")
+
+
+def store_all_fits(budget: int, graph: Graph) -> str | None:
+    """The one-line note for a budget at or above the baseline peak (nothing to plan), or None below it.
+
+    Not an error: the baseline order (store-all, nothing recomputed) already fits, so every formulation returns it
+    or an equal schedule. The CLI prints it on stderr; callers of the API may warn with it.
+
+    Parameters
+    ----------
+    budget : int
+        The budget in graph units (parsed).
+    graph : Graph
+        The graph whose :func:`baseline_peak` the budget is compared with.
+
+    Returns
+    -------
+    str or None
+        ``"nothing to plan: store-all fits ..."`` naming the budget and the peak; None when ``budget`` is below the
+        baseline peak.
+    """
+    peak = baseline_peak(graph)
+    if budget < peak:
+        return None
+    return (f"nothing to plan: store-all fits: budget {_with_share(budget, peak, graph)} is at or above the "
+            f"baseline peak {format_memory(peak, graph)} of graph {graph.name!r} (its own order, nothing recomputed)")
+
+
+def least_fraction(least: int, peak: int) -> float:
+    """The smallest fraction of ``peak`` with 3 decimals that parses to at least ``least`` (rounded up as
+    :func:`parse_budget` rounds a fraction).
+
+    Parameters
+    ----------
+    least : int
+        The budget to reach, in graph units (at most ``peak``).
+    peak : int
+        The baseline peak, positive.
+
+    Returns
+    -------
+    float
+        That fraction, at most 1.0.
+    """
+    thousandths = max(1, math.ceil(1000 * least / peak))
+    while thousandths < 1000 and math.ceil(thousandths / 1000 * peak - 1e-9) < least:
+        thousandths += 1
+    return min(thousandths, 1000) / 1000
+
+
+def _with_share(value: int, peak: int, graph: Graph) -> str:
+    """``"89,395,292 B (85.3MiB; 0.58 of the peak)"``: an amount in graph units and as a share of the baseline
+    peak."""
+    share = _share(value / peak) if peak > 0 else None
+    text = format_memory(value, graph)
+    if share is None:
+        return text
+    of = " the peak" if share.endswith("x") else " of the peak"
+    if text.endswith(")"):  # "89,395,292 B (85.3MiB)"
+        return f"{text[:-1]}; {share}{of})"
+    return f"{text} ({share}{of})"
+
+
+def _share(fraction: float) -> str:
+    if fraction > 1:
+        return f"{fraction:.2f}x"
+    return f"{fraction:.2f}" if fraction >= 0.01 or fraction == 0 else f"{fraction:.2g}"
+
+
+def _is_fraction(spec: object) -> bool:
+    """Whether ``spec`` is read as a fraction of the baseline peak (a float, ``"90%"``, ``"0.9"``)."""
+    try:
+        return _parse_spec(spec)[1] == "fraction"
+    except BudgetError:
+        return False
 
 
 _SIZE_HELP = "give bytes ('6GiB', '750MB'), graph units ('132156') or a fraction of the baseline peak ('90%', 0.9)"
@@ -203,14 +301,14 @@ def _fraction(fraction: float, spec: str) -> float:
     if math.isnan(fraction) or fraction <= 0:
         raise BudgetError(f"budget {spec!r} must be a positive fraction of the baseline peak (e.g. '90%' or 0.9)")
     if fraction > MAX_FRACTION:
-        raise BudgetError(f"budget {spec!r} is more than {MAX_FRACTION:g} times the baseline peak; a fraction is "
-                          "written 0.9 or '90%'")
+        raise BudgetError(f"budget {spec!r} is a fraction above 1: fractions are of the baseline peak, at most 1.0 "
+                          "(100%), where store-all already fits; give e.g. 0.9 or '90%', or bytes ('6GiB')")
     return fraction
 
 
-#: The largest fraction of the baseline peak accepted: above it every schedule fits anyway, and
-#: a typo such as "1e5" (read as a fraction) is caught.
-MAX_FRACTION = 1000.0
+#: The largest fraction of the baseline peak accepted: a fraction is of the peak, and at the peak store-all fits
+#: (nothing to plan); a budget above the peak is given in bytes. Catches "2.0" meant as GiB and typos such as "1e5".
+MAX_FRACTION = 1.0
 
 
 @derived_from_graph
@@ -251,6 +349,16 @@ def min_budget(graph: Graph, *, paging: bool = False) -> int:
     -------
     int
         The lower bound, in graph units.
+
+    Examples
+    --------
+    On a chain every value meets its reader at one step, so the bound is the store-all peak:
+
+    >>> from coop import Graph, Node, min_budget
+    >>> graph = Graph(outputs=(2,), nodes=[Node(id=0, name="x", mem=4, cost=0, kind="input"),
+    ...     Node(id=1, name="a", inputs=(0,), mem=8, cost=1), Node(id=2, name="b", inputs=(1,), mem=2, cost=1)])
+    >>> min_budget(graph)
+    14
     """
     return _min_budget(graph, paging)
 

@@ -15,11 +15,16 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import json
 import math
 import os
 import sys
+import threading
+import time
 import traceback
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -28,14 +33,14 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from coop.budget import baseline_peak, format_memory, min_budget, parse_budget
+from coop.budget import baseline_peak, format_memory, min_budget, parse_budget, store_all_fits
 from coop.compare import compare, run_sweep, simulate_report
 from coop.config import load_config
 from coop.errors import BudgetError, CoopError, InfeasibleError, ScheduleError
 from coop.formulations import FORMULATIONS, formulation_options, registered
 from coop.formulations import solve as run_formulation
 from coop.formulations.constructed_budget import constructed_budget
-from coop.formulations.progress import stderr_progress
+from coop.formulations.progress import Progress, ProgressCallback, stderr_progress
 from coop.graph import Graph
 from coop.graph_files import load_graph
 from coop.memory_viz import write_memory_viz
@@ -83,12 +88,28 @@ class VerdictFailure(Exception):
     """A command whose answer is negative: one line on stderr, exit 1."""
 
 
+def _print_version(value: bool) -> None:
+    if value:  # coop.__version__ (the installed distribution's metadata): the package is loaded with its modules
+        print(f"coop {sys.modules['coop'].__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[bool, typer.Option("--version", help="Print coop's version and exit.", is_eager=True,
+                                          callback=_print_version)] = False,
+) -> None:
+    """Plan memory-bounded training steps: capture a graph, solve for a schedule, validate and plot it."""
+
+
 # ============================================================================ entry point
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (the console script passes it to sys.exit)."""
     command = typer.main.get_command(app)
     try:
-        status = command.main(args=argv, prog_name="coop", standalone_mode=False)
+        with warnings.catch_warnings():  # a warning is one line too, not Python's two (message and source line)
+            warnings.showwarning = _note_in_one_line
+            status = command.main(args=argv, prog_name="coop", standalone_mode=False)
     except VerdictFailure as exc:
         return _fail(str(exc), EXIT_VERDICT)
     except CoopError as exc:
@@ -111,6 +132,11 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         return _fail(f"internal error: {type(exc).__name__}: {exc} (set COOP_DEBUG=1 for the traceback)", EXIT_BUG)
     return int(status or 0)
+
+
+def _note_in_one_line(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                      file: Any = None, line: str | None = None) -> None:
+    print(f"coop: note: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
 
 
 def _fail(message: str, code: int) -> int:
@@ -243,23 +269,73 @@ def solve(
     takes = formulation_options(formulation)
     options: dict[str, Any] = {"time_limit": time_limit, "threads": threads, "solver": solver, "objective": objective,
                                "device_profile": device_profile, "runtime_budget": runtime_budget}
+    if note := store_all_fits(budget_units, graph):  # not an error: said, then solved as asked
+        print(f"coop: note: {note}", file=sys.stderr)
     show_progress = sys.stderr.isatty() if progress is None else progress
     reports_progress = "progress" in takes
-    if show_progress and reports_progress:
-        options["progress"] = stderr_progress()
     spinner = show_progress and not reports_progress and not json_output and sys.stderr.isatty()
     try:
-        with Console(stderr=True).status(f"solving with {formulation} ...") if spinner else contextlib.nullcontext():
+        with contextlib.ExitStack() as stack:
+            if show_progress and reports_progress:
+                options["progress"] = stack.enter_context(_solve_progress(formulation, time_limit))
+            elif spinner:
+                stack.enter_context(Console(stderr=True).status(f"solving with {formulation} ..."))
             result = run_formulation(graph, budget_units, formulation, **options)
     except InfeasibleError as exc:
         raise VerdictFailure(str(exc)) from None
     report = _solve_report(graph, result, budget_units, formulation, output)
+    if note:
+        report["note"] = note
     if json_output:
         _emit_json(report)
     else:
         _print_solve(graph, report)
     if not report["ok"]:
         raise VerdictFailure(report["reason"])
+
+
+#: Seconds without a report after which `--progress` says the solve is still running.
+HEARTBEAT_S = 10.0
+
+
+@contextlib.contextmanager
+def _solve_progress(formulation: str, time_limit: float | None, *, heartbeat_s: float = HEARTBEAT_S,
+                    stream: Any = None) -> Iterator[ProgressCallback]:
+    """The progress reporter of `coop solve --progress`: one line on stderr per report (at most one a second),
+    stamped with the seconds since the solve began on the command's own clock (a formulation's rungs and warm
+    starts each count their own time from 0), a first line as the solve starts, and a line every ``heartbeat_s``
+    seconds without a report (a warm start or a model being built reports nothing for minutes on large graphs)."""
+    started = time.perf_counter()
+    printed = stderr_progress(stream)
+    lock = threading.Lock()
+    last = [started]
+    done = threading.Event()
+
+    def elapsed() -> float:
+        return time.perf_counter() - started
+
+    def report(progress: Progress) -> None:
+        with lock:
+            last[0] = time.perf_counter()
+            printed(dataclasses.replace(progress, elapsed_s=elapsed()))
+
+    def beat() -> None:
+        while not done.wait(min(1.0, heartbeat_s)):
+            with lock:
+                if time.perf_counter() - last[0] < heartbeat_s:
+                    continue
+                last[0] = time.perf_counter()
+            print(f"{elapsed():8.1f}s  {formulation}: still solving", file=stream or sys.stderr, flush=True)
+
+    limit = "no time limit given" if time_limit is None else f"time limit {time_limit:g} s"
+    print(f"{0.0:8.1f}s  {formulation}: solving ({limit})", file=stream or sys.stderr, flush=True)
+    thread = threading.Thread(target=beat, name="coop-progress", daemon=True)
+    thread.start()
+    try:
+        yield report
+    finally:
+        done.set()
+        thread.join()
 
 
 def _check_time_limit(seconds: float | None) -> None:

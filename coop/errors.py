@@ -49,3 +49,25 @@ class SolverError(CoopError):
 
 class ContextError(CoopError):
     """A step run in a training context its plan cannot honour (the message names the difference and the fix)."""
+
+
+class OptionError(CoopError):
+    """A solver option out of its range (a time limit that is not a positive number of seconds, no threads)."""
+
+
+class SolveTimeoutError(CoopError):
+    """No schedule found within the time limit, without a proof that none exists: not an :class:`InfeasibleError`.
+
+    The message says "no schedule found within N s", the best peak reached, the smallest budget known to fit and
+    what to try; ``best_peak`` and ``fits_at`` hold those numbers (graph units, None where unknown).
+    """
+
+    def __init__(self, message: str, best_peak: int | None = None, fits_at: int | None = None) -> None:
+        super().__init__(message)
+        self.best_peak = best_peak
+        self.fits_at = fits_at
+
+
+class LastResortWarning(UserWarning):
+    """A result that no solver ran to completion for (a warm start returned because no time was left): valid and
+    within its budget, but not searched; the message names the time limit that would let the solver run."""

@@ -175,6 +175,20 @@ class Graph(BaseModel):
     ``order`` is the baseline execution order over the nodes that a schedule computes (every
     node that is not caller-owned); when it is empty on construction a stable topological order
     is filled in. ``outputs`` are the values that must be resident when the step ends.
+
+    Examples
+    --------
+    A chain: a caller-owned input ``x``, then ``a`` and ``b`` computed from it (sizes in graph units):
+
+    >>> from coop import Graph, Node
+    >>> graph = Graph(name="chain", outputs=(2,), nodes=[
+    ...     Node(id=0, name="x", mem=4, cost=0, kind="input"),
+    ...     Node(id=1, name="a", inputs=(0,), mem=8, cost=1),
+    ...     Node(id=2, name="b", inputs=(1,), mem=2, cost=1)])
+    >>> graph.order
+    (1, 2)
+    >>> [node.name for node in graph.nodes if node.kind == "input"]
+    ['x']
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

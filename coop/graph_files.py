@@ -35,6 +35,17 @@ def load_graph(path: str | Path) -> Graph:
     ------
     GraphError
         When the file cannot be read as JSON (:func:`read_json_file`) or holds no graph.
+
+    Examples
+    --------
+    One of the published graphs shipped in ``graphs/moccasin`` (run from the repository root):
+
+    >>> from coop import baseline_peak, load_graph, min_budget
+    >>> graph = load_graph("graphs/moccasin/random_layered_n100_w0.27_nlv0.75_ed0.2_scd0.14.json")
+    >>> len(graph.nodes), len(graph.order)
+    (100, 100)
+    >>> min_budget(graph), baseline_peak(graph)
+    (20020, 46319)
     """
     path = Path(path)
     return graph_from_dict(read_json_file(path, "graph", GraphError), default_name=path.stem)

@@ -221,6 +221,18 @@ def simulate(graph: Graph, schedule: Schedule, paging: PagingCosts | None = None
     ScheduleError
         At the first illegal step (its index in ``step``), or when a node is never computed or an
         output is not resident on the device at the end.
+
+    Examples
+    --------
+    >>> from coop import Graph, Node, Schedule, simulate
+    >>> graph = Graph(outputs=(2,), nodes=[Node(id=0, name="x", mem=4, cost=0, kind="input"),
+    ...     Node(id=1, name="a", inputs=(0,), mem=8, cost=1), Node(id=2, name="b", inputs=(1,), mem=2, cost=1)])
+    >>> schedule = Schedule.from_order(graph.order)
+    >>> print(schedule)
+        0: compute %1
+        1: compute %2
+    >>> simulate(graph, schedule)
+    Simulation(peak=14, cost=2.0, baseline_cost=2.0, recomputations=0, page_cost=0.0)
     """
     paging = paging or PagingCosts()
     steps = schedule.steps
@@ -593,6 +605,18 @@ def validate(graph: Graph, schedule: Schedule, budget: int | None = None) -> Val
         ``ok`` with the peak, cost, overhead and simulation; else ``ok=False`` with the reason and
         the step (an illegal step's, an out-of-order draw's, or the peak step when over budget).
         An illegal schedule is reported here, not raised.
+
+    Examples
+    --------
+    >>> from coop import Graph, Node, Schedule, Step, validate
+    >>> graph = Graph(outputs=(2,), nodes=[Node(id=0, name="x", mem=4, cost=0, kind="input"),
+    ...     Node(id=1, name="a", inputs=(0,), mem=8, cost=1), Node(id=2, name="b", inputs=(1,), mem=2, cost=1)])
+    >>> validate(graph, Schedule.from_order(graph.order), budget=14).ok
+    True
+    >>> validate(graph, Schedule.from_order(graph.order), budget=12).reason
+    'step 1: memory 14 exceeds the budget 12'
+    >>> validate(graph, Schedule(steps=(Step(op="compute", node=2),))).ok
+    False
     """
     try:
         sim = simulate(graph, schedule)

@@ -1,6 +1,6 @@
 """Brute-force optimal rematerialization schedules for tiny graphs: an oracle independent of coop.
 
-Everything here is written from DESIGN.md's contract 2 alone; it neither calls nor copies
+Everything here is written from contract 2 (coop.schedule's docstring) alone; it neither calls nor copies
 ``coop.schedule.simulate``, the formulations or ``coop.budget``. Only the Graph's plain fields are
 read (``nodes``, ``order``, ``outputs`` and each node's ``kind``, ``inputs``, ``mem``, ``cost``,
 ``workspace``, ``recomputable``, ``output_of``).
@@ -291,7 +291,7 @@ def store_all_peak(graph: Graph) -> int:
 
 # -------------------------------------------------------------------- implementations (MONeT)
 # A second search, for graphs with implementations (``Node.impls``), optional values and in-place
-# execution. It is written from contract 2 as DESIGN.md and coop.schedule's docstring state it,
+# execution. It is written from contract 2 as coop.schedule's docstring states it,
 # not from the simulator or the monet formulation:
 #
 # * a compute names one implementation: the node's own fields or one of ``impls``; it costs that

@@ -1,6 +1,6 @@
 """Brute-force optimal schedules with paging on tiny graphs: POET's space, independent of coop's solvers.
 
-Reads only the Graph's plain fields (through :func:`tests.bruteforce._tiny`, written from DESIGN.md's
+Reads only the Graph's plain fields (through :func:`tests.bruteforce._tiny`, written from
 contract 2 alone) and the prices it is given per node: it neither calls nor copies
 ``coop.schedule.simulate``, ``coop.formulations.poet`` or the device profiles.
 

@@ -21,13 +21,13 @@ _CHECKOUT = str(Path(__file__).resolve().parents[1])
 if _CHECKOUT not in sys.path:
     sys.path.insert(0, _CHECKOUT)
 
-#: ../shared/graphs/moccasin next to the checkout (DESIGN.md: tests read them from there).
-MOCCASIN_DIR = Path(__file__).resolve().parents[2] / "shared" / "graphs" / "moccasin"
+#: The published Moccasin/Checkmate graphs shipped with the project (graphs/moccasin/README.md names their source).
+MOCCASIN_DIR = Path(__file__).resolve().parents[1] / "graphs" / "moccasin"
 
 
 @pytest.fixture(scope="session")
 def moccasin_dir() -> Path:
-    """The folder of published graphs; skips the test when the shared folder is absent."""
+    """The folder of published graphs (graphs/moccasin); skips the test when it is absent."""
     if not MOCCASIN_DIR.is_dir():
-        pytest.skip(f"published graphs not found at {MOCCASIN_DIR} (the shared folder is absent)")
+        pytest.skip(f"published graphs not found at {MOCCASIN_DIR} (graphs/moccasin of the checkout)")
     return MOCCASIN_DIR

@@ -196,7 +196,10 @@ def _metered(executor: Executor, flat: list[torch.Tensor], captured) -> tuple[li
     return outputs, meter
 
 
-@pytest.mark.parametrize("name", ["hand", "cnn", "mobilenet"])
+# MobileNet (one choice of each of the 8 kinds; 60-86 s on 2 cores) runs in the slow tier; the fast tier replays every
+# implementation of the hand model and the CNN here, and the split, grad_inplace, forward_inplace and from_output
+# kinds on small CNNs in tests/test_alternatives_conv.py, test_alternatives_norm_forward.py and below
+@pytest.mark.parametrize("name", ["hand", "cnn", pytest.param("mobilenet", marks=pytest.mark.slow)])
 def test_every_implementation_replays_bit_identically_within_its_prediction(name: str, hand) -> None:
     if name == "hand":
         model, batch, captured = hand

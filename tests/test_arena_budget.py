@@ -24,7 +24,7 @@ from torch import nn
 
 import coop
 from coop.budget import parse_budget
-from coop.errors import InfeasibleError
+from coop.errors import InfeasibleError, LastResortWarning
 from coop.runtime.meter import MemoryMeter
 from coop.zoo import ZOO_NAMES, build
 from tests.eager_oracle import assert_step_equals_eager
@@ -100,6 +100,8 @@ def _assert_within_budget_and_eager(model: nn.Module, batch: tuple, loss_fn: Cal
     eager = copy.deepcopy(model)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a plan whose measured step overflows its budget warns
+        # a schedule no solver had time to search is still a schedule within the budget: what this test checks
+        warnings.simplefilter("ignore", LastResortWarning)
         plan = coop.plan(model, FRACTION, batch, loss_fn=loss_fn, arena=arena, time_limit=time_limit, profile=profile)
     # of the graph the fraction was read on: the profiled capture, or (a re-solved plan holds a graph with the
     # measured scratch) the plain one
@@ -131,13 +133,19 @@ def _assert_within_budget_and_eager(model: nn.Module, batch: tuple, loss_fn: Cal
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), eager.parameters(), strict=True))
 
 
-@pytest.mark.parametrize("name", ZOO_NAMES)
+#: MobileNet's plans (60-86 s each on 2 cores: its smallest size that outweighs the scratch at 0.6, SIZES) run in the
+#: slow tier (`make test-all`); the fast tier keeps every other zoo model through the same plans, meter and eager
+#: oracle, the CNN and the ResNet among them (convolutions with oneDNN's scratch, batch norm)
+ZOO = [pytest.param(name, marks=pytest.mark.slow) if name == "mobilenet" else name for name in ZOO_NAMES]
+
+
+@pytest.mark.parametrize("name", ZOO)
 def test_every_zoo_arena_plan_holds_within_its_budget(name: str) -> None:
     size, time_limit = SIZES[name]
     _assert_within_budget_and_eager(*build(name, **size), time_limit)
 
 
-@pytest.mark.parametrize("name", ZOO_NAMES)
+@pytest.mark.parametrize("name", ZOO)
 def test_every_zoo_ordinary_plan_captured_with_profile_holds_within_its_budget(name: str) -> None:
     """The ordinary replay of a profiled capture: each node's scratch is measured (coop.graph_capture.cost
     measure_workspace) and the schedule counts it. Without it the independent meter read 1.097x the budget on
@@ -146,7 +154,7 @@ def test_every_zoo_ordinary_plan_captured_with_profile_holds_within_its_budget(n
     _assert_within_budget_and_eager(*build(name, **size), time_limit, arena=False, profile=True)
 
 
-@pytest.mark.parametrize("name", ZOO_NAMES)
+@pytest.mark.parametrize("name", ZOO)
 def test_every_zoo_ordinary_plan_holds_within_its_budget_without_profiling(name: str) -> None:
     """Without profiling the graph knows no kernel's scratch; the plan measures its step on the example batch and,
     where it holds more than the budget, re-solves with each op's scratch measured on its own replay (no eager
@@ -163,7 +171,8 @@ def test_an_ordinary_plan_whose_step_still_holds_more_than_its_budget_warns_with
     budget = parse_budget(0.75, coop.capture(model, batch, loss_fn).graph)
     with pytest.warns(UserWarning, match=r"above the budget .*profile=True") as caught:
         plan = coop.plan(model, budget, batch, loss_fn=loss_fn, time_limit=1)
-    assert len(caught) == 1 and "\n" not in str(caught[0].message)
+    overflow = [w for w in caught if not issubclass(w.category, LastResortWarning)]  # not "no time to search"
+    assert len(overflow) == 1 and "\n" not in str(overflow[0].message)
     held = [*model.parameters(), *model.buffers(), *batch, *plan.captured.constants()]
     with HeldBytes(held) as meter:
         plan.step(*batch)

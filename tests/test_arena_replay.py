@@ -189,7 +189,7 @@ def test_every_op_but_the_workspace_ops_writes_its_view_in_place(name: str) -> N
 
 
 def test_llama_arena_replay_equals_the_ordinary_replay_and_allocates_only_its_buffer() -> None:
-    """Llama (SwiGLU) replays ~1e-9 from eager even without an arena (DESIGN.md, measured facts), so its oracle is
+    """Llama (SwiGLU) replays ~1e-9 from eager even without an arena (ARCHITECTURE.md, facts), so its oracle is
     the ordinary replay: two steps equal, the first allocating the buffer alone and the second nothing."""
     model, batch, captured, ordinary, _, executor = _arena_executor("llama", layers=1, hidden=32, seq=16, vocab=64)
     flat = captured.flat_inputs(model, batch)
@@ -392,7 +392,7 @@ def test_mixed_device_program_writes_each_value_into_its_devices_arena(monkeypat
 
 
 def test_cuda_arena_is_refused_in_one_line_before_any_solve() -> None:
-    """On CUDA the arena is not what coop uses (DESIGN.md, H100 measurements): plan(arena=True) says so and what to use."""
+    """On CUDA the arena is not what coop uses (measured on an H100: ARCHITECTURE.md, facts): plan(arena=True) says so and what to use."""
     model, batch, loss_fn = build("mlp")
     captured = capture(model, batch, loss_fn=loss_fn)
     captured.graph = coop.Graph.model_validate(

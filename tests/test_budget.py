@@ -53,11 +53,12 @@ def test_one_check_below_min_budget_names_the_bound_and_the_fix(byte_graph: Grap
     assert below_min_budget(least, byte_graph) is None
     message = below_min_budget(least - 1, byte_graph)
     assert message is not None
-    assert "below min_budget 3,221,225,473 B (3.0GiB)" in message and message.endswith(f"use at least {least}")
+    assert "below min_budget 3,221,225,473 B (3.0GiB; 1.00 of the peak)" in message
+    assert message.endswith(f"use at least {least}")
     with pytest.raises(BudgetError) as raised:
         parse_budget(least - 1, byte_graph)
     assert str(raised.value) == message  # the parser raises the one message
-    assert "below min_budget 133 units" in (below_min_budget(1, unit_graph) or "")
+    assert "below min_budget 133 units (" in (below_min_budget(1, unit_graph) or "")
 
 
 def test_format_memory_prints_units_as_units_and_bytes_with_their_binary_size(byte_graph: Graph,

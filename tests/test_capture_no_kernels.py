@@ -1,7 +1,7 @@
 """A capture runs no kernel on synthetic data (issue 22, item 1).
 
 Running ``_scaled_dot_product_efficient_attention_backward`` on zero-filled inputs killed the process on an
-H100 (DESIGN.md, "Facts measured on a lent H100"), so an unprofiled capture must compute nothing: tracing runs
+H100 (ARCHITECTURE.md, "Facts the code relies on"), so an unprofiled capture must compute nothing: tracing runs
 on fake tensors, storage sizes come from a reviewed table and MONeT's programs are priced on fake tensors. The
 guard is a dispatch mode under the whole capture that records every aten op whose arguments or results hold a
 real tensor (neither fake nor meta); the old storage probe (zero-filled inputs made with ``torch.zeros`` and

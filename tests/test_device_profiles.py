@@ -1,6 +1,6 @@
 """Device profiles (coop.device_profiles): shipped as package data, checked, converted in one place.
 
-Oracles: POET's own exported profiles (shared/graphs/poet/platforms.json, numbers as published) and the
+Oracles: POET's own exported profiles (graphs/poet/platforms.json, numbers as published) and the
 per-node energies POET's code wrote into its graphs (compute_j, pagein_j, pageout_j), recomputed here from
 the profile by the README's formulas through coop's one conversion.
 """
@@ -23,7 +23,7 @@ from coop.device_profiles import (
 )
 from coop.formulations.poet import node_price
 
-POET_DIR = Path(__file__).resolve().parents[2] / "shared" / "graphs" / "poet"
+POET_DIR = Path(__file__).resolve().parents[1] / "graphs" / "poet"
 POET_PROFILES = ("m0", "m4", "a72", "a72nocache", "jetsontx2")
 GPU_PROFILES = ("a100-pcie4", "h100-sxm-pcie5", "gh200-nvlink-c2c")
 
@@ -31,7 +31,7 @@ GPU_PROFILES = ("a100-pcie4", "h100-sxm-pcie5", "gh200-nvlink-c2c")
 @pytest.fixture(scope="module")
 def poet_dir() -> Path:
     if not POET_DIR.is_dir():
-        pytest.skip(f"POET's exported graphs not found at {POET_DIR} (the shared folder is absent)")
+        pytest.skip(f"POET's exported graphs not found at {POET_DIR} (graphs/poet of the checkout)")
     return POET_DIR
 
 

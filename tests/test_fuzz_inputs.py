@@ -1,7 +1,7 @@
 """Fuzzed inputs (issue 11): corrupted graph, schedule and config files either work or fail with one line.
 
 Valid seed documents are random graphs drawn by hypothesis (tests/strategies.py), their store-all
-schedules, a valid sweep config and, where ../shared/graphs/moccasin exists, two small published
+schedules, a valid sweep config and, from graphs/moccasin, two small published
 graphs (one per node-link layout). tests/corruptions.py breaks them (dropped fields, wrong types,
 random bytes, truncation, dangling and duplicate links, duplicate ids, cycles, NaN, infinity, huge
 numbers, negative ids, unknown ops and nodes). The oracle is the CLI's contract, not the code's

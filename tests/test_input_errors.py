@@ -290,7 +290,7 @@ def test_illegal_order_of_legal_steps_is_a_verdict(tmp_path: Path, capsys: pytes
     ("lots", "'lots' is not understood"), ("", "'' is not understood"), ("-5", "'-5' must be positive"),
     ("-5MB", "'-5MB' must be positive"), ("0", "must be positive"), ("0%", "positive fraction"),
     ("nan", "not understood"), ("inf", "not understood"), ("5 MBB", "unknown unit 'MBB'"), ("12 Gigs", "unknown unit"),
-    ("1e400MB", "larger than coop accepts"), ("1e5", "more than 1000 times the baseline peak"),
+    ("1e400MB", "larger than coop accepts"), ("1e5", "a fraction above 1"), ("150%", "at most 1.0 (100%)"),
 ])
 @pytest.mark.parametrize("command", ["solve", "simulate", "compare", "validate"])
 def test_bad_budget_is_one_line(spec: str, fragment: str, command: str, tmp_path: Path,
@@ -309,9 +309,13 @@ def test_bad_budget_is_one_line(spec: str, fragment: str, command: str, tmp_path
     assert fragment in line or (command == "compare" and not spec and "--budgets is empty" in line), line
 
 
-def test_budget_fractions_above_one_and_tiny_ones_are_sizes() -> None:
+def test_budget_fractions_above_one_are_refused_and_tiny_ones_are_sizes() -> None:
     graph = Graph.model_validate(coop_graph_doc())
-    assert parse_budget("150%", graph, check=False) == 42  # 1.5 x the hand-counted peak 28
+    assert parse_budget("100%", graph, check=False) == 28  # the hand-counted peak: a fraction is at most 1.0
+    for spec in ("150%", 1.5, "2.0"):
+        with pytest.raises(BudgetError, match=r"fraction above 1: fractions are of the baseline peak, at most 1\.0"):
+            parse_budget(spec, graph, check=False)
+    assert parse_budget(42, graph, check=False) == 42  # above the peak in graph units (bytes): no error
     assert parse_budget(1e-12, graph, check=False) == 1  # rounded up, never to 0
     with pytest.raises(BudgetError, match="below min_budget"):
         parse_budget(1e-12, graph)

@@ -24,14 +24,22 @@ STEPS = 3
 ACCUMULATION = 2
 
 
-def run(with_coop: bool):
+@pytest.fixture(params=[{"formulation": "checkpoint-all"}, pytest.param({"time_limit": 10}, marks=pytest.mark.slow)],
+                ids=["checkpoint-all", "auto"])
+def options(request: pytest.FixtureRequest) -> dict:
+    """The plan's options: the fast tier plans with a baseline (no solver time; at 0.6 it recomputes), the slow tier
+    with auto's ladder (10 s of solver time a round); the Accelerate step's path and the oracles are the same."""
+    return request.param
+
+
+def run(with_coop: bool, options: dict | None = None):
     set_seed(7)
     accelerator = Accelerator(gradient_accumulation_steps=ACCUMULATION, cpu=True)
     model = bert_tiny()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     loader = DataLoader(synthetic_dataset(), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(7))
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    coop_step = CoopBackward(accelerator, model, 0.6, time_limit=10)
+    coop_step = CoopBackward(accelerator, model, 0.6, **(options or {}))
     losses, gradients = [], []
     for batch in loader:
         with accelerator.accumulate(model):
@@ -52,11 +60,11 @@ def run(with_coop: bool):
     return model, losses, gradients, coop_step
 
 
-def test_a_coop_step_in_an_accelerate_loop_is_bit_identical_at_0_6_of_the_peak() -> None:
+def test_a_coop_step_in_an_accelerate_loop_is_bit_identical_at_0_6_of_the_peak(options: dict) -> None:
     model, losses, gradients, _ = run(with_coop=False)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", module="coop")
-        coop_model, coop_losses, coop_gradients, coop_step = run(with_coop=True)
+        coop_model, coop_losses, coop_gradients, coop_step = run(with_coop=True, options=options)
     plan = coop_step.plan
     assert plan.simulation.recomputations > 0, plan.note
     assert plan.predicted_peak <= plan.budget <= math.ceil(0.6 * plan.baseline_peak)

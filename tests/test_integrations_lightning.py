@@ -27,6 +27,14 @@ STEPS = 3
 ACCUMULATION = 2
 
 
+@pytest.fixture(params=[{"formulation": "checkpoint-all"}, pytest.param({"time_limit": 10}, marks=pytest.mark.slow)],
+                ids=["checkpoint-all", "auto"])
+def options(request: pytest.FixtureRequest) -> dict:
+    """The plan's options: the fast tier plans with a baseline (no solver time; at 0.6 it recomputes), the slow tier
+    with auto's ladder (10 s of solver time a round); the callback's path and the oracles are the same."""
+    return request.param
+
+
 class MaskedLM(pl.LightningModule):
     """BERT-tiny for masked LM as a LightningModule: the step returns the model's ``.loss``."""
 
@@ -55,12 +63,13 @@ class Recorder(pl.Callback):
         self.losses.append(outputs["loss"].clone())
 
 
-def run(with_coop: bool, precision: str = "32-true"):
-    """The script; ``with_coop`` adds the callback. Returns the module, the recorder and the coop callback."""
+def run(with_coop: bool, precision: str = "32-true", options: dict | None = None):
+    """The script; ``with_coop`` adds the callback (with the plan's ``options``). Returns the module, the recorder
+    and the coop callback."""
     pl.seed_everything(7, verbose=False)
     module = MaskedLM()
     recorder = Recorder()
-    coop_callback = CoopCallback(0.6, time_limit=10)
+    coop_callback = CoopCallback(0.6, **(options or {}))
     loader = DataLoader(synthetic_dataset(), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(7))
     trainer = pl.Trainer(max_steps=STEPS, accumulate_grad_batches=ACCUMULATION, gradient_clip_val=1.0,
                          accelerator="cpu", devices=1, precision=precision, logger=False, enable_checkpointing=False,
@@ -85,11 +94,11 @@ def assert_same_training(coop_run, plain_run) -> None:
         assert torch.equal(param, expected), f"final weight {name}"
 
 
-def test_a_coop_callback_trains_bit_identically_at_0_6_of_the_peak() -> None:
+def test_a_coop_callback_trains_bit_identically_at_0_6_of_the_peak(options: dict) -> None:
     plain = run(with_coop=False)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", module="coop")  # no re-plan, no online fallback
-        coop_run = run(with_coop=True)
+        coop_run = run(with_coop=True, options=options)
     plan = coop_run[2].plan
     assert plan.simulation.recomputations > 0, plan.note
     assert plan.predicted_peak <= plan.budget <= math.ceil(0.6 * plan.baseline_peak)
@@ -98,9 +107,9 @@ def test_a_coop_callback_trains_bit_identically_at_0_6_of_the_peak() -> None:
     assert_same_training(coop_run, plain)
 
 
-def test_bf16_mixed_precision_is_captured_and_bit_identical() -> None:
+def test_bf16_mixed_precision_is_captured_and_bit_identical(options: dict) -> None:
     plain = run(with_coop=False, precision="bf16-mixed")
-    coop_run = run(with_coop=True, precision="bf16-mixed")
+    coop_run = run(with_coop=True, precision="bf16-mixed", options=options)
     assert_same_training(coop_run, plain)
 
 

@@ -26,6 +26,14 @@ STEPS = 3
 ACCUMULATION = 2
 
 
+@pytest.fixture(params=[{"formulation": "checkpoint-all"}, pytest.param({"time_limit": 10}, marks=pytest.mark.slow)],
+                ids=["checkpoint-all", "auto"])
+def options(request: pytest.FixtureRequest) -> dict:
+    """The plan's options: the fast tier plans with a baseline (no solver time; at 0.6 it recomputes), the slow tier
+    with auto's ladder (10 s of solver time a round); the Trainer's path and the oracles are the same."""
+    return request.param
+
+
 class Recorder(TrainerCallback):
     """The gradients the optimizer is about to apply, at every optimizer step."""
 
@@ -45,17 +53,18 @@ def arguments(tmp_path, **extra) -> TrainingArguments:
                              use_cpu=True, dataloader_num_workers=0, disable_tqdm=True, **extra)
 
 
-def run(tmp_path, with_coop: bool, trainer_class=Trainer, **extra):
-    """The training script; ``with_coop`` adds its one line. Returns the model, its gradients, losses, trainer."""
+def run(tmp_path, with_coop: bool, trainer_class=Trainer, options: dict | None = None, **extra):
+    """The training script; ``with_coop`` adds its one line (with the plan's ``options``). Returns the model, its
+    gradients, losses, trainer."""
     model = bert_tiny()
     recorder = Recorder()
     recorder.model = model
-    kwargs = {"coop_budget": 0.6, "coop_options": {"time_limit": 10}} if trainer_class is CoopTrainer \
+    kwargs = {"coop_budget": 0.6, "coop_options": dict(options or {})} if trainer_class is CoopTrainer \
         else {}
     trainer = trainer_class(model=model, args=arguments(tmp_path, **extra), train_dataset=synthetic_dataset(),
                             callbacks=[recorder], **kwargs)
     if with_coop:
-        enable(trainer, 0.6, time_limit=10)  # the one line
+        enable(trainer, 0.6, **(options or {}))  # the one line
     losses = []
     step = trainer.training_step
     trainer.training_step = lambda *a, **k: losses.append(step(*a, **k)) or losses[-1]
@@ -78,11 +87,11 @@ def assert_same_training(coop_run, plain_run) -> None:
         assert torch.equal(param, reference), f"final weight {name}"
 
 
-def test_one_line_enables_coop_in_a_trainer_script_bit_identical_at_0_6_of_the_peak(tmp_path) -> None:
+def test_one_line_enables_coop_in_a_trainer_script_bit_identical_at_0_6_of_the_peak(tmp_path, options) -> None:
     plain = run(tmp_path / "plain", with_coop=False)
     with warnings.catch_warnings():
         warnings.filterwarnings("error", module="coop")  # no re-plan, no online fallback: one plan throughout
-        coop_run = run(tmp_path / "coop", with_coop=True)
+        coop_run = run(tmp_path / "coop", with_coop=True, options=options)
     plan = coop_run[3].coop_step.plan
     assert plan.simulation.recomputations > 0, plan.note
     assert plan.predicted_peak <= plan.budget <= math.ceil(0.6 * plan.baseline_peak)
@@ -90,15 +99,15 @@ def test_one_line_enables_coop_in_a_trainer_script_bit_identical_at_0_6_of_the_p
     assert_same_training(coop_run, plain)
 
 
-def test_coop_trainer_subclass_matches_the_plain_trainer(tmp_path) -> None:
+def test_coop_trainer_subclass_matches_the_plain_trainer(tmp_path, options) -> None:
     plain = run(tmp_path / "plain", with_coop=False)
-    coop_run = run(tmp_path / "coop", with_coop=False, trainer_class=CoopTrainer)
+    coop_run = run(tmp_path / "coop", with_coop=False, trainer_class=CoopTrainer, options=options)
     plan = coop_run[3].coop_step.plan
     assert plan.predicted_peak <= plan.budget <= math.ceil(0.6 * plan.baseline_peak)
     assert_same_training(coop_run, plain)
 
 
-def test_bf16_autocast_is_captured_and_bit_identical(tmp_path) -> None:
+def test_bf16_autocast_is_captured_and_bit_identical(tmp_path, options) -> None:
     """``bf16=True``: Accelerate wraps the model's forward in ``torch.autocast("cpu", torch.bfloat16)``; coop captures
     the casts inside it (the run's losses differ from fp32 training's, so autocast was on) and replays them."""
     fp32_losses = run(tmp_path / "fp32", with_coop=False)[2]
@@ -106,7 +115,7 @@ def test_bf16_autocast_is_captured_and_bit_identical(tmp_path) -> None:
     assert not all(torch.equal(a, b) for a, b in zip(plain[2], fp32_losses, strict=True))
     with warnings.catch_warnings():
         warnings.filterwarnings("error", module="coop")
-        coop_run = run(tmp_path / "coop", with_coop=True, bf16=True)
+        coop_run = run(tmp_path / "coop", with_coop=True, options=options, bf16=True)
     assert_same_training(coop_run, plain)
 
 

@@ -1,4 +1,4 @@
-"""The import floors of DESIGN.md, read from the source (lazy imports inside functions included):
+"""The import floors of ARCHITECTURE.md (its layers), read from the source (lazy imports inside functions included):
 the torch-free engines import no torch, and the formulations import nothing from the floors above them."""
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"formulations"}),
     frozenset({"graph_capture"}),
     frozenset({"runtime"}),
-    frozenset({"planner", "zoo", "viz", "memory_viz"}),
+    frozenset({"planner", "compiled", "zoo", "viz", "memory_viz"}),
     frozenset({"compare", "config", "integrations"}),
     frozenset({"cli", "__main__", "__init__"}),
 )

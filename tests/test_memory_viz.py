@@ -139,7 +139,9 @@ def test_coop_validate_and_coop_simulate_write_the_snapshot(tmp_path: Path, caps
 
 def test_a_dynamic_plan_has_no_timeline_to_export(tmp_path: Path) -> None:
     model, batch, loss_fn = build("mlp")
-    plan = coop.plan(model, 1.5, batch, loss_fn=loss_fn, formulation="dynamic")  # room for its generator states
+    # 1.5 x the peak, room for its generator states (above the peak a budget is bytes: a fraction is at most 1.0)
+    above_the_peak = -(-3 * coop.baseline_peak(coop.capture(model, batch, loss_fn).graph) // 2)
+    plan = coop.plan(model, above_the_peak, batch, loss_fn=loss_fn, formulation="dynamic")
     with pytest.raises(coop.CoopError, match="predicts no memory timeline; export one from a plan made with a static"):
         plan.export_memory_viz(tmp_path / "dynamic.pickle")
 

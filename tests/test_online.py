@@ -19,7 +19,7 @@ from coop.online.policies import LAYOUTS, POLICIES, WINDOW_COSTS, CoopPolicy, ch
 from coop.schedule import simulate, validate
 
 POLICY_NAMES = tuple(POLICIES)
-GRAPHS = Path(__file__).resolve().parents[2] / "shared" / "graphs" / "moccasin"
+GRAPHS = Path(__file__).resolve().parents[1] / "graphs" / "moccasin"
 
 
 @st.composite
@@ -326,7 +326,7 @@ def test_the_per_byte_window_prefers_the_cheaper_tensor_over_the_bigger_one() ->
 
 
 # ---------------------------------------------------------------------------- published graphs
-@pytest.mark.skipif(not GRAPHS.is_dir(), reason="the shared benchmark graphs are not present")
+@pytest.mark.skipif(not GRAPHS.is_dir(), reason="the published graphs (graphs/moccasin) are not present")
 @pytest.mark.parametrize("policy", POLICY_NAMES)
 def test_checkmate_graph_runs_within_budget(policy: str) -> None:
     graph = load_graph(GRAPHS / "fcn_8_vgg_32_416_608_3_train_nx.json")

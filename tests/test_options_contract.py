@@ -52,7 +52,7 @@ def test_every_formulation_accepts_the_common_options(name: str) -> None:
     result = solve(graph, 10**6, name, time_limit=5, threads=1, progress=None, hint=None, captured=None)
     assert result.schedule is not None, (name, result.status, result.message)
     assert validate(graph, result.schedule, 10**6).ok, name
-    assert COMMON_OPTIONS == {"time_limit", "threads", "progress", "hint", "captured"}
+    assert COMMON_OPTIONS == {"time_limit", "threads", "progress", "hint", "captured", "deadline"}
 
 
 @pytest.mark.parametrize("name", list(FORMULATIONS))

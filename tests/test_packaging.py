@@ -75,10 +75,22 @@ def test_make_test_oldest_runs_the_floors_pyproject_declares() -> None:
     dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     for name in ("torch", "transformers"):
         pinned = re.search(rf"^OLDEST_{name.upper()}_SPEC \?= {name}==([\d.]+)$", makefile, re.MULTILINE)
-        floor = next((re.fullmatch(rf"{name}>=([\d.]+)", d.replace(" ", "")) for d in dependencies
+        floor = next((re.fullmatch(rf"{name}>=([\d.]+)(?:,<([\d.]+))?", d.replace(" ", "")) for d in dependencies
                       if d.replace(" ", "").startswith(f"{name}>=")), None)
         assert pinned and floor, name
         assert pinned.group(1).split(".")[:2] == floor.group(1).split(".")[:2], (name, pinned.group(1), floor.group(1))
+
+
+def test_the_declared_torch_range_ends_above_the_newest_tested_torch() -> None:
+    """pyproject's torch range is the tested one: its ceiling is the release after `make test`'s TORCH_SPEC (a plain
+    `pip install .` otherwise resolves an untested torch)."""
+    makefile = (REPO / "Makefile").read_text()
+    dependencies = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    newest = re.search(r"^TORCH_SPEC \?= torch==(\d+)\.(\d+)[\d.]*$", makefile, re.MULTILINE)
+    declared = next(d.replace(" ", "") for d in dependencies if d.startswith("torch"))
+    ceiling = re.fullmatch(r"torch>=[\d.]+,<(\d+)\.(\d+)", declared)
+    assert newest and ceiling, declared
+    assert (int(ceiling.group(1)), int(ceiling.group(2))) == (int(newest.group(1)), int(newest.group(2)) + 1), declared
 
 
 def test_every_module_coop_imports_is_a_declared_dependency() -> None:

@@ -34,7 +34,7 @@ from coop.schedule import validate
 from tests.bruteforce_paging import optimal_paging_schedule
 from tests.strategies import random_graphs
 
-POET_DIR = Path(__file__).resolve().parents[2] / "shared" / "graphs" / "poet"
+POET_DIR = Path(__file__).resolve().parents[1] / "graphs" / "poet"
 ORACLE = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 LIMIT = {"time_limit": 30.0, "threads": 1}
 
@@ -51,7 +51,7 @@ def profiles(draw: st.DrawFn) -> DeviceProfile:
 
 
 def prices_by_hand(graph: Graph, profile: DeviceProfile, objective: str) -> tuple[dict, dict, dict]:
-    """POET's formulas (shared/graphs/poet/README.md), written here from the profile's raw SI numbers."""
+    """POET's formulas (graphs/poet/README.md), written here from the profile's raw SI numbers."""
     watts = profile.flops_per_s / profile.flops_per_joule if objective == "energy" else 1.0
     paging_watts = profile.memory_power_w if objective == "energy" else 1.0
     compute, page_in, page_out = {}, {}, {}
@@ -183,7 +183,7 @@ def test_a_stopped_solve_states_the_baseline_energy_as_its_bound() -> None:
 @pytest.fixture(scope="module")
 def poet_dir() -> Path:
     if not POET_DIR.is_dir():
-        pytest.skip(f"POET's exported graphs not found at {POET_DIR} (the shared folder is absent)")
+        pytest.skip(f"POET's exported graphs not found at {POET_DIR} (graphs/poet of the checkout)")
     return POET_DIR
 
 

@@ -1,6 +1,6 @@
 """POET's interval model (coop.formulations.poet_intervals) against independent oracles.
 
-* A brute-force search written here from DESIGN.md's contract 2 (:func:`optimal_schedule_with_paging`): every
+* A brute-force search written here from contract 2 (coop.schedule's docstring) (:func:`optimal_schedule_with_paging`): every
   legal schedule in any first-compute order, with page-outs and page-ins of computed values anywhere (never of
   caller-owned values, which poet keeps on the device), priced from the profile's raw numbers
   (tests/test_poet.py's ``prices_by_hand``). Its optimum is a lower bound on every schedule the interval model
@@ -220,7 +220,9 @@ def test_above_max_nodes_the_interval_model_solves_a_large_graph_in_seconds() ->
     assert len(graph.order) > 300
     budget = min_budget(graph) + 96
     tic = time.perf_counter()
-    result = poet(graph, budget, device_profile="a100-pcie4", time_limit=5, threads=2)
+    # 15 s: the paging heuristic (the only warm start that fits here) took 3.4-6.9 s on 2 busy cores, and the model
+    # is built only with the time to build and solve it (issue 40: the limit is kept, not overrun)
+    result = poet(graph, budget, device_profile="a100-pcie4", time_limit=15, threads=2)
     wall = time.perf_counter() - tic
     assert "above max_nodes=300" in result.message and result.extra["model"] == "poet-intervals"
     assert result.schedule is not None and result.status == "feasible", result.message
@@ -230,8 +232,7 @@ def test_above_max_nodes_the_interval_model_solves_a_large_graph_in_seconds() ->
     assert result.objective == pytest.approx(recount(graph, result, prices), rel=1e-9)
     assert result.objective <= result.extra["warm_start_objective"] * (1 + 1e-12)
     assert result.bound <= result.objective
-    # 5 s of limit; CP-SAT overruns it by seconds when the 2 shared cores are loaded (measured up to 4 s)
-    assert wall < 15, wall
+    assert wall < 1.1 * 15 + 2, wall  # the deadline kept (BENCHMARKS.md's time table holds the measured walls)
 
 
 def test_paging_the_extra_outputs_of_multi_output_ops_replays_bit_identically() -> None:

@@ -6,7 +6,7 @@ It is the reference that coop's ``poet`` is compared with in bench_poet, so it m
   its CBC optimum equals coop's poet optimum and the brute force of tests/bruteforce_paging.py
   (coop's space), with and without a runtime budget;
 * with ``semantics="published"`` its optimum equals a brute force of the published space written
-  here from the equations of shared/graphs/poet/README.md (a dynamic program over stages);
+  here from the equations of graphs/poet/README.md (a dynamic program over stages);
 * every solution converts to a schedule that coop's validator accepts within the budget, priced by
   hand from the profile's raw numbers.
 """
@@ -70,7 +70,7 @@ def profiles(draw: st.DrawFn) -> DeviceProfile:
 
 
 def prices_by_hand(graph: Graph, profile: DeviceProfile, objective: str) -> tuple[dict, dict, dict]:
-    """POET's prices (shared/graphs/poet/README.md) from the profile's raw SI numbers."""
+    """POET's prices (graphs/poet/README.md) from the profile's raw SI numbers."""
     watts = profile.flops_per_s / profile.flops_per_joule if objective == "energy" else 1.0
     paging_watts = profile.memory_power_w if objective == "energy" else 1.0
     compute = {n.id: n.cost * watts for n in graph.nodes}
@@ -98,7 +98,7 @@ def subsets(items: Iterable[int]) -> Iterable[frozenset[int]]:
 def published_optimum(graph: Graph, budget: int, prices: tuple[dict, dict, dict]) -> float | None:
     """The cheapest solution of POET's published model, by a dynamic program over stages.
 
-    Written from shared/graphs/poet/README.md alone. State at the start of stage t: (S_RAM[t], S_SD[t]).
+    Written from graphs/poet/README.md alone. State at the start of stage t: (S_RAM[t], S_SD[t]).
     A stage picks R[t] (t and any recomputable earlier positions whose inputs are computed in the
     stage or in S_RAM[t]), M_out[t] within S_RAM[t], and S_RAM[t+1] within S_RAM[t] | R[t] | S_SD[t]
     (M_in[t] = what S_RAM[t+1] takes from the slow tier); S_SD[t+1] = S_SD[t] | M_out[t] (never

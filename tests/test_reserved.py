@@ -14,7 +14,7 @@ import pytest
 
 import coop
 from coop.errors import InfeasibleError
-from coop.planner.plan import RESERVED_ROUNDS, _below_measured_excess
+from coop.planner.rounds import RESERVED_ROUNDS, Rounds
 from coop.runtime.reserved import cuda_counters, reserved_step_peak
 from coop.zoo import build
 
@@ -93,6 +93,12 @@ def cnn_step():  # a small CNN: its min_budget is 0.47 of its peak, room to solv
     model, batch, loss_fn = build("cnn")
     captured = coop.capture(model, batch, loss_fn=loss_fn)
     return model, batch, loss_fn, captured
+
+
+def _below_measured_excess(first, footprint, within, measure, budget, live_bytes):
+    """The reserved-excess rounds of coop.plan (coop.planner.rounds.Rounds) after ``first`` held ``footprint``."""
+    rounds = Rounds(lambda _captured, aim: within(aim), first.captured, budget, live_bytes, measure=measure)
+    return rounds.below_measured_excess(first, footprint)
 
 
 def _within(cnn_step):

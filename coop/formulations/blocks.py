@@ -41,6 +41,7 @@ from ortools.sat.python import cp_model
 
 from coop.errors import CoopError
 from coop.formulations.baselines import ForwardBackward, forward_keep_backward_recompute, split_forward_backward
+from coop.formulations.deadline import Deadline, cp_sat_solver
 from coop.formulations.entry import formulation
 from coop.formulations.moccasin import moccasin
 from coop.formulations.progress import ProgressCallback, ProgressClock
@@ -129,9 +130,7 @@ def _solve_block(graph: Graph, block: tuple[int, ...], inside_readers: dict[int,
                 model.AddBoolOr([keep[s], rebuild[s]]).OnlyEnforceIf(rebuild[o])
     model.Add(sum(graph.node(v).mem * keep[o] for o, v in enumerate(block)) <= byte_limit)
     model.Minimize(sum(round(graph.node(v).cost * COST_SCALE) * rebuild[o] for o, v in enumerate(block)))
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.05, seconds)
-    solver.parameters.num_workers = 1
+    solver = cp_sat_solver(Deadline.after(seconds), 1, reserve=False, least=0.05)
     status = solver.Solve(model)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None
@@ -263,7 +262,8 @@ def composed_schedule(graph: Graph, budget: int, split: ForwardBackward, groups:
 
 @formulation(NAME)
 def blocks(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int = 2,
-           progress: ProgressCallback | None = None, hint: Any = None, seed: int = 0) -> SolveResult:
+           progress: ProgressCallback | None = None, hint: Any = None, seed: int = 0,
+           deadline: Deadline | None = None) -> SolveResult:
     """Plan repeated blocks once, compose, then polish with Moccasin (see the module docstring).
 
     Parameters
@@ -282,6 +282,8 @@ def blocks(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int 
         Schedules (or results) the polish may also start from.
     seed : int
         The polish's random seed.
+    deadline : Deadline or None
+        The solve's deadline (made from ``time_limit`` by the entry); the polish gets what is left of it.
 
     Returns
     -------
@@ -299,14 +301,15 @@ def blocks(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int 
     ----------
     Zhao et al., Rockmate, ICML 2023; HiRemate, ICML 2025; Chen et al. 2016; Bartan et al., Moccasin, ICML 2023.
     """
-    clock = ProgressClock(progress)
+    deadline = deadline if deadline is not None else Deadline.after(time_limit)
+    clock = ProgressClock(progress, deadline)
     split = split_forward_backward(graph, NAME)
     groups = find_block_groups(graph, split.forward)
     hints = list(hint) if isinstance(hint, list | tuple) else ([] if hint is None else [hint])
     extra: dict[str, Any] = {"groups": [{"period": g.period, "count": g.count} for g in groups]}
     composed = None
     if groups:
-        per_group = COMPOSE_SHARE * time_limit / 2 / len(groups)
+        per_group = COMPOSE_SHARE * deadline.remaining() / 2 / len(groups)
         frontiers = [_hull(block_options(graph, split, g, time_limit=per_group)) for g in groups]
         extra["block_options"] = [[{"share": o.share, "kept_bytes": o.kept_bytes, "rebuild_cost": o.rebuild_cost,
                                     "optimal": o.optimal} for o in f] for f in frontiers]
@@ -316,8 +319,8 @@ def blocks(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int 
         extra |= {"levels": levels, "composed_cost": sim.cost}
         clock.report(sim.cost, None, "blocks: composed")
         hints = [schedule, *hints]
-    polished = moccasin(graph, budget, time_limit=max(1.0, time_limit - clock.elapsed_s), threads=threads,
-                        progress=progress, hint=hints or None, seed=seed)
+    polished = moccasin(graph, budget, time_limit=max(1e-3, deadline.remaining()), deadline=deadline,
+                        threads=threads, progress=progress, hint=hints or None, seed=seed)
     extra["polish"] = {"status": polished.status, "message": polished.message}
     if composed is None:
         why = "no repeated blocks found" if not groups else "no composition of the block options fits the budget"

@@ -42,6 +42,7 @@ import time
 from typing import Any
 
 from coop.errors import SolverError
+from coop.formulations.deadline import Deadline, DeadlinePassed
 from coop.formulations.entry import formulation
 from coop.formulations.milp_backends import LinearModel, MilpSolution, solve_lp_relaxation, solve_milp
 from coop.formulations.progress import Progress, ProgressCallback
@@ -118,6 +119,7 @@ def checkmate(
     memory_levels: int | None = None,
     cost_limit: float | None = None,
     verbose: bool = False,
+    deadline: Deadline | None = None,
 ) -> SolveResult:
     """The Checkmate MILP (Jain et al. 2020, section 4) solved with ``solver``.
 
@@ -147,6 +149,9 @@ def checkmate(
     solver, time_limit, threads, progress, verbose
         The MILP backend, its wall-clock limit (model building included), worker threads, a
         progress callback and the solver's log.
+    deadline : Deadline or None
+        The solve's deadline (made from ``time_limit`` by the entry): the solver gets what is left of it once
+        the model is built.
     max_nodes : int
         The largest graph the O(n^2) model is built for (:class:`~coop.errors.SolverError` above).
     memory_levels : int or None
@@ -167,18 +172,30 @@ def checkmate(
     """
     if memory_levels is None and solver.lower().replace("_", "-") in ("cp-sat", "cpsat"):
         memory_levels = CP_SAT_MEMORY_LEVELS
-    started = time.perf_counter()
+    deadline = deadline if deadline is not None else Deadline.after(time_limit)
     problem = project(graph, budget, memory_levels)
-    model, variables = build_stage_model(problem)
+    try:
+        model, variables = build_stage_model(problem, deadline=deadline)
+    except DeadlinePassed as exc:
+        return _not_built(graph, exc, deadline)
     if cost_limit is not None:
         _limit_cost(model, problem, variables, cost_limit)
     # Building the model counts against the time limit (seconds for a few hundred nodes); the
     # solver gets what is left, even a few milliseconds: that solves a small model.
-    remaining = time_limit - (time.perf_counter() - started)
-    solution = solve_milp(model, solver, time_limit=remaining, threads=threads, progress=progress, verbose=verbose)
-    solution.wall_s = time.perf_counter() - started  # the whole solve, model building included
+    solution = solve_milp(model, solver, time_limit=deadline.remaining(), threads=threads, progress=progress,
+                          verbose=verbose)
+    solution.wall_s = deadline.elapsed()  # the whole solve, model building included
     return _result_from_milp(graph, budget, problem, variables, solution, solver, len(model.rows), model.num_vars,
                              cost_limit)
+
+
+def _not_built(graph: Graph, stopped: DeadlinePassed, deadline: Deadline, name: str = "checkmate") -> SolveResult:
+    """No schedule: the O(n^2) model was not built within the time limit (no proof of anything)."""
+    return SolveResult(name, "unknown", wall_s=deadline.elapsed(),
+                       message=f"no schedule found within {deadline.limit:g} s: {stopped}, so the "
+                               f"{'LP relaxation' if name == 'checkmate-lp' else 'MILP'} was not solved; the model of "
+                               f"{len(graph.order)} nodes needs more time (a time_limit several times longer), or try "
+                               "moccasin (O(n) variables)")
 
 
 def _limit_cost(model: LinearModel, problem: StageProblem, variables: StageVariables, cost_limit: float) -> None:
@@ -205,6 +222,7 @@ def checkmate_lp(
     thresholds: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
     random_roundings: int = 16,
     seed: int = 0,
+    deadline: Deadline | None = None,
 ) -> SolveResult:
     """Checkmate's two-phase LP rounding (Jain et al. 2020, section 5).
 
@@ -224,6 +242,8 @@ def checkmate_lp(
         The memory budget in the graph's units, caller-owned values included.
     time_limit, threads, progress
         The wall-clock limit, LP worker threads and a progress callback.
+    deadline : Deadline or None
+        The solve's deadline (made from ``time_limit`` by the entry).
     max_nodes : int
         The largest graph the O(n^2) model is built for.
     thresholds : tuple of float
@@ -244,22 +264,27 @@ def checkmate_lp(
     Jain et al., "Checkmate: Breaking the Memory Wall with Optimal Tensor Rematerialization",
     MLSys 2020, section 5 (two-phase LP rounding).
     """
-    started = time.perf_counter()
-    deadline = started + time_limit  # building the model and rounding count against the limit too
+    deadline = deadline if deadline is not None else Deadline.after(time_limit)
+    started = deadline.started  # building the model and rounding count against the limit too
     rng = random.Random(seed)
     lower_bound: float | None = None
     best: tuple[Schedule, Simulation, str] | None = None
     fitting = tried = planned = 0
     lp_notes: list[str] = []
     for factor in LP_BUDGET_FACTORS:
-        if lower_bound is not None and (best is not None or time.perf_counter() > deadline):
+        if lower_bound is not None and (best is not None or deadline.expired()):
             break
         # Rounding can overshoot the LP's budget; when no rounding fits, the LP is solved again
         # under a tighter budget (the schedules are still checked against the real one).
         lp_budget = graph.caller_owned_bytes + math.floor(factor * (budget - graph.caller_owned_bytes))
         problem = project(graph, lp_budget, None)
-        model, variables = build_stage_model(problem)
-        relaxation = solve_lp_relaxation(model, time_limit=deadline - time.perf_counter(), threads=threads)
+        try:
+            model, variables = build_stage_model(problem, deadline=deadline)
+        except DeadlinePassed as exc:
+            if lower_bound is None:
+                return _not_built(graph, exc, deadline, "checkmate-lp")
+            break
+        relaxation = solve_lp_relaxation(model, time_limit=deadline.remaining(), threads=threads)
         lp_notes.append(f"x{factor:g}: {relaxation.message}")
         if relaxation.values is None:
             if lower_bound is None:
@@ -270,7 +295,7 @@ def checkmate_lp(
         rules = _rounding_rules(variables, relaxation.values, thresholds, random_roundings, rng, factor)
         planned += len(rules)
         for label, keep in rules:
-            if tried and time.perf_counter() > deadline:
+            if tried and deadline.expired():
                 break  # at least one rounding always runs: the LP solution is already paid for
             tried += 1
             computed, retained = _stages_for_retention(problem, keep)

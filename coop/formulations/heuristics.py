@@ -21,6 +21,7 @@ import random
 import time
 from collections.abc import Callable
 
+from coop.formulations.deadline import Deadline
 from coop.formulations.sequence_profile import SequenceProfile, SequenceTables, sequence_cost, sequence_profile
 from coop.formulations.slot_problem import SlotProblem
 from coop.graph import Graph
@@ -28,7 +29,8 @@ from coop.schedule import Schedule, Step, simulate
 
 
 # ==================================================================== eviction heuristic
-def greedy_eviction_schedule(graph: Graph, budget: int, rebuild_size_penalty: float = 0.0) -> Schedule | None:
+def greedy_eviction_schedule(graph: Graph, budget: int, rebuild_size_penalty: float = 0.0,
+                             deadline: Deadline | None = None) -> Schedule | None:
     """A fast schedule under ``budget``, or None when the heuristic gets stuck.
 
     Walks the baseline order; before each compute it makes room by freeing the resident value
@@ -47,18 +49,21 @@ def greedy_eviction_schedule(graph: Graph, budget: int, rebuild_size_penalty: fl
         the value's recomputable inputs: a value much smaller than what it is made from (a ReLU's
         1-byte mask, a pooled map) is cheap to rebuild in time but its rebuild needs the large input
         back in memory, usually where memory is tightest. 0 is DTR's score.
+    deadline : Deadline or None
+        Give up (None) once it passes: on the published random layered n1000 graph at 0.9 of its peak the walk
+        took 36-92 s (a wide graph keeps hundreds of values resident, each scored per eviction).
 
     Returns
     -------
     Schedule or None
-        The schedule, or None when the heuristic gets stuck.
+        The schedule, or None when the heuristic gets stuck (or the deadline passes).
 
     References
     ----------
     Kirisame et al., "Dynamic Tensor Rematerialization", ICLR 2021 (the eviction score).
     """
     problem = SlotProblem.build(graph, budget)
-    return GreedyEvictor(problem, rebuild_size_penalty).run()
+    return GreedyEvictor(problem, rebuild_size_penalty, deadline).run()
 
 
 #: With a rebuild-size penalty, a backward value (a gradient) is evicted only when no forward value is nearly as
@@ -90,12 +95,14 @@ class GreedyEvictor:
     ----------
     problem:
         The graph and budget as :class:`~coop.formulations.slot_problem.SlotProblem`.
-    rebuild_size_penalty:
+    rebuild_size_penalty, deadline:
         See :func:`greedy_eviction_schedule`.
     """
 
-    def __init__(self, problem: SlotProblem, rebuild_size_penalty: float = 0.0) -> None:
+    def __init__(self, problem: SlotProblem, rebuild_size_penalty: float = 0.0,
+                 deadline: Deadline | None = None) -> None:
         self.p = problem
+        self.deadline = deadline
         # per value, what the rebuild-size penalty multiplies its eviction score by (fixed by the graph: computed once)
         self.score_factor = ({v: self._score_factor(v, rebuild_size_penalty) for v in problem.order}
                              if rebuild_size_penalty else {})
@@ -114,6 +121,8 @@ class GreedyEvictor:
     def run(self) -> Schedule | None:
         try:
             for k, v in enumerate(self.p.order):
+                if self.deadline is not None and self.deadline.expired():
+                    raise _Stuck
                 self.now = k
                 self.compute(v, pinned=set())
                 self.drop_dead_values()
@@ -222,7 +231,7 @@ class GreedyEvictor:
 
 # ==================================================================== peak shaving
 def peak_shaving_schedule(graph: Graph, budget: int, max_rounds: int | None = None,
-                          deadline: float | None = None) -> Schedule | None:
+                          deadline: Deadline | None = None) -> Schedule | None:
     """A schedule under ``budget`` made by repeatedly shaving the peak of the baseline order.
 
     Starts from store-all (a sequence of computes, lifetimes from the simulator). While the peak
@@ -239,8 +248,8 @@ def peak_shaving_schedule(graph: Graph, budget: int, max_rounds: int | None = No
         The budget in graph units.
     max_rounds : int or None
         The most shaving rounds; None: ``4 * len(graph.order) + 10``.
-    deadline : float or None
-        A ``time.perf_counter()`` reading past which it gives up (None: none). Each round simulates the
+    deadline : Deadline or None
+        Give up once it passes (None: never). Each round simulates the
         whole sequence, so on a graph of thousands of nodes the rounds take tens of seconds.
 
     Returns
@@ -255,7 +264,7 @@ def peak_shaving_schedule(graph: Graph, budget: int, max_rounds: int | None = No
 
 
 def _shave(problem: SlotProblem, tables: SequenceTables, sequence: list[int], max_rounds: int | None = None,
-           rng: random.Random | None = None, deadline: float | None = None) -> list[int] | None:
+           rng: random.Random | None = None, deadline: Deadline | None = None) -> list[int] | None:
     """Shave the peak of a compute sequence until it fits (see :func:`peak_shaving_schedule`).
 
     With ``rng`` the candidate moves are tried in a randomly perturbed order (for the local
@@ -267,7 +276,7 @@ def _shave(problem: SlotProblem, tables: SequenceTables, sequence: list[int], ma
     for _ in range(rounds):
         if sim.peak <= budget:
             return sequence
-        if deadline is not None and time.perf_counter() > deadline:
+        if deadline is not None and deadline.expired():
             return None
         excess = _excess(sim, budget)
         candidates = _shave_candidates(problem, sequence, sim)[:_SHAVE_TRIALS]

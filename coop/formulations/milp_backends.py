@@ -459,6 +459,8 @@ def _solve_pulp(model: LinearModel, name: str, time_limit: float, threads: int, 
     import pulp
 
     started = time.perf_counter()
+    if time_limit - _PULP_IO_S_PER_NONZERO * model.nonzeros < _LEAST_SOLVE_S:  # not even the PuLP model in time
+        return MilpSolution(status="unknown", message=f"{name}: time limit reached while building the model")
     objective_scale, options = _cbc_settings(model) if name == "cbc" else (1.0, ())
     problem, variables = _pulp_problem(pulp, model, objective_scale)
     # Building the PuLP model, writing it as MPS and reading the solution back take seconds on

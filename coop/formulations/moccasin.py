@@ -54,6 +54,7 @@ ends) that is always checked with the one simulator, :func:`coop.schedule.simula
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -63,6 +64,7 @@ from ortools.sat.python import cp_model
 
 from coop.budget import baseline_peak
 from coop.errors import CoopError
+from coop.formulations.deadline import Deadline, cp_sat_solver
 from coop.formulations.entry import formulation
 from coop.formulations.heuristics import improve_by_local_search
 from coop.formulations.interval_model import (
@@ -305,8 +307,8 @@ def _feasibility_check(problem: SlotProblem, settings: _Settings, clock: Progres
     if not settings.prove:
         return FeasibilityCheck(reason="skipped: prove=False (no proof models)"), None
     check, schedule = check_feasibility(
-        problem, keep_order=settings.keep_order, share_s=FEASIBILITY_SHARE * settings.time_limit,
-        left_s=lambda: settings.time_limit - clock.elapsed_s - 0.5,
+        problem, keep_order=settings.keep_order, share_s=FEASIBILITY_SHARE * settings.deadline.limit,
+        left_s=lambda: settings.deadline.remaining() - 0.5,
         parameters=CpSatParameters(settings.threads, settings.seed, settings.options))
     if schedule is not None:
         sim = simulate(problem.graph, schedule)
@@ -353,6 +355,8 @@ class _Round:
     bound: float | None = None  # CP-SAT's bound in true cost units (valid for this model)
     overflow: int = 0
     wall_s: float = 0.0
+    not_run: str = ""  # why CP-SAT was not run: "size" (the model) or "time" (none left)
+    build_s: float = 0.0  # the expected seconds to build the model (MODEL_BUILD_S_PER_INTERVAL)
 
 
 def _check_moccasin_options(*, max_intervals: int, order: str, **_: Any) -> None:
@@ -380,6 +384,7 @@ def moccasin(
     local_search: float | None = None,
     cp_sat_parameters: dict[str, Any] | None = None,
     order: str = "auto",
+    deadline: Deadline | None = None,
 ) -> SolveResult:
     """Solve rematerialization under ``budget`` with the Moccasin CP-SAT model.
 
@@ -392,6 +397,9 @@ def moccasin(
         Bytes, caller-owned values included.
     time_limit : float
         Seconds for the whole solve.
+    deadline : Deadline or None
+        The solve's deadline, made from ``time_limit`` by the entry (:mod:`coop.formulations.deadline`): every
+        stage (warm starts, local search, each CP-SAT round) gets what is left of it.
     threads, seed : int
         CP-SAT's workers and random seed.
     max_intervals : int
@@ -452,7 +460,8 @@ def moccasin(
     Bartan, Li, Teague, Feng, Jain and Taylor, "Moccasin: Efficient Tensor Rematerialization for Neural
     Networks", ICML 2023.
     """
-    clock = ProgressClock(progress)
+    deadline = deadline if deadline is not None else Deadline.after(time_limit)
+    clock = ProgressClock(progress, deadline)
     graph, order = solving_graph(graph, order)
     if budget >= baseline_peak(graph):
         # Store-all fits, and no schedule costs less than computing every node once.
@@ -462,22 +471,27 @@ def moccasin(
                            f"store-all in the {order.split(' ')[0]} order fits the budget",
                            {"warm_start": "store_all", "order": order})
     problem = SlotProblem.build(graph, budget)
-    lp_time = min(10.0, time_limit / 4) if lp_warm_start else 0.0
-    warm = best_warm_start(graph, budget, hint, lp_time, time_limit=WARM_START_SHARE * time_limit)
+    lp_time = min(10.0, deadline.remaining() / 4) if lp_warm_start else 0.0
+    warm = best_warm_start(graph, budget, hint, lp_time, deadline=deadline.share(WARM_START_SHARE), until=deadline)
     incumbent = _Incumbent(*warm) if warm is not None else None
+    if keep_order is None:
+        keep_order = graph.has_backward
+    settings = _Settings(deadline, threads, seed, max_intervals, keep_order, extra_slots, prove,
+                         dict(cp_sat_parameters or {}))
     if incumbent is not None:
         clock.report(incumbent.simulation.cost, None, f"warm start {incumbent.source}")
         large = len(problem.order) >= LOCAL_SEARCH_MIN_NODES
         share = local_search if local_search is not None else (0.5 if large else 0.25)
-        if share > 0:
+        # CP-SAT's model takes seconds to build (it cannot be stopped): the local search leaves that time, and
+        # takes all of it where CP-SAT would get less time to search than to build its model.
+        build_s = _build_seconds(problem, incumbent, settings)
+        left = deadline.remaining()
+        settings.cp_sat_worth = left >= 2 * build_s + 1.0
+        seconds = share * (left - build_s) if settings.cp_sat_worth else left
+        if share > 0 or not settings.cp_sat_worth:
             # Small graphs: stop once repairs keep failing, CP-SAT then gets the rest of the time.
-            stall = None if large else LOCAL_SEARCH_SMALL_STALL
-            incumbent = _locally_improved(incumbent, problem, share * (time_limit - clock.elapsed_s), seed, clock,
-                                          stall)
-    if keep_order is None:
-        keep_order = graph.has_backward
-    settings = _Settings(time_limit, threads, seed, max_intervals, keep_order, extra_slots, prove,
-                         dict(cp_sat_parameters or {}))
+            stall = None if large or not settings.cp_sat_worth else LOCAL_SEARCH_SMALL_STALL
+            incumbent = _locally_improved(incumbent, problem, max(0.0, seconds), seed, clock, stall)
     check = None
     if incumbent is None:
         # Nothing fits yet: first ask whether anything of the space fits at all (a proof is often
@@ -504,11 +518,20 @@ def moccasin(
 #: Above this many retention intervals the CP-SAT model is not built (see :func:`_solve_round`).
 MODEL_MAX_INTERVALS = 20_000
 
-#: From this many computed nodes on, part of the time goes to the local search before CP-SAT.
 #: The share of the time limit the warm starts may take before the slower ones (checkpoint-all's O(n^2)
 #: schedule) are skipped, once one fits (:func:`coop.formulations.warm_start.best_warm_start`).
 WARM_START_SHARE = 0.2
+#: From this many computed nodes on, part of the time goes to the local search before CP-SAT.
 LOCAL_SEARCH_MIN_NODES = 200
+#: Seconds to build and hint the CP-SAT model, per retention interval: 4.7 s for 1,213 intervals (captured
+#: ResNet-50 at 0.8) and 8.8 s for 2,001 (random layered n1000 at 0.9), measured with 11 processes on 2 cores. A
+#: round is not started when less time is left than this (it cannot be stopped once begun).
+MODEL_BUILD_S_PER_INTERVAL = 4e-3
+
+
+def _build_seconds(problem: SlotProblem, incumbent: _Incumbent | None, settings: _Settings) -> float:
+    """The seconds building and hinting the model around ``incumbent`` is expected to take."""
+    return MODEL_BUILD_S_PER_INTERVAL * sum(_model_shape(problem, incumbent, settings)[1].values())
 
 
 #: On smaller graphs the local search stops after this many repairs in a row that found nothing cheaper.
@@ -527,7 +550,7 @@ def _locally_improved(incumbent: _Incumbent, problem: SlotProblem, seconds: floa
 
 @dataclass
 class _Settings:
-    time_limit: float
+    deadline: Deadline
     threads: int
     seed: int
     max_intervals: int
@@ -535,6 +558,7 @@ class _Settings:
     extra_slots: int | None
     prove: bool
     options: dict[str, Any]
+    cp_sat_worth: bool = True  # False: too little time to build the model and search, the local search took it
 
 
 def _model_shape(problem: SlotProblem, incumbent: _Incumbent | None, settings: _Settings
@@ -567,29 +591,23 @@ def _solve_round(problem: SlotProblem, incumbent: _Incumbent | None, settings: _
     """Build the model around the incumbent, hint it, solve for the remaining time."""
     graph = problem.graph
     intervals, per_node, horizon, covers = _model_shape(problem, incumbent, settings)
-    if sum(per_node.values()) > MODEL_MAX_INTERVALS or settings.time_limit - clock.elapsed_s < 0.2:
+    too_large = sum(per_node.values()) > MODEL_MAX_INTERVALS
+    build_s = MODEL_BUILD_S_PER_INTERVAL * sum(per_node.values())
+    if too_large or not settings.cp_sat_worth or settings.deadline.remaining() < build_s + 0.2:
         # Building and hinting a model this large (a warm start with tens of thousands of
         # recomputations) would take longer than the time limit allows: CP-SAT is not run.
         return _Round(horizon=horizon, intervals=sum(per_node.values()), covers=covers, relaxed=incumbent is None,
-                      status="NOT_RUN"), None
+                      status="NOT_RUN", not_run="size" if too_large else "time", build_s=build_s), None
     keep_order = settings.keep_order and first_computations_in_order(intervals, problem.order)
     built = build_model(problem, horizon, per_node, keep_order, relax_memory=incumbent is None)
     _add_hint(built, intervals, problem.outputs)
     round_ = _Round(horizon=horizon, intervals=sum(per_node.values()), covers=covers, relaxed=incumbent is None)
-    solver = cp_model.CpSolver()
-    # CP-SAT stops a little after its limit and the schedule is then rebuilt and simulated: keep a
-    # reserve so that the whole solve returns within ``time_limit``.
-    reserve = 0.5 + 0.02 * settings.time_limit
-    solver.parameters.max_time_in_seconds = max(0.01, settings.time_limit - clock.elapsed_s - reserve)
-    solver.parameters.num_workers = max(1, settings.threads)
-    solver.parameters.random_seed = settings.seed
-    if not keep_order:
-        # Without the order constraints, presolve probing alone took two passes of ~9 s on random
-        # layered n250 (2 workers) and often left CP-SAT no time to search: with probing off it
-        # found a reordering at 0.0 % TDI at 0.9 x the baseline peak and proved it in 19 s.
-        solver.parameters.cp_model_probing_level = 0
-    for key, value in settings.options.items():
-        setattr(solver.parameters, key, value)
+    # Without the order constraints, presolve probing alone took two passes of ~9 s on random layered n250 (2
+    # workers) and often left CP-SAT no time to search: with probing off it found a reordering at 0.0 % TDI at 0.9
+    # x the baseline peak and proved it in 19 s. CP-SAT gets what is left less a reserve (it stops a little after
+    # its limit, and the schedule is then rebuilt and simulated).
+    parameters = settings.options if keep_order else {"cp_model_probing_level": 0, **settings.options}
+    solver = cp_sat_solver(settings.deadline, settings.threads, seed=settings.seed, parameters=parameters)
     base_cost = sum(graph.node(v).cost for v in problem.order)
     reporter = _ProgressReporter(clock, lambda extra: base_cost + extra / problem.cost_scale, built.overflow)
     started = time.perf_counter()
@@ -621,13 +639,25 @@ def _worth_another_round(problem: SlotProblem, incumbent: _Incumbent | None, las
     """Another solve helps when a relaxed model just found the first schedule that fits, or when
     a restricted model was solved to the end and a model that can prove the result is now small
     enough (the incumbent got cheaper, so fewer intervals suffice)."""
-    if clock.elapsed_s >= settings.time_limit - 0.5 or incumbent is None or _proven(problem, last):
+    if settings.deadline.remaining() <= 0.5 or incumbent is None or _proven(problem, last):
         return False
     if last.relaxed:
         return True
     if last.covers or last.status not in ("OPTIMAL", "INFEASIBLE"):
         return False
     return _model_shape(problem, incumbent, settings)[3]
+
+
+def _fallback_words(last: _Round, source: str, elapsed: float) -> str:
+    """Why the result is only a warm start (CP-SAT never ran) and what would let CP-SAT run."""
+    if last.not_run == "size":
+        return (f"CP-SAT not run (a model of {last.intervals} intervals, above {MODEL_MAX_INTERVALS}): the schedule "
+                f"is the {source} warm start, a last resort that no time limit improves here; try formulation='blocks' "
+                "on a step with repeated layers")
+    suggest = 10 * math.ceil(max(10.0, 2 * elapsed + 3 * last.build_s + 5) / 10)
+    return (f"CP-SAT not run: the warm starts and the model ({last.intervals} intervals, about {last.build_s:.0f} s "
+            f"to build) needed more than the time ({elapsed:.1f} s); the schedule is the {source} warm start, a last "
+            f"resort: a time_limit of {suggest:g} s or more would let CP-SAT search")
 
 
 def _proven(problem: SlotProblem, last: _Round) -> bool:
@@ -662,9 +692,12 @@ def _result(problem: SlotProblem, incumbent: _Incumbent | None, warm: tuple[str,
         label = "optimal" if proven else "feasible"
         if proven:
             message = "CP-SAT OPTIMAL on a model that contains every schedule at least as good"
+        elif last.status == "NOT_RUN" and last.not_run == "time":
+            message = (f"CP-SAT not run: its model ({last.intervals} intervals, about {last.build_s:.0f} s to build) "
+                       f"would not have been built and searched in the time left")
         elif last.status == "NOT_RUN":
-            message = (f"CP-SAT not run: a model of {last.intervals} intervals would not be built and solved "
-                       "within the time limit")
+            message = (f"CP-SAT not run: a model of {last.intervals} intervals (above {MODEL_MAX_INTERVALS}) would "
+                       "not be built and solved within the time limit")
         elif last.covers:
             message = f"CP-SAT {last.status} (stopped at the time limit)"
         else:
@@ -673,7 +706,11 @@ def _result(problem: SlotProblem, incumbent: _Incumbent | None, warm: tuple[str,
         if incumbent.source != "cp-sat":
             message += f"; the best schedule comes from {incumbent.source}"
         clock.report(sim.cost, bound, "done", final=True)
-        return SolveResult(FORMULATION, label, incumbent.schedule, sim, sim.cost, bound, clock.elapsed_s, message, extra)
+        result = SolveResult(FORMULATION, label, incumbent.schedule, sim, sim.cost, bound, clock.elapsed_s, message,
+                             extra)
+        if all(r.status == "NOT_RUN" for r in rounds):
+            result.fallback = _fallback_words(last, incumbent.source, clock.elapsed_s)
+        return result
     no_schedule = last.status == "INFEASIBLE" or (last.status == "OPTIMAL" and last.overflow > 0)
     if no_schedule and last.covers:
         least = f" (least peak {budget + last.overflow})" if last.overflow else ""

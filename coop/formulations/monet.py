@@ -68,12 +68,12 @@ interval path runs moccasin itself with the whole time limit.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from functools import reduce
 from typing import Any
 
 from coop.errors import CoopError
+from coop.formulations.deadline import Deadline
 from coop.formulations.entry import formulation
 from coop.formulations.milp_backends import LinearModel, MilpSolution, solve_milp
 from coop.formulations.monet_intervals import monet_intervals, monet_warm_starts
@@ -394,6 +394,7 @@ def monet(
     model: str = "auto",
     max_intervals: int = 2,
     order: str = "auto",
+    deadline: Deadline | None = None,
 ) -> SolveResult:
     """MONeT's joint MILP (Shah et al. 2021) over the stage model described in the module docstring.
 
@@ -423,6 +424,8 @@ def monet(
         Unused.
     exact, max_nodes, warm_start, recompute, model, max_intervals, order
         As above.
+    deadline : Deadline or None
+        The solve's deadline (made from ``time_limit`` by the entry): each stage gets what is left of it.
 
     Returns
     -------
@@ -435,26 +438,27 @@ def monet(
     (Jain et al., MLSys 2020, section 4).
     """
     del captured  # implementations and their costs come from the graph
-    started = time.perf_counter()
+    deadline = deadline if deadline is not None else Deadline.after(time_limit)
     graph, order = solving_graph(graph, order)
     positions = len(stage_order(graph))
     if model == "intervals" or not recompute or (model == "auto" and positions > max_nodes):
-        result = monet_intervals(graph, budget, time_limit=time_limit, threads=threads, progress=progress, hint=hint,
-                                 exact=exact, recompute=recompute, max_intervals=max_intervals)
+        result = monet_intervals(graph, budget, time_limit=max(1e-3, deadline.remaining()), deadline=deadline,
+                                 threads=threads, progress=progress, hint=hint, exact=exact, recompute=recompute,
+                                 max_intervals=max_intervals)
         result.extra["order"] = order
         return result
-    warm = _cheapest_warm_start(graph, budget, hint, exact, time_limit, threads) if warm_start else None
+    warm = _cheapest_warm_start(graph, budget, hint, exact, deadline.remaining(), threads) if warm_start else None
     problem = _project(graph, budget, exact)
     if problem.capacity < 0:
-        return SolveResult("monet", "infeasible", wall_s=time.perf_counter() - started,
+        return SolveResult("monet", "infeasible", wall_s=deadline.elapsed(),
                            message=f"budget {budget} is below the caller-owned values' {graph.caller_owned_bytes}")
     model, variables = _build(problem)
     if warm is not None and model.objective:  # only schedules cheaper than the warm start are of interest
         model.add_row(list(model.objective), "<=", warm[2].cost * (1 + 1e-9) + 1e-9 - model.objective_constant)
-    remaining = time_limit - (time.perf_counter() - started)
-    solution = solve_milp(model, solver, time_limit=remaining, threads=threads, progress=progress, verbose=verbose)
+    solution = solve_milp(model, solver, time_limit=deadline.remaining(), threads=threads, progress=progress,
+                          verbose=verbose)
     result = _result(graph, budget, problem, variables, solution, warm, exact)
-    result.wall_s = time.perf_counter() - started
+    result.wall_s = deadline.elapsed()
     result.extra.update({"solver": solver, "variables": model.num_vars, "constraints": len(model.rows),
                          "memory_unit": problem.unit, "memory_exact": problem.exact_memory, "exact": exact,
                          "order": order})

@@ -35,6 +35,7 @@ from typing import Any
 from ortools.sat.python import cp_model
 
 from coop.errors import CoopError
+from coop.formulations.deadline import Deadline, cp_sat_solver
 from coop.formulations.entry import formulation
 from coop.formulations.heuristics import REBUILD_SIZE_PENALTIES, greedy_eviction_schedule
 from coop.formulations.moccasin import moccasin
@@ -83,7 +84,8 @@ NAME = "monet"
 @formulation(NAME)
 def monet_intervals(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int = 2,
                     progress: ProgressCallback | None = None, hint: Any = None, exact: bool = False,
-                    recompute: bool = True, max_intervals: int = 2, seed: int = 0) -> SolveResult:
+                    recompute: bool = True, max_intervals: int = 2, seed: int = 0,
+                    deadline: Deadline | None = None) -> SolveResult:
     """MONeT over the interval model (see the module docstring); ``recompute=False`` computes every node once.
 
     Parameters
@@ -109,6 +111,8 @@ def monet_intervals(graph: Graph, budget: int, *, time_limit: float = 60.0, thre
         when higher).
     seed : int
         CP-SAT's random seed.
+    deadline : Deadline or None
+        The solve's deadline (made from ``time_limit`` by the entry): each stage gets what is left of it.
 
     Returns
     -------
@@ -121,19 +125,20 @@ def monet_intervals(graph: Graph, budget: int, *, time_limit: float = 60.0, thre
     ----------
     Shah et al., "Memory Optimization for Deep Networks", ICLR 2021; Bartan et al., ICML 2023.
     """
-    clock = ProgressClock(progress)
+    deadline = deadline if deadline is not None else Deadline.after(time_limit)
+    clock = ProgressClock(progress, deadline)
     hints = list(hint) if isinstance(hint, list | tuple) else ([] if hint is None else [hint])
     if recompute and not graph.has_impls:
-        return _moccasin_only(graph, budget, time_limit, threads, progress, hints)
-    candidates = monet_warm_starts(graph, budget, hints, exact, recompute, time_limit, threads)
+        return _moccasin_only(graph, budget, deadline, threads, progress, hints)
+    candidates = monet_warm_starts(graph, budget, hints, exact, recompute, deadline.remaining(), threads)
     best = min(candidates, key=lambda c: c[2].cost, default=None)
     if best is not None:
         clock.report(best[2].cost, None, f"monet: warm start {best[0]}")
-    polish_s = POLISH_SHARE * time_limit if recompute else 0.0
-    result = _solve_model(graph, budget, best, exact, recompute, max_intervals, seed, threads,
-                          time_limit - clock.elapsed_s - polish_s, clock)
+    polish_s = POLISH_SHARE * deadline.limit if recompute else 0.0
+    until = Deadline.after(max(0.0, deadline.remaining() - polish_s), within=deadline)
+    result = _solve_model(graph, budget, best, exact, recompute, max_intervals, seed, threads, until, clock)
     if result.schedule is not None and recompute:
-        found = _polished(graph, budget, ("result", result.schedule, result.simulation), time_limit - clock.elapsed_s,
+        found = _polished(graph, budget, ("result", result.schedule, result.simulation), deadline.remaining(),
                           exact)
         if found[2].cost < result.simulation.cost:
             clock.report(found[2].cost, None, "monet: recomputations dropped")
@@ -145,10 +150,11 @@ def monet_intervals(graph: Graph, budget: int, *, time_limit: float = 60.0, thre
     return result
 
 
-def _moccasin_only(graph: Graph, budget: int, time_limit: float, threads: int, progress: ProgressCallback | None,
+def _moccasin_only(graph: Graph, budget: int, deadline: Deadline, threads: int, progress: ProgressCallback | None,
                    hints: list[Any]) -> SolveResult:
     """No implementations to choose: MONeT is Moccasin's problem, solved with the whole time limit."""
-    result = moccasin(graph, budget, time_limit=time_limit, threads=threads, progress=progress, hint=hints or None)
+    result = moccasin(graph, budget, time_limit=max(1e-3, deadline.remaining()), deadline=deadline, threads=threads,
+                      progress=progress, hint=hints or None)
     result.formulation = NAME
     result.extra.update({"model": "moccasin (the graph has no implementations)", "implementations": [],
                          "inexact_implementations": []})
@@ -266,7 +272,7 @@ def _monet_may_start_from(graph: Graph, schedule: Schedule, sim: Simulation, exa
 
 
 def _solve_model(graph: Graph, budget: int, best: Candidate | None, exact: bool, recompute: bool, max_intervals: int,
-                 seed: int, threads: int, seconds: float, clock: ProgressClock) -> SolveResult:
+                 seed: int, threads: int, until: Deadline, clock: ProgressClock) -> SolveResult:
     """CP-SAT on the interval model, hinted with ``best``; the better of its schedule and ``best``."""
     problem = ImplProblem.build(graph, budget, exact)
     spans, slots = schedule_spans(graph, best[1]) if best is not None else ({}, 0)
@@ -281,15 +287,12 @@ def _solve_model(graph: Graph, budget: int, best: Candidate | None, exact: bool,
     keep_order = graph.has_backward and all(a < b for a, b in itertools.pairwise(firsts))
     extra: dict[str, Any] = {"horizon": horizon, "intervals": sum(per_node.values()), "keep_order": keep_order,
                              "warm_start": None if best is None else best[0]}
-    if seconds < 0.5:
+    if until.remaining() < 0.5:
         return _from_warm(best, "CP-SAT not run: no time left after the warm starts", extra, budget)
     built = build_model(problem, horizon, per_node, keep_order)
     if spans:
         add_hint(problem, built, spans)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.1, seconds - 0.5 - 0.02 * seconds)
-    solver.parameters.num_workers = max(1, threads)
-    solver.parameters.random_seed = seed
+    solver = cp_sat_solver(until, threads, seed=seed, least=0.1)  # building the model counted
     started = time.perf_counter()
     status = solver.Solve(built.model)
     extra |= {"cp_sat_status": solver.StatusName(status), "solver_wall_s": time.perf_counter() - started}

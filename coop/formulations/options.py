@@ -5,7 +5,7 @@ declared here, as the fields of a frozen dataclass, so that callers (``coop.form
 the CLI, ``coop.plan``) learn what a solver takes from a type, not by reading its signature:
 
 * :class:`SolverOptions` holds the options every formulation accepts by the same name
-  (``time_limit``, ``threads``, ``progress``, ``hint``, ``captured``); a subclass names in
+  (``time_limit``, ``threads``, ``progress``, ``hint``, ``captured``, ``deadline``); a subclass names in
   :attr:`SolverOptions.uses` which of them its solver reads (a baseline has no use for a time limit
   and leaves it unused);
 * each subclass adds the solver's own options.
@@ -23,9 +23,13 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from coop.errors import CoopError
+from coop.formulations.deadline import Deadline, check_common_options
 
 #: The options every formulation accepts by these names, keyword-only.
-COMMON_OPTIONS = frozenset({"time_limit", "threads", "progress", "hint", "captured"})
+COMMON_OPTIONS = frozenset({"time_limit", "threads", "progress", "hint", "captured", "deadline"})
+
+#: The common options of a solver that keeps a time limit: it reads the one deadline too.
+TIMED = frozenset({"time_limit", "threads", "progress", "deadline"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,6 +48,13 @@ class SolverOptions:
         A schedule (or a result holding one) to start from.
     captured:
         The captured step (``coop.graph_capture.Captured``), for solvers that read more than the Graph.
+    deadline:
+        A caller's :class:`~coop.formulations.deadline.Deadline` bounding the solve (a solver running another
+        passes its own, with ``time_limit`` as the child's share): the solve's own deadline, made from
+        ``time_limit`` at its entry, is the earlier of the two.
+
+    A time limit that is not a positive number of seconds, or fewer than one thread, is refused here in one
+    line (:class:`~coop.errors.OptionError`), as the CLI refuses it.
     """
 
     #: Which common options this solver reads; the others are accepted and left unused.
@@ -54,6 +65,10 @@ class SolverOptions:
     progress: Any = None
     hint: Any = None
     captured: Any = None
+    deadline: Deadline | None = None
+
+    def __post_init__(self) -> None:
+        check_common_options(self.time_limit, self.threads)
 
     @classmethod
     def own_options(cls) -> frozenset[str]:
@@ -114,7 +129,7 @@ class ChenGreedyOptions(ChenSqrtOptions):
 class CheckmateOptions(SolverOptions):
     """Checkmate's MILP (Jain et al., MLSys 2020): backend, size limit, memory coarsening, cost cap."""
 
-    uses: ClassVar[frozenset[str]] = frozenset({"time_limit", "threads", "progress"})
+    uses: ClassVar[frozenset[str]] = TIMED
     solver: str | None = None
     max_nodes: int | None = None
     memory_levels: int | None = None
@@ -126,7 +141,7 @@ class CheckmateOptions(SolverOptions):
 class CheckmateLpOptions(SolverOptions):
     """Checkmate's LP relaxation with two-phase rounding (section 5)."""
 
-    uses: ClassVar[frozenset[str]] = frozenset({"time_limit", "threads", "progress"})
+    uses: ClassVar[frozenset[str]] = TIMED
     max_nodes: int | None = None
     thresholds: tuple[float, ...] | None = None
     random_roundings: int | None = None
@@ -137,7 +152,7 @@ class CheckmateLpOptions(SolverOptions):
 class MoccasinOptions(SolverOptions):
     """Moccasin's interval model on CP-SAT (Bartan et al., ICML 2023)."""
 
-    uses: ClassVar[frozenset[str]] = frozenset({"time_limit", "threads", "hint", "progress"})
+    uses: ClassVar[frozenset[str]] = TIMED | {"hint"}
     max_intervals: int | None = None
     keep_order: bool | None = None
     extra_slots: int | None = None
@@ -177,7 +192,7 @@ class MincutOptions(SolverOptions):
 class BlocksOptions(SolverOptions):
     """Repeated blocks planned once, composed and polished (Rockmate / HiRemate, ICML 2023 / 2025; Moccasin)."""
 
-    uses: ClassVar[frozenset[str]] = frozenset({"time_limit", "threads", "hint", "progress"})
+    uses: ClassVar[frozenset[str]] = TIMED | {"hint"}
     seed: int | None = None
 
 

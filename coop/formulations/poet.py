@@ -49,10 +49,10 @@ why; its status is ``feasible`` with the baseline's price as the bound, never ``
 from __future__ import annotations
 
 import dataclasses
-import time
 from typing import Any
 
 from coop.device_profiles import DeviceProfile
+from coop.formulations.deadline import Deadline, DeadlinePassed
 from coop.formulations.entry import formulation
 from coop.formulations.milp_backends import LinearModel, MilpSolution, solve_milp
 from coop.formulations.poet_intervals import solve_intervals
@@ -199,6 +199,7 @@ def poet(
     captured: Any = None,
     max_nodes: int = DEFAULT_MAX_NODES,
     verbose: bool = False,
+    deadline: Deadline | None = None,
 ) -> SolveResult:
     """POET's MILP (Patil et al. 2022): recompute or page to the device profile's slower tier.
 
@@ -230,6 +231,8 @@ def poet(
         Unused.
     max_nodes : int
         The largest graph the T x T model is built for.
+    deadline : Deadline or None
+        The solve's deadline (made from ``time_limit`` by the entry): the models get what is left of it.
 
     Returns
     -------
@@ -241,16 +244,16 @@ def poet(
     Patil et al., "POET: Training Neural Networks on Tiny Devices with Integrated Rematerialization
     and Paging", ICML 2022, section 3; the stages are Checkmate's (Jain et al., MLSys 2020, section 4).
     """
-    started = time.perf_counter()
+    deadline = deadline if deadline is not None else Deadline.after(time_limit)
     setting = poet_setting(graph, budget, objective=objective, device_profile=device_profile,
                            runtime_budget=runtime_budget, remat=remat, paging=paging)
-    fallback = best_fallback(setting, hint, time_limit)
+    fallback = best_fallback(setting, hint, deadline.remaining())
     if len(graph.order) > max_nodes:
-        return _too_large(setting, fallback, max_nodes, started, time_limit, threads, progress)
+        return _too_large(setting, fallback, max_nodes, deadline.started, deadline.at - deadline.started, threads,
+                          progress)
     # the warm starts ran inside the limit: the models get what is left of it
-    remaining = max(0.5, time_limit - (time.perf_counter() - started))
-    result = _solve_models(setting, solver, remaining, threads, progress, verbose, fallback)
-    result.wall_s = time.perf_counter() - started
+    result = _solve_models(setting, solver, deadline.remaining(), threads, progress, verbose, fallback)
+    result.wall_s = deadline.elapsed()
     return result
 
 
@@ -267,34 +270,46 @@ def _too_large(setting: PoetSetting, fallback: tuple[str, Schedule] | None, max_
 def _solve_models(setting: PoetSetting, solver: str, time_limit: float, threads: int, progress: ProgressCallback | None,
                   verbose: bool, fallback: tuple[str, Schedule] | None) -> SolveResult:
     """Remat-only model first (a hint and a floor), then the full model; the best admitted schedule wins."""
-    deadline = time.perf_counter() + time_limit
+    until = Deadline.after(time_limit)
     problem, prices, scale = _priced_problem(setting)
     candidates: list[tuple[str, Schedule]] = [fallback] if fallback else []
     notes: list[str] = []
     first_hint: dict[str, float] = {}
     if setting.remat and setting.paging:  # the remat-only model: the full model's hint
         remat_only = dataclasses.replace(setting, paging=False)
-        model, variables, extension = _model(remat_only, problem, prices, scale)
-        solution = solve_milp(model, solver, time_limit=(deadline - time.perf_counter()) / 3, threads=threads,
-                              verbose=verbose)
+        try:
+            model, variables, extension = _model(remat_only, problem, prices, scale, until)
+        except DeadlinePassed as exc:
+            return _not_built(setting, candidates, exc)
+        solution = solve_milp(model, solver, time_limit=until.remaining() / 3, threads=threads, verbose=verbose)
         notes.append(f"remat-only model: {solution.status}")
         if solution.values is not None:
             first_hint = {model.names[v]: value for v, value in enumerate(solution.values)}
             candidates.append(("remat-only model", _extract(problem, variables, extension, solution.values)))
-    model, variables, extension = _model(setting, problem, prices, scale)
+    try:
+        model, variables, extension = _model(setting, problem, prices, scale, until)
+    except DeadlinePassed as exc:
+        return _not_built(setting, candidates, exc)
     if first_hint:  # (milp_backends drops it for HiGHS, where OR-Tools 9.15 crashes on SetHint)
         model.hint = {v: min(max(first_hint.get(name, 0.0), model.lower[v]), model.upper[v])
                       for v, name in enumerate(model.names)}
         for v, kind in enumerate(model.kinds):
             if kind != "continuous":
                 model.hint[v] = float(round(model.hint[v]))
-    solution = solve_milp(model, solver, time_limit=deadline - time.perf_counter(), threads=threads,
+    solution = solve_milp(model, solver, time_limit=until.remaining(), threads=threads,
                           progress=_unscaled(progress, scale), verbose=verbose)
     notes.append(f"full model: {solution.status}")
     if solution.values is not None:
         candidates.insert(0, ("milp", _extract(problem, variables, extension, solution.values)))
     admitted = [(setting.price(s).value(setting.objective), n, s) for n, s in candidates if setting.admits(s)]
     return _final(setting, solution, scale, admitted, model, "; ".join(notes))
+
+
+def _not_built(setting: PoetSetting, candidates: list[tuple[str, Schedule]], stopped: DeadlinePassed) -> SolveResult:
+    """The MILP was not built in time: the best admitted warm start, or no schedule (nothing proven either way)."""
+    admitted = [(setting.price(s).value(setting.objective), n, s) for n, s in candidates if setting.admits(s)]
+    return _final(setting, MilpSolution(status="unknown", message=str(stopped)), 1.0, admitted, LinearModel(),
+                  f"{stopped}")
 
 
 def _final(setting: PoetSetting, solution: MilpSolution, scale: float, admitted: list[tuple[float, str, Schedule]],
@@ -333,12 +348,12 @@ def _priced_problem(setting: PoetSetting) -> tuple[StageProblem, list[NodePrice]
 
 
 def _model(setting: PoetSetting, problem: StageProblem, prices: list[NodePrice],
-           scale: float) -> tuple[LinearModel, StageVariables, _Paging | None]:
-    """Checkmate's model with POET's objective, paging variables and runtime budget."""
+           scale: float, deadline: Deadline | None = None) -> tuple[LinearModel, StageVariables, _Paging | None]:
+    """Checkmate's model with POET's objective, paging variables and runtime budget (built until ``deadline``)."""
     priced = dataclasses.replace(problem, cost=tuple(p.compute(setting.objective) * scale for p in prices))
     pageable = [setting.graph.pageable(i) for i in problem.ids]
     extension = _Paging(prices, setting.objective, scale, pageable) if setting.paging else None
-    model, variables = build_stage_model(priced, extension)
+    model, variables = build_stage_model(priced, extension, deadline=deadline)
     if not setting.remat:
         for t, row in enumerate(variables.R):
             for i in range(t):

@@ -45,6 +45,7 @@ from typing import Any
 
 from ortools.sat.python import cp_model
 
+from coop.formulations.deadline import Deadline, cp_sat_seconds, cp_sat_solver
 from coop.formulations.entry import formulation
 from coop.formulations.interval_model import (
     IntervalModel,
@@ -82,6 +83,9 @@ from coop.schedule import Schedule, ScheduleError, Step, simulate, take_extras_p
 DEFAULT_MAX_INTERVALS = 2
 #: The largest price coefficient of the objective becomes this many integer units.
 OBJECTIVE_RESOLUTION = 1e8
+#: Seconds to build and hint the model, per retention interval (as Moccasin's model,
+#: :data:`coop.formulations.moccasin.MODEL_BUILD_S_PER_INTERVAL`, measured on 2 busy cores).
+MODEL_BUILD_S_PER_INTERVAL = 4e-3
 #: The runtime budget becomes this many integer units of seconds.
 RUNTIME_RESOLUTION = 1e12
 
@@ -397,6 +401,7 @@ def poet_intervals(
     captured: Any = None,
     max_intervals: int = DEFAULT_MAX_INTERVALS,
     warm_start: bool = True,
+    deadline: Deadline | None = None,
 ) -> SolveResult:
     """POET's choices in the interval model on any graph.
 
@@ -444,12 +449,13 @@ def poet_intervals(
     and Paging", ICML 2022; Bartan et al., "Moccasin: Efficient Tensor Rematerialization for Neural
     Networks", ICML 2023 (the interval model).
     """
-    started = time.perf_counter()
+    deadline = deadline if deadline is not None else Deadline.after(time_limit)
     setting = poet_setting(graph, budget, objective=objective, device_profile=device_profile,
                            runtime_budget=runtime_budget, remat=remat, paging=paging)
-    fallback = best_fallback(setting, hint, time_limit) if warm_start else None
-    return solve_intervals(setting, fallback, why="the interval model was asked for", started=started,
-                           time_limit=time_limit, threads=threads, progress=progress, max_intervals=max_intervals)
+    fallback = best_fallback(setting, hint, deadline.remaining()) if warm_start else None
+    return solve_intervals(setting, fallback, why="the interval model was asked for", started=deadline.started,
+                           time_limit=deadline.at - deadline.started, threads=threads, progress=progress,
+                           max_intervals=max_intervals)
 
 
 def solve_intervals(setting: Any, fallback: tuple[str, Schedule] | None, *, why: str, started: float,
@@ -496,10 +502,18 @@ def solve_intervals(setting: Any, fallback: tuple[str, Schedule] | None, *, why:
                              "warm_start_objective": setting.price(fallback[1]).value(setting.objective)
                              if fallback else None}
     words = f"{why}; ran the interval model (C={max_intervals}"
+    # A model takes seconds to build and cannot be stopped once begun: none is started without the time for it.
+    build_s = MODEL_BUILD_S_PER_INTERVAL * max_intervals * len(problem.order)
     if fallback is None:
         seconds = 0.75 * (started + time_limit - time.perf_counter())  # it stops as soon as the overflow is 0
-        fallback = _fit_first(setting, problem, coefficients, max_intervals, seconds, threads, clock, extra)
+        if seconds >= 2 * build_s + 0.5:
+            fallback = _fit_first(setting, problem, coefficients, max_intervals, seconds, threads, clock, extra)
+        else:
+            extra["feasibility"] = f"not run: its model (about {build_s:.0f} s to build) needs more time"
         words += f"; no warm start fits, a capacity-relaxed model first: {extra['feasibility']}"
+    if started + time_limit - time.perf_counter() < 2 * build_s + 0.5:
+        return _without_model(setting, fallback, floor, extra, started, f"{words}): not built, about {build_s:.0f} s "
+                              "to build and too little time left to build and solve it", clock)
     built = _shaped_model(setting, problem, coefficients, fallback, max_intervals, relax_memory=False)
     extra.update(horizon=built.horizon, intervals=sum(len(starts) for starts in built.starts.values()))
     solver = _solve(built, started + time_limit - time.perf_counter(), threads,
@@ -526,6 +540,24 @@ def solve_intervals(setting: Any, fallback: tuple[str, Schedule] | None, *, why:
     message = (f"{words}; the best schedule came from the {name}; a restricted model (C intervals per value, "
                "these slots): optimality not proven, the bound is the baseline's price")
     return priced_result(setting, schedule, "feasible", floor, wall, message, {**extra, "source": name})
+
+
+def _without_model(setting: Any, fallback: tuple[str, Schedule] | None, floor: float | None, extra: dict[str, Any],
+                   started: float, words: str, clock: ProgressClock) -> SolveResult:
+    """The result where the priced model was not built in time: the warm start, or no schedule (nothing proven)."""
+    wall = time.perf_counter() - started
+    extra["cp_sat_status"] = "NOT_RUN (no time to build the model)"
+    if fallback is None:
+        return SolveResult("poet", "unknown", bound=floor, wall_s=wall, extra=extra,
+                           message=f"no schedule found within the time limit: {words}; no warm start fits the budget "
+                                   f"{setting.budget}; raise the time limit or the budget")
+    value = setting.price(fallback[1]).value(setting.objective)
+    clock.report(value, floor, "poet intervals: done", final=True)
+    result = priced_result(setting, fallback[1], "feasible", floor, wall,
+                           f"{words}; the schedule is the {fallback[0]} warm start", {**extra, "source": fallback[0]})
+    result.fallback = (f"the interval model was not built ({words}); the schedule is the {fallback[0]} warm start, a "
+                       "last resort: a longer time_limit would let CP-SAT search")
+    return result
 
 
 def _shaped_model(setting: Any, problem: SlotProblem, coefficients: Coefficients,
@@ -600,17 +632,13 @@ def _solve(built: _Model, seconds: float, threads: int, reporter: _Reporter | No
            extra: dict[str, Any]) -> cp_model.CpSolver | None:
     """Solve for ``seconds`` less a reserve (CP-SAT overruns its limit a little; extraction follows); the
     solver holding a solution, or None. Records CP-SAT's status and wall time in ``extra``."""
-    reserve = 0.5 + 0.05 * max(seconds, 0.0)
-    if seconds - reserve < 0.2:
+    until = Deadline.after(max(seconds, 0.0))
+    if cp_sat_seconds(until, least=0.0) < 0.2:
         extra.update(cp_sat_status="NOT_RUN (no time left)", cp_sat_wall_s=0.0)
         return None
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = seconds - reserve
-    solver.parameters.num_workers = max(1, threads)
-    solver.parameters.random_seed = 0
     # Probing took 3 of 10 s of presolve on captured GPT-2 (407 nodes, 2 workers) before CP-SAT loaded the warm
     # start's complete hint; without it presolve takes 0.3 s (Moccasin turns it off on free orders for the same reason).
-    solver.parameters.cp_model_probing_level = 0
+    solver = cp_sat_solver(until, threads, seed=0, parameters={"cp_model_probing_level": 0})
     tic = time.perf_counter()
     status = solver.Solve(built.model, reporter)
     extra.update(cp_sat_status=solver.StatusName(status), cp_sat_wall_s=round(time.perf_counter() - tic, 3))

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from coop.device_profiles import DeviceProfile, load_device_profile
 from coop.errors import CoopError
+from coop.formulations.deadline import Deadline
 from coop.formulations.moccasin import moccasin
 from coop.formulations.paging_heuristic import paging_schedule
 from coop.formulations.result import DevicePrice, SolveResult
@@ -248,13 +249,14 @@ def best_fallback(setting: PoetSetting, hint: Any, time_limit: float) -> tuple[s
     hint : Any
         A schedule, a result with a schedule, a list of them, or None.
     time_limit : float
-        poet's time limit; the warm starts get shares of it.
+        The seconds left of poet's time limit; the warm starts get shares of it.
 
     Returns
     -------
     tuple of (str, Schedule) or None
         The winner's name and schedule; None when no candidate is admitted.
     """
+    until = Deadline.after(time_limit)
     candidates: list[tuple[str, Schedule]] = []
     if setting.remat:
         found = best_warm_start(setting.graph, setting.budget, hint, lp_time_limit=min(10.0, time_limit / 6),
@@ -265,7 +267,8 @@ def best_fallback(setting: PoetSetting, hint: Any, time_limit: float) -> tuple[s
         if remat_only is not None:
             candidates.append(("moccasin (remat only)", remat_only))
     if setting.paging:
-        paged = paging_schedule(setting.graph, setting.budget)
+        # the only candidate where recomputation alone cannot fit: then it may take all the time left
+        paged = paging_schedule(setting.graph, setting.budget, deadline=until.share(PAGING_SHARE) if candidates else until)
         if paged is not None:
             candidates.append(("paging heuristic", paged))
     # Every hint competes on the objective too (best_warm_start ranks by compute cost, which a paging
@@ -283,6 +286,9 @@ def best_fallback(setting: PoetSetting, hint: Any, time_limit: float) -> tuple[s
 
 #: The share of poet's time limit that Moccasin's remat-only model gets as a warm start.
 MOCCASIN_SHARE = 0.25
+#: The share of what is left that the paging heuristic may take (:func:`paging_schedule` stops there) where a
+#: remat-only candidate fits (else all of it).
+PAGING_SHARE = 0.4
 
 
 def _moccasin_remat_only(setting: PoetSetting, time_limit: float, found: Any) -> Schedule | None:

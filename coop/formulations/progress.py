@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
+from coop.formulations.deadline import Deadline
+
 
 @dataclass(frozen=True)
 class Progress:
@@ -75,15 +77,17 @@ def stderr_progress(stream: TextIO | None = None, min_interval_s: float = 1.0) -
 
 
 class ProgressClock:
-    """Measures elapsed time from construction and forwards reports to an optional callback."""
+    """Measures elapsed time from construction (or from when ``deadline`` was made, on its clock) and forwards
+    reports to an optional callback."""
 
-    def __init__(self, callback: ProgressCallback | None) -> None:
+    def __init__(self, callback: ProgressCallback | None, deadline: Deadline | None = None) -> None:
         self.callback = callback
-        self.start = time.perf_counter()
+        self.clock = deadline.clock if deadline is not None else time.perf_counter
+        self.start = deadline.started if deadline is not None else self.clock()
 
     @property
     def elapsed_s(self) -> float:
-        return time.perf_counter() - self.start
+        return self.clock() - self.start
 
     def report(self, incumbent: float | None = None, bound: float | None = None, message: str = "",
                final: bool = False) -> None:

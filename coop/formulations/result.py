@@ -42,6 +42,45 @@ class DevicePrice:
         return dataclasses.asdict(self)
 
 
+@dataclass(frozen=True)
+class Rung:
+    """One rung of ``auto``'s ladder: who, for how long, with what outcome.
+
+    Parameters
+    ----------
+    formulation:
+        The formulation's name.
+    status:
+        Its result's status, or ``"skipped: <why>"``.
+    wall_s:
+        Seconds it ran (0 when skipped).
+    limit_s:
+        The seconds it was given.
+    overhead:
+        Its schedule's relative overhead over the baseline cost, where it found one that fits (else None).
+    note:
+        Its result's message, or why it was skipped.
+    """
+
+    formulation: str
+    status: str
+    wall_s: float = 0.0
+    limit_s: float = 0.0
+    overhead: float | None = None
+    note: str = ""
+
+    def line(self) -> str:
+        """``"blocks: feasible, 12.3 of 20.0 s, 0.06 %"`` (what the summary lists)."""
+        if self.status.startswith("skipped"):
+            return f"{self.formulation}: {self.status}"
+        found = "no schedule within the budget" if self.overhead is None else f"{100 * self.overhead:.2f} %"
+        spent = f"{self.wall_s:.1f} of {self.limit_s:.1f} s" if self.limit_s else f"{self.wall_s:.1f} s"
+        return f"{self.formulation}: {self.status}, {spent}, {found}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
 @dataclass
 class SolveResult:
     """What a formulation returns.
@@ -51,7 +90,9 @@ class SolveResult:
     on the cost and ``gap`` = (objective - bound) / objective where both exist. ``price`` is the
     schedule priced on a device profile, by the formulations that price (poet); ``extra`` holds
     further details a formulation reports for people (which model, which warm start), which no
-    part of coop reads.
+    part of coop reads. ``fallback`` is set on a last-resort result (no solver ran to its end: a warm start or a
+    baseline returned as found), saying why and what time would let a solver run; the outermost formulation call
+    warns with it. ``rungs``: ``auto``'s ladder, one :class:`Rung` per formulation it tried or skipped.
     """
 
     formulation: str
@@ -64,6 +105,8 @@ class SolveResult:
     message: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
     price: DevicePrice | None = None
+    fallback: str = ""
+    rungs: list[Rung] = field(default_factory=list)
 
     @property
     def gap(self) -> float | None:

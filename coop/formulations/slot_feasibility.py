@@ -16,6 +16,7 @@ from typing import Any
 
 from ortools.sat.python import cp_model
 
+from coop.formulations.deadline import Deadline, cp_sat_solver
 from coop.formulations.interval_model import first_computation_pairs
 from coop.formulations.slot_problem import SlotProblem, sufficient_horizon, sufficient_intervals
 from coop.schedule import Schedule, Step, simulate
@@ -230,13 +231,8 @@ class CpSatParameters:
 
     def solver(self, seconds: float) -> cp_model.CpSolver:
         """A CP-SAT solver with these parameters and a limit of ``seconds``."""
-        solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = max(0.01, seconds)
-        solver.parameters.num_workers = max(1, self.threads)
-        solver.parameters.random_seed = self.seed
-        for key, value in self.options.items():
-            setattr(solver.parameters, key, value)
-        return solver
+        return cp_sat_solver(Deadline.after(seconds), self.threads, seed=self.seed, reserve=False,
+                             parameters=self.options)
 
 
 def check_feasibility(problem: SlotProblem, *, keep_order: bool, share_s: float, left_s: Callable[[], float],

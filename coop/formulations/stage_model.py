@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from functools import reduce
 from typing import Protocol
 
+from coop.formulations.deadline import Deadline
 from coop.formulations.milp_backends import LinearModel
 from coop.graph import Graph
 from coop.schedule import Schedule, Step, prompt_order
@@ -353,8 +354,8 @@ class ModelExtension(Protocol):
     def kept_to_stage_end(self, t: int, i: int) -> list[int]: ...
 
 
-def build_stage_model(problem: StageProblem,
-                      extension: ModelExtension | None = None) -> tuple[LinearModel, StageVariables]:
+def build_stage_model(problem: StageProblem, extension: ModelExtension | None = None,
+                      deadline: Deadline | None = None) -> tuple[LinearModel, StageVariables]:
     """Checkmate's MILP over the stages of ``problem``, with a formulation's own variables added by ``extension``.
 
     ``R[t,t] = 1``; non-recomputable nodes only in their own stage; the stage of an extra output
@@ -368,11 +369,19 @@ def build_stage_model(problem: StageProblem,
         The projected graph (:func:`project`).
     extension : ModelExtension or None
         Adds variables and rows (POET's paging); None: Checkmate's model.
+    deadline : Deadline or None
+        Stop building once it passes (:class:`~coop.formulations.deadline.DeadlinePassed`): the O(T^2) model of
+        captured ResNet-50 (353 nodes, 348k variables) took 38 s to build on 2 busy cores.
 
     Returns
     -------
     tuple of (LinearModel, StageVariables)
         The model and where R and S live in it.
+
+    Raises
+    ------
+    DeadlinePassed
+        When ``deadline`` passes while it builds.
 
     References
     ----------
@@ -380,6 +389,12 @@ def build_stage_model(problem: StageProblem,
     """
     model = LinearModel()
     T = problem.size
+    building = f"building the stage model of {T} positions"
+
+    def in_time() -> None:
+        if deadline is not None:
+            deadline.check(building)
+
     last_use = latest_possible_reads(problem.users, problem.recomputable, problem.outputs)
 
     # R[t,i]: stage t computes node t; non-recomputable nodes only in their own stage. The stage
@@ -387,6 +402,7 @@ def build_stage_model(problem: StageProblem,
     # the value exists from its op's compute (contract 2), so no step may come between unseen.
     R: list[list[Entry]] = []
     for t in range(T):
+        in_time()
         row: list[Entry] = []
         for i in range(t + 1):
             if i == t:
@@ -412,6 +428,7 @@ def build_stage_model(problem: StageProblem,
         return terms, constant
 
     for t in range(T):
+        in_time()
         for k in range(t + 1):
             # An input must be present when k is computed: R[t,k] <= R[t,i] + S[t,i].
             for i in problem.deps[k]:
@@ -425,6 +442,7 @@ def build_stage_model(problem: StageProblem,
             _add_implication(model, S[t + 1][i], terms, constant)
 
     for t in range(T):
+        in_time()
         add_stage_memory(model, problem, t, R, S, extension)
 
     offset = 0.0

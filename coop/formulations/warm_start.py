@@ -5,8 +5,8 @@ Every exact formulation is handed the cheapest legal schedule that fits among: t
 :mod:`coop.formulations.heuristics` (peak shaving, greedy eviction), the structured "keep the convolution,
 rebuild batch norm and ReLU" schedule (:mod:`coop.formulations.structured_warm_start`), the baselines, and the
 schedules the online eviction policies (DTR, DTE, Coop; :mod:`coop.online`) reach on the same
-graph and budget. The last makes a static plan never worse than online eviction there; the solver
-then improves on it. A candidate must also draw random numbers in the captured order, or a replay
+training step and budget, given the time. The last makes a static plan never worse than online eviction there;
+the solver then improves on it. The sources share one deadline (:func:`best_warm_start`). A candidate must also draw random numbers in the captured order, or a replay
 would differ from eager PyTorch.
 
 :class:`WarmStarts` is the collector every solver uses: candidates are offered by name, each is
@@ -18,7 +18,6 @@ on its device profile). :func:`best_warm_start` is the collection the exact form
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 from coop.errors import CoopError, ScheduleError
 from coop.formulations.baselines import checkpoint_all, chen_greedy, chen_sqrt, store_all
 from coop.formulations.checkmate import checkmate_lp
+from coop.formulations.deadline import Deadline
 from coop.formulations.heuristics import REBUILD_SIZE_PENALTIES, greedy_eviction_schedule, peak_shaving_schedule
 from coop.formulations.structured_warm_start import cheap_recompute_schedule
 from coop.graph import Graph
@@ -35,6 +35,10 @@ from coop.schedule import Schedule, Simulation, draws_out_of_order, simulate, va
 
 #: Checkmate's LP rounding (O(n^2) variables) is a warm start only on graphs up to this size.
 LP_WARM_START_MAX_NODES = 150
+
+#: The seconds one online policy is expected to take per computed node (49 s for the four on a 4,312-node Llama
+#: step); a policy runs to its end once started (DTR took 138 s on random layered n1000 at 0.8, 2 busy cores).
+ONLINE_POLICY_S_PER_NODE = 4e-3
 
 #: A warm start that passed the checks: (its source's name, the schedule, the one simulator's verdict).
 Candidate = tuple[str, Schedule, Simulation]
@@ -94,7 +98,7 @@ class WarmStarts:
 
 
 def online_schedule(graph: Graph, budget: int, policies: tuple[str, ...] | None = None,
-                    deadline: float | None = None) -> Schedule | None:
+                    deadline: Deadline | None = None) -> Schedule | None:
     """The cheapest schedule any online policy finds within ``budget`` (validated), or None.
 
     The policies run with random ops kept (no RNG replay), so their schedule is a legal static one.
@@ -107,8 +111,9 @@ def online_schedule(graph: Graph, budget: int, policies: tuple[str, ...] | None 
         The budget in graph units.
     policies : tuple of str or None
         The policy names to run; None: every one of ``POLICIES``.
-    deadline : float or None
-        A ``time.perf_counter()`` reading after which no further policy starts (None: none).
+    deadline : Deadline or None
+        No further policy starts with less time left than :data:`ONLINE_POLICY_S_PER_NODE` per computed node
+        (None: every policy runs).
 
     Returns
     -------
@@ -118,7 +123,8 @@ def online_schedule(graph: Graph, budget: int, policies: tuple[str, ...] | None 
     """
     best: tuple[float, Schedule] | None = None
     for policy in policies or tuple(POLICIES):
-        if deadline is not None and time.perf_counter() > deadline:
+        # a policy cannot be stopped once started: none starts without its expected time
+        if deadline is not None and deadline.remaining() < ONLINE_POLICY_S_PER_NODE * len(graph.order):
             break
         try:
             result = simulate_online(graph, budget, policy, replay_random=False)
@@ -186,15 +192,17 @@ def candidate_warm_starts(graph: Graph, budget: int, hint: Any = None,
 
 
 def warm_start_sources(graph: Graph, budget: int, hint: Any = None, lp_time_limit: float = 10.0,
-                       deadline: float | None = None) -> list[tuple[str, Callable[[], Schedule | None]]]:
+                       deadline: Deadline | None = None) -> list[tuple[str, Callable[[], Schedule | None]]]:
     """The warm starts as (name, maker) pairs, quickest to make first: a maker returns its schedule or None.
 
     The caller's hints; store-all; Checkmate's rounded LP (graphs of at most ``LP_WARM_START_MAX_NODES`` nodes,
-    ``lp_time_limit`` seconds); the heuristics and baselines that take under a second on a 4,312-node graph
-    (greedy eviction, cheap recompute, Chen's two); then peak shaving and online eviction (34 s and 49 s there:
-    each simulates the whole step per move or per policy, and stops at ``deadline``, a ``time.perf_counter()``
-    reading); checkpoint-all last (its schedule recomputes each forward prefix once per backward node: O(n^2)
-    steps to build and to simulate, 21 s there).
+    ``lp_time_limit`` seconds); Chen's two (milliseconds); then the walks whose time depends on the graph's shape
+    (:data:`WALKS`), each stopping at ``deadline``: peak shaving (0.4 s on random layered n1000 and its best warm
+    start there, 34 s on a 4,312-node Llama step), cheap recompute (1.7 s on random layered n1000; it takes no
+    deadline), greedy eviction twice (under a second on the Llama step, 36-92 s on random layered n1000), online
+    eviction (49 s on the Llama step); checkpoint-all last
+    (its schedule recomputes each forward prefix once per backward node: O(n^2) steps to build and to simulate,
+    21 s on the Llama step).
 
     Parameters
     ----------
@@ -206,29 +214,45 @@ def warm_start_sources(graph: Graph, budget: int, hint: Any = None, lp_time_limi
         The caller's hints (:func:`hint_schedules`), first.
     lp_time_limit : float
         Seconds for the rounded LP; 0 or less leaves it out.
-    deadline : float or None
-        The ``time.perf_counter()`` reading at which peak shaving and online eviction stop (None: never).
+    deadline : Deadline or None
+        Where the walks stop (None: never). A callable gives each maker its own deadline when called
+        (:func:`best_warm_start` slices the time among them).
 
     Returns
     -------
     list of tuple of (str, callable)
         Each source's name and a maker returning its schedule, or None where it finds none.
     """
-    sources: list[tuple[str, Callable[[], Schedule | None]]] = [
-        (name, lambda schedule=schedule: schedule) for name, schedule in hint_schedules(hint)]
-    sources.append(("store_all", lambda: _baseline(store_all, graph, budget)))
+    return [(name, lambda make=make: make(deadline)) for name, make in _sources(graph, budget, hint, lp_time_limit)]
+
+
+#: The sources whose time depends on the graph's shape: :func:`best_warm_start` gives each half of what is left
+#: (the last of them all of it), in :func:`warm_start_sources`' order.
+WALKS = ("peak-shaving", "greedy-eviction", "greedy-eviction (rebuild-size aware)", "online eviction")
+
+#: A warm-start source: its name and a maker taking the deadline it must stop at (None: none).
+Source = tuple[str, Callable[[Deadline | None], Schedule | None]]
+
+
+def _sources(graph: Graph, budget: int, hint: Any, lp_time_limit: float) -> list[Source]:
+    """The sources of :func:`warm_start_sources`, each maker taking its own deadline."""
+    sources: list[Source] = [(name, lambda _, schedule=schedule: schedule) for name, schedule in hint_schedules(hint)]
+    sources.append(("store_all", lambda _: _baseline(store_all, graph, budget)))
     if len(graph.order) <= LP_WARM_START_MAX_NODES and lp_time_limit > 0:
-        sources.append(("checkmate-lp", lambda: _rounded_lp(graph, budget, lp_time_limit)))
+        sources.append(("checkmate-lp", lambda until: _rounded_lp(graph, budget, lp_time_limit, until)))
+    penalty = REBUILD_SIZE_PENALTIES[-1]
     sources += [
-        ("greedy-eviction", lambda: greedy_eviction_schedule(graph, budget)),
+        ("chen_sqrt", lambda _: _baseline(chen_sqrt, graph, budget)),
+        ("chen_greedy", lambda _: _baseline(chen_greedy, graph, budget)),
+        ("peak-shaving", lambda until: peak_shaving_schedule(graph, budget, deadline=until)),
+        ("cheap recompute (keep convolutions and products)", lambda _: cheap_recompute_schedule(graph, budget)),
+        ("greedy-eviction", lambda until: greedy_eviction_schedule(graph, budget, deadline=until)),
         ("greedy-eviction (rebuild-size aware)",
-         lambda: greedy_eviction_schedule(graph, budget, rebuild_size_penalty=REBUILD_SIZE_PENALTIES[-1])),
-        ("cheap recompute (keep convolutions and products)", lambda: cheap_recompute_schedule(graph, budget)),
-        ("chen_sqrt", lambda: _baseline(chen_sqrt, graph, budget)),
-        ("chen_greedy", lambda: _baseline(chen_greedy, graph, budget)),
-        ("peak-shaving", lambda: peak_shaving_schedule(graph, budget, deadline=deadline)),
-        ("online eviction", lambda: online_schedule(graph, budget, deadline=deadline)),
-        ("checkpoint_all", lambda: _baseline(checkpoint_all, graph, budget)),
+         lambda until: greedy_eviction_schedule(graph, budget, rebuild_size_penalty=penalty, deadline=until)),
+        # training steps only: on random layered n1000 (no backward) no policy fitted 0.8 and DTR took 138 s
+        *([("online eviction", lambda until: online_schedule(graph, budget, deadline=until))] if graph.has_backward
+          else []),
+        ("checkpoint_all", lambda _: _baseline(checkpoint_all, graph, budget)),
     ]
     return sources
 
@@ -241,20 +265,31 @@ def _baseline(baseline: Callable[[Graph, int], Any], graph: Graph, budget: int) 
     return result.schedule
 
 
-def _rounded_lp(graph: Graph, budget: int, time_limit: float) -> Schedule | None:
+def _rounded_lp(graph: Graph, budget: int, time_limit: float, until: Deadline | None) -> Schedule | None:
+    seconds = time_limit if until is None else min(time_limit, until.remaining())
+    if seconds <= 0:
+        return None
     try:
-        rounded = checkmate_lp(graph, budget, time_limit=time_limit, threads=1)
+        rounded = checkmate_lp(graph, budget, time_limit=seconds, threads=1)
     except CoopError:  # no LP solver: one warm start fewer
         return None
     return rounded.schedule if rounded is not None else None
 
 
-def best_warm_start(graph: Graph, budget: int, hint: Any = None,
-                    lp_time_limit: float = 10.0, time_limit: float | None = None) -> Candidate | None:
+def best_warm_start(graph: Graph, budget: int, hint: Any = None, lp_time_limit: float = 10.0,
+                    time_limit: float | None = None, *, deadline: Deadline | None = None,
+                    until: Deadline | None = None) -> Candidate | None:
     """The cheapest candidate warm start that fits the budget and draws in the baseline order.
 
     Its simulated peak fits, and its random draws follow the baseline order (a replay must draw
     them in eager PyTorch's order).
+
+    The sources (:func:`warm_start_sources`) share the collection's time: each walk (:data:`WALKS`) is given half
+    of what is left when it starts (the last walk all of it) and stops at the end of its part. Before 3bc40e8 every source ran to its end; 3bc40e8 stopped the collection at its deadline
+    once one candidate fitted, with no part per source, so a slow first source (greedy eviction: 36-92 s and a
+    365 % schedule on random layered n1000 at 0.9) used the whole time and peak shaving (0.4 s there, 0.70 %)
+    never ran (its deadline had passed). While nothing fits, the collection goes on to ``until`` (the solver's own
+    deadline).
 
     Parameters
     ----------
@@ -267,19 +302,30 @@ def best_warm_start(graph: Graph, budget: int, hint: Any = None,
     lp_time_limit : float
         Seconds for Checkmate's rounded LP warm start.
     time_limit : float or None
-        Seconds for the whole collection: once spent and a candidate fits, the sources not yet tried
-        (:func:`warm_start_sources`, cheapest first) are skipped, so that a solver's time limit holds on
-        large graphs. None: every source.
+        Seconds for the whole collection from now (a ``deadline`` made here); None with no ``deadline``: every
+        source runs to its end.
+    deadline : Deadline or None
+        The collection's deadline (instead of ``time_limit``).
+    until : Deadline or None
+        How long to go on while no candidate fits (None: ``deadline``).
 
     Returns
     -------
     Candidate or None
         ``(name, schedule, simulation)`` of the cheapest; None when none fits.
     """
-    deadline = None if time_limit is None else time.perf_counter() + time_limit
+    if deadline is None and time_limit is not None:
+        deadline = Deadline.after(time_limit, within=until)
     collector = WarmStarts(graph, budget)
-    for name, make in warm_start_sources(graph, budget, hint, lp_time_limit, deadline):
-        if deadline is not None and collector.found and time.perf_counter() >= deadline:
+    sources = _sources(graph, budget, hint, lp_time_limit)
+    walks_left = sum(name in WALKS for name, _ in sources)
+    for name, make in sources:
+        current = deadline if collector.found or until is None else until
+        if current is not None and collector.found and current.expired():
             break
-        collector.offer(name, make())
+        if current is None or name not in WALKS:
+            collector.offer(name, make(current))
+            continue
+        walks_left -= 1
+        collector.offer(name, make(current if walks_left == 0 else current.share(0.5)))
     return collector.best()

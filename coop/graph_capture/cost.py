@@ -16,8 +16,12 @@ batch and records each node's real storage bytes next to its time.
 
 from __future__ import annotations
 
+import contextlib
 import operator
+import os
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,6 +178,54 @@ class _AnnotatedInterpreter(fx.Interpreter):
 WORKSPACE_RANGE = "coop::"
 
 
+@contextlib.contextmanager
+def _native_stderr_silenced() -> Iterator[None]:
+    """File descriptor 2 on the null device while inside: kineto (``torch.profiler``'s native backend) writes its
+    ``USDT: ... profiler_start`` / ``profiler_stop`` and ``STAGE: ...`` lines there from C++, past Python's
+    ``sys.stderr`` and past ``KINETO_LOG_LEVEL``; they are no output of coop's."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no fd 2 (a daemon), or a closed stream: nothing to silence
+        yield
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
+@contextlib.contextmanager
+def quiet_profile(**options: Any) -> Iterator[Any]:
+    """``torch.profiler.profile(**options)`` whose start and stop print nothing (:func:`_native_stderr_silenced`
+    around them only: what the profiled code writes to stderr stays).
+
+    Parameters
+    ----------
+    **options : Any
+        ``torch.profiler.profile``'s arguments (``activities``, ``profile_memory``, ...).
+
+    Yields
+    ------
+    torch.profiler.profile
+        The running profiler; its results are read after the block.
+    """
+    from torch.profiler import profile
+
+    prof = profile(**options)
+    with _native_stderr_silenced():
+        prof.__enter__()
+    try:
+        yield prof
+    finally:
+        with _native_stderr_silenced():
+            prof.__exit__(None, None, None)
+
+
 def measure_workspace(module: fx.GraphModule, flat_inputs: list[torch.Tensor]) -> dict[str, int] | None:
     """Each call node's transient bytes on the real step, by fx node name.
 
@@ -199,15 +251,15 @@ def measure_workspace(module: fx.GraphModule, flat_inputs: list[torch.Tensor]) -
     dict of str to int or None
         Transient bytes by fx node name; None (not measured) while another profiler is running.
     """
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
     if torch._C._autograd._profiler_enabled():
         return None
     interpreter = _AnnotatedInterpreter(module, garbage_collect_values=True)
     # CPU activity only, on every device: the allocators' memory events (the CUDA caching allocator's too) are
     # recorded host-side, in the host's timeline of the node ranges
-    with torch.no_grad(), torch.random.fork_rng(devices=[]), profile(activities=[ProfilerActivity.CPU],
-                                                                    profile_memory=True) as prof:
+    with torch.no_grad(), torch.random.fork_rng(devices=[]), quiet_profile(activities=[ProfilerActivity.CPU],
+                                                                          profile_memory=True) as prof:
         interpreter.run(*flat_inputs)
     events = prof.profiler.kineto_results.events()
     ranges = sorted((e.start_ns(), e.start_ns() + e.duration_ns(), e.name()[len(WORKSPACE_RANGE):])

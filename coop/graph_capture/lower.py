@@ -285,7 +285,7 @@ def _mark_forward(fields: dict[int, dict[str, Any]], roots: list[int]) -> None:
 
 #: outputs a CUDA kernel returns on the host where its meta function says ``meta`` (so a fake value follows the
 #: inputs to CUDA): efficient attention's 0-d int64 philox seed and offset (outside CUDA-graph capture), as
-#: measured on an H100 (DESIGN.md, facts). Used where no profiled step says where each output went.
+#: measured on an H100 (ARCHITECTURE.md, facts). Used where no profiled step says where each output went.
 HOST_OUTPUTS: dict[str, tuple[int, ...]] = {
     "aten._scaled_dot_product_efficient_attention.default": (2, 3),
     "aten._efficient_attention_forward.default": (2, 3),

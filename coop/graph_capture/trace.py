@@ -29,6 +29,7 @@ dropout draw is split into a bool mask (the only non-recomputable node) and a re
 from __future__ import annotations
 
 import contextlib
+import logging
 import operator
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -189,8 +190,9 @@ def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossF
         shards = sharding.shard_state()
         params, frozen = {n: shards[n] for n in params}, {n: shards[n] for n in frozen}
 
+    names = call.tensor_paths
     try:
-        with hooks_suppressed(sharding):
+        with hooks_suppressed(sharding), tracing_logs_silenced():
             if weightless(model, batch):  # meta tensors: traced as fake CPU tensors (coop.graph_capture.meta)
                 target = step if device is None or torch.device(device).type != "cuda" else _with_cuda_kernels(step)
                 module = _traced(target, *fake_cpu_state(params, buffers, frozen, batch))
@@ -201,7 +203,10 @@ def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossF
     except Exception as exc:  # noqa: BLE001 - tracing fails with many types; report the first line
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         hint = "data-dependent control flow (a Python branch on a tensor value) cannot be captured; " if _data_dependent(exc) else ""
-        raise CaptureError(f"cannot trace the training step of {type(model).__name__}: {hint}{type(exc).__name__}: {first}") from None
+        dtypes = _batch_dtype_mismatch(batch, names, params) if _names_dtypes(exc) else ""
+        raise CaptureError(f"cannot trace the training step of {type(model).__name__}: {hint}{type(exc).__name__}: "
+                           f"{first}{f' ({dtypes})' if dtypes else ''}") from None
+    _refuse_mixed_dtypes(module.graph, type(model).__name__, names, params, batch)
     _functionalize_batch_norm(module.graph)
     _functionalize_vendor_batch_norm(module.graph)
     _refuse_mutations(module.graph)
@@ -222,6 +227,111 @@ def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossF
         output_grads=list(params) if sharding is None else sharded_gradient_names(sharding, set(params)),
         output_buffers=list(buffers),
     )
+
+
+#: The loggers of torch's tracing machinery: a meta function that raises is logged there with its whole traceback
+#: (``failed while attempting to run meta for aten.mm.default``, ~20 lines) before the error reaches coop, which
+#: reports it in one line.
+TRACING_LOGGERS = ("torch._subclasses", "torch.fx.experimental", "torch._functorch", "torch._prims_common",
+                   "torch._refs", "torch._decomp")
+
+
+@contextlib.contextmanager
+def tracing_logs_silenced() -> Iterator[None]:
+    """torch's tracing loggers (:data:`TRACING_LOGGERS` and their children) above CRITICAL while inside, then as
+    they were: a failed trace is reported once, by coop, in one line."""
+    manager = logging.Logger.manager
+    names = {name for name in manager.loggerDict if name.startswith(TRACING_LOGGERS)} | set(TRACING_LOGGERS)
+    loggers = [logging.getLogger(name) for name in sorted(names)]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+#: Ops whose floating-point tensor arguments must share one dtype in eager PyTorch ("mat1 and mat2 must have the same
+#: dtype"); their meta functions do not all check it, so a fake trace passes where the real step fails.
+SAME_DTYPE_OPS = frozenset({aten.mm.default, aten.addmm.default, aten.bmm.default, aten.baddbmm.default,
+                            aten.addbmm.default, aten.mv.default, aten.addmv.default, aten.dot.default,
+                            aten.vdot.default, aten.convolution.default, aten._convolution.default})
+
+
+def _floating_dtypes(node: fx.Node) -> list[torch.dtype]:
+    """The dtypes of ``node``'s floating-point tensor arguments, in order (from the traced values)."""
+    dtypes = []
+    for arg in node.all_input_nodes:
+        value = arg.meta.get("val")
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            dtypes.append(value.dtype)
+    return dtypes
+
+
+def _refuse_mixed_dtypes(graph: fx.Graph, model_name: str, names: list[str], params: dict[str, torch.Tensor],
+                         batch: tuple[torch.Tensor, ...]) -> None:
+    """Refuse in one line a step whose matrix product or convolution reads two floating dtypes (a float64 batch into
+    a float32 model), naming the batch input that brings the other dtype, as eager PyTorch would fail at that op."""
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target not in SAME_DTYPE_OPS:
+            continue
+        dtypes = _floating_dtypes(node)
+        if len(set(dtypes)) < 2:
+            continue
+        reaching = _batch_inputs_reaching(graph, node, len(batch))
+        mismatch = _batch_dtype_mismatch(batch, names, params, only=reaching) or _batch_dtype_mismatch(batch, names,
+                                                                                                      params)
+        if not mismatch:
+            mismatch = f"{node.target} reads {' and '.join(_dtype_name(d) for d in dict.fromkeys(dtypes))} values"
+        raise CaptureError(f"cannot trace the training step of {model_name}: {mismatch}")
+
+
+def _batch_inputs_reaching(graph: fx.Graph, node: fx.Node, batch_size: int) -> set[int]:
+    """The indices of the batch tensors that ``node`` reads, directly or through other nodes (the batch's
+    placeholders are the graph's last ``batch_size``)."""
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    index = {n: i for i, n in enumerate(placeholders[len(placeholders) - batch_size:])} if batch_size else {}
+    reached: set[int] = set()
+    seen: set[fx.Node] = set()
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        if current in index:
+            reached.add(index[current])
+        stack.extend(current.all_input_nodes)
+    return reached
+
+
+def _batch_dtype_mismatch(batch: tuple[torch.Tensor, ...], names: list[str], params: dict[str, torch.Tensor], *,
+                          only: set[int] | None = None) -> str:
+    """``"batch[0] is float64 but the model's parameters are float32: ..."`` when floating batch tensors (those of
+    ``only``, by index, where given) differ in dtype from the model's (one) floating parameter dtype; '' otherwise."""
+    model_dtypes = {p.dtype for p in params.values() if p.is_floating_point()}
+    if len(model_dtypes) != 1:
+        return ""
+    model_dtype = next(iter(model_dtypes))
+    odd = [(name, tensor.dtype) for i, (name, tensor) in enumerate(zip(names, batch, strict=False))
+           if (only is None or i in only) and isinstance(tensor, torch.Tensor) and tensor.is_floating_point()
+           and tensor.dtype != model_dtype]
+    if not odd:
+        return ""
+    inputs = ", ".join(f"{name} is {_dtype_name(dtype)}" for name, dtype in odd)
+    return (f"{inputs} but the model's parameters are {_dtype_name(model_dtype)}: cast the batch "
+            f"(.to(torch.{_dtype_name(model_dtype)})) or the model (model.to(torch.{_dtype_name(odd[0][1])}))")
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _names_dtypes(exc: Exception) -> bool:
+    text = str(exc).lower()
+    return "dtype" in text or "scalar type" in text or ("type" in text and "should be the same" in text)
 
 
 def _with_cuda_kernels(step: Callable[..., Any]) -> Callable[..., Any]:

@@ -33,7 +33,7 @@ import torch
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from coop.graph_capture.cost import allocator_bytes
+from coop.graph_capture.cost import allocator_bytes, quiet_profile
 
 _HOST = threading.local()
 
@@ -72,11 +72,11 @@ def cpu_allocation_peak(run: Callable[[], Any]) -> int | None:
     int or None
         The peak in bytes; None while another profiler is running (``run`` is not called then).
     """
-    from torch.profiler import ProfilerActivity, profile
+    from torch.profiler import ProfilerActivity
 
     if torch._C._autograd._profiler_enabled():
         return None
-    with torch.random.fork_rng(devices=[]), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with torch.random.fork_rng(devices=[]), quiet_profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         run()
     events = sorted((e for e in prof.profiler.kineto_results.events()
                      if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU),

@@ -1,6 +1,6 @@
 """What the CUDA caching allocator reserves for a step: the bytes a process really holds on the device.
 
-Contract 3 (DESIGN.md) bounds what the process holds, and on CUDA that is the caching allocator's reserved
+Contract 3 (:mod:`coop.budget`) bounds what the process holds, and on CUDA that is the caching allocator's reserved
 memory, not the live bytes the simulator predicts: blocks are rounded, segments fragment. Expandable segments
 (:mod:`coop.runtime.allocator`) bring reserved close to allocated, not onto it: on an H200 (torch 2.11,
 BENCHMARKS.md bench_cuda) ordinary replays at half the baseline peak reserved 1.029x (GPT-2) and 1.048x

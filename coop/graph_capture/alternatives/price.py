@@ -1,8 +1,8 @@
 """What an implementation's program costs: seconds, stored bytes, workspace (MONeT, Shah et al. 2021, profiles
 each operator implementation the same way).
 
-No program runs on made-up data: a kernel fed synthetic inputs can kill the process (DESIGN.md, "Facts measured on
-a lent H100"; packed max-pool indices decoded from zeros once scattered out of bounds here). So:
+No program runs on made-up data: a kernel fed synthetic inputs can kill the process (measured on an H100,
+ARCHITECTURE.md "Facts the code relies on"; packed max-pool indices decoded from zeros once scattered out of bounds here). So:
 
 * **Bytes** -- :func:`price` runs a program of :mod:`coop.graph_capture.alternatives` under a ``FakeTensorMode``
   on fake tensors of the captured layouts (nothing is computed) and counts each new storage as the device

@@ -1,0 +1,199 @@
+"""The joint graph inductor hands a partitioner, as a coop Graph (contract 1).
+
+``torch.compile`` traces a training step into one joint forward+backward aten graph (AOTAutograd) and asks a
+partitioner to split it into the forward module, which returns the values it saves, and the backward module.
+Its placeholders are the primals (parameters, buffers and the batch; ``static_lifetime_input_indices`` names the
+parameters and buffers) and one tangent per differentiable forward output; its outputs are the forward outputs,
+then one gradient per primal (None where a primal gets none).
+
+The lowering is coop's own (:func:`coop.graph_capture.lower.lower`: one node per storage, views folded into the
+node that owns their storage, bytes from the fake tensors, analytic costs from FLOPs and bytes moved), run on a
+copy of the joint graph with three changes that give the compiled step's semantics:
+
+* Each tangent becomes a computed node (not recomputable, cost 0) whose inputs are the forward outputs: the
+  gradient of the loss exists only once the forward has returned, so no schedule can run a node that reads
+  it before the forward is done. Its first compute is where a schedule's forward ends.
+* In-place updates of inputs that the forward keeps in the graph (batch norm's running statistics:
+  ``copy_(buffer, new_value)``) are taken out of the lowered copy; their new values become Graph outputs, so
+  every schedule keeps them until the forward module writes them back at its end
+  (:mod:`coop.compiled.emit`).
+* Inductor's RNG: ``prims.inductor_seeds`` draws the seeds (a random op, never recomputed); the random values are
+  ``prims.inductor_random`` of a seed, a pure function, so a recomputed dropout mask is the same mask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import fx
+
+from coop.errors import CoopError
+from coop.graph import Graph
+from coop.graph_capture.lower import Lowered, lower
+from coop.graph_capture.trace import TracedStep
+
+__all__ = ["JointGraph", "effect_nodes", "joint_outputs", "lower_joint"]
+
+TANGENT_OP = "tangent"
+
+
+@dataclass
+class JointGraph:
+    """The coop Graph of a joint graph and what the emitter needs to map a schedule back onto it."""
+
+    graph: Graph
+    lowered: Lowered
+    #: graph node ids of the tangents (computed nodes here; see the module docstring)
+    tangent_ids: tuple[int, ...]
+    num_fwd_outputs: int
+    #: fx names of the in-place updates of inputs, emitted at the end of the forward module
+    effects: tuple[str, ...]
+    #: joint fx name -> its fake value; an emitted copy of a node holds the same object
+    values: dict[str, object]
+
+
+def joint_outputs(gm: fx.GraphModule, num_fwd_outputs: int) -> tuple[list[object], list[object]]:
+    """The forward outputs and the per-primal gradients (None where a primal gets no gradient).
+
+    Parameters
+    ----------
+    gm : fx.GraphModule
+        The joint graph.
+    num_fwd_outputs : int
+        How many leading outputs the forward returns.
+
+    Returns
+    -------
+    tuple of two lists
+        The forward outputs, then the gradients, as the output node holds them.
+    """
+    (flat,) = gm.graph.output_node().args
+    flat = list(flat)
+    return flat[:num_fwd_outputs], flat[num_fwd_outputs:]
+
+
+def effect_nodes(graph: fx.Graph) -> list[fx.Node]:
+    """Calls of mutating ops (``copy_`` into a buffer): they run once, at the end of the forward.
+
+    Parameters
+    ----------
+    graph : fx.Graph
+        A joint graph.
+
+    Returns
+    -------
+    list of fx.Node
+        Its calls whose op schema mutates an argument.
+    """
+    return [n for n in graph.nodes if n.op == "call_function" and _is_mutating(n)]
+
+
+def _is_mutating(node: fx.Node) -> bool:
+    schema = getattr(node.target, "_schema", None)
+    return bool(schema is not None and schema.is_mutable)
+
+
+def lower_joint(gm: fx.GraphModule, num_fwd_outputs: int, static_indices: list[int] | None,
+                name: str = "compiled") -> JointGraph:
+    """Lower inductor's joint graph to a coop Graph; refuse in one line what the compiled path cannot plan.
+
+    Parameters
+    ----------
+    gm : fx.GraphModule
+        The joint graph (``primals_*`` and ``tangents_*`` placeholders), left unchanged.
+    num_fwd_outputs : int
+        How many of its outputs the forward returns (the rest are the primals' gradients).
+    static_indices : list of int or None
+        Indices of the primals that are parameters or buffers (inductor's ``static_lifetime_input_indices``).
+    name : str
+        The Graph's name.
+    """
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    _refuse_unplannable(gm, placeholders)
+    static = set(static_indices or [])
+    primals = [n for n in placeholders if n.name.startswith("primals")]
+    labels: list[tuple[str, str]] = []
+    for node in placeholders:
+        if node.name.startswith("tangents"):
+            labels.append(("input", node.name))
+        else:
+            labels.append(("param" if primals.index(node) in static else "input", node.name))
+
+    copied = fx.Graph()
+    remap: dict[fx.Node, fx.Node] = {}
+    copied.graph_copy(gm.graph, remap)  # every node but the output, under its own name
+    effects = effect_nodes(copied)
+    effect_sources = [a for e in effects for a in e.all_input_nodes if a.op != "placeholder"]
+    for effect in effects:
+        copied.erase_node(effect)
+    fwd, grads = joint_outputs(gm, num_fwd_outputs)
+    fwd = [remap[a] if isinstance(a, fx.Node) else a for a in fwd]
+    grads = [remap[a] for a in grads if isinstance(a, fx.Node)]
+    if not fwd or not isinstance(fwd[0], fx.Node):
+        raise CoopError("coop.compile: the compiled forward returns no tensor first; return the loss (or a "
+                        "model output) as a tensor")
+    # coop's lowering reads (loss, gradients..., further forward values...): the forward roots are the first
+    # value and everything after the gradients.
+    roots = [fwd[0], *grads, *[a for a in fwd[1:] if isinstance(a, fx.Node)], *effect_sources]
+    copied.output(tuple(roots))
+    module = fx.GraphModule(gm, copied)
+    traced = TracedStep(module=module, param_names=[f"grad{i}" for i in range(len(grads))], buffer_names=[],
+                        frozen_names=[], batch_size=0, output_grads=[], output_buffers=[])
+    lowered = lower(traced, labels, name)
+    graph, tangent_ids = _tangents_after_forward(lowered, placeholders)
+    lowered.graph = graph
+    return JointGraph(graph=graph, lowered=lowered, tangent_ids=tangent_ids, num_fwd_outputs=num_fwd_outputs,
+                      effects=tuple(e.name for e in effects),
+                      values={n.name: n.meta.get("val") for n in gm.graph.nodes})
+
+
+def _refuse_unplannable(gm: fx.GraphModule, placeholders: list[fx.Node]) -> None:
+    for node in placeholders:
+        if not node.name.startswith(("primals", "tangents")):
+            raise CoopError(f"coop.compile: the joint graph has an input {node.name!r} coop cannot plan "
+                            "(functionalized RNG offsets or backward state); compile with coop off for this model")
+        if not isinstance(node.meta.get("val"), torch.Tensor):
+            raise CoopError(f"coop.compile: input {node.name!r} is a symbolic size: coop plans static shapes; "
+                            "pass dynamic=False to coop.compile (one plan per input shape)")
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and _is_mutating(node) and node.meta.get("partitioner_tag") in (
+                "is_backward", "must_be_in_backward"):
+            raise CoopError(f"coop.compile: {node.name} ({node.target}) mutates an input in the backward; coop "
+                            "cannot plan it yet: compile this model without coop")
+        if node.op == "call_function" and not isinstance(node.target, torch._ops.OpOverload) and \
+                node.target.__name__ != "getitem":
+            raise CoopError(f"coop.compile: {node.name} calls {node.target} (a higher-order op or a Python "
+                            "function), which coop cannot plan yet: compile this model without coop")
+
+
+def _tangents_after_forward(lowered: Lowered, placeholders: list[fx.Node]) -> tuple[Graph, tuple[int, ...]]:
+    """Turn each tangent placeholder into a computed node that reads the forward outputs (module docstring)."""
+    graph = lowered.graph
+    tangent_ids = tuple(lowered.owner_of[n.name] for n in placeholders if n.name.startswith("tangents"))
+    roots = tuple(i for i in graph.outputs if graph.nodes[i].kind == "forward" and not graph.nodes[i].caller_owned)
+    nodes = list(graph.nodes)
+    for t in tangent_ids:
+        nodes[t] = nodes[t].model_copy(update={"kind": "backward", "op": TANGENT_OP, "inputs": roots,
+                                               "recomputable": False, "cost": 0.0})
+    order = _stable_topological(nodes, [*graph.order, *tangent_ids])
+    return Graph(name=graph.name, nodes=tuple(nodes), outputs=graph.outputs, order=tuple(order),
+                 meta=graph.meta), tangent_ids
+
+
+def _stable_topological(nodes: list, wanted: list[int]) -> list[int]:
+    """``wanted`` reordered as little as needed for every node to follow its computed inputs."""
+    position = {n: i for i, n in enumerate(wanted)}
+    done: set[int] = set()
+    order: list[int] = []
+    pending = sorted(wanted, key=position.__getitem__)
+    while pending:
+        for index, node_id in enumerate(pending):
+            if all(i in done or i not in position for i in nodes[node_id].inputs):
+                order.append(node_id)
+                done.add(node_id)
+                del pending[index]
+                break
+        else:  # pragma: no cover - the joint graph is a DAG
+            raise CoopError("coop.compile: the joint graph has a cycle")
+    return order

@@ -1,0 +1,159 @@
+"""coop as inductor's partitioner: the joint graph planned under a budget and split as the schedule says.
+
+``torch._inductor.config.custom_partitioner_fn`` takes a :class:`torch._inductor.custom_graph_pass.
+CustomPartitionerFn`: inductor runs its joint-graph passes, then hands the joint graph to it and compiles the two
+modules it returns. :class:`CoopPartitioner` lowers the joint graph (:mod:`coop.compiled.joint`), parses the
+budget against it with the one budget parser (a fraction is of the joint graph's peak without recomputation,
+what inductor's own partitioner at ``activation_memory_budget=1`` keeps), solves it with a coop formulation
+(``auto`` by default), validates the schedule and emits it (:mod:`coop.compiled.emit`). Every plan it makes is
+kept in :attr:`CoopPartitioner.plans` for the summary and the tests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+import time
+import uuid
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import fx
+from torch._inductor.custom_graph_pass import CustomPartitionerFn
+
+from coop.budget import baseline_peak, min_budget, parse_budget
+from coop.compiled.emit import Partition, emit_partition
+from coop.compiled.joint import JointGraph, lower_joint
+from coop.errors import CoopError, InfeasibleError, SolveTimeoutError
+from coop.formulations.registry import solve
+from coop.formulations.result import SolveResult
+from coop.schedule import validate
+
+__all__ = ["CompiledPlan", "CoopPartitioner"]
+
+
+@dataclass
+class CompiledPlan:
+    """One graph the partitioner planned: its Graph, budget, solver result and emitted partition."""
+
+    joint: JointGraph
+    budget: int
+    requested: int  # the user's budget in bytes, before any measured shave
+    result: SolveResult
+    partition: Partition
+    peak: int
+    baseline_peak: int
+    wall_s: float
+
+    def summary(self) -> str:
+        """Plain words: budget, predicted peak, overhead, what is saved and recomputed."""
+        recomputed = self.partition.recomputed()
+        sim = self.result.simulation
+        overhead = f"{100 * sim.overhead:.2f} %" if sim is not None else "n/a"
+        return (f"{self.joint.graph.name}: {len(self.joint.graph.nodes)} nodes, budget {self.budget:,} B "
+                f"({self.budget / self.baseline_peak:.2f} of the peak {self.baseline_peak:,} B), predicted peak "
+                f"{self.peak:,} B, overhead {overhead} ({self.result.formulation}, {self.result.status}, "
+                f"{self.wall_s:.1f} s); saves {len(self.partition.saved)} values, recomputes "
+                f"{sum(recomputed.values())} computations of {len(recomputed)} nodes")
+
+
+class CoopPartitioner(CustomPartitionerFn):
+    """A ``CustomPartitionerFn`` that splits each compiled step as a coop schedule under ``budget``.
+
+    Parameters
+    ----------
+    budget : str, float or int
+        Bytes (``"2GiB"``, an int) or a share of the compiled step's peak without recomputation (``0.5``,
+        ``"50%"``); the one budget parser's forms (:func:`coop.budget.parse_budget`).
+    formulation : str
+        A coop formulation without paging (default ``auto``).
+    time_limit : float
+        Seconds the solver may take per compiled graph.
+    threads : int
+        Solver threads.
+    shave : int
+        Bytes taken off the parsed budget before solving: what a measured compiled step held beyond its plan
+        (``coop.compile``'s measured re-solve sets it).
+    verbose : bool
+        Print one line per planned graph to stderr.
+    """
+
+    def __init__(self, budget: str | float, *, formulation: str = "auto", time_limit: float = 30.0,
+                 threads: int = 2, shave: int = 0, verbose: bool = False) -> None:
+        if formulation in ("poet", "dynamic") or formulation.startswith("delta"):
+            raise CoopError(f"coop.compile: formulation {formulation!r} pages or runs online, which compiled "
+                            "graphs do not run; use auto, moccasin, checkmate, monet, blocks or a baseline")
+        self.budget = budget
+        self.formulation = formulation
+        self.time_limit = time_limit
+        self.threads = threads
+        self.shave = shave
+        self.verbose = verbose
+        self.plans: list[CompiledPlan] = []
+        self.nonce = uuid.uuid4().hex
+
+    def __call__(self, gm: fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> tuple[fx.GraphModule,
+                                                                                    fx.GraphModule]:
+        start = time.perf_counter()
+        joint = lower_joint(gm, kwargs["num_fwd_outputs"], kwargs.get("static_lifetime_input_indices"),
+                            name=f"compiled-{len(self.plans)}")
+        graph = joint.graph
+        floor = min_budget(graph)
+        if self.plans and _is_share(self.budget) and parse_budget(self.budget, graph, check=False) < floor:
+            # a graph after a graph break whose share of its own peak is below its floor: planned without
+            # recomputation (a schedule at the floor itself seldom exists; these graphs are small: a loss, a head)
+            requested = baseline_peak(graph)
+            warnings.warn(f"coop.compile: {graph.name} (after a graph break) cannot fit {self.budget} of its peak "
+                          f"(its min_budget is {floor / requested:.2f} of it); planned without recomputation",
+                          stacklevel=2)
+        else:
+            requested = parse_budget(self.budget, graph)  # the one parser and floor check (one line below it)
+        budget = max(floor, requested - self.shave)
+        # store-all fits: nothing to plan (inductor's own split, every forward value kept once)
+        formulation = "store-all" if budget >= baseline_peak(graph) else self.formulation
+        result = solve(graph, budget, formulation, time_limit=self.time_limit, threads=self.threads)
+        if result.schedule is None:
+            if result.status == "infeasible":  # a solver's proof over its whole space
+                raise InfeasibleError(f"coop.compile: {self.formulation} proved no schedule fits {budget:,} B for "
+                                      f"{graph.name}: give a larger budget")
+            raise SolveTimeoutError(f"coop.compile: {self.formulation} found no schedule within {self.time_limit:g} s "
+                                    f"under {budget:,} B for {graph.name} ({result.message}); give more time_limit, "
+                                    "a larger budget or formulation='auto'")
+        verdict = validate(graph, result.schedule, budget)
+        if not verdict.ok:
+            raise CoopError(f"coop.compile: the {result.formulation} schedule is not legal under the budget: "
+                            f"{verdict.reason}")
+        partition = emit_partition(gm, joint, result.schedule)
+        plan = CompiledPlan(joint=joint, budget=budget, requested=requested, result=result, partition=partition, peak=verdict.peak,
+                            baseline_peak=baseline_peak(graph), wall_s=time.perf_counter() - start)
+        self.plans.append(plan)
+        if self.verbose:
+            print(f"coop.compile: {plan.summary()}", file=sys.stderr)
+        return partition.forward, partition.backward
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Inductor pickles its configuration into AOTAutograd's cache key: the options and this instance's
+        nonce, not the plans. The nonce makes each partitioner miss that cache, so that every graph it is given
+        is planned (and recorded) by this coop, not answered from a split another run made; inductor's cache of
+        compiled kernels, keyed by the emitted modules, still serves."""
+        return {**self.__dict__, "plans": [], "code": self.uuid()}
+
+    def uuid(self) -> str:
+        """Inductor's cache key: coop's source and every option that changes the split."""
+        digest = hashlib.sha256()
+        package = Path(__file__).resolve().parents[1]
+        for path in sorted(package.rglob("*.py")):
+            digest.update(path.read_bytes())
+        digest.update(repr((self.budget, self.formulation, self.time_limit, self.threads, self.shave)).encode())
+        digest.update(self.nonce.encode())
+        return digest.hexdigest()
+
+
+def _is_share(spec: object) -> bool:
+    """Whether a budget is a share of the peak (``0.5``, ``"50%"``, ``"0.5"``), not bytes."""
+    if isinstance(spec, float):
+        return True
+    text = str(spec).strip()
+    return text.endswith("%") or ("." in text and not any(c.isalpha() for c in text))

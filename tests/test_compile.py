@@ -1,0 +1,236 @@
+"""coop inside torch.compile: the compiled step trains as torch.compile's own, and its graphs carry coop's schedule.
+
+Oracles: ``torch.compile`` with its default partitioner (same model, same seed: loss, gradients and buffers equal
+bit for bit), the schedule's own steps recounted here (what each phase computes, what crosses from the forward to
+the backward), hand-counted bytes, and the CPU allocator's reports (not coop's simulator) for what a step holds.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections import Counter
+
+import pytest
+import torch
+from torch import nn
+
+import coop
+from coop.compiled.emit import JOINT_NAME
+from coop.compiled.partitioner import CompiledPlan
+from coop.errors import BudgetError, CoopError
+
+
+class ConvNet(nn.Module):
+    """Convolution, batch norm (running statistics written back by the forward), dropout, three linears."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3)
+        self.norm = nn.BatchNorm2d(8)
+        self.drop = nn.Dropout(0.3)
+        self.fc1 = nn.Linear(8 * 6 * 6, 32)
+        self.fc2 = nn.Linear(32, 32)
+        self.fc3 = nn.Linear(32, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.drop(torch.relu(self.norm(self.conv(x)))).flatten(1)
+        h = torch.tanh(self.fc2(torch.tanh(self.fc1(h))))
+        return self.fc3(h).pow(2).mean()
+
+
+def _train_twice(model: nn.Module, compiled: nn.Module, batch: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+    """Two steps (losses, then every gradient and buffer after the second), each under seed 7 + step."""
+    out = []
+    for step in range(2):
+        for p in model.parameters():
+            p.grad = None
+        torch.manual_seed(7 + step)
+        loss = compiled(batch)
+        loss.backward()
+        out.append((loss.detach(),))
+    out.append(tuple(p.grad for p in model.parameters()))
+    out.append(tuple(b.detach().clone() for b in model.buffers()))
+    return out
+
+
+@pytest.fixture(scope="module")
+def checkpointed() -> tuple[nn.Module, CompiledPlan, list[tuple[torch.Tensor, ...]], list[tuple[torch.Tensor, ...]]]:
+    """ConvNet compiled with coop's checkpoint-all (every forward value rebuilt in the backward) and by
+    torch.compile's own partitioner, trained two steps each from the same weights and seeds."""
+    torch.manual_seed(0)
+    model = ConvNet()
+    reference = copy.deepcopy(model)
+    batch = torch.randn(4, 3, 8, 8)
+    compiled = coop.compile(model, 1.0, formulation="checkpoint-all")
+    ours = _train_twice(model, compiled, batch)
+    theirs = _train_twice(reference, torch.compile(reference), batch)
+    (plan,) = compiled.coop_record.plans
+    return model, plan, ours, theirs
+
+
+def test_compiled_step_trains_as_torch_compile_does(checkpointed) -> None:
+    """Loss, gradients and batch norm's running statistics equal torch.compile's bit for bit; the dropout mask is
+    rebuilt in the backward from the forward's seed (a fresh draw would change the gradients)."""
+    _, plan, ours, theirs = checkpointed
+    for mine, reference in zip(ours, theirs, strict=True):
+        assert len(mine) == len(reference)
+        for a, b in zip(mine, reference, strict=True):
+            assert torch.equal(a, b)
+    rebuilt = plan.partition.recomputed()
+    random_values = [n for n in rebuilt if "inductor_random" in n]
+    assert random_values, f"the plan was to rebuild the dropout mask in the backward; rebuilt: {sorted(rebuilt)}"
+
+
+def test_emitted_modules_carry_the_schedule(checkpointed) -> None:
+    """Each phase's module computes each value as many times as the schedule's steps of that phase say, and the
+    forward returns exactly the values the backward reads from it (recounted from the steps here)."""
+    _, plan, _, _ = checkpointed
+    graph, steps = plan.joint.graph, plan.result.schedule.steps
+    owner = {i: names[0] for i, names in plan.joint.lowered.fx_names.items()}
+    boundary = next(i for i, s in enumerate(steps) if s.op == "compute" and s.node in plan.joint.tangent_ids)
+    expected = {"forward": Counter(), "backward": Counter()}
+    for index, step in enumerate(steps):
+        node = graph.nodes[step.node]
+        if step.op == "compute" and node.output_of is None and step.node not in plan.joint.tangent_ids:
+            expected["forward" if index < boundary else "backward"][owner[step.node]] += 1
+
+    def emitted(graph: torch.fx.Graph) -> Counter:
+        """Computations per joint name in a graph as the partitioner emitted it."""
+        return Counter(n.meta[JOINT_NAME] for n in graph.nodes if JOINT_NAME in n.meta)
+
+    def ops(graph: torch.fx.Graph) -> Counter:
+        """The computations by op, views left out (a pass may rewrite a view as a reshape)."""
+        return Counter(str(n.target) for n in graph.nodes if n.op == "call_function" and not _is_view(n.target))
+
+    partition = plan.partition
+    assert emitted(partition.emitted_forward) == expected["forward"]
+    assert emitted(partition.emitted_backward) == expected["backward"]
+    # inductor's passes ran on the modules it compiled: they merged no recomputation and dropped none
+    assert ops(partition.forward.graph) == ops(partition.emitted_forward)
+    assert ops(partition.backward.graph) == ops(partition.emitted_backward)
+    assert sum(expected["backward"].values()) > 0  # checkpoint-all rebuilds the forward in the backward
+    # what crosses: resident at the boundary and read by a backward compute before being computed again there
+    crossing: set[int] = set()
+    fresh: set[int] = set()
+    for step in steps[boundary:]:
+        if step.op != "compute" or step.node in plan.joint.tangent_ids:  # the tangent reads no tensor
+            continue
+        for source in graph.nodes[step.node].inputs:
+            if source not in fresh and source not in plan.joint.tangent_ids:
+                crossing.add(source)
+        fresh.add(step.node)
+    saved = {plan.joint.lowered.owner_of[name] for name in plan.partition.saved}
+    names = {i: plan.joint.graph.nodes[i].name for i in saved ^ crossing}
+    assert saved == crossing, names
+
+
+def _is_view(target: object) -> bool:
+    schema = getattr(target, "_schema", None)
+    return schema is None or any(r.alias_info is not None for r in schema.returns)
+
+
+def test_joint_graph_bytes_and_tangent(checkpointed) -> None:
+    """Hand-counted bytes of the lowered joint graph; the tangent is computed after the forward's outputs."""
+    _, plan, _, _ = checkpointed
+    graph = plan.joint.graph
+    by_name = {n.name: n for n in graph.nodes}
+    # conv output: 4 x 8 x 6 x 6 floats; fc1 output: 4 x 32 floats; the loss: one float
+    assert by_name["convolution"].mem == 4 * 8 * 6 * 6 * 4
+    assert by_name["addmm"].mem == 4 * 32 * 4
+    (tangent,) = plan.joint.tangent_ids
+    assert graph.nodes[tangent].inputs and not graph.nodes[tangent].recomputable
+    mean = by_name["mean"].id
+    assert mean in graph.nodes[tangent].inputs
+    order = list(graph.order)
+    assert order.index(tangent) > order.index(mean)
+    params = sum(p.numel() * 4 for p in ConvNet().parameters())
+    buffers = 8 * 4 * 2 + 8  # running mean and var, num_batches_tracked (int64)
+    batch = 4 * 3 * 8 * 8 * 4
+    assert sum(n.mem for n in graph.nodes if n.caller_owned) == params + buffers + batch
+
+
+def test_refusals_are_one_line() -> None:
+    model = nn.Linear(4, 4)
+    cases = [
+        ({"dynamic": True}, "static shapes"),
+        ({"backend": "eager"}, "backend='eager'"),
+    ]
+    for kwargs, words in cases:
+        with pytest.raises(CoopError, match=words) as caught:
+            coop.compile(model, 0.5, **kwargs)
+        assert "\n" not in str(caught.value)
+    with pytest.raises(CoopError, match="meta-device"):
+        coop.compile(nn.Linear(4, 4, device="meta"), 0.5)
+    with pytest.raises(CoopError, match="pages or runs online"):
+        coop.partitioner(0.5, formulation="poet")
+
+
+def test_budget_below_the_floor_is_one_line_at_the_first_call() -> None:
+    model = nn.Sequential(nn.Linear(8, 64), nn.Tanh(), nn.Linear(64, 1))
+    compiled = coop.compile(model, 0.05, formulation="checkpoint-all")
+    with pytest.raises(BudgetError, match="below min_budget") as caught:
+        compiled(torch.randn(16, 8)).sum().backward()
+    assert "\n" not in str(caught.value)
+
+
+class DeepMlp(nn.Module):
+    def __init__(self, width: int = 128, depth: int = 4) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.Linear(width, width))
+                                    for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = x + layer(torch.layer_norm(x, (x.shape[-1],)))
+        return x.logsumexp(-1).mean()
+
+
+@pytest.mark.slow
+def test_measured_step_within_budget_and_monotone() -> None:
+    """The CPU allocator's peak of a compiled step (plus the weights and batch) is within each budget, and lower
+    budgets never hold more."""
+    batch = torch.randn(256, 128)
+    held = []
+    for share in (0.9, 0.75, 0.6):
+        torch.manual_seed(0)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            compiled = coop.compile(DeepMlp(), share, time_limit=20, example_batch=batch)
+        assert not [w for w in caught if "coop" in str(w.message)], [str(w.message) for w in caught]
+        record = compiled.coop_record
+        last = record.rounds[-1]
+        assert last.measured_peak <= record.plans[0].requested
+        held.append(last.measured_peak)
+    assert held == sorted(held, reverse=True)
+
+
+class Broken(nn.Module):
+    """Two linears with a graph break between them: torch.compile makes two graphs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh())
+        self.second = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.first(x)
+        torch._dynamo.graph_break()
+        return self.second(h).pow(2).mean()
+
+
+@pytest.mark.slow
+def test_graph_breaks_and_reduce_overhead_train_as_torch_compile() -> None:
+    """Each graph of a broken step is planned at the same share of its own peak; mode="reduce-overhead" (its
+    options: CUDA graphs, a no-op on CPU) compiles; the gradients equal torch.compile's in the same mode."""
+    torch.manual_seed(0)
+    model = Broken()
+    reference = copy.deepcopy(model)
+    batch = torch.randn(32, 16)
+    compiled = coop.compile(model, 0.8, mode="reduce-overhead", time_limit=10)
+    ours = _train_twice(model, compiled, batch)
+    theirs = _train_twice(reference, torch.compile(reference, mode="reduce-overhead"), batch)
+    assert len(compiled.coop_record.plans) == 2
+    for mine, other in zip(ours, theirs, strict=True):
+        for a, b in zip(mine, other, strict=True):
+            assert torch.equal(a, b)

@@ -1,0 +1,68 @@
+"""The measure-and-re-solve rounds of coop.plan (coop/planner/rounds.py), shown in the summary, and the simulations
+one plan runs (issue 44: a plan at 0.8 with checkmate simulated its step 20 times, 16 of them in a re-solve below
+min_budget that fell back through all four baselines)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+
+import pytest
+
+import coop
+import coop.schedule
+from coop.errors import InfeasibleError
+from coop.planner import solving
+from coop.zoo import build
+
+
+@pytest.fixture(scope="module")
+def cnn_step():
+    model, batch, loss_fn = build("cnn")
+    return model, batch, loss_fn, coop.capture(model, batch, loss_fn=loss_fn)
+
+
+@pytest.fixture(scope="module")
+def counted_plan(cnn_step):
+    """One plan at 0.8 with checkmate, and how many times it called the one simulator."""
+    model, batch, loss_fn, captured = cnn_step
+    original, calls = coop.schedule.simulate, []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch, warnings.catch_warnings():
+        for name, module in list(sys.modules.items()):
+            if name.startswith("coop") and getattr(module, "simulate", None) is original:
+                patch.setattr(module, "simulate", counted)
+        warnings.simplefilter("ignore")  # where kernels' scratch exceeds the budget the plan warns (not judged here)
+        plan = coop.plan(model, 0.8, batch, loss_fn=loss_fn, captured=captured, formulation="checkmate",
+                         time_limit=20)
+    return plan, len(calls)
+
+
+def test_the_summary_lists_every_solve_with_its_reason_budget_and_measure(counted_plan) -> None:
+    plan, _ = counted_plan
+    rounds = plan.summary()["rounds"]
+    json.dumps(rounds)  # saved with the plan
+    assert rounds[0]["name"] == "solve" and rounds[0]["budget"] == plan.budget
+    assert all(set(r) == {"name", "reason", "budget", "measured", "outcome", "seconds"} and r["reason"] for r in rounds)
+    assert {r["name"] for r in rounds} <= {"solve", "generator states", "measured scratch", "reserved excess"}
+    if plan.step_footprint is not None:  # a CPU step is measured: the plan's own measure is one round's
+        assert plan.step_footprint in [r["measured"] for r in rounds]
+
+
+def test_one_plan_simulates_its_step_a_handful_of_times(counted_plan) -> None:
+    _, simulations = counted_plan
+    assert 0 < simulations <= 8, simulations
+
+
+def test_below_min_budget_no_baseline_is_tried(cnn_step, monkeypatch) -> None:
+    model, _, loss_fn, captured = cnn_step
+    monkeypatch.setattr(solving, "cheapest_fitting_baseline", lambda *a, **k: pytest.fail("a baseline was tried"))
+    below = coop.min_budget(captured.graph) - 1
+    with pytest.raises(InfeasibleError, match="min_budget"):
+        solving.solve_within(model, captured, below, formulation="checkmate", time_limit=5, loss_fn=loss_fn,
+                             wrapper=None)
