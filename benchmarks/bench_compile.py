@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch._functorch.config
+import torch._inductor.config
 from torch import nn
 
 REPO = Path(__file__).resolve().parent.parent
@@ -131,7 +133,9 @@ def _worker(name: str, shares: tuple[float, ...], time_limit: float) -> list[dic
     for share in shares:
         budget = int(share * ref)
         amb_module = copy.deepcopy(base)
-        amb = torch.compile(amb_module)
+        # options of its own make a backend of its own: dynamo compiles anew (the default's graph serves every
+        # instance of the class otherwise), under the patched knob
+        amb = torch.compile(amb_module, options={"max_autotune": False})
         start = time.perf_counter()
         try:
             with torch._functorch.config.patch(activation_memory_budget=share):

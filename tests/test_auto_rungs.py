@@ -8,33 +8,8 @@ import math
 from coop.budget import baseline_peak, min_budget
 from coop.formulations import solve
 from coop.formulations.auto import formulation_ladder, repeated_blocks
-from coop.graph import Graph
 from coop.schedule import validate
-from tests.test_blocks import BLOCK
-
-
-def repeated_step(blocks: int) -> Graph:
-    """tests/test_blocks.py's repeated chain with ``blocks`` blocks of its five ops (and their backward)."""
-    nodes = [{"id": 0, "name": "x", "kind": "input", "mem": 4, "cost": 0, "recomputable": False},
-             {"id": 1, "name": "e", "inputs": [0], "mem": 6, "cost": 1}]
-    forward: list[list[int]] = []
-    for b in range(blocks):
-        ids = []
-        for o, (inside, mem, cost, _) in enumerate(BLOCK):
-            node_id = len(nodes)
-            inputs = [ids[i] for i in inside] if inside else [forward[-1][-1] if forward else 1]
-            nodes.append({"id": node_id, "name": f"b{b}_{o}", "inputs": inputs, "mem": mem, "cost": cost})
-            ids.append(node_id)
-        forward.append(ids)
-    previous = len(nodes)
-    nodes.append({"id": previous, "name": "loss", "inputs": [forward[-1][-1]], "mem": 1, "cost": 1})
-    for b in reversed(range(blocks)):
-        for o in reversed(range(len(BLOCK))):
-            if BLOCK[o][3]:
-                nodes.append({"id": len(nodes), "name": f"g{b}_{o}", "kind": "backward", "mem": 2, "cost": 1,
-                              "inputs": [previous, forward[b][o]]})
-                previous = len(nodes) - 1
-    return Graph.model_validate({"name": f"repeated_step_{blocks}", "nodes": nodes, "outputs": [previous]})
+from tests.test_blocks import repeated_chain as repeated_step
 
 
 def test_on_a_large_step_with_repeated_blocks_blocks_is_the_first_rung_and_checkmate_none() -> None:

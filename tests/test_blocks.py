@@ -27,14 +27,14 @@ BLOCK = [((), 8, 1.0, True), ((0,), 16, 4.0, False), ((1,), 4, 2.0, True), ((0, 
 BLOCKS = 3
 
 
-def repeated_chain() -> Graph:
-    """x and its embedding e (6 B, the size of a block's last value), then 3 blocks of BLOCK's five ops (offset 0
+def repeated_chain(blocks: int = BLOCKS) -> Graph:
+    """x and its embedding e (6 B, the size of a block's last value), then ``blocks`` blocks of BLOCK's five ops (offset 0
     reads e or the previous block's last value), then a backward chain over the blocks in reverse whose node per
     (block, offset read by the backward) reads that value."""
     nodes = [{"id": 0, "name": "x", "kind": "input", "mem": 4, "cost": 0, "recomputable": False},
              {"id": 1, "name": "e", "inputs": [0], "mem": 6, "cost": 1}]
     forward: list[list[int]] = []
-    for b in range(BLOCKS):
+    for b in range(blocks):
         ids = []
         for o, (inside, mem, cost, _) in enumerate(BLOCK):
             node_id = len(nodes)
@@ -45,14 +45,14 @@ def repeated_chain() -> Graph:
     loss = len(nodes)
     nodes.append({"id": loss, "name": "loss", "inputs": [forward[-1][-1]], "mem": 1, "cost": 1})
     previous = loss
-    for b in reversed(range(BLOCKS)):
+    for b in reversed(range(blocks)):
         for o in reversed(range(len(BLOCK))):
             if BLOCK[o][3]:
                 node_id = len(nodes)
                 nodes.append({"id": node_id, "name": f"g{b}_{o}", "kind": "backward", "mem": 2, "cost": 1,
                               "inputs": [previous, forward[b][o]]})
                 previous = node_id
-    return Graph.model_validate({"name": "repeated_chain", "nodes": nodes, "outputs": [previous]})
+    return Graph.model_validate({"name": f"repeated_chain_{blocks}" if blocks != BLOCKS else "repeated_chain", "nodes": nodes, "outputs": [previous]})
 
 
 def brute_force_rebuild(limit: int, forced: set[int]) -> float | None:

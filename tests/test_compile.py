@@ -20,6 +20,9 @@ from coop.compiled.emit import JOINT_NAME
 from coop.compiled.partitioner import CompiledPlan
 from coop.errors import BudgetError, CoopError
 
+#: torch._inductor.config.score_fusion_memory_threshold's default (torch 2.13)
+INDUCTOR_DEFAULT_THRESHOLD = 10
+
 
 class ConvNet(nn.Module):
     """Convolution, batch norm (running statistics written back by the forward), dropout, three linears."""
@@ -62,9 +65,18 @@ def checkpointed() -> tuple[nn.Module, CompiledPlan, list[tuple[torch.Tensor, ..
     model = ConvNet()
     reference = copy.deepcopy(model)
     batch = torch.randn(4, 3, 8, 8)
-    compiled = coop.compile(model, 1.0, formulation="checkpoint-all")
-    ours = _train_twice(model, compiled, batch)
-    theirs = _train_twice(reference, torch.compile(reference), batch)
+    # inductor's default fusion on both sides (coop.compile turns horizontal fusion off to keep its plan's memory;
+    # that regroups reductions' loops, a last-bit change of its own): what differs is the split alone
+    fusion = {"score_fusion_memory_threshold": INDUCTOR_DEFAULT_THRESHOLD}
+    compiled = coop.compile(model, 1.0, formulation="checkpoint-all", options=fusion)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # oneDNN's convolution backward sums over threads in the order they finish
+    try:
+        ours = _train_twice(model, compiled, batch)
+        own = torch.compile(reference, options=fusion)  # the oracle: torch.compile's own partitioner
+        theirs = _train_twice(reference, own, batch)
+    finally:
+        torch.set_num_threads(threads)
     (plan,) = compiled.coop_record.plans
     return model, plan, ours, theirs
 
@@ -229,7 +241,8 @@ def test_graph_breaks_and_reduce_overhead_train_as_torch_compile() -> None:
     batch = torch.randn(32, 16)
     compiled = coop.compile(model, 0.8, mode="reduce-overhead", time_limit=10)
     ours = _train_twice(model, compiled, batch)
-    theirs = _train_twice(reference, torch.compile(reference, mode="reduce-overhead"), batch)
+    own = torch.compile(reference, mode="reduce-overhead")
+    theirs = _train_twice(reference, own, batch)
     assert len(compiled.coop_record.plans) == 2
     for mine, other in zip(ours, theirs, strict=True):
         for a, b in zip(mine, other, strict=True):

@@ -10,7 +10,7 @@ import torch
 
 import coop
 from coop import capture
-from coop.errors import CoopError, InfeasibleError
+from coop.errors import CoopError, SolveTimeoutError
 from coop.formulations import BASELINES
 from coop.runtime.meter import MemoryMeter
 from coop.zoo import build
@@ -166,13 +166,14 @@ def test_dynamic_formulation_trains_like_eager_within_its_budget() -> None:
     assert dynamic.summary()["last_step"]["recomputations"] > 0  # the budget made it evict and recompute
 
 
-def test_budget_no_baseline_meets_is_infeasible() -> None:
+def test_budget_no_baseline_meets_is_a_time_out_not_a_proof() -> None:
     model, batch, _ = build("transformer")
     graph = capture(model, batch).graph
     least = coop.min_budget(graph)
     best = min(baseline_peaks("transformer").values())
     assert best > least  # precondition: no baseline reaches the least budget, so this test cannot pass vacuously
-    with pytest.raises(InfeasibleError, match="best peak reached"):
+    # at min_budget itself nothing is proven: not InfeasibleError, but "no schedule found" with the best peak
+    with pytest.raises(SolveTimeoutError, match="no schedule found.*best peak reached"):
         coop.plan(model, least, batch, formulation="store-all")
 
 

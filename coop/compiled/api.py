@@ -167,13 +167,14 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
             return compiled
         try:
             measured = held_bytes(compiled, example_batch, loss_fn)
-        except BackendCompilerFailed as exc:
-            if not isinstance(exc.inner_exception, CoopError):
+        except (BackendCompilerFailed, CoopError) as exc:
+            inner = exc.inner_exception if isinstance(exc, BackendCompilerFailed) else exc
+            if not isinstance(inner, CoopError):
                 raise
             if previous is None:
-                raise exc.inner_exception from None
-            warnings.warn(f"coop.compile: planning again below the measured excess failed ({exc.inner_exception}); "
-                          "keeping the previous plan", stacklevel=2)
+                raise inner from None
+            warnings.warn(f"coop.compile: planning again below the measured excess failed ({inner}); keeping the "
+                          "previous plan", stacklevel=2)
             return _over_budget(previous)
         previous = compiled
         if len(part.plans) != 1 or measured is None:

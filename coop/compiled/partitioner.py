@@ -112,7 +112,7 @@ class CoopPartitioner(CustomPartitionerFn):
             requested = parse_budget(self.budget, graph)  # the one parser and floor check (one line below it)
         budget = max(floor, requested - self.shave)
         # store-all fits: nothing to plan (inductor's own split, every forward value kept once)
-        formulation = "store-all" if budget >= baseline_peak(graph) else self.formulation
+        formulation = "store-all" if self.formulation == "auto" and budget >= baseline_peak(graph) else self.formulation
         result = solve(graph, budget, formulation, time_limit=self.time_limit, threads=self.threads)
         if result.schedule is None:
             if result.status == "infeasible":  # a solver's proof over its whole space

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from coop.budget import baseline_peak, format_memory
-from coop.errors import BudgetError, ContextError, CoopError, InfeasibleError
+from coop.errors import BudgetError, ContextError, CoopError, InfeasibleError, SolveTimeoutError
 from coop.graph import Graph
 from coop.graph_capture import Captured, capture
 from coop.graph_capture.batch import Batch, read_step_batch
@@ -146,7 +146,7 @@ class BasePlan(ABC):
         if other is not None:
             try:
                 return other._step_batch(batch)
-            except InfeasibleError as exc:
+            except (InfeasibleError, SolveTimeoutError) as exc:
                 raise _does_not_fit(change, exc) from None
         return self._step_here(batch)
 

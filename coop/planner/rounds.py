@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from coop.budget import format_memory, min_budget
-from coop.errors import BudgetError, InfeasibleError
+from coop.errors import BudgetError, InfeasibleError, SolveTimeoutError
 from coop.graph import Graph
 from coop.graph_capture import Captured
 from coop.graph_capture.cost import measure_workspace
@@ -113,7 +113,7 @@ class Rounds:
         self.taken.append(round_)
         try:
             return self.solve(captured or self.captured, aim)
-        except (InfeasibleError, BudgetError):
+        except (InfeasibleError, SolveTimeoutError, BudgetError):
             round_.outcome = "no schedule"
             raise
         finally:
@@ -210,7 +210,7 @@ class Rounds:
                       "solved below by the excess")
             try:
                 candidate = self.as_asked(aim, name="reserved excess", reason=reason)
-            except (InfeasibleError, BudgetError):
+            except (InfeasibleError, SolveTimeoutError, BudgetError):
                 break
             measured, note = self._measured(candidate, aim)
             if measured is None or measured <= budget:
@@ -252,7 +252,7 @@ class Rounds:
         try:
             again = self.within_generator_states(self.live_bytes, name="measured scratch", reason=reason,
                                                  captured=with_scratch)
-        except (InfeasibleError, BudgetError):
+        except (InfeasibleError, SolveTimeoutError, BudgetError):
             return chosen
         footprint, held = self._measured(again, self.live_bytes)
         if footprint is None or footprint > self.budget_bytes:
@@ -275,7 +275,7 @@ class Rounds:
         for _ in range(EXECUTION_ROUNDS):
             try:
                 candidate = self._solved(name, reason, live_budget)
-            except InfeasibleError:
+            except (InfeasibleError, SolveTimeoutError):
                 floor, aim = live_budget + 1, None  # no schedule found at or below it
                 reason = f"no schedule within {self._size(live_budget)}: bisecting above it"
             else:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from coop.budget import format_memory, min_budget
-from coop.errors import ContextError, CoopError, InfeasibleError
+from coop.errors import ContextError, CoopError, InfeasibleError, SolveTimeoutError
 from coop.formulations import SolveResult
 from coop.formulations.auto import cheapest_fitting_baseline
 from coop.graph import Graph
@@ -179,7 +179,7 @@ class Plan(BasePlan):
 
         try:
             other = replan_within(within, captured, self.budget)
-        except InfeasibleError:
+        except (InfeasibleError, SolveTimeoutError):
             dynamic = DynamicPlan(captured, self.model, self.budget, policy="coop", wrapper=self.wrapper,
                                   loss_fn=self.loss_fn)
             return dynamic, "online eviction (coop policy)"
