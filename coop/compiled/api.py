@@ -154,7 +154,7 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
     shave = 0
     record = CompiledRecord(partitioner=CoopPartitioner(budget))
     compiled: nn.Module = model
-    previous: nn.Module | None = None
+    previous: tuple[nn.Module, CompiledRecord] | None = None
     for number in range(max(1, rounds)):
         part = CoopPartitioner(budget, formulation=formulation, time_limit=time_limit, threads=threads,
                                shave=shave, verbose=verbose)
@@ -175,8 +175,10 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
                 raise inner from None
             warnings.warn(f"coop.compile: planning again below the measured excess failed ({inner}); keeping the "
                           "previous plan", stacklevel=2)
-            return _over_budget(previous)
-        previous = compiled
+            # torch.compile's wrappers of one model share its attributes: give the kept one its own record back
+            previous[0].coop_record = previous[1]
+            return _over_budget(previous[0])
+        previous = (compiled, record)
         if len(part.plans) != 1 or measured is None:
             return compiled  # graph breaks (several graphs) or a running profiler: nothing to compare
         plan = part.plans[0]
