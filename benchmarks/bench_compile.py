@@ -60,7 +60,7 @@ MODELS: dict[str, dict[str, Any]] = {
     "resnet": {"layers": 1, "hidden": 16, "batch": 8, "image": 64},
     "vit": {"layers": 2, "hidden": 128, "heads": 4, "batch": 32, "image": 64},  # dropout 0.1 (the zoo's ViT)
 }
-QUICK_MODELS = ("gpt2", "vit")
+QUICK_MODELS = tuple(MODELS)  # every model, at the two middle shares
 
 
 class Step(nn.Module):
@@ -133,8 +133,9 @@ def _worker(name: str, shares: tuple[float, ...], time_limit: float) -> list[dic
     for share in shares:
         budget = int(share * ref)
         amb_module = copy.deepcopy(base)
-        # options of its own make a backend of its own: dynamo compiles anew (the default's graph serves every
-        # instance of the class otherwise), under the patched knob
+        # a class of its own per share: dynamo's guards check the module's type, so it compiles anew under the
+        # patched knob (one compiled graph would otherwise serve every share)
+        amb_module.__class__ = type(f"StepAmb{round(100 * share)}", (Step,), {})
         amb = torch.compile(amb_module, options={"max_autotune": False})
         start = time.perf_counter()
         try:
@@ -253,9 +254,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--worker")
     parser.add_argument("--only", action="append")
+    parser.add_argument("--shares", help="comma-separated budget shares for a --worker run (default: all)")
     args = parser.parse_args()
     if args.worker:
         shares = QUICK_SHARES if args.quick else SHARES
+        if args.shares:
+            shares = tuple(float(x) for x in args.shares.split(","))
         for row in _worker(args.worker, shares, TIME_LIMIT):
             print(ROW_PREFIX + json.dumps(row), flush=True)
         return

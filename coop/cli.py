@@ -245,8 +245,8 @@ def solve(
     time_limit: Annotated[float | None, typer.Option("--time-limit", help="Solver time limit in seconds.")] = None,
     solver: Annotated[str | None, typer.Option("--solver", help="Backend solver, where a formulation offers several.")] = None,
     threads: Annotated[int | None, typer.Option("--threads", min=1, help="Solver worker threads.")] = None,
-    progress: Annotated[bool | None, typer.Option("--progress/--quiet", help="Report incumbent, bound and "
-                                                  "elapsed time on stderr (default: when stderr is a terminal).")]
+    progress: Annotated[bool | None, typer.Option("--progress/--quiet", help="Report incumbent, bound, time "
+                                                  "and auto's rungs on stderr (default: when stderr is a terminal).")]
     = None,
     objective: Annotated[str | None, typer.Option("--objective", help="poet: minimise 'energy' (J) or 'time' (s) "
                                                   "on the device profile.")] = None,
@@ -304,7 +304,7 @@ def _solve_progress(formulation: str, time_limit: float | None, *, heartbeat_s: 
     """The progress reporter of `coop solve --progress`: one line on stderr per report (at most one a second),
     stamped with the seconds since the solve began on the command's own clock (a formulation's rungs and warm
     starts each count their own time from 0), a first line as the solve starts, and a line every ``heartbeat_s``
-    seconds without a report (a warm start or a model being built reports nothing for minutes on large graphs)."""
+    seconds without a report (a warm start or a model being built reports nothing for minutes); auto's rungs always."""
     started = time.perf_counter()
     printed = stderr_progress(stream)
     lock = threading.Lock()

@@ -162,6 +162,54 @@ def test_joint_graph_bytes_and_tangent(checkpointed) -> None:
     assert sum(n.mem for n in graph.nodes if n.caller_owned) == params + buffers + batch
 
 
+def test_a_pointwise_value_read_once_by_a_loop_op_is_priced_inside_its_reader(checkpointed) -> None:
+    """``fc3(h).pow(2).mean()``: the square is read by the mean alone (the mean's backward needs no input and the
+    square's backward reads fc3's output), so inductor computes it inside the mean's loop and never writes it:
+    it is a member of the mean's node. ``tanh(fc1(h))`` is read by fc2's matmul (an extern kernel) and by its
+    own backward: a buffer, a node of its own."""
+    _, plan, _, _ = checkpointed
+    lowered = plan.joint.lowered
+    names = {n.name for n in plan.joint.graph.nodes}
+    mean = lowered.owner_of["mean"]
+    assert lowered.owner_of["pow_1"] == mean and "pow_1" in lowered.fx_names[mean]
+    assert "pow_1" not in names
+    assert "tanh" in names and lowered.fx_names[lowered.owner_of["tanh"]][0] == "tanh"
+
+
+def test_store_all_prediction_is_what_the_compiled_step_holds() -> None:
+    """Planned without recomputation, the contracted Graph's peak is what the CPU allocator reports the compiled
+    step holding (weights and batch included), within 1 %; an uncontracted Graph prices gelu's and layer
+    norm's intermediates that the fused kernels never write."""
+    torch.manual_seed(0)
+    compiled = coop.compile(DeepMlp(width=64, depth=2), 1.0, example_batch=torch.randn(256, 64), rounds=1)
+    (plan,) = compiled.coop_record.plans
+    (measured,) = compiled.coop_record.rounds
+    assert plan.result.formulation == "store-all"
+    assert abs(plan.peak - measured.measured_peak) <= 0.01 * measured.measured_peak, (plan.peak, measured)
+
+
+def test_a_meta_device_model_is_planned_for_its_target_device() -> None:
+    """A model on the meta device is planned for CUDA without compiling kernels: its values are sized as the CUDA
+    allocator holds them (whole 512-byte blocks), the schedule is legal within the budget, and the same model
+    without a target device keeps the unrounded sizes."""
+    with torch.device("meta"):
+        model = DeepMlp(width=64, depth=2)
+    batch = torch.randn(512, 64, device="meta")
+    plans = {}
+    for device in ("cuda", None):
+        planned = coop.compile(model, 0.6, example_batch=batch, device=device, time_limit=5)
+        (plans[device],) = planned.coop_record.plans
+    # hand-counted caller-owned bytes: 4 weights of 64 x 64 floats, 4 biases of 64 floats (256 B, one 512-B
+    # block on CUDA), the batch of 512 x 64 floats
+    owned = {d: sum(n.mem for n in p.joint.graph.nodes if n.caller_owned) for d, p in plans.items()}
+    assert owned["cuda"] == 4 * 16384 + 4 * 512 + 131072
+    assert owned[None] == 4 * 16384 + 4 * 256 + 131072
+    plan = plans["cuda"]
+    assert coop.validate(plan.joint.graph, plan.result.schedule, plan.budget).ok
+    assert plan.peak <= plan.budget < plan.baseline_peak
+    assert all(p.grad is None for p in model.parameters())
+
+
 def test_refusals_are_one_line() -> None:
     model = nn.Linear(4, 4)
     cases = [
@@ -172,8 +220,11 @@ def test_refusals_are_one_line() -> None:
         with pytest.raises(CoopError, match=words) as caught:
             coop.compile(model, 0.5, **kwargs)
         assert "\n" not in str(caught.value)
-    with pytest.raises(CoopError, match="meta-device"):
+    with pytest.raises(CoopError, match="example_batch") as caught:
         coop.compile(nn.Linear(4, 4, device="meta"), 0.5)
+    assert "\n" not in str(caught.value)
+    with pytest.raises(CoopError, match="meta-device models"):
+        coop.compile(model, 0.5, device="cuda")
     with pytest.raises(CoopError, match="pages or runs online"):
         coop.partitioner(0.5, formulation="poet")
 

@@ -29,7 +29,7 @@ from torch._dynamo.eval_frame import OptimizedModule
 from torch._dynamo.exc import BackendCompilerFailed
 
 from coop.budget import min_budget
-from coop.compiled.measure import held_bytes
+from coop.compiled.measure import held_bytes, step_loss
 from coop.compiled.partitioner import CompiledPlan, CoopPartitioner
 from coop.errors import CoopError
 
@@ -111,7 +111,7 @@ def partitioner(budget: str | float, *, formulation: str = "auto", time_limit: f
 def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
             time_limit: float = 30.0, threads: int = 2, example_batch: Any = None,
             loss_fn: Callable[[Any], torch.Tensor] | None = None, rounds: int = 3, verbose: bool = False,
-            **compile_kwargs: Any) -> nn.Module:
+            device: str | None = None, **compile_kwargs: Any) -> nn.Module:
     """``torch.compile(model, **compile_kwargs)`` with coop as inductor's partitioner (module docstring).
 
     Parameters
@@ -133,6 +133,9 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         At most this many plans of the measured re-solve.
     verbose : bool
         One line per planned graph and round on stderr.
+    device : str or None
+        For a meta-device model only: the device to plan for (``"cuda"``: values sized as its allocator holds
+        them). A meta-device model is planned, not compiled for training (module docstring).
     **compile_kwargs
         ``torch.compile``'s (``mode`` becomes the options it stands for; ``dynamic`` must stay False).
 
@@ -142,6 +145,12 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         What ``torch.compile`` returns, with ``coop_record`` (plans and rounds; ``coop_record.summary()``).
     """
     _refuse(model, compile_kwargs)
+    if any(p.device.type == "meta" for p in model.parameters()):
+        return _plan_on_meta(model, budget, example_batch, loss_fn, device, formulation=formulation,
+                             time_limit=time_limit, threads=threads, verbose=verbose)
+    if device is not None:
+        raise CoopError(f"coop.compile: device={device!r} is for meta-device models; a model with real weights is "
+                        "planned on its own device: leave device out")
     compile_kwargs.setdefault("dynamic", False)
     user_options = dict(compile_kwargs.pop("options", None) or {})
     mode = compile_kwargs.pop("mode", None)
@@ -151,62 +160,124 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
     # recomputation fused with an earlier kernel runs early and lives long (measured: 16.5 MB held for a 10.6 MB
     # plan on a 6-layer MLP; 13.1 MB without it). Off unless the user sets the threshold.
     user_options.setdefault("score_fusion_memory_threshold", NO_HORIZONTAL_FUSION)
-    shave = 0
-    record = CompiledRecord(partitioner=CoopPartitioner(budget))
-    compiled: nn.Module = model
-    previous: tuple[nn.Module, CompiledRecord] | None = None
-    for number in range(max(1, rounds)):
-        part = CoopPartitioner(budget, formulation=formulation, time_limit=time_limit, threads=threads,
-                               shave=shave, verbose=verbose)
+
+    def compile_with(shave: int) -> nn.Module:
+        part = CoopPartitioner(budget, formulation=formulation, time_limit=time_limit, threads=threads, shave=shave,
+                               verbose=verbose)
         compiled = torch.compile(model, backend="inductor", options={**user_options, "custom_partitioner_fn": part},
                                  **compile_kwargs)
         compiled.__class__ = CoopCompiledModule
-        record = CompiledRecord(partitioner=part, rounds=record.rounds)
-        compiled.coop_record = record
-        if example_batch is None:
-            return compiled
+        compiled.coop_record = CompiledRecord(partitioner=part)
+        return compiled
+
+    if example_batch is None:
+        return compile_with(0)
+    return _fit_measured(compile_with, example_batch, loss_fn, max(1, rounds), verbose)
+
+
+@dataclass
+class _Attempt:
+    compiled: nn.Module
+    record: CompiledRecord
+    held: int
+
+
+def _fit_measured(compile_with: Callable[[int], nn.Module], batch: Any, loss_fn: Callable[[Any], torch.Tensor] | None,
+                  rounds: int, verbose: bool) -> nn.Module:
+    """Compile, measure one step, and while it holds more than its budget plan again below the excess.
+
+    The shave grows by each round's excess over the budget; a re-solve that finds no schedule below it is tried
+    once more halfway between the last shave that planned and the one that did not. The compiled module that held
+    least is returned (with its own record: torch.compile's wrappers of one model share its attributes), with a
+    warning naming the numbers when none met its budget.
+    """
+    history: list[CompileRound] = []
+    best: _Attempt | None = None
+    shave, planned_shave = 0, 0
+    for number in range(rounds):
+        compiled = compile_with(shave)
+        record: CompiledRecord = compiled.coop_record
+        record.rounds = history
         try:
-            measured = held_bytes(compiled, example_batch, loss_fn)
+            measured = held_bytes(compiled, batch, loss_fn)
         except (BackendCompilerFailed, CoopError) as exc:
             inner = exc.inner_exception if isinstance(exc, BackendCompilerFailed) else exc
-            if not isinstance(inner, CoopError):
-                raise
-            if previous is None:
+            if not isinstance(inner, CoopError) or best is None:
                 raise inner from None
-            warnings.warn(f"coop.compile: planning again below the measured excess failed ({inner}); keeping the "
-                          "previous plan", stacklevel=2)
-            # torch.compile's wrappers of one model share its attributes: give the kept one its own record back
-            previous[0].coop_record = previous[1]
-            return _over_budget(previous[0])
-        previous = (compiled, record)
+            history.append(CompileRound(shave=shave, budget=0, predicted_peak=0, measured_peak=None,
+                                        reason=f"no plan below the measured excess ({str(inner)[:160]})"))
+            if shave - planned_shave < 2 * _SHAVE_STEP:
+                break
+            shave = (planned_shave + shave) // 2
+            continue
+        part = record.partitioner
         if len(part.plans) != 1 or measured is None:
             return compiled  # graph breaks (several graphs) or a running profiler: nothing to compare
         plan = part.plans[0]
-        owned = sum(n.mem for n in plan.joint.graph.nodes if n.caller_owned)
-        held = measured + owned
-        floor = min_budget(plan.joint.graph)
+        held = measured + sum(n.mem for n in plan.joint.graph.nodes if n.caller_owned)
         reason = "first plan" if number == 0 else "planned again below the measured excess"
-        record.rounds.append(CompileRound(shave=shave, budget=plan.budget, predicted_peak=plan.peak,
-                                          measured_peak=held, reason=reason))
+        history.append(CompileRound(shave=shave, budget=plan.budget, predicted_peak=plan.peak, measured_peak=held,
+                                    reason=reason))
+        planned_shave = shave
+        if best is None or held < best.held:
+            best = _Attempt(compiled, record, held)
         if held <= plan.requested:
-            return compiled
+            break
+        floor = min_budget(plan.joint.graph)
         if plan.budget <= floor:
             break
         shave = min(shave + held - plan.requested, plan.requested - floor)
         if verbose:
             print(f"coop.compile: the step held {held:,} B against {plan.requested:,} B; planning again",
                   file=sys.stderr)
-    return _over_budget(compiled)
+    assert best is not None
+    best.compiled.coop_record = best.record  # the wrappers share the model's attributes: its own record back
+    if best.held > best.record.plans[0].requested:
+        _warn_over_budget(best)
+    return best.compiled
 
 
-def _over_budget(compiled: nn.Module) -> nn.Module:
-    """Warn that the measured step stayed above its budget, with the numbers; return the module as it is."""
-    record: CompiledRecord = compiled.coop_record
-    last = record.rounds[-1]
-    warnings.warn(f"coop.compile: the compiled step held {last.measured_peak:,} B against its budget "
-                  f"{record.plans[0].requested:,} B after {len(record.rounds)} plans (last planned at "
-                  f"{last.budget:,} B); give a larger budget, more time_limit or more rounds", stacklevel=3)
-    return compiled
+#: the smallest shave step worth another compile
+_SHAVE_STEP = 64 * 1024
+
+
+def _warn_over_budget(best: _Attempt) -> None:
+    """Warn that no measured step met its budget, with the numbers."""
+    record = best.record
+    warnings.warn(f"coop.compile: the compiled step held {best.held:,} B against its budget "
+                  f"{record.plans[0].requested:,} B at best, after {len(record.rounds)} rounds (kept the plan at "
+                  f"{record.plans[0].budget:,} B); give a larger budget, more time_limit or more rounds", stacklevel=3)
+
+
+def _plan_on_meta(model: nn.Module, budget: str | float, batch: Any, loss_fn: Callable[[Any], torch.Tensor] | None,
+                  device: str | None, **options: Any) -> nn.Module:
+    """Plan a meta-device model's compiled step for ``device`` without compiling kernels.
+
+    AOTAutograd traces the joint graph with inductor's decompositions and hands it to the same partitioner; its
+    forward and backward modules run as fx graphs on meta tensors (no data, no kernels), once, so that every graph
+    of the step is planned. The joint graph is the one inductor would partition but for inductor's own joint passes
+    (its RNG rewrite among them: a dropout stays one random op).
+    """
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._inductor.decomposition import select_decomp_table
+
+    if batch is None:
+        raise CoopError("coop.compile: a meta-device model is planned on an example batch: pass example_batch= "
+                        "(meta tensors of the training batch's shapes)")
+    part = CoopPartitioner(budget, device=device, **options)
+    backend = aot_autograd(fw_compiler=_as_is, bw_compiler=_as_is, partition_fn=part,
+                           decompositions=select_decomp_table())
+    planned = torch.compile(model, backend=backend, dynamic=False)
+    planned.__class__ = CoopCompiledModule
+    planned.coop_record = CompiledRecord(partitioner=part)
+    step_loss(planned, batch, loss_fn).backward()
+    model.zero_grad(set_to_none=True)
+    return planned
+
+
+def _as_is(gm: torch.fx.GraphModule, example_inputs: Any) -> torch.fx.GraphModule:
+    """A compiler that leaves the graph as it is (run by fx on meta tensors)."""
+    return gm
 
 
 def _refuse(model: nn.Module, kwargs: dict[str, Any]) -> None:
@@ -222,6 +293,3 @@ def _refuse(model: nn.Module, kwargs: dict[str, Any]) -> None:
     wrapped = type(model).__name__
     if wrapped in ("DistributedDataParallel", "FullyShardedDataParallel") or hasattr(model, "_get_fsdp_state"):
         raise CoopError(f"coop.compile does not plan a {wrapped}-wrapped model yet: use coop.plan for DDP/FSDP2")
-    if any(p.device.type == "meta" for p in model.parameters()):
-        raise CoopError("coop.compile needs a model with real weights to compile; plan a meta-device model with "
-                        "coop.plan(model, budget, batch, device=...)")

@@ -147,7 +147,9 @@ class _Emitter:
                 fx_node, lambda a: self.resolve(a, source_phase, instances))
             self.instance_phase[self.serial] = source_phase
         else:
-            emitted = self.graphs[phase].node_copy(fx_node, lambda a: self.resolve(a, phase, self.instance))
+            # the members fused into this node (coop.compiled.fusion) resolve to this new instance and are
+            # written out just before it
+            emitted = self.graphs[phase].node_copy(fx_node, lambda a: self.resolve(a, phase, instances))
             emitted.meta[JOINT_NAME] = fx_node.name
             self.counts[phase][fx_node.name] += 1
         self.values[(self.instance_phase[self.serial], fx_node.name, self.serial)] = emitted

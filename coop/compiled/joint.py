@@ -28,8 +28,10 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
+from coop.compiled.fusion import fuse_pointwise
 from coop.errors import CoopError
 from coop.graph import Graph
+from coop.graph_capture.cost import BANDWIDTH
 from coop.graph_capture.lower import Lowered, lower
 from coop.graph_capture.trace import TracedStep
 
@@ -95,7 +97,7 @@ def _is_mutating(node: fx.Node) -> bool:
 
 
 def lower_joint(gm: fx.GraphModule, num_fwd_outputs: int, static_indices: list[int] | None,
-                name: str = "compiled") -> JointGraph:
+                name: str = "compiled", fuse: bool = True, device: torch.device | None = None) -> JointGraph:
     """Lower inductor's joint graph to a coop Graph; refuse in one line what the compiled path cannot plan.
 
     Parameters
@@ -108,6 +110,11 @@ def lower_joint(gm: fx.GraphModule, num_fwd_outputs: int, static_indices: list[i
         Indices of the primals that are parameters or buffers (inductor's ``static_lifetime_input_indices``).
     name : str
         The Graph's name.
+    fuse : bool
+        Contract the values inductor's pointwise fusion never writes (:mod:`coop.compiled.fusion`).
+    device : torch.device or None
+        The device whose allocator sizes the values (a meta-device joint graph planned for CUDA); None: each
+        value's own device.
     """
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     _refuse_unplannable(gm, placeholders)
@@ -140,12 +147,23 @@ def lower_joint(gm: fx.GraphModule, num_fwd_outputs: int, static_indices: list[i
     module = fx.GraphModule(gm, copied)
     traced = TracedStep(module=module, param_names=[f"grad{i}" for i in range(len(grads))], buffer_names=[],
                         frozen_names=[], batch_size=0, output_grads=[], output_buffers=[])
-    lowered = lower(traced, labels, name)
+    lowered = lower(traced, labels, name, allocated_on=device)
     graph, tangent_ids = _tangents_after_forward(lowered, placeholders)
     lowered.graph = graph
+    if fuse:
+        lowered, new_id = fuse_pointwise(lowered, {n.name: n for n in copied.nodes}, set(tangent_ids),
+                                         _unwritten_seconds)
+        graph, tangent_ids = lowered.graph, tuple(new_id[t] for t in tangent_ids)
     return JointGraph(graph=graph, lowered=lowered, tangent_ids=tangent_ids, num_fwd_outputs=num_fwd_outputs,
                       effects=tuple(e.name for e in effects),
                       values={n.name: n.meta.get("val") for n in gm.graph.nodes})
+
+
+def _unwritten_seconds(node: fx.Node) -> float:
+    """A fused member's write and its reader's read of it, at the analytic cost's bandwidth."""
+    value = node.meta.get("val")
+    written = value.numel() * value.element_size() if isinstance(value, torch.Tensor) else 0
+    return 2 * written / BANDWIDTH
 
 
 def _refuse_unplannable(gm: fx.GraphModule, placeholders: list[fx.Node]) -> None:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import fx
 from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
@@ -76,12 +77,19 @@ class CoopPartitioner(CustomPartitionerFn):
     shave : int
         Bytes taken off the parsed budget before solving: what a measured compiled step held beyond its plan
         (``coop.compile``'s measured re-solve sets it).
+    fusion : bool
+        Price the values inductor's pointwise fusion never writes as part of their reader
+        (:mod:`coop.compiled.fusion`); False prices every aten value as a buffer.
+    device : str or None
+        The device whose allocator sizes the values (``"cuda"`` for a meta-device model planned for a GPU);
+        None: each value's own.
     verbose : bool
         Print one line per planned graph to stderr.
     """
 
     def __init__(self, budget: str | float, *, formulation: str = "auto", time_limit: float = 30.0,
-                 threads: int = 2, shave: int = 0, verbose: bool = False) -> None:
+                 threads: int = 2, shave: int = 0, fusion: bool = True, device: str | None = None,
+                 verbose: bool = False) -> None:
         if formulation in ("poet", "dynamic") or formulation.startswith("delta"):
             raise CoopError(f"coop.compile: formulation {formulation!r} pages or runs online, which compiled "
                             "graphs do not run; use auto, moccasin, checkmate, monet, blocks or a baseline")
@@ -90,6 +98,8 @@ class CoopPartitioner(CustomPartitionerFn):
         self.time_limit = time_limit
         self.threads = threads
         self.shave = shave
+        self.fusion = fusion
+        self.device = device
         self.verbose = verbose
         self.plans: list[CompiledPlan] = []
         self.nonce = uuid.uuid4().hex
@@ -98,7 +108,8 @@ class CoopPartitioner(CustomPartitionerFn):
                                                                                     fx.GraphModule]:
         start = time.perf_counter()
         joint = lower_joint(gm, kwargs["num_fwd_outputs"], kwargs.get("static_lifetime_input_indices"),
-                            name=f"compiled-{len(self.plans)}")
+                            name=f"compiled-{len(self.plans)}", fuse=self.fusion,
+                            device=None if self.device is None else torch.device(self.device))
         graph = joint.graph
         floor = min_budget(graph)
         if self.plans and _is_share(self.budget) and parse_budget(self.budget, graph, check=False) < floor:
@@ -146,7 +157,8 @@ class CoopPartitioner(CustomPartitionerFn):
         package = Path(__file__).resolve().parents[1]
         for path in sorted(package.rglob("*.py")):
             digest.update(path.read_bytes())
-        digest.update(repr((self.budget, self.formulation, self.time_limit, self.threads, self.shave)).encode())
+        digest.update(repr((self.budget, self.formulation, self.time_limit, self.threads, self.shave, self.fusion,
+                             self.device)).encode())
         digest.update(self.nonce.encode())
         return digest.hexdigest()
 

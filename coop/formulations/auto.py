@@ -31,7 +31,9 @@ The cheapest baseline schedule that fits (:func:`cheapest_fitting_baseline`, whi
 baselines take no solver time) is a candidate from the start and a warm start of every rung, so auto
 never returns more than a baseline would. The cheapest schedule found is returned (ties: the earlier
 candidate); ``result.rungs`` lists every rung (:class:`~coop.formulations.result.Rung`: time spent, status,
-overhead), ``extra["auto"]`` names who found it and ``extra["auto_tried"]`` each rung's status. Where
+overhead), ``extra["auto"]`` names who found it and ``extra["auto_tried"]`` each rung's status; a ``progress``
+callback gets a milestone as the ladder starts and one as each rung ends (``"auto rung <rung line>; best
+overhead so far ..."``, :func:`report_rung`), beside the rungs' own reports. Where
 nothing fits, the result says "no schedule found within N s" with what to try: infeasibility is not
 claimed without a proof (min_budget is checked before any formulation runs); :func:`no_schedule_error` is the
 error a caller raises for it (:class:`~coop.errors.SolveTimeoutError` unless a solver proved it). A result that
@@ -50,6 +52,7 @@ from coop.formulations.baselines import split_forward_backward
 from coop.formulations.deadline import Deadline
 from coop.formulations.entry import formulation
 from coop.formulations.options import SolverOptions
+from coop.formulations.progress import ProgressClock
 from coop.formulations.registry import BASELINES, registered
 from coop.formulations.repeated_blocks import find_block_groups
 from coop.formulations.result import Rung, SolveResult
@@ -228,7 +231,8 @@ def auto(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int = 
     threads : int
         Solver threads, passed to each rung.
     progress : Any
-        A progress callback, passed to each rung.
+        A progress callback, passed to each rung; it also gets a milestone as the ladder starts and one per rung
+        (:func:`report_rung`), stamped with the seconds since auto began.
     captured : Any
         The captured program, passed to each rung.
     hint : Any
@@ -249,6 +253,8 @@ def auto(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int = 
     """
     deadline = deadline if deadline is not None else Deadline.after(time_limit)
     ladder = formulation_ladder(graph, budget, device_profile)
+    clock = ProgressClock(progress, deadline)
+    clock.report(message=f"auto: trying {', '.join(ladder)} within {deadline.limit:g} s", milestone=True)
     found: list[SolveResult] = []
     rungs: list[Rung] = []
     hints = [] if hint is None else list(hint) if isinstance(hint, (list, tuple)) else [hint]
@@ -258,6 +264,7 @@ def auto(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int = 
         found.append(baseline)
         rungs.append(Rung(baseline.formulation, "heuristic", baseline.wall_s, 0.0, baseline.simulation.overhead,
                           "the cheapest baseline that fits"))
+        report_rung(clock, rungs[-1], found)
     base = SolverOptions(threads=threads, progress=progress, captured=captured)
     for index, name in enumerate(ladder):
         skip = _skip_reason(graph, name, found, rungs)
@@ -266,6 +273,7 @@ def auto(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int = 
             skip = "time limit reached"
         if skip:
             rungs.append(Rung(name, f"skipped: {skip}"))
+            report_rung(clock, rungs[-1], found)
             continue
         weights = [RUNG_WEIGHTS.get(later, 1.0) for later in ladder[index:]]
         share = max(remaining * weights[0] / sum(weights), min(MIN_RUNG_SECONDS, remaining), 1e-3)
@@ -282,8 +290,9 @@ def auto(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int = 
                           result.simulation.overhead if fits else None, result.message))
         if fits:
             found.append(result)
-            if result.simulation.cost <= graph.baseline_cost:  # no recomputation: nothing is cheaper
-                break
+        report_rung(clock, rungs[-1], found)
+        if fits and result.simulation.cost <= graph.baseline_cost:  # no recomputation: nothing is cheaper
+            break
     summary = "; ".join(rung.line() for rung in rungs)
     tried = {rung.formulation: rung.status for rung in rungs}
     if found:
@@ -308,6 +317,24 @@ def auto(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int = 
                  + ("" if graph.has_impls else ", alternatives=True with formulation='monet'")
                  + ("" if device_profile is not None else ", or a device_profile to let poet page")),
     )
+
+
+def report_rung(clock: ProgressClock, rung: Rung, found: list[SolveResult]) -> None:
+    """Report a rung that just ended as a milestone: ``"auto rung <Rung.line()>; best overhead so far 1.23 %"``
+    (``"none yet"`` before any schedule fits), stamped on ``clock``.
+
+    Parameters
+    ----------
+    clock : ProgressClock
+        Auto's progress callback (none: nothing is reported) on auto's deadline.
+    rung : Rung
+        The rung.
+    found : list of SolveResult
+        The fitting results so far, this rung's included.
+    """
+    best = min((result.simulation.overhead for result in found if result.simulation is not None), default=None)
+    so_far = "none yet" if best is None else f"{100 * best:.2f} %"
+    clock.report(message=f"auto rung {rung.line()}; best overhead so far {so_far}", milestone=True)
 
 
 def _fallback_words(rungs: list[Rung], deadline: Deadline) -> str:

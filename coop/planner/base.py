@@ -30,6 +30,7 @@ from coop.graph_capture import Captured, capture
 from coop.graph_capture.batch import Batch, read_step_batch
 from coop.graph_capture.context import TrainingContext
 from coop.graph_capture.meta import META, refuse_weightless_step
+from coop.planner.benchmark import StepBenchmark, Timer, benchmark_step
 from coop.runtime.allocator import AllocatorAssumption
 from coop.runtime.executor import GradientSync
 from coop.runtime.fsdp import FsdpSync
@@ -64,6 +65,8 @@ class BasePlan(ABC):
         self._by_context: dict[tuple, BasePlan | None] = {}
         #: What the plan assumed of the device allocator (set by coop.plan; coop.runtime.allocator).
         self.allocator: AllocatorAssumption | None = None
+        #: The last :meth:`benchmark` (None before one ran): what ``summary()`` shows beside the prediction.
+        self.last_benchmark: StepBenchmark | None = None
 
     # ---------------------------------------------------------------- numbers
     @property
@@ -82,7 +85,12 @@ class BasePlan(ABC):
         """Peak bytes the simulator predicts for a step (None where run-time decisions set it)."""
 
     def summary(self) -> dict[str, Any]:
-        """What every plan reports, as a JSON-ready dict; each kind adds its own entries."""
+        """What every plan reports, as a JSON-ready dict; each kind adds its own entries.
+
+        ``measured_overhead`` (the step time over eager's, less 1) and ``benchmark`` (how it was measured,
+        :meth:`StepBenchmark.as_dict`) are None until :meth:`benchmark` ran.
+        """
+        measured = self.last_benchmark
         return {
             "model": self.graph.name,
             "formulation": self.formulation,
@@ -90,7 +98,44 @@ class BasePlan(ABC):
             "baseline_peak": self.baseline_peak,
             "predicted_peak": self.predicted_peak,
             "allocator": self.allocator.as_dict() if self.allocator is not None else None,
+            "measured_overhead": measured.measured_overhead if measured is not None else None,
+            "benchmark": measured.as_dict() if measured is not None else None,
         }
+
+    def benchmark(self, batch: Any, steps: int = 9, warmup: int = 2, threads: int | None = None, *,
+                  timer: Timer | None = None) -> StepBenchmark:
+        """Time this plan's step against eager PyTorch's on the same model, alternating them step by step.
+
+        ``warmup`` untimed pairs, then ``steps`` timed pairs (plan, eager, plan, eager, ...: a neighbour's load
+        hits both alike); each side's time is its median, under ``torch.set_num_threads(threads)`` when given.
+        Gradients are released before every step; the model's parameters, gradients, buffers and random
+        generators, and the thread count, are put back afterwards (:func:`coop.planner.benchmark.benchmark_step`).
+        The result is kept as :attr:`last_benchmark`, and ``summary()["measured_overhead"]`` shows it.
+
+        Parameters
+        ----------
+        batch : Any
+            A batch as ``coop.plan`` took it (one argument: a dict, tuple or tensor).
+        steps, warmup : int
+            Timed steps per side (at least 1), untimed pairs before them (0 or more).
+        threads : int or None
+            torch's CPU threads while it runs (at least 1); None: as they are.
+        timer : callable or None
+            A clock in seconds in place of ``time.perf_counter`` (a test's fake one).
+
+        Returns
+        -------
+        StepBenchmark
+            Both medians, the measured overhead beside the predicted one; ``str()`` says it in one line.
+
+        Raises
+        ------
+        OptionError
+            For ``steps < 1``, ``warmup < 0`` or ``threads < 1``, naming the fix.
+        """
+        clock = {} if timer is None else {"timer": timer}
+        self.last_benchmark = benchmark_step(self, batch, steps=steps, warmup=warmup, threads=threads, **clock)
+        return self.last_benchmark
 
     def save(self, path: str | Path) -> None:
         """Write the plan to ``path``; a plan without a schedule has nothing to write."""

@@ -12,12 +12,17 @@ from typing import Any
 from torch import nn
 
 from coop.errors import CoopError
+from coop.formulations.progress import StageProgress
 from coop.graph import Graph
 from coop.graph_capture import Captured, capture
 from coop.graph_capture.batch import Batch
 from coop.planner.base import LossFn
 from coop.runtime.copy_stream import require_cuda
 from coop.runtime.graph_replay import require_cuda_graph
+
+#: Seconds at least between two of a solver's incumbent lines in ``coop.plan``'s progress (its stages and
+#: ``auto``'s rungs are always printed).
+SOLVER_REPORT_INTERVAL_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,11 @@ class PlanOptions:
     #: The online eviction policy of ``formulation="dynamic"``: ``"coop"`` (the default), ``"dtr"``, ``"dtr-eq"``,
     #: ``"dte"``, or ``"delta"`` (swap or recompute, with ``device_profile``: :mod:`coop.online.delta`).
     policy: str = "coop"
+    #: Report on stderr as the call goes, each line stamped with the real seconds since it began: the capture
+    #: (and profiling), each round's solve and measure (:mod:`coop.planner.rounds`), each rung of ``auto`` as it
+    #: ends (its status and the best overhead so far), a solver's incumbents at most every
+    #: :data:`SOLVER_REPORT_INTERVAL_S` seconds, and the plan chosen. None: when stderr is a terminal; False: never.
+    progress: bool | None = None
 
     @property
     def dynamic(self) -> bool:
@@ -99,7 +109,14 @@ class PlanOptions:
                 raise CoopError(f"copy_stream=True does not combine with "
                                 f"{'arena=True' if self.arena else 'formulation=dynamic'} yet; drop one of them")
 
-    def capture(self, module: nn.Module, batch: Batch) -> Captured:
+    def reporter(self) -> StageProgress:
+        """This call's progress (:attr:`progress`), its clock started now with a first line naming the formulation
+        and time limit (what comes before the capture, such as unwrapping a compiled model, counts)."""
+        reporter = StageProgress.on_stderr(self.progress, min_interval_s=SOLVER_REPORT_INTERVAL_S)
+        reporter.stage(f"coop.plan: {self.formulation}" + ("" if self.dynamic else f", time limit {self.time_limit:g} s"))
+        return reporter
+
+    def capture(self, module: nn.Module, batch: Batch, progress: StageProgress | None = None) -> Captured:
         """Capture ``module``'s step on ``batch``, with the operator alternatives where asked for (or for MONeT).
 
         Parameters
@@ -108,16 +125,22 @@ class PlanOptions:
             The unwrapped model.
         batch : Batch
             The example batch, read (:func:`coop.graph_capture.batch.read_batch`).
+        progress : StageProgress or None
+            Told as the capture (and profiling) starts and ends.
 
         Returns
         -------
         Captured
             The step.
         """
+        progress = progress or StageProgress(None)
         with_alternatives = (self.formulation == "monet" and self.device is None) if self.alternatives is None \
             else self.alternatives
-        return capture(module, batch, loss_fn=self.loss_fn, profile=self.profile, alternatives=with_alternatives,
-                       device=self.device)
+        progress.stage("capturing the step" + (" and profiling its ops" if self.profile else ""))
+        captured = capture(module, batch, loss_fn=self.loss_fn, profile=self.profile, alternatives=with_alternatives,
+                           device=self.device)
+        progress.stage(f"captured {len(captured.graph.nodes)} nodes" + (", profiled" if self.profile else ""))
+        return captured
 
     def refuse_for(self, captured: Captured) -> None:
         """Refuse, in one line, what the captured step cannot replay: an FSDP-sharded step other than statically, a

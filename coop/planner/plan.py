@@ -16,6 +16,7 @@ from torch import nn
 
 from coop.budget import format_memory, min_budget, parse_budget, store_all_fits
 from coop.errors import BudgetError
+from coop.formulations.progress import StageProgress
 from coop.graph import Graph
 from coop.graph_capture import Captured
 from coop.graph_capture.batch import Batch, read_batch
@@ -27,7 +28,7 @@ from coop.planner.options import PlanOptions
 from coop.planner.plan_files import library_versions, op_counts, op_difference, version_difference
 from coop.planner.ranks import require_same_graph, solved_on_rank_zero
 from coop.planner.rounds import GENERATOR_STATE_ROUNDS, RESERVED_ROUNDS, Round, Rounds
-from coop.planner.solving import exact_only, plan_from_rank_zero, solve_within
+from coop.planner.solving import ReportedRounds, exact_only, plan_from_rank_zero, solve_within
 from coop.planner.static_plan import Plan, implementations_used, load_plan, refuse_arena_off_cpu
 from coop.runtime.allocator import AllocatorAssumption, prepare_allocator
 from coop.runtime.executor import unwrap_model
@@ -37,7 +38,7 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
          formulation: str = "auto", time_limit: float = 60, profile: bool = False, arena: bool = False,
          captured: Captured | None = None, device_profile: Any = None, alternatives: bool | None = None,
          exact: bool = False, copy_stream: bool = False, cuda_graph: bool = False, strict: bool = False,
-         device: str | None = None, policy: str = "coop") -> Plan | DynamicPlan:
+         device: str | None = None, policy: str = "coop", progress: bool | None = None) -> Plan | DynamicPlan:
     """Capture a training step, solve for a schedule within ``budget`` and return its replay.
 
     A formulation that finds no schedule within the budget falls back to the cheapest fitting baseline (the
@@ -65,6 +66,9 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
         what it does.
     copy_stream, cuda_graph, strict, device, policy : Any
         How the plan replays: fields of :class:`PlanOptions` too.
+    progress : bool or None
+        Report each stage on stderr with the real seconds since the call began (:attr:`PlanOptions.progress`);
+        None: when stderr is a terminal.
 
     Returns
     -------
@@ -82,11 +86,13 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
     """
     options = PlanOptions(loss_fn=loss_fn, formulation=formulation, time_limit=time_limit, profile=profile,
                           arena=arena, device_profile=device_profile, alternatives=alternatives, exact=exact,
-                          copy_stream=copy_stream, cuda_graph=cuda_graph, strict=strict, device=device, policy=policy)
+                          copy_stream=copy_stream, cuda_graph=cuda_graph, strict=strict, device=device, policy=policy,
+                          progress=progress)
+    reporter = options.reporter()
     options.refuse_combinations()
     module, wrapper = unwrap_model(model, strict=strict)
     read = read_batch(example_batch)
-    captured = captured if captured is not None else options.capture(module, read)
+    captured = captured if captured is not None else options.capture(module, read, reporter)
     if captured.context is None:
         captured.context = TrainingContext.current(module, read.tensors)
     options.refuse_for(captured)
@@ -99,26 +105,36 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
         chosen: Plan | DynamicPlan = DynamicPlan(captured, module, live_bytes, policy=policy, wrapper=wrapper,
                                                  loss_fn=loss_fn, device_profile=device_profile)
     else:
-        chosen = _solved_and_measured(module, wrapper, captured, read, options, budget_bytes, live_bytes)
+        chosen = _solved_and_measured(module, wrapper, captured, read, options, budget_bytes, live_bytes, reporter)
         if fits := store_all_fits(budget_bytes, captured.graph):  # said in the summary, not an error
             chosen.note = f"{fits}; {chosen.note}" if chosen.note else fits
     chosen.allocator = allocator
+    reporter.stage(_ready_line(chosen), final=True)
     return chosen
 
 
+def _ready_line(chosen: Plan | DynamicPlan) -> str:
+    """The last line of ``coop.plan``'s progress: the plan it returns."""
+    if isinstance(chosen, DynamicPlan):
+        return f"plan ready: online eviction ({chosen.policy_name} policy)"
+    return (f"plan ready: {chosen.formulation}, predicted overhead {100 * chosen.predicted_overhead:.2f} %, "
+            f"{len(chosen.rounds)} round{'s' if len(chosen.rounds) != 1 else ''}")
+
+
 def _solved_and_measured(module: nn.Module, wrapper: nn.Module | None, captured: Captured, batch: Batch,
-                         options: PlanOptions, budget_bytes: int, live_bytes: int) -> Plan:
-    """The rounds of a static plan (rank 0's solves on an FSDP-sharded step), then the replay asked for."""
+                         options: PlanOptions, budget_bytes: int, live_bytes: int, progress: StageProgress) -> Plan:
+    """The rounds of a static plan (rank 0's solves on an FSDP-sharded step), then the replay asked for; each round
+    said on ``progress``."""
     solver = functools.partial(solve_within, module, formulation=options.formulation, time_limit=options.time_limit,
                                loss_fn=options.loss_fn, wrapper=wrapper, device_profile=options.device_profile,
-                               exact=options.exact)
+                               exact=options.exact, progress=progress)
     if captured.sharding is not None and not captured.sharding.weightless:  # every rank replays rank 0's schedule
         require_same_graph(captured)
         solver = solved_on_rank_zero(solver, functools.partial(plan_from_rank_zero, module, loss_fn=options.loss_fn))
     flat = functools.partial(captured.flat_inputs, module, batch.tensors)
     measure = measure_arena_step if options.arena else measure_ordinary_step
-    rounds = Rounds(solver, captured, budget_bytes, live_bytes, measure=functools.partial(measure, flat=flat),
-                    prepare=options.prepare, flat=flat)
+    rounds = ReportedRounds(solver, captured, budget_bytes, live_bytes, measure=functools.partial(measure, flat=flat),
+                            prepare=options.prepare, flat=flat, progress=progress)
     chosen = rounds.arena() if options.arena else rounds.ordinary()
     if options.copy_stream and chosen.executor.copy_stream is None:
         chosen.use_copy_stream()

@@ -4,6 +4,7 @@ What :class:`coop.planner.rounds.Rounds` calls each round. Formulations see the 
 recomputable (:func:`coop.runtime.executor.replay_graph`): the executor replays a recomputed dropout mask from its
 saved generator state, bit for bit. A schedule is simulated once: a formulation's result carries the one
 simulator's verdict on its schedule (:func:`fitting_simulation`), which the plan's executor takes.
+:class:`ReportedRounds` are the rounds that say each solve and measure on ``coop.plan``'s progress.
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ from coop.budget import format_memory, min_budget
 from coop.errors import InfeasibleError, ScheduleError
 from coop.formulations import SolveResult, solve
 from coop.formulations.auto import cheapest_fitting_baseline
+from coop.formulations.progress import StageProgress
 from coop.graph import Graph
 from coop.graph_capture import Captured
 from coop.planner.base import LossFn
+from coop.planner.measure import Measured
+from coop.planner.rounds import Candidate, Rounds
 from coop.planner.static_plan import Plan
 from coop.runtime.executor import replay_graph
 from coop.schedule import Schedule, Simulation, draws_out_of_order, validate
@@ -26,7 +30,7 @@ from coop.schedule import Schedule, Simulation, draws_out_of_order, validate
 
 def solve_within(model: nn.Module, captured: Captured, budget_bytes: int, *, formulation: str, time_limit: float,
                  loss_fn: LossFn | None, wrapper: nn.Module | None, device_profile: Any = None,
-                 exact: bool = False) -> Plan:
+                 exact: bool = False, progress: StageProgress | None = None) -> Plan:
     """Solve within a live-bytes budget; fall back to the cheapest fitting baseline, and say so in the note.
 
     Below the graph's min_budget no schedule exists (a proven bound), so no baseline is tried there.
@@ -45,6 +49,8 @@ def solve_within(model: nn.Module, captured: Captured, budget_bytes: int, *, for
         Handed to the plan.
     exact : bool
         Solve on :func:`exact_only` of the graph.
+    progress : StageProgress or None
+        Told as the solve starts and ends; the formulation reports to it (``auto``: each rung).
 
     Returns
     -------
@@ -58,11 +64,15 @@ def solve_within(model: nn.Module, captured: Captured, budget_bytes: int, *, for
     SolveTimeoutError
         When the formulation found nothing in its time and no baseline fits: more time may find one.
     """
+    progress = progress or StageProgress(None)
     graph = exact_only(replay_graph(captured)) if exact else replay_graph(captured)
+    progress.stage(f"solving with {formulation} within {format_memory(budget_bytes, graph)} (time limit "
+                   f"{time_limit:g} s)")
     result = solve(graph, budget_bytes, formulation, time_limit=time_limit, captured=captured,
-                   device_profile=device_profile)
+                   device_profile=device_profile, progress=progress.forward())
     simulation = fitting_simulation(graph, result, budget_bytes)
     if simulation is not None:
+        progress.stage(f"solved: {result.formulation} ({result.status}), overhead {100 * simulation.overhead:.2f} %")
         return Plan(model, captured, result.schedule, budget_bytes, result.formulation, result, note=result.message,
                     loss_fn=loss_fn, wrapper=wrapper, simulation=simulation)
     if budget_bytes < min_budget(graph):  # every baseline's peak is at least min_budget: none can fit
@@ -74,8 +84,30 @@ def solve_within(model: nn.Module, captured: Captured, budget_bytes: int, *, for
                                          time_limit=time_limit)
     note = (f"{formulation} found no schedule within the budget ({result.status}: {result.message}); fell back to "
             f"{fallback.formulation}")
+    progress.stage(f"{formulation} found no schedule within the budget ({result.status}); fell back to "
+                   f"{fallback.formulation}")
     return Plan(model, captured, fallback.schedule, budget_bytes, fallback.formulation, fallback, note=note,
                 loss_fn=loss_fn, wrapper=wrapper, simulation=fitting_simulation(graph, fallback, budget_bytes))
+
+
+class ReportedRounds(Rounds):
+    """:class:`~coop.planner.rounds.Rounds` that say on ``progress`` (keyword-only, beside Rounds' own arguments)
+    each round as it starts (its number, name and reason) and each measure as it ends (what the step held)."""
+
+    def __init__(self, *args: Any, progress: StageProgress, **keywords: Any) -> None:
+        super().__init__(*args, **keywords)
+        self.progress = progress
+
+    def _solved(self, name: str, reason: str, aim: int, captured: Captured | None = None) -> Candidate:
+        self.progress.stage(f"round {len(self.taken) + 1} ({name}): {reason}")
+        return super()._solved(name, reason, aim, captured)
+
+    def _measured(self, candidate: Candidate, aim: int) -> Measured:
+        self.progress.stage(f"round {len(self.taken)}: measuring the planned step")
+        footprint, note = super()._measured(candidate, aim)
+        held = "" if footprint is None else f" ({self._size(footprint)} of the budget {self._size(self.budget_bytes)})"
+        self.progress.stage(f"round {len(self.taken)}: {self.taken[-1].outcome}{held}")
+        return footprint, note
 
 
 def fitting_simulation(graph: Graph, result: SolveResult, budget: int) -> Simulation | None:

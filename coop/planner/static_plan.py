@@ -226,8 +226,9 @@ class Plan(BasePlan):
                                        loss_fn=self.loss_fn))
 
     def __repr__(self) -> str:
+        measured = "" if self.last_benchmark is None else f", measured {self.last_benchmark.measured_overhead:.1%}"
         return (f"Plan({self.graph.name}, {self.formulation}, peak {format_memory(self.predicted_peak, self.graph)} of "
-                f"{format_memory(self.baseline_peak, self.graph)}, overhead {self.predicted_overhead:.1%})")
+                f"{format_memory(self.baseline_peak, self.graph)}, overhead {self.predicted_overhead:.1%}{measured})")
 
 
 def refuse_arena_off_cpu(graph: Graph) -> None:

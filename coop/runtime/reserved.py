@@ -12,7 +12,9 @@ The measure is the one the GPU acceptance command reports (``benchmarks/bench_cu
 ``empty_cache``, one step (what it leaves allocated for later steps stays), ``empty_cache`` again, the peak
 statistics reset, a second, warm step; the peak of reserved bytes during it above what was allocated before the
 first. The allocator's counters are injectable (:class:`AllocatorCounters`), so the procedure is tested on CPU
-against a fake that keeps the allocator's books.
+against a fake that keeps the allocator's books. Where no device can be run, :func:`modelled_step_reserved` predicts
+the same quantity from the schedule alone, with the CPU model of the allocator
+(:mod:`coop.runtime.cuda_allocator_model`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
+
+from coop.graph import Graph
+from coop.runtime.cuda_allocator_model import Alloc, predict_reserved, schedule_events
+from coop.schedule import Schedule
 
 
 class AllocatorCounters(Protocol):
@@ -113,4 +119,36 @@ def cuda_counters(devices: tuple[str | None, ...]) -> TorchCudaCounters | None:
     return TorchCudaCounters(next(iter(cuda)))
 
 
-__all__ = ["AllocatorCounters", "TorchCudaCounters", "cuda_counters", "reserved_step_peak"]
+def modelled_step_reserved(graph: Graph, schedule: Schedule, *, expandable: bool = True) -> int:
+    """The allocator model's counterpart of :func:`reserved_step_peak`: the most bytes reserved during one replay of
+    ``schedule``, above what the caller-owned values hold before it, predicted on the CPU.
+
+    The caller-owned values are allocated first (their blocks, rounded, are "what was allocated before"), then the
+    schedule's allocations and frees (:func:`~coop.runtime.cuda_allocator_model.schedule_events`) are replayed from
+    an empty cache. One step from an empty cache, not a warm second one: what a first step leaves allocated for the
+    next (gradients) is not modelled.
+
+    Parameters
+    ----------
+    graph : Graph
+        The step's graph (``mem`` in bytes).
+    schedule : Schedule
+        A legal schedule of it.
+    expandable : bool
+        Whether the allocator runs with expandable segments (:func:`coop.runtime.allocator.prepare_allocator`
+        turns them on for a CUDA step unless the user chose otherwise).
+
+    Returns
+    -------
+    int
+        The model's peak reserved bytes minus the block bytes of the caller-owned values.
+    """
+    events = schedule_events(graph, schedule)
+    owned = set(graph.caller_owned_ids)
+    leading = next((i for i, e in enumerate(events) if not (isinstance(e, Alloc) and e.node in owned)), len(events))
+    prediction = predict_reserved(events, expandable=expandable)
+    before = prediction.active[leading - 1] if leading else 0
+    return prediction.peak_reserved - before
+
+
+__all__ = ["AllocatorCounters", "TorchCudaCounters", "cuda_counters", "modelled_step_reserved", "reserved_step_peak"]
