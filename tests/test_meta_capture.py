@@ -5,6 +5,7 @@ refused in one line. The oracle is the real model: its own capture, and its eage
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -153,3 +154,18 @@ def test_a_plan_saved_under_another_model_library_version_names_it_when_refused(
     message = str(caught.value)
     assert "\n" not in message
     assert f"saved under transformers 0.0.1 and this process runs {transformers.__version__}" in message
+
+
+
+def test_a_meta_plan_for_cuda_names_the_allocator_models_reserve() -> None:
+    """Nothing runs on the meta device: the plan's note gives what the CUDA caching allocator's model predicts the
+    step reserves; with expandable segments that is whole 2 MiB pages (20 MiB ones in the large pool) and never
+    below the schedule's live peak."""
+    meta_model, meta_batch, loss_fn = _on_meta("gpt2", layers=1, hidden=256, heads=4, vocab=2048, batch=8, seq=256)
+    plan = coop.plan(meta_model, 0.9, meta_batch, loss_fn=loss_fn, device="cuda", formulation="moccasin",
+                     time_limit=3)
+    note = plan.summary()["note"]
+    found = re.search(r"the CUDA allocator model predicts ([\d,]+) B \([^)]*\) reserved", note)
+    assert found, note
+    reserved = int(found.group(1).replace(",", ""))
+    assert reserved % (2 << 20) == 0 and reserved >= plan.predicted_peak

@@ -17,9 +17,10 @@ from coop.budget import format_memory
 from coop.graph import Graph
 from coop.graph_capture.meta import weightless
 from coop.online.static_arena import execution_placement
+from coop.runtime.allocator import AllocatorAssumption
 from coop.runtime.arena_replay import measure_outside
 from coop.runtime.meter import cpu_allocation_peak
-from coop.runtime.reserved import cuda_counters, reserved_step_peak
+from coop.runtime.reserved import cuda_counters, modelled_step_reserved, reserved_step_peak
 
 #: (footprint in bytes or None when it cannot be measured, what it consists of)
 Measured = tuple[int | None, str]
@@ -28,14 +29,18 @@ Measured = tuple[int | None, str]
 FlatInputs = Callable[[], list[torch.Tensor]]
 
 
-def measure_ordinary_step(candidate: Any, live_budget: int, *, flat: FlatInputs) -> Measured:
+def measure_ordinary_step(candidate: Any, live_budget: int, *, flat: FlatInputs,
+                          allocator: AllocatorAssumption | None = None) -> Measured:
     """Run one step of a plan's ordinary replay on the example batch and count every byte it holds at its peak.
 
     On a CPU step: the CPU allocator's own reports (:func:`coop.runtime.meter.cpu_allocation_peak`: kernels'
     internal scratch such as oneDNN's convolution reorders included) above the caller-owned values. On a step with
     values on one CUDA device: what the caching allocator reserves for a warm step
     (:func:`coop.runtime.reserved.reserved_step_peak`, the measure of the GPU acceptance command) plus the
-    caller-owned values. Not measured (None, the note says why): a model on the meta device, an FSDP-sharded step,
+    caller-owned values. A meta-device model planned for CUDA runs nothing: the note gives the allocator model's
+    prediction of what the step reserves (:func:`coop.runtime.reserved.modelled_step_reserved`, with the
+    expandable-segments setting ``allocator`` assumed), which no round acts on until a device's snapshots have
+    checked the model. Not measured (None, the note says why): a model on the meta device, an FSDP-sharded step,
     another accelerator, a schedule that pages (on a CPU-only step its host copies are CPU allocations too, so the
     CPU allocator's sum would count the host tier as held), and a step run while another profiler is recording.
     The plan's ``step_footprint`` is set where it is measured.
@@ -48,6 +53,8 @@ def measure_ordinary_step(candidate: Any, live_budget: int, *, flat: FlatInputs)
         The live-bytes budget it was solved within (for the note).
     flat : callable
         Makes the step's flat inputs.
+    allocator : AllocatorAssumption or None
+        What the plan assumed of the CUDA allocator (:func:`coop.runtime.allocator.prepare_allocator`).
 
     Returns
     -------
@@ -58,6 +65,15 @@ def measure_ordinary_step(candidate: Any, live_budget: int, *, flat: FlatInputs)
     size = functools.partial(format_memory, graph=graph)
     solved = f"solved within a live-bytes budget of {size(live_budget)}"
     if weightless(candidate.model):
+        if graph.has_accelerator and allocator is not None and allocator.expandable_segments is not None:
+            # nothing runs: the CUDA caching allocator's model predicts what the step would reserve. Said, not yet
+            # acted on: the model awaits its check against a device's recorded snapshots (issue 43)
+            owned = graph.caller_owned_bytes
+            modelled = owned + modelled_step_reserved(graph, candidate.schedule,
+                                                      expandable=allocator.expandable_segments)
+            return None, (f"held bytes not measured: the model is on the meta device; the CUDA allocator model "
+                          f"predicts {size(modelled)} reserved = caller-owned {size(owned)} + "
+                          f"{size(modelled - owned)} for the step; {solved}")
         return None, f"held bytes not measured: the model is on the meta device (no weights); {solved}"
     if candidate.captured.sharding is not None:
         return None, (f"held bytes not measured: a step of an FSDP-sharded model runs collectives and hands its "

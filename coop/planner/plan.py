@@ -105,7 +105,8 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
         chosen: Plan | DynamicPlan = DynamicPlan(captured, module, live_bytes, policy=policy, wrapper=wrapper,
                                                  loss_fn=loss_fn, device_profile=device_profile)
     else:
-        chosen = _solved_and_measured(module, wrapper, captured, read, options, budget_bytes, live_bytes, reporter)
+        chosen = _solved_and_measured(module, wrapper, captured, read, options, budget_bytes, live_bytes, reporter,
+                                      allocator)
         if fits := store_all_fits(budget_bytes, captured.graph):  # said in the summary, not an error
             chosen.note = f"{fits}; {chosen.note}" if chosen.note else fits
     chosen.allocator = allocator
@@ -122,7 +123,8 @@ def _ready_line(chosen: Plan | DynamicPlan) -> str:
 
 
 def _solved_and_measured(module: nn.Module, wrapper: nn.Module | None, captured: Captured, batch: Batch,
-                         options: PlanOptions, budget_bytes: int, live_bytes: int, progress: StageProgress) -> Plan:
+                         options: PlanOptions, budget_bytes: int, live_bytes: int, progress: StageProgress,
+                         allocator: AllocatorAssumption) -> Plan:
     """The rounds of a static plan (rank 0's solves on an FSDP-sharded step), then the replay asked for; each round
     said on ``progress``."""
     solver = functools.partial(solve_within, module, formulation=options.formulation, time_limit=options.time_limit,
@@ -132,8 +134,9 @@ def _solved_and_measured(module: nn.Module, wrapper: nn.Module | None, captured:
         require_same_graph(captured)
         solver = solved_on_rank_zero(solver, functools.partial(plan_from_rank_zero, module, loss_fn=options.loss_fn))
     flat = functools.partial(captured.flat_inputs, module, batch.tensors)
-    measure = measure_arena_step if options.arena else measure_ordinary_step
-    rounds = ReportedRounds(solver, captured, budget_bytes, live_bytes, measure=functools.partial(measure, flat=flat),
+    measure = functools.partial(measure_arena_step, flat=flat) if options.arena else \
+        functools.partial(measure_ordinary_step, flat=flat, allocator=allocator)
+    rounds = ReportedRounds(solver, captured, budget_bytes, live_bytes, measure=measure,
                             prepare=options.prepare, flat=flat, progress=progress)
     chosen = rounds.arena() if options.arena else rounds.ordinary()
     if options.copy_stream and chosen.executor.copy_stream is None:
