@@ -266,6 +266,10 @@ def test_arena_replay_refuses_implementations_in_one_line(hand) -> None:
 
 
 # -------------------------------------------------------------------- a plan
+# 25-28 s on 2 loaded cores (monet proves its optimum within 60 s); the fast tier keeps a monet plan below the
+# remat-only bound trained like eager, saved and loaded with its implementations, on the conv net
+# (tests/test_alternatives_conv.py::test_monet_plan_below_the_remat_only_floor_trains_like_eager)
+@pytest.mark.slow
 def test_monet_plan_below_the_remat_only_bound_trains_like_eager(hand, tmp_path) -> None:
     model, batch = hand_model()
     eager = copy.deepcopy(model)

@@ -34,7 +34,7 @@ from coop.graph_capture.alternatives.pool import (
     window_geometry,
 )
 from coop.graph_capture.alternatives.softmax import grad_inplace_program as softmax_grad_inplace_program
-from coop.planner.plan import plan
+from coop.planner.plan import load_plan, plan
 from coop.runtime.executor import Executor, replay_graph
 from coop.runtime.meter import MemoryMeter
 from coop.schedule import Schedule, Step
@@ -347,7 +347,7 @@ def test_the_chunked_split_stays_within_its_declared_tolerance(case) -> None:
 
 
 # -------------------------------------------------------------------- (c) a plan below the remat-only floor
-def test_monet_plan_below_the_remat_only_floor_trains_like_eager(cnn) -> None:
+def test_monet_plan_below_the_remat_only_floor_trains_like_eager(cnn, tmp_path) -> None:
     model, batch = small_cnn()
     eager = copy.deepcopy(model)
     graph = replay_graph(cnn[2])
@@ -356,3 +356,6 @@ def test_monet_plan_below_the_remat_only_floor_trains_like_eager(cnn) -> None:
     assert trained.predicted_peak <= budget
     assert trained.summary()["inexact_implementations"] == []
     assert_steps_equal_eager(trained, model, eager, batch)
+    trained.save(tmp_path / "plan.json")  # a saved plan with implementations loads with its alternatives
+    loaded = load_plan(tmp_path / "plan.json", model)
+    assert loaded.schedule == trained.schedule and loaded.predicted_peak == trained.predicted_peak

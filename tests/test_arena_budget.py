@@ -133,10 +133,12 @@ def _assert_within_budget_and_eager(model: nn.Module, batch: tuple, loss_fn: Cal
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), eager.parameters(), strict=True))
 
 
-#: MobileNet's plans (60-86 s each on 2 cores: its smallest size that outweighs the scratch at 0.6, SIZES) run in the
-#: slow tier (`make test-all`); the fast tier keeps every other zoo model through the same plans, meter and eager
-#: oracle, the CNN and the ResNet among them (convolutions with oneDNN's scratch, batch norm)
-ZOO = [pytest.param(name, marks=pytest.mark.slow) if name == "mobilenet" else name for name in ZOO_NAMES]
+#: MobileNet's and the ResNet's plans (60-86 s and 27-77 s each on 2 cores: their smallest sizes that outweigh the
+#: scratch at 0.6, SIZES), the ViT's and Llama's (7-12 s each) run in the slow tier (`make test-all`); the fast tier
+#: keeps the other zoo models through the same plans, meter and eager oracle: the CNN (convolutions with oneDNN's
+#: scratch, batch norm), the MLP, and the zoo transformer, GPT-2 and BERT (attention, layer norm, embeddings)
+SLOW_ZOO = ("mobilenet", "resnet", "vit", "llama")
+ZOO = [pytest.param(name, marks=pytest.mark.slow) if name in SLOW_ZOO else name for name in ZOO_NAMES]
 
 
 @pytest.mark.parametrize("name", ZOO)

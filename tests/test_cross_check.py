@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from coop.budget import baseline_peak, min_budget
@@ -29,6 +29,7 @@ from coop.formulations.moccasin import moccasin
 from coop.graph import Graph
 from coop.schedule import Schedule, validate
 from tests.strategies import random_graphs
+from tests.tiers import check, examples
 
 LIMIT = {"time_limit": 10.0, "threads": 1}
 
@@ -59,9 +60,7 @@ def _fitting_baselines(graph: Graph, budget: int) -> dict[str, tuple[float, bool
     return fitting
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(graph=random_graphs(max_nodes=10), fraction=st.sampled_from([0.5, 0.7, 0.85]))
-def test_checkmate_and_moccasin_agree_when_both_prove_optimality(graph: Graph, fraction: float) -> None:
+def _checkmate_and_moccasin_agree_when_both_prove_optimality(graph: Graph, fraction: float) -> None:
     budget = _budget(graph, fraction)
     exact = checkmate(graph, budget, solver="highs", **LIMIT)
     ours = moccasin(graph, budget, max_intervals=max(2, len(graph.order)), **LIMIT)
@@ -83,6 +82,14 @@ def test_checkmate_and_moccasin_agree_when_both_prove_optimality(graph: Graph, f
             assert ours.simulation.cost <= cost + 1e-9, f"moccasin above baseline {name}"
         if exact.status == "optimal" and in_order:  # only baselines inside Checkmate's order
             assert exact.simulation.cost <= cost + 1e-9, f"checkmate above baseline {name}"
+
+
+#: 25 graphs in the slow tier, 10 in the fast one (tests/tiers.py)
+@examples(10, 25)
+def test_checkmate_and_moccasin_agree_when_both_prove_optimality(examples: int) -> None:
+    check(_checkmate_and_moccasin_agree_when_both_prove_optimality, examples,
+          settings(deadline=None, suppress_health_check=[HealthCheck.too_slow]),
+          graph=random_graphs(max_nodes=10), fraction=st.sampled_from([0.5, 0.7, 0.85]))
 
 
 def test_restricted_optimum_is_not_called_optimal() -> None:

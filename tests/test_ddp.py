@@ -167,6 +167,11 @@ def test_ddp_dynamic_plan_equals_ddp_eager_on_both_ranks(tmp_path: Path) -> None
         assert report == "ok trained", f"rank {rank}:\n{report}"
 
 
+# 42 s on 2 loaded cores (both ranks solve auto's ladder); the fast tier keeps DDP's oracle on plans
+# (test_ddp_gradients_and_parameters_equal_ddp_eager_on_both_ranks, test_ddp_dynamic_plan_equals_ddp_eager_on_both_ranks)
+# and auto's reordering of the conv net at 0.7 trained like eager
+# (tests/test_auto_ladder.py::test_auto_plans_the_conv_net_at_0_7_where_only_a_reordering_fits_and_trains_like_eager)
+@pytest.mark.slow
 def test_ddp_auto_plan_of_the_conv_net_equals_ddp_eager_on_both_ranks(tmp_path: Path) -> None:
     """3 AdamW steps under auto on the conv net at 0.7 (only a reordering fits: moccasin): bit-identical to DDP eager
     on each rank."""

@@ -134,8 +134,12 @@ def test_below_min_budget_is_an_error(gpt2) -> None:
         run_dynamic(captured, model, batch, 1, "coop")
 
 
-@pytest.mark.parametrize("policy", tuple(POLICIES))
-@pytest.mark.parametrize("name", ["cnn", "gpt2"])  # at 0.6 every policy finishes on both (simulate_online)
+#: At 0.6 every policy finishes on both models (simulate_online). GPT-2 under the policies other than coop's runs in
+#: the slow tier (7 s each on 2 loaded cores): the fast tier keeps each of them here on the CNN, and on GPT-2 in
+#: test_gpt2_trains_three_steps_at_half_the_baseline_peak
+@pytest.mark.parametrize(("name", "policy"), [
+    pytest.param(name, policy, marks=pytest.mark.slow) if name == "gpt2" and policy != "coop" else (name, policy)
+    for name in ("cnn", "gpt2") for policy in POLICIES], ids=str)
 def test_the_first_online_step_is_recorded_validated_and_replayed_like_eager_over_two_adamw_steps(
         name: str, policy: str) -> None:
     """Issue 23, item 3: the first step runs online; its decisions, recorded as a schedule, validate within the

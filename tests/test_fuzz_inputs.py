@@ -31,6 +31,7 @@ from coop.graph_files import load_graph
 from coop.schedule import Schedule, prompt_order, schedule_to_json
 from tests.corruptions import MUST_FAIL, corruptions, encode
 from tests.strategies import random_graphs
+from tests.tiers import check, examples
 
 FUZZ = settings(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow,
                                                                        HealthCheck.function_scoped_fixture])
@@ -128,10 +129,17 @@ def test_published_graph_corruptions(file_name: str, moccasin_dir: Path, workdir
 
 
 # ---------------------------------------------------------------------------- schedules
-@settings(FUZZ, max_examples=12)
-@given(graph=random_graphs(max_nodes=6, with_impls=True), seed=SEEDS)
-def test_validate_on_corrupted_schedules(graph: Graph, seed: int, workdir: Path,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
+#: 12 graphs in the slow tier, 5 in the fast one (tests/tiers.py)
+@examples(5, 12)
+def test_validate_on_corrupted_schedules(examples: int, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def corrupted(graph: Graph, seed: int) -> None:
+        _validate_on_corrupted_schedules(graph, seed, workdir, capsys)
+
+    check(corrupted, examples, FUZZ, graph=random_graphs(max_nodes=6, with_impls=True), seed=SEEDS)
+
+
+def _validate_on_corrupted_schedules(graph: Graph, seed: int, workdir: Path,
+                                     capsys: pytest.CaptureFixture[str]) -> None:
     graph_path = workdir / "graph.json"
     graph.save(graph_path)
     schedule = Schedule.from_order(prompt_order(graph))

@@ -108,6 +108,10 @@ def test_coop_trainer_subclass_matches_the_plain_trainer(tmp_path, options) -> N
     assert_same_training(coop_run, plain)
 
 
+# 45 s on 2 loaded cores (three Trainer runs); the fast tier keeps the capture under bf16 autocast and its oracle
+# (tests/test_integrations_lightning.py::test_bf16_mixed_precision_is_captured_and_bit_identical) and this Trainer's
+# path (test_one_line_enables_coop_in_a_trainer_script_bit_identical_at_0_6_of_the_peak)
+@pytest.mark.slow
 def test_bf16_autocast_is_captured_and_bit_identical(tmp_path, options) -> None:
     """``bf16=True``: Accelerate wraps the model's forward in ``torch.autocast("cpu", torch.bfloat16)``; coop captures
     the casts inside it (the run's losses differ from fp32 training's, so autocast was on) and replays them."""

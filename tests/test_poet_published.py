@@ -28,6 +28,7 @@ from coop.formulations.poet import poet
 from coop.graph import Graph
 from coop.schedule import validate
 from tests.bruteforce_paging import optimal_paging_schedule
+from tests.tiers import check, examples
 
 EXAMPLES = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -147,11 +148,7 @@ def published_optimum(graph: Graph, budget: int, prices: tuple[dict, dict, dict]
     return min(layer.values()) if layer else None
 
 
-@EXAMPLES
-@given(graph=poet_layout_graphs(max_nodes=6), fraction=st.sampled_from([0.0, 0.0, 0.0, 0.1, 0.2, 0.4, 1.0]),
-       profile=profiles(), objective=st.sampled_from(["energy", "time"]),
-       runtime_budget=st.sampled_from([None, None, 1.2, 2.0]))
-def test_with_coop_semantics_the_reference_equals_coop_poet_and_the_brute_force(
+def _with_coop_semantics_the_reference_equals_coop_poet_and_the_brute_force(
         graph: Graph, fraction: float, profile: DeviceProfile, objective: str, runtime_budget: float | None) -> None:
     budget = budget_between(graph, fraction)
     prices = prices_by_hand(graph, profile, objective)
@@ -174,6 +171,15 @@ def test_with_coop_semantics_the_reference_equals_coop_poet_and_the_brute_force(
     assert verdict.ok, verdict.reason
     # Under coop's semantics the converted schedule realizes exactly the model's pages.
     assert recount(graph, reference.schedule, prices) == pytest.approx(reference.objective, rel=1e-6, abs=1e-9)
+
+
+#: 40 graphs in the slow tier, 15 in the fast one (tests/tiers.py)
+@examples(15, 40)
+def test_with_coop_semantics_the_reference_equals_coop_poet_and_the_brute_force(examples: int) -> None:
+    check(_with_coop_semantics_the_reference_equals_coop_poet_and_the_brute_force, examples, EXAMPLES,
+          graph=poet_layout_graphs(max_nodes=6), fraction=st.sampled_from([0.0, 0.0, 0.0, 0.1, 0.2, 0.4, 1.0]),
+          profile=profiles(), objective=st.sampled_from(["energy", "time"]),
+          runtime_budget=st.sampled_from([None, None, 1.2, 2.0]))
 
 
 @EXAMPLES

@@ -15,7 +15,9 @@ from coop.errors import GraphError, ScheduleError
 from coop.graph import Graph
 from coop.schedule import Schedule, Step, load_schedule, prompt_order, schedule_to_json, simulate, validate
 from tests.strategies import random_graphs, random_schedules
+from tests.tiers import check, examples
 
+#: 150 examples each in the slow tier; the fast tier draws 50 of the costlier properties (tests/tiers.py)
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -84,9 +86,7 @@ def brute_force_memory(graph: Graph, schedule: Schedule) -> list[int]:
     return memory
 
 
-@PROPERTY
-@given(st.data())
-def test_simulator_matches_brute_force_recount(data: st.DataObject) -> None:
+def _simulator_matches_brute_force_recount(data: st.DataObject) -> None:
     graph = data.draw(random_graphs(with_impls=data.draw(st.booleans())))
     schedule = data.draw(random_schedules(graph))
     sim = simulate(graph, schedule)
@@ -96,9 +96,12 @@ def test_simulator_matches_brute_force_recount(data: st.DataObject) -> None:
     assert validate(graph, schedule).ok
 
 
-@PROPERTY
-@given(st.data())
-def test_device_intervals_and_workspace_add_up_to_the_memory(data: st.DataObject) -> None:
+@examples(50, 150)
+def test_simulator_matches_brute_force_recount(examples: int) -> None:
+    check(_simulator_matches_brute_force_recount, examples, PROPERTY, data=st.data())
+
+
+def _device_intervals_and_workspace_add_up_to_the_memory(data: st.DataObject) -> None:
     """What the simulator exposes for address placement: each value's stays on the device and each
     step's workspace; summed per step they are its memory, and a value is off the device inside its
     lifetime only while paged out."""
@@ -126,9 +129,12 @@ def test_device_intervals_and_workspace_add_up_to_the_memory(data: st.DataObject
             assert latest.op == "page_out"
 
 
-@PROPERTY
-@given(st.data())
-def test_simulator_cost_counts_every_compute(data: st.DataObject) -> None:
+@examples(50, 150)
+def test_device_intervals_and_workspace_add_up_to_the_memory(examples: int) -> None:
+    check(_device_intervals_and_workspace_add_up_to_the_memory, examples, PROPERTY, data=st.data())
+
+
+def _simulator_cost_counts_every_compute(data: st.DataObject) -> None:
     graph = data.draw(random_graphs(with_impls=True))
     schedule = data.draw(random_schedules(graph))
     expected = 0.0
@@ -140,6 +146,11 @@ def test_simulator_cost_counts_every_compute(data: st.DataObject) -> None:
     sim = simulate(graph, schedule)
     assert sim.cost == pytest.approx(expected)
     assert sim.recomputations == len(computes) - len(set(computes))
+
+
+@examples(50, 150)
+def test_simulator_cost_counts_every_compute(examples: int) -> None:
+    check(_simulator_cost_counts_every_compute, examples, PROPERTY, data=st.data())
 
 
 @PROPERTY
@@ -164,9 +175,7 @@ def test_freeing_an_input_just_before_its_reader_is_rejected_at_that_step(data: 
     assert f"input {source}" in verdict.reason and "\n" not in verdict.reason
 
 
-@PROPERTY
-@given(st.data())
-def test_schedule_json_round_trip(tmp_path_factory: pytest.TempPathFactory, data: st.DataObject) -> None:
+def _schedule_json_round_trip(tmp_path_factory: pytest.TempPathFactory, data: st.DataObject) -> None:
     graph = data.draw(random_graphs(with_impls=True))
     schedule = data.draw(random_schedules(graph))
     document = schedule_to_json(graph, schedule, budget=123, formulation="test")
@@ -176,6 +185,14 @@ def test_schedule_json_round_trip(tmp_path_factory: pytest.TempPathFactory, data
     assert loaded == schedule
     assert loaded_document["graph"]["sha256"] == graph.sha256
     assert loaded_document["predicted"]["peak"] == simulate(graph, schedule).peak
+
+
+@examples(50, 150)
+def test_schedule_json_round_trip(tmp_path_factory: pytest.TempPathFactory, examples: int) -> None:
+    def round_trip(data: st.DataObject) -> None:
+        _schedule_json_round_trip(tmp_path_factory, data)
+
+    check(round_trip, examples, PROPERTY, data=st.data())
 
 
 # -------------------------------------------------------------------- illegal schedules

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from coop.errors import ScheduleError
@@ -13,13 +13,13 @@ from coop.graph import Graph
 from coop.schedule import Schedule, simulate
 from tests.strategies import random_graphs, random_schedules
 from tests.test_schedule import brute_force_memory
+from tests.tiers import check, examples
 
+#: 200 examples in the slow tier, 60 in the fast one (tests/tiers.py)
 PROPERTY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-@given(data=st.data())
-@PROPERTY
-def test_the_profile_of_a_compute_sequence_is_the_simulators(data: st.DataObject) -> None:
+def _the_profile_of_a_compute_sequence_is_the_simulators(data: st.DataObject) -> None:
     graph = data.draw(random_graphs())
     schedule = data.draw(random_schedules(graph))
     sequence = [step.node for step in schedule.steps if step.op == "compute"]  # recomputations included
@@ -32,6 +32,11 @@ def test_the_profile_of_a_compute_sequence_is_the_simulators(data: st.DataObject
     assert [(sequence[k], profile.start[k], profile.end[k]) for k in range(len(sequence))] == [
         (instance.node, instance.start, instance.end) for instance in sim.instances]
     assert sequence_cost(tables, sequence) == pytest.approx(sim.cost)
+
+
+@examples(60, 200)
+def test_the_profile_of_a_compute_sequence_is_the_simulators(examples: int) -> None:
+    check(_the_profile_of_a_compute_sequence_is_the_simulators, examples, PROPERTY, data=st.data())
 
 
 def _chain() -> Graph:

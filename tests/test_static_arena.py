@@ -21,6 +21,7 @@ from coop.online.static_arena import (
 )
 from coop.schedule import Schedule, simulate
 from tests.strategies import random_graphs, random_schedules
+from tests.tiers import check, examples
 
 
 def _assert_disjoint(placement: Placement) -> None:
@@ -223,9 +224,7 @@ def graphs_on_devices(draw: st.DrawFn) -> tuple[Graph, Schedule]:
     return Graph.model_validate(data), schedule
 
 
-@settings(max_examples=60, deadline=None)
-@given(case=graphs_on_devices())
-def test_per_device_placement_never_overlaps_and_counts_each_device_exactly(case: tuple[Graph, Schedule]) -> None:
+def _per_device_placement_never_overlaps_and_counts_each_device_exactly(case: tuple[Graph, Schedule]) -> None:
     """Oracle: the simulator. At every step each device's blocks add up to that device's share of sim.memory, no two
     blocks on one device overlap, and each device's arena is at least its own live peak."""
     graph, schedule = case
@@ -240,3 +239,10 @@ def test_per_device_placement_never_overlaps_and_counts_each_device_exactly(case
             live_peak = max(sum(b.size for b in placement.lifetimes if b.device == device and b.start <= j <= b.end)
                             for j in range(len(schedule)))
             assert peak >= live_peak
+
+
+#: 60 examples in the slow tier, 20 in the fast one (tests/tiers.py)
+@examples(20, 60)
+def test_per_device_placement_never_overlaps_and_counts_each_device_exactly(examples: int) -> None:
+    check(_per_device_placement_never_overlaps_and_counts_each_device_exactly, examples, settings(deadline=None),
+          case=graphs_on_devices())
