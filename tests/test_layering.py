@@ -53,7 +53,7 @@ def test_formulations_import_nothing_from_the_floors_above(module: str) -> None:
 #: the first component under ``coop`` (a module or a subpackage).
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"errors", "text", "limits", "graph_upgrades"}),
-    frozenset({"graph"}),
+    frozenset({"graph", "graph_nodes", "graph_checks"}),
     frozenset({"graph_files", "schedule"}),
     frozenset({"budget", "device_profiles"}),
     frozenset({"online"}),
