@@ -235,7 +235,7 @@ def test_unknown_graph_versions_and_flags_are_refused() -> None:
 
 
 #: The ground floor of the package (tests/test_layering.py orders the whole package): it imports neither torch nor anything above it.
-GROUND_FLOOR = ("coop.errors", "coop.text", "coop.graph", "coop.graph_nodes", "coop.graph_checks", "coop.graph_upgrades", "coop.graph_files", "coop.schedule", "coop.budget", "coop.limits")
+GROUND_FLOOR = ("coop.errors", "coop.text", "coop.graph", "coop.graph_nodes", "coop.graph_checks", "coop.graph_upgrades", "coop.graph_files", "coop.schedule", "coop.schedule_steps", "coop.simulator", "coop.schedule_files", "coop.budget", "coop.limits")
 
 
 @pytest.mark.parametrize("module", GROUND_FLOOR)

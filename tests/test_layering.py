@@ -54,7 +54,7 @@ def test_formulations_import_nothing_from_the_floors_above(module: str) -> None:
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"errors", "text", "limits", "graph_upgrades"}),
     frozenset({"graph", "graph_nodes", "graph_checks"}),
-    frozenset({"graph_files", "schedule"}),
+    frozenset({"graph_files", "schedule", "schedule_steps", "simulator", "schedule_files"}),
     frozenset({"budget", "device_profiles"}),
     frozenset({"online"}),
     frozenset({"formulations"}),
