@@ -65,7 +65,7 @@ MUTANTS = (
         ("coop/budget.py", "    return max(largest_step, at_end)", "    return largest_step"),
     )),
     Mutant("moccasin-workspace", "Moccasin's cumulative memory drops the workspace demand", (
-        ("coop/formulations/moccasin.py", "                demands.append(problem.workspace[v])",
+        ("coop/formulations/moccasin_model.py", "                demands.append(problem.workspace[v])",
          "                demands.append(0)"),
     )),
     Mutant("moccasin-precedence", "the interval model (Moccasin's) lets an input's single interval end one slot "
