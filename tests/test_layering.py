@@ -62,7 +62,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"runtime"}),
     frozenset({"planner", "compiled", "zoo", "viz", "memory_viz"}),
     frozenset({"compare", "config", "integrations"}),
-    frozenset({"cli", "__main__", "__init__"}),
+    frozenset({"cli", "cli_app", "cli_commands", "__main__", "__init__"}),
 )
 
 
