@@ -65,7 +65,7 @@ MUTANTS = (
         ("coop/budget.py", "    return max(largest_step, at_end)", "    return largest_step"),
     )),
     Mutant("moccasin-workspace", "Moccasin's cumulative memory drops the workspace demand", (
-        ("coop/formulations/moccasin.py", "                demands.append(problem.workspace[v])",
+        ("coop/formulations/moccasin_model.py", "                demands.append(problem.workspace[v])",
          "                demands.append(0)"),
     )),
     Mutant("moccasin-precedence", "the interval model (Moccasin's) lets an input's single interval end one slot "
@@ -74,10 +74,10 @@ MUTANTS = (
          "        enforce(model.Add(ends[0] >= s_v - 1), when)"),
     )),
     Mutant("simulator-workspace", "the simulator forgets the workspace of the node computed at a step", (
-        ("coop/schedule.py", "        memory.append(running + workspace[j])", "        memory.append(running)"),
+        ("coop/simulator.py", "        memory.append(running + workspace[j])", "        memory.append(running)"),
     )),
     Mutant("schedule-swap", "Schedule.from_order swaps its first two computes", (
-        ("coop/schedule.py", "        return cls(steps=tuple(_compute_step(i) for i in order))",
+        ("coop/schedule_steps.py", "        return cls(steps=tuple(_compute_step(i) for i in order))",
          ("        steps = tuple(_compute_step(i) for i in order)\n"
           "        return cls(steps=steps[1:2] + steps[:1] + steps[2:])")),
     )),

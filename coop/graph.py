@@ -8,17 +8,17 @@ Graphs are pydantic models: they serialise to JSON with a ``format`` tag and a v
 stable content digest and convert to and from networkx; reading files (coop JSON and both
 node-link layouts of the published benchmark graphs) is :mod:`coop.graph_files`.
 A malformed graph is rejected with a one-line :class:`~coop.errors.GraphError` that names the
-node and the problem.
+node and the problem (the checks: :mod:`coop.graph_checks`). The nodes, their implementations and
+field types are :mod:`coop.graph_nodes`, importable from here too.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import heapq
 import inspect
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -27,146 +27,28 @@ import networkx as nx
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from coop.errors import GraphError
+from coop.graph_checks import check_structure, describe_validation_error
+from coop.graph_nodes import (
+    CALLER_OWNED_KINDS,
+    GRAPH_FORMAT,
+    GRAPH_VERSION,
+    MAX_COST,
+    MAX_MEM,
+    Bytes,
+    Cost,
+    Flag,
+    Impl,
+    Node,
+    NodeId,
+    NodeKind,
+    device_order,
+    reject_bool_and_text,
+)
 from coop.graph_upgrades import upgrade_v1, upgrade_v2
-from coop.text import first_line, format_bytes, json_type_name, short_repr
-
-GRAPH_FORMAT = "coop.graph"
-#: Version 2 added ``Node.random`` (set by the capture); version 3 added MONeT's implementation
-#: links (``Impl.inputs``, ``Impl.inplace_of``, ``Impl.exact``/``tolerance``) and ``Node.optional``;
-#: version 4 added ``Node.device``. Older files are upgraded on reading (:mod:`coop.graph_upgrades`).
-GRAPH_VERSION = 4
-
-NodeKind = Literal["input", "param", "buffer", "forward", "backward", "other"]
-#: Values owned by the caller: resident for the whole step, never computed nor freed by a schedule.
-CALLER_OWNED_KINDS: frozenset[str] = frozenset({"input", "param", "buffer"})
-
-#: The largest value or workspace a node may declare (1 PiB). Anything larger is a unit mistake, and
-#: sums of such values would overflow the 64-bit integers of the CP-SAT and MILP models.
-MAX_MEM = 2**50
-#: The largest cost a node may declare: sums of many such costs stay finite and exact enough.
-MAX_COST = 1e15
-
+from coop.text import format_bytes
 
 #: The value a function derives from a graph (see :func:`derived_from_graph`).
 Derived = TypeVar("Derived")
-
-
-def _reject_bool_and_text(value: Any) -> Any:
-    """Refuse JSON booleans and strings where a number belongs: pydantic's lax mode would turn
-    ``true`` into 1 and ``"5"`` into 5, a silent repair of a malformed file."""
-    if isinstance(value, (bool, str, bytes)):
-        raise ValueError(f"got {type(value).__name__} {value!r}, not a number")  # noqa: TRY004 (pydantic wants ValueError)
-    return value
-
-
-def _reject_non_bool(value: Any) -> Any:
-    """Refuse anything but a JSON boolean (lax mode would read ``"no"`` or ``0`` as False)."""
-    if not isinstance(value, bool):
-        raise ValueError(f"got {type(value).__name__} {value!r}, not true or false")  # noqa: TRY004 (pydantic wants ValueError)
-    return value
-
-
-#: A node id: a non-negative integer (a boolean or a numeric string is refused, not converted).
-NodeId = Annotated[int, BeforeValidator(_reject_bool_and_text), Field(ge=0)]
-#: Bytes (graph units for imported graphs): a non-negative integer no larger than MAX_MEM.
-Bytes = Annotated[int, BeforeValidator(_reject_bool_and_text), Field(ge=0, le=MAX_MEM)]
-#: A compute cost: a finite non-negative number no larger than MAX_COST.
-Cost = Annotated[float, BeforeValidator(_reject_bool_and_text), Field(ge=0, le=MAX_COST, allow_inf_nan=False)]
-Flag = Annotated[bool, BeforeValidator(_reject_non_bool)]
-
-
-def device_order(device: str | None) -> tuple[bool, str]:
-    """Sort key of device names: None (an imported graph's one device) first, then by name.
-
-    Parameters
-    ----------
-    device : str or None
-        A device name, or None for an imported graph's one device.
-
-    Returns
-    -------
-    tuple of (bool, str)
-        The sort key.
-    """
-    return (device is not None, device or "")
-
-
-class Impl(BaseModel):
-    """One implementation of a node (MONeT, Shah et al. 2021): its own cost, output and workspace,
-    the values it reads and whether it runs in place.
-
-    * ``inputs``: the node ids this implementation reads instead of the node's ``inputs`` (None:
-      the same). A ReLU backward that reads a compact mask names the mask node here, so its
-      schedule need not keep the float activation. The ids may name ``optional`` nodes.
-    * ``inplace_of``: one of the values it reads whose storage its output takes over (an in-place
-      activation). The compute consumes that input's resident instance: no new bytes, the
-      instance's bytes move to the new value, and no later step may read the consumed instance.
-      Its ``mem`` must equal the input node's ``mem``.
-    * ``exact``: False for different arithmetic (output-activated normalisation, a fused
-      attention kernel) whose results differ from the default within ``tolerance`` (relative);
-      plans solved with ``exact=True`` never choose it.
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str
-    cost: Cost
-    mem: Bytes
-    workspace: Bytes = 0
-    inputs: tuple[NodeId, ...] | None = None
-    inplace_of: NodeId | None = None
-    exact: Flag = True
-    tolerance: Cost = 0.0
-
-
-class Node(BaseModel):
-    """One operation of the graph; its output value occupies ``mem`` and costs ``cost``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    id: NodeId
-    name: str
-    op: str = ""
-    inputs: tuple[NodeId, ...] = ()
-    mem: Bytes
-    cost: Cost
-    workspace: Bytes = 0
-    kind: NodeKind = "forward"
-    recomputable: Flag = True
-    #: A seeded random op (dropout, bernoulli, rand*): it draws from a torch generator, so its first
-    #: computes keep the baseline order and a recomputation must replay the saved generator state.
-    #: The capture sets it from the traced op (``Tag.nondeterministic_seeded``).
-    random: Flag = False
-    impls: tuple[Impl, ...] = ()
-    #: For an extra output of a multi-output op (batch norm's saved mean, a pooling's indices,
-    #: a convolution backward's weight gradient): the id of the op node whose call produces it.
-    #: Such a value exists from the op's first compute (contract 2); the op's ``workspace``
-    #: covers it at the op's own step.
-    output_of: NodeId | None = None
-    #: A value that exists only to serve some implementations (a ReLU's compact mask): no schedule
-    #: has to compute it, only a chosen implementation may read it (``Impl.inputs``), and it is
-    #: not in ``Graph.order`` nor in the baseline (contract 2: every non-optional node is computed).
-    optional: Flag = False
-    #: The device the value lives on, as torch names it (``"cuda:0"``, ``"cpu"``), set by the capture from
-    #: the traced value; None for imported graphs, whose values all live on the one device the graph
-    #: describes. A captured CUDA step also holds host values (0-d CPU scalars, the RNG seeds an attention
-    #: kernel returns): :meth:`Graph.pageable` tells which values may be paged.
-    device: str | None = None
-
-    @property
-    def caller_owned(self) -> bool:
-        """Inputs, parameters and buffers: resident for the whole step, owned by the caller."""
-        return self.kind in CALLER_OWNED_KINDS
-
-    def implementation(self, name: str | None) -> Impl | None:
-        """The implementation called ``name`` (None for the default one, or when there is none)."""
-        if name is None:
-            return None
-        return next((impl for impl in self.impls if impl.name == name), None)
-
-    def reads(self, impl: Impl | None = None) -> tuple[int, ...]:
-        """The node ids a compute of this node reads under ``impl`` (None: the default implementation)."""
-        return self.inputs if impl is None or impl.inputs is None else impl.inputs
 
 
 class Graph(BaseModel):
@@ -194,7 +76,7 @@ class Graph(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     format: Literal["coop.graph"] = GRAPH_FORMAT
-    version: Annotated[int, BeforeValidator(_reject_bool_and_text)] = GRAPH_VERSION
+    version: Annotated[int, BeforeValidator(reject_bool_and_text)] = GRAPH_VERSION
     name: str = "graph"
     nodes: tuple[Node, ...]
     outputs: tuple[NodeId, ...] = ()
@@ -213,129 +95,15 @@ class Graph(BaseModel):
         try:
             return handler(data)
         except ValidationError as exc:
-            raise GraphError(_describe_validation_error(exc, data)) from None
+            raise GraphError(describe_validation_error(exc, data)) from None
 
     @model_validator(mode="after")
     def _check_structure(self) -> Graph:
-        if self.version != GRAPH_VERSION:
-            raise GraphError(f"graph version {self.version} is not supported (this coop reads 1 to {GRAPH_VERSION})")
-        if not self.nodes:
-            raise GraphError(f"graph {self.name!r} is empty: it needs at least one node")
-        seen: set[int] = set()
-        for node in self.nodes:
-            if node.id in seen:
-                raise GraphError(f"node {node.id} ({node.name}): duplicate node id; give every node its own id")
-            seen.add(node.id)
-        for node in self.nodes:
-            for source in node.inputs:
-                if source not in seen:
-                    raise GraphError(f"node {node.id} ({node.name}): unknown input id {source}; add node {source} or remove it "
-                                     "from the inputs")
-                if source == node.id:
-                    raise GraphError(f"node {node.id} ({node.name}): reads its own output (a cycle); remove {source} from its "
-                                     "inputs")
-            if len(set(node.inputs)) != len(node.inputs):
-                raise GraphError(f"node {node.id} ({node.name}): an input id is listed twice; list each input once")
-            if node.caller_owned and node.inputs:
-                raise GraphError(f"node {node.id} ({node.name}): a {node.kind} node cannot have inputs; remove them or "
-                                 "make it a computed node")
-            if node.caller_owned and node.recomputable:
-                object.__setattr__(node, "recomputable", False)
-        self._check_extra_outputs()
-        for output in self.outputs:
-            if output not in seen:
-                raise GraphError(f"graph output {output} is not a node id; remove it from outputs or add node {output}")
-        self._check_impls()
-        self._check_optional()
-        # Implementation inputs are edges too: a cycle through them is refused, and the default
-        # order puts every node after whatever any of its implementations reads.
-        topo = _topological_order(_with_impl_edges(self.nodes))
-        computed = [n.id for n in self.nodes if not n.caller_owned and not n.optional]
+        """How the nodes, outputs and order fit together (:func:`coop.graph_checks.check_structure`)."""
+        order = check_structure(self.name, self.version, self.nodes, self.outputs, self.order)
         if not self.order:
-            object.__setattr__(self, "order", tuple(i for i in topo if i in set(computed)))
-        else:
-            self._check_order(computed)
+            object.__setattr__(self, "order", order)
         return self
-
-    def _check_extra_outputs(self) -> None:
-        """An extra output reads only its op, is computed once, and fits in its op's workspace."""
-        by_id = {n.id: n for n in self.nodes}
-        taken: dict[int, int] = {}
-        for node in self.nodes:
-            if node.output_of is None:
-                continue
-            where = f"node {node.id} ({node.name}), an extra output of node {node.output_of}"
-            if node.inputs != (node.output_of,):
-                raise GraphError(f"{where}: its inputs must be exactly [{node.output_of}], the op that produces it")
-            if node.recomputable or node.caller_owned:
-                raise GraphError(f"{where}: must be a computed node with recomputable false (recomputing its op "
-                                 "makes a fresh copy that is dropped)")
-            op = by_id[node.output_of]
-            if op.caller_owned or op.output_of is not None:
-                raise GraphError(f"{where}: node {op.id} is not an op that runs (caller-owned or itself an extra output)")
-            taken[op.id] = taken.get(op.id, 0) + node.mem
-        for op_id, extra_bytes in taken.items():
-            if by_id[op_id].workspace < extra_bytes:
-                op = by_id[op_id]
-                raise GraphError(f"node {op.id} ({op.name}): workspace {op.workspace} is less than its extra outputs' "
-                                 f"{extra_bytes} bytes; they all exist while it runs, so count them in its workspace")
-
-    def _check_impls(self) -> None:
-        """Implementation names are unique; their inputs name other nodes, once each; an in-place
-        implementation overwrites a computed value it reads, of its own size."""
-        by_id = {n.id: n for n in self.nodes}
-        for node in self.nodes:
-            names = [impl.name for impl in node.impls]
-            if len(set(names)) != len(names):
-                raise GraphError(f"node {node.id} ({node.name}): two implementations share a name; name each once")
-            if node.impls and (node.caller_owned or node.output_of is not None):
-                raise GraphError(f"node {node.id} ({node.name}): a {node.kind if node.caller_owned else 'extra output'} "
-                                 "has no implementations; remove its impls")
-            for impl in node.impls:
-                _check_impl(node, impl, by_id)
-
-    def _check_optional(self) -> None:
-        """An optional value is computed, no graph output, and read only by implementations (or
-        other optional values): a schedule that never computes it must stay legal."""
-        optional = {n.id for n in self.nodes if n.optional}
-        for node in self.nodes:
-            where = f"node {node.id} ({node.name})"
-            if node.optional and (node.caller_owned or node.output_of is not None):
-                raise GraphError(f"{where}: a {node.kind if node.caller_owned else 'extra output'} cannot be optional; "
-                                 "remove optional")
-            if node.optional and node.id in self.outputs:
-                raise GraphError(f"{where}: an optional node cannot be a graph output; remove optional or the output")
-            needed = [i for i in node.inputs if i in optional]
-            if needed and not node.optional:
-                raise GraphError(f"{where}: its inputs name optional node {needed[0]}; only an implementation "
-                                 "(impls[].inputs) may read an optional value")
-
-    def _check_order(self, computed: list[int]) -> None:
-        position: dict[int, int] = {}
-        by_id = {n.id: n for n in self.nodes}
-        for index, node_id in enumerate(self.order):
-            if node_id not in by_id:
-                raise GraphError(f"order lists {node_id}, which is not a node id; remove it from order")
-            if by_id[node_id].caller_owned:
-                raise GraphError(f"order lists node {node_id}, a caller-owned {by_id[node_id].kind}; leave it out")
-            if by_id[node_id].optional:
-                raise GraphError(f"order lists node {node_id}, an optional value; leave it out (it is computed only "
-                                 "where an implementation reads it)")
-            if node_id in position:
-                raise GraphError(f"order lists node {node_id} twice; list every computed node once")
-            position[node_id] = index
-        missing = [i for i in computed if i not in position]
-        if missing:
-            raise GraphError(f"order misses node {missing[0]} ({by_id[missing[0]].name}); it must list every computed node")
-        for node_id in self.order:
-            node = by_id[node_id]
-            for source in node.inputs + tuple(i for impl in node.impls for i in impl.inputs or ()):
-                if source in position and position[source] > position[node_id]:
-                    raise GraphError(
-                        f"order puts node {node_id} ({node.name}) before its input {source}; list every "
-                        "node after its inputs and its implementations' inputs (or leave order out for a "
-                        "topological order)"
-                    )
 
     # ---------------------------------------------------------------- lookups
     @cached_property
@@ -611,35 +379,6 @@ def _networkx_id(label: Any) -> Any:
     return label
 
 
-# -------------------------------------------------------------------- helpers
-def _check_impl(node: Node, impl: Impl, by_id: dict[int, Node]) -> None:
-    """One implementation's links: its inputs and the input it overwrites in place."""
-    where = f"node {node.id} ({node.name}), implementation {impl.name!r}"
-    reads = node.reads(impl)
-    for source in impl.inputs or ():
-        if source not in by_id:
-            raise GraphError(f"{where}: unknown input id {source}; add node {source} or remove it from the "
-                             "implementation's inputs")
-        if source == node.id:
-            raise GraphError(f"{where}: reads its own output (a cycle); remove {source} from its inputs")
-        if by_id[source].output_of == node.id:
-            raise GraphError(f"{where}: reads node {source}, an extra output of this very op (a cycle); remove it")
-    if len(set(reads)) != len(reads):
-        raise GraphError(f"{where}: an input id is listed twice; list each input once")
-    if impl.inplace_of is None:
-        return
-    if impl.inplace_of not in reads:
-        raise GraphError(f"{where}: runs in place of node {impl.inplace_of}, which it does not read; name one of "
-                         f"its inputs {list(reads)}")
-    target = by_id[impl.inplace_of]
-    if target.caller_owned or target.output_of is not None:
-        raise GraphError(f"{where}: cannot overwrite node {target.id}, a "
-                         f"{target.kind if target.caller_owned else 'extra output'}; only a computed value's "
-                         "storage can be taken over")
-    if impl.mem != target.mem:
-        raise GraphError(f"{where}: runs in place of node {target.id} ({target.mem} bytes) but declares mem "
-                         f"{impl.mem}; an in-place output has the size of the storage it takes over")
-
 
 def _describe_impl(node: Node, impl: Impl) -> str:
     """One implementation as a line of the printed graph."""
@@ -650,115 +389,7 @@ def _describe_impl(node: Node, impl: Impl) -> str:
     return text + ("" if impl.exact else f"  inexact (tolerance {impl.tolerance:g})")
 
 
-def _with_impl_edges(nodes: Iterable[Node]) -> list[Node]:
-    """The nodes with every implementation's inputs added to their inputs (for ordering and cycles)."""
-    result = []
-    for node in nodes:
-        extra = tuple(dict.fromkeys(i for impl in node.impls for i in impl.inputs or () if i not in node.inputs))
-        result.append(node.model_copy(update={"inputs": node.inputs + extra}) if extra else node)
-    return result
 
-
-def _topological_order(nodes: Iterable[Node]) -> list[int]:
-    """Kahn's algorithm, ties broken by position; a cycle raises GraphError naming a node on it."""
-    nodes = list(nodes)
-    position = {n.id: i for i, n in enumerate(nodes)}
-    indegree = {n.id: len(n.inputs) for n in nodes}
-    consumers: dict[int, list[int]] = {n.id: [] for n in nodes}
-    for node in nodes:
-        for source in node.inputs:
-            consumers[source].append(node.id)
-    ready = [(position[i], i) for i, d in indegree.items() if d == 0]
-    heapq.heapify(ready)
-    order: list[int] = []
-    while ready:
-        _, node_id = heapq.heappop(ready)
-        order.append(node_id)
-        for consumer in consumers[node_id]:
-            indegree[consumer] -= 1
-            if indegree[consumer] == 0:
-                heapq.heappush(ready, (position[consumer], consumer))
-    if len(order) != len(nodes):
-        # Walk back through unfinished inputs from any unfinished node until one repeats: that one
-        # lies on a cycle (a node left over may only depend on a cycle).
-        by_id = {n.id: n for n in nodes}
-        walker = min((n for n in nodes if indegree[n.id] > 0), key=lambda n: position[n.id])
-        visited: set[int] = set()
-        while walker.id not in visited:
-            visited.add(walker.id)
-            walker = by_id[next(i for i in walker.inputs if indegree[i] > 0)]
-        raise GraphError(f"node {walker.id} ({walker.name}): lies on a cycle; a graph must be a DAG")
-    return order
-
-
-#: What each field must hold: the fix named in a one-line validation error.
-_FIELD_RULES: dict[str, str] = {
-    "id": "a non-negative integer, unique in the graph",
-    "name": "a string",
-    "op": "a string",
-    "inputs": "a list of the ids of the nodes it reads",
-    "mem": f"an integer number of bytes (graph units) from 0 to 2**{MAX_MEM.bit_length() - 1}",
-    "workspace": f"an integer number of bytes (graph units) from 0 to 2**{MAX_MEM.bit_length() - 1}",
-    "cost": f"a finite number from 0 to {MAX_COST:g}",
-    "kind": "one of " + ", ".join(NodeKind.__args__),
-    "recomputable": "true or false",
-    "random": "true or false",
-    "impls": "a list of {name, cost, mem, workspace, inputs, inplace_of, exact, tolerance} objects",
-    "optional": "true or false",
-    "output_of": "the id of the node whose op produces this extra output",
-    "outputs": "a list of node ids",
-    "order": "a list of node ids",
-    "nodes": "a non-empty list of node objects",
-    "meta": "a JSON object",
-    "version": f"an integer from 1 to {GRAPH_VERSION}",
-    "device": "a torch device name such as \"cuda:0\" or \"cpu\", or null",
-    "format": repr(GRAPH_FORMAT),
-}
-
-
-def _describe_validation_error(exc: ValidationError, data: Any) -> str:
-    """One line for pydantic's first error: the node (id and name) or graph field, the value, the fix."""
-    error = exc.errors()[0]
-    loc = tuple(error["loc"])
-    where = "graph"
-    if len(loc) >= 2 and loc[0] == "nodes" and isinstance(loc[1], int):
-        where = _describe_node_at(data, loc[1])
-        loc = loc[2:]
-        if not loc:
-            return f"{where}: must be a JSON object with id, name, mem and cost, not {json_type_name(error['input'])}"
-    if not loc:
-        return f"graph: {first_line(error['msg'])}; a graph file holds a JSON object with a 'nodes' list"
-    field = _field_path(loc)
-    rule = _FIELD_RULES.get(next((p for p in reversed(loc) if isinstance(p, str)), ""), "")
-    fix = f"; it must be {rule}" if rule else ""
-    if error["type"] == "missing":
-        return f"{where}: field {field} is missing; add it{fix.replace('; it must be', ' as')}"
-    if error["type"] == "extra_forbidden":
-        return f"{where}: unknown field {field}; remove it or check its spelling"
-    if fix:
-        return f"{where}: field {field} is {short_repr(error['input'])}{fix}"
-    message = str(error["msg"]).removeprefix("Value error, ")
-    return f"{where}: field {field} is {short_repr(error['input'])}: {first_line(message)}"
-
-
-def _describe_node_at(data: Any, position: int) -> str:
-    """'node 7 (relu)' when the raw node at ``position`` has a usable id, else 'node at position 3'."""
-    raw = None
-    if isinstance(data, dict) and isinstance(data.get("nodes"), (list, tuple)) and position < len(data["nodes"]):
-        raw = data["nodes"][position]
-    raw_id = raw.get("id") if isinstance(raw, dict) else getattr(raw, "id", None)
-    if isinstance(raw_id, bool) or not isinstance(raw_id, int):
-        return f"node at position {position}"
-    name = raw.get("name") if isinstance(raw, dict) else getattr(raw, "name", None)
-    return f"node {raw_id} ({name})" if isinstance(name, str) else f"node {raw_id}"
-
-
-def _field_path(loc: tuple[Any, ...]) -> str:
-    """('impls', 0, 'cost') -> "'impls[0].cost'"."""
-    text = ""
-    for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return repr(text)
 
 
 def _digest(payload: Any) -> str:
@@ -806,3 +437,23 @@ def derived_from_graph(function: Callable[..., Derived]) -> Callable[..., Derive
         return cache[key]
 
     return cached
+
+
+__all__ = [
+    "CALLER_OWNED_KINDS",
+    "GRAPH_FORMAT",
+    "GRAPH_VERSION",
+    "MAX_COST",
+    "MAX_MEM",
+    "Bytes",
+    "Cost",
+    "Derived",
+    "Flag",
+    "Graph",
+    "Impl",
+    "Node",
+    "NodeId",
+    "NodeKind",
+    "derived_from_graph",
+    "device_order",
+]

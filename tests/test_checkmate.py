@@ -290,7 +290,7 @@ def test_coarse_memory_levels_stay_within_budget_but_claim_no_proof():
 
 
 def test_cbc_bound_is_read_from_its_log():
-    from coop.formulations.milp_backends import _cbc_bound
+    from coop.formulations.milp_pulp import _cbc_bound
 
     log = "Result - Stopped on time limit\n\nObjective value:                12.5\nLower bound:                    10.25\nGap: 0.2\n"
     bound = _cbc_bound(log)  # printed rounded: anything printed as 10.25 is at least 10.245

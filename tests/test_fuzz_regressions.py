@@ -27,7 +27,8 @@ from coop.cli import main
 from coop.formulations import solve
 from coop.formulations.checkmate import checkmate, checkmate_lp
 from coop.formulations.heuristics import peak_shaving_schedule
-from coop.formulations.milp_backends import LinearModel, _cbc_bound, _printed_lower_bound, solve_milp
+from coop.formulations.milp_backends import LinearModel, solve_milp
+from coop.formulations.milp_pulp import _cbc_bound, _printed_lower_bound
 from coop.graph import Graph
 from coop.schedule import Schedule, schedule_to_json, validate
 from tests.benchmark_module import load_benchmark

@@ -235,7 +235,7 @@ def test_unknown_graph_versions_and_flags_are_refused() -> None:
 
 
 #: The ground floor of the package (tests/test_layering.py orders the whole package): it imports neither torch nor anything above it.
-GROUND_FLOOR = ("coop.errors", "coop.text", "coop.graph", "coop.graph_upgrades", "coop.graph_files", "coop.schedule", "coop.budget", "coop.limits")
+GROUND_FLOOR = ("coop.errors", "coop.text", "coop.graph", "coop.graph_nodes", "coop.graph_checks", "coop.graph_upgrades", "coop.graph_files", "coop.schedule", "coop.schedule_steps", "coop.simulator", "coop.schedule_files", "coop.budget", "coop.limits")
 
 
 @pytest.mark.parametrize("module", GROUND_FLOOR)
@@ -246,7 +246,11 @@ def test_the_ground_floor_imports_no_torch_and_nothing_above_it(module: str) -> 
 
 
 def test_graph_reads_only_errors_and_its_version_1_table_from_coop() -> None:
-    assert {m for m in imported_modules("coop.graph") if m.startswith("coop")} == {"coop.errors", "coop.graph_upgrades", "coop.text"}
+    assert {m for m in imported_modules("coop.graph") if m.startswith("coop")} == {
+        "coop.errors", "coop.graph_upgrades", "coop.text", "coop.graph_nodes", "coop.graph_checks"}
+    assert not {m for m in imported_modules("coop.graph_nodes") if m.startswith("coop")}
+    assert {m for m in imported_modules("coop.graph_checks") if m.startswith("coop")} == {
+        "coop.errors", "coop.text", "coop.graph_nodes"}
     assert not {m for m in imported_modules("coop.graph_upgrades") if m.startswith("coop")}
 
 

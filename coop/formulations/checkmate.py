@@ -52,9 +52,8 @@ from coop.formulations.stage_model import (
     StageVariables,
     build_stage_model,
     project,
-    schedule_from_stages,
-    stages_from_solution,
 )
+from coop.formulations.stage_solution import schedule_from_stages, stages_from_solution
 from coop.graph import Graph
 from coop.schedule import Schedule, Simulation, simulate
 

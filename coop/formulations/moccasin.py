@@ -12,7 +12,7 @@ Efficient Tensor Rematerialization for Neural Networks", ICML 2023 (arXiv 2304.1
   node's workspace on its unit compute interval) and capacity = budget - caller-owned bytes;
 * objective: the total duration, ``sum_vi cost_v * p_vi``. O(n C) integer variables.
 
-:func:`build_model` creates them in that order on the shared substrate of
+:func:`coop.formulations.moccasin_model.build_model` creates them in that order on the shared substrate of
 :mod:`coop.formulations.interval_model` (the interval variables, precedence, first-computation order,
 hints and solution to schedule, shared with MONeT's and POET's interval models).
 
@@ -69,20 +69,15 @@ from coop.formulations.entry import formulation
 from coop.formulations.heuristics import improve_by_local_search
 from coop.formulations.interval_model import (
     Interval,
-    IntervalModel,
-    add_first_computation_order,
-    add_precedences,
-    ancestor_and_descendant_counts,
     first_computations_in_order,
-    follow_previous,
-    hint_choices,
-    interval_hint,
-    keep_last_to_end,
-    new_retention_bounds,
-    pin_absent,
-    present_intervals,
-    retention_schedule,
-    retention_spans,
+)
+from coop.formulations.moccasin_model import (
+    add_hint,
+    build_model,
+    intervals_to_schedule,
+    proof_model_affordable,
+    schedule_intervals,
+    solution_intervals,
 )
 from coop.formulations.progress import ProgressCallback, ProgressClock
 from coop.formulations.result import SolveResult
@@ -100,184 +95,6 @@ from coop.graph import Graph
 from coop.schedule import Schedule, Simulation, simulate
 
 FORMULATION = "moccasin"
-
-
-# ==================================================================== what a proof of optimality needs
-#: Above this many retention intervals in all, the model that would prove optimality is not built.
-PROOF_MAX_INTERVALS_FACTOR = 8
-#: Above this many precedence choice literals, the model that would prove optimality is not built.
-PROOF_MAX_CHOICES = 60_000
-def _choice_literals(problem: SlotProblem, per_node: dict[int, int]) -> int:
-    """How many precedence choice literals :func:`add_covering` creates for ``per_node``."""
-    return sum(per_node[v] * per_node[u] for v in problem.order for u in problem.inputs[v] if per_node[u] > 1)
-
-
-def _affordable(problem: SlotProblem, per_node: dict[int, int], horizon: int) -> bool:
-    n = len(problem.order)
-    return (sum(per_node.values()) <= PROOF_MAX_INTERVALS_FACTOR * n and horizon <= PROOF_MAX_INTERVALS_FACTOR * n
-            and _choice_literals(problem, per_node) <= PROOF_MAX_CHOICES)
-
-
-# ==================================================================== schedules <-> intervals
-def schedule_intervals(graph: Graph, schedule: Schedule) -> tuple[dict[int, list[Interval]], int]:
-    """Each node's retention intervals on the slot axis (one slot per compute) and the slot count.
-
-    Parameters
-    ----------
-    graph : Graph
-    schedule : Schedule
-        The warm start (legal under contract 2) whose intervals hint the model.
-
-    Returns
-    -------
-    (intervals, slots) : tuple
-        Per node of ``graph.order`` its ``(s_vi, e_vi)`` in slot order (:func:`retention_spans`: exactly the
-        simulator's instances, each extra output taken right after its op), and the number of computes.
-    """
-    spans, slots = retention_spans(graph, schedule, graph.order, in_place=False)
-    return {v: [(start, end) for start, end, _ in rows] for v, rows in spans.items()}, slots
-
-
-def intervals_to_schedule(problem: SlotProblem, intervals: dict[int, list[Interval]]) -> Schedule:
-    """Computes at interval starts in time order; a free after the slot where an interval ends.
-
-    Parameters
-    ----------
-    problem : SlotProblem
-    intervals : dict
-        Per node its present intervals ``(s_vi, e_vi)`` in slot order.
-
-    Returns
-    -------
-    Schedule
-        The final interval of a graph output is never freed (it must be resident at the end).
-    """
-    return retention_schedule({v: [(start, end, None) for start, end in ivs] for v, ivs in intervals.items()},
-                              problem.outputs)
-
-
-# ==================================================================== the CP-SAT model
-@dataclass
-class _Model(IntervalModel):
-    """The Moccasin model: s_vi, e_vi, p_vi of :class:`IntervalModel` (``p_v0`` the constant 1), the extra
-    cost ``sum cost_v p_vi`` over the recomputations and, with a relaxed capacity, the overflow."""
-
-    extra_cost: Any = 0
-    overflow: Any = None  # set when the memory capacity is relaxed (see build_model)
-
-
-def build_model(problem: SlotProblem, horizon: int, intervals_per_node: dict[int, int], keep_order: bool,
-                relax_memory: bool = False) -> _Model:
-    """The Moccasin model (the paper's s_vi, e_vi, p_vi) on ``horizon`` compute slots.
-
-    Parameters
-    ----------
-    problem : SlotProblem
-    horizon : int
-        The number of compute slots.
-    intervals_per_node : dict
-        Per node its number of retention intervals (the paper's C, 1 for a non-recomputable node).
-    keep_order : bool
-        First computations in ``problem.order`` (Checkmate's restriction); else only the random draws.
-    relax_memory : bool
-        The cumulative's capacity becomes a variable and the objective adds ``weight x overflow`` over the
-        budget, with weight above any total cost: every solution with less overflow is better, so a
-        feasible start (store-all) always exists and CP-SAT's search walks the peak down to the budget
-        before it trades cost. Its bound stays a valid bound on the cost of the unrelaxed model (whose
-        solutions are those with zero overflow).
-
-    Returns
-    -------
-    _Model
-
-    References
-    ----------
-    Bartan et al., "Moccasin: Efficient Tensor Rematerialization for Neural Networks", ICML 2023.
-    """
-    built = _Model(cp_model.CpModel(), horizon)
-    model = built.model
-    last = horizon - 1
-    n_anc, n_desc = ancestor_and_descendant_counts(problem)
-    retention, demands, compute_slots = [], [], []
-    cost_terms = []
-    for v in problem.order:
-        lo = built.lows[v] = n_anc[v]
-        starts: list[Any] = []
-        ends: list[Any] = []
-        present: list[Any] = []
-        built.starts[v], built.ends[v], built.present[v] = starts, ends, present
-        for i in range(intervals_per_node[v]):
-            # Retention interval i of v: [s_vi, e_vi], present when p_vi (the first one always).
-            s, e = new_retention_bounds(model, v, i, lo, last - n_desc[v], last)
-            p = model.NewConstant(1) if i == 0 else model.NewBoolVar(f"p_{v}_{i}")
-            size = model.NewIntVar(1, horizon, f"len_{v}_{i}")
-            if v in problem.output_of:
-                # An extra output exists from right after its op's first compute (contract 2),
-                # wherever its own (free) compute slot lies; it reads nothing.
-                op_start = built.starts[problem.output_of[v]][0]
-                model.Add(e >= s)
-                retention.append(model.NewIntervalVar(op_start + 1, size, e + 1, f"keep_{v}_{i}"))
-            else:
-                retention.append(model.NewOptionalIntervalVar(s, size, e + 1, p, f"keep_{v}_{i}"))
-            demands.append(problem.mem[v])
-            unit = model.NewOptionalFixedSizeIntervalVar(s, 1, p, f"run_{v}_{i}")  # its compute, at s_vi
-            compute_slots.append(unit)
-            if problem.workspace[v]:
-                retention.append(unit)
-                demands.append(problem.workspace[v])
-            if i > 0:
-                follow_previous(model, s, p, ends[-1], present[-1])
-                pin_absent(model, s, e, p, lo)
-                cost_terms.append(problem.cost[v] * p)  # a recomputation costs cost_v
-            starts.append(s)
-            ends.append(e)
-            present.append(p)
-        if v in problem.outputs:
-            keep_last_to_end(model, ends, present, last)
-    model.AddNoOverlap(compute_slots)  # one compute per slot
-    built.extra_cost = sum(cost_terms)
-    objective = built.extra_cost
-    # Memory: one cumulative over the retention intervals (and workspaces), capacity budget - caller-owned bytes.
-    if relax_memory:
-        most = sum(problem.mem.values()) + sum(problem.workspace.values())
-        capacity = model.NewIntVar(0, max(most, problem.capacity), "capacity")
-        overflow = model.NewIntVar(0, max(most - problem.capacity, 0), "overflow")
-        model.Add(overflow >= capacity - problem.capacity)
-        model.AddCumulative(retention, demands, capacity)
-        weight = sum(problem.cost.values()) * max(intervals_per_node.values()) + 1
-        objective = objective + weight * overflow
-        built.overflow = overflow
-    elif retention:
-        model.AddCumulative(retention, demands, problem.capacity)
-    # Precedence: every present interval of v is computed inside a present interval of each input u.
-    add_precedences(problem, built, lambda v, i: [] if i == 0 else [built.present[v][i]])
-    # Random ops (Node.random) draw in the captured order even without keep_order, or the replay would
-    # draw different numbers than eager PyTorch.
-    add_first_computation_order(built, problem.graph, problem.order, keep_order)
-    model.Minimize(objective)
-    return built
-
-
-def _add_hint(built: _Model, intervals: dict[int, list[Interval]], outputs: set[int]) -> None:
-    """A complete hint: every s, e, p and precedence choice of the warm-start schedule.
-
-    The model retains an output's last interval to its last slot (``horizon - 1``), which lies past
-    the warm start's own last slot when the horizon has slack: the hint ends it there too, or the
-    hint would be infeasible from the start.
-    """
-    model = built.model
-    for v, ivs in intervals.items():
-        for i, s in enumerate(built.starts[v]):
-            present, start, end = interval_hint(ivs, i, built.lows[v], built.horizon - 1, v in outputs)
-            model.AddHint(s, start)
-            model.AddHint(built.ends[v][i], end)
-            if i > 0 or not present:  # p_v0 is the constant 1
-                model.AddHint(built.present[v][i], present)
-    hint_choices(built, intervals)
-
-
-def _solution_intervals(solver: cp_model.CpSolver, built: _Model) -> dict[int, list[Interval]]:
-    return {v: [(start, end) for _, start, end in rows] for v, rows in present_intervals(solver, built).items()}
 
 
 class _ProgressReporter(cp_model.CpSolverSolutionCallback):
@@ -464,12 +281,7 @@ def moccasin(
     clock = ProgressClock(progress, deadline)
     graph, order = solving_graph(graph, order)
     if budget >= baseline_peak(graph):
-        # Store-all fits, and no schedule costs less than computing every node once.
-        schedule = Schedule.from_order(graph.order)
-        sim = simulate(graph, schedule)
-        return SolveResult(FORMULATION, "optimal", schedule, sim, sim.cost, graph.baseline_cost, clock.elapsed_s,
-                           f"store-all in the {order.split(' ')[0]} order fits the budget",
-                           {"warm_start": "store_all", "order": order})
+        return _store_all_result(graph, order, clock)
     problem = SlotProblem.build(graph, budget)
     lp_time = min(10.0, deadline.remaining() / 4) if lp_warm_start else 0.0
     warm = best_warm_start(graph, budget, hint, lp_time, deadline=deadline.share(WARM_START_SHARE), until=deadline)
@@ -478,28 +290,56 @@ def moccasin(
         keep_order = graph.has_backward
     settings = _Settings(deadline, threads, seed, max_intervals, keep_order, extra_slots, prove,
                          dict(cp_sat_parameters or {}))
-    if incumbent is not None:
-        clock.report(incumbent.simulation.cost, None, f"warm start {incumbent.source}")
-        large = len(problem.order) >= LOCAL_SEARCH_MIN_NODES
-        share = local_search if local_search is not None else (0.5 if large else 0.25)
-        # CP-SAT's model takes seconds to build (it cannot be stopped): the local search leaves that time, and
-        # takes all of it where CP-SAT would get less time to search than to build its model.
-        build_s = _build_seconds(problem, incumbent, settings)
-        left = deadline.remaining()
-        settings.cp_sat_worth = left >= 2 * build_s + 1.0
-        seconds = share * (left - build_s) if settings.cp_sat_worth else left
-        if share > 0 or not settings.cp_sat_worth:
-            # Small graphs: stop once repairs keep failing, CP-SAT then gets the rest of the time.
-            stall = None if large or not settings.cp_sat_worth else LOCAL_SEARCH_SMALL_STALL
-            incumbent = _locally_improved(incumbent, problem, max(0.0, seconds), seed, clock, stall)
+    incumbent = _improve_warm_start(incumbent, problem, settings, local_search, clock)
     check = None
     if incumbent is None:
         # Nothing fits yet: first ask whether anything of the space fits at all (a proof is often
         # quick where the capacity-relaxed model below would spend the whole limit).
-        check, found = _feasibility_check(problem, settings, clock)
+        check, incumbent = _feasibility_check(problem, settings, clock)
         if check.status == "INFEASIBLE":
             return _infeasible_result(problem, check, keep_order, clock, order)
-        incumbent = found
+    incumbent, rounds = _solve_rounds(problem, incumbent, settings, clock)
+    result = _result(problem, incumbent, warm, rounds, clock)
+    result.extra["order"] = order
+    if check is not None:
+        result.extra["feasibility"] = check.__dict__
+    return result
+
+
+def _store_all_result(graph: Graph, order: str, clock: ProgressClock) -> SolveResult:
+    """Store-all fits, and no schedule costs less than computing every node once: optimal."""
+    schedule = Schedule.from_order(graph.order)
+    sim = simulate(graph, schedule)
+    return SolveResult(FORMULATION, "optimal", schedule, sim, sim.cost, graph.baseline_cost, clock.elapsed_s,
+                       f"store-all in the {order.split(' ')[0]} order fits the budget",
+                       {"warm_start": "store_all", "order": order})
+
+
+def _improve_warm_start(incumbent: _Incumbent | None, problem: SlotProblem, settings: _Settings,
+                        local_search: float | None, clock: ProgressClock) -> _Incumbent | None:
+    """The warm start reported, then improved by the local search for its share of the time (see ``local_search``
+    of :func:`moccasin`); sets ``settings.cp_sat_worth``. None (no warm start fits): None."""
+    if incumbent is None:
+        return None
+    clock.report(incumbent.simulation.cost, None, f"warm start {incumbent.source}")
+    large = len(problem.order) >= LOCAL_SEARCH_MIN_NODES
+    share = local_search if local_search is not None else (0.5 if large else 0.25)
+    # CP-SAT's model takes seconds to build (it cannot be stopped): the local search leaves that time, and
+    # takes all of it where CP-SAT would get less time to search than to build its model.
+    build_s = _build_seconds(problem, incumbent, settings)
+    left = settings.deadline.remaining()
+    settings.cp_sat_worth = left >= 2 * build_s + 1.0
+    seconds = share * (left - build_s) if settings.cp_sat_worth else left
+    if share > 0 or not settings.cp_sat_worth:
+        # Small graphs: stop once repairs keep failing, CP-SAT then gets the rest of the time.
+        stall = None if large or not settings.cp_sat_worth else LOCAL_SEARCH_SMALL_STALL
+        incumbent = _locally_improved(incumbent, problem, max(0.0, seconds), settings.seed, clock, stall)
+    return incumbent
+
+
+def _solve_rounds(problem: SlotProblem, incumbent: _Incumbent | None, settings: _Settings, clock: ProgressClock
+                  ) -> tuple[_Incumbent | None, list[_Round]]:
+    """CP-SAT rounds until another is not worth it (:func:`_worth_another_round`): the incumbent and every round."""
     rounds: list[_Round] = []
     while True:  # at least one round, so that every result says what CP-SAT did
         round_, found = _solve_round(problem, incumbent, settings, clock)
@@ -508,11 +348,7 @@ def moccasin(
             incumbent = found
         if not _worth_another_round(problem, incumbent, round_, settings, clock):
             break
-    result = _result(problem, incumbent, warm, rounds, clock)
-    result.extra["order"] = order
-    if check is not None:
-        result.extra["feasibility"] = check.__dict__
-    return result
+    return incumbent, rounds
 
 
 #: Above this many retention intervals the CP-SAT model is not built (see :func:`_solve_round`).
@@ -580,7 +416,7 @@ def _model_shape(problem: SlotProblem, incumbent: _Incumbent | None, settings: _
         # when the caller's C is larger: it already contains every better schedule.
         exact = {v: max(len(intervals[v]), limits[v]) for v in problem.order}
         horizon = max(slots, needed)
-        if _affordable(problem, exact, horizon):
+        if proof_model_affordable(problem, exact, horizon):
             return intervals, exact, horizon, True
     slack = settings.extra_slots if settings.extra_slots is not None else len(problem.order) // 5 + 2
     return intervals, least, slots + slack, False
@@ -600,7 +436,7 @@ def _solve_round(problem: SlotProblem, incumbent: _Incumbent | None, settings: _
                       status="NOT_RUN", not_run="size" if too_large else "time", build_s=build_s), None
     keep_order = settings.keep_order and first_computations_in_order(intervals, problem.order)
     built = build_model(problem, horizon, per_node, keep_order, relax_memory=incumbent is None)
-    _add_hint(built, intervals, problem.outputs)
+    add_hint(built, intervals, problem.outputs)
     round_ = _Round(horizon=horizon, intervals=sum(per_node.values()), covers=covers, relaxed=incumbent is None)
     # Without the order constraints, presolve probing alone took two passes of ~9 s on random layered n250 (2
     # workers) and often left CP-SAT no time to search: with probing off it found a reordering at 0.0 % TDI at 0.9
@@ -625,7 +461,7 @@ def _solve_round(problem: SlotProblem, incumbent: _Incumbent | None, settings: _
     round_.overflow = solver.Value(built.overflow) if built.overflow is not None else 0
     if round_.overflow > 0:
         return round_, None
-    schedule = intervals_to_schedule(problem, _solution_intervals(solver, built))
+    schedule = intervals_to_schedule(problem, solution_intervals(solver, built))
     sim = simulate(graph, schedule)
     if sim.peak > problem.budget:  # never hand out a schedule the simulator rejects
         raise AssertionError(f"moccasin schedule peaks at {sim.peak} > budget {problem.budget}")

@@ -84,16 +84,14 @@ from coop.formulations.solving_order import check_order, solving_graph
 from coop.formulations.stage_model import (
     Entry,
     Linear,
-    StageStep,
     add_memory_recurrence,
     add_retention_variables,
     entries_sum,
     latest_possible_reads,
     linear_plus,
     linear_scaled,
-    retained_from_solution,
-    schedule_from_stage_steps,
 )
+from coop.formulations.stage_solution import StageStep, retained_from_solution, schedule_from_stage_steps
 from coop.graph import Graph, Impl, Node
 from coop.schedule import Schedule, Simulation, simulate
 
@@ -353,7 +351,7 @@ def _chosen(entries: list[Entry], values: list[float]) -> int | None:
 
 def _schedule(problem: _Problem, variables: _Variables, values: list[float]) -> Schedule:
     """Stage by stage, in position order, each position with its chosen implementation; the frees of
-    :func:`coop.formulations.stage_model.schedule_from_stage_steps` (a consumed input is gone already)."""
+    :func:`coop.formulations.stage_solution.schedule_from_stage_steps` (a consumed input is gone already)."""
     stages: list[list[StageStep]] = []
     for t in range(problem.positions):
         stage = []

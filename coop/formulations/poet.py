@@ -81,9 +81,8 @@ from coop.formulations.stage_model import (
     build_stage_model,
     latest_possible_reads,
     project,
-    schedule_from_stages,
-    stages_from_solution,
 )
+from coop.formulations.stage_solution import schedule_from_stages, stages_from_solution
 from coop.graph import Graph
 from coop.schedule import Schedule
 

@@ -139,19 +139,8 @@ def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: st
         if fx_node.op == "output":
             continue
         tensors = tensor_leaves(fx_node.meta.get("val"))
-        new_storages: dict[int, int] = {}
-        predicted = _predicted_bytes(fx_node, tensors)
-        measured = measured_storage.get(fx_node.name)
-        if measured is None or len(measured) != len(tensors):
-            measured = None
-        for index, tensor in enumerate(tensors):
-            key = storage_key(tensor)
-            if key not in storage_owner and key not in new_storages:
-                nbytes = predicted[index] if measured is None else measured[index]
-                if nbytes != predicted[index]:
-                    missed.append({"fx_node": fx_node.name, "op": str(fx_node.target), "output": index,
-                                   "device": str(tensor.device), "predicted": predicted[index], "measured": nbytes})
-                new_storages[key] = allocator_bytes(nbytes, allocated_on or tensor.device)
+        new_storages = _new_storages(fx_node, tensors, storage_owner, measured_storage.get(fx_node.name), allocated_on,
+                                     missed)
         claimed = {k: pending.pop(k) for k in [storage_key(t) for t in tensors] if k in pending}
         extras: dict[int, int] = {}
         if len(new_storages) > 1 and fx_node.op == "call_function":
@@ -204,10 +193,41 @@ def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: st
     flops_per_node = {i: 0 for i in fields}
     for fx_name, flops in fx_flops.items():
         flops_per_node[owner_of[fx_name]] += flops
-    meta = {
+    meta = _capture_meta(profiled, fx_flops, flops_per_node, host_nodes, missed, moved)
+    order = [i for i, f in fields.items() if f["kind"] not in PLACEHOLDER_KIND.values()]
+    graph = Graph(name=name, nodes=tuple(nodes), outputs=tuple(dict.fromkeys(outputs["all"])), order=tuple(order), meta=meta)
+    return Lowered(graph=graph, fx_names=fx_names, owner_of=owner_of, node_flops=flops_per_node, fx_flops=fx_flops)
+
+
+def _new_storages(fx_node: fx.Node, tensors: list[torch.Tensor], storage_owner: dict[int, int],
+                  measured: list[int] | None, allocated_on: torch.device | None,
+                  missed: list[dict[str, Any]]) -> dict[int, int]:
+    """The storages ``fx_node`` allocates (storage key -> allocator bytes): those of its tensors no earlier node
+    owns, measured where the profiled run measured every output, else predicted; a measured size the prediction
+    missed is appended to ``missed``."""
+    new_storages: dict[int, int] = {}
+    predicted = _predicted_bytes(fx_node, tensors)
+    if measured is None or len(measured) != len(tensors):
+        measured = None
+    for index, tensor in enumerate(tensors):
+        key = storage_key(tensor)
+        if key not in storage_owner and key not in new_storages:
+            nbytes = predicted[index] if measured is None else measured[index]
+            if nbytes != predicted[index]:
+                missed.append({"fx_node": fx_node.name, "op": str(fx_node.target), "output": index,
+                               "device": str(tensor.device), "predicted": predicted[index], "measured": nbytes})
+            new_storages[key] = allocator_bytes(nbytes, allocated_on or tensor.device)
+    return new_storages
+
+
+def _capture_meta(profiled: NodeProfile | None, fx_flops: dict[str, int], flops_per_node: dict[int, int],
+                  host_nodes: list[int], missed: list[dict[str, Any]], moved: list[dict[str, Any]]) -> dict[str, Any]:
+    """The captured Graph's ``meta``: units, FLOPs, where the bytes came from, host outputs, and (profiled) what
+    the storage table missed and which outputs moved device."""
+    meta: dict[str, Any] = {
         "source": "coop.capture",
         "mem_unit": "bytes",
-        "cost_unit": "seconds (profiled)" if seconds is not None else
+        "cost_unit": "seconds (profiled)" if profiled is not None else
         f"seconds (analytic: flops / {FLOP_RATE:.0e} FLOP/s + bytes moved / {BANDWIDTH:.0e} B/s)",
         "flops": sum(fx_flops.values()),
         "node_flops": {str(i): f for i, f in flops_per_node.items() if f},
@@ -219,9 +239,7 @@ def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: st
     if profiled is not None:
         meta["storage_table_missed"] = missed
         meta["devices_moved"] = moved
-    order = [i for i, f in fields.items() if f["kind"] not in PLACEHOLDER_KIND.values()]
-    graph = Graph(name=name, nodes=tuple(nodes), outputs=tuple(dict.fromkeys(outputs["all"])), order=tuple(order), meta=meta)
-    return Lowered(graph=graph, fx_names=fx_names, owner_of=owner_of, node_flops=flops_per_node, fx_flops=fx_flops)
+    return meta
 
 
 def _predicted_bytes(fx_node: fx.Node, tensors: list[torch.Tensor]) -> list[int]:

@@ -207,6 +207,22 @@ def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossF
         raise CaptureError(f"cannot trace the training step of {type(model).__name__}: {hint}{type(exc).__name__}: "
                            f"{first}{f' ({dtypes})' if dtypes else ''}") from None
     _refuse_mixed_dtypes(module.graph, type(model).__name__, names, params, batch)
+    _make_pure(module, compact_masks, sharding)
+    return TracedStep(
+        module=module,
+        param_names=list(params),
+        buffer_names=list(buffers),
+        frozen_names=list(frozen),
+        batch_size=len(batch),
+        output_grads=list(params) if sharding is None else sharded_gradient_names(sharding, set(params)),
+        output_buffers=list(buffers),
+    )
+
+
+def _make_pure(module: fx.GraphModule, compact_masks: bool, sharding: Sharding | None) -> None:
+    """The traced step made a pure joint graph (:func:`trace_step`'s last passes): batch norm functional, no
+    in-place mutation left (CaptureError otherwise), compact dropout masks, dead code dropped, an FSDP step's
+    collectives placed; flat inputs and a flat list of outputs."""
     _functionalize_batch_norm(module.graph)
     _functionalize_vendor_batch_norm(module.graph)
     _refuse_mutations(module.graph)
@@ -218,15 +234,6 @@ def trace_step(model: nn.Module, batch: tuple[torch.Tensor, ...], loss_fn: LossF
     module.graph._codegen = fx.graph.CodeGen()  # flat inputs, flat list of outputs
     module.graph.lint()
     module.recompile()
-    return TracedStep(
-        module=module,
-        param_names=list(params),
-        buffer_names=list(buffers),
-        frozen_names=list(frozen),
-        batch_size=len(batch),
-        output_grads=list(params) if sharding is None else sharded_gradient_names(sharding, set(params)),
-        output_buffers=list(buffers),
-    )
 
 
 #: The loggers of torch's tracing machinery: a meta function that raises is logged there with its whole traceback

@@ -184,6 +184,33 @@ class Arena:
         """The block that starts where ``block`` ends (None at the top of the arena)."""
         return self._blocks.get(block.end)
 
+    def wall_address(self, size: int, fixed: Callable[[Hashable], bool]) -> int | None:
+        """Where a block that never leaves fragments the free space least (None: no hole fits).
+
+        Such a block splits every free run it lands in, for good, so it goes against a wall (an arena
+        end or another block whose tag is ``fixed``): the smallest hole walled on both sides, else the
+        smallest hole with a wall on one side (placed against that wall), else the top of the highest
+        hole that fits. O(free blocks).
+        """
+
+        def is_wall(block: Block | None) -> bool:
+            return block is None or (not block.free and fixed(block.tag))
+
+        best: tuple[int, int, int] | None = None  # (walls missing, hole size, address)
+        highest: int | None = None
+        for hole in self.free_blocks():
+            if hole.size < size:
+                continue
+            highest = hole.end - size
+            wall_below = is_wall(self.block_below(hole))
+            wall_above = is_wall(self.block_above(hole))
+            if not (wall_below or wall_above):
+                continue
+            candidate = (int(not (wall_below and wall_above)), hole.size, hole.end - size if wall_above else hole.start)
+            if best is None or candidate[:2] < best[:2]:
+                best = candidate
+        return best[2] if best is not None else highest
+
     def free_neighbour_bytes(self, tag: Hashable) -> int:
         """Free bytes directly below and above the block of ``tag`` (DTE's effective size)."""
         block = self.block_of(tag)

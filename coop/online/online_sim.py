@@ -50,68 +50,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator
-from dataclasses import dataclass, field
-from typing import Any, Literal
 
 from coop.budget import baseline_peak, parsed_budget
 from coop.graph import Graph
-from coop.online.arena import Arena, Block
+from coop.online.arena import Arena
+from coop.online.online_result import THRASH_OVERHEAD, OnlineResult, OnlineStatus, OutOfMemory, Thrashing
 from coop.online.policies import EvictionPolicy, TensorInfo, make_policy
 from coop.schedule import Schedule, Step, prompt_order, relative_overhead
-
-OnlineStatus = Literal["ok", "thrashed", "oom"]
-
-#: DTR's thrashing threshold: a finished run that recomputed more than twice the baseline.
-THRASH_OVERHEAD = 2.0
-
-
-@dataclass
-class OnlineResult:
-    """One online run: status, compute overhead, eviction counts and arena measurements.
-
-    ``status``: "ok"; "thrashed" when the run finished with overhead > 2 (DTR's threshold; the
-    schedule is still legal) or was stopped once its extra compute passed ``max_overhead`` x the
-    baseline (no schedule); "oom" when nothing evictable could make room (no schedule). A run cut
-    short reports as ``overhead`` the recomputation it had paid for when it stopped. ``peak`` is
-    the most used bytes at once (caller-owned included), ``arena_peak`` the highest
-    address ever occupied; ``fragmentation`` the mean free bytes / arena size over the failed
-    allocation requests (Coop's measure), ``largest_free_fraction`` the mean largest free block /
-    arena size over the same failures.
-    """
-
-    policy: str
-    budget: int
-    status: OnlineStatus
-    overhead: float
-    cost: float
-    baseline_cost: float
-    evictions: int
-    recomputations: int
-    steps: int
-    failures: int
-    search_s: float
-    wall_s: float
-    fragmentation: float
-    largest_free_fraction: float
-    peak: int
-    arena_peak: int
-    schedule: Schedule | None = field(default=None, repr=False)
-    message: str = ""
-    random_replays: int = 0
-    #: times the arena's gaps were closed (``compact=True``: the dynamic fallback's last resort)
-    compactions: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready summary (the schedule is left out)."""
-        return {k: v for k, v in self.__dict__.items() if k != "schedule"}
-
-
-class OutOfMemory(Exception):
-    """Nothing evictable can make room for an allocation (the engine stops; callers report it)."""
-
-
-class Thrashing(Exception):
-    """The extra compute passed the caller's limit (the engine stops; callers report it)."""
 
 
 class _Workspace:
@@ -430,31 +375,14 @@ class OnlineSimulator:
         return self._arena.allocate(size, key, record=record, placement=placement) is not None
 
     def _permanent_address(self, size: int) -> int | None:
-        """Where a never-evictable value fragments the evictable region least (None: nowhere fits).
+        """Where a never-evictable value fragments the evictable region least (None: nowhere fits):
+        against a wall (:meth:`coop.online.arena.Arena.wall_address`), an arena end or another
+        never-evictable block, caller-owned ones included."""
+        return self._arena.wall_address(size, self._is_fixed)
 
-        Such a block splits every eviction window it lands in, for good, so it goes against a wall
-        (an arena end or another never-evictable block, caller-owned ones included): the smallest
-        hole walled on both sides, else the smallest hole with a wall on one side (placed against
-        that wall), else the top of the highest hole that fits. O(free blocks); such values are few.
-        """
-        best: tuple[int, int, int] | None = None  # (walls missing, hole size, address)
-        highest: int | None = None
-        for hole in self._arena.free_blocks():
-            if hole.size < size:
-                continue
-            highest = hole.end - size
-            wall_below = self._is_wall(self._arena.block_below(hole))
-            wall_above = self._is_wall(self._arena.block_above(hole))
-            if not (wall_below or wall_above):
-                continue
-            candidate = (int(not (wall_below and wall_above)), hole.size, hole.end - size if wall_above else hole.start)
-            if best is None or candidate[:2] < best[:2]:
-                best = candidate
-        return best[2] if best is not None else highest
-
-    def _is_wall(self, block: Block | None) -> bool:
-        """An arena end or a block that no eviction can free."""
-        return block is None or (not block.free and isinstance(block.tag, int) and self._never_evictable(block.tag))
+    def _is_fixed(self, tag: Hashable) -> bool:
+        """A block tag that no eviction can free: a value that is never evictable (workspaces are not)."""
+        return isinstance(tag, int) and self._never_evictable(tag)
 
     def _drop(self, key: int) -> None:
         """Take a value out of memory (eviction or release); its lineage stays for recomputation."""
