@@ -51,7 +51,7 @@ from coop.errors import CoopError, InfeasibleError, SolveTimeoutError
 from coop.formulations.baselines import split_forward_backward
 from coop.formulations.deadline import Deadline
 from coop.formulations.entry import formulation
-from coop.formulations.options import SolverOptions
+from coop.formulations.options import AutoOptions, SolverOptions
 from coop.formulations.progress import ProgressClock
 from coop.formulations.registry import BASELINES, registered
 from coop.formulations.repeated_blocks import find_block_groups
@@ -73,7 +73,7 @@ RUNG_WEIGHTS = {"blocks": 4.0}
 def run_solver(graph: Graph, budget: int, name: str, options: SolverOptions | None = None,
                **keywords: Any) -> SolveResult:
     """Run the formulation registered under ``name`` (:data:`coop.formulations.registry.FORMULATIONS`, the one
-    table) with typed options (or keywords, typed here).
+    table) with typed options, or with keywords typed here.
 
     Parameters
     ----------
@@ -84,10 +84,9 @@ def run_solver(graph: Graph, budget: int, name: str, options: SolverOptions | No
     name : str
         A registered formulation.
     options : SolverOptions or None
-        Typed options (of any :class:`SolverOptions` type: the fields ``name``'s type declares are taken from
-        them); None: from ``keywords``.
+        Options of ``name``'s type (:meth:`SolverOptions.from_options` converts others); None: from ``keywords``.
     **keywords : Any
-        The solver's options by name; None values mean the default.
+        Without ``options``: the solver's options by name; None values mean the default.
 
     Returns
     -------
@@ -100,12 +99,11 @@ def run_solver(graph: Graph, budget: int, name: str, options: SolverOptions | No
         When an option is one the solver does not take (and whatever the solver raises).
     """
     spec = registered(name)
-    if options is not None:
-        fields = {f.name for f in dataclasses.fields(spec.options)}
-        keywords = {**{f.name: getattr(options, f.name) for f in dataclasses.fields(options) if f.name in fields},
-                    **keywords}
-    typed = spec.options.from_keywords(name, keywords)
-    return spec.function()(graph, budget, **typed.keywords())
+    if options is None:
+        options = spec.options.from_keywords(name, keywords)
+    elif keywords:
+        raise CoopError(f"run_solver: give {name!r} options=... or keywords, not both")
+    return spec.run(graph, budget, options)
 
 
 def choose_formulation(graph: Graph, budget: int, *, captured: Any = None) -> str:
@@ -214,11 +212,12 @@ def _reordering_fits(graph: Graph, budget: int) -> bool:
     return order.startswith("deferred") and simulate(reordered, Schedule.from_order(reordered.order)).peak <= budget
 
 
-@formulation("auto")
-def auto(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int = 2, progress: Any = None,
-         captured: Any = None, hint: Any = None, device_profile: Any = None,
-         deadline: Deadline | None = None) -> SolveResult:
+@formulation("auto", options=AutoOptions)
+def auto(graph: Graph, budget: int, options: AutoOptions) -> SolveResult:
     """Climb :func:`formulation_ladder` within ``time_limit`` seconds in all; return the cheapest fitting schedule.
+
+    Each rung's options are derived from auto's (:meth:`SolverOptions.from_options`, then ``dataclasses.replace``
+    with the rung's share of the time, auto's deadline and the hints so far).
 
     Parameters
     ----------
@@ -226,22 +225,12 @@ def auto(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int = 
         The graph to schedule.
     budget : int
         The budget in graph units (parsed).
-    time_limit : float
-        Seconds for the whole ladder; each rung gets its weight's part of what is left (:data:`RUNG_WEIGHTS`).
-    threads : int
-        Solver threads, passed to each rung.
-    progress : Any
-        A progress callback, passed to each rung; it also gets a milestone as the ladder starts and one per rung
-        (:func:`report_rung`), stamped with the seconds since auto began.
-    captured : Any
-        The captured program, passed to each rung.
-    hint : Any
-        A schedule or a list of schedules to warm-start the rungs with, before what earlier rungs
-        found.
-    device_profile : Any
-        A device profile; given one, POET is the last rung.
-    deadline : Deadline or None
-        The ladder's deadline (made from ``time_limit`` by the entry); each rung's is within it.
+    options : AutoOptions
+        ``time_limit``: seconds for the whole ladder, each rung getting its weight's part of what is left
+        (:data:`RUNG_WEIGHTS`); ``deadline``: the ladder's, made by the entry, each rung's within it; ``threads``,
+        ``captured`` and ``progress`` are passed to each rung (``progress`` also gets a milestone as the ladder
+        starts and one per rung, :func:`report_rung`); ``hint``: a schedule or a list of schedules to warm-start
+        the rungs with, before what earlier rungs found; ``device_profile``: given one, POET is the last rung.
 
     Returns
     -------
@@ -251,9 +240,9 @@ def auto(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int = 
         rung's status; else a result with status "unknown", no schedule, and a message saying what to try. A rung
         that raises a CoopError counts as "unknown".
     """
-    deadline = deadline if deadline is not None else Deadline.after(time_limit)
+    deadline, hint, device_profile = options.deadline, options.hint, options.device_profile
     ladder = formulation_ladder(graph, budget, device_profile)
-    clock = ProgressClock(progress, deadline)
+    clock = ProgressClock(options.progress, deadline)
     clock.report(message=f"auto: trying {', '.join(ladder)} within {deadline.limit:g} s", milestone=True)
     found: list[SolveResult] = []
     rungs: list[Rung] = []
@@ -265,7 +254,6 @@ def auto(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int = 
         rungs.append(Rung(baseline.formulation, "heuristic", baseline.wall_s, 0.0, baseline.simulation.overhead,
                           "the cheapest baseline that fits"))
         report_rung(clock, rungs[-1], found)
-    base = SolverOptions(threads=threads, progress=progress, captured=captured)
     for index, name in enumerate(ladder):
         skip = _skip_reason(graph, name, found, rungs)
         remaining = deadline.remaining()
@@ -277,11 +265,11 @@ def auto(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int = 
             continue
         weights = [RUNG_WEIGHTS.get(later, 1.0) for later in ladder[index:]]
         share = max(remaining * weights[0] / sum(weights), min(MIN_RUNG_SECONDS, remaining), 1e-3)
-        options = dataclasses.replace(base, time_limit=share, deadline=deadline,
-                                      hint=[*hints, *(r.schedule for r in found)] or None)
+        rung_options = dataclasses.replace(registered(name).options.from_options(options), time_limit=share,
+                                           deadline=deadline, hint=[*hints, *(r.schedule for r in found)] or None)
         started = deadline.elapsed()
         try:
-            result = run_solver(graph, budget, name, options, device_profile=device_profile)
+            result = run_solver(graph, budget, name, rung_options)
         except CoopError as exc:
             result = SolveResult(formulation=name, status="unknown", message=str(exc))
         fits = _fits(budget, result)

@@ -44,7 +44,8 @@ from coop.formulations.baselines import ForwardBackward, forward_keep_backward_r
 from coop.formulations.deadline import Deadline, cp_sat_solver
 from coop.formulations.entry import formulation
 from coop.formulations.moccasin import moccasin
-from coop.formulations.progress import ProgressCallback, ProgressClock
+from coop.formulations.options import BlocksOptions, MoccasinOptions
+from coop.formulations.progress import ProgressClock
 from coop.formulations.repeated_blocks import BlockGroup, find_block_groups
 from coop.formulations.result import SolveResult
 from coop.graph import Graph
@@ -260,10 +261,8 @@ def composed_schedule(graph: Graph, budget: int, split: ForwardBackward, groups:
     return best
 
 
-@formulation(NAME)
-def blocks(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int = 2,
-           progress: ProgressCallback | None = None, hint: Any = None, seed: int = 0,
-           deadline: Deadline | None = None) -> SolveResult:
+@formulation(NAME, options=BlocksOptions)
+def blocks(graph: Graph, budget: int, options: BlocksOptions) -> SolveResult:
     """Plan repeated blocks once, compose, then polish with Moccasin (see the module docstring).
 
     Parameters
@@ -272,6 +271,8 @@ def blocks(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int 
         A training step's graph (forward and backward).
     budget : int
         The budget in graph units (parsed).
+    options : BlocksOptions
+        The options; their fields follow.
     time_limit : float
         Seconds for everything; :data:`COMPOSE_SHARE` of it at most for the block and layer levels.
     threads : int
@@ -282,7 +283,7 @@ def blocks(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int 
         Schedules (or results) the polish may also start from.
     seed : int
         The polish's random seed.
-    deadline : Deadline or None
+    deadline : Deadline
         The solve's deadline (made from ``time_limit`` by the entry); the polish gets what is left of it.
 
     Returns
@@ -301,7 +302,7 @@ def blocks(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int 
     ----------
     Zhao et al., Rockmate, ICML 2023; HiRemate, ICML 2025; Chen et al. 2016; Bartan et al., Moccasin, ICML 2023.
     """
-    deadline = deadline if deadline is not None else Deadline.after(time_limit)
+    deadline, progress, hint = options.deadline, options.progress, options.hint
     clock = ProgressClock(progress, deadline)
     split = split_forward_backward(graph, NAME)
     groups = find_block_groups(graph, split.forward)
@@ -319,8 +320,9 @@ def blocks(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int 
         extra |= {"levels": levels, "composed_cost": sim.cost}
         clock.report(sim.cost, None, "blocks: composed")
         hints = [schedule, *hints]
-    polished = moccasin(graph, budget, time_limit=max(1e-3, deadline.remaining()), deadline=deadline,
-                        threads=threads, progress=progress, hint=hints or None, seed=seed)
+    polish = MoccasinOptions(time_limit=max(1e-3, deadline.remaining()), deadline=deadline, threads=options.threads,
+                             progress=progress, hint=hints or None, seed=options.seed)
+    polished = moccasin(graph, budget, options=polish)
     extra["polish"] = {"status": polished.status, "message": polished.message}
     if composed is None:
         why = "no repeated blocks found" if not groups else "no composition of the block options fits the budget"

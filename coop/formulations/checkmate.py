@@ -45,7 +45,8 @@ from coop.errors import SolverError
 from coop.formulations.deadline import Deadline, DeadlinePassed
 from coop.formulations.entry import formulation
 from coop.formulations.milp_backends import LinearModel, MilpSolution, solve_lp_relaxation, solve_milp
-from coop.formulations.progress import Progress, ProgressCallback
+from coop.formulations.options import CheckmateLpOptions, CheckmateOptions
+from coop.formulations.progress import Progress
 from coop.formulations.result import SolveResult
 from coop.formulations.stage_model import (
     StageProblem,
@@ -57,7 +58,7 @@ from coop.formulations.stage_solution import schedule_from_stages, stages_from_s
 from coop.graph import Graph
 from coop.schedule import Schedule, Simulation, simulate
 
-DEFAULT_MAX_NODES = 600
+DEFAULT_MAX_NODES = CheckmateOptions.max_nodes
 #: The LP is solved at the budget, then, while no rounding fits and time remains, at these
 #: fractions of the memory left after caller-owned values.
 LP_BUDGET_FACTORS = (1.0, 0.9, 0.8, 0.7)
@@ -100,26 +101,13 @@ def _stages_for_retention(problem: StageProblem, keep: Any) -> tuple[list[list[i
 
 
 # -------------------------------------------------------------------- entry points
-def _check_size(*, graph: Graph, max_nodes: int, **_: Any) -> None:
+def _check_size(graph: Graph, budget: int, options: CheckmateOptions | CheckmateLpOptions) -> None:
     """The option check of both Checkmate entry points (run first, at every budget)."""
-    _refuse_too_large(graph, max_nodes)
+    _refuse_too_large(graph, options.max_nodes)
 
 
-@formulation("checkmate", check_options=_check_size)
-def checkmate(
-    graph: Graph,
-    budget: int,
-    *,
-    solver: str = "cbc",
-    time_limit: float = 60.0,
-    threads: int = 2,
-    progress: ProgressCallback | None = None,
-    max_nodes: int = DEFAULT_MAX_NODES,
-    memory_levels: int | None = None,
-    cost_limit: float | None = None,
-    verbose: bool = False,
-    deadline: Deadline | None = None,
-) -> SolveResult:
+@formulation("checkmate", options=CheckmateOptions, check_options=_check_size)
+def checkmate(graph: Graph, budget: int, options: CheckmateOptions) -> SolveResult:
     """The Checkmate MILP (Jain et al. 2020, section 4) solved with ``solver``.
 
     ``solver``: cbc (PuLP), scip, highs, cp-sat (OR-Tools), gurobi or cplex (PuLP, when
@@ -145,18 +133,13 @@ def checkmate(
         The training step.
     budget : int
         The memory budget in the graph's units, caller-owned values included.
-    solver, time_limit, threads, progress, verbose
-        The MILP backend, its wall-clock limit (model building included), worker threads, a
-        progress callback and the solver's log.
-    deadline : Deadline or None
-        The solve's deadline (made from ``time_limit`` by the entry): the solver gets what is left of it once
-        the model is built.
-    max_nodes : int
-        The largest graph the O(n^2) model is built for (:class:`~coop.errors.SolverError` above).
-    memory_levels : int or None
-        Coarsen memory to at most this many units of the budget.
-    cost_limit : float or None
-        Search only schedules that cost at most this much.
+    options : CheckmateOptions
+        ``solver``, ``time_limit``, ``threads``, ``progress``, ``verbose``: the MILP backend, its wall-clock limit
+        (model building included), worker threads, a progress callback and the solver's log; ``deadline``: the
+        solve's (made by the entry), the solver gets what is left of it once the model is built; ``max_nodes``:
+        the largest graph the O(n^2) model is built for (:class:`~coop.errors.SolverError` above);
+        ``memory_levels``: coarsen memory to at most this many units of the budget; ``cost_limit``: search only
+        schedules that cost at most this much.
 
     Returns
     -------
@@ -169,9 +152,10 @@ def checkmate(
     Jain et al., "Checkmate: Breaking the Memory Wall with Optimal Tensor Rematerialization",
     MLSys 2020, section 4 (the model: :func:`coop.formulations.stage_model.build_stage_model`).
     """
+    solver, threads, progress, deadline = options.solver, options.threads, options.progress, options.deadline
+    memory_levels, cost_limit = options.memory_levels, options.cost_limit
     if memory_levels is None and solver.lower().replace("_", "-") in ("cp-sat", "cpsat"):
         memory_levels = CP_SAT_MEMORY_LEVELS
-    deadline = deadline if deadline is not None else Deadline.after(time_limit)
     problem = project(graph, budget, memory_levels)
     try:
         model, variables = build_stage_model(problem, deadline=deadline)
@@ -182,7 +166,7 @@ def checkmate(
     # Building the model counts against the time limit (seconds for a few hundred nodes); the
     # solver gets what is left, even a few milliseconds: that solves a small model.
     solution = solve_milp(model, solver, time_limit=deadline.remaining(), threads=threads, progress=progress,
-                          verbose=verbose)
+                          verbose=options.verbose)
     solution.wall_s = deadline.elapsed()  # the whole solve, model building included
     return _result_from_milp(graph, budget, problem, variables, solution, solver, len(model.rows), model.num_vars,
                              cost_limit)
@@ -209,20 +193,8 @@ def _limit_cost(model: LinearModel, problem: StageProblem, variables: StageVaria
     model.add_row(list(model.objective), "<=", extra)
 
 
-@formulation("checkmate-lp", check_options=_check_size)
-def checkmate_lp(
-    graph: Graph,
-    budget: int,
-    *,
-    time_limit: float = 60.0,
-    threads: int = 2,
-    progress: ProgressCallback | None = None,
-    max_nodes: int = DEFAULT_MAX_NODES,
-    thresholds: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
-    random_roundings: int = 16,
-    seed: int = 0,
-    deadline: Deadline | None = None,
-) -> SolveResult:
+@formulation("checkmate-lp", options=CheckmateLpOptions, check_options=_check_size)
+def checkmate_lp(graph: Graph, budget: int, options: CheckmateLpOptions) -> SolveResult:
     """Checkmate's two-phase LP rounding (Jain et al. 2020, section 5).
 
     Solve the LP relaxation of the MILP; round S at each deterministic threshold and with
@@ -239,18 +211,11 @@ def checkmate_lp(
         The training step.
     budget : int
         The memory budget in the graph's units, caller-owned values included.
-    time_limit, threads, progress
-        The wall-clock limit, LP worker threads and a progress callback.
-    deadline : Deadline or None
-        The solve's deadline (made from ``time_limit`` by the entry).
-    max_nodes : int
-        The largest graph the O(n^2) model is built for.
-    thresholds : tuple of float
-        The deterministic rounding thresholds of S.
-    random_roundings : int
-        How many randomised roundings per LP.
-    seed : int
-        The randomised roundings' seed.
+    options : CheckmateLpOptions
+        ``time_limit``, ``threads``, ``progress``: the wall-clock limit, LP worker threads and a progress callback;
+        ``deadline``: the solve's (made by the entry); ``max_nodes``: the largest graph the O(n^2) model is built
+        for; ``thresholds``: the deterministic rounding thresholds of S; ``random_roundings``: how many randomised
+        roundings per LP; ``seed``: their seed.
 
     Returns
     -------
@@ -263,7 +228,8 @@ def checkmate_lp(
     Jain et al., "Checkmate: Breaking the Memory Wall with Optimal Tensor Rematerialization",
     MLSys 2020, section 5 (two-phase LP rounding).
     """
-    deadline = deadline if deadline is not None else Deadline.after(time_limit)
+    time_limit, threads, progress, deadline = options.time_limit, options.threads, options.progress, options.deadline
+    thresholds, random_roundings, seed = options.thresholds, options.random_roundings, options.seed
     started = deadline.started  # building the model and rounding count against the limit too
     rng = random.Random(seed)
     lower_bound: float | None = None

@@ -8,7 +8,8 @@ runs another (``auto``'s rungs, ``blocks`` polishing with Moccasin, MONeT's and 
 own deadline down with the call's ``time_limit`` as the child's share: the child's deadline is the earlier of
 the two (:meth:`Deadline.after` with ``within``), so no nested call can outlive its parent.
 
-:func:`cp_sat_solver` is the one place where a CP-SAT solver gets its time limit and workers.
+:func:`cp_sat_with_limit` is the one place where a CP-SAT solver gets its time limit and workers;
+:func:`cp_sat_solver` gives it what is left before a deadline.
 """
 
 from __future__ import annotations
@@ -104,9 +105,9 @@ def check_common_options(time_limit: Any, threads: Any, formulation: str = "") -
     Parameters
     ----------
     time_limit : Any
-        Seconds, or None (the solver's default).
+        Seconds, or None (nothing to check).
     threads : Any
-        Worker threads, or None (the solver's default).
+        Worker threads, or None (nothing to check).
     formulation : str
         Named in the message ('' names none).
 
@@ -169,11 +170,37 @@ def cp_sat_solver(deadline: Deadline, threads: int, *, seed: int | None = None, 
     cap:
         The most seconds this solve may take (a stage's share), or None.
     """
+    seconds = cp_sat_seconds(deadline, reserve=reserve, least=least)
+    return cp_sat_with_limit(min(seconds, cap) if cap is not None else seconds, threads, seed=seed,
+                             parameters=parameters)
+
+
+def cp_sat_with_limit(seconds: float, threads: int, *, seed: int | None = None,
+                      parameters: Mapping[str, Any] | None = None) -> Any:
+    """A CP-SAT solver (``cp_model.CpSolver``) limited to ``seconds`` with ``threads`` workers: the one place that
+    sets CP-SAT's ``max_time_in_seconds`` and ``num_workers`` in the formulations (coop.online, a layer below, sets
+    its own for the arena placement).
+
+    Parameters
+    ----------
+    seconds:
+        CP-SAT's time limit (given as is: a caller that may pass 0 keeps a least one itself).
+    threads:
+        CP-SAT's workers (at least 1).
+    seed:
+        CP-SAT's random seed (None: its default).
+    parameters:
+        Further CP-SAT parameters by name, set last.
+
+    Returns
+    -------
+    Any
+        The ``CpSolver``.
+    """
     from ortools.sat.python import cp_model
 
     solver = cp_model.CpSolver()
-    seconds = cp_sat_seconds(deadline, reserve=reserve, least=least)
-    solver.parameters.max_time_in_seconds = min(seconds, cap) if cap is not None else seconds
+    solver.parameters.max_time_in_seconds = float(seconds)
     solver.parameters.num_workers = max(1, threads)
     if seed is not None:
         solver.parameters.random_seed = seed
@@ -183,4 +210,4 @@ def cp_sat_solver(deadline: Deadline, threads: int, *, seed: int | None = None, 
 
 
 __all__ = ["CP_SAT_RESERVE_S", "CP_SAT_RESERVE_SHARE", "Clock", "Deadline", "DeadlinePassed", "check_common_options", "cp_sat_seconds",
-           "cp_sat_solver"]
+           "cp_sat_solver", "cp_sat_with_limit"]

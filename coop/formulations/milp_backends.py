@@ -24,6 +24,7 @@ import sys
 import time
 
 from coop.errors import SolverError
+from coop.formulations.deadline import cp_sat_with_limit
 from coop.formulations.milp_model import LEAST_SOLVE_S, MILP_SOLVERS, LinearModel, MilpSolution
 from coop.formulations.milp_pulp import solve_pulp
 from coop.formulations.progress import ProgressCallback, ProgressClock
@@ -292,12 +293,9 @@ def _solve_cp_sat(model: LinearModel, time_limit: float, threads: int, clock: Pr
     cp.minimize(sum(c * variables[v] for v, c in model.objective))
     for var, value in model.hint.items():
         cp.add_hint(variables[var], round(value))
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = float(time_limit)
-    solver.parameters.num_workers = max(1, threads)
-    solver.parameters.log_search_progress = verbose
     # CP-SAT's log goes through a Python callback to stderr: stdout carries coop's own output.
-    solver.parameters.log_to_stdout = False
+    solver = cp_sat_with_limit(time_limit, threads, parameters={"log_search_progress": verbose,
+                                                                 "log_to_stdout": False})
     if verbose:
         solver.log_callback = lambda line: print(line, file=sys.stderr, flush=True)
 

@@ -79,7 +79,8 @@ from coop.formulations.moccasin_model import (
     schedule_intervals,
     solution_intervals,
 )
-from coop.formulations.progress import ProgressCallback, ProgressClock
+from coop.formulations.options import MoccasinOptions
+from coop.formulations.progress import ProgressClock
 from coop.formulations.result import SolveResult
 from coop.formulations.slot_feasibility import (
     FEASIBILITY_SHARE,
@@ -176,33 +177,15 @@ class _Round:
     build_s: float = 0.0  # the expected seconds to build the model (MODEL_BUILD_S_PER_INTERVAL)
 
 
-def _check_moccasin_options(*, max_intervals: int, order: str, **_: Any) -> None:
+def _check_moccasin_options(graph: Graph, budget: int, options: MoccasinOptions) -> None:
     """Moccasin's option checks, run first at every budget (one CoopError line each)."""
-    if max_intervals < 1:
-        raise CoopError(f"max_intervals={max_intervals} must be at least 1 (the paper's C)")
-    check_order(order)
+    if options.max_intervals < 1:
+        raise CoopError(f"max_intervals={options.max_intervals} must be at least 1 (the paper's C)")
+    check_order(options.order)
 
 
-@formulation(FORMULATION, store_all_is_optimal=True, check_options=_check_moccasin_options)
-def moccasin(
-    graph: Graph,
-    budget: int,
-    *,
-    time_limit: float = 60.0,
-    threads: int = 2,
-    max_intervals: int = 2,
-    hint: Any = None,
-    progress: ProgressCallback | None = None,
-    keep_order: bool | None = None,
-    extra_slots: int | None = None,
-    seed: int = 0,
-    prove: bool = True,
-    lp_warm_start: bool = True,
-    local_search: float | None = None,
-    cp_sat_parameters: dict[str, Any] | None = None,
-    order: str = "auto",
-    deadline: Deadline | None = None,
-) -> SolveResult:
+@formulation(FORMULATION, options=MoccasinOptions, store_all_is_optimal=True, check_options=_check_moccasin_options)
+def moccasin(graph: Graph, budget: int, options: MoccasinOptions) -> SolveResult:
     """Solve rematerialization under ``budget`` with the Moccasin CP-SAT model.
 
     Parameters
@@ -212,9 +195,11 @@ def moccasin(
         ``order``); below, ``graph`` is the graph in that order.
     budget : int
         Bytes, caller-owned values included.
+    options : MoccasinOptions
+        The options; their fields follow.
     time_limit : float
         Seconds for the whole solve.
-    deadline : Deadline or None
+    deadline : Deadline
         The solve's deadline, made from ``time_limit`` by the entry (:mod:`coop.formulations.deadline`): every
         stage (warm starts, local search, each CP-SAT round) gets what is left of it.
     threads, seed : int
@@ -277,20 +262,20 @@ def moccasin(
     Bartan, Li, Teague, Feng, Jain and Taylor, "Moccasin: Efficient Tensor Rematerialization for Neural
     Networks", ICML 2023.
     """
-    deadline = deadline if deadline is not None else Deadline.after(time_limit)
-    clock = ProgressClock(progress, deadline)
-    graph, order = solving_graph(graph, order)
+    deadline, threads, seed, keep_order = options.deadline, options.threads, options.seed, options.keep_order
+    clock = ProgressClock(options.progress, deadline)
+    graph, order = solving_graph(graph, options.order)
     if budget >= baseline_peak(graph):
         return _store_all_result(graph, order, clock)
     problem = SlotProblem.build(graph, budget)
-    lp_time = min(10.0, deadline.remaining() / 4) if lp_warm_start else 0.0
-    warm = best_warm_start(graph, budget, hint, lp_time, deadline=deadline.share(WARM_START_SHARE), until=deadline)
+    lp_time = min(10.0, deadline.remaining() / 4) if options.lp_warm_start else 0.0
+    warm = best_warm_start(graph, budget, options.hint, lp_time, deadline=deadline.share(WARM_START_SHARE), until=deadline)
     incumbent = _Incumbent(*warm) if warm is not None else None
     if keep_order is None:
         keep_order = graph.has_backward
-    settings = _Settings(deadline, threads, seed, max_intervals, keep_order, extra_slots, prove,
-                         dict(cp_sat_parameters or {}))
-    incumbent = _improve_warm_start(incumbent, problem, settings, local_search, clock)
+    settings = _Settings(deadline, threads, seed, options.max_intervals, keep_order, options.extra_slots,
+                         options.prove, dict(options.cp_sat_parameters or {}))
+    incumbent = _improve_warm_start(incumbent, problem, settings, options.local_search, clock)
     check = None
     if incumbent is None:
         # Nothing fits yet: first ask whether anything of the space fits at all (a proof is often

@@ -73,12 +73,11 @@ from functools import reduce
 from typing import Any
 
 from coop.errors import CoopError
-from coop.formulations.deadline import Deadline
 from coop.formulations.entry import formulation
 from coop.formulations.milp_backends import LinearModel, MilpSolution, solve_milp
 from coop.formulations.monet_intervals import monet_intervals, monet_warm_starts
 from coop.formulations.monet_warm import order_with_optional
-from coop.formulations.progress import ProgressCallback
+from coop.formulations.options import MonetIntervalsOptions, MonetOptions
 from coop.formulations.result import SolveResult
 from coop.formulations.solving_order import check_order, solving_graph
 from coop.formulations.stage_model import (
@@ -97,7 +96,7 @@ from coop.schedule import Schedule, Simulation, simulate
 
 #: Above this many positions (computed nodes plus optional values) the O(T^2) stage model gives way to
 #: the O(n) interval model (:mod:`coop.formulations.monet_intervals`).
-DEFAULT_MAX_NODES = 40
+DEFAULT_MAX_NODES = MonetOptions.max_nodes
 
 
 @dataclass(frozen=True)
@@ -366,34 +365,15 @@ def _schedule(problem: _Problem, variables: _Variables, values: list[float]) -> 
 
 
 # -------------------------------------------------------------------- entry point
-def _check_monet_options(*, model: str, order: str, **_: Any) -> None:
+def _check_monet_options(graph: Graph, budget: int, options: MonetOptions) -> None:
     """MONeT's option checks, run first at every budget (one CoopError line each)."""
-    if model not in ("auto", "stage", "intervals"):
-        raise CoopError(f"monet model {model!r} is unknown: choose auto, stage or intervals")
-    check_order(order)
+    if options.model not in ("auto", "stage", "intervals"):
+        raise CoopError(f"monet model {options.model!r} is unknown: choose auto, stage or intervals")
+    check_order(options.order)
 
 
-@formulation("monet", check_options=_check_monet_options)
-def monet(
-    graph: Graph,
-    budget: int,
-    *,
-    time_limit: float = 60.0,
-    threads: int = 2,
-    progress: ProgressCallback | None = None,
-    hint: Any = None,
-    captured: Any = None,
-    exact: bool = False,
-    solver: str = "highs",
-    max_nodes: int = DEFAULT_MAX_NODES,
-    warm_start: bool = True,
-    verbose: bool = False,
-    recompute: bool = True,
-    model: str = "auto",
-    max_intervals: int = 2,
-    order: str = "auto",
-    deadline: Deadline | None = None,
-) -> SolveResult:
+@formulation("monet", options=MonetOptions, check_options=_check_monet_options)
+def monet(graph: Graph, budget: int, options: MonetOptions) -> SolveResult:
     """MONeT's joint MILP (Shah et al. 2021) over the stage model described in the module docstring.
 
     ``exact=True`` never chooses an implementation marked inexact. ``solver``: highs (OR-Tools),
@@ -413,17 +393,12 @@ def monet(
         The training step, with its nodes' implementations (``Node.impls``).
     budget : int
         The memory budget in the graph's units, caller-owned values included.
-    time_limit, threads, progress, verbose, solver
-        The wall-clock limit (warm starts included), worker threads, a progress callback, the
-        solver's log and the MILP backend.
-    hint : Any
-        Schedules (or results) that compete as warm starts.
-    captured : Any
-        Unused.
-    exact, max_nodes, warm_start, recompute, model, max_intervals, order
-        As above.
-    deadline : Deadline or None
-        The solve's deadline (made from ``time_limit`` by the entry): each stage gets what is left of it.
+    options : MonetOptions
+        ``time_limit``, ``threads``, ``progress``, ``verbose``, ``solver``: the wall-clock limit (warm starts
+        included), worker threads, a progress callback, the solver's log and the MILP backend; ``hint``: schedules
+        (or results) that compete as warm starts; ``captured``: unused; ``deadline``: the solve's (made by the
+        entry), each stage gets what is left of it; ``exact``, ``max_nodes``, ``warm_start``, ``recompute``,
+        ``model``, ``max_intervals``, ``order``: as above.
 
     Returns
     -------
@@ -435,17 +410,21 @@ def monet(
     Shah et al., "Memory Optimization for Deep Networks", ICLR 2021; the stages are Checkmate's
     (Jain et al., MLSys 2020, section 4).
     """
-    del captured  # implementations and their costs come from the graph
-    deadline = deadline if deadline is not None else Deadline.after(time_limit)
-    graph, order = solving_graph(graph, order)
+    # options.captured is unused: implementations and their costs come from the graph
+    deadline, threads, progress, exact, solver = (options.deadline, options.threads, options.progress, options.exact,
+                                                  options.solver)
+    graph, order = solving_graph(graph, options.order)
     positions = len(stage_order(graph))
-    if model == "intervals" or not recompute or (model == "auto" and positions > max_nodes):
-        result = monet_intervals(graph, budget, time_limit=max(1e-3, deadline.remaining()), deadline=deadline,
-                                 threads=threads, progress=progress, hint=hint, exact=exact, recompute=recompute,
-                                 max_intervals=max_intervals)
+    if options.model == "intervals" or not options.recompute or (options.model == "auto"
+                                                                  and positions > options.max_nodes):
+        intervals = MonetIntervalsOptions(time_limit=max(1e-3, deadline.remaining()), deadline=deadline,
+                                          threads=threads, progress=progress, hint=options.hint, exact=exact,
+                                          recompute=options.recompute, max_intervals=options.max_intervals)
+        result = monet_intervals(graph, budget, options=intervals)
         result.extra["order"] = order
         return result
-    warm = _cheapest_warm_start(graph, budget, hint, exact, deadline.remaining(), threads) if warm_start else None
+    warm = (_cheapest_warm_start(graph, budget, options.hint, exact, deadline.remaining(), threads)
+            if options.warm_start else None)
     problem = _project(graph, budget, exact)
     if problem.capacity < 0:
         return SolveResult("monet", "infeasible", wall_s=deadline.elapsed(),
@@ -454,7 +433,7 @@ def monet(
     if warm is not None and model.objective:  # only schedules cheaper than the warm start are of interest
         model.add_row(list(model.objective), "<=", warm[2].cost * (1 + 1e-9) + 1e-9 - model.objective_constant)
     solution = solve_milp(model, solver, time_limit=deadline.remaining(), threads=threads, progress=progress,
-                          verbose=verbose)
+                          verbose=options.verbose)
     result = _result(graph, budget, problem, variables, solution, warm, exact)
     result.wall_s = deadline.elapsed()
     result.extra.update({"solver": solver, "variables": model.num_vars, "constraints": len(model.rows),

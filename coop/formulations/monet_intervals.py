@@ -49,6 +49,7 @@ from coop.formulations.monet_interval_model import (
     spans_to_schedule,
 )
 from coop.formulations.monet_warm import apply_in_place, fixed_impl_graph, lightest_choices, with_choices
+from coop.formulations.options import MonetIntervalsOptions
 from coop.formulations.progress import ProgressCallback, ProgressClock
 from coop.formulations.recompute_polish import drop_needless_recomputations
 from coop.formulations.result import SolveResult
@@ -81,11 +82,8 @@ NAME = "monet"
 
 
 
-@formulation(NAME)
-def monet_intervals(graph: Graph, budget: int, *, time_limit: float = 60.0, threads: int = 2,
-                    progress: ProgressCallback | None = None, hint: Any = None, exact: bool = False,
-                    recompute: bool = True, max_intervals: int = 2, seed: int = 0,
-                    deadline: Deadline | None = None) -> SolveResult:
+@formulation(NAME, options=MonetIntervalsOptions)
+def monet_intervals(graph: Graph, budget: int, options: MonetIntervalsOptions) -> SolveResult:
     """MONeT over the interval model (see the module docstring); ``recompute=False`` computes every node once.
 
     Parameters
@@ -94,6 +92,8 @@ def monet_intervals(graph: Graph, budget: int, *, time_limit: float = 60.0, thre
         The graph to schedule; without implementations (and with ``recompute``) Moccasin solves it.
     budget : int
         The budget in graph units (parsed).
+    options : MonetIntervalsOptions
+        The options; their fields follow.
     time_limit : float
         Seconds for the warm starts and CP-SAT together.
     threads : int
@@ -111,7 +111,7 @@ def monet_intervals(graph: Graph, budget: int, *, time_limit: float = 60.0, thre
         when higher).
     seed : int
         CP-SAT's random seed.
-    deadline : Deadline or None
+    deadline : Deadline
         The solve's deadline (made from ``time_limit`` by the entry): each stage gets what is left of it.
 
     Returns
@@ -125,7 +125,8 @@ def monet_intervals(graph: Graph, budget: int, *, time_limit: float = 60.0, thre
     ----------
     Shah et al., "Memory Optimization for Deep Networks", ICLR 2021; Bartan et al., ICML 2023.
     """
-    deadline = deadline if deadline is not None else Deadline.after(time_limit)
+    deadline, threads, progress, hint = options.deadline, options.threads, options.progress, options.hint
+    exact, recompute, max_intervals, seed = options.exact, options.recompute, options.max_intervals, options.seed
     clock = ProgressClock(progress, deadline)
     hints = list(hint) if isinstance(hint, list | tuple) else ([] if hint is None else [hint])
     if recompute and not graph.has_impls:

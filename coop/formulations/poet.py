@@ -49,12 +49,11 @@ why; its status is ``feasible`` with the baseline's price as the bound, never ``
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
-from coop.device_profiles import DeviceProfile
 from coop.formulations.deadline import Deadline, DeadlinePassed
 from coop.formulations.entry import formulation
 from coop.formulations.milp_backends import LinearModel, MilpSolution, solve_milp
+from coop.formulations.options import PoetOptions
 from coop.formulations.poet_intervals import solve_intervals
 from coop.formulations.poet_setting import (
     DEFAULT_DEVICE_PROFILE,
@@ -88,7 +87,7 @@ from coop.schedule import Schedule
 
 #: Above this many computed nodes the T x T model (about 5 T^2 / 2 binaries and Checkmate's FREE
 #: rows) is not built: poet runs the interval model of coop.formulations.poet_intervals and says so.
-DEFAULT_MAX_NODES = 300
+DEFAULT_MAX_NODES = PoetOptions.max_nodes
 #: The solver sees the objective scaled so that the baseline schedule scores this (joules of a
 #: microcontroller are 1e-5: CBC's absolute tolerances would swallow them).
 OBJECTIVE_SCALE = 1e4
@@ -180,26 +179,8 @@ def _row(model: LinearModel, terms: list[tuple[Entry, float]], sense: str, rhs: 
 
 
 # -------------------------------------------------------------------- entry point
-@formulation("poet", check_options=check_poet_options)
-def poet(
-    graph: Graph,
-    budget: int,
-    *,
-    objective: Objective = "energy",
-    device_profile: str | DeviceProfile | None = None,
-    runtime_budget: float | None = None,
-    remat: bool = True,
-    paging: bool = True,
-    solver: str = "cbc",
-    time_limit: float = 60.0,
-    threads: int = 2,
-    progress: ProgressCallback | None = None,
-    hint: Any = None,
-    captured: Any = None,
-    max_nodes: int = DEFAULT_MAX_NODES,
-    verbose: bool = False,
-    deadline: Deadline | None = None,
-) -> SolveResult:
+@formulation("poet", options=PoetOptions, check_options=check_poet_options)
+def poet(graph: Graph, budget: int, options: PoetOptions) -> SolveResult:
     """POET's MILP (Patil et al. 2022): recompute or page to the device profile's slower tier.
 
     ``objective``: ``"energy"`` (joules) or ``"time"`` (seconds, paging included) on
@@ -219,19 +200,13 @@ def poet(
         The training step.
     budget : int
         The device memory budget in the graph's units, caller-owned values included.
-    objective, device_profile, runtime_budget, remat, paging
-        What is minimised on which device, under which runtime budget, with which moves (above).
-    solver, time_limit, threads, progress, verbose
-        The MILP backend, the wall-clock limit (warm starts included), worker threads, a progress
-        callback and the solver's log.
-    hint : Any
-        Schedules (or results) that compete as warm starts.
-    captured : Any
-        Unused.
-    max_nodes : int
-        The largest graph the T x T model is built for.
-    deadline : Deadline or None
-        The solve's deadline (made from ``time_limit`` by the entry): the models get what is left of it.
+    options : PoetOptions
+        ``objective``, ``device_profile``, ``runtime_budget``, ``remat``, ``paging``: what is minimised on which
+        device, under which runtime budget, with which moves (above); ``solver``, ``time_limit``, ``threads``,
+        ``progress``, ``verbose``: the MILP backend, the wall-clock limit (warm starts included), worker threads, a
+        progress callback and the solver's log; ``hint``: schedules (or results) that compete as warm starts;
+        ``captured``: unused; ``max_nodes``: the largest graph the T x T model is built for; ``deadline``: the
+        solve's (made by the entry), the models get what is left of it.
 
     Returns
     -------
@@ -243,15 +218,16 @@ def poet(
     Patil et al., "POET: Training Neural Networks on Tiny Devices with Integrated Rematerialization
     and Paging", ICML 2022, section 3; the stages are Checkmate's (Jain et al., MLSys 2020, section 4).
     """
-    deadline = deadline if deadline is not None else Deadline.after(time_limit)
-    setting = poet_setting(graph, budget, objective=objective, device_profile=device_profile,
-                           runtime_budget=runtime_budget, remat=remat, paging=paging)
-    fallback = best_fallback(setting, hint, deadline.remaining())
+    deadline, threads, progress, max_nodes = options.deadline, options.threads, options.progress, options.max_nodes
+    setting = poet_setting(graph, budget, objective=options.objective, device_profile=options.device_profile,
+                           runtime_budget=options.runtime_budget, remat=options.remat, paging=options.paging)
+    fallback = best_fallback(setting, options.hint, deadline.remaining())
     if len(graph.order) > max_nodes:
         return _too_large(setting, fallback, max_nodes, deadline.started, deadline.at - deadline.started, threads,
                           progress)
     # the warm starts ran inside the limit: the models get what is left of it
-    result = _solve_models(setting, solver, deadline.remaining(), threads, progress, verbose, fallback)
+    result = _solve_models(setting, options.solver, deadline.remaining(), threads, progress, options.verbose,
+                           fallback)
     result.wall_s = deadline.elapsed()
     return result
 

@@ -48,6 +48,7 @@ from coop.formulations.entry import formulation
 from coop.formulations.interval_model import (
     first_computations_in_order,
 )
+from coop.formulations.options import PoetIntervalsOptions
 from coop.formulations.poet_interval_model import (
     Coefficients,
     PoetIntervalModel,
@@ -74,38 +75,22 @@ from coop.graph import Graph
 from coop.schedule import Schedule, ScheduleError
 
 #: Residency intervals per value (Moccasin's C) unless the warm start needs more.
-DEFAULT_MAX_INTERVALS = 2
+DEFAULT_MAX_INTERVALS = PoetIntervalsOptions.max_intervals
 #: Seconds to build and hint the model, per retention interval (as Moccasin's model,
 #: :data:`coop.formulations.moccasin.MODEL_BUILD_S_PER_INTERVAL`, measured on 2 busy cores).
 MODEL_BUILD_S_PER_INTERVAL = 4e-3
 
 # ==================================================================== solving
-def _check_interval_options(*, max_intervals: int, **arguments: Any) -> None:
+def _check_interval_options(graph: Graph, budget: int, options: PoetIntervalsOptions) -> None:
     """poet's option checks and Moccasin's C, run first at every budget."""
-    check_poet_options(**arguments)
+    check_poet_options(graph, budget, options)
+    max_intervals = options.max_intervals
     if isinstance(max_intervals, bool) or not isinstance(max_intervals, int) or max_intervals < 1:
         raise PoetError(f"max_intervals={max_intervals!r} must be an integer >= 1 (Moccasin's C)")
 
 
-@formulation("poet", check_options=_check_interval_options)
-def poet_intervals(
-    graph: Graph,
-    budget: int,
-    *,
-    objective: str = "energy",
-    device_profile: Any = None,
-    runtime_budget: float | None = None,
-    remat: bool = True,
-    paging: bool = True,
-    time_limit: float = 60.0,
-    threads: int = 2,
-    progress: ProgressCallback | None = None,
-    hint: Any = None,
-    captured: Any = None,
-    max_intervals: int = DEFAULT_MAX_INTERVALS,
-    warm_start: bool = True,
-    deadline: Deadline | None = None,
-) -> SolveResult:
+@formulation("poet", options=PoetIntervalsOptions, check_options=_check_interval_options)
+def poet_intervals(graph: Graph, budget: int, options: PoetIntervalsOptions) -> SolveResult:
     """POET's choices in the interval model on any graph.
 
     What :func:`coop.formulations.poet.poet` runs above its ``max_nodes``.
@@ -116,6 +101,8 @@ def poet_intervals(
         The training step.
     budget : int
         The device memory budget in the graph's units, caller-owned values included.
+    options : PoetIntervalsOptions
+        The options; their fields follow.
     objective, device_profile, runtime_budget, remat, paging
         As :func:`coop.formulations.poet.poet` takes them (checked by
         :func:`coop.formulations.poet_setting.poet_setting`).
@@ -152,13 +139,13 @@ def poet_intervals(
     and Paging", ICML 2022; Bartan et al., "Moccasin: Efficient Tensor Rematerialization for Neural
     Networks", ICML 2023 (the interval model).
     """
-    deadline = deadline if deadline is not None else Deadline.after(time_limit)
-    setting = poet_setting(graph, budget, objective=objective, device_profile=device_profile,
-                           runtime_budget=runtime_budget, remat=remat, paging=paging)
-    fallback = best_fallback(setting, hint, deadline.remaining()) if warm_start else None
+    deadline = options.deadline
+    setting = poet_setting(graph, budget, objective=options.objective, device_profile=options.device_profile,
+                           runtime_budget=options.runtime_budget, remat=options.remat, paging=options.paging)
+    fallback = best_fallback(setting, options.hint, deadline.remaining()) if options.warm_start else None
     return solve_intervals(setting, fallback, why="the interval model was asked for", started=deadline.started,
-                           time_limit=deadline.at - deadline.started, threads=threads, progress=progress,
-                           max_intervals=max_intervals)
+                           time_limit=deadline.at - deadline.started, threads=options.threads,
+                           progress=options.progress, max_intervals=options.max_intervals)
 
 
 def solve_intervals(setting: Any, fallback: tuple[str, Schedule] | None, *, why: str, started: float,

@@ -216,22 +216,24 @@ def poet_setting(graph: Graph, budget: int, *, objective: str, device_profile: s
     return PoetSetting(graph, budget, objective, profile, runtime_budget, remat, paging)  # type: ignore[arg-type]
 
 
-def check_poet_options(*, graph: Graph, budget: int, objective: str, device_profile: str | DeviceProfile | None,
-                       runtime_budget: float | None, remat: bool, paging: bool, **_: Any) -> None:
+def check_poet_options(graph: Graph, budget: int, options: Any) -> None:
     """poet's option checks, run first at every budget by its entry check (:func:`poet_setting`'s errors).
 
     Parameters
     ----------
-    graph, budget, objective, device_profile, runtime_budget, remat, paging:
-        As :func:`poet_setting` takes them; other arguments of the call are ignored.
+    graph, budget:
+        The problem.
+    options:
+        poet's options (:class:`~coop.formulations.options.PoetOptions` or ``PoetIntervalsOptions``): its
+        ``objective``, ``device_profile``, ``runtime_budget``, ``remat`` and ``paging`` are checked.
 
     Raises
     ------
     PoetError
         For a bad objective, runtime budget or pair of moves.
     """
-    poet_setting(graph, budget, objective=objective, device_profile=device_profile, runtime_budget=runtime_budget,
-                 remat=remat, paging=paging)
+    poet_setting(graph, budget, objective=options.objective, device_profile=options.device_profile,
+                 runtime_budget=options.runtime_budget, remat=options.remat, paging=options.paging)
 
 
 def best_fallback(setting: PoetSetting, hint: Any, time_limit: float) -> tuple[str, Schedule] | None:

@@ -1,7 +1,8 @@
-"""The registry of formulations: name -> function and options type, and :func:`solve`, the one options contract.
+"""The registry of formulations: name -> function and options type (the one solver table), and :func:`solve`.
 
 Modules are imported on first use (``importlib``, from the registered ``"module:function"``), so
-that listing formulations or their options imports no solver.
+that listing formulations or their options imports no solver. :meth:`Formulation.run` hands a solver its
+typed options (:mod:`coop.formulations.options`).
 """
 
 from __future__ import annotations
@@ -50,6 +51,28 @@ class Formulation:
         """The solve function (its module imported now)."""
         module_name, function_name = self.target.split(":")
         return getattr(importlib.import_module(module_name), function_name)
+
+    def run(self, graph: Graph, budget: int, options: SolverOptions) -> SolveResult:
+        """Run the formulation with typed options.
+
+        Parameters
+        ----------
+        graph, budget:
+            The problem (budget in graph units).
+        options:
+            Of :attr:`options`' type: a solver (decorated by :func:`coop.formulations.entry.formulation`) receives
+            the object; a plain heuristic (the baselines, per-layer, pytorch-mincut) the keywords it takes
+            (:meth:`~coop.formulations.options.SolverOptions.keywords`).
+
+        Returns
+        -------
+        SolveResult
+            The formulation's result.
+        """
+        function = self.function()
+        if hasattr(function, "options_type"):
+            return function(graph, budget, options=options)
+        return function(graph, budget, **options.keywords())
 
 
 #: name -> registered formulation (lazy so that importing coop stays light).
@@ -120,7 +143,7 @@ def get_formulation(name: str) -> Callable[..., SolveResult]:
 
 
 def formulation_options(formulation: str) -> frozenset[str]:
-    """The keyword options the formulation's function takes (its own and the common ones it reads).
+    """The options the formulation reads (its own and the common ones it uses).
 
     Parameters
     ----------
@@ -164,5 +187,4 @@ def solve(graph: Graph, budget: int, formulation: str, **options: Any) -> SolveR
         One line naming an unknown option and listing what the formulation takes.
     """
     spec = registered(formulation)
-    typed = spec.options.from_keywords(formulation, options)
-    return spec.function()(graph, budget, **typed.keywords())
+    return spec.run(graph, budget, spec.options.from_keywords(formulation, options))
