@@ -250,3 +250,15 @@ def test_where_store_all_fits_moccasin_returns_it_as_optimal_without_a_model() -
     result = solve(graph, 10**6, "moccasin", time_limit=5, threads=1)
     assert result.status == "optimal" and result.schedule == Schedule.from_order(graph.order)
     assert result.simulation.cost == graph.baseline_cost == 4 and "store-all fits the budget" in result.message
+
+
+def test_auto_hands_the_device_profile_to_poet_only() -> None:
+    """Each rung's options are derived from auto's typed options: the device profile reaches poet's, and the
+    rungs whose options have no such field (checkmate, moccasin) run rather than refuse it."""
+    graph = deep_chain()
+    budget = min_budget(graph) + 10
+    result = solve(graph, budget, "auto", time_limit=20, threads=1, device_profile="m4")
+    ran = {rung.formulation: rung for rung in result.rungs}
+    assert ran["checkmate"].status == "optimal", ran["checkmate"].note
+    assert "has no option" not in result.message
+    assert validate(graph, result.schedule, budget).cost == optimal_cost(graph, budget, "staged")
