@@ -1,15 +1,16 @@
 """The one simulator: :func:`simulate` runs a schedule under contract 2's memory semantics (written
 in :mod:`coop.schedule`'s docstring) and reports its peak, cost and every instance's lifetime.
 
-Pass 1 walks the steps (legality, and each instance's start, last read and explicit end), pass 2 turns
-them into lifetimes, device intervals and memory per step. Everything here is importable from
+Pass 1 walks the steps (legality, and each instance's start, last read and explicit end) with one handler
+per step kind (``_compute``, ``_free``, ``_page_out``, ``_page_in``, dispatched from ``_STEP_HANDLERS``), pass 2
+turns them into lifetimes, device intervals and memory per step. Everything here is importable from
 :mod:`coop.schedule` too.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from coop.errors import ScheduleError
 from coop.graph import Graph, Impl, Node
@@ -162,129 +163,150 @@ def simulate(graph: Graph, schedule: Schedule, paging: PagingCosts | None = None
     )
 
 
-@dataclass
+@dataclass(slots=True)
 class _Walk:
-    """What pass 1 of :func:`simulate` found: per instance (index k, in compute order) its node, start,
-    first counted step, last read and explicit end; the values resident and on the device at the end;
-    the paging gaps; cost, page cost, recomputations, and per step the workspace and new bytes."""
+    """Pass 1 of :func:`simulate` under way, then what it found: per instance (index k, in compute order) its node,
+    start, first counted step, last read and explicit end; the values resident and on the device at the end; the
+    paging gaps; cost, page cost, recomputations, and per step the workspace and new bytes."""
 
-    current: dict[int, int]  # node -> index of its resident instance
-    starts: list[int]
-    alive_from: list[int]  # the step from which an instance counts (its start, or after its op)
-    inst_node: list[int]
-    last_read: list[int]
-    explicit_end: list[int | None]
-    on_device: dict[int, bool]
-    device_gaps: dict[int, list[tuple[int, int]]]  # per instance: [page_out step, page_in or retiring step)
-    owned_gaps: dict[int, list[tuple[int, int]]]  # the same per caller-owned node
-    paged_at: dict[int, int]
-    computed: set[int]
-    cost: float
-    page_cost: float
-    recomputations: int
+    graph: Graph
+    index: dict[int, Node]
+    paging: PagingCosts
     workspace: list[int]
     new_mem: list[int]
+    current: dict[int, int] = field(default_factory=dict)  # node -> index into starts of its resident instance
+    starts: list[int] = field(default_factory=list)
+    alive_from: list[int] = field(default_factory=list)  # the step from which an instance counts (its start, or after its op)
+    first_compute: dict[int, int] = field(default_factory=dict)
+    inst_node: list[int] = field(default_factory=list)
+    last_read: list[int] = field(default_factory=list)
+    explicit_end: list[int | None] = field(default_factory=list)
+    on_device: dict[int, bool] = field(default_factory=dict)
+    # Steps off the device, half-open [page_out step, page_in or retiring step), in step order:
+    # per instance (index into starts) for computed values, per node for caller-owned ones.
+    device_gaps: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    owned_gaps: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    paged_at: dict[int, int] = field(default_factory=dict)
+    computed: set[int] = field(default_factory=set)
+    cost: float = 0.0
+    page_cost: float = 0.0
+    recomputations: int = 0
 
 
 def _walk(graph: Graph, index: dict[int, Node], steps: tuple[Step, ...], paging: PagingCosts) -> _Walk:
     """Pass 1 of :func:`simulate`: each step's legality, and each instance's start, last read and
-    explicit end (ScheduleError at the first illegal step)."""
+    explicit end (ScheduleError at the first illegal step); one handler per step kind (:data:`_STEP_HANDLERS`)."""
     num_steps = len(steps)
-    current: dict[int, int] = {}  # node -> index into starts of its resident instance
-    starts: list[int] = []
-    alive_from: list[int] = []  # the step from which an instance counts (its start, or after its op)
-    first_compute: dict[int, int] = {}
-    inst_node: list[int] = []
-    last_read: list[int] = []
-    explicit_end: list[int | None] = []
-    on_device: dict[int, bool] = {v: True for v in graph.caller_owned_ids}
-    # Steps off the device, half-open [page_out step, page_in or retiring step), in step order:
-    # per instance (index into starts) for computed values, per node for caller-owned ones.
-    device_gaps: dict[int, list[tuple[int, int]]] = {}
-    owned_gaps: dict[int, list[tuple[int, int]]] = {}
-    paged_at: dict[int, int] = {}
-    computed: set[int] = set()
-    cost = 0.0
-    page_cost = 0.0
-    recomputations = 0
-    workspace = [0] * num_steps
-    new_mem = [0] * num_steps
-
+    walk = _Walk(graph, index, paging, workspace=[0] * num_steps, new_mem=[0] * num_steps)
+    walk.on_device.update((v, True) for v in graph.caller_owned_ids)
+    handlers, node_of = _STEP_HANDLERS, index.get
     for j, step in enumerate(steps):
-        node = index.get(step.node)
+        node = node_of(step.node)
         if node is None:
             raise ScheduleError(f"step {j} ({step}): node {step.node} is not in graph {graph.name!r}", step=j)
-        if step.op == "compute":
-            if node.caller_owned:
-                raise ScheduleError(f"step {j} ({step}): node {node.id} is a caller-owned {node.kind}; it is never computed", step=j)
-            if node.output_of is not None and node.output_of not in first_compute:
-                raise ScheduleError(f"step {j} ({step}): node {node.id} ({node.name}) is an extra output of node "
-                                    f"{node.output_of}, which has not run yet; compute {node.output_of} first", step=j)
-            impl = _implementation(node, step, j)
-            for source in node.reads(impl) if node.output_of is None else ():
-                if index[source].caller_owned:
-                    if not on_device[source]:
-                        raise ScheduleError(f"step {j} ({step}): input {source} is paged out; page it in first", step=j)
-                    continue
-                k = current.get(source)
-                if k is None:
-                    raise ScheduleError(f"step {j} ({step}): input {source} is not resident (never computed or freed)", step=j)
-                if not on_device.get(source, True):
-                    raise ScheduleError(f"step {j} ({step}): input {source} is paged out; page it in first", step=j)
-                last_read[k] = j
-            if node.id in computed and not node.recomputable:
-                raise ScheduleError(f"step {j} ({step}): node {node.id} ({node.name}) is not recomputable (a random op "
-                                    "or an extra output); it may be computed only once", step=j)
-            step_cost, step_mem, step_workspace = (node.cost, node.mem, node.workspace) if impl is None else (
-                impl.cost, impl.mem, impl.workspace)
-            if impl is not None and impl.inplace_of is not None:
-                # The storage of the consumed instance becomes the new value's: its bytes move.
-                consumed = current[impl.inplace_of]
-                step_mem = new_mem[starts[consumed]]
-                explicit_end[consumed] = j - 1
-                _retire(current, impl.inplace_of, on_device, paged_at, device_gaps, j)
-            if node.id in current:
-                _retire(current, node.id, on_device, paged_at, device_gaps, j)
-            current[node.id] = len(starts)
-            starts.append(j)
-            alive_from.append(j if node.output_of is None else first_compute[node.output_of] + 1)
-            first_compute.setdefault(node.id, j)
-            inst_node.append(node.id)
-            last_read.append(j)
-            explicit_end.append(None)
-            on_device[node.id] = True
-            if node.id in computed:
-                recomputations += 1
-            computed.add(node.id)
-            cost += step_cost
-            workspace[j] = step_workspace
-            new_mem[j] = step_mem
-        elif step.op == "free":
-            if node.caller_owned:
-                raise ScheduleError(f"step {j} ({step}): node {node.id} is a caller-owned {node.kind}; it is never freed", step=j)
-            k = current.get(node.id)
-            if k is None:
-                raise ScheduleError(f"step {j} ({step}): node {node.id} is not resident", step=j)
-            explicit_end[k] = j - 1
-            _retire(current, node.id, on_device, paged_at, device_gaps, j)
-        elif not graph.pageable(node.id):  # a page_out or page_in of a host value
-            raise ScheduleError(_not_pageable(graph, node, step, j), step=j)
-        elif step.op == "page_out":
-            resident = node.caller_owned or node.id in current
-            if not resident or not on_device.get(node.id, True):
-                raise ScheduleError(f"step {j} ({step}): node {node.id} is not resident on the device", step=j)
-            on_device[node.id] = False
-            paged_at[node.id] = j
-            page_cost += paging.cost(_resident_mem(node, current, starts, new_mem))
-        else:  # page_in
-            if on_device.get(node.id, True) or not (node.caller_owned or node.id in current):
-                raise ScheduleError(f"step {j} ({step}): node {node.id} is not paged out", step=j)
-            on_device[node.id] = True
-            gaps = owned_gaps.setdefault(node.id, []) if node.caller_owned else device_gaps.setdefault(current[node.id], [])
-            gaps.append((paged_at.pop(node.id), j))
-            page_cost += paging.cost(_resident_mem(node, current, starts, new_mem))
-    return _Walk(current, starts, alive_from, inst_node, last_read, explicit_end, on_device, device_gaps,
-                 owned_gaps, paged_at, computed, cost, page_cost, recomputations, workspace, new_mem)
+        handlers[step.op](walk, node, step, j)
+    return walk
+
+
+def _compute(walk: _Walk, node: Node, step: Step, j: int) -> None:
+    """A ``compute`` step: its inputs resident on the device, a new instance of the node (an in-place
+    implementation retires the instance it overwrites, its bytes moving to the new one)."""
+    node_id, output_of = node.id, node.output_of
+    if node.caller_owned:
+        raise ScheduleError(f"step {j} ({step}): node {node_id} is a caller-owned {node.kind}; it is never computed", step=j)
+    first_compute, current, on_device, last_read = walk.first_compute, walk.current, walk.on_device, walk.last_read
+    if output_of is not None and output_of not in first_compute:
+        raise ScheduleError(f"step {j} ({step}): node {node_id} ({node.name}) is an extra output of node "
+                            f"{output_of}, which has not run yet; compute {output_of} first", step=j)
+    impl = _implementation(node, step, j)
+    index = walk.index
+    for source in node.reads(impl) if output_of is None else ():
+        if index[source].caller_owned:
+            if not on_device[source]:
+                raise ScheduleError(f"step {j} ({step}): input {source} is paged out; page it in first", step=j)
+            continue
+        k = current.get(source)
+        if k is None:
+            raise ScheduleError(f"step {j} ({step}): input {source} is not resident (never computed or freed)", step=j)
+        if not on_device.get(source, True):
+            raise ScheduleError(f"step {j} ({step}): input {source} is paged out; page it in first", step=j)
+        last_read[k] = j
+    computed = walk.computed
+    recomputed = node_id in computed
+    if recomputed and not node.recomputable:
+        raise ScheduleError(f"step {j} ({step}): node {node_id} ({node.name}) is not recomputable (a random op "
+                            "or an extra output); it may be computed only once", step=j)
+    step_cost, step_mem, step_workspace = (node.cost, node.mem, node.workspace) if impl is None else (
+        impl.cost, impl.mem, impl.workspace)
+    starts, new_mem, explicit_end = walk.starts, walk.new_mem, walk.explicit_end
+    if impl is not None and impl.inplace_of is not None:
+        # The storage of the consumed instance becomes the new value's: its bytes move.
+        consumed = current[impl.inplace_of]
+        step_mem = new_mem[starts[consumed]]
+        explicit_end[consumed] = j - 1
+        _retire(walk, impl.inplace_of, j)
+    if node_id in current:
+        _retire(walk, node_id, j)
+    current[node_id] = len(starts)
+    starts.append(j)
+    walk.alive_from.append(j if output_of is None else first_compute[output_of] + 1)
+    first_compute.setdefault(node_id, j)
+    walk.inst_node.append(node_id)
+    last_read.append(j)
+    explicit_end.append(None)
+    on_device[node_id] = True
+    if recomputed:
+        walk.recomputations += 1
+    else:
+        computed.add(node_id)
+    walk.cost += step_cost
+    walk.workspace[j] = step_workspace
+    new_mem[j] = step_mem
+
+
+def _free(walk: _Walk, node: Node, step: Step, j: int) -> None:
+    """A ``free`` step: the node's resident instance ends at the step before."""
+    if node.caller_owned:
+        raise ScheduleError(f"step {j} ({step}): node {node.id} is a caller-owned {node.kind}; it is never freed", step=j)
+    k = walk.current.get(node.id)
+    if k is None:
+        raise ScheduleError(f"step {j} ({step}): node {node.id} is not resident", step=j)
+    walk.explicit_end[k] = j - 1
+    _retire(walk, node.id, j)
+
+
+def _page_out(walk: _Walk, node: Node, step: Step, j: int) -> None:
+    """A ``page_out`` step: a resident, pageable value leaves the device (a gap opens), priced by ``paging``."""
+    if not walk.graph.pageable(node.id):
+        raise ScheduleError(_not_pageable(walk.graph, node, step, j), step=j)
+    resident = node.caller_owned or node.id in walk.current
+    if not resident or not walk.on_device.get(node.id, True):
+        raise ScheduleError(f"step {j} ({step}): node {node.id} is not resident on the device", step=j)
+    walk.on_device[node.id] = False
+    walk.paged_at[node.id] = j
+    walk.page_cost += walk.paging.cost(_resident_mem(node, walk))
+
+
+def _page_in(walk: _Walk, node: Node, step: Step, j: int) -> None:
+    """A ``page_in`` step: a paged-out value comes back (its gap closes), priced by ``paging``."""
+    if not walk.graph.pageable(node.id):
+        raise ScheduleError(_not_pageable(walk.graph, node, step, j), step=j)
+    current = walk.current
+    if walk.on_device.get(node.id, True) or not (node.caller_owned or node.id in current):
+        raise ScheduleError(f"step {j} ({step}): node {node.id} is not paged out", step=j)
+    walk.on_device[node.id] = True
+    gaps = walk.owned_gaps.setdefault(node.id, []) if node.caller_owned else walk.device_gaps.setdefault(current[node.id], [])
+    gaps.append((walk.paged_at.pop(node.id), j))
+    walk.page_cost += walk.paging.cost(_resident_mem(node, walk))
+
+
+#: Pass 1's handler of each step kind (:data:`coop.schedule_steps.StepOp`).
+_STEP_HANDLERS: dict[str, Callable[[_Walk, Node, Step, int], None]] = {
+    "compute": _compute,
+    "free": _free,
+    "page_out": _page_out,
+    "page_in": _page_in,
+}
 
 
 def _check_end(graph: Graph, index: dict[int, Node], walk: _Walk, num_steps: int) -> None:
@@ -389,15 +411,15 @@ def _implementation(node: Node, step: Step, j: int) -> Impl | None:
     raise ScheduleError(f"step {j} ({step}): node {node.id} has no implementation {step.impl!r} (has: {names})", step=j)
 
 
-def _resident_mem(node: Any, current: dict[int, int], starts: list[int], new_mem: list[int]) -> int:
+def _resident_mem(node: Node, walk: _Walk) -> int:
     """Bytes of the resident instance of node (its implementation's size, not the default one)."""
-    return node.mem if node.caller_owned else new_mem[starts[current[node.id]]]
+    return node.mem if node.caller_owned else walk.new_mem[walk.starts[walk.current[node.id]]]
 
 
-def _retire(current: dict[int, int], node_id: int, on_device: dict[int, bool], paged_at: dict[int, int],
-            device_gaps: dict[int, list[tuple[int, int]]], j: int) -> None:
+def _retire(walk: _Walk, node_id: int, j: int) -> None:
     """Drop the resident instance of node_id (superseded or freed), closing any paging gap."""
-    k = current.pop(node_id)
+    k = walk.current.pop(node_id)
+    on_device = walk.on_device
     if not on_device.get(node_id, True):
-        device_gaps.setdefault(k, []).append((paged_at.pop(node_id), j))
+        walk.device_gaps.setdefault(k, []).append((walk.paged_at.pop(node_id), j))
     on_device[node_id] = True

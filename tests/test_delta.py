@@ -213,7 +213,7 @@ def test_a_second_release_of_a_value_with_a_host_copy_costs_no_page_out() -> Non
     engine._resident.add(1)  # a_0 resident, no host copy yet
     info = engine.info(1)
     assert policy.swap_seconds(info, engine) == pytest.approx(swap_by_hand(4, profile))
-    engine._host.add(1)
+    engine.delta.on_host.add(1)
     assert policy.swap_seconds(info, engine) == pytest.approx(profile.pagein_latency_s + 4 / profile.pagein_bytes_per_s)
 
 

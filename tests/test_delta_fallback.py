@@ -169,14 +169,14 @@ def test_a_page_in_the_engine_drops_unread_is_waited_for_before_its_block_return
     from tests.test_copy_stream import AccessLog, RecordingStreams, violations
 
     streams = RecordingStreams(drop_wait=drop_wait)
-    engine = DeltaStep.__new__(DeltaStep)  # only the copy-stream state that _forget reads
+    engine = DeltaStep.__new__(DeltaStep)  # only the copy-stream state that forget reads
     engine.copy_stream, engine._pending, engine.fx_names, engine.env = CopyStream(streams), {}, {7: ["v"]}, {}
     with AccessLog(streams):
         value = torch.arange(8.0) * 2  # made on the compute stream
         paged = engine.copy_stream.page_out(value, pin=False)
         del value
         engine._pending[7] = engine.copy_stream.page_in(paged)
-        engine._forget(7)  # never read
+        engine.forget(7)  # never read
         gc.collect()
     found = violations(streams.log, streams.compute)
     assert streams.waits == 4  # page-out: 2; page-in: the side's, the compute's at forget

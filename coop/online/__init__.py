@@ -3,7 +3,8 @@
 * :mod:`coop.online.arena`: an address-ordered arena (best fit, free neighbours merged);
 * :mod:`coop.online.policies`: eviction policies DTR, DTE and Coop's sliding window;
 * :mod:`coop.online.online_sim`: online eviction over a Graph under a budget (sweeps, warm starts);
-* :mod:`coop.online.delta`, :mod:`coop.online.delta_sim`: DELTA, swap to host or recompute, with prefetching;
+* :mod:`coop.online.delta`, :mod:`coop.online.delta_decisions`, :mod:`coop.online.delta_sim`: DELTA, swap to host or
+  recompute, with prefetching (its decisions one object that both DELTA engines hold);
 * :mod:`coop.online.static_arena`: best-fit addresses for a static schedule's values.
 
 Nothing here imports torch, so formulations, ``coop compare`` and the planner may all use them;

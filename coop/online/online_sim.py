@@ -49,14 +49,23 @@ Soundness rules (why the exported schedule is legal and fits):
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 
-from coop.budget import baseline_peak, parsed_budget
+from coop.budget import parsed_budget
 from coop.graph import Graph
 from coop.online.arena import Arena
-from coop.online.online_result import THRASH_OVERHEAD, OnlineResult, OnlineStatus, OutOfMemory, Thrashing
+from coop.online.online_result import (
+    BUDGET_RESOLUTION,
+    THRASH_OVERHEAD,
+    OnlineResult,
+    OnlineStatus,
+    OutOfMemory,
+    Thrashing,
+    least_running_budget,
+    run_engine,
+)
 from coop.online.policies import EvictionPolicy, TensorInfo, make_policy
-from coop.schedule import Schedule, Step, prompt_order, relative_overhead
+from coop.schedule import Schedule, Step, prompt_order
 
 
 class _Workspace:
@@ -78,7 +87,39 @@ class _Workspace:
 
 
 class OnlineSimulator:
-    """The engine: executes the order, evicts by policy, recomputes on demand (an EngineView)."""
+    """The engine: executes the order, evicts by policy, recomputes on demand (an EngineView).
+
+    Like :class:`torch.fx.Interpreter`, a fixed walk with documented override points: an engine that
+    does more (pages to a host tier, holds real tensors) overrides the method for one concept and calls
+    ``super()`` for the rest. **The walk** (:meth:`run`)::
+
+        for position, node in enumerate(order):
+            before_step(position)                      # the program is about to run node
+            materialize node:                          # each input resident, else
+                bring_back(input) or recompute it      #   paged in, or recomputed (the same walk)
+                allocate output and workspace:         # where it does not fit, the policy picks victims
+                    evict(victim) -> forget(victim)    #   each leaves memory (is_evictable says who may)
+                    on_compact()                       #   or, with ``compact``, the arena closes its gaps
+                run_node(node)                         # the op runs
+            release_if_done(value)                     # each value read for the last time may go
+
+    **Extension points** (each documented on the method):
+
+    - :meth:`before_step`: before each program step (a paging engine prefetches);
+    - :meth:`run_node`: the op runs (a real engine computes; a timed one advances its clock);
+    - :meth:`bring_back`: a missing value comes back without recomputation (a page-in);
+    - :meth:`evict`: a victim leaves memory (dropped here; swapped by a paging engine);
+    - :meth:`forget`: a value's data is deleted (a real engine's tensors);
+    - :meth:`release_if_done`: a value read for the last time is freed (and its host copy);
+    - :meth:`is_evictable` / :meth:`is_evicted`: which values may be victims, which only recomputation restores;
+    - :meth:`on_compact`: the arena model closed its gaps (a runtime empties its allocator's cache);
+    - :meth:`run` / :meth:`schedule`: the whole run, and the steps it executed as a Schedule.
+
+    The engines: :class:`coop.online.delta_sim.DeltaSimulator` (DELTA: swaps as well), the runtime's
+    :class:`coop.runtime.fallback.DynamicStep` (real tensors) and ``DeltaStep`` (both); each has one parent,
+    and the two DELTA engines hold one :class:`~coop.online.delta_decisions.DeltaDecisions` and call it from
+    these hooks. Everything else here (``_materialize``, ``_allocate``, ``_drop``, pins) is the walk itself.
+    """
 
     def __init__(self, graph: Graph, budget: int, policy: EvictionPolicy, max_overhead: float,
                  replay_random: bool = True, compact: bool = False) -> None:
@@ -145,18 +186,15 @@ class OnlineSimulator:
     def info(self, key: Hashable) -> TensorInfo:
         if isinstance(key, _Workspace):
             return TensorInfo(key, self._arena.block_of(key).size, 0.0, self._clock, False)
-        return TensorInfo(key, self._size[key], self._cost[key], self._last_access[key], self._evictable(key))
+        return TensorInfo(key, self._size[key], self._cost[key], self._last_access[key], self.is_evictable(key))
 
     def evictable(self) -> Iterator[TensorInfo]:
         for key in self._resident:
-            if self._evictable(key):
+            if self.is_evictable(key):
                 yield TensorInfo(key, self._size[key], self._cost[key], self._last_access[key], True)
 
     def neighbours(self, key: Hashable) -> Iterable[Hashable]:
         return self._neighbours[key]
-
-    def is_evicted(self, key: Hashable) -> bool:
-        return key in self._ever and key not in self._resident
 
     def cost(self, key: Hashable) -> float:
         return self._cost[key]
@@ -164,7 +202,18 @@ class OnlineSimulator:
     def _never_evictable(self, key: int) -> bool:
         return key in self._owned or key in self._kept or key in self._outputs
 
-    def _evictable(self, key: int) -> bool:
+    # ---------------------------------------------------------------- extension points
+    def is_evicted(self, key: Hashable) -> bool:
+        """Extension point (EngineView): computed before and not resident now, so only a recomputation brings
+        it back. Policies read it to group evicted neighbours; an engine that keeps some values elsewhere (a
+        host copy) returns False for those."""
+        return key in self._ever and key not in self._resident
+
+    def is_evictable(self, key: int) -> bool:
+        """Extension point: whether the resident value ``key`` may be chosen as a victim now (read by
+        :meth:`evictable`, :meth:`info` and compaction). Here: resident, unpinned, not empty, and neither
+        caller-owned, kept nor an output. An override must keep pinned and caller-owned values out; an engine
+        that can swap may let outputs and kept values leave."""
         return (
             key in self._resident
             and self._pins[key] == 0
@@ -174,17 +223,69 @@ class OnlineSimulator:
             and key not in self._outputs
         )
 
+    def before_step(self, position: int) -> None:
+        """Extension point: called before the program runs ``self.order[position]`` (before its walk
+        materializes it). Does nothing here; an engine that pages starts its prefetches here. An override may
+        allocate, but must not evict (a prefetch goes into free memory only)."""
+
+    def run_node(self, node: int) -> None:
+        """Extension point: the op of ``node`` runs, once its inputs are resident and pinned and its output and
+        workspace have room (for a first compute and for every recomputation). Does nothing here; a real engine
+        computes the op, a timed one advances its clock. An override must not allocate or evict."""
+
+    def bring_back(self, key: int) -> bool:
+        """Extension point: called for a value a walk needs that is not resident, before recomputing it. Return
+        True after making it resident without recomputing it (an override allocates it with :meth:`_allocate`,
+        marks it resident and tells the policy, as a page-in does); False to recompute it. Here: always False."""
+        return False
+
+    def evict(self, key: int) -> None:
+        """Extension point: the policy chose ``key`` (resident, evictable) as a victim. An override must take
+        it out of the arena (by :meth:`_drop`, which frees its block and calls :meth:`forget`), or move it
+        elsewhere and then drop it. Here: dropped, to be recomputed on demand."""
+        self._drop(key)
+
+    def forget(self, key: int) -> None:
+        """Extension point: the value ``key`` leaves device memory (evicted or released), just before its block
+        is freed. Does nothing here; a real engine deletes the value's tensors."""
+
+    def release_if_done(self, key: int) -> None:
+        """Extension point: called whenever a value may have been read for the last time (unpinned, a walk's
+        last planned read, a kept value's release step); drops it if nobody will read it again (outputs and
+        kept values stay). An override that holds more of a value (a host copy) releases that too, then calls
+        ``super()``."""
+        if (
+            key in self._resident
+            and self._pins[key] == 0
+            and self._remaining[key] == 0
+            and key not in self._walk_reads
+            and key not in self._outputs
+            and (key not in self._kept or key in self._released_kept)
+        ):
+            self._drop(key)
+
+    def on_compact(self) -> None:
+        """Extension point: the arena model closed its gaps (``compact`` only). Does nothing here; a runtime
+        releases its allocator's cached blocks."""
+
+    def schedule(self) -> Schedule:
+        """Extension point: the steps executed so far as a coop Schedule (computes only here; an engine that
+        pages returns its page steps too)."""
+        return Schedule(steps=tuple(Step(op="compute", node=v) for v in self.executed))
+
     # ---------------------------------------------------------------- the run
     def run(self) -> None:
+        """Extension point: run the whole order, then bring back the outputs evicted on the way. An override
+        calls ``super().run()`` and then finishes its own work (waits for copies still in flight)."""
         for owned in self.graph.caller_owned_ids:
             if self._size[owned] and self._arena.allocate(self._size[owned], owned) is None:
                 raise OutOfMemory(f"the caller-owned values ({self.graph.caller_owned_bytes}) do not fit the budget")
         for position, v in enumerate(self.order):
-            self._before_step(position)
+            self.before_step(position)
             self._materialize(v, program_step=True)
             for kept in self._release_at.get(position, ()):
                 self._released_kept.add(kept)
-                self._release_if_done(kept)
+                self.release_if_done(kept)
         # Outputs evicted on the way are brought back; each one is pinned so the next cannot evict it.
         restored = []
         for output in self.graph.outputs:
@@ -207,7 +308,7 @@ class OnlineSimulator:
         """
         if target in self._resident and not program_step:
             return
-        if not program_step and self._bring_back(target):
+        if not program_step and self.bring_back(target):
             return
         self._plan_walk(target)
         stack: list[list[int]] = [[target, 0]]
@@ -221,7 +322,7 @@ class OnlineSimulator:
                     if source in self._resident:
                         self._pin(source)
                         frame[1] += 1
-                    elif self._bring_back(source):
+                    elif self.bring_back(source):
                         self._unplan(source)  # paged in, not recomputed: its inputs are not read after all
                         self._pin(source)
                         frame[1] += 1
@@ -242,13 +343,13 @@ class OnlineSimulator:
                     self._pin(node)
                     stack[-1][1] += 1
                 else:
-                    self._release_if_done(node)
+                    self.release_if_done(node)
         finally:
             held = list(self._walk_reads)
             self._planned.clear()
             self._walk_reads.clear()
             for key in held:
-                self._release_if_done(key)
+                self.release_if_done(key)
 
     def _plan_walk(self, target: int) -> None:
         """Plan the computes that materializing ``target`` needs: it and its missing ancestors (O(their edges))."""
@@ -279,7 +380,7 @@ class OnlineSimulator:
                 self._walk_reads[source] = reads
             else:
                 del self._walk_reads[source]
-                self._release_if_done(source)
+                self.release_if_done(source)
 
     def _execute(self, node: int, recompute: bool) -> None:
         size = self._size[node]
@@ -289,7 +390,7 @@ class OnlineSimulator:
         workspace = self.graph.node(node).workspace
         if workspace:
             self._allocate(_Workspace(node), workspace, 0.0, None)
-        self._run_node(node)
+        self.run_node(node)
         self._resident.add(node)
         self._ever.add(node)
         self.executed.append(node)
@@ -307,27 +408,6 @@ class OnlineSimulator:
             self.extra_cost += self._cost[node]
             if self.extra_cost > self.max_extra_cost or self.recomputations > self.max_recomputations:
                 raise Thrashing(f"recomputation passed the limit after {self.recomputations} recomputes")
-
-    def _run_node(self, node: int) -> None:
-        """Hook: the op runs here, once its output and workspace have room (a real engine computes)."""
-
-    def _before_step(self, position: int) -> None:
-        """Hook: the program is about to run ``self.order[position]`` (an engine that pages prefetches here)."""
-
-    def _bring_back(self, key: int) -> bool:
-        """Hook: make a non-resident value resident without recomputing it (a page-in); False: recompute it."""
-        return False
-
-    def _on_compact(self) -> None:
-        """Hook: the arena model closed its gaps (a runtime releases its allocator's cached blocks here)."""
-
-    def _evict(self, key: int) -> None:
-        """Hook: a policy's victim leaves memory (here dropped, to be recomputed; a paging engine may swap it)."""
-        self._drop(key)
-
-    def schedule(self) -> Schedule:
-        """The steps executed so far as a coop Schedule (computes only here; a paging engine adds page steps)."""
-        return Schedule(steps=tuple(Step(op="compute", node=v) for v in self.executed))
 
     def _allocate(self, key: Hashable, size: int, cost: float, previous_address: int | None,
                   permanent: bool = False) -> None:
@@ -350,9 +430,9 @@ class OnlineSimulator:
             self.search_s += time.perf_counter() - started
             if not victims and self.compact and not compacted:
                 # what cannot leave first, the evictable values above it: one run of evictable and free bytes
-                self._arena.compact(first=lambda tag: not isinstance(tag, int) or not self._evictable(tag))
+                self._arena.compact(first=lambda tag: not isinstance(tag, int) or not self.is_evictable(tag))
                 self.compactions += 1
-                self._on_compact()
+                self.on_compact()
                 compacted = True
                 continue
             if not victims:
@@ -361,7 +441,7 @@ class OnlineSimulator:
                     f"largest free block {self._arena.largest_free})"
                 )
             for victim in victims:
-                self._evict(victim)
+                self.evict(victim)
                 self.evictions += 1
             compacted = False  # room was made: gaps may have opened again
 
@@ -386,34 +466,19 @@ class OnlineSimulator:
 
     def _drop(self, key: int) -> None:
         """Take a value out of memory (eviction or release); its lineage stays for recomputation."""
-        self._forget(key)
+        self.forget(key)
         if self._size[key]:
             self._previous_address[key] = self._arena.address_of(key)
             self._arena.free(key)
         self._resident.discard(key)
         self.policy.on_evicted(key, self)
 
-    def _forget(self, key: int) -> None:
-        """Hook: a real engine deletes the value's tensors here."""
-
-    def _release_if_done(self, key: int) -> None:
-        """Free a value nobody will read again (outputs and random-op outputs stay)."""
-        if (
-            key in self._resident
-            and self._pins[key] == 0
-            and self._remaining[key] == 0
-            and key not in self._walk_reads
-            and key not in self._outputs
-            and (key not in self._kept or key in self._released_kept)
-        ):
-            self._drop(key)
-
     def _pin(self, key: int) -> None:
         self._pins[key] += 1
 
     def _unpin(self, key: int) -> None:
         self._pins[key] -= 1
-        self._release_if_done(key)
+        self.release_if_done(key)
 
     def _unpin_quietly(self, key: int) -> None:
         self._pins[key] -= 1
@@ -473,113 +538,6 @@ def simulate_online(
     return run_engine(OnlineSimulator(graph, budget_units, policy_object, max_overhead, replay_random, compact))
 
 
-def run_engine(engine: OnlineSimulator) -> OnlineResult:
-    """Run an engine over its graph's order and report it (the one report of every online engine).
-
-    Parameters
-    ----------
-    engine : OnlineSimulator
-        A fresh engine (this one, or a subclass that pages or holds real tensors).
-
-    Returns
-    -------
-    OnlineResult
-        As :func:`simulate_online` describes it; the overhead counts the engine's recomputation and
-        the copy time it could not hide (``engine.exposed_s``, zero for recomputation-only engines).
-    """
-    graph = engine.graph
-    started = time.perf_counter()
-    status: OnlineStatus = "ok"
-    message = ""
-    try:
-        engine.run()
-    except OutOfMemory as exc:
-        status, message = "oom", str(exc)
-    except Thrashing as exc:
-        status, message = "thrashed", str(exc)
-    wall_s = time.perf_counter() - started
-    cost = sum(engine.cost(v) for v in engine.executed)
-    baseline = graph.baseline_cost
-    overhead = relative_overhead(cost - baseline + engine.exposed_s, baseline)
-    if status != "ok":  # a run cut short: the recomputation (and waiting) it paid for so far, not its unfinished cost
-        overhead = relative_overhead(engine.extra_cost + engine.exposed_s, baseline)
-    schedule = None
-    if status == "ok":
-        schedule = engine.schedule()
-        if overhead > THRASH_OVERHEAD:
-            status, message = "thrashed", f"overhead {overhead:.2f} exceeds {THRASH_OVERHEAD}"
-    arena = engine.arena
-    failures = arena.failures
-    return OnlineResult(
-        policy=engine.policy.name,
-        budget=arena.size,
-        status=status,
-        overhead=overhead,
-        cost=cost,
-        baseline_cost=baseline,
-        evictions=engine.evictions,
-        recomputations=engine.recomputations,
-        steps=len(schedule) if schedule is not None else len(engine.executed),
-        failures=len(failures),
-        search_s=engine.search_s,
-        wall_s=wall_s,
-        fragmentation=arena.mean_failure_free_fraction,
-        largest_free_fraction=(sum(f.largest_free for f in failures) / len(failures) / arena.size) if failures else 0.0,
-        peak=arena.peak_used,
-        arena_peak=arena.high_water,
-        schedule=schedule,
-        message=message,
-        random_replays=engine.random_replays,
-        compactions=engine.compactions,
-    )
-
-
-#: The step of :func:`least_running_budget`'s bisection, as a fraction of the baseline peak.
-BUDGET_RESOLUTION = 0.005
-
-
-def least_running_budget(graph: Graph, engine_at: Callable[[int], OnlineSimulator], failed: int) -> int | None:
-    """The least budget above ``failed`` at which a fresh engine runs without thrashing, by bisection.
-
-    "Runs" means :func:`run_engine` reports "ok": the run finished and recomputed at most
-    ``THRASH_OVERHEAD`` x the baseline (an engine built with that ``max_overhead`` stops a thrashing
-    run early). Online eviction is not monotone in the budget (a heuristic's choices change with
-    the room it has), so this is the boundary the bisection finds between ``failed`` and the
-    baseline peak, to within ``BUDGET_RESOLUTION`` of the peak: the budget returned was run and
-    ran; one a resolution below it did not.
-
-    Parameters
-    ----------
-    graph : Graph
-        The graph the engines run.
-    engine_at : callable
-        A fresh engine over ``graph`` for a budget (the policy and settings of the run that failed).
-    failed : int
-        A budget at which the engine did not run.
-
-    Returns
-    -------
-    int or None
-        That budget, in graph units; None when the engine does not run at the baseline peak either.
-    """
-    def runs(budget: int) -> bool:
-        return run_engine(engine_at(budget)).status == "ok"
-
-    peak = baseline_peak(graph)
-    high = max(peak, failed + 1)
-    if not runs(high):
-        return None
-    low = failed
-    resolution = max(int(BUDGET_RESOLUTION * peak), 1)
-    while high - low > resolution:
-        middle = (low + high) // 2
-        if runs(middle):
-            high = middle
-        else:
-            low = middle
-    return high
-
-
 def replayable_random_ids(graph: Graph) -> set[int]:
     """Computed random ops that an engine can recompute exactly by replaying their saved RNG state.
 
@@ -595,3 +553,6 @@ def replayable_random_ids(graph: Graph) -> set[int]:
     """
     return {v for v in graph.random_draws if not graph.node(v).recomputable}
 
+
+__all__ = ["BUDGET_RESOLUTION", "THRASH_OVERHEAD", "OnlineResult", "OnlineSimulator", "OnlineStatus", "OutOfMemory",
+           "Thrashing", "least_running_budget", "replayable_random_ids", "run_engine", "simulate_online"]

@@ -28,10 +28,10 @@ A Graph node owns several fx nodes: the op that allocates its storage and the vi
 folded into it. Only the owner runs when the engine computes the node; folded aliases are
 computed on first use from their (resident) inputs and are deleted with their owner.
 
-With the ``delta`` policy (:mod:`coop.online.delta`) the engine is :class:`DeltaStep`: the simulator's
-DELTA engine (:class:`coop.online.delta_sim.DeltaSimulator`: its filter, director, prefetcher and time model,
-so its decisions are the simulator's) over real tensors, a swap being a real copy of the value's storage
-to the host tier and back by the static executor's paging functions (:func:`coop.runtime.paging.page_out`,
+With the ``delta`` policy (:mod:`coop.online.delta`) the engine is :class:`DeltaStep`, a DynamicStep holding
+the simulator's DELTA decisions (:class:`coop.online.delta_decisions.DeltaDecisions`, which
+:class:`coop.online.delta_sim.DeltaSimulator` holds too: its filter, director, prefetcher and time model, so its
+decisions are the simulator's) over real tensors, a swap being a real copy of the value's storage to the host tier and back by the static executor's paging functions (:func:`coop.runtime.paging.page_out`,
 :func:`~coop.runtime.paging.page_in`). On a CPU-only step the host tier is a :class:`~coop.runtime.paging.
 HostPool` allocated before the step (the "device" and the host are one memory there, and the pool keeps them
 apart); on CUDA the host buffers are pinned and the copies ``non_blocking`` on the compute stream. The step's
@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import copy
 import operator
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +55,7 @@ from coop.errors import BudgetError, InfeasibleError
 from coop.graph import Graph
 from coop.graph_capture import Captured
 from coop.online.delta import DELTA, DeltaPolicy, delta_profile
+from coop.online.delta_decisions import DeltaDecisions
 from coop.online.delta_sim import DeltaSimulator
 from coop.online.online_sim import (
     THRASH_OVERHEAD,
@@ -140,13 +141,15 @@ class DynamicStep(OnlineSimulator):
         output_node = next(n for n in self.module.graph.nodes if n.op == "output")
         return fx.node.map_arg(output_node.args[0], lambda n: self._value(n.name))  # type: ignore[return-value]
 
-    # ---------------------------------------------------------------- engine hooks
-    def _on_compact(self) -> None:
+    # ---------------------------------------------------------------- extension points
+    def on_compact(self) -> None:
+        """The arena model closed its gaps: the device allocator's cached blocks are released too (CUDA)."""
         if self.allocator is not None:
             self.allocator.empty_cache()
 
-    def _run_node(self, node: int) -> None:
-        super()._run_node(node)  # the engine's own bookkeeping (a paging engine's time model and step record)
+    def run_node(self, node: int) -> None:
+        """The op runs on real tensors: its owner fx node is evaluated (a random draw saved or replayed)."""
+        super().run_node(node)
         owner = self.fx_nodes[self.fx_names[node][0]]
         if owner.op in ("placeholder", "get_attr", "output"):
             return
@@ -159,7 +162,8 @@ class DynamicStep(OnlineSimulator):
             with self.rng_states[node].replayed():
                 self._compute(owner)
 
-    def _forget(self, key: Hashable) -> None:
+    def forget(self, key: Hashable) -> None:
+        """The value's fx values (its owner and folded aliases) are deleted."""
         for name in self.fx_names.get(key, ()):  # type: ignore[call-overload]
             self.env.pop(name, None)
 
@@ -190,12 +194,15 @@ class DynamicStep(OnlineSimulator):
         self.env[fx_node.name] = result
 
 
-class DeltaStep(DynamicStep, DeltaSimulator):
+class DeltaStep(DynamicStep):
     """DELTA on real tensors: :class:`DeltaSimulator`'s decisions, carried out by real copies to a host tier.
 
-    The filter, director, prefetcher and time model are the simulator's (the same engine, the same Graph
-    costs and sizes), so a step swaps and recomputes exactly what :func:`coop.online.delta_sim.simulate_delta`
-    predicts for the graph and budget; this class adds the copies. A swap copies the storage of the value's
+    The filter, director, prefetcher and time model are the simulator's: the step holds one
+    :class:`~coop.online.delta_decisions.DeltaDecisions` (``delta``, the same object DeltaSimulator holds, over
+    the same Graph costs and sizes) and calls it from its extension points, so a step swaps and recomputes exactly
+    what :func:`coop.online.delta_sim.simulate_delta` predicts for the graph and budget; this class adds the
+    copies, as the decisions' :class:`~coop.online.delta_decisions.Carrier` (:meth:`copy_out`, :meth:`copy_in`,
+    :meth:`drop_copy`). A swap copies the storage of the value's
     tensor (the first fx value of its Graph node that is a tensor; its views are re-derived on first use
     after the page-in) with :func:`coop.runtime.paging.page_out`, into ``host_pool`` where it is given and
     pinned like the value's pages; a page-in copies it back with :func:`~coop.runtime.paging.page_in`. A host
@@ -208,6 +215,8 @@ class DeltaStep(DynamicStep, DeltaSimulator):
     as the simulator models it), a page-in queued when the engine pages in (prefetches included)
     and waited for by the compute stream only at the value's first read.
     """
+
+    policy: DeltaPolicy
 
     def __init__(self, captured: Captured, budget: int, policy: DeltaPolicy, max_overhead: float = 10.0,
                  replay_random: bool = True, host_pool: HostPool | None = None,
@@ -228,32 +237,93 @@ class DeltaStep(DynamicStep, DeltaSimulator):
             on_host = base is not None and values[base].device.type == "cpu"
             if base is not None and not (on_host and captured.graph.has_accelerator):  # a host value stays put
                 self._base[node_id] = base
+        self.delta = DeltaDecisions(self, policy, pageable=self._base, carrier=self)
+
+    # ---------------------------------------------------------------- DeltaView (the decisions')
+    def next_use_distance(self, key: Hashable) -> float | None:
+        return self.delta.next_use_distance(key)
+
+    def recomputable(self, key: Hashable) -> bool:
+        return self.delta.recomputable(key)
 
     def swappable(self, key: Hashable) -> bool:
-        return super().swappable(key) and key in self._base
+        return self.delta.swappable(key)
 
-    def _swap_out(self, key: int) -> None:
-        if key not in self._host:  # no valid host copy yet: the value's storage leaves now
-            value = self._value(self._base[key])
-            pin = pin_host_copy(value.device)
-            if self.copy_stream is None:
-                copy = page_out(value, pin=pin, non_blocking=pin, pool=self.host_pool)
-            else:
-                self._paged[key] = self.copy_stream.page_out(value, pin=pin)
-                copy = self._paged[key].host
-            del value
-            self.host_copies[key] = copy
-            self.host_copy_bytes += copy.nbytes
-            self.host_copy_peak = max(self.host_copy_peak, self.host_copy_bytes)
-        super()._swap_out(key)
+    def has_host_copy(self, key: Hashable) -> bool:
+        return self.delta.has_host_copy(key)
 
-    def _page_in(self, key: int, prefetched: bool) -> None:
-        super()._page_in(key, prefetched)
+    def parents(self, key: Hashable) -> Iterable[Hashable]:
+        return self.delta.parents(key)
+
+    # ---------------------------------------------------------------- extension points (DELTA's decisions)
+    def is_evicted(self, key: Hashable) -> bool:
+        return self.delta.is_evicted(key)
+
+    def is_evictable(self, key: int) -> bool:
+        return self.delta.is_evictable(key)
+
+    def run_node(self, node: int) -> None:
+        self.delta.run_node(node)  # the time model and the step record first, then the op on real tensors
+        super().run_node(node)
+
+    def evict(self, key: int) -> None:
+        self.delta.evict(key)
+
+    def release_if_done(self, key: int) -> None:
+        self.delta.release_if_done(key)
+        super().release_if_done(key)
+
+    def bring_back(self, key: int) -> bool:
+        return self.delta.bring_back(key)
+
+    def before_step(self, position: int) -> None:
+        self.delta.before_step(position)
+
+    def run(self) -> None:
+        super().run()
+        self.delta.finish()
+
+    def schedule(self) -> Schedule:
+        """The steps executed, page steps included, as a coop Schedule."""
+        return self.delta.schedule()
+
+    def forget(self, key: Hashable) -> None:
+        pending = self._pending.pop(key, None)  # type: ignore[call-overload]
+        if pending is not None:  # paged in and dropped unread: the block returns to the pool only after the copy
+            self.copy_stream.wait(pending)  # type: ignore[union-attr]
+        super().forget(key)
+
+    # ---------------------------------------------------------------- the copies (the decisions' Carrier)
+    def copy_out(self, key: int) -> None:
+        """The value has no valid host copy: its storage leaves now (before the decisions free its block)."""
+        value = self._value(self._base[key])
+        pin = pin_host_copy(value.device)
+        if self.copy_stream is None:
+            copy = page_out(value, pin=pin, non_blocking=pin, pool=self.host_pool)
+        else:
+            self._paged[key] = self.copy_stream.page_out(value, pin=pin)
+            copy = self._paged[key].host
+        del value
+        self.host_copies[key] = copy
+        self.host_copy_bytes += copy.nbytes
+        self.host_copy_peak = max(self.host_copy_peak, self.host_copy_bytes)
+
+    def copy_in(self, key: int) -> None:
+        """The decisions paged the value in: copy it back now, or queue the copy on the copy stream."""
         if self.copy_stream is None:
             self.env[self._base[key]] = page_in(self.host_copies[key])
         else:
             self._pending[key] = self.copy_stream.page_in(self._paged[key])
 
+    def drop_copy(self, key: int) -> None:
+        """The value's host copy is released (if it has one)."""
+        self._paged.pop(key, None)
+        copy = self.host_copies.pop(key, None)
+        if copy is not None:
+            self.host_copy_bytes -= copy.nbytes
+        del copy
+
+    # ---------------------------------------------------------------- fx evaluation
     def _value(self, name: str) -> Any:
         if name not in self.env and self._pending:  # the first read of a value paged in on the copy stream
             pending = self._pending.pop(self.owner_of.get(name, -1), None)  # type: ignore[arg-type]
@@ -261,25 +331,11 @@ class DeltaStep(DynamicStep, DeltaSimulator):
                 self.env[self._base[self.owner_of[name]]] = self.copy_stream.wait(pending)  # type: ignore[union-attr]
         return super()._value(name)
 
-    def _forget(self, key: Hashable) -> None:
-        pending = self._pending.pop(key, None)  # type: ignore[call-overload]
-        if pending is not None:  # paged in and dropped unread: the block returns to the pool only after the copy
-            self.copy_stream.wait(pending)  # type: ignore[union-attr]
-        super()._forget(key)
-
     def outputs(self) -> list[Any]:
         """The step's flat outputs, every page-in still pending waited for."""
         for key in list(self._pending):
             self._value(self._base[key])
         return super().outputs()
-
-    def _drop_host_copy(self, key: int) -> None:
-        self._paged.pop(key, None)
-        copy = self.host_copies.pop(key, None)
-        if copy is not None:
-            self.host_copy_bytes -= copy.nbytes
-        del copy
-        super()._drop_host_copy(key)
 
 
 def _engine(captured: Captured, budget: int, policy: str | EvictionPolicy, max_overhead: float, replay_random: bool,
@@ -428,11 +484,12 @@ def run_dynamic(
                              "compactions": engine.compactions}
     schedule = Schedule.from_order(engine.executed)
     if isinstance(engine, DeltaStep):
-        decisions = [decision.action for _, decision in engine.decision_log]
-        extra |= {"device_profile": engine.link.name, "swap_decisions": decisions.count("swap"),
-                  "recompute_decisions": decisions.count("recompute"), "swaps": engine.swaps,
-                  "swapped_bytes": engine.swapped_bytes, "page_ins": engine.page_ins, "prefetches": engine.prefetches,
-                  "exposed_copy_s": engine.exposed_s, "host_peak": engine.host_peak,
+        delta = engine.delta
+        decisions = [decision.action for _, decision in delta.decision_log]
+        extra |= {"device_profile": delta.link.name, "swap_decisions": decisions.count("swap"),
+                  "recompute_decisions": decisions.count("recompute"), "swaps": delta.swaps,
+                  "swapped_bytes": delta.swapped_bytes, "page_ins": delta.page_ins, "prefetches": delta.prefetches,
+                  "exposed_copy_s": engine.exposed_s, "host_peak": delta.host_peak,
                   "host_copy_peak": engine.host_copy_peak}
         if engine.host_pool is not None:
             extra |= {"host_pool_peak": engine.host_pool.peak_bytes, "host_pool_overflow": engine.host_pool.overflow_bytes}
