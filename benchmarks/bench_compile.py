@@ -107,6 +107,10 @@ def _worker(name: str, shares: tuple[float, ...], time_limit: float) -> list[dic
     # every compilation partitions anew: AOTAutograd's cache would answer one budget's split for another
     torch._functorch.config.enable_autograd_cache = False
     torch._inductor.config.fx_graph_cache = False
+    # every variant compiles the same Step.forward anew (another backend or options, up to three coop rounds per
+    # share, one more for Hugging Face's loss setting config.problem_type at its first call): past dynamo's default
+    # limit of 8 it would run the later variants eagerly (ViT's rows held eager's bytes on 2026-11-28)
+    torch._dynamo.config.recompile_limit = 64
     torch.manual_seed(0)
     model, batch, loss_fn = build(name, **MODELS[name])
     base = Step(model, loss_fn)

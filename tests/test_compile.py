@@ -229,6 +229,28 @@ def test_refusals_are_one_line() -> None:
         coop.partitioner(0.5, formulation="poet")
 
 
+def test_a_measured_step_that_dynamo_ran_eagerly_is_refused_in_one_line() -> None:
+    """Past dynamo's recompile limit the forward runs eagerly and holds eager's bytes whatever the plan: coop.compile
+    says so instead of returning a module that never ran its partition (the oracle: dynamo's own limit, set to one
+    compilation and spent by an earlier torch.compile of the same forward)."""
+
+    class Once(nn.Module):  # a class of its own: dynamo counts compilations per forward function
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 1))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.body(x).pow(2).mean()
+
+    model, batch = Once(), torch.randn(4, 8)
+    with torch._dynamo.config.patch(recompile_limit=1), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # dynamo's own warning that the limit was hit
+        torch.compile(model, backend="eager")(batch).backward()
+        with pytest.raises(CoopError, match="recompile_limit") as caught:
+            coop.compile(model, 0.8, formulation="checkpoint-all", example_batch=batch)
+    assert "\n" not in str(caught.value)
+
+
 def test_budget_below_the_floor_is_one_line_at_the_first_call() -> None:
     model = nn.Sequential(nn.Linear(8, 64), nn.Tanh(), nn.Linear(64, 1))
     compiled = coop.compile(model, 0.05, formulation="checkpoint-all")

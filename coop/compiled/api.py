@@ -211,6 +211,8 @@ def _fit_measured(compile_with: Callable[[int], nn.Module], batch: Any, loss_fn:
             shave = (planned_shave + shave) // 2
             continue
         part = record.partitioner
+        if not part.plans:
+            raise CoopError(_ran_without_coop())
         if len(part.plans) != 1 or measured is None:
             return compiled  # graph breaks (several graphs) or a running profiler: nothing to compare
         plan = part.plans[0]
@@ -235,6 +237,19 @@ def _fit_measured(compile_with: Callable[[int], nn.Module], batch: Any, loss_fn:
     if best.held > best.record.plans[0].requested:
         _warn_over_budget(best)
     return best.compiled
+
+
+def _ran_without_coop() -> str:
+    """The one line for a measured step that never reached coop's partitioner.
+
+    Dynamo keeps at most ``recompile_limit`` compilations per function; each ``torch.compile`` of the same model
+    with another backend or options takes one more, and past the limit the function runs eagerly, without a
+    word at the default log level. A step that ran that way holds what eager holds, whatever the plan.
+    """
+    limit = torch._dynamo.config.recompile_limit
+    return ("coop.compile: the measured step never reached coop's partitioner (dynamo ran the forward eagerly; most "
+            f"often its recompile_limit, {limit}, was reached by earlier compilations of this model): call "
+            "torch._dynamo.reset() before coop.compile or raise torch._dynamo.config.recompile_limit")
 
 
 #: the smallest shave step worth another compile
