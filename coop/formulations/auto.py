@@ -284,7 +284,7 @@ def auto(graph: Graph, budget: int, options: AutoOptions) -> SolveResult:
         if fits and result.simulation.cost <= graph.baseline_cost:  # no recomputation: nothing is cheaper
             break
     if baseline is None and large and ladder != ["store-all"] and not found:
-        baseline, no_baseline = _fitting_baseline(graph, budget, "blocks" in ladder)
+        baseline = _costly_baseline(graph, budget)
         if baseline is not None:
             found.append(baseline)
             rungs.append(Rung(baseline.formulation, "heuristic", baseline.wall_s, 0.0, baseline.simulation.overhead,
@@ -357,6 +357,17 @@ def _fitting_baseline(graph: Graph, budget: int, per_layer: bool = False,
                                          costly_last=len(graph.order) > EXACT_MAX_NODES, costly=costly), ""
     except InfeasibleError as exc:
         return None, str(exc)
+
+
+def _costly_baseline(graph: Graph, budget: int) -> SolveResult | None:
+    """Checkpoint-all's result where its schedule validates within ``budget`` (the other baselines did not fit),
+    else None."""
+    try:
+        result = run_solver(graph, budget, "checkpoint-all")
+    except CoopError:
+        return None
+    fits = result.schedule is not None and validate(graph, result.schedule, budget).ok
+    return result if fits else None
 
 
 #: Fitting schedules auto keeps as candidates but does not hand its rungs as warm starts: checkpoint-all's (O(n^2)
