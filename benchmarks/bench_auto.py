@@ -14,6 +14,14 @@ cell must keep ``wall <= 1.1 x limit + 2 s``.
     python benchmarks/run_all.py --only bench_auto
     python benchmarks/bench_auto.py [--graphs N] [--time-limit S]
     python benchmarks/bench_auto.py --time-table [--limits 5,10,30] [--formulations moccasin,auto]
+    python benchmarks/bench_auto.py --unseen 7b,cnn,random [--random-graphs 9] [--out cells.jsonl]
+
+The unseen table (:func:`unseen_cells`, issue 40): graphs no test tunes auto to -- Llama-2-7B- and Mistral-7B-shaped
+steps (bf16, batch 1, sequence 4096, captured on the meta device for CUDA) at 0.5 and 0.75 of the peak, 60 s per
+solve; EfficientNet-B0- and DenseNet-121-shaped CNNs (batch 8, 64 px) at 0.5 and 0.6, and random layered graphs of
+70-100 nodes drawn like the published Moccasin ones at 0.7, 30 s per solve (:mod:`_unseen_graphs`). Each single
+formulation auto can choose on the graph runs alone with the whole limit, then auto with the same limit; every
+solve is one JSON line (written as it ends, so a stopped run keeps what it measured).
 """
 
 from __future__ import annotations
@@ -152,7 +160,139 @@ def run(quick: bool = False) -> dict[str, Any]:
     return {"rows": rows, "notes": notes}
 
 
+#: The unseen table's 7B-class shapes (the zoo's llama, built on the meta device): Llama-2-7B, and a grouped-query
+#: Mistral-7B-like shape (8 key/value heads, MLP 14,336; its sliding window spans the whole 4,096-token sequence).
+SHAPES_7B = {
+    "llama-2-7b": {"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 32, "intermediate": 11008, "vocab": 32000},
+    "mistral-7b": {"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "intermediate": 14336, "vocab": 32000},
+}
+STEP_7B = {"batch": 1, "seq": 4096, "dtype": "bfloat16"}
+UNSEEN_FRACTIONS = {"7b": (0.75, 0.5), "cnn": (0.5, 0.6), "random": (0.7,)}
+UNSEEN_LIMITS = {"7b": 60.0, "cnn": 30.0, "random": 30.0}
+UNSEEN_CNNS = ("efficientnet_b0", "densenet121")
+
+
+def unseen_graphs(group: str, random_graphs: int = 9) -> Any:
+    """Yield ``(label, graph, capture seconds)`` of one group of the unseen table ("7b", "cnn" or "random"); random
+    draws whose min_budget exceeds 0.7 of their peak are passed over (nothing can fit) and counted in the label."""
+    import coop
+    from coop.runtime.executor import replay_graph
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from _unseen_graphs import cnn, published_like
+
+    if group == "7b":
+        from coop.zoo import model_from_zoo
+        for name, shape in SHAPES_7B.items():
+            started = time.perf_counter()
+            model, batch, loss_fn = model_from_zoo("llama", {**shape, **STEP_7B}, meta=True)
+            graph = coop.capture(model, batch, loss_fn=loss_fn, device="cuda").graph
+            yield name, graph, time.perf_counter() - started
+    elif group == "cnn":
+        for name in UNSEEN_CNNS:
+            started = time.perf_counter()
+            model, batch = cnn(name)
+            graph = replay_graph(coop.capture(model, batch))
+            yield name, graph, time.perf_counter() - started
+    else:
+        seed, kept = 0, 0
+        while kept < random_graphs:
+            graph = published_like(seed)
+            seed += 1
+            if min_budget(graph) > 0.7 * baseline_peak(graph):
+                print({"passed_over": graph.name, "min_budget/peak": round(min_budget(graph) / baseline_peak(graph),
+                                                                            3)}, flush=True)
+                continue
+            kept += 1
+            yield graph.name.removeprefix("random_layered_"), graph, 0.0
+
+
+def unseen_singles(graph: Any, budget: int) -> list[str]:
+    """Every formulation auto can choose on ``graph`` at ``budget``: the baselines (per-layer on repeated blocks) and
+    the solver rungs of its ladder (:func:`coop.formulations.auto.formulation_ladder`)."""
+    from coop.formulations import BASELINES
+    from coop.formulations.auto import formulation_ladder, repeated_blocks
+
+    names = [*BASELINES, *(["per-layer"] if repeated_blocks(graph) else [])]
+    return names + [name for name in formulation_ladder(graph, budget) if name not in names]
+
+
+def solve_row(graph: Any, budget: int, name: str, limit: float) -> dict[str, Any]:
+    """One solve, one thread: status, wall seconds, validated overhead (None: no schedule within the budget) and, for
+    auto, its rungs (formulation, status, wall, share, overhead)."""
+    from coop.errors import CoopError
+    from coop.formulations import BASELINES, solve
+    from coop.schedule import validate
+
+    timed = name not in (*BASELINES, "per-layer")
+    started = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            result = solve(graph, budget, name, **({"time_limit": limit, "threads": 1} if timed else {}))
+        except CoopError as exc:
+            return {"formulation": name, "status": "refused", "wall_s": round(time.perf_counter() - started, 1),
+                    "overhead_pct": None, "note": str(exc)[:160]}
+    wall = time.perf_counter() - started
+    check = validate(graph, result.schedule, budget) if result.schedule is not None else None
+    row = {"formulation": name, "status": result.status, "wall_s": round(wall, 1),
+           "overhead_pct": round(100 * check.overhead, 4) if check is not None and check.ok else None}
+    if result.rungs:
+        row["rungs"] = [[r.formulation, r.status, round(r.wall_s, 1), round(r.limit_s, 1),
+                         None if r.overhead is None else round(100 * r.overhead, 4)] for r in result.rungs]
+        row["chose"] = result.extra.get("auto")
+    return row
+
+
+def unseen_cells(groups: tuple[str, ...], random_graphs: int = 9, out: Path | None = None) -> list[dict[str, Any]]:
+    """The unseen table: one JSON line per solve (to ``out`` and stdout) and one per cell, the cell's verdict: auto
+    within 0.5 percentage points of the best single formulation, and a schedule wherever a single found one."""
+    stream = out.open("a") if out is not None else None
+
+    def emit(record: dict[str, Any]) -> None:
+        import json
+        line = json.dumps(record)
+        print(line, flush=True)
+        if stream is not None:
+            stream.write(line + "\n")
+            stream.flush()
+
+    cells = []
+    for group in groups:
+        limit = UNSEEN_LIMITS[group]
+        for label, graph, capture_s in unseen_graphs(group, random_graphs):
+            for fraction in UNSEEN_FRACTIONS[group]:
+                budget = math.ceil(fraction * baseline_peak(graph))
+                cell = {"group": group, "graph": label, "nodes": len(graph.nodes), "fraction": fraction,
+                        "limit_s": limit, "capture_s": round(capture_s, 1)}
+                started = time.perf_counter()
+                singles = []
+                for name in unseen_singles(graph, budget):
+                    singles.append(solve_row(graph, budget, name, limit))
+                    emit({**cell, **singles[-1]})
+                auto_row = solve_row(graph, budget, "auto", limit)
+                emit({**cell, **auto_row})
+                found = [r for r in singles if r["overhead_pct"] is not None]
+                best = min(found, key=lambda r: r["overhead_pct"], default=None)
+                auto_pct = auto_row["overhead_pct"]
+                ok = best is None or (auto_pct is not None and auto_pct <= best["overhead_pct"] + 0.5)
+                cells.append({**cell, "best_single": best["formulation"] if best else None,
+                              "best_pct": best["overhead_pct"] if best else None, "auto_pct": auto_pct,
+                              "auto_chose": auto_row.get("chose"), "ok": ok,
+                              "cell_wall_s": round(time.perf_counter() - started, 1), "cell": True})
+                emit(cells[-1])
+    if stream is not None:
+        stream.close()
+    return cells
+
+
 if __name__ == "__main__":
+    if "--unseen" in sys.argv:
+        groups = tuple(sys.argv[sys.argv.index("--unseen") + 1].split(","))
+        count = int(sys.argv[sys.argv.index("--random-graphs") + 1]) if "--random-graphs" in sys.argv else 9
+        out = Path(sys.argv[sys.argv.index("--out") + 1]) if "--out" in sys.argv else None
+        unseen_cells(groups, count, out)
+        sys.exit(0)
     if "--time-table" in sys.argv:
         limits = tuple(float(x) for x in sys.argv[sys.argv.index("--limits") + 1].split(",")) if "--limits" in \
             sys.argv else TIME_LIMITS

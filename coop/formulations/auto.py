@@ -28,8 +28,8 @@ no rung outlives auto's deadline: :mod:`coop.formulations.deadline`):
    schedule is not compared with recomputation-only ones on that cost).
 
 The cheapest baseline schedule that fits (:func:`cheapest_fitting_baseline`, which the planner uses too;
-baselines take no solver time) is a candidate from the start and a warm start of every rung, so auto
-never returns more than a baseline would. The cheapest schedule found is returned (ties: the earlier
+baselines take no solver time) is a candidate from the start and a warm start of every rung (but checkpoint-all's:
+:data:`NOT_HINTED`), so auto never returns more than a baseline would. The cheapest schedule found is returned (ties: the earlier
 candidate); ``result.rungs`` lists every rung (:class:`~coop.formulations.result.Rung`: time spent, status,
 overhead), ``extra["auto"]`` names who found it and ``extra["auto_tried"]`` each rung's status; a ``progress``
 callback gets a milestone as the ladder starts and one as each rung ends (``"auto rung <rung line>; best
@@ -247,8 +247,10 @@ def auto(graph: Graph, budget: int, options: AutoOptions) -> SolveResult:
     found: list[SolveResult] = []
     rungs: list[Rung] = []
     hints = [] if hint is None else list(hint) if isinstance(hint, (list, tuple)) else [hint]
-    baseline, no_baseline = _fitting_baseline(graph, budget, "blocks" in ladder) if ladder != ["store-all"] else (
-        None, "")
+    # on a large graph checkpoint-all's schedule (O(n^2) steps) is built after the ladder, where no rung found one
+    large = len(graph.order) > EXACT_MAX_NODES
+    baseline, no_baseline = _fitting_baseline(graph, budget, "blocks" in ladder, costly=not large) if ladder != [
+        "store-all"] else (None, "")
     if baseline is not None:  # a candidate and a warm start for every rung: auto never loses to a baseline
         found.append(baseline)
         rungs.append(Rung(baseline.formulation, "heuristic", baseline.wall_s, 0.0, baseline.simulation.overhead,
@@ -266,7 +268,7 @@ def auto(graph: Graph, budget: int, options: AutoOptions) -> SolveResult:
         weights = [RUNG_WEIGHTS.get(later, 1.0) for later in ladder[index:]]
         share = max(remaining * weights[0] / sum(weights), min(MIN_RUNG_SECONDS, remaining), 1e-3)
         rung_options = dataclasses.replace(registered(name).options.from_options(options), time_limit=share,
-                                           deadline=deadline, hint=[*hints, *(r.schedule for r in found)] or None)
+                                           deadline=deadline, hint=[*hints, *_warm_starts(found)] or None)
         started = deadline.elapsed()
         try:
             result = run_solver(graph, budget, name, rung_options)
@@ -281,6 +283,13 @@ def auto(graph: Graph, budget: int, options: AutoOptions) -> SolveResult:
         report_rung(clock, rungs[-1], found)
         if fits and result.simulation.cost <= graph.baseline_cost:  # no recomputation: nothing is cheaper
             break
+    if baseline is None and large and ladder != ["store-all"] and not found:
+        baseline = _costly_baseline(graph, budget)
+        if baseline is not None:
+            found.append(baseline)
+            rungs.append(Rung(baseline.formulation, "heuristic", baseline.wall_s, 0.0, baseline.simulation.overhead,
+                              "the cheapest baseline that fits (built after the ladder: no rung found a schedule)"))
+            report_rung(clock, rungs[-1], found)
     summary = "; ".join(rung.line() for rung in rungs)
     tried = {rung.formulation: rung.status for rung in rungs}
     if found:
@@ -292,7 +301,7 @@ def auto(graph: Graph, budget: int, options: AutoOptions) -> SolveResult:
         best.message = f"auto chose {best.formulation} ({summary})" + (f": {best.message}" if best.message else "")
         best.wall_s = deadline.elapsed()
         if best is baseline:
-            best.fallback = _fallback_words(rungs, deadline)
+            best.fallback = _fallback_words(rungs, deadline, baseline.formulation)
         return best
     return SolveResult(
         formulation="auto",
@@ -325,7 +334,7 @@ def report_rung(clock: ProgressClock, rung: Rung, found: list[SolveResult]) -> N
     clock.report(message=f"auto rung {rung.line()}; best overhead so far {so_far}", milestone=True)
 
 
-def _fallback_words(rungs: list[Rung], deadline: Deadline) -> str:
+def _fallback_words(rungs: list[Rung], deadline: Deadline, name: str) -> str:
     """Why a baseline is all auto returns, and what time would let a solver run ('' when a solver ran to its end
     and found nothing cheaper: then the baseline is no last resort)."""
     solvers = [rung for rung in rungs if rung.status != "heuristic"]
@@ -335,18 +344,43 @@ def _fallback_words(rungs: list[Rung], deadline: Deadline) -> str:
     suggest = 10 * math.ceil(suggest / 10)
     ran = "; ".join(rung.line() for rung in solvers) or "no solver rung"
     return (f"no solver found a schedule cheaper than the baseline within {deadline.limit:g} s ({ran}): the "
-            f"{rungs[0].formulation} schedule is a last resort; a time_limit of {suggest:g} s or more would let the "
+            f"{name} schedule is a last resort; a time_limit of {suggest:g} s or more would let the "
             "solvers search")
 
 
-def _fitting_baseline(graph: Graph, budget: int, per_layer: bool = False) -> tuple[SolveResult | None, str]:
+def _fitting_baseline(graph: Graph, budget: int, per_layer: bool = False,
+                      costly: bool = True) -> tuple[SolveResult | None, str]:
     """The cheapest baseline schedule that fits (no solver time; per-layer too on repeated blocks), or None and why
-    none does."""
+    none does; without ``costly``, checkpoint-all is not tried on a graph above ``EXACT_MAX_NODES``."""
     try:
         return cheapest_fitting_baseline(graph, budget, extra=("per-layer",) if per_layer else (),
-                                         costly_last=len(graph.order) > EXACT_MAX_NODES), ""
+                                         costly_last=len(graph.order) > EXACT_MAX_NODES, costly=costly), ""
     except InfeasibleError as exc:
         return None, str(exc)
+
+
+def _costly_baseline(graph: Graph, budget: int) -> SolveResult | None:
+    """Checkpoint-all's result where its schedule validates within ``budget`` (the other baselines did not fit),
+    else None."""
+    try:
+        result = run_solver(graph, budget, "checkpoint-all")
+    except CoopError:
+        return None
+    fits = result.schedule is not None and validate(graph, result.schedule, budget).ok
+    return result if fits else None
+
+
+#: Fitting schedules auto keeps as candidates but does not hand its rungs as warm starts: checkpoint-all's (O(n^2)
+#: steps, the costliest baseline, reached only where no other fits; each solver's own warm start tries it last). A
+#: hint that fits ends a solver's warm-start collection at its share of the time: on DenseNet-121 (2,556 nodes) at
+#: 0.6 of the peak, 30 s, Moccasin hinted with it started from 9,350 % and returned 4,441 % in 41 s of a 20 s
+#: share, where Moccasin alone found 7.83 % (issue 40).
+NOT_HINTED = ("checkpoint-all",)
+
+
+def _warm_starts(found: list[SolveResult]) -> list[Schedule]:
+    """The schedules found so far that the next rung starts from (all but :data:`NOT_HINTED`'s)."""
+    return [result.schedule for result in found if result.formulation not in NOT_HINTED]
 
 
 def _fits(budget: int, result: SolveResult) -> bool:
@@ -435,7 +469,8 @@ def _least_baseline_peak(graph: Graph, budget: int) -> int | None:
 
 def cheapest_fitting_baseline(graph: Graph, budget: int, *, failed: str | None = None,
                               result: SolveResult | None = None, time_limit: float | None = None,
-                              extra: tuple[str, ...] = (), costly_last: bool = False) -> SolveResult:
+                              extra: tuple[str, ...] = (), costly_last: bool = False,
+                              costly: bool = True) -> SolveResult:
     """The baseline schedule of least cost whose validated peak fits ``budget`` (graph units).
 
     The one fallback for a formulation that found no schedule within the budget (``auto``, the
@@ -459,6 +494,10 @@ def cheapest_fitting_baseline(graph: Graph, budget: int, *, failed: str | None =
     costly_last : bool
         Build checkpoint-all's schedule (O(n^2) steps: seconds on a graph of a thousand nodes, and the costliest
         baseline) only where no other fits.
+    costly : bool
+        With ``costly_last``: False never builds checkpoint-all's schedule (auto builds it after its ladder, where
+        no rung found a schedule: on DenseNet-121, 2,556 nodes, building and checking it took 10-24 s of a 30 s
+        limit before any solver ran, issue 40).
 
     Returns
     -------
@@ -478,7 +517,7 @@ def cheapest_fitting_baseline(graph: Graph, budget: int, *, failed: str | None =
     best_peak: int | None = None
     errors: list[str] = []
     names = [name for name in (*BASELINES, *extra) if not (costly_last and name == "checkpoint-all")]
-    for name in names + (["checkpoint-all"] if costly_last else []):
+    for name in names + (["checkpoint-all"] if costly_last and costly else []):
         if costly_last and name == "checkpoint-all" and best is not None:
             break
         try:
