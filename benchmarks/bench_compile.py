@@ -13,7 +13,8 @@ Run: ``python benchmarks/run_all.py --only bench_compile`` (or ``python benchmar
 * ``held`` is each step's held bytes on the one meter; ``ms`` the median of ``STEPS`` rounds after two warm-up
   rounds, each round one step of every variant in turn (alternating, so that a neighbour's load hits all alike);
   ``compile_s`` the first step's wall time (for coop.plan: the plan's); ``recomputed_gflop``: FLOPs of the
-  computations coop's schedule runs more than once (coop rows; the compiler does not report its own).
+  computations coop's schedule runs more than once (coop rows; the compiler does not report its own);
+  ``round_held``: per measured round of coop.compile, its plan's predicted peak -> what the step then held.
 
 The bars the issue sets are computed per row: ``within`` (held <= budget), and per model ``monotone`` (a
 lower budget never holds more), ``vs_amb`` (coop.compile at least as fast as compile-amb where its held bytes
@@ -158,7 +159,9 @@ def _worker(name: str, shares: tuple[float, ...], time_limit: float) -> list[dic
                 share=share, budget=budget, formulation=plan.result.formulation,
                 predicted_overhead_pct=round(100 * plan.result.simulation.overhead, 2),
                 recomputed_gflop=round(_recomputed_flops(plan.joint.graph, plan.result.schedule) / 1e9, 3),
-                rounds=len(cc.coop_record.rounds))
+                rounds=len(cc.coop_record.rounds),
+                round_held=" / ".join(f"{r.predicted_peak:,}->{r.measured_peak:,}" for r in cc.coop_record.rounds
+                                      if r.measured_peak is not None))
         except Exception as exc:  # noqa: BLE001 - a row that says what failed, not a lost model
             info[f"coop.compile@{share}"] = {"share": share, "budget": budget, "error": str(exc)[:160]}
         plan_module = copy.deepcopy(base)

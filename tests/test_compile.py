@@ -320,3 +320,61 @@ def test_graph_breaks_and_reduce_overhead_train_as_torch_compile() -> None:
     for mine, other in zip(ours, theirs, strict=True):
         for a, b in zip(mine, other, strict=True):
             assert torch.equal(a, b)
+
+
+class Attention(nn.Module):
+    """One attention head without fused attention: ``softmax(q k^T) v`` (inductor decomposes the softmax)."""
+
+    def __init__(self, width: int = 16) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(width, 3 * width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        return (torch.softmax(q @ k.transpose(1, 2), dim=-1) @ v).pow(2).mean()
+
+
+def _joint_graph(model: nn.Module, batch: torch.Tensor) -> tuple[torch.fx.GraphModule, int, list[int]]:
+    """The joint graph AOTAutograd hands a partitioner (inductor's decompositions), without compiling kernels."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import default_partition
+    from torch._inductor.decomposition import select_decomp_table
+
+    seen: list[tuple[torch.fx.GraphModule, int, list[int]]] = []
+
+    def partition(gm: torch.fx.GraphModule, inputs: object, **kwargs: object) -> object:
+        seen.append((copy.deepcopy(gm), kwargs["num_fwd_outputs"], kwargs.get("static_lifetime_input_indices")))
+        return default_partition(gm, inputs, **kwargs)
+
+    backend = aot_autograd(fw_compiler=lambda gm, _: gm, bw_compiler=lambda gm, _: gm, partition_fn=partition,
+                           decompositions=select_decomp_table())
+    torch._dynamo.reset()
+    torch.compile(model, backend=backend, dynamic=False)(batch).backward()
+    (found,) = seen
+    return found
+
+
+def test_a_view_whose_fake_value_has_its_own_storage_is_folded_into_its_input() -> None:
+    """Inductor's joint passes can leave a view whose fake value does not share its input's storage (LLaMA's
+    ``expand(div)`` after the softmax: 2 MiB counted twice per layer). Here the softmax's expand is given a fresh
+    fake storage by hand: lowered, it must fold into the softmax's node, and the Graph must be the one lowered
+    from the untouched joint graph (same node count, same bytes per node)."""
+    from torch._guards import detect_fake_mode
+
+    from coop.compiled.joint import lower_joint
+
+    torch.manual_seed(0)
+    gm, num_fwd, static = _joint_graph(Attention(), torch.randn(2, 8, 16))
+    reference = lower_joint(gm, num_fwd, static)
+    (expand,) = [n for n in gm.graph.nodes if n.target is torch.ops.aten.expand.default
+                 and n.args[0].target is torch.ops.aten.div.Tensor]
+    value = expand.meta["val"]
+    with detect_fake_mode([value]):
+        fresh = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype)
+    assert fresh.untyped_storage()._cdata != value.untyped_storage()._cdata
+    expand.meta["val"] = fresh
+    joint = lower_joint(gm, num_fwd, static)
+    owner = joint.lowered.owner_of
+    assert owner[expand.name] == owner[expand.args[0].name]
+    assert [n.mem for n in joint.graph.nodes] == [n.mem for n in reference.graph.nodes]
+    assert expand.meta["val"] is fresh  # the joint graph itself is left as it was

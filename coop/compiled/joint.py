@@ -19,6 +19,10 @@ copy of the joint graph with three changes that give the compiled step's semanti
   (:mod:`coop.compiled.emit`).
 * Inductor's RNG: ``prims.inductor_seeds`` draws the seeds (a random op, never recomputed); the random values are
   ``prims.inductor_random`` of a seed, a pure function, so a recomputed dropout mask is the same mask.
+* A view's fake value shares its input's storage, which is how the lowering folds views: inductor's joint-graph
+  passes may leave a view whose fake value has a storage of its own (LLaMA's attention: ``expand(div)`` after the
+  softmax, a second 2 MiB storage per layer). Such a view's value is derived again from its input's
+  (:func:`views_share_storage`), so that it folds into its input's node as the compiled kernel's view does.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from coop.graph_capture.cost import BANDWIDTH
 from coop.graph_capture.lower import Lowered, lower
 from coop.graph_capture.trace import TracedStep
 
-__all__ = ["JointGraph", "effect_nodes", "joint_outputs", "lower_joint"]
+__all__ = ["JointGraph", "effect_nodes", "joint_outputs", "lower_joint", "views_share_storage"]
 
 TANGENT_OP = "tangent"
 
@@ -134,6 +138,7 @@ def lower_joint(gm: fx.GraphModule, num_fwd_outputs: int, static_indices: list[i
     effect_sources = [a for e in effects for a in e.all_input_nodes if a.op != "placeholder"]
     for effect in effects:
         copied.erase_node(effect)
+    views_share_storage(copied)
     fwd, grads = joint_outputs(gm, num_fwd_outputs)
     fwd = [remap[a] if isinstance(a, fx.Node) else a for a in fwd]
     grads = [remap[a] for a in grads if isinstance(a, fx.Node)]
@@ -157,6 +162,64 @@ def lower_joint(gm: fx.GraphModule, num_fwd_outputs: int, static_indices: list[i
     return JointGraph(graph=graph, lowered=lowered, tangent_ids=tangent_ids, num_fwd_outputs=num_fwd_outputs,
                       effects=tuple(e.name for e in effects),
                       values={n.name: n.meta.get("val") for n in gm.graph.nodes})
+
+
+def views_share_storage(graph: fx.Graph) -> list[str]:
+    """Give each view whose fake value has a storage of its own a value that aliases its input's (in place).
+
+    A view op (its schema's result aliases an argument and writes nothing) returns its input's storage when it
+    runs; its fake value may not (module docstring). In graph order, each such view's value is computed again
+    by the op itself, under the fake mode of the graph's values, from its inputs' (already corrected) values.
+    The node's meta is replaced, not mutated: a copied graph's nodes share their meta values with the original.
+
+    Parameters
+    ----------
+    graph : fx.Graph
+        A graph whose nodes carry fake values in ``meta["val"]`` (the lowering's copy of a joint graph).
+
+    Returns
+    -------
+    list of str
+        The names of the views given a new value.
+    """
+    fake_mode = None
+    changed: list[str] = []
+    for node in graph.nodes:
+        source = _viewed_argument(node)
+        if source is None:
+            continue
+        value, viewed = node.meta.get("val"), source.meta.get("val")
+        if not isinstance(value, torch.Tensor) or not isinstance(viewed, torch.Tensor):
+            continue
+        if value.untyped_storage()._cdata == viewed.untyped_storage()._cdata:
+            continue
+        if fake_mode is None:
+            fake_mode = torch._guards.detect_fake_mode([viewed])
+            if fake_mode is None:
+                raise CoopError(f"coop.compile: {node.name} carries no fake value to derive its view from")
+        args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda a: a.meta["val"])
+        with fake_mode:
+            derived = node.target(*args, **kwargs)
+        if derived.shape != value.shape or derived.stride() != value.stride() or derived.dtype != value.dtype:
+            raise CoopError(f"coop.compile: {node.name} ({node.target}) derived again is {tuple(derived.shape)} "
+                            f"{derived.stride()}, not the joint graph's {tuple(value.shape)} {value.stride()}")
+        node.meta = {**node.meta, "val": derived}
+        changed.append(node.name)
+    return changed
+
+
+def _viewed_argument(node: fx.Node) -> fx.Node | None:
+    """The argument whose storage a view op's one result aliases; None for any other node."""
+    schema = getattr(node.target, "_schema", None)
+    if node.op != "call_function" or schema is None or len(schema.returns) != 1 or not schema.arguments:
+        return None
+    alias = schema.returns[0].alias_info
+    if alias is None or alias.is_write or schema.is_mutable:
+        return None
+    first = schema.arguments[0].alias_info
+    if first is None or not set(alias.before_set) & set(first.before_set):
+        return None
+    return node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
 
 
 def _unwritten_seconds(node: fx.Node) -> float:
