@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import coop
+from coop.compiled.api import CompileRound, held_follows_the_plan
 from coop.compiled.emit import JOINT_NAME
 from coop.compiled.partitioner import CompiledPlan
 from coop.errors import BudgetError, CoopError
@@ -378,3 +379,16 @@ def test_a_view_whose_fake_value_has_its_own_storage_is_folded_into_its_input() 
     assert owner[expand.name] == owner[expand.args[0].name]
     assert [n.mem for n in joint.graph.nodes] == [n.mem for n in reference.graph.nodes]
     assert expand.meta["val"] is fresh  # the joint graph itself is left as it was
+
+
+def test_a_re_solve_whose_held_bytes_stay_flat_is_stopped_as_an_excess_outside_the_plan() -> None:
+    """The rounds bench_compile measured on GPT-2 at 0.5 (predicted peak -> held bytes): the plan fell 672 kB and the
+    step held more; a round whose held bytes fall with the plan (hand-made) keeps the re-solve going."""
+    first = CompileRound(shave=0, budget=17_416_196, predicted_peak=17_412_292, measured_peak=18_081_480, reason="a")
+    flat = CompileRound(shave=665_284, budget=16_750_912, predicted_peak=16_740_524, measured_peak=18_236_632,
+                        reason="b")
+    falling = CompileRound(shave=665_284, budget=16_750_912, predicted_peak=16_740_524, measured_peak=17_600_000,
+                           reason="b")
+    assert held_follows_the_plan([first])
+    assert not held_follows_the_plan([first, flat])
+    assert held_follows_the_plan([first, falling])

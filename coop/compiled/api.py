@@ -225,6 +225,9 @@ def _fit_measured(compile_with: Callable[[int], nn.Module], batch: Any, loss_fn:
             best = _Attempt(compiled, record, held)
         if held <= plan.requested:
             break
+        if not held_follows_the_plan(history):
+            history[-1].reason += "; the held bytes did not follow the plan down: the excess is held outside it"
+            break
         floor = min_budget(plan.joint.graph)
         if plan.budget <= floor:
             break
@@ -237,6 +240,28 @@ def _fit_measured(compile_with: Callable[[int], nn.Module], batch: Any, loss_fn:
     if best.held > best.record.plans[0].requested:
         _warn_over_budget(best)
     return best.compiled
+
+
+def held_follows_the_plan(history: list[CompileRound]) -> bool:
+    """Whether the last two measured rounds' held bytes fell by at least a quarter of their plans' predicted fall.
+
+    A re-solve lowers the plan's peak; when the step's held bytes stay where they were, the excess is in buffers
+    the compiled code keeps outside coop's graph (e.g. values inductor inlines into several readers), and shaving
+    the budget further only buys recomputation. With fewer than two measured rounds there is nothing to compare.
+
+    >>> first = CompileRound(shave=0, budget=100, predicted_peak=100, measured_peak=130, reason="first plan")
+    >>> held_follows_the_plan([first, CompileRound(40, 60, 60, 128, "again")])
+    False
+    >>> held_follows_the_plan([first, CompileRound(40, 60, 60, 100, "again")])
+    True
+    """
+    measured = [r for r in history if r.measured_peak is not None]
+    if len(measured) < 2:
+        return True
+    before, after = measured[-2], measured[-1]
+    predicted_fall = before.predicted_peak - after.predicted_peak
+    held_fall = before.measured_peak - after.measured_peak
+    return predicted_fall <= 0 or 4 * held_fall >= predicted_fall
 
 
 def _ran_without_coop() -> str:
@@ -259,9 +284,12 @@ _SHAVE_STEP = 64 * 1024
 def _warn_over_budget(best: _Attempt) -> None:
     """Warn that no measured step met its budget, with the numbers."""
     record = best.record
+    outside = bool(record.rounds) and record.rounds[-1].reason.endswith("held outside it")
+    fix = ("the excess is held outside the plan (the held bytes did not fall with the planned peak): give a budget "
+           "larger by the excess" if outside else "give a larger budget, more time_limit or more rounds")
     warnings.warn(f"coop.compile: the compiled step held {best.held:,} B against its budget "
                   f"{record.plans[0].requested:,} B at best, after {len(record.rounds)} rounds (kept the plan at "
-                  f"{record.plans[0].budget:,} B); give a larger budget, more time_limit or more rounds", stacklevel=3)
+                  f"{record.plans[0].budget:,} B); {fix}", stacklevel=3)
 
 
 def _plan_on_meta(model: nn.Module, budget: str | float, batch: Any, loss_fn: Callable[[Any], torch.Tensor] | None,
