@@ -358,7 +358,7 @@ def _static_row(graph: Graph, name: str, spec: str, budget: int, peak: int, opti
     while True:
         try:
             # Warm starts, the online policies' schedules among them, are collected by the solver itself
-            # (coop.formulations.warm_start), so their time counts in this solve.
+            # (coop.formulations.heuristics.warm_start), so their time counts in this solve.
             result = solve(graph, live_budget, name, **options)
         except (CoopError, ImportError) as exc:
             return _row(name, "static", spec, budget, peak, status="skipped", message=str(exc).splitlines()[0],
@@ -382,7 +382,7 @@ def _static_row(graph: Graph, name: str, spec: str, budget: int, peak: int, opti
     sim = result.simulation
     arena_peak = packed_placement(graph, result.schedule).arena_peak
     status, message = _static_verdict(result.status, sim.peak, arena_peak, budget)
-    # POET's rows: the schedule priced on its device profile (coop.formulations.poet.price_schedule).
+    # POET's rows: the schedule priced on its device profile (coop.formulations.poet.milp.price_schedule).
     priced = {} if result.price is None else {"energy_j": result.price.energy_j, "paged_bytes": result.price.paged_bytes}
     return _row(name, "static", spec, budget, peak, status=status, fits=arena_peak <= budget, live_peak=sim.peak,
                 arena_peak=arena_peak, overhead=sim.overhead, solve_s=solve_s,

@@ -21,7 +21,7 @@ import coop
 from coop.budget import baseline_peak, min_budget
 from coop.errors import InfeasibleError
 from coop.formulations import solve
-from coop.formulations.auto import cheapest_fitting_baseline, formulation_ladder
+from coop.formulations.ladder.auto import cheapest_fitting_baseline, formulation_ladder
 from coop.graph import Graph, Node
 from coop.schedule import validate
 from tests.auto_oracle import compare_auto

@@ -30,7 +30,7 @@ from coop import Schedule, Step, capture
 from coop.budget import baseline_peak, min_budget
 from coop.errors import ScheduleError
 from coop.formulations import solve
-from coop.formulations.paging_heuristic import paging_schedule
+from coop.formulations.heuristics.paging import paging_schedule
 from coop.graph import Graph
 from coop.runtime.executor import Executor
 from coop.runtime.meter import MemoryMeter

@@ -32,7 +32,7 @@ The prefetcher and the copy engines are the engine's (:mod:`coop.online.delta_si
 swapped tensor is used next and starts its page-in early enough to hide it.
 
 Costs are read as seconds on the profiled device and memory as bytes, as POET reads its graphs
-(:func:`coop.formulations.poet_setting.node_price`).
+(:func:`coop.formulations.poet.setting.node_price`).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from typing import Any
 from torch import nn
 
 from coop.errors import CoopError
-from coop.formulations.progress import StageProgress
+from coop.formulations.core.progress import StageProgress
 from coop.graph import Graph
 from coop.graph_capture import Captured, capture
 from coop.graph_capture.batch import Batch
@@ -33,7 +33,7 @@ class PlanOptions:
     #: scalar tensor or an output with ``.loss`` (transformers' ``ModelOutput``; see :func:`coop.capture`). A plan
     #: file records whether one was used, and ``coop.load_plan`` asks for it.
     loss_fn: LossFn | None = None
-    #: The solver: ``"auto"`` picks per graph (coop.formulations.auto: the baseline order when it fits, Checkmate's
+    #: The solver: ``"auto"`` picks per graph (coop.formulations.ladder.auto: the baseline order when it fits, Checkmate's
     #: MILP on small graphs, Moccasin's CP-SAT on large ones); ``"dynamic"`` returns a :class:`DynamicPlan` (online
     #: eviction) instead of solving.
     formulation: str = "auto"

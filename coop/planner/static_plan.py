@@ -17,7 +17,7 @@ from torch import nn
 from coop.budget import format_memory, min_budget
 from coop.errors import ContextError, CoopError, InfeasibleError, SolveTimeoutError
 from coop.formulations import SolveResult
-from coop.formulations.auto import cheapest_fitting_baseline
+from coop.formulations.ladder.auto import cheapest_fitting_baseline
 from coop.graph import Graph
 from coop.graph_capture import Captured
 from coop.graph_capture.batch import Batch
