@@ -1,4 +1,4 @@
-"""MONeT's interval model (coop/formulations/monet/interval_model.py, driven by monet_intervals.py) against independent oracles.
+"""MONeT's interval model (coop/formulations/monet/interval_model.py, driven by monet/intervals.py) against independent oracles.
 
 * Compute once (``recompute=False``, MONeT's "implementation choice only" ablation): the model contains
   every schedule that computes each node once with first computations in the baseline order, and its
