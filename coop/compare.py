@@ -5,7 +5,7 @@ registered static formulation (:data:`coop.formulations.FORMULATIONS`: the basel
 solvers when registered) and every online policy (:mod:`coop.online.policies`) and reports one
 row per (method, budget): status, live peak (the most bytes resident at once), arena peak (the
 highest address used, fragmentation included: the packed placement of the schedule's lifetimes
-(the lower of best fit and greedy by size) for static plans, :mod:`coop.online.static_arena`; the online arena's high-water mark for policies), compute
+(the lower of best fit and greedy by size) for static plans, :mod:`coop.runtime.placement`; the online arena's high-water mark for policies), compute
 overhead, solve or eviction-search latency, and for static methods the break-even number of
 training steps versus each online policy.
 
@@ -42,7 +42,7 @@ from coop.online.delta import DELTA, delta_profile
 from coop.online.delta_sim import simulate_delta
 from coop.online.online_sim import OnlineResult, simulate_online
 from coop.online.policies import POLICIES
-from coop.online.static_arena import ARENA_ROUNDS, next_live_budget, packed_placement
+from coop.runtime.placement import ARENA_ROUNDS, next_live_budget, packed_placement
 
 #: Registry names that are not static plans (an online fallback registered as a formulation).
 ONLINE_FORMULATION_NAMES = frozenset({"dynamic", "online"})

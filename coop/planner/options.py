@@ -43,7 +43,7 @@ class PlanOptions:
     #: the graph, which the schedule then counts).
     profile: bool = False
     #: The budget is the size of everything a step holds: every value the step computes gets an address in its
-    #: device's arena (coop.online.static_arena's packed execution placement), the plan replays inside those arenas
+    #: device's arena (coop.runtime.placement's packed execution placement), the plan replays inside those arenas
     #: (coop.runtime.arena_replay: one buffer per device, allocated at the first step and reused; the loss is copied
     #: into one of two slots after the arena, a new ``.grad`` is handed out where the step computed it), and the
     #: budget must hold the step's whole footprint (``summary()["arena_footprint"]``): the caller-owned values

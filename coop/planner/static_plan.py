@@ -79,7 +79,7 @@ class Plan(BasePlan):
         (arenas, scratch, output slots) and what the step allocates beside them once measured
         (:func:`coop.runtime.arena_replay.measure_outside`; until then the largest transient, a lower estimate)."""
         refuse_arena_off_cpu(self.captured.graph)
-        self.executor = Executor(self.captured, self.executor.schedule, arena=placement,
+        self.executor = Executor(self.captured, self.executor.schedule, placement=placement,
                                  simulation=self.executor.simulation)
         self.arena_peak = placement.arena_peak
 

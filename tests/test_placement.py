@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from coop.errors import CoopError
 from coop.graph import Graph
 from coop.graph_files import load_graph
-from coop.online.static_arena import (
+from coop.runtime.placement import (
     Placement,
     best_fit_placement,
     exact_placement,
