@@ -241,6 +241,7 @@ def test_a_bad_time_limit_or_thread_count_is_refused_in_one_line(name: str, bad:
         solve(chain(), 10**6, name, **bad)
     message = str(caught.value)
     assert "\n" not in message and next(iter(bad)) in message and "give e.g." in message
+    assert message.startswith(f"formulation {name!r}: ")  # the one check, named for the formulation
 
 
 def test_the_typed_options_refuse_a_nan_time_limit_too() -> None:

@@ -99,7 +99,7 @@ class DeadlinePassed(CoopError):
     """A stage that cannot return anything useful once the deadline passes (building a model) stopped there."""
 
 
-def check_common_options(time_limit: Any, threads: Any, formulation: str = "") -> None:
+def check_common_options(time_limit: Any, threads: Any) -> None:
     """Refuse a time limit that is not a positive finite number of seconds, or fewer than one thread (one line).
 
     Parameters
@@ -108,21 +108,18 @@ def check_common_options(time_limit: Any, threads: Any, formulation: str = "") -
         Seconds, or None (nothing to check).
     threads : Any
         Worker threads, or None (nothing to check).
-    formulation : str
-        Named in the message ('' names none).
 
     Raises
     ------
     OptionError
         Naming the option, the value and an example of a good one.
     """
-    who = f" for {formulation}" if formulation else ""
     if time_limit is not None and (isinstance(time_limit, bool) or not isinstance(time_limit, int | float)
                                    or not 0 < time_limit < math.inf):
-        raise OptionError(f"time_limit={time_limit!r}{who} is not a positive number of seconds: give e.g. "
+        raise OptionError(f"time_limit={time_limit!r} is not a positive number of seconds: give e.g. "
                           "time_limit=60")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise OptionError(f"threads={threads!r}{who} is not a positive whole number: give e.g. threads=2")
+        raise OptionError(f"threads={threads!r} is not a positive whole number: give e.g. threads=2")
 
 
 def cp_sat_seconds(deadline: Deadline, *, reserve: bool = True, least: float = 0.01) -> float:

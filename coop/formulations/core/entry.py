@@ -11,9 +11,10 @@ another solver warm-starting from it, or directly):
 
 Then, however it was called:
 
-* a bad option is refused first (a time limit that is not a positive number of seconds, fewer than one
-  thread: :func:`coop.formulations.core.deadline.check_common_options`; the solver's own ``check_options``,
-  given the graph, the budget and the options), in one line, at every budget;
+* a bad option is refused first, in one line, at every budget: a time limit that is not a positive number of
+  seconds or fewer than one thread by the options object itself (its one check,
+  :func:`coop.formulations.core.deadline.check_common_options`, named for the formulation when typed from
+  keywords), then the solver's own ``check_options``, given the graph, the budget and the options;
 * the solve's one :class:`~coop.formulations.core.deadline.Deadline` is made here, from ``options.time_limit``, before
   any model is built (so building counts), within ``options.deadline`` when a caller gave one (a solver running
   another: ``auto``'s rungs), so a nested solve never outlives its parent; the implementation gets the options
@@ -39,7 +40,7 @@ from typing import Any
 
 from coop.budget import baseline_peak, below_min_budget
 from coop.errors import CoopError, LastResortWarning
-from coop.formulations.core.deadline import Deadline, check_common_options
+from coop.formulations.core.deadline import Deadline
 from coop.formulations.core.options import SolverOptions
 from coop.formulations.core.result import SolveResult
 from coop.graph import Graph
@@ -84,7 +85,6 @@ def formulation(name: str, *, options: type[SolverOptions],
         def checked(graph: Graph, budget: int, *, options: SolverOptions | None = None,
                     **keywords: Any) -> SolveResult:
             typed = _typed(name, options_type, options, keywords)
-            check_common_options(typed.time_limit, typed.threads, name)
             deadline = Deadline.after(typed.time_limit, within=typed.deadline)
             if check_options is not None:
                 check_options(graph, budget, typed)

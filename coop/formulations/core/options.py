@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from coop.errors import CoopError
+from coop.errors import CoopError, OptionError
 from coop.formulations.core.deadline import Deadline, check_common_options
 
 #: The options every formulation accepts by these names, keyword-only.
@@ -94,13 +94,18 @@ class SolverOptions:
         ------
         CoopError
             One line naming the first unknown option and listing what ``formulation`` takes.
+        OptionError
+            A time limit or thread count out of range: the one check (``__post_init__``), named for ``formulation``.
         """
         given = {name: value for name, value in options.items() if value is not None}
         unknown = sorted(set(given) - cls.accepted())
         if unknown:
             raise CoopError(f"formulation {formulation!r} has no option {unknown[0]!r}: it takes "
                             f"{', '.join(sorted(cls.accepted()))}")
-        return cls(**given)
+        try:
+            return cls(**given)
+        except OptionError as error:
+            raise OptionError(f"formulation {formulation!r}: {error}") from None
 
     @classmethod
     def from_options(cls, source: SolverOptions) -> SolverOptions:
