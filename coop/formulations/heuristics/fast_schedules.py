@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 
 from coop.formulations.core.deadline import Deadline
+from coop.formulations.heuristics.recompute_polish import drop_needless, recompute_positions
 from coop.formulations.heuristics.sequence_profile import (
     SequenceProfile,
     SequenceTables,
@@ -356,13 +357,13 @@ def improve_by_local_search(graph: Graph, budget: int, schedule: Schedule, time_
     sequence = [step.node for step in schedule.steps if step.op == "compute"]
     if simulate(graph, Schedule.from_order(sequence)).peak > budget:
         return schedule  # explicit frees were needed to fit: leave it alone
-    sequence = _drop_redundant(problem, tables, sequence, deadline)
+    sequence = _drop_redundant(problem, tables, sequence, deadline, trials=False)
     cost = sequence_cost(tables, sequence)
     best, best_cost = sequence, cost
     stalled = 0
     while (now := time.perf_counter()) < deadline and (max_stall is None or stalled < max_stall):
         stalled += 1
-        recomputed = _recompute_positions(sequence)
+        recomputed = recompute_positions(sequence)
         if not recomputed:
             break
         centre = rng.choice(recomputed)
@@ -371,60 +372,30 @@ def improve_by_local_search(graph: Graph, budget: int, schedule: Schedule, time_
         repaired = _shave(problem, tables, trial, max_rounds=4 * len(near) + 8, rng=rng)
         if repaired is None:
             continue
-        repaired = _drop_redundant(problem, tables, repaired, deadline)
+        repaired = _drop_redundant(problem, tables, repaired, deadline, trials=False)
         repaired_cost = sequence_cost(tables, repaired)
         temperature = ANNEALING_START * max(0.0, 1 - (now - started) / time_limit) if time_limit > 0 else 0.0
         if repaired_cost < cost * (1 + temperature):
             sequence, cost = repaired, repaired_cost
             if cost < best_cost:
                 best, best_cost, stalled = sequence, cost, 0
-    candidate = Schedule.from_order(best)
+    candidate = Schedule.from_order(_drop_redundant(problem, tables, best, deadline, trials=True))
     judged = simulate(graph, candidate)
     return candidate if judged.peak <= budget and judged.cost <= simulate(graph, schedule).cost else schedule
 
 
-def _recompute_positions(sequence: list[int]) -> list[int]:
-    seen: set[int] = set()
-    positions = []
-    for j, v in enumerate(sequence):
-        if v in seen:
-            positions.append(j)
-        seen.add(v)
-    return positions
+def _drop_redundant(problem: SlotProblem, tables: SequenceTables, sequence: list[int], deadline: float,
+                    trials: bool) -> list[int]:
+    """``sequence`` less the recomputations the budget does not need: the one pass of
+    :func:`~coop.formulations.heuristics.recompute_polish.drop_needless`, screened on the sequence's profile and
+    judged by it (exact for a compute-only sequence); ``trials``: the exact trials after the screened sweep."""
+    def judge(steps: list[Step]) -> tuple[int, float]:
+        nodes = [step.node for step in steps]
+        return sequence_profile(tables, nodes).peak, sequence_cost(tables, nodes)
 
-
-def _drop_redundant(problem: SlotProblem, tables: SequenceTables, sequence: list[int], deadline: float) -> list[int]:
-    """Remove recomputations one at a time, costliest first, while the sequence still fits.
-
-    One simulation, then per candidate a conservative check on its memory profile: dropping the recompute of v
-    at position j keeps v's previous instance alive until the dropped one's last read, which adds v's bytes to
-    the steps between the previous instance's end and j (and nothing elsewhere: the dropped compute's inputs can
-    only die earlier). A drop is taken when those steps stay within the budget; the result is simulated once
-    more and returned only if it fits (else the sequence as given)."""
-    sim = sequence_profile(tables, sequence)
-    memory = sim.memory
-    alive: dict[int, list[list[int]]] = {}  # node -> [computed_at, end, mem] of its instances, in order
-    for k, v in enumerate(sequence):
-        alive.setdefault(v, []).append([k, sim.end[k], tables.mem[v]])
-    dropped: set[int] = set()
-    for j in sorted(_recompute_positions(sequence), key=lambda j: -problem.graph.node(sequence[j]).cost):
-        if time.perf_counter() >= deadline:
-            break
-        instances = alive[sequence[j]]
-        at = next(k for k, instance in enumerate(instances) if instance[0] == j)
-        previous, this = instances[at - 1], instances[at]
-        first, size = previous[1] + 1, previous[2]
-        if first < j:
-            if max(memory[first:j]) + size > problem.budget:
-                continue
-            memory[first:j] = [m + size for m in memory[first:j]]
-        previous[1] = max(previous[1], this[1])
-        del instances[at]
-        dropped.add(j)
-    if not dropped:
-        return sequence
-    compact = [v for j, v in enumerate(sequence) if j not in dropped]
-    return compact if sequence_profile(tables, compact).peak <= problem.budget else sequence
+    kept = drop_needless(problem.graph, problem.budget, list(Schedule.from_order(sequence).steps), judge, deadline,
+                         tables, trials)
+    return sequence if len(kept) == len(sequence) else [step.node for step in kept]
 
 
 #: How many of the best-scored shaving moves are simulated before giving up on a round.
