@@ -61,7 +61,7 @@ from torch import fx, nn
 from coop.errors import CaptureError, ScheduleError
 from coop.graph import Graph
 from coop.graph_capture import Captured
-from coop.graph_capture.fsdp import is_fsdp2
+from coop.graph_capture.fsdp import fsdp_version
 from coop.graph_capture.fsdp import refusal as fsdp_refusal
 from coop.runtime.arena_replay import build_arena_program
 from coop.runtime.copy_stream import StreamAPI, copy_stream_for
@@ -459,7 +459,7 @@ def _refused_wrapper(model: nn.Module) -> str:
         if isinstance(module, nn.DataParallel):
             return (f"coop cannot plan through torch.nn.DataParallel ({where}), which splits every batch across GPUs "
                     "inside forward; pass its .module, or use DistributedDataParallel (one process per GPU)")
-        if _is_fsdp1(module):
+        if fsdp_version(module) == 1:
             return (f"coop cannot plan a model wrapped in FullyShardedDataParallel ({where}), FSDP1, whose flat "
                     "parameters are gathered inside forward; shard it with FSDP2's fully_shard, which coop plans")
         if name and ddp_class is not None and isinstance(module, ddp_class):
@@ -468,21 +468,13 @@ def _refused_wrapper(model: nn.Module) -> str:
     sharded = fsdp_refusal(model)
     if sharded:
         return sharded
-    if is_fsdp2(model):  # its parameters are DTensor shards, which the capture reads as FSDP's local shards
+    if fsdp_version(model) == 2:  # its parameters are DTensor shards, which the capture reads as FSDP's local shards
         return ""
     for name, param in model.named_parameters():
         if type(param) is not nn.Parameter and type(param.data) is not torch.Tensor:
             return (f"coop cannot plan parameter {name!r}, a {type(param.data).__name__} (tensor parallel or another "
                     "tensor subclass); plan the model with plain tensors")
     return ""
-
-
-def _is_fsdp1(module: nn.Module) -> bool:
-    if not torch.distributed.is_available():
-        return False
-    from torch.distributed.fsdp import FullyShardedDataParallel  # lazy: needs torch.distributed
-
-    return isinstance(module, FullyShardedDataParallel)
 
 
 class _ReleaseGradient(torch.autograd.Function):
