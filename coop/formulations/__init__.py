@@ -1,4 +1,9 @@
-"""Formulations: Graph + budget -> SolveResult, one module per paper.
+"""Formulations: Graph + budget -> SolveResult, one folder per paper family on shared substrates.
+
+Subpackages by role: the contract every formulation shares (``core``: registry, options, deadline, entry, result,
+progress), the substrates (``milp``, Checkmate's ``stages``, Moccasin's ``intervals``), one folder per paper family
+(``checkmate``, ``moccasin``, ``monet``, ``poet``, ``blocks``), the ``heuristics`` and warm starts, and the
+``ladder`` (``auto``). This module is the public entry.
 
 Every formulation is a plain function ``f(graph, budget, *, options) -> SolveResult`` where
 ``budget`` is already parsed to graph units (coop.budget.parse_budget); callers run it through
