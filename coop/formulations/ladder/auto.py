@@ -2,11 +2,11 @@
 
 A ladder, each rung a wider space than the one before, sharing the caller's one deadline (each rung gets its
 weight's part of what is left, :data:`RUNG_WEIGHTS`, so a rung that finishes early leaves its time to the next;
-no rung outlives auto's deadline: :mod:`coop.formulations.core.deadline`):
+no rung outlives auto's deadline: :mod:`coop.formulations.deadline`):
 
 1. the baseline order when it already fits (no solve needed, no recomputation: nothing is cheaper); where
    store-all in the deferred order fits instead, Moccasin comes first (it returns that order at once);
-2. on a training step whose forward repeats blocks (:func:`coop.formulations.blocks.repeated.find_block_groups`)
+2. on a training step whose forward repeats blocks (:func:`coop.formulations.repeated_blocks.find_block_groups`)
    and that is larger than ``EXACT_MAX_NODES``: ``blocks`` first (Rockmate / HiRemate-style, Zhao et al. ICML
    2023 / 2025: each block's problem solved once, composed, polished by Moccasin), with most of the time: on a
    Llama-2-7B-shaped step at 0.75 it found 0.06 % where Moccasin alone, from the chen-greedy hint, stopped at
@@ -18,7 +18,7 @@ no rung outlives auto's deadline: :mod:`coop.formulations.core.deadline`):
    Checkmate that ended "unknown" and returned 8.36 % where Moccasin alone found 2.32 % (issue 40);
 4. Moccasin's CP-SAT model (Bartan et al. 2023, O(n) variables) on every graph, warm-started with
    what the rungs before found: it may also reorder first computations (the deferred order of
-   :mod:`coop.formulations.core.solving_order`), where a reordering alone can fit a budget that no
+   :mod:`coop.formulations.solving_order`), where a reordering alone can fit a budget that no
    recomputation in the captured order reaches. It is skipped only where its space is contained in
    one already searched to optimality: Checkmate proved its optimum and Moccasin would keep the same
    captured order;
@@ -30,7 +30,7 @@ no rung outlives auto's deadline: :mod:`coop.formulations.core.deadline`):
 The cheapest baseline schedule that fits (:func:`cheapest_fitting_baseline`, which the planner uses too;
 baselines take no solver time) is a candidate from the start and a warm start of every rung, so auto
 never returns more than a baseline would. The cheapest schedule found is returned (ties: the earlier
-candidate); ``result.rungs`` lists every rung (:class:`~coop.formulations.core.result.Rung`: time spent, status,
+candidate); ``result.rungs`` lists every rung (:class:`~coop.formulations.result.Rung`: time spent, status,
 overhead), ``extra["auto"]`` names who found it and ``extra["auto_tried"]`` each rung's status; a ``progress``
 callback gets a milestone as the ladder starts and one as each rung ends (``"auto rung <rung line>; best
 overhead so far ..."``, :func:`report_rung`), beside the rungs' own reports. Where
@@ -72,7 +72,7 @@ RUNG_WEIGHTS = {"blocks": 4.0}
 
 def run_solver(graph: Graph, budget: int, name: str, options: SolverOptions | None = None,
                **keywords: Any) -> SolveResult:
-    """Run the formulation registered under ``name`` (:data:`coop.formulations.core.registry.FORMULATIONS`, the one
+    """Run the formulation registered under ``name`` (:data:`coop.formulations.registry.FORMULATIONS`, the one
     table) with typed options, or with keywords typed here.
 
     Parameters
@@ -195,7 +195,7 @@ def repeated_blocks(graph: Graph) -> bool:
     Returns
     -------
     bool
-        True when :func:`coop.formulations.blocks.repeated.find_block_groups` finds a group in its forward.
+        True when :func:`coop.formulations.repeated_blocks.find_block_groups` finds a group in its forward.
     """
     if not graph.has_backward:
         return False
