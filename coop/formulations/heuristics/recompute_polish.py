@@ -153,7 +153,18 @@ def _screened_sweep(graph: Graph, budget: int, tables: SequenceTables, sequence:
 
 
 def recompute_positions(sequence: list[int]) -> list[int]:
-    """Positions of the computes of a value computed before."""
+    """Positions of the computes of a value computed before.
+
+    Parameters
+    ----------
+    sequence : list of int
+        A compute sequence (node ids).
+
+    Returns
+    -------
+    list of int
+        The positions of its recomputations, in order.
+    """
     seen: set[int] = set()
     positions = []
     for j, v in enumerate(sequence):
