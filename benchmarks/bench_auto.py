@@ -209,9 +209,9 @@ def unseen_graphs(group: str, random_graphs: int = 9) -> Any:
 
 def unseen_singles(graph: Any, budget: int) -> list[str]:
     """Every formulation auto can choose on ``graph`` at ``budget``: the baselines (per-layer on repeated blocks) and
-    the solver rungs of its ladder (:func:`coop.formulations.auto.formulation_ladder`)."""
+    the solver rungs of its ladder (:func:`coop.formulations.ladder.auto.formulation_ladder`)."""
     from coop.formulations import BASELINES
-    from coop.formulations.auto import formulation_ladder, repeated_blocks
+    from coop.formulations.ladder.auto import formulation_ladder, repeated_blocks
 
     names = [*BASELINES, *(["per-layer"] if repeated_blocks(graph) else [])]
     return names + [name for name in formulation_ladder(graph, budget) if name not in names]

@@ -4,7 +4,7 @@ same captured joint step, at 70 % and 50 % of the no-remat (baseline) peak and a
 1.1 x the constructed budget.
 
 The least feasible budget is not known exactly: ``min_budget`` is the proven lower bound (no
-schedule fits below it) and :func:`coop.formulations.constructed_budget.constructed_budget` an
+schedule fits below it) and :func:`coop.formulations.ladder.constructed_budget.constructed_budget` an
 upper bound found by construction, the lowest peak of a schedule it constructs (checkpoint-all, or
 greedy eviction bisected on the budget). The rows use the constructed budget, the least budget
 known to be feasible; both bounds are printed. Moccasin is warm-started, as the paper does, from the schedules of the peers that fit
@@ -42,8 +42,8 @@ from torch.nn import functional as F
 from coop.budget import baseline_peak, min_budget
 from coop.errors import CoopError
 from coop.formulations import FORMULATIONS, solve
-from coop.formulations.constructed_budget import constructed_budget
-from coop.formulations.result import SolveResult
+from coop.formulations.core.result import SolveResult
+from coop.formulations.ladder.constructed_budget import constructed_budget
 from coop.graph_capture import Captured, capture
 from coop.zoo import build
 

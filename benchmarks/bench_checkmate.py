@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from coop.budget import baseline_peak, min_budget
-from coop.formulations.checkmate import checkmate
+from coop.formulations.checkmate.milp import checkmate
 from coop.graph_files import load_graph
 
 GRAPH_DIR = Path(__file__).resolve().parents[1] / "graphs" / "moccasin"

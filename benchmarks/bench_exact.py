@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from coop.budget import baseline_peak, min_budget
-from coop.formulations.checkmate import checkmate
-from coop.formulations.moccasin import moccasin
-from coop.formulations.result import SolveResult
+from coop.formulations.checkmate.milp import checkmate
+from coop.formulations.core.result import SolveResult
+from coop.formulations.moccasin.intervals import moccasin
 from coop.graph import Graph
 from coop.graph_files import load_graph
 

@@ -713,7 +713,7 @@ def in_checkmate_space(graph: Graph, schedule: Schedule) -> bool:
     """Whether the schedule lies in Checkmate's space: frontier-advancing over ``prompt_order(graph)`` (stage t
     recomputes earlier nodes, each at most once and in order, then computes node t for the first time, so
     nothing is computed after the last node's first computation), where the stage of an extra output holds
-    nothing else and its op is still resident (coop.formulations.checkmate takes extra outputs promptly)."""
+    nothing else and its op is still resident (coop.formulations.checkmate.milp takes extra outputs promptly)."""
     position = {v: p for p, v in enumerate(prompt_order(graph))}
     frontier, last = -1, -1
     freed_since_frontier: set[int] = set()

@@ -5,7 +5,7 @@ heads, MLP 512, vocabulary 1000, batch 8, sequence 512, float32; 4,536 nodes the
 predicted overhead at 50 % of its baseline peak in 120 s, and asks the repeated-block solver for that or better
 there, and the same or better at 30 %. Each budget is planned by:
 
-* ``blocks`` (:mod:`coop.formulations.blocks`) and flat ``moccasin``, ``TIME_LIMIT`` seconds each, 2 threads;
+* ``blocks`` (:mod:`coop.formulations.blocks.formulation`) and flat ``moccasin``, ``TIME_LIMIT`` seconds each, 2 threads;
 * ``chen-greedy``: Chen et al.'s segments (the baseline).
 
 Columns as :mod:`bench_scale` (``overhead_pct`` the predicted recompute cost over the baseline step, analytic costs;

@@ -14,7 +14,7 @@ runs small versions of three of them with short limits.
 
 Per (model, budget) the rows are:
 
-* ``monet``: implementation choice and recomputation jointly (coop.formulations.monet; the interval
+* ``monet``: implementation choice and recomputation jointly (coop.formulations.monet.milp; the interval
   model above its ``max_nodes``);
 * ``monet: implementations only``: ``recompute=False`` (every node computed once: MONeT's "operator
   optimization only" ablation);
@@ -24,7 +24,7 @@ Per (model, budget) the rows are:
   ``CHECKMATE_MAX_NODES`` computed nodes (it is quadratic);
 
 each with status, peak / baseline peak, overhead %, gap and wall time. ``monet`` warm-starts from its own
-Moccasin run (a share of its time limit) and, as coop.formulations.monet documents for "never worse than
+Moccasin run (a share of its time limit) and, as coop.formulations.monet.milp documents for "never worse than
 moccasin at the same budget", is given the Moccasin row's schedule as ``hint`` (its ``wall_s`` excludes
 that run); ``monet_le_moccasin`` checks the outcome. Whether the captured graphs had implementations (``capture(alternatives=True)``,
 coop.graph_capture.alternatives) is in each row (``impl_nodes``, ``optional_values``) and in the notes.
@@ -50,7 +50,7 @@ from torch.nn import functional as F
 from coop.budget import baseline_peak, min_budget
 from coop.errors import CoopError
 from coop.formulations import solve
-from coop.formulations.constructed_budget import constructed_budget
+from coop.formulations.ladder.constructed_budget import constructed_budget
 from coop.graph import Graph, derived_from_graph
 from coop.graph_capture import capture
 from coop.zoo import build
@@ -298,7 +298,7 @@ REACH_FRACTION = 0.95
 
 @derived_from_graph
 def remat_reach(graph: Graph) -> int:
-    """The least budget the remat-only constructions reach (coop.formulations.constructed_budget on
+    """The least budget the remat-only constructions reach (coop.formulations.ladder.constructed_budget on
     ``graph.remat_only()``: checkpoint-all, Chen's schedules, greedy eviction by bisection): an upper bound on
     the true remat-only floor, which lies between min_budget and it."""
     return constructed_budget(graph.remat_only()).budget

@@ -8,7 +8,7 @@ model of bench_monet:
 
 * ``remat floor``: the proven lower bound of every schedule without implementations (nothing fits below);
 * ``remat constructions``: the least budget checkpoint-all, Chen's schedules and greedy eviction reach
-  (coop.formulations.constructed_budget on the remat-only graph, by bisection);
+  (coop.formulations.ladder.constructed_budget on the remat-only graph, by bisection);
 * ``moccasin reach``: the least budget at which Moccasin (remat-only graph, its warm starts included) returns
   a schedule within the time limit, by bisection between the remat floor and the constructions;
 * ``monet reach``: the same for monet on the graph with implementations, between its own floor and the

@@ -43,19 +43,19 @@ class Mutant:
 
 MUTANTS = (
     Mutant("checkmate-outputs", "Checkmate's MILP no longer keeps graph outputs stored into the last stage", (
-        ("coop/formulations/stage_model.py", "                row.append(i in outputs)", "                row.append(False)"),
-        ("coop/formulations/stage_model.py", "            elif latest_reads[i] >= t or i in outputs:",
+        ("coop/formulations/stages/model.py", "                row.append(i in outputs)", "                row.append(False)"),
+        ("coop/formulations/stages/model.py", "            elif latest_reads[i] >= t or i in outputs:",
          "            elif latest_reads[i] >= t:"),
     )),
     Mutant("checkmate-last-stage-outputs", "Checkmate's last stage no longer has to hold the graph outputs", (
-        ("coop/formulations/stage_model.py", "                row.append(i in outputs)", "                row.append(False)"),
+        ("coop/formulations/stages/model.py", "                row.append(i in outputs)", "                row.append(False)"),
     )),
     Mutant("checkmate-retain-outputs", "Checkmate may drop a graph output before the last stage", (
-        ("coop/formulations/stage_model.py", "            elif latest_reads[i] >= t or i in outputs:",
+        ("coop/formulations/stages/model.py", "            elif latest_reads[i] >= t or i in outputs:",
          "            elif latest_reads[i] >= t:"),
     )),
     Mutant("checkmate-workspace", "Checkmate's budget row while a node runs forgets its workspace", (
-        ("coop/formulations/stage_model.py", "        if problem.workspace[k]:\n            if R[t][k] is True:",
+        ("coop/formulations/stages/model.py", "        if problem.workspace[k]:\n            if R[t][k] is True:",
          "        if False:\n            if R[t][k] is True:"),
     )),
     Mutant("min-budget-workspace", "min_budget drops the workspace of a compute step", (
@@ -65,12 +65,12 @@ MUTANTS = (
         ("coop/budget.py", "    return max(largest_step, at_end)", "    return largest_step"),
     )),
     Mutant("moccasin-workspace", "Moccasin's cumulative memory drops the workspace demand", (
-        ("coop/formulations/moccasin_model.py", "                demands.append(problem.workspace[v])",
+        ("coop/formulations/moccasin/interval_model.py", "                demands.append(problem.workspace[v])",
          "                demands.append(0)"),
     )),
     Mutant("moccasin-precedence", "the interval model (Moccasin's) lets an input's single interval end one slot "
            "before its reader starts", (
-        ("coop/formulations/interval_model.py", "        enforce(model.Add(ends[0] >= s_v), when)",
+        ("coop/formulations/intervals/model.py", "        enforce(model.Add(ends[0] >= s_v), when)",
          "        enforce(model.Add(ends[0] >= s_v - 1), when)"),
     )),
     Mutant("simulator-workspace", "the simulator forgets the workspace of the node computed at a step", (

@@ -36,7 +36,7 @@ from typing import Any
 
 from coop.budget import baseline_peak, min_budget
 from coop.device_profiles import load_device_profile
-from coop.formulations.poet import poet
+from coop.formulations.poet.milp import poet
 from coop.graph import Graph
 from coop.graph_files import load_graph
 

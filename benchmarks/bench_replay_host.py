@@ -37,9 +37,9 @@ from torch import fx
 
 from coop import Plan, capture
 from coop.budget import baseline_peak
-from coop.online.static_arena import execution_placement
 from coop.runtime.executor import Executor, recorded_program
 from coop.runtime.meter import MemoryMeter
+from coop.runtime.placement import execution_placement
 from coop.schedule import Schedule
 from coop.zoo import build
 
@@ -78,7 +78,7 @@ def measure(name: str, rounds: int) -> dict[str, Any]:
     model, batch, loss_fn = build(name, **MODELS[name])
     captured = capture(model, batch, loss_fn=loss_fn)
     ordinary = Executor(captured, Schedule.from_order(captured.graph.order))
-    arena = Executor(captured, ordinary.schedule, arena=execution_placement(ordinary.graph, ordinary.schedule))
+    arena = Executor(captured, ordinary.schedule, placement=execution_placement(ordinary.graph, ordinary.schedule))
     flat = captured.flat_inputs(model, batch)
     nodes = sum(1 for n in ordinary.module.graph.nodes if n.op == "call_function")
 
@@ -124,7 +124,7 @@ def measure(name: str, rounds: int) -> dict[str, Any]:
     tracked = [*flat, *captured.constants()]
     row["allocs_eager"] = _allocations(eager, tracked)
     row["allocs_replay"] = _allocations(lambda: ordinary.run_flat(flat), tracked)
-    fresh = Executor(captured, ordinary.schedule, arena=execution_placement(ordinary.graph, ordinary.schedule))
+    fresh = Executor(captured, ordinary.schedule, placement=execution_placement(ordinary.graph, ordinary.schedule))
     row["allocs_arena_first"] = _allocations(lambda: fresh.run_flat(flat), tracked)
     row["allocs_arena"] = _allocations(lambda: arena.run_flat(flat), [*tracked, *arena.arena_program.buffers.values()])
     row["transients"] = len(arena.arena_program.transients)

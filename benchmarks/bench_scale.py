@@ -6,8 +6,8 @@ for CUDA (:mod:`coop.graph_capture.meta`); each step is then planned at 50 % of 
 
 * ``chen-sqrt`` and ``chen-greedy``: Chen et al.'s segment checkpointing (the segments baseline);
 * ``per-layer``: every decoder layer checkpointed, as Hugging Face's ``gradient_checkpointing_enable()`` does
-  (:mod:`coop.formulations.per_layer`: HiRemate's per-layer baseline);
-* ``blocks``: coop's repeated-block formulation (:mod:`coop.formulations.blocks`: the decoder layers solved once
+  (:mod:`coop.formulations.blocks.per_layer`: HiRemate's per-layer baseline);
+* ``blocks``: coop's repeated-block formulation (:mod:`coop.formulations.blocks.formulation`: the decoder layers solved once
   per budget share, composed, polished), ``BLOCKS_TIME`` seconds;
 * ``moccasin``: the flat Moccasin model over every node, ``MOCCASIN_TIME`` seconds;
 * ``moccasin`` with ``REFERENCE_TIME`` (30 minutes: issue 27's reference) on every step where ``blocks``'s
@@ -37,7 +37,7 @@ from typing import Any
 
 from coop.budget import baseline_peak
 from coop.errors import CoopError
-from coop.formulations.registry import solve
+from coop.formulations.core.registry import solve
 from coop.graph_capture import capture
 from coop.schedule import validate
 from coop.zoo import model_from_zoo

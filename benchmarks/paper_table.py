@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from coop.budget import baseline_peak
-from coop.formulations.moccasin import moccasin
+from coop.formulations.moccasin.intervals import moccasin
 from coop.graph_files import load_graph
 from coop.schedule import relative_overhead
 

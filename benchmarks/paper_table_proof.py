@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from paper_table import GRAPHS_DIR, PUBLISHED
 
 from coop.budget import baseline_peak
-from coop.formulations.checkmate import checkmate
-from coop.formulations.moccasin import moccasin
+from coop.formulations.checkmate.milp import checkmate
+from coop.formulations.moccasin.intervals import moccasin
 from coop.graph import Graph
 from coop.graph_files import load_graph
 from coop.schedule import relative_overhead

@@ -4,7 +4,7 @@ Patil, Jain, Dutta, Stoica, Gonzalez, "POET: Training Neural Networks on Tiny De
 Integrated Rematerialization and Paging", ICML 2022, section 3 and appendix; the semantics its
 public solver gives POET's graphs are written down in ``graphs/poet/README.md``. This
 module is written from those equations, not from any repository's code, and it imports neither
-``coop.formulations.poet`` nor Checkmate: it is the reference that coop's ``poet`` is compared with
+``coop.formulations.poet.milp`` nor Checkmate: it is the reference that coop's ``poet`` is compared with
 (``benchmarks/bench_poet.py``, ``tests/test_poet_published.py``). It uses coop only to read the
 graph, to replay the schedule it returns through coop's one simulator (:func:`coop.schedule.simulate`)
 and to price it with coop's device-profile model (:mod:`coop.device_profiles`), so that both are

@@ -56,7 +56,7 @@ from coop.cli_commands import capture, compare_command, load_schedule_for, plot,
 from coop.errors import BudgetError, CoopError, InfeasibleError
 from coop.formulations import FORMULATIONS, formulation_options, registered
 from coop.formulations import solve as run_formulation
-from coop.formulations.progress import Progress, ProgressCallback, stderr_progress
+from coop.formulations.core.progress import Progress, ProgressCallback, stderr_progress
 from coop.graph import Graph
 from coop.graph_files import load_graph
 from coop.schedule import schedule_to_json, simulate

@@ -20,7 +20,7 @@ from rich.table import Table
 
 from coop.budget import baseline_peak, format_memory, min_budget
 from coop.errors import CoopError
-from coop.formulations.constructed_budget import constructed_budget
+from coop.formulations.ladder.constructed_budget import constructed_budget
 from coop.graph import Graph
 
 EXIT_OK = 0

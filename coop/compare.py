@@ -5,7 +5,7 @@ registered static formulation (:data:`coop.formulations.FORMULATIONS`: the basel
 solvers when registered) and every online policy (:mod:`coop.online.policies`) and reports one
 row per (method, budget): status, live peak (the most bytes resident at once), arena peak (the
 highest address used, fragmentation included: the packed placement of the schedule's lifetimes
-(the lower of best fit and greedy by size) for static plans, :mod:`coop.online.static_arena`; the online arena's high-water mark for policies), compute
+(the lower of best fit and greedy by size) for static plans, :mod:`coop.runtime.placement`; the online arena's high-water mark for policies), compute
 overhead, solve or eviction-search latency, and for static methods the break-even number of
 training steps versus each online policy.
 
@@ -42,7 +42,7 @@ from coop.online.delta import DELTA, delta_profile
 from coop.online.delta_sim import simulate_delta
 from coop.online.online_sim import OnlineResult, simulate_online
 from coop.online.policies import POLICIES
-from coop.online.static_arena import ARENA_ROUNDS, next_live_budget, packed_placement
+from coop.runtime.placement import ARENA_ROUNDS, next_live_budget, packed_placement
 
 #: Registry names that are not static plans (an online fallback registered as a formulation).
 ONLINE_FORMULATION_NAMES = frozenset({"dynamic", "online"})
@@ -358,7 +358,7 @@ def _static_row(graph: Graph, name: str, spec: str, budget: int, peak: int, opti
     while True:
         try:
             # Warm starts, the online policies' schedules among them, are collected by the solver itself
-            # (coop.formulations.warm_start), so their time counts in this solve.
+            # (coop.formulations.heuristics.warm_start), so their time counts in this solve.
             result = solve(graph, live_budget, name, **options)
         except (CoopError, ImportError) as exc:
             return _row(name, "static", spec, budget, peak, status="skipped", message=str(exc).splitlines()[0],
@@ -382,7 +382,7 @@ def _static_row(graph: Graph, name: str, spec: str, budget: int, peak: int, opti
     sim = result.simulation
     arena_peak = packed_placement(graph, result.schedule).arena_peak
     status, message = _static_verdict(result.status, sim.peak, arena_peak, budget)
-    # POET's rows: the schedule priced on its device profile (coop.formulations.poet.price_schedule).
+    # POET's rows: the schedule priced on its device profile (coop.formulations.poet.milp.price_schedule).
     priced = {} if result.price is None else {"energy_j": result.price.energy_j, "paged_bytes": result.price.paged_bytes}
     return _row(name, "static", spec, budget, peak, status=status, fits=arena_peak <= budget, live_peak=sim.peak,
                 arena_peak=arena_peak, overhead=sim.overhead, solve_s=solve_s,

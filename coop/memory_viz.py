@@ -11,7 +11,7 @@ PyTorch records its allocator's history (``torch.cuda.memory._record_memory_hist
 :func:`memory_viz_snapshot` writes the step a schedule *predicts* in that format, from the one simulator
 (:func:`coop.schedule.simulate`: every value's device intervals, the caller-owned values', each step's
 workspace) with addresses from the best-fit placement of those blocks
-(:func:`coop.online.static_arena.best_fit_placement`, one address space per device). Each block is
+(:func:`coop.runtime.placement.best_fit_placement`, one address space per device). Each block is
 allocated at the first step it counts and freed after the last; within a step allocations come before frees,
 so the bytes live after a step's allocations are the simulator's ``memory`` at that step and the most bytes
 live over a device's trace are its peak (the plan's predicted peak on a one-device step). Values resident at
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from coop.graph import Graph, Node, device_order
-from coop.online.static_arena import Lifetime, best_fit_placement
+from coop.runtime.placement import Lifetime, best_fit_placement
 from coop.schedule import Schedule, Simulation, Step
 
 #: Where each device's address space starts in the snapshot (memory_viz prints addresses in hex): device i at

@@ -2,9 +2,9 @@
 
 Reads only the Graph's plain fields (through :func:`tests.bruteforce._tiny`, written from
 contract 2 alone) and the prices it is given per node: it neither calls nor copies
-``coop.schedule.simulate``, ``coop.formulations.poet`` or the device profiles.
+``coop.schedule.simulate``, ``coop.formulations.poet.milp`` or the device profiles.
 
-The space (what ``coop.formulations.poet`` claims to optimise over): Checkmate's frontier-advancing
+The space (what ``coop.formulations.poet.milp`` claims to optimise over): Checkmate's frontier-advancing
 stages (``space="staged"`` of :mod:`tests.bruteforce`: stage t first-computes the t-th node of the
 order, before it may recompute earlier nodes once each in order) plus paging between stages. At a
 stage boundary (before a stage's first compute, and after the last stage) a resident value may be

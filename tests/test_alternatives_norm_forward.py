@@ -274,7 +274,7 @@ def test_forward_inplace_with_the_backward_from_output_replays_within_tolerance(
 def test_exact_monet_and_exact_plans_never_see_the_backward_from_output() -> None:
     """Capture now offers ``from_output`` (inexact): monet's ``exact=True`` projection and ``plan(exact=True)``'s
     graph drop it and keep the exact forward in place; without ``exact`` monet may choose it."""
-    from coop.formulations.monet import _project
+    from coop.formulations.monet.milp import _project
 
     model, batch = conv_bn_model()
     graph = replay_graph(capture(model, batch, alternatives=True))

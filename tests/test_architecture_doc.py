@@ -7,7 +7,8 @@ How ARCHITECTURE.md names a module (the one convention this test reads):
 * inside a fenced block, a line whose first word is a folder (``runtime/``) opens that folder: the bare names
   on the lines indented below it (``executor.py``) are relative to it, nested folders included;
 * a top-level module by its bare name in backticks (`` `errors` ``, `` `__init__` ``);
-* a package's ``__init__.py`` by its folder (``online/``).
+* a package's ``__init__.py`` by its folder (``online/``); a folder of the repository root (``tests/``) is
+  relative to the root, and every folder named exists.
 """
 
 from __future__ import annotations
@@ -57,7 +58,9 @@ def named_paths(text: str) -> tuple[set[Path], set[Path]]:
         for match in PY_NAME.finditer(line):
             files.add(_resolve(match.group(1), prefix))
         for match in FOLDER.finditer(line):
-            folders.add(_resolve(match.group(1), prefix))
+            name = match.group(1)
+            root_folder = not prefix and "/" not in name and (ROOT / name).is_dir() and not (PACKAGE / name).is_dir()
+            folders.add(ROOT / name if root_folder else _resolve(name, prefix))
         for match in BARE.finditer(line):
             if (PACKAGE / f"{match.group(1)}.py").is_file():
                 files.add(PACKAGE / f"{match.group(1)}.py")
@@ -78,3 +81,9 @@ def test_every_named_file_exists() -> None:
     files, _ = named_paths(DOC.read_text())
     absent = sorted(str(path.relative_to(ROOT)) for path in files if not path.is_file())
     assert not absent, f"files ARCHITECTURE.md names that do not exist: {absent}"
+
+
+def test_every_named_folder_exists() -> None:
+    _, folders = named_paths(DOC.read_text())
+    absent = sorted(str(path.relative_to(ROOT)) for path in folders if not path.is_dir())
+    assert not absent, f"folders ARCHITECTURE.md names that do not exist: {absent}"

@@ -17,9 +17,9 @@ import torch
 import coop
 from coop import capture
 from coop.errors import CoopError
-from coop.online.static_arena import Placement, best_fit_placement, execution_placement
 from coop.runtime.executor import Executor
 from coop.runtime.meter import MemoryMeter
+from coop.runtime.placement import Placement, best_fit_placement, execution_placement
 from coop.schedule import Schedule
 from coop.zoo import build
 
@@ -212,7 +212,7 @@ def _arena_executor(name: str, schedule_of: Callable = lambda graph: Schedule.fr
     captured = capture(model, batch, loss_fn=loss_fn)
     ordinary = Executor(captured, schedule_of(captured.graph))
     placement = execution_placement(ordinary.graph, ordinary.schedule)
-    return model, batch, captured, ordinary, placement, Executor(captured, ordinary.schedule, arena=placement)
+    return model, batch, captured, ordinary, placement, Executor(captured, ordinary.schedule, placement=placement)
 
 
 def test_arena_holds_no_more_than_the_placement_and_values_sit_at_their_offsets() -> None:
@@ -255,11 +255,11 @@ def test_bad_or_too_small_arena_is_one_line_error() -> None:
     for bad, words in [(unaligned, "execution_placement"), (too_small, "too small"), (overlapping, "overlap"),
                        ("64MB", "Placement")]:
         with pytest.raises(CoopError) as error:
-            Executor(captured, executor.schedule, arena=bad)
+            Executor(captured, executor.schedule, placement=bad)
         assert words in str(error.value) and "\n" not in str(error.value)
     checkpointed = coop.formulations.solve(executor.graph, 10**12, "checkpoint-all").schedule
     with pytest.raises(CoopError, match="another schedule"):
-        Executor(captured, checkpointed, arena=good)
+        Executor(captured, checkpointed, placement=good)
 
 
 def test_replay_runs_bound_ops_bit_identical_to_fx_code() -> None:
@@ -377,7 +377,7 @@ def test_mixed_device_program_writes_each_value_into_its_devices_arena(monkeypat
     monkeypatch.setattr(ArenaProgramBuilder, "view_at", recording)
     ordinary = Executor(captured, Schedule.from_order(captured.graph.order))
     placement = execution_placement(ordinary.graph, ordinary.schedule)
-    executor = Executor(captured, ordinary.schedule, arena=placement)
+    executor = Executor(captured, ordinary.schedule, placement=placement)
     program = executor.arena_program
     assert program.devices == ["cpu", "cuda:0", "cuda:1"]
     assert {d: program.arenas[d] for d in program.devices} == placement.arena_peaks

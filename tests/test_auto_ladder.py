@@ -23,8 +23,8 @@ import coop
 from coop.budget import baseline_peak, min_budget
 from coop.errors import InfeasibleError
 from coop.formulations import BASELINES, solve
-from coop.formulations.auto import cheapest_fitting_baseline, formulation_ladder
-from coop.formulations.result import SolveResult
+from coop.formulations.core.result import SolveResult
+from coop.formulations.ladder.auto import cheapest_fitting_baseline, formulation_ladder
 from coop.graph import Graph, Node
 from coop.schedule import validate
 from coop.zoo import build
@@ -122,7 +122,7 @@ def test_auto_keeps_checkpoint_all_as_a_candidate_but_hands_no_rung_its_schedule
     (it never returns more) but warm-starts no rung with it: a hint that fits ends a solver's warm-start collection
     at its share of the time, and on DenseNet-121 at 0.6 (2,556 nodes, 30 s) Moccasin hinted with checkpoint-all's
     schedule returned 4,441 % where Moccasin alone found 7.83 % (issue 40, BENCHMARKS.md bench_auto.unseen)."""
-    import coop.formulations.auto as auto_module
+    import coop.formulations.ladder.auto as auto_module
 
     model, batch, loss_fn = build("cnn")
     graph = coop.capture(model, batch, loss_fn).graph
@@ -148,7 +148,7 @@ def test_auto_builds_checkpoint_all_after_its_ladder_on_a_large_graph(monkeypatc
     """The zoo's transformer (165 computed nodes, above EXACT_MAX_NODES) at 0.735 of its peak: of the baselines only
     checkpoint-all fits. Its schedule (O(n^2) steps) is built after the ladder, and only where no rung found one: on
     DenseNet-121 (2,556 nodes) building and checking it first took 10-24 s of a 30 s limit (issue 40)."""
-    import coop.formulations.auto as auto_module
+    import coop.formulations.ladder.auto as auto_module
 
     model, batch, loss_fn = build("transformer")
     graph = coop.capture(model, batch, loss_fn).graph

@@ -7,7 +7,7 @@ import math
 
 from coop.budget import baseline_peak, min_budget
 from coop.formulations import solve
-from coop.formulations.auto import formulation_ladder, repeated_blocks
+from coop.formulations.ladder.auto import formulation_ladder, repeated_blocks
 from coop.schedule import validate
 from tests.test_blocks import repeated_chain as repeated_step
 
@@ -39,7 +39,7 @@ def test_auto_lists_every_rung_with_its_time_status_and_overhead() -> None:
 def test_on_a_large_graph_checkpoint_all_is_built_only_where_no_other_baseline_fits(monkeypatch) -> None:
     """checkpoint-all's schedule has O(n^2) steps (seconds on a thousand nodes) and is the costliest baseline:
     auto's candidates skip it where another baseline fits, and still fall back on it where none does."""
-    from coop.formulations import auto as auto_module
+    from coop.formulations.ladder import auto as auto_module
 
     ran: list[str] = []
     real = auto_module.run_solver

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from coop.budget import baseline_peak, min_budget
 from coop.errors import CoopError
 from coop.formulations import BASELINES, solve
-from coop.formulations.baselines import checkpoint_all, chen_greedy, chen_sqrt, store_all
+from coop.formulations.heuristics.baselines import checkpoint_all, chen_greedy, chen_sqrt, store_all
 from coop.graph import Graph
 from coop.graph_files import load_graph
 from coop.schedule import Schedule, simulate, validate
@@ -188,7 +188,7 @@ def _blocks_sharing_a_mask(blocks: int = 6) -> Graph:
 
 
 def test_chen_cuts_a_forward_without_articulation_points() -> None:
-    from coop.formulations.baselines import _articulation_points, split_forward_backward
+    from coop.formulations.heuristics.baselines import _articulation_points, split_forward_backward
 
     graph = _blocks_sharing_a_mask()
     assert set(_articulation_points(graph, split_forward_backward(graph, "test"))) <= {20, 21, 100}  # last block
@@ -203,7 +203,7 @@ def test_chen_cuts_a_forward_without_articulation_points() -> None:
 def test_extra_outputs_of_forward_ops_are_taken_in_the_forward() -> None:
     # f = a two-output op; "stat" (its extra output, kind backward, not recomputable) is read
     # only by the backward. Deferring it to the backward would recompute f just to read it.
-    from coop.formulations.baselines import split_forward_backward
+    from coop.formulations.heuristics.baselines import split_forward_backward
 
     graph = Graph.model_validate({"name": "extra", "nodes": [
         {"id": 0, "name": "x", "mem": 1, "cost": 0, "kind": "input"},

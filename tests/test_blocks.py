@@ -1,4 +1,4 @@
-"""Repeated blocks (coop.formulations.repeated_blocks) and the block formulation (coop.formulations.blocks).
+"""Repeated blocks (coop.formulations.blocks.repeated) and the block formulation (coop.formulations.blocks.formulation).
 
 Oracles: the layer counts of the models' own configs; a brute force over every keep set of a small block for
 the block-level problem; the validator for composed schedules.
@@ -14,9 +14,9 @@ import pytest
 from coop import capture
 from coop.budget import baseline_peak
 from coop.formulations import solve
-from coop.formulations.baselines import split_forward_backward
-from coop.formulations.blocks import block_options, compose
-from coop.formulations.repeated_blocks import find_block_groups
+from coop.formulations.blocks.formulation import block_options, compose
+from coop.formulations.blocks.repeated import find_block_groups
+from coop.formulations.heuristics.baselines import split_forward_backward
 from coop.graph import Graph
 from coop.schedule import simulate, validate
 from coop.zoo import build

@@ -16,7 +16,7 @@ space its own claim speaks about:
   proven optimum therefore equals the staged brute force, not the unrestricted one, and Checkmate
   is infeasible exactly below the staged least peak.
 * ``"in_order"``, first computations in the baseline order. Moccasin's ``optimal`` (docstring of
-  ``coop.formulations.moccasin.moccasin``) claims that no schedule of this space costs less; its
+  ``coop.formulations.moccasin.intervals.moccasin``) claims that no schedule of this space costs less; its
   schedule may still come from a warm start outside the space (the true optimum at most), so the
   check is ``all-optimum <= cost <= in_order-optimum``, which is equality whenever the two
   optima agree (most drawn graphs).
@@ -32,8 +32,8 @@ from hypothesis import strategies as st
 
 from coop.budget import baseline_peak, min_budget
 from coop.formulations import BASELINES, solve
-from coop.formulations.result import SolveResult
-from coop.formulations.solving_order import solving_graph
+from coop.formulations.core.result import SolveResult
+from coop.formulations.core.solving_order import solving_graph
 from coop.graph import Graph
 from coop.schedule import Schedule, Step, simulate, validate
 from tests.bruteforce import (

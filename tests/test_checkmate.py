@@ -1,4 +1,4 @@
-"""Checkmate's MILP and its LP rounding (coop.formulations.checkmate) on small graphs."""
+"""Checkmate's MILP and its LP rounding (coop.formulations.checkmate.milp) on small graphs."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from coop.budget import baseline_peak, min_budget
 from coop.errors import CoopError, SolverError
 from coop.formulations import solve
-from coop.formulations.checkmate import checkmate, checkmate_lp
-from coop.formulations.progress import Progress, stderr_progress
+from coop.formulations.checkmate.milp import checkmate, checkmate_lp
+from coop.formulations.core.progress import Progress, stderr_progress
 from coop.graph import Graph
 from coop.schedule import simulate, validate
 from tests.bruteforce import least_peak, optimal_cost
@@ -290,7 +290,7 @@ def test_coarse_memory_levels_stay_within_budget_but_claim_no_proof():
 
 
 def test_cbc_bound_is_read_from_its_log():
-    from coop.formulations.milp_pulp import _cbc_bound
+    from coop.formulations.milp.pulp_backends import _cbc_bound
 
     log = "Result - Stopped on time limit\n\nObjective value:                12.5\nLower bound:                    10.25\nGap: 0.2\n"
     bound = _cbc_bound(log)  # printed rounded: anything printed as 10.25 is at least 10.245
@@ -343,7 +343,7 @@ def test_lp_relaxation_is_unaffected_by_units():
 
 
 def test_scaled_lp_maps_values_back():
-    from coop.formulations.milp_backends import LinearModel, solve_lp_relaxation
+    from coop.formulations.milp.backends import LinearModel, solve_lp_relaxation
 
     # min 1e-6 x + 2e-6 y  s.t.  3e6 x + 1e6 y >= 2e6,  0 <= y <= 1,  x continuous in [0, 5e6].
     model = LinearModel()
@@ -360,7 +360,7 @@ def test_scaled_lp_maps_values_back():
 
 @pytest.mark.parametrize("solver", ["cbc", "scip", "highs", "cp-sat"])
 def test_every_backend_keeps_a_binary_fixed_by_its_bounds(solver):
-    from coop.formulations.milp_backends import LinearModel, solve_milp
+    from coop.formulations.milp.backends import LinearModel, solve_milp
 
     # max x + y over binaries with x fixed to 0 by its upper bound (as cost_limit fixes R entries).
     model = LinearModel()

@@ -15,8 +15,8 @@ import coop.formulations
 from coop.budget import min_budget
 from coop.cli import main
 from coop.formulations import Formulation
-from coop.formulations.options import BaselineOptions, SolverOptions
-from coop.formulations.result import SolveResult
+from coop.formulations.core.options import BaselineOptions, SolverOptions
+from coop.formulations.core.result import SolveResult
 from coop.graph import Graph
 from coop.graph_files import load_graph
 from coop.schedule import Schedule, simulate
@@ -138,7 +138,7 @@ def test_solve_writes_contract_schedule_that_validates(
 
 def test_solve_store_all_on_published_graph(moccasin_dir: Path, tmp_path: Path,
                                             capsys: pytest.CaptureFixture[str]) -> None:
-    pytest.importorskip("coop.formulations.baselines", reason="the baselines module is not written yet")
+    pytest.importorskip("coop.formulations.heuristics.baselines", reason="the baselines module is not written yet")
     out_file = tmp_path / "store_all.json"
     graph_path = moccasin_dir / N250
     status, _, _ = run(["solve", graph_path, "--budget", "146840", "-f", "store-all", "-o", out_file], capsys)

@@ -14,7 +14,7 @@ from coop.config import ConfigError, load_config, parse_config
 from coop.errors import CoopError
 from coop.graph import Graph
 from coop.online.online_sim import simulate_online
-from coop.online.static_arena import best_fit_placement, exact_placement, packed_placement
+from coop.runtime.placement import best_fit_placement, exact_placement, packed_placement
 from coop.schedule import Schedule, simulate
 
 REPO = Path(__file__).resolve().parents[1]

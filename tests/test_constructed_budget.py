@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 
 from coop.budget import min_budget
-from coop.formulations.baselines import checkpoint_all
-from coop.formulations.constructed_budget import constructed_budget
-from coop.formulations.heuristics import greedy_eviction_schedule
+from coop.formulations.heuristics.baselines import checkpoint_all
+from coop.formulations.heuristics.fast_schedules import greedy_eviction_schedule
+from coop.formulations.ladder.constructed_budget import constructed_budget
 from coop.graph import Graph
 from coop.schedule import simulate, validate
 from tests.strategies import random_graphs

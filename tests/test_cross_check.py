@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 from coop.budget import baseline_peak, min_budget
 from coop.errors import CoopError
 from coop.formulations import BASELINES, solve
-from coop.formulations.checkmate import checkmate
-from coop.formulations.moccasin import moccasin
+from coop.formulations.checkmate.milp import checkmate
+from coop.formulations.moccasin.intervals import moccasin
 from coop.graph import Graph
 from coop.schedule import Schedule, validate
 from tests.strategies import random_graphs

@@ -15,15 +15,15 @@ import pytest
 from coop.budget import baseline_peak, min_budget
 from coop.errors import InfeasibleError, OptionError, SolveTimeoutError
 from coop.formulations import FORMULATIONS, solve
-from coop.formulations import auto as auto_module
-from coop.formulations import checkmate as checkmate_module
-from coop.formulations import moccasin as moccasin_module
-from coop.formulations import warm_start as warm_start_module
-from coop.formulations.auto import cheapest_fitting_baseline, no_schedule_error
-from coop.formulations.deadline import CP_SAT_RESERVE_S, CP_SAT_RESERVE_SHARE, Deadline, cp_sat_solver
-from coop.formulations.heuristics import peak_shaving_schedule
-from coop.formulations.options import MoccasinOptions
-from coop.formulations.result import SolveResult
+from coop.formulations.checkmate import milp as checkmate_module
+from coop.formulations.core.deadline import CP_SAT_RESERVE_S, CP_SAT_RESERVE_SHARE, Deadline, cp_sat_solver
+from coop.formulations.core.options import MoccasinOptions
+from coop.formulations.core.result import SolveResult
+from coop.formulations.heuristics import warm_start as warm_start_module
+from coop.formulations.heuristics.fast_schedules import peak_shaving_schedule
+from coop.formulations.ladder import auto as auto_module
+from coop.formulations.ladder.auto import cheapest_fitting_baseline, no_schedule_error
+from coop.formulations.moccasin import intervals as moccasin_module
 from coop.graph import Graph, Node
 from coop.graph_files import load_graph
 from coop.schedule import simulate
@@ -241,6 +241,7 @@ def test_a_bad_time_limit_or_thread_count_is_refused_in_one_line(name: str, bad:
         solve(chain(), 10**6, name, **bad)
     message = str(caught.value)
     assert "\n" not in message and next(iter(bad)) in message and "give e.g." in message
+    assert message.startswith(f"formulation {name!r}: ")  # the one check, named for the formulation
 
 
 def test_the_typed_options_refuse_a_nan_time_limit_too() -> None:

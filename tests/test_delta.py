@@ -101,6 +101,7 @@ class _Lineage:
         self.parents_of = {"gp": [], "p": ["gp"], "q": [], "t": ["p", "q"], "d": ["t"]}
         self.costs = {"gp": 8.0, "p": 2.0, "q": 16.0, "t": 1.0, "d": 4.0}
         self.evicted = {"gp", "p", "d"}
+        self.delta = self  # the policy reads the decisions' knowledge from the engine's ``delta``
 
     def recomputable(self, key: str) -> bool:
         return True

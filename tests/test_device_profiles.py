@@ -21,7 +21,7 @@ from coop.device_profiles import (
     load_device_profile,
     profile_from_dict,
 )
-from coop.formulations.poet import node_price
+from coop.formulations.poet.milp import node_price
 
 POET_DIR = Path(__file__).resolve().parents[1] / "graphs" / "poet"
 POET_PROFILES = ("m0", "m4", "a72", "a72nocache", "jetsontx2")

@@ -29,7 +29,7 @@ import coop
 from coop.budget import baseline_peak, least_fraction, min_budget, parse_budget, store_all_fits
 from coop.cli import _solve_progress, main
 from coop.errors import BudgetError, CaptureError
-from coop.formulations.progress import Progress
+from coop.formulations.core.progress import Progress
 from coop.graph_files import load_graph
 from coop.runtime.meter import cpu_allocation_peak
 

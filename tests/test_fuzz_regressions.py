@@ -25,10 +25,10 @@ from hypothesis import strategies as st
 from coop.budget import baseline_peak, min_budget
 from coop.cli import main
 from coop.formulations import solve
-from coop.formulations.checkmate import checkmate, checkmate_lp
-from coop.formulations.heuristics import peak_shaving_schedule
-from coop.formulations.milp_backends import LinearModel, solve_milp
-from coop.formulations.milp_pulp import _cbc_bound, _printed_lower_bound
+from coop.formulations.checkmate.milp import checkmate, checkmate_lp
+from coop.formulations.heuristics.fast_schedules import peak_shaving_schedule
+from coop.formulations.milp.backends import LinearModel, solve_milp
+from coop.formulations.milp.pulp_backends import _cbc_bound, _printed_lower_bound
 from coop.graph import Graph
 from coop.schedule import Schedule, schedule_to_json, validate
 from tests.benchmark_module import load_benchmark
@@ -286,7 +286,7 @@ def test_infeasible_message_names_the_extra_output_restriction(bench_fuzz: Modul
 def test_a_hinted_milp_solves_on_every_backend(solver: str) -> None:
     """OR-Tools 9.15's HiGHS crashed the process (SIGSEGV) on any SetHint; a hint must never cost the process.
     Oracle: the optimum of min x + 2y subject to x + y >= 1 over binaries is 1 (x = 1), counted by hand."""
-    from coop.formulations.milp_backends import LinearModel, solve_milp
+    from coop.formulations.milp.backends import LinearModel, solve_milp
 
     model = LinearModel()
     x, y = model.add_var("x"), model.add_var("y")

@@ -13,13 +13,17 @@ PACKAGE = Path(__file__).resolve().parents[1] / "coop"
 
 
 def modules_in(folder: str) -> list[str]:
-    return sorted(f"coop.{folder}.{path.stem}" for path in (PACKAGE / folder).glob("*.py"))
+    """Every module under ``coop/<folder>/``, subpackages included (``__init__`` files by their own name)."""
+    return sorted("coop." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+                  for path in (PACKAGE / folder).rglob("*.py"))
 
 
 def imported_modules(module: str) -> set[str]:
     """Every absolute module name ``module``'s source imports, at top level or inside functions."""
     parts = module.split(".")[1:]
     path = PACKAGE.joinpath(*parts).with_suffix(".py")
+    if not path.is_file():
+        path = path.with_suffix("") / "__init__.py"
     imported: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
@@ -46,6 +50,30 @@ def test_formulations_import_nothing_from_the_floors_above(module: str) -> None:
     imported = imported_modules(module)
     for above in ("coop.runtime", "coop.planner", "coop.compare", "coop.cli"):
         assert not within(imported, above), (module, above)
+
+
+#: The formulations' shared substrates: the contract (core), the MILP backends, Checkmate's stages and Moccasin's
+#: intervals. They import no paper family, heuristic or ladder module, so every family builds on them alone.
+SUBSTRATES = ("core", "milp", "stages", "intervals")
+ABOVE_SUBSTRATES = ("checkmate", "moccasin", "monet", "poet", "blocks", "heuristics", "ladder")
+
+
+@pytest.mark.parametrize("module", [m for s in SUBSTRATES for m in modules_in(f"formulations/{s}")])
+def test_the_formulation_substrates_import_no_family(module: str) -> None:
+    imported = imported_modules(module)
+    for above in ABOVE_SUBSTRATES:
+        assert not within(imported, f"coop.formulations.{above}"), (module, above)
+
+
+@pytest.mark.parametrize("module", [m for m in modules_in("formulations") if ".ladder" not in m])
+def test_only_the_ladder_imports_the_ladder(module: str) -> None:
+    """``auto`` is reached through the registry's table (a name, imported on first use), never imported."""
+    assert not within(imported_modules(module), "coop.formulations.ladder"), module
+
+
+def test_the_formulation_folders_are_the_ones_named() -> None:
+    folders = {path.name for path in (PACKAGE / "formulations").iterdir() if (path / "__init__.py").is_file()}
+    assert folders == set(SUBSTRATES) | set(ABOVE_SUBSTRATES)
 
 
 # ------------------------------------------------------------------ the whole package's import graph (issue 25)

@@ -9,11 +9,11 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from coop.budget import baseline_peak, min_budget
-from coop.formulations import baselines
-from coop.formulations.heuristics import improve_by_local_search, peak_shaving_schedule
-from coop.formulations.moccasin import moccasin, schedule_intervals
-from coop.formulations.slot_problem import SlotProblem, sufficient_horizon, sufficient_intervals
-from coop.formulations.solving_order import solving_graph
+from coop.formulations.core.solving_order import solving_graph
+from coop.formulations.heuristics import baselines
+from coop.formulations.heuristics.fast_schedules import improve_by_local_search, peak_shaving_schedule
+from coop.formulations.intervals.slots import SlotProblem, sufficient_horizon, sufficient_intervals
+from coop.formulations.moccasin.intervals import moccasin, schedule_intervals
 from coop.graph import Graph
 from coop.graph_files import load_graph
 from coop.schedule import Schedule, prompt_order, simulate, validate
@@ -179,7 +179,7 @@ def test_sufficient_intervals_bound_recomputations_by_cost_and_readers() -> None
 
 
 def test_restricted_model_gives_nodes_dearer_than_the_slack_one_interval() -> None:
-    from coop.formulations.moccasin import _Incumbent, _model_shape, _Settings
+    from coop.formulations.moccasin.intervals import _Incumbent, _model_shape, _Settings
 
     graph = _chain_with_skips(6)
     budget = baseline_peak(graph) - 8  # the optimum recomputes 3 units' worth: f4..f6 are dearer than that
@@ -211,7 +211,7 @@ def test_local_search_never_worsens_and_fits(moccasin_dir) -> None:
 
 
 def test_a_model_too_large_for_the_time_limit_is_not_built_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    from coop.formulations import moccasin as module
+    from coop.formulations.moccasin import intervals as module
 
     graph = _chain_with_skips(6)
     budget = math.ceil(0.6 * baseline_peak(graph))
@@ -240,8 +240,8 @@ def _op_with_two_extra_outputs() -> Graph:
 
 
 def test_each_extra_output_starts_at_its_own_slot_so_the_order_is_kept() -> None:
-    from coop.formulations.interval_model import first_computations_in_order
-    from coop.formulations.moccasin import schedule_intervals
+    from coop.formulations.intervals.model import first_computations_in_order
+    from coop.formulations.moccasin.intervals import schedule_intervals
 
     graph = _op_with_two_extra_outputs()
     intervals, _ = schedule_intervals(graph, Schedule.from_order(graph.order))
@@ -393,7 +393,7 @@ def test_infeasible_message_names_the_space_and_the_least_peak() -> None:
 
 
 def test_a_feasibility_model_too_large_is_skipped_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    from coop.formulations import slot_feasibility
+    from coop.formulations.intervals import feasibility as slot_feasibility
 
     graph = _diamond()
     monkeypatch.setattr(slot_feasibility, "FEASIBILITY_MAX_CELLS", 1)

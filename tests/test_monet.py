@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from coop.budget import baseline_peak, min_budget
 from coop.errors import CoopError
 from coop.formulations import solve
-from coop.formulations.auto import choose_formulation
-from coop.formulations.solving_order import solving_graph
+from coop.formulations.core.solving_order import solving_graph
+from coop.formulations.ladder.auto import choose_formulation
 from coop.graph import Graph
 from coop.schedule import validate
 from tests.bruteforce import least_impl_peak, least_peak, optimal_impl_schedule, without_impls

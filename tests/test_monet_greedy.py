@@ -1,4 +1,4 @@
-"""Greedy eviction with in-place computes (coop.formulations.monet_greedy): MONeT's warm start below the
+"""Greedy eviction with in-place computes (coop.formulations.monet.greedy): MONeT's warm start below the
 out-of-place floor, checked against hand-counted bytes and the simulator's independent legality rules."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from coop.budget import baseline_peak, min_budget
-from coop.formulations.heuristics import REBUILD_SIZE_PENALTIES, greedy_eviction_schedule
-from coop.formulations.monet_greedy import in_place_greedy_schedule, in_place_options
-from coop.formulations.monet_warm import fixed_impl_graph, lightest_choices
+from coop.formulations.heuristics.fast_schedules import REBUILD_SIZE_PENALTIES, greedy_eviction_schedule
+from coop.formulations.monet.greedy import in_place_greedy_schedule, in_place_options
+from coop.formulations.monet.warm import fixed_impl_graph, lightest_choices
 from coop.graph import Graph
 from coop.schedule import simulate, validate
 from tests.bruteforce import optimal_cost

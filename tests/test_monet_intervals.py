@@ -1,4 +1,4 @@
-"""MONeT's interval model (coop/formulations/monet_interval_model.py, driven by monet_intervals.py) against independent oracles.
+"""MONeT's interval model (coop/formulations/monet/interval_model.py, driven by monet/intervals.py) against independent oracles.
 
 * Compute once (``recompute=False``, MONeT's "implementation choice only" ablation): the model contains
   every schedule that computes each node once with first computations in the baseline order, and its
@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from coop.budget import baseline_peak, min_budget
 from coop.formulations import solve
-from coop.formulations.monet_warm import apply_in_place
+from coop.formulations.monet.warm import apply_in_place
 from coop.graph import Graph
 from coop.schedule import Schedule, Step, simulate, validate
 from tests.bruteforce import least_impl_peak, least_peak, optimal_cost, optimal_impl_schedule, without_impls

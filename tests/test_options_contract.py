@@ -15,16 +15,16 @@ from bruteforce import optimal_cost
 from coop.budget import baseline_peak, below_min_budget, min_budget
 from coop.errors import CoopError
 from coop.formulations import COMMON_OPTIONS, FORMULATIONS, get_formulation, registered, solve
-from coop.formulations.monet_intervals import monet_intervals
-from coop.formulations.options import (
+from coop.formulations.core.options import (
     CheckmateOptions,
     MoccasinOptions,
     MonetIntervalsOptions,
     PoetIntervalsOptions,
     SolverOptions,
 )
-from coop.formulations.poet_intervals import poet_intervals
-from coop.formulations.solving_order import solving_graph
+from coop.formulations.core.solving_order import solving_graph
+from coop.formulations.monet.intervals import monet_intervals
+from coop.formulations.poet.intervals import poet_intervals
 from coop.graph import Graph
 from coop.schedule import Schedule, validate
 

@@ -30,7 +30,7 @@ from coop import Schedule, Step, capture
 from coop.budget import baseline_peak, min_budget
 from coop.errors import ScheduleError
 from coop.formulations import solve
-from coop.formulations.paging_heuristic import paging_schedule
+from coop.formulations.heuristics.paging import paging_schedule
 from coop.graph import Graph
 from coop.runtime.executor import Executor
 from coop.runtime.meter import MemoryMeter
@@ -367,7 +367,7 @@ def test_an_arena_replay_pages_a_transposed_value_into_its_block(transposed_mode
                    threads=1)
     assert result.schedule is not None, result.message
     assert "tanh" in {graph.node(s.node).name for s in result.schedule.steps if s.op == "page_out"}
-    executor = Executor(captured, result.schedule, arena=arena_placement(Executor(captured, result.schedule)))
+    executor = Executor(captured, result.schedule, placement=arena_placement(Executor(captured, result.schedule)))
     assert executor.arena_program is not None and "whole_storage = False" in executor.code
     arena_bytes = executor.arena_program.buffer_bytes("cpu")
     for _ in range(2):  # the second step reuses the buffer

@@ -1,4 +1,4 @@
-"""The paging-only heuristic (coop.formulations.paging_heuristic) against the validator and hand counts."""
+"""The paging-only heuristic (coop.formulations.heuristics.paging) against the validator and hand counts."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from coop.budget import baseline_peak, min_budget
-from coop.formulations.paging_heuristic import paging_schedule
+from coop.formulations.heuristics.paging import paging_schedule
 from coop.graph import Graph
 from coop.schedule import validate
 from tests.strategies import random_graphs

@@ -1,4 +1,4 @@
-"""Per-layer checkpointing (coop.formulations.per_layer): torch.utils.checkpoint around each repeated layer.
+"""Per-layer checkpointing (coop.formulations.blocks.per_layer): torch.utils.checkpoint around each repeated layer.
 
 Oracles: a three-layer chain built by hand, whose kept values, compute order, recompute cost and peak are counted
 by hand below; and a captured GPT-2 of three layers (random weights, dropout off), checked against what
@@ -22,7 +22,7 @@ from coop.budget import baseline_peak
 from coop.cli import main
 from coop.errors import CoopError
 from coop.formulations import solve
-from coop.formulations.per_layer import per_layer_checkpoint
+from coop.formulations.blocks.per_layer import per_layer_checkpoint
 from coop.graph import Graph, Node
 from coop.runtime.executor import Executor
 from coop.runtime.meter import MemoryMeter

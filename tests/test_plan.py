@@ -209,7 +209,7 @@ def test_transformers_models_replay_equal_to_eager_under_every_baseline(name: st
 
 def test_budget_as_an_arena_size_bounds_the_best_fit_arena_peak() -> None:
     """Issue 5: with arena=True the budget bounds the address-ordered arena, fragmentation included."""
-    from coop.online.static_arena import execution_placement
+    from coop.runtime.placement import execution_placement
 
     model, batch, loss_fn = build("cnn", batch=8, hidden=16, layers=6)  # activations, not conv scratch, dominate
     graph = capture(model, batch, loss_fn).graph

@@ -1,4 +1,4 @@
-"""POET (coop.formulations.poet) against independent oracles.
+"""POET (coop.formulations.poet.milp) against independent oracles.
 
 * a brute-force search of POET's space (tests/bruteforce_paging.py: staged schedules with paging
   between stages), priced from the profile's raw numbers by the README's formulas: poet's proven
@@ -28,7 +28,7 @@ from coop.budget import baseline_peak, min_budget
 from coop.device_profiles import DeviceProfile, profile_from_dict
 from coop.errors import CoopError
 from coop.formulations import solve
-from coop.formulations.poet import poet
+from coop.formulations.poet.milp import poet
 from coop.graph import Graph
 from coop.schedule import validate
 from tests.bruteforce_paging import optimal_paging_schedule
@@ -302,7 +302,7 @@ def test_a_hinted_schedule_competes_on_the_objective(graph: Graph, fraction: flo
     if oracle is None:
         return
     best = Schedule(steps=tuple(s if isinstance(s, Step) else Step(op=s[0], node=s[1]) for s in oracle.steps))
-    from coop.formulations.paging_heuristic import paging_schedule
+    from coop.formulations.heuristics.paging import paging_schedule
 
     # A paging schedule computes every node once (the least compute cost), so ranked by cost it would win over
     # an optimum that recomputes: the hints must compete on energy.

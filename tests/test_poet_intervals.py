@@ -1,4 +1,4 @@
-"""POET's interval model (coop.formulations.poet_intervals) against independent oracles.
+"""POET's interval model (coop.formulations.poet.intervals) against independent oracles.
 
 * A brute-force search written here from contract 2 (coop.schedule's docstring) (:func:`optimal_schedule_with_paging`): every
   legal schedule in any first-compute order, with page-outs and page-ins of computed values anywhere (never of
@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 
 from coop.budget import min_budget
 from coop.device_profiles import DeviceProfile, load_device_profile, profile_from_dict
-from coop.formulations.poet import poet
-from coop.formulations.poet_intervals import poet_intervals
+from coop.formulations.poet.intervals import poet_intervals
+from coop.formulations.poet.milp import poet
 from coop.graph import Graph
 from coop.schedule import validate
 from tests.bruteforce import Found, _tiny

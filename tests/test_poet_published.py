@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from benchmarks.poet_published import PublishedModelError, solve_published
 from coop.budget import baseline_peak, min_budget
 from coop.device_profiles import DeviceProfile, profile_from_dict
-from coop.formulations.poet import poet
+from coop.formulations.poet.milp import poet
 from coop.graph import Graph
 from coop.schedule import validate
 from tests.bruteforce_paging import optimal_paging_schedule

@@ -1,7 +1,7 @@
 """``coop.plan(..., progress=)`` and ``coop solve --progress`` report as they go (issue 40, item 4).
 
 The oracles are outside the progress code: the rungs and rounds the returned plan lists in ``summary()``, the
-ladder :func:`coop.formulations.auto.formulation_ladder` computes, ``time.perf_counter`` around the call, and
+ladder :func:`coop.formulations.ladder.auto.formulation_ladder` computes, ``time.perf_counter`` around the call, and
 what a stream that is or is not a terminal received.
 """
 
@@ -20,8 +20,8 @@ from torch.nn import functional as F
 
 import coop
 from coop.cli import main
-from coop.formulations.auto import auto, formulation_ladder
-from coop.formulations.progress import Progress, StageProgress, stderr_progress
+from coop.formulations.core.progress import Progress, StageProgress, stderr_progress
+from coop.formulations.ladder.auto import auto, formulation_ladder
 from coop.graph_files import load_graph
 
 REPO = Path(__file__).resolve().parents[1]

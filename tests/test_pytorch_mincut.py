@@ -7,7 +7,7 @@ import torch
 
 from coop.budget import baseline_peak, min_budget
 from coop.errors import CoopError, SolverError
-from coop.formulations.pytorch_mincut import (
+from coop.formulations.heuristics.pytorch_mincut import (
     DEFAULT_MEMORY_BUDGETS,
     TANGENT_NAME,
     aot_style_joint,

@@ -1,4 +1,4 @@
-"""Dropping needless recomputations (coop.formulations.recompute_polish): hand-counted peaks and costs, and
+"""Dropping needless recomputations (coop.formulations.heuristics.recompute_polish): hand-counted peaks and costs, and
 random graphs and schedules checked by the validator."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coop.formulations.recompute_polish import drop_needless_recomputations
+from coop.formulations.heuristics.recompute_polish import drop_needless_recomputations
 from coop.graph import Graph
 from coop.schedule import Schedule, Step, simulate, validate
 from tests.strategies import random_graphs, random_schedules

@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from coop.errors import ScheduleError
-from coop.formulations.sequence_profile import SequenceTables, sequence_cost, sequence_profile
-from coop.formulations.slot_problem import SlotProblem
+from coop.formulations.heuristics.sequence_profile import SequenceTables, sequence_cost, sequence_profile
+from coop.formulations.intervals.slots import SlotProblem
 from coop.graph import Graph
 from coop.schedule import Schedule, simulate
 from tests.strategies import random_graphs, random_schedules

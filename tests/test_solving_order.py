@@ -1,5 +1,5 @@
-"""The deferred solving order (coop.formulations.solving_order) and the chain moves of peak shaving
-(coop.formulations.heuristics), against hand-counted bytes and the brute force of tests/bruteforce.py."""
+"""The deferred solving order (coop.formulations.core.solving_order) and the chain moves of peak shaving
+(coop.formulations.heuristics.fast_schedules), against hand-counted bytes and the brute force of tests/bruteforce.py."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from coop.budget import baseline_peak
 from coop.errors import CoopError
 from coop.formulations import solve
-from coop.formulations.heuristics import peak_shaving_schedule
-from coop.formulations.solving_order import deferred_order, solving_graph
+from coop.formulations.core.solving_order import deferred_order, solving_graph
+from coop.formulations.heuristics.fast_schedules import peak_shaving_schedule
 from coop.graph import Graph
 from coop.schedule import Schedule, simulate, validate
 from tests.bruteforce import optimal_cost

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import coop
-from coop.formulations.structured_warm_start import cheap_recompute_schedule
-from coop.formulations.warm_start import candidate_warm_starts
+from coop.formulations.heuristics.structured_warm_start import cheap_recompute_schedule
+from coop.formulations.heuristics.warm_start import candidate_warm_starts
 from coop.graph import Graph, Node
 from coop.schedule import Schedule, simulate, validate
 from tests.models import build
@@ -61,7 +61,7 @@ def test_it_is_legal_on_a_captured_conv_net_and_a_warm_start_candidate() -> None
 
 def test_monet_is_offered_it_on_the_remat_only_graph_and_with_the_lightest_implementations() -> None:
     """The same net captured with implementations: at the warm start's own peak, monet's warm starts include it."""
-    from coop.formulations.monet_intervals import monet_warm_starts
+    from coop.formulations.monet.intervals import monet_warm_starts
 
     model, batch, loss_fn = build("cnn", batch=32)
     graph = coop.capture(model, batch, loss_fn=loss_fn, alternatives=True).graph.with_random_replay()

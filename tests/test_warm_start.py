@@ -1,10 +1,10 @@
-"""The one warm-start collector (coop.formulations.warm_start.WarmStarts): what it keeps and how it ranks,
+"""The one warm-start collector (coop.formulations.heuristics.warm_start.WarmStarts): what it keeps and how it ranks,
 against hand-counted peaks and costs."""
 
 from __future__ import annotations
 
 from coop.errors import ScheduleError
-from coop.formulations.warm_start import WarmStarts
+from coop.formulations.heuristics.warm_start import WarmStarts
 from coop.graph import Graph
 from coop.schedule import Schedule, Step
 

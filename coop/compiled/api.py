@@ -249,6 +249,11 @@ def held_follows_the_plan(history: list[CompileRound]) -> bool:
     the compiled code keeps outside coop's graph (e.g. values inductor inlines into several readers), and shaving
     the budget further only buys recomputation. With fewer than two measured rounds there is nothing to compare.
 
+    Parameters
+    ----------
+    history
+        The re-solve's rounds so far, oldest first; rounds that measured nothing are skipped.
+
     >>> first = CompileRound(shave=0, budget=100, predicted_peak=100, measured_peak=130, reason="first plan")
     >>> held_follows_the_plan([first, CompileRound(40, 60, 60, 128, "again")])
     False

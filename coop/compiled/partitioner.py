@@ -28,8 +28,8 @@ from coop.budget import baseline_peak, min_budget, parse_budget
 from coop.compiled.emit import Partition, emit_partition
 from coop.compiled.joint import JointGraph, lower_joint
 from coop.errors import CoopError, InfeasibleError, SolveTimeoutError
-from coop.formulations.registry import solve
-from coop.formulations.result import SolveResult
+from coop.formulations.core.registry import solve
+from coop.formulations.core.result import SolveResult
 from coop.schedule import validate
 
 __all__ = ["CompiledPlan", "CoopPartitioner"]

@@ -164,8 +164,8 @@ class Sharding:
         return {name: shard for unit in self.units for name, shard in zip(unit.names, unit.shards(), strict=True)}
 
 
-def is_fsdp2(module: nn.Module) -> bool:
-    """Whether ``module`` was sharded by FSDP2's ``fully_shard``.
+def fsdp_version(module: nn.Module) -> int | None:
+    """Which FSDP wrapped ``module``: coop's one FSDP detection.
 
     Parameters
     ----------
@@ -174,14 +174,17 @@ def is_fsdp2(module: nn.Module) -> bool:
 
     Returns
     -------
-    bool
-        Whether it is an ``FSDPModule`` (False where torch.distributed is not built).
+    int or None
+        2 for FSDP2 (``fully_shard``: an ``FSDPModule``, which coop plans), 1 for FSDP1 (a
+        ``FullyShardedDataParallel`` wrapper, refused), None for neither (and where torch.distributed is not built).
     """
     if not torch.distributed.is_available():
-        return False
-    from torch.distributed.fsdp import FSDPModule  # lazy: needs torch.distributed
+        return None
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel  # lazy: needs torch.distributed
 
-    return isinstance(module, FSDPModule)
+    if isinstance(module, FSDPModule):
+        return 2
+    return 1 if isinstance(module, FullyShardedDataParallel) else None
 
 
 def refusal(model: nn.Module) -> str:
@@ -197,7 +200,7 @@ def refusal(model: nn.Module) -> str:
     str
         One line naming what is refused and the fix, or ''.
     """
-    sharded = [name for name, module in model.named_modules() if is_fsdp2(module)]
+    sharded = [name for name, module in model.named_modules() if fsdp_version(module) == 2]
     if not sharded:
         return ""
     if sharded[0] != "":
@@ -236,7 +239,7 @@ def _fsdp_states(model: nn.Module) -> list[tuple[str, Any]]:
     """Each FSDP state of ``model`` (one per ``fully_shard`` call) with its first module's name, in module order."""
     found: dict[int, tuple[str, Any]] = {}
     for name, module in model.named_modules():
-        if is_fsdp2(module):
+        if fsdp_version(module) == 2:
             state = module._get_fsdp_state()
             found.setdefault(id(state), (name or "<root>", state))
     return list(found.values())
@@ -304,7 +307,7 @@ def find_sharding(model: nn.Module) -> Sharding | None:
     why = refusal(model)
     if why:
         raise CaptureError(why)
-    if not is_fsdp2(model):
+    if fsdp_version(model) != 2:
         return None
     groups = _param_groups(model)
     names = {id(param): name for name, param in model.named_parameters()}
@@ -531,7 +534,25 @@ def collective_fields(fx_node: fx.Node) -> dict[str, Any] | None:
     return {"cost": padded / LINK_BANDWIDTH, "recomputable": False, "workspace": 2 * padded}
 
 
-__all__ = ["ALIGNMENT", "ALL_GATHER", "LINK_BANDWIDTH", "REDUCE_SCATTER", "UNITS", "ShardedUnit", "Sharding",
-           "collective_fields", "find_sharding", "hooks_suppressed", "is_fsdp2", "on_meta", "place_collectives",
-           "reduce_gradients", "refusal", "segment_bytes", "segments", "sharded_gradient_names", "sharded_step_state",
-           "state_groups"]
+__all__ = [
+    "ALIGNMENT",
+    "ALL_GATHER",
+    "LINK_BANDWIDTH",
+    "REDUCE_SCATTER",
+    "UNITS",
+    "ShardedUnit",
+    "Sharding",
+    "collective_fields",
+    "find_sharding",
+    "fsdp_version",
+    "hooks_suppressed",
+    "on_meta",
+    "place_collectives",
+    "reduce_gradients",
+    "refusal",
+    "segment_bytes",
+    "segments",
+    "sharded_gradient_names",
+    "sharded_step_state",
+    "state_groups",
+]

@@ -4,8 +4,9 @@
 * :mod:`coop.online.policies`: eviction policies DTR, DTE and Coop's sliding window;
 * :mod:`coop.online.online_sim`: online eviction over a Graph under a budget (sweeps, warm starts);
 * :mod:`coop.online.delta`, :mod:`coop.online.delta_decisions`, :mod:`coop.online.delta_sim`: DELTA, swap to host or
-  recompute, with prefetching (its decisions one object that both DELTA engines hold);
-* :mod:`coop.online.static_arena`: best-fit addresses for a static schedule's values.
+  recompute, with prefetching (its decisions one object that both DELTA engines hold).
+
+Static plans' addresses (best fit, exact, packed) are :mod:`coop.runtime.placement`'s.
 
 Nothing here imports torch, so formulations, ``coop compare`` and the planner may all use them;
 :mod:`coop.runtime` keeps what touches tensors.

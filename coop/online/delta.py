@@ -32,7 +32,7 @@ The prefetcher and the copy engines are the engine's (:mod:`coop.online.delta_si
 swapped tensor is used next and starts its page-in early enough to hide it.
 
 Costs are read as seconds on the profiled device and memory as bytes, as POET reads its graphs
-(:func:`coop.formulations.poet_setting.node_price`).
+(:func:`coop.formulations.poet.setting.node_price`).
 """
 
 from __future__ import annotations
@@ -55,8 +55,9 @@ Action = Literal["swap", "recompute"]
 MIN_DISTANCE = 1e-9
 
 
-class DeltaView(EngineView, Protocol):
-    """The engine as DELTA sees it: an :class:`EngineView` that also knows the host tier and next uses."""
+class DeltaKnowledge(Protocol):
+    """What DELTA's decisions know beyond the engine (the host tier, next uses, lineage): an engine's ``delta``
+    (:class:`coop.online.delta_decisions.DeltaDecisions`)."""
 
     def next_use_distance(self, key: Hashable) -> float | None:
         """Logical time until the next use of a tensor (None: the engine does not know)."""
@@ -73,6 +74,18 @@ class DeltaView(EngineView, Protocol):
     def has_host_copy(self, key: Hashable) -> bool:
         """Whether a valid copy of the tensor is in host memory already (its page-out is free)."""
         ...
+
+    def parents(self, key: Hashable) -> Iterable[Hashable]:
+        """The lineage inputs of a tensor (what rebuilding it runs first)."""
+        ...
+
+
+class DeltaView(EngineView, Protocol):
+    """The engine as DELTA sees it: an :class:`EngineView` whose ``delta`` (its decisions) the policy reads directly
+    for the host tier, next uses and lineage."""
+
+    @property
+    def delta(self) -> DeltaKnowledge: ...
 
     def parents(self, key: Hashable) -> Iterable[Hashable]:
         """The lineage inputs of a tensor (the values its recomputation reads)."""
@@ -161,17 +174,17 @@ class DeltaPolicy(CoopPolicy):
     # ------------------------------------------------------------ the director
     def swap_seconds(self, info: TensorInfo, view: DeltaView) -> float:
         """Page-out (free with a valid host copy) plus page-in, on the link; inf when the tensor cannot be paged."""
-        if not view.swappable(info.key):
+        if not view.delta.swappable(info.key):
             return math.inf
-        page_out = 0.0 if view.has_host_copy(info.key) else self.link.pageout_s(info.size)
+        page_out = 0.0 if view.delta.has_host_copy(info.key) else self.link.pageout_s(info.size)
         return page_out + self.link.pagein_s(info.size)
 
     def recompute_seconds(self, info: TensorInfo, view: DeltaView) -> float:
         """The tensor's cost plus its evicted ancestors' (what rebuilding it runs); inf when it cannot be
         recomputed."""
-        if not view.recomputable(info.key):
+        if not view.delta.recomputable(info.key):
             return math.inf
-        return evicted_closure_cost(info, view, view.parents)
+        return evicted_closure_cost(info, view, view.delta.parents)
 
     def decide(self, info: TensorInfo, view: DeltaView) -> Decision:
         """Swap or recompute this released tensor, whichever is cheaper now (:func:`decide`)."""
@@ -182,7 +195,7 @@ class DeltaPolicy(CoopPolicy):
         """How soon the tensor is needed again: its staleness, or the distance to its next use where the engine
         knows it and it is sooner (never zero)."""
         stale = staleness(view, info)
-        known = view.next_use_distance(info.key)
+        known = view.delta.next_use_distance(info.key)
         return stale if known is None else max(min(known, stale), MIN_DISTANCE)
 
     def eviction_price(self, block: Block, info: TensorInfo, view: EngineView) -> float | None:
@@ -198,4 +211,4 @@ class DeltaPolicy(CoopPolicy):
             super().on_evicted(key, view)
 
 
-__all__ = ["DELTA", "Decision", "DeltaPolicy", "DeltaView", "decide", "delta_profile"]
+__all__ = ["DELTA", "Decision", "DeltaKnowledge", "DeltaPolicy", "DeltaView", "decide", "delta_profile"]

@@ -26,7 +26,7 @@ included, form a coop :class:`~coop.schedule.Schedule` (a ``page_out`` where a t
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,22 +84,6 @@ class DeltaSimulator(OnlineSimulator):
                  compact: bool = False) -> None:
         super().__init__(graph, budget, policy, max_overhead, replay_random, compact=compact)
         self.delta = DeltaDecisions(self, policy, prefetch, next_use)
-
-    # ---------------------------------------------------------------- DeltaView
-    def next_use_distance(self, key: Hashable) -> float | None:
-        return self.delta.next_use_distance(key)
-
-    def recomputable(self, key: Hashable) -> bool:
-        return self.delta.recomputable(key)
-
-    def swappable(self, key: Hashable) -> bool:
-        return self.delta.swappable(key)
-
-    def has_host_copy(self, key: Hashable) -> bool:
-        return self.delta.has_host_copy(key)
-
-    def parents(self, key: Hashable) -> Iterable[Hashable]:
-        return self.delta.parents(key)
 
     # ---------------------------------------------------------------- extension points
     def is_evicted(self, key: Hashable) -> bool:

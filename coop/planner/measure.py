@@ -16,10 +16,10 @@ import torch
 from coop.budget import format_memory
 from coop.graph import Graph
 from coop.graph_capture.meta import weightless
-from coop.online.static_arena import execution_placement
 from coop.runtime.allocator import AllocatorAssumption
 from coop.runtime.arena_replay import measure_outside
 from coop.runtime.meter import cpu_allocation_peak
+from coop.runtime.placement import execution_placement
 from coop.runtime.reserved import cuda_counters, modelled_step_reserved, reserved_step_peak
 
 #: (footprint in bytes or None when it cannot be measured, what it consists of)

@@ -12,7 +12,7 @@ from typing import Any
 from torch import nn
 
 from coop.errors import CoopError
-from coop.formulations.progress import StageProgress
+from coop.formulations.core.progress import StageProgress
 from coop.graph import Graph
 from coop.graph_capture import Captured, capture
 from coop.graph_capture.batch import Batch
@@ -33,7 +33,7 @@ class PlanOptions:
     #: scalar tensor or an output with ``.loss`` (transformers' ``ModelOutput``; see :func:`coop.capture`). A plan
     #: file records whether one was used, and ``coop.load_plan`` asks for it.
     loss_fn: LossFn | None = None
-    #: The solver: ``"auto"`` picks per graph (coop.formulations.auto: the baseline order when it fits, Checkmate's
+    #: The solver: ``"auto"`` picks per graph (coop.formulations.ladder.auto: the baseline order when it fits, Checkmate's
     #: MILP on small graphs, Moccasin's CP-SAT on large ones); ``"dynamic"`` returns a :class:`DynamicPlan` (online
     #: eviction) instead of solving.
     formulation: str = "auto"
@@ -43,7 +43,7 @@ class PlanOptions:
     #: the graph, which the schedule then counts).
     profile: bool = False
     #: The budget is the size of everything a step holds: every value the step computes gets an address in its
-    #: device's arena (coop.online.static_arena's packed execution placement), the plan replays inside those arenas
+    #: device's arena (coop.runtime.placement's packed execution placement), the plan replays inside those arenas
     #: (coop.runtime.arena_replay: one buffer per device, allocated at the first step and reused; the loss is copied
     #: into one of two slots after the arena, a new ``.grad`` is handed out where the step computed it), and the
     #: budget must hold the step's whole footprint (``summary()["arena_footprint"]``): the caller-owned values

@@ -16,7 +16,7 @@ from torch import nn
 
 from coop.budget import format_memory, min_budget, parse_budget, store_all_fits
 from coop.errors import BudgetError
-from coop.formulations.progress import StageProgress
+from coop.formulations.core.progress import StageProgress
 from coop.graph import Graph
 from coop.graph_capture import Captured
 from coop.graph_capture.batch import Batch, read_batch

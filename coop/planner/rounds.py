@@ -31,9 +31,9 @@ from coop.errors import BudgetError, InfeasibleError, SolveTimeoutError
 from coop.graph import Graph
 from coop.graph_capture import Captured
 from coop.graph_capture.cost import measure_workspace
-from coop.online.static_arena import EXECUTION_ROUNDS, next_live_budget
 from coop.planner.measure import FlatInputs, Measured
 from coop.runtime.executor import recorded_program, saved_generator_bytes
+from coop.runtime.placement import EXECUTION_ROUNDS, next_live_budget
 from coop.runtime.program_builder import SOURCE_NODE
 from coop.schedule import Schedule
 
@@ -193,7 +193,7 @@ class Rounds:
     def below_measured_excess(self, chosen: Candidate, footprint: int) -> Candidate:
         """A plan whose measured step holds within the budget: ``chosen`` held ``footprint``, so solve again below its
         live-bytes budget by the excess (or by the footprint's ratio to the budget, whichever is lower:
-        :func:`coop.online.static_arena.next_live_budget`), measure, and repeat at most :data:`RESERVED_ROUNDS` times.
+        :func:`coop.runtime.placement.next_live_budget`), measure, and repeat at most :data:`RESERVED_ROUNDS` times.
 
         Raises InfeasibleError, in one line naming the last measure and the fix, where no round fits (or the aim falls
         below min_budget, or the solver finds nothing there)."""

@@ -16,8 +16,8 @@ from torch import nn
 from coop.budget import format_memory, min_budget
 from coop.errors import InfeasibleError, ScheduleError
 from coop.formulations import SolveResult, solve
-from coop.formulations.auto import cheapest_fitting_baseline
-from coop.formulations.progress import StageProgress
+from coop.formulations.core.progress import StageProgress
+from coop.formulations.ladder.auto import cheapest_fitting_baseline
 from coop.graph import Graph
 from coop.graph_capture import Captured
 from coop.planner.base import LossFn

@@ -17,7 +17,7 @@ from torch import nn
 from coop.budget import format_memory, min_budget
 from coop.errors import ContextError, CoopError, InfeasibleError, SolveTimeoutError
 from coop.formulations import SolveResult
-from coop.formulations.auto import cheapest_fitting_baseline
+from coop.formulations.ladder.auto import cheapest_fitting_baseline
 from coop.graph import Graph
 from coop.graph_capture import Captured
 from coop.graph_capture.batch import Batch
@@ -79,7 +79,7 @@ class Plan(BasePlan):
         (arenas, scratch, output slots) and what the step allocates beside them once measured
         (:func:`coop.runtime.arena_replay.measure_outside`; until then the largest transient, a lower estimate)."""
         refuse_arena_off_cpu(self.captured.graph)
-        self.executor = Executor(self.captured, self.executor.schedule, arena=placement,
+        self.executor = Executor(self.captured, self.executor.schedule, placement=placement,
                                  simulation=self.executor.simulation)
         self.arena_peak = placement.arena_peak
 

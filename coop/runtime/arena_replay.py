@@ -1,9 +1,9 @@
 """Arena replay: every planned value of a step lives at its planned offset in one persistent buffer per device.
 
 A static plan knows each value's size, birth and death before the step runs, and
-:func:`coop.online.static_arena.execution_placement` gives every instance an address (best fit,
+:func:`coop.runtime.placement.execution_placement` gives every instance an address (best fit,
 Zhang et al. 2023, "Coop: Memory is not a Commodity", applied to a static schedule; blocks rounded
-to :data:`~coop.online.static_arena.ARENA_ALIGNMENT` bytes, extra outputs placed from their op's
+to :data:`~coop.runtime.placement.ARENA_ALIGNMENT` bytes, extra outputs placed from their op's
 step). :class:`ArenaProgramBuilder` writes the executor's replay program so that each value is an
 ``as_strided`` view of one uint8 buffer per device, at its offset, with the dtype, shape and
 strides the eager kernel gives it. The buffer is allocated once, at the plan's first step, and
@@ -64,7 +64,6 @@ from torch import fx
 
 from coop.errors import CoopError
 from coop.graph_capture import Captured
-from coop.online.static_arena import Placement, schedule_lifetimes
 from coop.runtime.arena_kernels import (
     COMPOSITES,
     COPIES,
@@ -87,6 +86,7 @@ from coop.runtime.arena_kernels import (
 )
 from coop.runtime.arena_program import ArenaProgram, OutputSlot, Transient, aligned, measure_outside
 from coop.runtime.paging import page_in
+from coop.runtime.placement import Placement, schedule_lifetimes
 from coop.runtime.program_builder import ProgramBuilder
 from coop.schedule import Schedule, Simulation, Step
 
@@ -106,16 +106,16 @@ def check_placement(captured: Captured, graph: Any, schedule: Schedule, placemen
     schedule : Schedule
         The schedule the arena replay runs.
     placement : Placement
-        The placement to check (:func:`coop.online.static_arena.execution_placement` of ``schedule``).
+        The placement to check (:func:`coop.runtime.placement.execution_placement` of ``schedule``).
     simulation : Simulation or None
         ``simulate(graph, schedule)`` where the caller holds it; computed when absent.
     """
     if not isinstance(placement, Placement):
-        raise CoopError(f"arena= takes a Placement from coop.online.static_arena.execution_placement, not "
+        raise CoopError(f"placement= takes a Placement from coop.runtime.placement.execution_placement, not "
                         f"{type(placement).__name__}")
     alignment = int(placement.extra.get("alignment", 1) or 1)
     if alignment < 16 or not placement.extra.get("extras_from_op"):
-        raise CoopError("arena replay needs a placement made by coop.online.static_arena.execution_placement "
+        raise CoopError("arena replay needs a placement made by coop.runtime.placement.execution_placement "
                         f"(aligned blocks, extra outputs from their op's step); this one has alignment {alignment}")
     expected, _ = schedule_lifetimes(graph, schedule, alignment=alignment, extras_from_op=True, caller_owned=False,
                                      simulation=simulation)
@@ -147,7 +147,7 @@ class ArenaProgramBuilder(ProgramBuilder):
     simulation : Simulation
         ``simulate(graph, schedule)`` of the schedule built: its instances name the placed blocks.
     placement : Placement
-        The schedule's execution placement (:func:`coop.online.static_arena.execution_placement`).
+        The schedule's execution placement (:func:`coop.runtime.placement.execution_placement`).
     """
 
     page_whole_storage = False  # a value's storage is the whole buffer: page only the bytes the value spans
@@ -450,7 +450,7 @@ def build_arena_program(captured: Captured, graph: Any, schedule: Schedule, simu
     replayed : set[int]
         The random nodes the schedule recomputes (:func:`coop.runtime.program_builder.replayed_draws`).
     placement : Placement
-        The schedule's execution placement (:func:`coop.online.static_arena.execution_placement`).
+        The schedule's execution placement (:func:`coop.runtime.placement.execution_placement`).
 
     Returns
     -------

@@ -217,7 +217,7 @@ class CopyStream:
 
 
 def copy_stream_for(captured: Captured, schedule: Schedule, option: bool | StreamAPI | None,
-                    arena: Any = None) -> CopyStream | None:
+                    placement: Any = None) -> CopyStream | None:
     """The copy stream an Executor pages on for ``option``, or a one-line refusal.
 
     Parameters
@@ -229,8 +229,8 @@ def copy_stream_for(captured: Captured, schedule: Schedule, option: bool | Strea
     option : bool or StreamAPI or None
         The executor's ``copy_stream``: False or None for copies on the compute stream, True for torch.cuda's
         streams, or a :class:`StreamAPI` to use instead (then neither CUDA nor the values' devices are checked).
-    arena : Any
-        The executor's arena option; anything but None is refused with a copy stream.
+    placement : Any
+        The executor's placement (an arena replay); anything but None is refused with a copy stream.
 
     Returns
     -------
@@ -253,8 +253,8 @@ def copy_stream_for(captured: Captured, schedule: Schedule, option: bool | Strea
     if not paged:
         raise ScheduleError("copy_stream=True needs a schedule that pages, and this one has no page_out/page_in of a "
                             "computed value; drop copy_stream, or plan with formulation='poet' and a device_profile")
-    if arena is not None:
-        raise ScheduleError("copy_stream=True does not combine with an arena replay yet; drop copy_stream or arena")
+    if placement is not None:
+        raise ScheduleError("copy_stream=True does not combine with an arena replay yet; drop copy_stream or placement")
     if option is not True:
         return CopyStream(option)
     values = {node.name: node.meta.get("val") for node in captured.module.graph.nodes}

@@ -61,12 +61,12 @@ from torch import fx, nn
 from coop.errors import CaptureError, ScheduleError
 from coop.graph import Graph
 from coop.graph_capture import Captured
-from coop.graph_capture.fsdp import is_fsdp2
+from coop.graph_capture.fsdp import fsdp_version
 from coop.graph_capture.fsdp import refusal as fsdp_refusal
-from coop.online.static_arena import execution_placement
 from coop.runtime.arena_replay import build_arena_program
 from coop.runtime.copy_stream import StreamAPI, copy_stream_for
 from coop.runtime.paging import HostPool
+from coop.runtime.placement import execution_placement
 from coop.runtime.program_builder import SOURCE_NODE, ProgramBuilder, replayed_draws
 from coop.schedule import Schedule, Simulation, simulate, take_extras_promptly
 
@@ -223,8 +223,8 @@ class Executor:
     schedule that already takes its extra outputs at their op's step (an executor's ``schedule`` and
     ``simulation``).
 
-    With ``arena`` (a :class:`~coop.online.static_arena.Placement` of ``executor.schedule`` made by
-    :func:`~coop.online.static_arena.execution_placement`; see :func:`arena_placement`) every
+    With ``placement`` (a :class:`~coop.runtime.placement.Placement` of ``executor.schedule`` made by
+    :func:`~coop.runtime.placement.execution_placement`; see :func:`arena_placement`) every
     planned value is written at its planned offset in one buffer per device
     (:mod:`coop.runtime.arena_replay`); ``arena_program`` then says what the step allocates.
 
@@ -232,7 +232,7 @@ class Executor:
     stream, the compute stream waiting for a page-in only at the value's first read
     (:mod:`coop.runtime.copy_stream`); ``True`` uses torch.cuda's streams, a :class:`StreamAPI` object
     replaces them (tests record the protocol with a fake). It is refused with a one-line error without
-    CUDA, for a schedule that pages nothing, and with ``arena``. The default (False) keeps the copies
+    CUDA, for a schedule that pages nothing, and with ``placement``. The default (False) keeps the copies
     on the compute stream.
 
     The program runs as fx's generated Python code with every aten op bound once as a global
@@ -247,8 +247,8 @@ class Executor:
         The schedule to replay (ScheduleError, with its own step numbers, where it is illegal).
     replay_random : bool
         Whether the schedule may recompute random ops (:func:`replay_graph`).
-    arena : Placement or None
-        Replay inside one buffer per device at this placement's offsets.
+    placement : Placement or None
+        Replay inside one arena (one buffer) per device at this placement's offsets.
     copy_stream : bool or StreamAPI
         Page on a side CUDA stream (True: torch.cuda's; an object: its protocol).
     simulation : Simulation or None
@@ -260,22 +260,22 @@ class Executor:
     """
 
     def __init__(self, captured: Captured, schedule: Schedule, replay_random: bool = True,
-                 arena: Any = None, copy_stream: bool | StreamAPI = False, *,
+                 placement: Any = None, copy_stream: bool | StreamAPI = False, *,
                  simulation: Simulation | None = None, host_pool: HostPool | None = None) -> None:
         self.captured = captured
         self.graph = replay_graph(captured, replay_random)
         self.requested = schedule
         self.schedule, self.simulation = replayed_schedule(self.graph, schedule, simulation)
-        self.placement = arena
+        self.placement = placement
         self.arena_program = None
-        self.copy_stream = copy_stream_for(captured, self.schedule, copy_stream, arena)
+        self.copy_stream = copy_stream_for(captured, self.schedule, copy_stream, placement)
         replayed = replayed_draws(self.graph, self.schedule)
-        if arena is None:
+        if placement is None:
             builder = ProgramBuilder(captured, self.graph, replayed, self.copy_stream, host_pool)
             self.module = builder.run(self.schedule)  # just simulated: legal
         else:
             self.module, self.arena_program = build_arena_program(
-                captured, self.graph, self.schedule, self.simulation, replayed, arena)
+                captured, self.graph, self.schedule, self.simulation, replayed, placement)
         self._forward, self._source = bind_ops(self.module)
 
     @property
@@ -459,7 +459,7 @@ def _refused_wrapper(model: nn.Module) -> str:
         if isinstance(module, nn.DataParallel):
             return (f"coop cannot plan through torch.nn.DataParallel ({where}), which splits every batch across GPUs "
                     "inside forward; pass its .module, or use DistributedDataParallel (one process per GPU)")
-        if _is_fsdp1(module):
+        if fsdp_version(module) == 1:
             return (f"coop cannot plan a model wrapped in FullyShardedDataParallel ({where}), FSDP1, whose flat "
                     "parameters are gathered inside forward; shard it with FSDP2's fully_shard, which coop plans")
         if name and ddp_class is not None and isinstance(module, ddp_class):
@@ -468,21 +468,13 @@ def _refused_wrapper(model: nn.Module) -> str:
     sharded = fsdp_refusal(model)
     if sharded:
         return sharded
-    if is_fsdp2(model):  # its parameters are DTensor shards, which the capture reads as FSDP's local shards
+    if fsdp_version(model) == 2:  # its parameters are DTensor shards, which the capture reads as FSDP's local shards
         return ""
     for name, param in model.named_parameters():
         if type(param) is not nn.Parameter and type(param.data) is not torch.Tensor:
             return (f"coop cannot plan parameter {name!r}, a {type(param.data).__name__} (tensor parallel or another "
                     "tensor subclass); plan the model with plain tensors")
     return ""
-
-
-def _is_fsdp1(module: nn.Module) -> bool:
-    if not torch.distributed.is_available():
-        return False
-    from torch.distributed.fsdp import FullyShardedDataParallel  # lazy: needs torch.distributed
-
-    return isinstance(module, FullyShardedDataParallel)
 
 
 class _ReleaseGradient(torch.autograd.Function):

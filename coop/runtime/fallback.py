@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import copy
 import operator
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -238,22 +238,6 @@ class DeltaStep(DynamicStep):
             if base is not None and not (on_host and captured.graph.has_accelerator):  # a host value stays put
                 self._base[node_id] = base
         self.delta = DeltaDecisions(self, policy, pageable=self._base, carrier=self)
-
-    # ---------------------------------------------------------------- DeltaView (the decisions')
-    def next_use_distance(self, key: Hashable) -> float | None:
-        return self.delta.next_use_distance(key)
-
-    def recomputable(self, key: Hashable) -> bool:
-        return self.delta.recomputable(key)
-
-    def swappable(self, key: Hashable) -> bool:
-        return self.delta.swappable(key)
-
-    def has_host_copy(self, key: Hashable) -> bool:
-        return self.delta.has_host_copy(key)
-
-    def parents(self, key: Hashable) -> Iterable[Hashable]:
-        return self.delta.parents(key)
 
     # ---------------------------------------------------------------- extension points (DELTA's decisions)
     def is_evicted(self, key: Hashable) -> bool:

@@ -1,0 +1,1 @@
+"""Structure-aware formulations: repeated blocks (Rockmate / HiRemate-style) and per-layer checkpointing."""

@@ -1,0 +1,1 @@
+"""Schedules without an exact solver: baselines, fast heuristics, warm starts, polish passes, PyTorch's min-cut."""

@@ -1,0 +1,236 @@
+"""The PuLP backends of :func:`coop.formulations.milp.backends.solve_milp`: CBC (bundled; its bound parsed
+from its log, rounded down, and a watchdog on its time limit), Gurobi and CPLEX where installed and licensed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from decimal import Decimal, InvalidOperation
+from functools import reduce
+from pathlib import Path
+from typing import Any
+
+from coop.errors import SolverError
+from coop.formulations.core.solver_output import solver_output
+from coop.formulations.milp.model import LEAST_SOLVE_S, LinearModel, MilpSolution
+
+
+def solve_pulp(model: LinearModel, name: str, time_limit: float, threads: int, verbose: bool) -> MilpSolution:
+    """Solve ``model`` with a PuLP backend (CBC, Gurobi or CPLEX) within ``time_limit``.
+
+    Parameters
+    ----------
+    model : LinearModel
+        The model.
+    name : str
+        "cbc", "gurobi" or "cplex".
+    time_limit : float
+        Seconds, building and reading back the PuLP model included.
+    threads : int
+        The solver's threads.
+    verbose : bool
+        The solver's log on stderr (else discarded).
+
+    Returns
+    -------
+    MilpSolution
+        The backend's answer (``unknown`` when even the model could not be built in time).
+    """
+    import pulp
+
+    started = time.perf_counter()
+    if time_limit - _PULP_IO_S_PER_NONZERO * model.nonzeros < LEAST_SOLVE_S:  # not even the PuLP model in time
+        return MilpSolution(status="unknown", message=f"{name}: time limit reached while building the model")
+    objective_scale, options = _cbc_settings(model) if name == "cbc" else (1.0, ())
+    problem, variables = _pulp_problem(pulp, model, objective_scale)
+    # Building the PuLP model, writing it as MPS and reading the solution back take seconds on
+    # large models (about 8 us per nonzero, measured on a 1.1M-nonzero Checkmate model): they
+    # count against the limit.
+    deadline = started + time_limit - _PULP_IO_S_PER_NONZERO * model.nonzeros
+    log = _run_pulp(pulp, problem, name, deadline, threads, verbose, bool(model.hint), options)
+    if isinstance(log, MilpSolution):
+        return log
+    return _pulp_solution(pulp, problem, variables, model, name, log, objective_scale)
+
+
+def _pulp_problem(pulp: Any, model: LinearModel, objective_scale: float) -> tuple[Any, list[Any]]:
+    """The model as a PuLP problem (objective divided by ``objective_scale``), and its variables in
+    the model's order (hint values set)."""
+    problem = pulp.LpProblem("coop", pulp.LpMinimize)
+    variables = []
+    for index, (kind, lo, hi) in enumerate(zip(model.kinds, model.lower, model.upper)):
+        category = {"binary": pulp.LpBinary, "integer": pulp.LpInteger}.get(kind, pulp.LpContinuous)
+        lo_hi = {} if kind == "binary" else {"lowBound": lo, "upBound": hi}
+        variable = problem.add_variable(f"x{index}", cat=category, **lo_hi)
+        if kind == "binary" and (lo, hi) != (0.0, 1.0):  # PuLP sets binaries to [0, 1]: keep a fixing
+            variable.lowBound, variable.upBound = lo, hi
+        variables.append(variable)
+    problem += pulp.LpAffineExpression([(variables[v], c / objective_scale) for v, c in model.objective])
+    for terms, sense, rhs in model.rows:
+        expr = pulp.LpAffineExpression([(variables[v], c) for v, c in terms])
+        problem += {"<=": expr <= rhs, ">=": expr >= rhs, "==": expr == rhs}[sense]
+    for var, value in model.hint.items():
+        variables[var].setInitialValue(value)
+    return problem, variables
+
+
+def _run_pulp(pulp: Any, problem: Any, name: str, deadline: float, threads: int, verbose: bool, warm: bool,
+              options: tuple[str, ...]) -> str | MilpSolution:
+    """Solve ``problem`` in place until ``deadline`` (perf_counter); returns the solver's log, or the
+    MilpSolution to report when no solve could be made (no time left, CBC overran and was stopped)."""
+    time_limit = deadline - time.perf_counter()
+    if time_limit < LEAST_SOLVE_S:
+        return MilpSolution(status="unknown", message=f"{name}: time limit reached while building the model")
+    with tempfile.TemporaryDirectory(prefix="coop-cbc-") as folder:
+        log_path = os.path.join(folder, "solver.log")
+        with warnings.catch_warnings():
+            # PuLP 3.3 flags its bundled CBC as deprecated for 4.0; it is still the one shipped.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            backend = _pulp_backend(pulp, name, time_limit, threads, verbose, warm, log_path, folder, options)
+        solver_started = time.perf_counter()
+        try:
+            with solver_output(verbose):  # CBC writes to its log file; Gurobi and CPLEX to stdout
+                problem.solve(backend)
+        except pulp.PulpSolverError as exc:
+            if name == "cbc" and time.perf_counter() - solver_started >= time_limit + _CBC_GRACE_S:
+                return MilpSolution(status="unknown", message=(
+                    f"cbc: no solution within the time limit (it overran {time_limit:.0f} s in its root LP or "
+                    f"preprocessing and was stopped {_CBC_GRACE_S:.0f} s later)"))
+            raise SolverError(f"{name} failed to run: {str(exc).splitlines()[0]}") from None
+        log = Path(log_path).read_text() if os.path.exists(log_path) else ""
+    if verbose and log:
+        print(log, file=sys.stderr, end="" if log.endswith("\n") else "\n", flush=True)
+    return log
+
+
+def _pulp_solution(pulp: Any, problem: Any, variables: list[Any], model: LinearModel, name: str, log: str,
+                   objective_scale: float) -> MilpSolution:
+    """The answer of a solved PuLP problem in the model's units; for CBC stopped early, the bound
+    its log proves (CBC saw the objective divided by ``objective_scale``)."""
+    has_solution = problem.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
+    if problem.status == pulp.LpStatusInfeasible:
+        return MilpSolution(status="infeasible", message=f"{name}: proven infeasible")
+    if not has_solution:
+        return MilpSolution(status="unknown", message=f"{name}: no solution ({pulp.LpStatus[problem.status]})")
+    values = [v.varValue if v.varValue is not None else 0.0 for v in variables]
+    objective = math.fsum(c * values[v] for v, c in model.objective)
+    proven = problem.sol_status == pulp.LpSolutionOptimal and "Stopped on time" not in log
+    status = "optimal" if proven else "feasible"
+    bound = objective if proven else _cbc_bound(log)
+    if bound is not None and not proven:
+        # Back to the model's units, one float lower (the product rounds); CBC's bound may also
+        # lag behind its last incumbent.
+        bound = min(math.nextafter(bound * objective_scale, -math.inf), objective)
+    return MilpSolution(status=status, values=values, objective=objective, bound=bound)
+
+
+#: CBC checks its -sec limit only between phases: a large model's root LP can run minutes past it.
+#: A watchdog interrupts it this long after the limit, and kills it a few seconds later.
+_CBC_GRACE_S = 2.0
+_PULP_IO_S_PER_NONZERO = 8e-6
+
+
+def _cbc_settings(model: LinearModel) -> tuple[float, tuple[str, ...]]:
+    """What CBC 2.10 (PuLP's bundled one) needs to answer exactly: the factor its objective is
+    divided by, and its options. Each was found by bench_fuzz on a Checkmate model costed in seconds.
+
+    * Its pre-processing claimed "optimal" for a schedule dearer than store-all's (it fixed
+      variables wrongly; seed 7, graph 39), and "infeasible" when its time limit interrupted it
+      (seed 5, graph 158), as in coin-or/Cbc issues 466, 737, 740: it is turned off.
+    * Its absolute tolerances suit objectives near 1, not extra costs of 1e-4 seconds: a
+      non-integral objective is divided by its largest coefficient (also 30x faster on graph 298).
+    * It prunes every node that cannot beat the incumbent by its cutoff increment, 1e-5 by
+      default: it called a schedule optimal that was 9e-6 dearer than the optimum (seed 5, graph
+      153). The increment is 0, or, when every objective term is an integer coefficient on an
+      integer variable (objective values are then multiples of the coefficients' gcd, what CBC
+      itself assumes when it detects this), just under that gcd.
+    """
+    coefficients = [c for _, c in model.objective if c]
+    integral = all(float(c).is_integer() and model.kinds[v] != "continuous" for v, c in model.objective if c)
+    if coefficients and integral:
+        step = reduce(math.gcd, (abs(int(c)) for c in coefficients))
+        return 1.0, ("preprocess off", f"increment {0.9999 * step:g}")
+    scale = max((abs(c) for c in coefficients), default=1.0)
+    return scale, ("preprocess off", "increment 0")
+
+
+def _pulp_backend(pulp: Any, name: str, time_limit: float, threads: int, verbose: bool, warm: bool,
+                  log_path: str, folder: str, options: tuple[str, ...] = ()) -> Any:
+    if name == "cbc":
+        bundled = pulp.PULP_CBC_CMD(msg=False).path
+        watchdog = _cbc_watchdog(folder, bundled, time_limit + _CBC_GRACE_S)
+        if watchdog is None:
+            return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, threads=threads, warmStart=warm,
+                                     logPath=log_path, options=list(options))
+        return pulp.COIN_CMD(path=watchdog, msg=False, timeLimit=time_limit, threads=threads, warmStart=warm,
+                             logPath=log_path, options=list(options))
+    candidates = {"gurobi": ("GUROBI", "GUROBI_CMD"), "cplex": ("CPLEX_PY", "CPLEX_CMD")}[name]
+    for class_name in candidates:
+        backend = getattr(pulp, class_name)(msg=verbose, timeLimit=time_limit, threads=threads, warmStart=warm)
+        if backend.available():
+            return backend
+    raise SolverError(f"{name} is not available (not installed or not licensed); use cbc, scip, highs or cp-sat")
+
+
+def _cbc_watchdog(folder: str, cbc_path: str, hard_limit: float) -> str | None:
+    """A script that runs CBC under coreutils' ``timeout`` (SIGINT at ``hard_limit``, SIGKILL 3 s later).
+
+    ``--preserve-status`` keeps CBC's own exit code, so an interrupted CBC that still writes its
+    incumbent is read as usual. None where ``timeout`` is missing (CBC then runs unguarded).
+    """
+    timeout = shutil.which("timeout")
+    if timeout is None or os.name != "posix":
+        return None
+    script = Path(folder) / "cbc-watchdog"
+    script.write_text(f'#!/bin/sh\nexec {shlex.quote(timeout)} --preserve-status -k 3 -s INT {hard_limit:.1f} '
+                      f'{shlex.quote(cbc_path)} "$@"\n')
+    script.chmod(0o755)
+    return str(script)
+
+
+#: CBC's search messages: "Partial search - best objective X (best possible Y), ..." (Cbc0005I, the main
+#: model's end of search) and "After N nodes, ..., best possible Y (...)" (Cbc0010I, while it searches).
+_CBC_BEST_POSSIBLE = re.compile(r"^Cbc00(?:05|10)I .*best possible ([-+0-9.eE]+)", re.MULTILINE)
+#: The result summary: "Lower bound: Y", printed with "%.3f" (0.00095 shows as 0.001).
+_CBC_LOWER_BOUND = re.compile(r"^Lower bound:\s*([-+0-9.eE]+)", re.MULTILINE)
+#: CBC's "no bound yet" is about -1e50.
+_CBC_NO_BOUND = 1e40
+
+
+def _cbc_bound(log: str) -> float | None:
+    """The lower bound CBC proved when stopped early, read from its log; None when it printed none.
+
+    The search messages carry more digits than the summary's three decimals, so the last of them
+    is preferred. A printed number is rounded; :func:`_printed_lower_bound` lowers it by half a
+    unit in its last digit, so that the print can never lift the bound above what CBC proved (the
+    summary's 0.001 for a proven 0.00095467587 did, above the optimum 0.000954676).
+    """
+    found = _CBC_BEST_POSSIBLE.findall(log) or _CBC_LOWER_BOUND.findall(log)
+    if not found:
+        return None
+    bound = _printed_lower_bound(found[-1])
+    return bound if bound is not None and abs(bound) < _CBC_NO_BOUND else None
+
+
+def _printed_lower_bound(text: str) -> float | None:
+    """A float no larger than any real number that prints as ``text`` (rounded to nearest at its digits).
+
+    printf rounds to nearest, so the number printed lies within half a unit of the last digit:
+    that much lower, and one float lower still (the conversion to binary rounds too), is safe.
+    """
+    try:
+        printed = Decimal(text)
+    except InvalidOperation:
+        return None
+    if not printed.is_finite():
+        return None
+    half_unit = Decimal(5).scaleb(printed.as_tuple().exponent - 1)  # type: ignore[operator]
+    return math.nextafter(float(printed - half_unit), -math.inf)
