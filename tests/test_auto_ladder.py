@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from typing import Any
 
 import pytest
@@ -167,9 +168,38 @@ def test_auto_builds_checkpoint_all_after_its_ladder_on_a_large_graph(monkeypatc
         """Solver rungs find nothing (a stub); the baselines run."""
         if name in (*BASELINES, "per-layer"):
             return real_run_solver(graph, budget, name, options, **keywords)
+        ends.append(options.deadline.elapsed() + options.time_limit)
         return SolveResult(formulation=name, status="unknown", message="found nothing (stub)")
 
+    ends: list[float] = []
     monkeypatch.setattr(auto_module, "run_solver", nothing)
     last_resort = solve(graph, budget, "auto", time_limit=6, threads=1)
     assert last_resort.formulation == "checkpoint-all" and last_resort.rungs[-1].formulation == "checkpoint-all"
     assert validate(graph, last_resort.schedule, budget).ok
+    # the rungs were given at most the limit less checkpoint-all's reserve (EfficientNet-B0 at 0.5: 37.1 s of 30 s)
+    assert ends and max(ends) <= 6 * (1 - auto_module.COSTLY_RESERVE) + 0.01, (ends, last_resort.rungs)
+
+
+def test_auto_whose_ladder_spent_the_limit_skips_checkpoint_all_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the rungs ran to the deadline and found nothing, checkpoint-all is not built past it (issue 40's
+    time limits): its rung says it was skipped for time, and no schedule comes back."""
+    import coop.formulations.ladder.auto as auto_module
+
+    model, batch, loss_fn = build("transformer")
+    graph = coop.capture(model, batch, loss_fn).graph
+    budget = math.ceil(0.735 * baseline_peak(graph))
+    real_run_solver = auto_module.run_solver
+
+    def slow_nothing(graph: Graph, budget: int, name: str, options: Any = None, **keywords: Any) -> Any:
+        """Solver rungs run to auto's deadline and find nothing (a stub); the baselines run."""
+        if name in (*BASELINES, "per-layer"):
+            return real_run_solver(graph, budget, name, options, **keywords)
+        while options.deadline.remaining() > 0:
+            time.sleep(0.05)
+        return SolveResult(formulation=name, status="unknown", message="found nothing (stub)")
+
+    monkeypatch.setattr(auto_module, "run_solver", slow_nothing)
+    result = solve(graph, budget, "auto", time_limit=2, threads=1)
+    assert result.schedule is None
+    assert result.rungs[-1].formulation == "checkpoint-all"
+    assert result.rungs[-1].status.startswith("skipped: time limit reached"), result.rungs
