@@ -8,8 +8,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.coop-installed
 # Two workers when pytest-xdist is there: the suite is CPU-bound and the machine has 2 cores. The 25 slowest tests
-# are listed at the end, so that a CI log shows where the suite's minutes go.
-PYTEST_ARGS ?= -q -n 2 --durations=25
+# are listed at the end, so that a CI log shows where the suite's minutes go. `--dist loadfile` keeps a file on one
+# worker, so that a module's fixture (a compiled step, every bench_cuda case) is built once, not once per worker.
+PYTEST_ARGS ?= -q -n 2 --dist loadfile --durations=25
 # `make test` (what CI runs) is the fast tier: every test but those marked `slow` (the end-to-end cases on the
 # larger models, each with a smaller test of the same path and oracle in the fast tier); `make test-all` runs both.
 FAST_TIER := -m "not slow"
