@@ -289,7 +289,7 @@ _SHAVE_STEP = 64 * 1024
 def _warn_over_budget(best: _Attempt) -> None:
     """Warn that no measured step met its budget, with the numbers."""
     record = best.record
-    outside = bool(record.rounds) and record.rounds[-1].reason.endswith("held outside it")
+    outside = not held_follows_the_plan(record.rounds)
     fix = ("the excess is held outside the plan (the held bytes did not fall with the planned peak): give a budget "
            "larger by the excess" if outside else "give a larger budget, more time_limit or more rounds")
     warnings.warn(f"coop.compile: the compiled step held {best.held:,} B against its budget "

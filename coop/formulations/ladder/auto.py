@@ -257,7 +257,8 @@ def auto(graph: Graph, budget: int, options: AutoOptions) -> SolveResult:
                           "the cheapest baseline that fits"))
         report_rung(clock, rungs[-1], found)
     # where checkpoint-all may be built after the ladder, its share of the limit is kept for it
-    reserve = COSTLY_RESERVE * deadline.limit if baseline is None and large and ladder != ["store-all"] else 0.0
+    costly_after = baseline is None and large and ladder != ["store-all"]
+    reserve = COSTLY_RESERVE * deadline.limit if costly_after else 0.0
     for index, name in enumerate(ladder):
         skip = _skip_reason(graph, name, found, rungs)
         remaining = max(deadline.remaining() - reserve, 0.0)
@@ -285,11 +286,11 @@ def auto(graph: Graph, budget: int, options: AutoOptions) -> SolveResult:
         report_rung(clock, rungs[-1], found)
         if fits and result.simulation.cost <= graph.baseline_cost:  # no recomputation: nothing is cheaper
             break
-    if baseline is None and large and ladder != ["store-all"] and not found and deadline.remaining() <= 0:
+    if costly_after and not found and deadline.remaining() <= 0:
         rungs.append(Rung("checkpoint-all", "skipped: time limit reached (built after the ladder where no rung "
                           "found a schedule; a longer time_limit leaves it time)"))
         report_rung(clock, rungs[-1], found)
-    elif baseline is None and large and ladder != ["store-all"] and not found:
+    elif costly_after and not found:
         baseline = _costly_baseline(graph, budget)
         if baseline is not None:
             found.append(baseline)
