@@ -101,7 +101,7 @@ class _Lineage:
         self.parents_of = {"gp": [], "p": ["gp"], "q": [], "t": ["p", "q"], "d": ["t"]}
         self.costs = {"gp": 8.0, "p": 2.0, "q": 16.0, "t": 1.0, "d": 4.0}
         self.evicted = {"gp", "p", "d"}
-        self.delta = self  # the policy reads the decisions' knowledge from the engine's ``delta``
+        self.decisions = self  # the policy reads the decisions' knowledge from the engine's ``decisions``
 
     def recomputable(self, key: str) -> bool:
         return True
@@ -214,7 +214,7 @@ def test_a_second_release_of_a_value_with_a_host_copy_costs_no_page_out() -> Non
     engine._resident.add(1)  # a_0 resident, no host copy yet
     info = engine.info(1)
     assert policy.swap_seconds(info, engine) == pytest.approx(swap_by_hand(4, profile))
-    engine.delta.on_host.add(1)
+    engine.decisions.on_host.add(1)
     assert policy.swap_seconds(info, engine) == pytest.approx(profile.pagein_latency_s + 4 / profile.pagein_bytes_per_s)
 
 

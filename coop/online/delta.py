@@ -56,7 +56,7 @@ MIN_DISTANCE = 1e-9
 
 
 class DeltaKnowledge(Protocol):
-    """What DELTA's decisions know beyond the engine (the host tier, next uses, lineage): an engine's ``delta``
+    """What DELTA's decisions know beyond the engine (the host tier, next uses, lineage): an engine's ``decisions``
     (:class:`coop.online.delta_decisions.DeltaDecisions`)."""
 
     def next_use_distance(self, key: Hashable) -> float | None:
@@ -81,11 +81,11 @@ class DeltaKnowledge(Protocol):
 
 
 class DeltaView(EngineView, Protocol):
-    """The engine as DELTA sees it: an :class:`EngineView` whose ``delta`` (its decisions) the policy reads directly
+    """The engine as DELTA sees it: an :class:`EngineView` whose ``decisions`` the policy reads directly
     for the host tier, next uses and lineage."""
 
     @property
-    def delta(self) -> DeltaKnowledge: ...
+    def decisions(self) -> DeltaKnowledge: ...
 
     def parents(self, key: Hashable) -> Iterable[Hashable]:
         """The lineage inputs of a tensor (the values its recomputation reads)."""
@@ -174,17 +174,17 @@ class DeltaPolicy(CoopPolicy):
     # ------------------------------------------------------------ the director
     def swap_seconds(self, info: TensorInfo, view: DeltaView) -> float:
         """Page-out (free with a valid host copy) plus page-in, on the link; inf when the tensor cannot be paged."""
-        if not view.delta.swappable(info.key):
+        if not view.decisions.swappable(info.key):
             return math.inf
-        page_out = 0.0 if view.delta.has_host_copy(info.key) else self.link.pageout_s(info.size)
+        page_out = 0.0 if view.decisions.has_host_copy(info.key) else self.link.pageout_s(info.size)
         return page_out + self.link.pagein_s(info.size)
 
     def recompute_seconds(self, info: TensorInfo, view: DeltaView) -> float:
         """The tensor's cost plus its evicted ancestors' (what rebuilding it runs); inf when it cannot be
         recomputed."""
-        if not view.delta.recomputable(info.key):
+        if not view.decisions.recomputable(info.key):
             return math.inf
-        return evicted_closure_cost(info, view, view.delta.parents)
+        return evicted_closure_cost(info, view, view.decisions.parents)
 
     def decide(self, info: TensorInfo, view: DeltaView) -> Decision:
         """Swap or recompute this released tensor, whichever is cheaper now (:func:`decide`)."""
@@ -195,7 +195,7 @@ class DeltaPolicy(CoopPolicy):
         """How soon the tensor is needed again: its staleness, or the distance to its next use where the engine
         knows it and it is sooner (never zero)."""
         stale = staleness(view, info)
-        known = view.delta.next_use_distance(info.key)
+        known = view.decisions.next_use_distance(info.key)
         return stale if known is None else max(min(known, stale), MIN_DISTANCE)
 
     def eviction_price(self, block: Block, info: TensorInfo, view: EngineView) -> float | None:

@@ -1,11 +1,11 @@
 """DELTA's decisions as one object an online engine holds: what leaves memory by a swap, what comes back by a
 page-in, and the time model and bookkeeping behind them.
 
-:class:`DeltaDecisions` is composed into an engine, not inherited: the simulator's
-:class:`coop.online.delta_sim.DeltaSimulator` (an :class:`~coop.online.online_sim.OnlineSimulator`) and the
-dynamic fallback's :class:`coop.runtime.fallback.DeltaStep` (a :class:`~coop.runtime.fallback.DynamicStep`)
-each hold one and call it from their extension points (:class:`~coop.online.online_sim.OnlineSimulator`'s
-docstring lists them), so the two engines decide alike by one body of code. The time model (a compute stream,
+:class:`DeltaDecisions` (a :class:`~coop.online.online_sim.Decisions`) is composed into an engine, not inherited:
+the simulator's :class:`coop.online.delta_sim.DeltaSimulator` (an :class:`~coop.online.online_sim.OnlineSimulator`)
+and the dynamic fallback's :class:`coop.runtime.fallback.DeltaStep` (a :class:`~coop.runtime.fallback.DynamicStep`)
+each hold one as their ``decisions``, which the engine's walk calls (:class:`~coop.online.online_sim.OnlineSimulator`'s
+docstring shows where), so the two engines decide alike by one body of code. The time model (a compute stream,
 two copy engines, a prefetcher) is :mod:`coop.online.delta_sim`'s docstring.
 
 The object reads and updates its engine's state (its arena, residency, pins, clock and counters), as a part of
@@ -17,15 +17,13 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Container, Hashable, Iterable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from coop.device_profiles import DeviceProfile
 from coop.online.delta import Decision, DeltaPolicy
 from coop.online.online_result import Thrashing
+from coop.online.online_sim import Decisions, OnlineSimulator
 from coop.schedule import Schedule, Step
-
-if TYPE_CHECKING:
-    from coop.online.online_sim import OnlineSimulator
 
 
 class Carrier(Protocol):
@@ -44,28 +42,19 @@ class Carrier(Protocol):
         ...
 
 
-class DeltaDecisions:
+class DeltaDecisions(Decisions):
     """DELTA's swap half over an online engine: its director's verdicts, the copy engines, the host tier.
 
-    Parameters
-    ----------
-    engine : OnlineSimulator
-        The engine that holds this object and calls it from its hooks.
-    policy : DeltaPolicy
-        The engine's policy (its filter picks victims; its director, :meth:`evict`, swaps or recomputes them).
-    prefetch : bool
-        Start page-ins ahead of their use (:meth:`before_step`); False: every page-in on demand.
-    next_use : bool
-        Let the filter see each value's next use (:meth:`next_use_distance`); False: staleness alone.
-    pageable : container of int or None
-        Where given, only these values may be swapped (besides the graph's own rule).
-    carrier : Carrier or None
-        Told of every copy (an engine holding real tensors); None: the copies are modelled only.
+    ``policy`` is the engine's (its filter picks victims; its director, :meth:`evict`, swaps or recomputes them).
+    ``prefetch``: page-ins start ahead of their use (:meth:`before_step`), else every page-in is on demand.
+    ``next_use``: the filter sees each value's next use (:meth:`next_use_distance`), else staleness alone.
+    ``pageable``, where given: only these values may be swapped (besides the graph's own rule). ``carrier``: told
+    of every copy (an engine holding real tensors); None: the copies are modelled only.
     """
 
     def __init__(self, engine: OnlineSimulator, policy: DeltaPolicy, prefetch: bool = True, next_use: bool = True,
                  pageable: Container[int] | None = None, carrier: Carrier | None = None) -> None:
-        self.engine = engine
+        super().__init__(engine)
         self.policy = policy
         self.carrier = carrier
         self.link: DeviceProfile = policy.link
@@ -150,7 +139,7 @@ class DeltaDecisions:
             raise Thrashing(f"recomputation and copy waits passed the limit after {self.swaps} swaps "
                             f"and {engine.recomputations} recomputes")
 
-    def run_node(self, node: int) -> None:
+    def on_run(self, node: int) -> None:
         """The op runs: it waits for the page-ins of its inputs, then takes its cost on the compute stream."""
         for source in self.engine._inputs[node]:
             arrival = self._arrives.pop(source, None)

@@ -26,7 +26,6 @@ included, form a coop :class:`~coop.schedule.Schedule` (a ``page_out`` where a t
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,7 +35,6 @@ from coop.graph import Graph
 from coop.online.delta import Decision, DeltaPolicy, delta_profile
 from coop.online.delta_decisions import DeltaDecisions
 from coop.online.online_sim import OnlineResult, OnlineSimulator, run_engine
-from coop.schedule import Schedule
 
 
 @dataclass
@@ -72,49 +70,20 @@ class DeltaResult(OnlineResult):
 class DeltaSimulator(OnlineSimulator):
     """The online engine with swapping: DELTA's policy decides, two copy engines and a host tier carry it out.
 
-    The decisions, the time model and their bookkeeping are one :class:`~coop.online.delta_decisions.DeltaDecisions`
-    (``delta``), which this engine calls from its extension points (the runtime's
-    :class:`coop.runtime.fallback.DeltaStep` holds one too); the engine is the policy's DeltaView.
+    The plain engine with other decisions, composed: the decisions, the time model and their bookkeeping are one
+    :class:`~coop.online.delta_decisions.DeltaDecisions` (``decisions``, which the runtime's
+    :class:`coop.runtime.fallback.DeltaStep` holds too); no extension point is overridden. The engine is the
+    policy's DeltaView.
     """
 
     policy: DeltaPolicy
+    decisions: DeltaDecisions
 
     def __init__(self, graph: Graph, budget: int, policy: DeltaPolicy, max_overhead: float = 10.0,
                  replay_random: bool = True, prefetch: bool = True, next_use: bool = True,
                  compact: bool = False) -> None:
         super().__init__(graph, budget, policy, max_overhead, replay_random, compact=compact)
-        self.delta = DeltaDecisions(self, policy, prefetch, next_use)
-
-    # ---------------------------------------------------------------- extension points
-    def is_evicted(self, key: Hashable) -> bool:
-        return self.delta.is_evicted(key)
-
-    def is_evictable(self, key: int) -> bool:
-        return self.delta.is_evictable(key)
-
-    def run_node(self, node: int) -> None:
-        self.delta.run_node(node)
-
-    def evict(self, key: int) -> None:
-        self.delta.evict(key)
-
-    def release_if_done(self, key: int) -> None:
-        self.delta.release_if_done(key)
-        super().release_if_done(key)
-
-    def bring_back(self, key: int) -> bool:
-        return self.delta.bring_back(key)
-
-    def before_step(self, position: int) -> None:
-        self.delta.before_step(position)
-
-    def run(self) -> None:
-        super().run()
-        self.delta.finish()
-
-    def schedule(self) -> Schedule:
-        """The steps executed, page steps included, as a coop Schedule."""
-        return self.delta.schedule()
+        self.decisions = DeltaDecisions(self, policy, prefetch, next_use)
 
 
 def simulate_delta(
@@ -178,7 +147,7 @@ def simulate_delta(
     engine = DeltaSimulator(graph, budget_units, DeltaPolicy(profile), max_overhead, replay_random, prefetch, next_use,
                             compact=compact)
     result = run_engine(engine)
-    delta = engine.delta
+    delta = engine.decisions
     decisions = [decision.action for _, decision in delta.decision_log]
     return DeltaResult(
         **result.__dict__,

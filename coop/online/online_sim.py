@@ -89,36 +89,35 @@ class _Workspace:
 class OnlineSimulator:
     """The engine: executes the order, evicts by policy, recomputes on demand (an EngineView).
 
-    Like :class:`torch.fx.Interpreter`, a fixed walk with documented override points: an engine that
-    does more (pages to a host tier, holds real tensors) overrides the method for one concept and calls
-    ``super()`` for the rest. **The walk** (:meth:`run`)::
+    Like :class:`torch.fx.Interpreter`, a fixed walk with documented override points. **The walk** (:meth:`run`)::
 
         for position, node in enumerate(order):
-            before_step(position)                      # the program is about to run node
+            decisions.before_step(position)            # the program is about to run node
             materialize node:                          # each input resident, else
-                bring_back(input) or recompute it      #   paged in, or recomputed (the same walk)
+                decisions.bring_back(input)            #   brought back without recomputation, or
+                  or recompute it                      #   recomputed (the same walk)
                 allocate output and workspace:         # where it does not fit, the policy picks victims
-                    evict(victim) -> forget(victim)    #   each leaves memory (is_evictable says who may)
+                    decisions.evict(victim)            #   each leaves memory (decisions.is_evictable says who
+                      -> forget(victim)                #   may), its data deleted
                     on_compact()                       #   or, with ``compact``, the arena closes its gaps
-                run_node(node)                         # the op runs
-            release_if_done(value)                     # each value read for the last time may go
+                decisions.on_run(node); run_node(node) # the op runs
+            decisions.release_if_done(value), then     # each value read for the last time may go
+              the engine frees it
+        decisions.finish()
 
-    **Extension points** (each documented on the method):
+    **Two ways to extend it**, each with one parent:
 
-    - :meth:`before_step`: before each program step (a paging engine prefetches);
-    - :meth:`run_node`: the op runs (a real engine computes; a timed one advances its clock);
-    - :meth:`bring_back`: a missing value comes back without recomputation (a page-in);
-    - :meth:`evict`: a victim leaves memory (dropped here; swapped by a paging engine);
-    - :meth:`forget`: a value's data is deleted (a real engine's tensors);
-    - :meth:`release_if_done`: a value read for the last time is freed (and its host copy);
-    - :meth:`is_evictable` / :meth:`is_evicted`: which values may be victims, which only recomputation restores;
-    - :meth:`on_compact`: the arena model closed its gaps (a runtime empties its allocator's cache);
-    - :meth:`run` / :meth:`schedule`: the whole run, and the steps it executed as a Schedule.
+    - *what a value and an op are* (an engine holding real tensors): a subclass overrides :meth:`run_node` (the
+      op runs), :meth:`forget` (a value's data is deleted) and :meth:`on_compact` (the arena model closed its
+      gaps); the runtime's :class:`coop.runtime.fallback.DynamicStep` does;
+    - *what leaves memory and how it comes back* (a host tier, a time model): the engine calls its
+      :attr:`decisions` object (a :class:`Decisions`, documented there), composed, not inherited: DELTA's
+      :class:`~coop.online.delta_decisions.DeltaDecisions` in :class:`coop.online.delta_sim.DeltaSimulator`
+      and in the runtime's ``DeltaStep`` (a DynamicStep), so the two DELTA engines decide by one body of code.
 
-    The engines: :class:`coop.online.delta_sim.DeltaSimulator` (DELTA: swaps as well), the runtime's
-    :class:`coop.runtime.fallback.DynamicStep` (real tensors) and ``DeltaStep`` (both); each has one parent,
-    and the two DELTA engines hold one :class:`~coop.online.delta_decisions.DeltaDecisions` and call it from
-    these hooks. Everything else here (``_materialize``, ``_allocate``, ``_drop``, pins) is the walk itself.
+    :meth:`is_evicted` and :meth:`is_evictable` (what the policies read) and :meth:`schedule` (the steps
+    executed) answer from the decisions. Everything else here (``_materialize``, ``_allocate``, ``_drop``, pins,
+    ``_release_if_done``) is the walk itself.
     """
 
     def __init__(self, graph: Graph, budget: int, policy: EvictionPolicy, max_overhead: float,
@@ -173,6 +172,9 @@ class OnlineSimulator:
         self.search_s = 0.0
         #: Seconds the compute waited on copies to or from the host (engines that page; 0 here).
         self.exposed_s = 0.0
+        #: What leaves memory and how it comes back (:class:`Decisions`): an engine composes others by assigning
+        #: this right after construction, before :meth:`run`.
+        self.decisions: Decisions = Decisions(self)
 
     # ---------------------------------------------------------------- EngineView
     @property
@@ -202,90 +204,45 @@ class OnlineSimulator:
     def _never_evictable(self, key: int) -> bool:
         return key in self._owned or key in self._kept or key in self._outputs
 
-    # ---------------------------------------------------------------- extension points
     def is_evicted(self, key: Hashable) -> bool:
-        """Extension point (EngineView): computed before and not resident now, so only a recomputation brings
-        it back. Policies read it to group evicted neighbours; an engine that keeps some values elsewhere (a
-        host copy) returns False for those."""
-        return key in self._ever and key not in self._resident
+        """EngineView: only a recomputation brings ``key`` back (:meth:`Decisions.is_evicted`)."""
+        return self.decisions.is_evicted(key)
 
     def is_evictable(self, key: int) -> bool:
-        """Extension point: whether the resident value ``key`` may be chosen as a victim now (read by
-        :meth:`evictable`, :meth:`info` and compaction). Here: resident, unpinned, not empty, and neither
-        caller-owned, kept nor an output. An override must keep pinned and caller-owned values out; an engine
-        that can swap may let outputs and kept values leave."""
-        return (
-            key in self._resident
-            and self._pins[key] == 0
-            and self._size[key] > 0
-            and key not in self._owned
-            and key not in self._kept
-            and key not in self._outputs
-        )
+        """Whether the resident value ``key`` may be a victim now (:meth:`Decisions.is_evictable`)."""
+        return self.decisions.is_evictable(key)
 
-    def before_step(self, position: int) -> None:
-        """Extension point: called before the program runs ``self.order[position]`` (before its walk
-        materializes it). Does nothing here; an engine that pages starts its prefetches here. An override may
-        allocate, but must not evict (a prefetch goes into free memory only)."""
+    def schedule(self) -> Schedule:
+        """The steps executed so far as a coop Schedule (:meth:`Decisions.schedule`)."""
+        return self.decisions.schedule()
 
+    # ---------------------------------------------------------------- extension points (override in a subclass)
     def run_node(self, node: int) -> None:
         """Extension point: the op of ``node`` runs, once its inputs are resident and pinned and its output and
-        workspace have room (for a first compute and for every recomputation). Does nothing here; a real engine
-        computes the op, a timed one advances its clock. An override must not allocate or evict."""
-
-    def bring_back(self, key: int) -> bool:
-        """Extension point: called for a value a walk needs that is not resident, before recomputing it. Return
-        True after making it resident without recomputing it (an override allocates it with :meth:`_allocate`,
-        marks it resident and tells the policy, as a page-in does); False to recompute it. Here: always False."""
-        return False
-
-    def evict(self, key: int) -> None:
-        """Extension point: the policy chose ``key`` (resident, evictable) as a victim. An override must take
-        it out of the arena (by :meth:`_drop`, which frees its block and calls :meth:`forget`), or move it
-        elsewhere and then drop it. Here: dropped, to be recomputed on demand."""
-        self._drop(key)
+        workspace have room (for a first compute and for every recomputation), right after
+        :meth:`Decisions.on_run`. Does nothing here; a real engine computes the op. An override must not
+        allocate or evict."""
 
     def forget(self, key: int) -> None:
         """Extension point: the value ``key`` leaves device memory (evicted or released), just before its block
         is freed. Does nothing here; a real engine deletes the value's tensors."""
 
-    def release_if_done(self, key: int) -> None:
-        """Extension point: called whenever a value may have been read for the last time (unpinned, a walk's
-        last planned read, a kept value's release step); drops it if nobody will read it again (outputs and
-        kept values stay). An override that holds more of a value (a host copy) releases that too, then calls
-        ``super()``."""
-        if (
-            key in self._resident
-            and self._pins[key] == 0
-            and self._remaining[key] == 0
-            and key not in self._walk_reads
-            and key not in self._outputs
-            and (key not in self._kept or key in self._released_kept)
-        ):
-            self._drop(key)
-
     def on_compact(self) -> None:
         """Extension point: the arena model closed its gaps (``compact`` only). Does nothing here; a runtime
         releases its allocator's cached blocks."""
 
-    def schedule(self) -> Schedule:
-        """Extension point: the steps executed so far as a coop Schedule (computes only here; an engine that
-        pages returns its page steps too)."""
-        return Schedule(steps=tuple(Step(op="compute", node=v) for v in self.executed))
-
     # ---------------------------------------------------------------- the run
     def run(self) -> None:
-        """Extension point: run the whole order, then bring back the outputs evicted on the way. An override
-        calls ``super().run()`` and then finishes its own work (waits for copies still in flight)."""
+        """Run the whole order, bring back the outputs evicted on the way, then :meth:`Decisions.finish`."""
         for owned in self.graph.caller_owned_ids:
             if self._size[owned] and self._arena.allocate(self._size[owned], owned) is None:
                 raise OutOfMemory(f"the caller-owned values ({self.graph.caller_owned_bytes}) do not fit the budget")
         for position, v in enumerate(self.order):
-            self.before_step(position)
+            self.decisions.before_step(position)
             self._materialize(v, program_step=True)
             for kept in self._release_at.get(position, ()):
                 self._released_kept.add(kept)
-                self.release_if_done(kept)
+                self._release_if_done(kept)
         # Outputs evicted on the way are brought back; each one is pinned so the next cannot evict it.
         restored = []
         for output in self.graph.outputs:
@@ -295,6 +252,7 @@ class OnlineSimulator:
                 restored.append(output)
         for output in restored:
             self._unpin(output)
+        self.decisions.finish()
 
     def _materialize(self, target: int, program_step: bool) -> None:
         """Make ``target`` resident, recomputing missing ancestors first (iterative DFS).
@@ -308,7 +266,7 @@ class OnlineSimulator:
         """
         if target in self._resident and not program_step:
             return
-        if not program_step and self.bring_back(target):
+        if not program_step and self.decisions.bring_back(target):
             return
         self._plan_walk(target)
         stack: list[list[int]] = [[target, 0]]
@@ -322,7 +280,7 @@ class OnlineSimulator:
                     if source in self._resident:
                         self._pin(source)
                         frame[1] += 1
-                    elif self.bring_back(source):
+                    elif self.decisions.bring_back(source):
                         self._unplan(source)  # paged in, not recomputed: its inputs are not read after all
                         self._pin(source)
                         frame[1] += 1
@@ -343,13 +301,13 @@ class OnlineSimulator:
                     self._pin(node)
                     stack[-1][1] += 1
                 else:
-                    self.release_if_done(node)
+                    self._release_if_done(node)
         finally:
             held = list(self._walk_reads)
             self._planned.clear()
             self._walk_reads.clear()
             for key in held:
-                self.release_if_done(key)
+                self._release_if_done(key)
 
     def _plan_walk(self, target: int) -> None:
         """Plan the computes that materializing ``target`` needs: it and its missing ancestors (O(their edges))."""
@@ -380,7 +338,7 @@ class OnlineSimulator:
                 self._walk_reads[source] = reads
             else:
                 del self._walk_reads[source]
-                self.release_if_done(source)
+                self._release_if_done(source)
 
     def _execute(self, node: int, recompute: bool) -> None:
         size = self._size[node]
@@ -390,6 +348,7 @@ class OnlineSimulator:
         workspace = self.graph.node(node).workspace
         if workspace:
             self._allocate(_Workspace(node), workspace, 0.0, None)
+        self.decisions.on_run(node)
         self.run_node(node)
         self._resident.add(node)
         self._ever.add(node)
@@ -441,7 +400,7 @@ class OnlineSimulator:
                     f"largest free block {self._arena.largest_free})"
                 )
             for victim in victims:
-                self.evict(victim)
+                self.decisions.evict(victim)
                 self.evictions += 1
             compacted = False  # room was made: gaps may have opened again
 
@@ -478,10 +437,93 @@ class OnlineSimulator:
 
     def _unpin(self, key: int) -> None:
         self._pins[key] -= 1
-        self.release_if_done(key)
+        self._release_if_done(key)
+
+    def _release_if_done(self, key: int) -> None:
+        """Called whenever a value may have been read for the last time (unpinned, a walk's last planned read, a
+        kept value's release step): the decisions release what else they hold of it, then the engine drops it if
+        nobody will read it again (outputs and kept values stay)."""
+        self.decisions.release_if_done(key)
+        if (
+            key in self._resident
+            and self._pins[key] == 0
+            and self._remaining[key] == 0
+            and key not in self._walk_reads
+            and key not in self._outputs
+            and (key not in self._kept or key in self._released_kept)
+        ):
+            self._drop(key)
 
     def _unpin_quietly(self, key: int) -> None:
         self._pins[key] -= 1
+
+
+class Decisions:
+    """What leaves an online engine's memory and how it comes back: the object the engine composes and calls.
+
+    The engine (:class:`OnlineSimulator`) calls these at fixed points of its walk (its docstring); a subclass
+    overrides the ones it changes (:class:`coop.online.delta_decisions.DeltaDecisions` swaps to a host tier,
+    times the copies and prefetches). This class is the plain engine's decisions: a victim is dropped and
+    recomputed on demand, nothing is held elsewhere, and the steps are the computes. The object reads and
+    updates its engine's state (arena, residency, pins, counters) as a part of that engine.
+    """
+
+    def __init__(self, engine: OnlineSimulator) -> None:
+        self.engine = engine
+
+    def is_evicted(self, key: Hashable) -> bool:
+        """Computed before and not resident now, so only a recomputation brings it back (policies read it to group
+        evicted neighbours); decisions that keep some values elsewhere (a host copy) return False for those."""
+        engine = self.engine
+        return key in engine._ever and key not in engine._resident
+
+    def is_evictable(self, key: int) -> bool:
+        """Whether the resident value ``key`` may be chosen as a victim now (the engine's :meth:`~OnlineSimulator.
+        evictable`, :meth:`~OnlineSimulator.info` and compaction read it). Here: resident, unpinned, not empty, and
+        neither caller-owned, kept nor an output. An override must keep pinned and caller-owned values out;
+        decisions that can swap may let outputs and kept values leave."""
+        engine = self.engine
+        return (
+            key in engine._resident
+            and engine._pins[key] == 0
+            and engine._size[key] > 0
+            and key not in engine._owned
+            and key not in engine._kept
+            and key not in engine._outputs
+        )
+
+    def before_step(self, position: int) -> None:
+        """Before the program runs ``engine.order[position]`` (before its walk materializes it). Nothing here;
+        decisions that page start their prefetches here. May allocate, must not evict (a prefetch goes into free
+        memory only)."""
+
+    def on_run(self, node: int) -> None:
+        """The op of ``node`` runs (just before the engine's :meth:`~OnlineSimulator.run_node`). Nothing here;
+        timed decisions advance their clock and wait for the inputs' copies. Must not allocate or evict."""
+
+    def bring_back(self, key: int) -> bool:
+        """A value a walk needs is not resident: True after making it resident without recomputing it (allocate
+        it with the engine's ``_allocate``, mark it resident and tell the policy, as a page-in does); False to
+        recompute it. Here: always False."""
+        return False
+
+    def evict(self, key: int) -> None:
+        """The policy chose ``key`` (resident, evictable) as a victim: take it out of the arena (the engine's
+        ``_drop``, which frees its block and calls :meth:`~OnlineSimulator.forget`), or move it elsewhere and
+        then drop it. Here: dropped, to be recomputed on demand."""
+        self.engine._drop(key)
+
+    def release_if_done(self, key: int) -> None:
+        """A value may have been read for the last time (the engine then frees its device copy if so). Nothing
+        here; decisions that hold more of a value (a host copy) release it here."""
+
+    def finish(self) -> None:
+        """After the run (outputs back): decisions with copies in flight wait for them."""
+
+    def schedule(self) -> Schedule:
+        """The steps executed so far as a coop Schedule (computes only here; with the page steps where the
+        decisions page)."""
+        return Schedule(steps=tuple(Step(op="compute", node=v) for v in self.engine.executed))
 
 
 def simulate_online(
@@ -495,27 +537,14 @@ def simulate_online(
 ) -> OnlineResult:
     """Run ``graph.order`` under ``budget`` with an online eviction ``policy`` ("dtr", "dtr-eq", "dte", "coop").
 
-    The budget is in graph units, parsed by the caller (:func:`coop.budget.parse_budget`); a budget
-    below :func:`coop.budget.min_budget` is not an error here: the run reports "oom".
-
-    Parameters
-    ----------
-    graph : Graph
-        The graph whose baseline order is run.
-    budget : int
-        The arena size, in graph units (already parsed).
-    policy : str or EvictionPolicy
-        The eviction policy, by name or as an object (:func:`make_policy`).
-    max_overhead : float
-        The run stops as thrashing once its extra compute passes ``max_overhead`` x the baseline
-        cost, or its recomputations pass ``max_overhead`` x the steps of the order plus the steps.
-    replay_random : bool
-        Whether the engine may recompute a random op by replaying its saved RNG state
-        (:func:`replayable_random_ids`).
-    compact : bool
-        Where no eviction makes a contiguous room but the arena has gaps, close them and go on
-        (:meth:`coop.online.arena.Arena.compact`; counted in ``compactions``): the dynamic fallback's rule, whose
-        real addresses the device allocator chooses. Off: the address model is binding (Coop's setting).
+    The budget is the arena size in graph units, parsed by the caller (:func:`coop.budget.parse_budget`); a
+    budget below :func:`coop.budget.min_budget` is not an error here: the run reports "oom". ``policy`` is a name
+    or an object (:func:`make_policy`). The run stops as thrashing once its extra compute passes ``max_overhead``
+    x the baseline cost, or its recomputations pass ``max_overhead`` x the steps of the order plus the steps.
+    ``replay_random``: random ops may be recomputed by replaying their saved RNG state
+    (:func:`replayable_random_ids`). ``compact``: where no eviction makes a contiguous room but the arena has
+    gaps, close them and go on (:meth:`coop.online.arena.Arena.compact`; counted in ``compactions``), the dynamic
+    fallback's rule, whose real addresses the device allocator chooses; off, the address model binds (Coop's).
 
     Returns
     -------
@@ -539,20 +568,10 @@ def simulate_online(
 
 
 def replayable_random_ids(graph: Graph) -> set[int]:
-    """Computed random ops that an engine can recompute exactly by replaying their saved RNG state.
-
-    Parameters
-    ----------
-    graph : Graph
-        The graph whose random draws are looked at.
-
-    Returns
-    -------
-    set of int
-        The ids of the random draws that are not recomputable in the graph.
-    """
+    """The ids of the computed random ops (not recomputable in ``graph``) that an engine can recompute exactly
+    by replaying their saved RNG state."""
     return {v for v in graph.random_draws if not graph.node(v).recomputable}
 
 
-__all__ = ["BUDGET_RESOLUTION", "THRASH_OVERHEAD", "OnlineResult", "OnlineSimulator", "OnlineStatus", "OutOfMemory",
+__all__ = ["BUDGET_RESOLUTION", "THRASH_OVERHEAD", "Decisions", "OnlineResult", "OnlineSimulator", "OnlineStatus", "OutOfMemory",
            "Thrashing", "least_running_budget", "replayable_random_ids", "run_engine", "simulate_online"]

@@ -198,12 +198,11 @@ class DeltaStep(DynamicStep):
     """DELTA on real tensors: :class:`DeltaSimulator`'s decisions, carried out by real copies to a host tier.
 
     The filter, director, prefetcher and time model are the simulator's: the step holds one
-    :class:`~coop.online.delta_decisions.DeltaDecisions` (``delta``, the same object DeltaSimulator holds, over
-    the same Graph costs and sizes) and calls it from its extension points, so a step swaps and recomputes exactly
-    what :func:`coop.online.delta_sim.simulate_delta` predicts for the graph and budget; this class adds the
-    copies, as the decisions' :class:`~coop.online.delta_decisions.Carrier` (:meth:`copy_out`, :meth:`copy_in`,
-    :meth:`drop_copy`). A swap copies the storage of the value's
-    tensor (the first fx value of its Graph node that is a tensor; its views are re-derived on first use
+    :class:`~coop.online.delta_decisions.DeltaDecisions` as its ``decisions`` (as DeltaSimulator does, over the
+    same Graph costs and sizes; the walk calls it, no extension point forwards to it), so a step swaps and
+    recomputes exactly what :func:`coop.online.delta_sim.simulate_delta` predicts for the graph and budget; this
+    class adds the copies, as the decisions' :class:`~coop.online.delta_decisions.Carrier` (:meth:`copy_out`,
+    :meth:`copy_in`, :meth:`drop_copy`). A swap copies the storage of the value's tensor (the first fx value of its Graph node that is a tensor; its views are re-derived on first use
     after the page-in) with :func:`coop.runtime.paging.page_out`, into ``host_pool`` where it is given and
     pinned like the value's pages; a page-in copies it back with :func:`~coop.runtime.paging.page_in`. A host
     copy stays valid until the value's last use, as in the simulator (a second swap of it copies nothing).
@@ -217,6 +216,7 @@ class DeltaStep(DynamicStep):
     """
 
     policy: DeltaPolicy
+    decisions: DeltaDecisions
 
     def __init__(self, captured: Captured, budget: int, policy: DeltaPolicy, max_overhead: float = 10.0,
                  replay_random: bool = True, host_pool: HostPool | None = None,
@@ -237,40 +237,9 @@ class DeltaStep(DynamicStep):
             on_host = base is not None and values[base].device.type == "cpu"
             if base is not None and not (on_host and captured.graph.has_accelerator):  # a host value stays put
                 self._base[node_id] = base
-        self.delta = DeltaDecisions(self, policy, pageable=self._base, carrier=self)
+        self.decisions = DeltaDecisions(self, policy, pageable=self._base, carrier=self)
 
-    # ---------------------------------------------------------------- extension points (DELTA's decisions)
-    def is_evicted(self, key: Hashable) -> bool:
-        return self.delta.is_evicted(key)
-
-    def is_evictable(self, key: int) -> bool:
-        return self.delta.is_evictable(key)
-
-    def run_node(self, node: int) -> None:
-        self.delta.run_node(node)  # the time model and the step record first, then the op on real tensors
-        super().run_node(node)
-
-    def evict(self, key: int) -> None:
-        self.delta.evict(key)
-
-    def release_if_done(self, key: int) -> None:
-        self.delta.release_if_done(key)
-        super().release_if_done(key)
-
-    def bring_back(self, key: int) -> bool:
-        return self.delta.bring_back(key)
-
-    def before_step(self, position: int) -> None:
-        self.delta.before_step(position)
-
-    def run(self) -> None:
-        super().run()
-        self.delta.finish()
-
-    def schedule(self) -> Schedule:
-        """The steps executed, page steps included, as a coop Schedule."""
-        return self.delta.schedule()
-
+    # ---------------------------------------------------------------- extension point
     def forget(self, key: Hashable) -> None:
         pending = self._pending.pop(key, None)  # type: ignore[call-overload]
         if pending is not None:  # paged in and dropped unread: the block returns to the pool only after the copy
@@ -468,7 +437,7 @@ def run_dynamic(
                              "compactions": engine.compactions}
     schedule = Schedule.from_order(engine.executed)
     if isinstance(engine, DeltaStep):
-        delta = engine.delta
+        delta = engine.decisions
         decisions = [decision.action for _, decision in delta.decision_log]
         extra |= {"device_profile": delta.link.name, "swap_decisions": decisions.count("swap"),
                   "recompute_decisions": decisions.count("recompute"), "swaps": delta.swaps,
