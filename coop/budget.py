@@ -339,8 +339,6 @@ def min_budget(graph: Graph, *, paging: bool = False) -> int:
 
     Parameters
     ----------
-    graph : Graph
-        The graph to bound.
     paging : bool
         For schedules that may page caller-owned values out (POET): then only the caller-owned
         values a step reads count in that step.

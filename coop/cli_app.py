@@ -62,6 +62,7 @@ def _options(
 
 
 def emit_json(payload: dict[str, Any]) -> None:
+    """Print ``payload`` as indented JSON on stdout (what ``--json`` prints)."""
     print(json.dumps(payload, indent=2, default=_json_default))
 
 
@@ -72,10 +73,12 @@ def _json_default(value: Any) -> Any:
 
 
 def percent(value: float | None) -> str:
+    """A fraction as a percentage with two decimals; ``-`` for None."""
     return "-" if value is None else f"{100 * value:.2f}%"
 
 
 def key_value_table(title: str, rows: list[tuple[str, str]]) -> Table:
+    """A two-column table without a header: a bold key beside its value."""
     table = Table(title=title, show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()
@@ -111,11 +114,13 @@ def graph_info(graph: Graph, top: int = 5) -> dict[str, Any]:
 
 
 def constructed_row(facts: dict[str, Any], graph: Graph) -> str:
+    """``coop info``'s constructed-budget line: the budget, its share of the peak and where it comes from."""
     return (f"{format_memory(facts['constructed_budget'], graph)}  = {percent(facts['constructed_budget_fraction'])} "
             f"of the baseline peak ({facts['constructed_budget_source']})")
 
 
 def print_info(graph: Graph, facts: dict[str, Any]) -> None:
+    """``coop info``'s page for a graph, from its facts."""
     kinds = ", ".join(f"{kind} {count}" for kind, count in facts["kinds"].items())
     rows = [
         ("nodes / edges", f"{facts['nodes']} / {facts['edges']}"),
@@ -146,4 +151,5 @@ def check_time_limit(seconds: float | None) -> None:
 
 
 def fmt(value: float | None) -> str:
+    """A number in six significant digits; ``-`` for None."""
     return "-" if value is None else f"{value:.6g}"

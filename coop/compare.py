@@ -226,8 +226,6 @@ def compare(
 
     Parameters
     ----------
-    graph : Graph
-        The graph to compare on.
     budgets : sequence of str or int or float
         The budgets, each in any form :func:`coop.budget.parse_budget` reads; at least one.
     formulations : iterable of str or None

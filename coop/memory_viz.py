@@ -43,8 +43,6 @@ def memory_viz_snapshot(graph: Graph, schedule: Schedule, simulation: Simulation
     ----------
     graph : Graph
         The graph the schedule runs (a plan's ``graph``: random draws recomputable).
-    schedule : Schedule
-        A legal schedule of it.
     simulation : Simulation or None
         ``simulate(graph, schedule)`` where the caller holds it (a plan's ``simulation``); computed when None.
 
@@ -95,8 +93,6 @@ def write_memory_viz(path: str | Path, graph: Graph, schedule: Schedule,
         The file to write (``.pickle``, as ``torch.cuda.memory._dump_snapshot`` writes).
     graph : Graph
         The graph the schedule runs.
-    schedule : Schedule
-        A legal schedule of it.
     simulation : Simulation or None
         As for :func:`memory_viz_snapshot`.
 

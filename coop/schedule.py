@@ -72,8 +72,6 @@ def take_extras_promptly(graph: Graph, schedule: Schedule) -> Schedule:
     ----------
     graph : Graph
         The graph, whose ``extra_outputs`` name each op's extra outputs.
-    schedule : Schedule
-        The schedule to reorder.
 
     Returns
     -------
@@ -206,8 +204,6 @@ def validate(graph: Graph, schedule: Schedule, budget: int | None = None) -> Val
     ----------
     graph : Graph
         The graph the schedule runs.
-    schedule : Schedule
-        The schedule to check.
     budget : int or None
         The memory budget in graph units; None: no budget.
 

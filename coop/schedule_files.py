@@ -35,8 +35,6 @@ def schedule_to_json(
     ----------
     graph : Graph
         The graph the schedule runs; its name and sha256 go into the document.
-    schedule : Schedule
-        The schedule to write.
     budget : int
         The budget it was solved for, in graph units.
     formulation : str

@@ -32,8 +32,6 @@ def short_repr(value: Any, limit: int = 40) -> str:
 
     Parameters
     ----------
-    value : Any
-        The value to show.
     limit : int
         The most characters of the result; a longer repr is cut and ends in ``"..."``.
 

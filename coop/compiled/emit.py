@@ -174,8 +174,6 @@ def emit_partition(gm: fx.GraphModule, joint: JointGraph, schedule: Schedule) ->
     ----------
     gm : fx.GraphModule
         The joint graph the schedule's Graph was lowered from (:func:`coop.compiled.joint.lower_joint`).
-    joint : JointGraph
-        That lowering.
     schedule : Schedule
         A legal schedule of ``joint.graph`` without page steps.
 

@@ -64,8 +64,6 @@ def joint_outputs(gm: fx.GraphModule, num_fwd_outputs: int) -> tuple[list[object
 
     Parameters
     ----------
-    gm : fx.GraphModule
-        The joint graph.
     num_fwd_outputs : int
         How many leading outputs the forward returns.
 
@@ -81,11 +79,6 @@ def joint_outputs(gm: fx.GraphModule, num_fwd_outputs: int) -> tuple[list[object
 
 def effect_nodes(graph: fx.Graph) -> list[fx.Node]:
     """Calls of mutating ops (``copy_`` into a buffer): they run once, at the end of the forward.
-
-    Parameters
-    ----------
-    graph : fx.Graph
-        A joint graph.
 
     Returns
     -------

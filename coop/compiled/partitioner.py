@@ -72,8 +72,6 @@ class CoopPartitioner(CustomPartitionerFn):
         A coop formulation without paging (default ``auto``).
     time_limit : float
         Seconds the solver may take per compiled graph.
-    threads : int
-        Solver threads.
     shave : int
         Bytes taken off the parsed budget before solving: what a measured compiled step held beyond its plan
         (``coop.compile``'s measured re-solve sets it).

@@ -41,8 +41,6 @@ def capture(model: nn.Module, example_batch: torch.Tensor | tuple | list | dict 
 
     Parameters
     ----------
-    model : nn.Module
-        The model to train.
     example_batch : torch.Tensor or tuple or list or dict or Batch
         One batch: a dict of keyword arguments (``model(**batch)``), a tuple or list of positional ones
         (``model(*batch)``) or one tensor (``model(batch)``); arguments may nest tensors in dicts, tuples and

@@ -103,12 +103,8 @@ def cuda_backend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, at
     ----------
     query, key, value : torch.Tensor
         The attention's inputs (fake or real; only shapes, strides and dtypes are read).
-    attn_mask : torch.Tensor or None
-        The explicit mask, if any.
     dropout_p : float
         The attention dropout (every fused kernel here draws its own).
-    is_causal : bool
-        Whether the attention is causal.
     enable_gqa : bool
         Grouped-query attention (fewer key/value heads than query heads).
 

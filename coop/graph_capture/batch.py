@@ -187,11 +187,6 @@ def read_batch(example_batch: Any) -> Batch:
     as it is. Arguments may nest tensors in dicts, tuples and lists, beside ``None`` and bool, int, float or str
     values (:data:`FLAG_TYPES`).
 
-    Parameters
-    ----------
-    example_batch : Any
-        The batch.
-
     Returns
     -------
     Batch

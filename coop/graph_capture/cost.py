@@ -364,8 +364,6 @@ def profile_seconds(module: fx.GraphModule, flat_inputs: list[torch.Tensor],
     ----------
     module : fx.GraphModule
         The traced step.
-    flat_inputs : list of torch.Tensor
-        Its real flat inputs.
     repeats : int
         The timed runs after the warm-up.
 

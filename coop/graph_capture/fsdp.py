@@ -167,11 +167,6 @@ class Sharding:
 def fsdp_version(module: nn.Module) -> int | None:
     """Which FSDP wrapped ``module``: coop's one FSDP detection.
 
-    Parameters
-    ----------
-    module : nn.Module
-        Any module.
-
     Returns
     -------
     int or None
@@ -263,11 +258,6 @@ def on_meta(model: nn.Module) -> bool:
 
 def state_groups(state: Any) -> list[Any]:
     """An FSDP state's parameter groups: torch >= 2.11 keeps a list (one group per mesh), older torch one or none.
-
-    Parameters
-    ----------
-    state : Any
-        An ``FSDPState``.
 
     Returns
     -------

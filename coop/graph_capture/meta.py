@@ -39,8 +39,6 @@ def weightless(model: nn.Module, tensors: Iterable[torch.Tensor] = ()) -> bool:
 
     Parameters
     ----------
-    model : nn.Module
-        The model.
     tensors : iterable of torch.Tensor
         The batch's tensors.
 
@@ -59,8 +57,6 @@ def check_weightless_capture(model: nn.Module, tensors: tuple[torch.Tensor, ...]
 
     Parameters
     ----------
-    model : nn.Module
-        The model to capture.
     tensors : tuple of torch.Tensor
         The batch's tensors.
     device : str or None

@@ -46,8 +46,6 @@ def bernoulli_mask(size: Sequence[int], p: float, device: torch.device) -> torch
     ----------
     size : sequence of int
         The mask's shape.
-    p : float
-        The probability of True.
     device : torch.device
         Where the mask is drawn (that device's default generator).
 

@@ -77,8 +77,6 @@ def unreduced_loss(op: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dic
 
     Parameters
     ----------
-    op : torch._ops.OpOverload
-        The loss op.
     args : tuple
         Its positional arguments (fake values); the first two are the input and target.
     kwargs : dict of str to Any
@@ -142,8 +140,6 @@ def predicted_storage_bytes(op: Any, args: tuple[Any, ...], kwargs: dict[str, An
 
     Parameters
     ----------
-    op : Any
-        The op.
     args : tuple
         Its positional arguments (fake values).
     kwargs : dict of str to Any

@@ -77,11 +77,6 @@ class TracedStep:
 def split_state(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Trainable parameters, buffers and frozen parameters (tied tensors listed once).
 
-    Parameters
-    ----------
-    model : nn.Module
-        The model.
-
     Returns
     -------
     tuple of three dicts of str to torch.Tensor

@@ -186,8 +186,6 @@ def refuse_unsupported(trainer: Any, pl_module: Any) -> None:
     ----------
     trainer : lightning.pytorch.Trainer
         The trainer about to fit.
-    pl_module : lightning.pytorch.LightningModule
-        The module it fits.
 
     Raises
     ------

@@ -172,8 +172,6 @@ def evicted_closure_cost(info: TensorInfo, view: EngineView, links: Callable[[Ha
 
     Parameters
     ----------
-    info : TensorInfo
-        The tensor.
     view : EngineView
         The engine's view (``is_evicted``, ``cost``).
     links : callable

@@ -255,8 +255,6 @@ def recapture(model: nn.Module, batch: Batch, loss_fn: LossFn | None, context: T
 
     Parameters
     ----------
-    model : nn.Module
-        The (unwrapped) model.
     batch : Batch
         The batch to capture on, as read (its tensors and layout).
     loss_fn : LossFn or None

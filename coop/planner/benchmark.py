@@ -104,8 +104,6 @@ def alternate(plan_step: Callable[[], Any], eager_step: Callable[[], Any], *, st
 
     Parameters
     ----------
-    plan_step, eager_step : callable
-        One step of each side.
     steps, warmup : int
         Timed pairs, untimed pairs before them.
     timer : callable

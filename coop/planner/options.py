@@ -145,11 +145,6 @@ class PlanOptions:
     def refuse_for(self, captured: Captured) -> None:
         """Refuse, in one line, what the captured step cannot replay: an FSDP-sharded step other than statically, a
         CUDA graph of a step with no CUDA value or beside another replay option.
-
-        Parameters
-        ----------
-        captured : Captured
-            The step.
         """
         if captured.sharding is not None and (self.arena or self.copy_stream or self.cuda_graph or self.dynamic):
             asked = "arena=True" if self.arena else "copy_stream=True" if self.copy_stream else \

@@ -152,8 +152,6 @@ def within_allocator_headroom(budget_bytes: int, allocator: AllocatorAssumption,
 
     Parameters
     ----------
-    budget_bytes : int
-        The budget asked for, in bytes.
     allocator : AllocatorAssumption
         What :func:`coop.runtime.allocator.prepare_allocator` assumed; its ``headroom`` is 0 on CPU.
     graph : Graph

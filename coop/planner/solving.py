@@ -37,12 +37,6 @@ def solve_within(model: nn.Module, captured: Captured, budget_bytes: int, *, for
 
     Parameters
     ----------
-    model : nn.Module
-        The captured module.
-    captured : Captured
-        Its capture.
-    budget_bytes : int
-        The live-bytes budget.
     formulation, time_limit, device_profile : Any
         As ``coop.plan`` takes them.
     loss_fn, wrapper : Any

@@ -267,8 +267,6 @@ def implementations_used(graph: Graph, schedule: Schedule) -> dict[str, list[str
 
     Parameters
     ----------
-    graph : Graph
-        The graph the schedule is for.
     schedule : Schedule
         The schedule; its compute steps with an ``impl`` are read.
 

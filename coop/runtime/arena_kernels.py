@@ -232,8 +232,6 @@ def batch_norm_into(outs: tuple[torch.Tensor, ...], x: torch.Tensor, weight: Any
     ----------
     outs : tuple of torch.Tensor
         The five output views: output, saved mean, saved inverse std, new running mean, new running variance.
-    x : torch.Tensor
-        The input.
     weight, bias : torch.Tensor or None
         The affine parameters.
     running_mean, running_var : torch.Tensor
@@ -272,8 +270,6 @@ def safe_softmax_into(out: torch.Tensor, row_max: torch.Tensor, masked: torch.Te
         Scratch for the maximum along ``dim`` (kept dimension).
     masked : torch.Tensor
         Bool scratch, True on the rows whose maximum is -inf.
-    x : torch.Tensor
-        The input.
     dim : int
         The softmax dimension.
 

@@ -99,8 +99,6 @@ def check_placement(captured: Captured, graph: Any, schedule: Schedule, placemen
 
     Parameters
     ----------
-    captured : Captured
-        The captured step.
     graph : Graph
         The Graph ``schedule`` is legal on.
     schedule : Schedule
@@ -439,8 +437,6 @@ def build_arena_program(captured: Captured, graph: Any, schedule: Schedule, simu
 
     Parameters
     ----------
-    captured : Captured
-        The captured step.
     graph : Graph
         The Graph ``schedule`` is legal on.
     schedule : Schedule

@@ -518,8 +518,6 @@ def schedule_events(graph: Graph, schedule: Schedule, *, page_in_stream: int = 0
     ----------
     graph : Graph
         The graph the schedule runs.
-    schedule : Schedule
-        A legal schedule of it.
     page_in_stream : int
         The stream whose pool a page-in allocates from: 0 as coop's executor does (on the compute stream, which
         the copy stream waits for), 1 where a replay allocates it on the copy stream.

@@ -76,8 +76,6 @@ def replay_graph(captured: Captured, replay_random: bool = True) -> Graph:
 
     Parameters
     ----------
-    captured : Captured
-        The captured step.
     replay_random : bool
         Whether the executor replays random draws from saved generator states.
 
@@ -94,8 +92,6 @@ def build_program(captured: Captured, schedule: Schedule, replay_random: bool = 
 
     Parameters
     ----------
-    captured : Captured
-        The captured step.
     schedule : Schedule
         The schedule to replay, as given (extra outputs are not moved: :class:`Executor` moves them).
     replay_random : bool
@@ -122,8 +118,6 @@ def saved_generator_bytes(graph: Graph, schedule: Schedule) -> int:
     ----------
     graph : Graph
         The step's graph.
-    schedule : Schedule
-        The schedule replayed on it.
 
     Returns
     -------
@@ -152,8 +146,6 @@ def replayed_schedule(graph: Graph, schedule: Schedule,
     ----------
     graph : Graph
         The Graph the schedule must be legal on.
-    schedule : Schedule
-        The schedule as given.
     simulation : Simulation or None
         ``simulate(graph, schedule)`` where the caller already holds it (it then counts as checked).
 
@@ -241,8 +233,6 @@ class Executor:
 
     Parameters
     ----------
-    captured : Captured
-        The captured step.
     schedule : Schedule
         The schedule to replay (ScheduleError, with its own step numbers, where it is illegal).
     replay_random : bool

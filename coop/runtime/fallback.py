@@ -377,8 +377,6 @@ def run_dynamic(
 
     Parameters
     ----------
-    captured : Captured
-        The captured step.
     model : nn.Module
         The model whose parameters and buffers are the step's inputs.
     batch : tuple of torch.Tensor

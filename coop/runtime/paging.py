@@ -47,11 +47,6 @@ def pin_host_copy(device: torch.device) -> bool:
     On CUDA, where a pinned buffer makes the D2H and H2D copies asynchronous (``non_blocking``), and nowhere else
     (a CPU value pages to plain memory).
 
-    Parameters
-    ----------
-    device : torch.device
-        The device the value lives on.
-
     Returns
     -------
     bool

@@ -146,8 +146,6 @@ def schedule_lifetimes(graph: Graph, schedule: Schedule, *, alignment: int = 1, 
     ----------
     graph : Graph
         The graph the schedule runs.
-    schedule : Schedule
-        A legal schedule of it.
     alignment : int
         Round every block up to a multiple of it (so every offset is one: a view of any dtype can
         start there, and vectorized kernels see aligned pointers); 1: no rounding.
@@ -205,8 +203,6 @@ def best_fit_placement(graph: Graph, schedule: Schedule, *, alignment: int = 1, 
     ----------
     graph : Graph
         The graph the schedule runs.
-    schedule : Schedule
-        A legal schedule of it.
     alignment : int
         As in :func:`schedule_lifetimes`.
     extras_from_op : bool
@@ -245,8 +241,6 @@ def packed_placement(graph: Graph, schedule: Schedule, *, alignment: int = 1, ex
     ----------
     graph : Graph
         The graph the schedule runs.
-    schedule : Schedule
-        A legal schedule of it.
     alignment : int
         As in :func:`schedule_lifetimes`.
     extras_from_op : bool
@@ -328,8 +322,6 @@ def exact_placement(
     ----------
     graph : Graph
         The graph the schedule runs.
-    schedule : Schedule
-        A legal schedule of it.
     time_limit : float
         CP-SAT's time limit in seconds (at least 0.01).
     max_blocks : int
@@ -409,8 +401,6 @@ def place(graph: Graph, schedule: Schedule, *, exact: bool | None = None, time_l
     ----------
     graph : Graph
         The graph the schedule runs.
-    schedule : Schedule
-        A legal schedule of it.
     exact : bool or None
         True: always run :func:`exact_placement`; False: never; None: when there are at most
         ``EXACT_MAX_BLOCKS`` blocks.

@@ -94,8 +94,6 @@ def unread_page_ins(graph: Graph, schedule: Schedule) -> set[int]:
     ----------
     graph : Graph
         The graph the schedule is legal on.
-    schedule : Schedule
-        The schedule replayed.
 
     Returns
     -------
@@ -126,8 +124,6 @@ def replayed_draws(graph: Graph, schedule: Schedule) -> set[int]:
     ----------
     graph : Graph
         The Graph the schedule is legal on.
-    schedule : Schedule
-        The schedule replayed.
 
     Returns
     -------

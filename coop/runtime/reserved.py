@@ -132,8 +132,6 @@ def modelled_step_reserved(graph: Graph, schedule: Schedule, *, expandable: bool
     ----------
     graph : Graph
         The step's graph (``mem`` in bytes).
-    schedule : Schedule
-        A legal schedule of it.
     expandable : bool
         Whether the allocator runs with expandable segments (:func:`coop.runtime.allocator.prepare_allocator`
         turns them on for a CUDA step unless the user chose otherwise).

@@ -81,10 +81,6 @@ def block_options(graph: Graph, split: ForwardBackward, group: BlockGroup, share
 
     Parameters
     ----------
-    graph : Graph
-        The graph.
-    split : ForwardBackward
-        Its forward and backward.
     group : BlockGroup
         The group whose first block is modelled (every block of the group is the same up to renaming).
     shares : tuple of float
@@ -194,12 +190,6 @@ def compose(graph: Graph, split: ForwardBackward, groups: list[BlockGroup], fron
 
     Parameters
     ----------
-    graph : Graph
-        The graph.
-    split : ForwardBackward
-        Its forward and backward.
-    groups : list of BlockGroup
-        The block groups.
     frontiers : list of list of BlockOption
         Each group's options.
     levels : list of list of int
@@ -225,14 +215,8 @@ def composed_schedule(graph: Graph, budget: int, split: ForwardBackward, groups:
 
     Parameters
     ----------
-    graph : Graph
-        The graph.
     budget : int
         The budget in graph units.
-    split : ForwardBackward
-        Its forward and backward.
-    groups : list of BlockGroup
-        The block groups.
     frontiers : list of list of BlockOption
         Each group's hull of options.
 

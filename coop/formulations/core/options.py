@@ -37,6 +37,9 @@ TIMED = frozenset({"time_limit", "threads", "progress", "deadline"})
 class SolverOptions:
     """The common options.
 
+    A time limit that is not a positive number of seconds, or fewer than one thread, is refused here in one
+    line (:class:`~coop.errors.OptionError`), as the CLI refuses it.
+
     Parameters
     ----------
     time_limit:
@@ -53,9 +56,6 @@ class SolverOptions:
         Given by a caller, a :class:`~coop.formulations.core.deadline.Deadline` bounding the solve (a solver running
         another passes its own, with ``time_limit`` as the child's share). The entry replaces it with the solve's
         own deadline, made from ``time_limit`` and never later than the caller's: that is what the solver reads.
-
-    A time limit that is not a positive number of seconds, or fewer than one thread, is refused here in one
-    line (:class:`~coop.errors.OptionError`), as the CLI refuses it.
     """
 
     #: Which common options this solver reads; the others are accepted and left unused.

@@ -101,11 +101,6 @@ ORDER_CHOICES = ("auto", "captured", "deferred")
 def check_order(order: object) -> None:
     """Refuse, in one line, an ``order`` option that is not one of :data:`ORDER_CHOICES`.
 
-    Parameters
-    ----------
-    order : object
-        The option as given.
-
     Raises
     ------
     CoopError
@@ -120,8 +115,6 @@ def solving_graph(graph: Graph, order: str = "auto") -> tuple[Graph, str]:
 
     Parameters
     ----------
-    graph : Graph
-        The captured graph.
     order : str
         One of :data:`ORDER_CHOICES`. ``"auto"``: the graph in :func:`deferred_order` where that order's
         store-all peak is at least :data:`MIN_PEAK_GAIN` below the captured order's (graphs with a

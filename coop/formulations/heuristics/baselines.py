@@ -56,8 +56,6 @@ def store_all(graph: Graph, budget: int) -> SolveResult:
 
     Parameters
     ----------
-    graph : Graph
-        The graph to schedule.
     budget : int
         The budget in graph units; only checked against the schedule's peak.
 
@@ -425,8 +423,6 @@ def heuristic_result(
     ----------
     formulation : str
         The formulation's name, which the result and its message carry.
-    graph : Graph
-        The graph scheduled.
     budget : int
         The budget in graph units, against which the schedule's peak is checked.
     schedule : Schedule

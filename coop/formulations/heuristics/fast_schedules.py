@@ -46,8 +46,6 @@ def greedy_eviction_schedule(graph: Graph, budget: int, rebuild_size_penalty: fl
 
     Parameters
     ----------
-    graph : Graph
-        The graph to schedule.
     budget : int
         The budget in graph units.
     rebuild_size_penalty : float
@@ -248,8 +246,6 @@ def peak_shaving_schedule(graph: Graph, budget: int, max_rounds: int | None = No
 
     Parameters
     ----------
-    graph : Graph
-        The graph to schedule.
     budget : int
         The budget in graph units.
     max_rounds : int or None

@@ -101,10 +101,6 @@ def forward_keep_backward_recompute(graph: Graph, split: ForwardBackward, keep: 
 
     Parameters
     ----------
-    graph : Graph
-        The graph to schedule.
-    split : ForwardBackward
-        Its forward and backward (:func:`split_forward_backward`).
     keep : set of int
         Forward values kept from the forward to the backward (K, besides those always kept).
     free_recomputed : bool

@@ -33,8 +33,6 @@ def paging_schedule(graph: Graph, budget: int, start: Schedule | None = None,
 
     Parameters
     ----------
-    graph : Graph
-        The graph to schedule.
     budget : int
         The budget in graph units.
     start : Schedule or None

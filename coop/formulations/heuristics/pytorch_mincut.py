@@ -110,8 +110,6 @@ def pytorch_mincut(graph: Graph, budget: int, *, captured: Any = None,
 
     Parameters
     ----------
-    graph : Graph
-        The graph to schedule.
     budget : int
         The budget in graph units.
     captured : Any

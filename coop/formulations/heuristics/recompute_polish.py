@@ -82,8 +82,6 @@ def drop_needless(graph: Graph, budget: int, steps: list[Step], judge: Judge, en
 
     Parameters
     ----------
-    graph : Graph
-        The graph the steps are for.
     budget : int
         The peak the result must stay within, in graph units.
     steps : list of Step

@@ -34,8 +34,6 @@ def is_expensive(graph: Graph, node: Node) -> bool:
     ----------
     graph : Graph
         The graph ``node`` belongs to.
-    node : Node
-        The node looked at.
 
     Returns
     -------
@@ -56,8 +54,6 @@ def cheap_recompute_schedule(graph: Graph, budget: int | None = None) -> Schedul
 
     Parameters
     ----------
-    graph : Graph
-        The graph to schedule.
     budget : int or None
         Unused: the caller checks the fit.
 

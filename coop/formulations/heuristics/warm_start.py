@@ -109,8 +109,6 @@ def online_schedule(graph: Graph, budget: int, policies: tuple[str, ...] | None 
 
     Parameters
     ----------
-    graph : Graph
-        The graph to schedule.
     budget : int
         The budget in graph units.
     policies : tuple of str or None
@@ -173,8 +171,6 @@ def candidate_warm_starts(graph: Graph, budget: int, hint: Any = None,
 
     Parameters
     ----------
-    graph : Graph
-        The graph to schedule.
     budget : int
         The budget in graph units.
     hint : Any
@@ -210,8 +206,6 @@ def warm_start_sources(graph: Graph, budget: int, hint: Any = None, lp_time_limi
 
     Parameters
     ----------
-    graph : Graph
-        The graph to schedule.
     budget : int
         The budget in graph units.
     hint : Any
@@ -297,8 +291,6 @@ def best_warm_start(graph: Graph, budget: int, hint: Any = None, lp_time_limit: 
 
     Parameters
     ----------
-    graph : Graph
-        The graph to schedule.
     budget : int
         The budget in graph units.
     hint : Any

@@ -59,10 +59,6 @@ def feasibility_horizon(problem: SlotProblem) -> tuple[dict[int, int], int]:
     never raises memory nor leaves the space, so if any schedule of the space fits, one within
     these limits does, and it makes at most :func:`sufficient_horizon` computations.
 
-    Parameters
-    ----------
-    problem : SlotProblem
-
     Returns
     -------
     (limits, horizon) : tuple
@@ -88,8 +84,6 @@ def build_feasibility_model(problem: SlotProblem, keep_order: bool, horizon: int
 
     Parameters
     ----------
-    problem : SlotProblem
-    keep_order : bool
     horizon : int
         The number of slots (:func:`feasibility_horizon`).
     limits : dict
@@ -170,8 +164,6 @@ def grid_schedule(problem: SlotProblem, grid: SlotGrid, solver: cp_model.CpSolve
 
     Parameters
     ----------
-    problem : SlotProblem
-    grid : SlotGrid
     solver : CpSolver
         Holding a solution of ``grid.model``.
 
@@ -198,8 +190,6 @@ def space_words(problem: SlotProblem, keep_order: bool, order_words: str = "grap
 
     Parameters
     ----------
-    problem : SlotProblem
-    keep_order : bool
     order_words : str
         Names the order first computations keep.
 
@@ -245,14 +235,12 @@ def check_feasibility(problem: SlotProblem, *, keep_order: bool, share_s: float,
 
     Parameters
     ----------
-    problem : SlotProblem
     keep_order : bool
         The space: first computations in ``problem.order``, or only the random draws.
     share_s : float
         Seconds for the question.
     left_s : callable
         The time the caller has left.
-    parameters : CpSatParameters
 
     Returns
     -------

@@ -103,7 +103,6 @@ def new_retention_bounds(model: cp_model.CpModel, v: int, i: int, low: int, firs
 
     Parameters
     ----------
-    model : CpModel
     v, i : int
         The node and its interval.
     low : int
@@ -132,7 +131,6 @@ def follow_previous(model: cp_model.CpModel, start: Any, present: Any, previous_
 
     Parameters
     ----------
-    model : CpModel
     start, present : variables
         ``s_vi`` and ``p_vi`` of the later interval.
     previous_end, previous_present : variables
@@ -148,7 +146,6 @@ def pin_absent(model: cp_model.CpModel, start: Any, end: Any, present: Any, low:
 
     Parameters
     ----------
-    model : CpModel
     start, end, present : variables
         ``s_vi``, ``e_vi`` and the literal ``p_vi``.
     low : int
@@ -163,7 +160,6 @@ def keep_last_to_end(model: cp_model.CpModel, ends: Sequence[Any], present: Sequ
 
     Parameters
     ----------
-    model : CpModel
     ends, present : sequences
         ``e_vi`` and ``p_vi`` of one output, i = 0, 1, ...
     last : int
@@ -177,13 +173,6 @@ def keep_last_to_end(model: cp_model.CpModel, ends: Sequence[Any], present: Sequ
 def new_interval(model: cp_model.CpModel, start: Any, size: Any, end: Any, presence: Any, name: str) -> Any:
     """An interval variable, optional unless ``presence`` is the constant True.
 
-    Parameters
-    ----------
-    model : CpModel
-    start, size, end : expressions
-    presence : literal or True
-    name : str
-
     Returns
     -------
     IntervalVar
@@ -195,10 +184,6 @@ def new_interval(model: cp_model.CpModel, start: Any, size: Any, end: Any, prese
 
 def enforcement_literals(*literals: Any) -> list[Any] | None:
     """The enforcement literals of a constraint: those that are not the constant True.
-
-    Parameters
-    ----------
-    *literals : literal, True or False
 
     Returns
     -------
@@ -212,11 +197,6 @@ def enforcement_literals(*literals: Any) -> list[Any] | None:
 
 def enforce(constraint: cp_model.Constraint, literals: Sequence[Any]) -> None:
     """Enforce ``constraint`` under those of ``literals`` that are not the constant True (all True: always).
-
-    Parameters
-    ----------
-    constraint : Constraint
-    literals : sequence of literals or True
     """
     variables = [literal for literal in literals if literal is not True]
     if variables:
@@ -234,7 +214,6 @@ def add_covering(built: IntervalModel, u: int, v: int, i: int, when: Sequence[An
 
     Parameters
     ----------
-    built : IntervalModel
     u, v, i : int
         The input, the consumer and the consumer's interval.
     when : sequence of literals
@@ -289,8 +268,6 @@ def add_precedences(problem: SlotProblem, built: IntervalModel, reads: Callable[
 
     Parameters
     ----------
-    problem : SlotProblem
-    built : IntervalModel
     reads : callable
         ``reads(v, i)``: the literals under which interval i of v computes (and so reads its inputs);
         None when it never does (POET's page-in intervals).
@@ -319,7 +296,6 @@ def first_computation_pairs(graph: Graph, order: Sequence[int], keep_order: bool
 
     Parameters
     ----------
-    graph : Graph
     order : sequence of int
         The nodes in the order to keep.
     keep_order : bool
@@ -339,9 +315,6 @@ def add_first_computation_order(built: IntervalModel, graph: Graph, order: Seque
 
     Parameters
     ----------
-    built : IntervalModel
-    graph : Graph
-    order : sequence of int
     keep_order : bool
         Checkmate's restriction (every first computation in ``order``) or the random draws alone.
 
@@ -360,7 +333,6 @@ def first_computations_in_order(spans: Mapping[int, Sequence[Sequence[Any]]], or
     ----------
     spans : mapping
         Per node its spans ``(start, end, ...)`` in slot order (each node of ``order`` has one).
-    order : sequence of int
 
     Returns
     -------
@@ -378,7 +350,6 @@ def interval_hint(rows: Sequence[Sequence[Any]], i: int, low: int, last: int, ou
     ----------
     rows : sequence of spans
         The node's spans in the warm start, ``(start, end, ...)`` in slot order.
-    i : int
     low : int
         The node's earliest slot (an absent interval is pinned there).
     last : int
@@ -407,7 +378,6 @@ def hint_choices(built: IntervalModel, spans: Mapping[int, Sequence[Sequence[Any
 
     Parameters
     ----------
-    built : IntervalModel
     spans : mapping
         The warm start's spans per node, ``(start, end, ...)``.
     covers : callable
@@ -449,7 +419,6 @@ def present_intervals(solver: cp_model.CpSolver, built: IntervalModel) -> dict[i
     ----------
     solver : CpSolver
         Holding a solution of ``built.model``.
-    built : IntervalModel
 
     Returns
     -------
@@ -472,8 +441,6 @@ def retention_spans(graph: Graph, schedule: Schedule, nodes: Iterable[int], *, i
 
     Parameters
     ----------
-    graph : Graph
-    schedule : Schedule
     nodes : iterable of int
         The nodes to list (each gets a list, empty when it is never computed).
     in_place : bool

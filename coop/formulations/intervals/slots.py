@@ -37,11 +37,6 @@ class SlotProblem:
     def build(cls, graph: Graph, budget: int) -> SlotProblem:
         """The slot problem of ``graph`` under ``budget`` (bytes, caller-owned values included).
 
-        Parameters
-        ----------
-        graph : Graph
-        budget : int
-
         Returns
         -------
         SlotProblem
@@ -76,10 +71,6 @@ def integer_cost_scale(costs: list[float]) -> float:
     Scaled costs are rounded down (see :meth:`SlotProblem.build`), so the model's objective never
     exceeds a schedule's true cost and CP-SAT's bound stays a valid lower bound.
 
-    Parameters
-    ----------
-    costs : list of float
-
     Returns
     -------
     float
@@ -110,7 +101,6 @@ def sufficient_intervals(problem: SlotProblem, extra_cost: float | None) -> dict
 
     Parameters
     ----------
-    problem : SlotProblem
     extra_cost : float or None
         The most extra cost (graph cost units) of the schedules considered; None: any.
 
@@ -138,11 +128,8 @@ def sufficient_horizon(problem: SlotProblem, limits: dict[int, int], extra_cost:
 
     Parameters
     ----------
-    problem : SlotProblem
     limits : dict
         Per node its most computations (:func:`sufficient_intervals`).
-    extra_cost : float or None
-        The most extra cost; None: any.
 
     Returns
     -------

@@ -77,8 +77,6 @@ def run_solver(graph: Graph, budget: int, name: str, options: SolverOptions | No
 
     Parameters
     ----------
-    graph : Graph
-        The graph to schedule.
     budget : int
         The budget in graph units (parsed).
     name : str
@@ -111,8 +109,6 @@ def choose_formulation(graph: Graph, budget: int, *, captured: Any = None) -> st
 
     Parameters
     ----------
-    graph : Graph
-        The graph to schedule.
     budget : int
         The budget in graph units.
     captured : Any
@@ -133,8 +129,6 @@ def needs_implementations(graph: Graph, budget: int) -> bool:
 
     Parameters
     ----------
-    graph : Graph
-        The graph to schedule.
     budget : int
         The budget in graph units.
 
@@ -151,8 +145,6 @@ def formulation_ladder(graph: Graph, budget: int, device_profile: Any = None) ->
 
     Parameters
     ----------
-    graph : Graph
-        The graph to schedule.
     budget : int
         The budget in graph units.
     device_profile : Any
@@ -221,8 +213,6 @@ def auto(graph: Graph, budget: int, options: AutoOptions) -> SolveResult:
 
     Parameters
     ----------
-    graph : Graph
-        The graph to schedule.
     budget : int
         The budget in graph units (parsed).
     options : AutoOptions
@@ -331,8 +321,6 @@ def report_rung(clock: ProgressClock, rung: Rung, found: list[SolveResult]) -> N
     ----------
     clock : ProgressClock
         Auto's progress callback (none: nothing is reported) on auto's deadline.
-    rung : Rung
-        The rung.
     found : list of SolveResult
         The fitting results so far, this rung's included.
     """
@@ -419,8 +407,6 @@ def no_schedule_error(graph: Graph, budget: int, result: SolveResult, time_limit
 
     Parameters
     ----------
-    graph : Graph
-        The graph.
     budget : int
         The budget in graph units.
     result : SolveResult
@@ -490,8 +476,6 @@ def cheapest_fitting_baseline(graph: Graph, budget: int, *, failed: str | None =
 
     Parameters
     ----------
-    graph : Graph
-        The graph to schedule.
     budget : int
         The budget in graph units.
     failed : str or None

@@ -44,15 +44,11 @@ def solve_milp(
 
     Parameters
     ----------
-    model : LinearModel
-        The MILP.
     solver : str
         The backend, one of :data:`MILP_SOLVERS` (case and ``_`` / ``-`` are not told apart;
         "cpsat" is "cp-sat").
     time_limit : float
         Seconds; at most 0 reports "unknown" without solving.
-    threads : int
-        Worker threads.
     progress : ProgressCallback or None
         Told (through a ProgressClock) the model's size, CP-SAT's progress while it solves, and the
         final objective, bound and status.
@@ -127,8 +123,6 @@ def solve_lp_relaxation(
         The MILP whose relaxation is solved.
     time_limit : float
         Seconds shared by the backends; a backend is not started when too little is left.
-    threads : int
-        Worker threads.
     backends : tuple of str
         The pywraplp backends to try, in order.
     verbose : bool

@@ -28,8 +28,6 @@ def solve_pulp(model: LinearModel, name: str, time_limit: float, threads: int, v
 
     Parameters
     ----------
-    model : LinearModel
-        The model.
     name : str
         "cbc", "gurobi" or "cplex".
     time_limit : float

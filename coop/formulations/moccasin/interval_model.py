@@ -49,7 +49,6 @@ def proof_model_affordable(problem: SlotProblem, per_node: dict[int, int], horiz
 
     Parameters
     ----------
-    problem : SlotProblem
     per_node : dict
         Per node its number of retention intervals.
     horizon : int
@@ -72,7 +71,6 @@ def schedule_intervals(graph: Graph, schedule: Schedule) -> tuple[dict[int, list
 
     Parameters
     ----------
-    graph : Graph
     schedule : Schedule
         The warm start (legal under contract 2) whose intervals hint the model.
 
@@ -91,7 +89,6 @@ def intervals_to_schedule(problem: SlotProblem, intervals: dict[int, list[Interv
 
     Parameters
     ----------
-    problem : SlotProblem
     intervals : dict
         Per node its present intervals ``(s_vi, e_vi)`` in slot order.
 
@@ -120,7 +117,6 @@ def build_model(problem: SlotProblem, horizon: int, intervals_per_node: dict[int
 
     Parameters
     ----------
-    problem : SlotProblem
     horizon : int
         The number of compute slots.
     intervals_per_node : dict
@@ -215,8 +211,6 @@ def add_hint(built: MoccasinModel, intervals: dict[int, list[Interval]], outputs
 
     Parameters
     ----------
-    built : MoccasinModel
-        The model to hint.
     intervals : dict
         Per node its warm start's intervals (:func:`schedule_intervals`).
     outputs : set of int
@@ -240,8 +234,6 @@ def solution_intervals(solver: cp_model.CpSolver, built: MoccasinModel) -> dict[
     ----------
     solver : cp_model.CpSolver
         The solver, after a solve that found a solution.
-    built : MoccasinModel
-        The model it solved.
 
     Returns
     -------

@@ -44,8 +44,6 @@ def in_place_options(graph: Graph, fixed: Graph, choices: dict[int, Choice],
 
     Parameters
     ----------
-    graph : Graph
-        The graph with implementations.
     fixed : Graph
         ``graph`` with the implementations fixed to ``choices``
         (:func:`coop.formulations.monet.warm.fixed_impl_graph`).

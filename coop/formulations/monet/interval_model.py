@@ -104,7 +104,6 @@ class ImplProblem:
 
         Parameters
         ----------
-        graph : Graph
         budget : int
             Bytes, caller-owned values included.
         exact : bool
@@ -143,7 +142,6 @@ def schedule_spans(graph: Graph, schedule: Schedule) -> tuple[dict[int, list[Spa
 
     Parameters
     ----------
-    graph : Graph
     schedule : Schedule
         A legal schedule of ``graph``.
 
@@ -161,7 +159,6 @@ def spans_to_schedule(problem: ImplProblem, spans: dict[int, list[Span]]) -> Sch
 
     Parameters
     ----------
-    problem : ImplProblem
     spans : dict
         Per node its present spans ``(start, end, implementation)`` in slot order.
 
@@ -193,7 +190,6 @@ def build_model(problem: ImplProblem, horizon: int, per_node: dict[int, int], ke
 
     Parameters
     ----------
-    problem : ImplProblem
     horizon : int
         The number of compute slots.
     per_node : dict
@@ -323,8 +319,6 @@ def add_hint(problem: ImplProblem, built: ImplModel, spans: dict[int, list[Span]
 
     Parameters
     ----------
-    problem : ImplProblem
-    built : ImplModel
     spans : dict
         The warm start's spans (:func:`schedule_spans`); an output's final span is hinted to reach the
         horizon's last slot, as the model has it.
@@ -354,8 +348,6 @@ def solution_spans(solver: cp_model.CpSolver, problem: ImplProblem, built: ImplM
     ----------
     solver : CpSolver
         Holding a solution of ``built.model``.
-    problem : ImplProblem
-    built : ImplModel
 
     Returns
     -------

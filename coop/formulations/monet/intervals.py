@@ -96,8 +96,6 @@ def monet_intervals(graph: Graph, budget: int, options: MonetIntervalsOptions) -
         The options; their fields follow.
     time_limit : float
         Seconds for the warm starts and CP-SAT together.
-    threads : int
-        Solver threads.
     progress : ProgressCallback or None
         Called with the best warm start and CP-SAT's progress.
     hint : Any
@@ -171,8 +169,6 @@ def monet_warm_starts(graph: Graph, budget: int, hints: list[Any], exact: bool, 
 
     Parameters
     ----------
-    graph : Graph
-        The graph with implementations.
     budget : int
         The budget in graph units.
     hints : list of Any
@@ -184,8 +180,6 @@ def monet_warm_starts(graph: Graph, budget: int, hints: list[Any], exact: bool, 
     time_limit : float
         The formulation's time limit; the Moccasin runs take :data:`REMAT_SHARE` (:data:`REMAT_SHARE_LARGE`) and
         :data:`LIGHTEST_SHARE` of it (see there).
-    threads : int
-        Solver threads.
 
     Returns
     -------

@@ -69,8 +69,6 @@ def lightest_choices(graph: Graph, exact: bool) -> dict[int, Choice]:
 
     Parameters
     ----------
-    graph : Graph
-        The graph with implementations.
     exact : bool
         Only exact implementations (:func:`usable_impls`).
 
@@ -104,8 +102,6 @@ def fixed_impl_graph(graph: Graph, choices: dict[int, Choice]) -> Graph:
 
     Parameters
     ----------
-    graph : Graph
-        The graph with implementations.
     choices : dict of int to Choice
         Each node's chosen implementation (None or absent: its own fields).
 
@@ -149,13 +145,6 @@ def order_with_optional(graph: Graph, values: set[int]) -> list[int]:
     Each is placed before the first node (not an extra output) that comes once its inputs are
     placed, so before every node that may read it; values that become ready together keep the
     graph's node order.
-
-    Parameters
-    ----------
-    graph : Graph
-        The graph.
-    values : set of int
-        The optional values to place.
 
     Returns
     -------
@@ -215,10 +204,6 @@ def apply_in_place(graph: Graph, schedule: Schedule, exact: bool) -> Schedule:
 
     Parameters
     ----------
-    graph : Graph
-        The graph with implementations.
-    schedule : Schedule
-        A legal schedule of it.
     exact : bool
         Only exact implementations (:func:`usable_impls`).
 

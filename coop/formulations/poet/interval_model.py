@@ -54,11 +54,6 @@ def schedule_spans(graph: Graph, schedule: Schedule) -> tuple[dict[int, list[Spa
     stay with no compute in it is dropped (it changes no compute's memory), except an output's last,
     which is kept to the end.
 
-    Parameters
-    ----------
-    graph : Graph
-    schedule : Schedule
-
     Returns
     -------
     (spans, count) or None
@@ -92,7 +87,6 @@ def spans_to_schedule(problem: SlotProblem, spans: dict[int, list[Span]]) -> Sch
 
     Parameters
     ----------
-    problem : SlotProblem
     spans : dict
         Per computed value its present ``(start, end, paged_in)`` in slot order.
 
@@ -172,7 +166,6 @@ def build_model(problem: SlotProblem, coefficients: Coefficients, horizon: int, 
 
     Parameters
     ----------
-    problem : SlotProblem
     coefficients : Coefficients
         The integer prices.
     horizon : int
@@ -270,10 +263,8 @@ def add_hint(built: PoetIntervalModel, spans: dict[int, list[Span]], problem: Sl
 
     Parameters
     ----------
-    built : PoetIntervalModel
     spans : dict
         The warm start's spans (:func:`schedule_spans`).
-    problem : SlotProblem
     """
     model, outputs = built.model, problem.outputs
     hinted: set[int] = set()  # c_vi or g_vi may be p_vi itself: hint each variable once
@@ -316,8 +307,6 @@ def solution_spans(solver: cp_model.CpSolver, built: PoetIntervalModel) -> dict[
     ----------
     solver : CpSolver
         Its last solve found a solution (OPTIMAL or FEASIBLE).
-    built : PoetIntervalModel
-        The model it solved.
 
     Returns
     -------
@@ -336,10 +325,6 @@ def may_page(setting: Any, problem: SlotProblem, v: int) -> bool:
     ----------
     setting : PoetSetting
         POET's setting (:func:`coop.formulations.poet.setting.poet_setting`): whether paging is allowed, the graph.
-    problem : SlotProblem
-        The slot problem (the values' bytes).
-    v : int
-        The node.
 
     Returns
     -------

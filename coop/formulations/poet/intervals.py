@@ -110,12 +110,8 @@ def poet_intervals(graph: Graph, budget: int, options: PoetIntervalsOptions) -> 
         The wall-clock limit in seconds, warm starts included.
     threads : int
         CP-SAT's worker threads.
-    progress : ProgressCallback or None
-        A progress callback.
     hint : Any
         Schedules (or results) that compete as warm starts.
-    captured : Any
-        Unused.
     max_intervals : int
         Moccasin's C: the intervals per value (at least 1).
     warm_start : bool
@@ -171,8 +167,6 @@ def solve_intervals(setting: Any, fallback: tuple[str, Schedule] | None, *, why:
         Seconds from ``started`` for everything.
     threads : int
         CP-SAT's worker threads.
-    progress : ProgressCallback or None
-        A progress callback.
     max_intervals : int
         Moccasin's C: the intervals per value.
 

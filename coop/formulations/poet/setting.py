@@ -71,8 +71,6 @@ def node_price(runtime_s: float, num_bytes: int, profile: DeviceProfile) -> Node
         The node's cost, read as seconds on the profiled device.
     num_bytes : int
         The node's output size (what a page-in or page-out moves).
-    profile : DeviceProfile
-        The device.
 
     Returns
     -------
@@ -221,8 +219,6 @@ def check_poet_options(graph: Graph, budget: int, options: Any) -> None:
 
     Parameters
     ----------
-    graph, budget:
-        The problem.
     options:
         poet's options (:class:`~coop.formulations.core.options.PoetOptions` or ``PoetIntervalsOptions``): its
         ``objective``, ``device_profile``, ``runtime_budget``, ``remat`` and ``paging`` are checked.
@@ -319,8 +315,6 @@ def at_least_baseline(setting: PoetSetting, bound: float | None) -> float:
 
     Parameters
     ----------
-    setting : PoetSetting
-        The problem.
     bound : float or None
         The solver's bound in the objective's unit, if any.
 
@@ -342,10 +336,6 @@ def priced_result(setting: PoetSetting, schedule: Schedule, status: Any, bound: 
 
     Parameters
     ----------
-    setting : PoetSetting
-        The problem.
-    schedule : Schedule
-        The schedule returned.
     status : str
         ``optimal`` or ``feasible``.
     bound : float or None

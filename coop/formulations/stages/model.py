@@ -170,13 +170,6 @@ def linear_plus(*parts: Linear) -> Linear:
 def linear_scaled(expression: Linear, factor: float) -> Linear:
     """``factor`` times ``expression``.
 
-    Parameters
-    ----------
-    expression : Linear
-        The expression.
-    factor : float
-        The factor.
-
     Returns
     -------
     Linear
@@ -292,8 +285,6 @@ def add_memory_recurrence(model: LinearModel, t: int, computing: Sequence[int], 
     ----------
     model : LinearModel
         The model the ``U[t,k]`` variables and their rows are added to.
-    t : int
-        The stage.
     computing : sequence of int
         The positions that may compute in stage t, ascending.
     retained : Linear
@@ -480,10 +471,6 @@ def add_stage_memory(model: LinearModel, problem: StageProblem, t: int, R: list[
         The model the variables and rows are added to.
     problem : StageProblem
         The projected graph.
-    t : int
-        The stage.
-    R, S : lists of lists of Entry
-        The model's R and S.
     extension : ModelExtension or None
         Its ``kept_to_stage_end`` variables are hazards of FREE.
 
@@ -540,8 +527,6 @@ def add_frees_after(model: LinearModel, problem: StageProblem, t: int, k: int, R
         The projected graph.
     t, k : int
         The stage and the position just computed.
-    R, S : lists of lists of Entry
-        The model's R and S.
     extension : ModelExtension or None
         Its ``kept_to_stage_end`` variables are further hazards.
 

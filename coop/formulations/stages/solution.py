@@ -35,8 +35,6 @@ def stages_from_solution(variables: StageVariables, values: Sequence[float],
         Where R and S live in the model.
     values : sequence of float
         The solution's variable values.
-    size : int
-        The number of stages.
 
     Returns
     -------
@@ -53,12 +51,8 @@ def retained_from_solution(S: list[list[Entry]], values: Sequence[float], t: int
 
     Parameters
     ----------
-    S : list of lists of Entry
-        The model's S.
     values : sequence of float
         The solution's variable values.
-    t : int
-        The stage (0..T).
 
     Returns
     -------

@@ -152,8 +152,6 @@ def find_mask(backward: fx.Node, step: CapturedStep, found: FoundAlternatives) -
     ----------
     backward
         A captured backward of :data:`MASKED_BACKWARDS`.
-    step
-        The capture.
     found
         Receives the implementations and the mask (an optional value shared by backwards of one saved value).
     """
@@ -184,8 +182,6 @@ def find_from_output(backward: fx.Node, step: CapturedStep, found: FoundAlternat
     ----------
     backward
         A captured ``hardtanh_backward``.
-    step
-        The capture.
     found
         Receives the implementation.
     """
@@ -205,8 +201,6 @@ def find_inplace(activation: fx.Node, step: CapturedStep, found: FoundAlternativ
     ----------
     activation
         A captured activation of :data:`IN_PLACE_VARIANTS`.
-    step
-        The capture.
     found
         Receives the implementation.
     """

@@ -33,11 +33,6 @@ ADD = aten.add.Tensor
 def add_into_other(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a + b`` written into ``b``'s storage (the operands in eager's order).
 
-    Parameters
-    ----------
-    a, b
-        The operands.
-
     Returns
     -------
     torch.Tensor
@@ -75,8 +70,6 @@ def find_add_in_place(add: fx.Node, step: CapturedStep, found: FoundAlternatives
     ----------
     add
         A captured ``add.Tensor``.
-    step
-        The capture.
     found
         Receives the implementations.
     """

@@ -38,8 +38,6 @@ def add_alternatives(module: fx.GraphModule, graph: Graph, fx_names: dict[int, l
     ----------
     module
         The captured step.
-    graph
-        Its lowered Graph.
     fx_names
         Graph id -> its fx nodes' names, the storage owner's first.
     owner_of

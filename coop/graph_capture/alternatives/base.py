@@ -289,11 +289,6 @@ def same_layouts(produced: Any, expected: Any) -> bool:
 def whole_storage(value: Any) -> bool:
     """Whether ``value`` is a contiguous tensor that is its whole storage.
 
-    Parameters
-    ----------
-    value
-        Any value.
-
     Returns
     -------
     bool

@@ -215,8 +215,6 @@ def find_convolution_split(backward: fx.Node, step: CapturedStep, found: FoundAl
     ----------
     backward
         A captured ``convolution_backward``.
-    step
-        The capture.
     found
         Receives the implementation and W, an optional value (key: ``conv_weight_grad:<backward>``).
     """

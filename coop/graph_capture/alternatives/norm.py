@@ -283,8 +283,6 @@ def find_batch_norm_grad_inplace(backward: fx.Node, step: CapturedStep, found: F
     ----------
     backward
         A captured ``native_batch_norm_backward``.
-    step
-        The capture.
     found
         Receives the implementation (its program shared by backwards of one configuration).
     """
@@ -389,8 +387,6 @@ def find_batch_norm_forward_inplace(forward: fx.Node, step: CapturedStep, found:
     ----------
     forward
         A captured forward of :data:`BATCH_NORM_FORWARDS` (only those of :data:`FORWARD_IN_BLOCKS` are offered it).
-    step
-        The capture.
     found
         Receives the implementation (its program shared by forwards of one configuration).
     """

@@ -73,8 +73,6 @@ def find_max_pool_from_indices(backward: fx.Node, step: CapturedStep, found: Fou
     ----------
     backward
         A captured ``max_pool2d_with_indices_backward``.
-    step
-        The capture.
     found
         Receives the implementation.
     """
@@ -239,8 +237,6 @@ def find_max_pool_from_packed(backward: fx.Node, step: CapturedStep, found: Foun
     ----------
     backward
         A captured ``max_pool2d_with_indices_backward``.
-    step
-        The capture.
     found
         Receives the implementation and its optional value ``packed_indices:<indices>`` (shared by backwards of one
         indices value and geometry).

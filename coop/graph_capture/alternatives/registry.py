@@ -100,8 +100,6 @@ def find_alternatives(module: fx.GraphModule, graph: Graph, fx_names: dict[int, 
     ----------
     module
         The captured step.
-    graph
-        Its lowered Graph.
     fx_names
         Graph id -> its fx nodes' names, the storage owner's first.
     owner_of

@@ -94,8 +94,6 @@ def find_softmax_grad_inplace(backward: fx.Node, step: CapturedStep, found: Foun
     ----------
     backward
         A captured backward of :data:`SOFTMAX_BACKWARDS`.
-    step
-        The capture.
     found
         Receives the implementation (its program shared by backwards of one configuration).
     """
