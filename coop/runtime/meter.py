@@ -91,10 +91,14 @@ def cpu_allocation_peak(run: Callable[[], Any]) -> int | None:
 class MemoryMeter(TorchDispatchMode):
     """Measure the peak of live tensor bytes (each storage once) while the block runs.
 
-    >>> with MemoryMeter() as meter:
-    ...     meter.track(*model.parameters())
-    ...     loss = step()
-    >>> meter.peak_bytes
+    >>> import torch
+    >>> weight = torch.ones(256, 256)  # 262,144 B, alive before the block: tracked
+    >>> with MemoryMeter(use_cuda=False) as meter:
+    ...     meter.track(weight)
+    ...     hidden = weight @ weight  # 262,144 B more
+    ...     total = hidden.sum()  # 4 B more: the peak, reached by the sum
+    >>> meter.peak_bytes, meter.peak_op
+    (524292, 'aten.sum.default')
     """
 
     def __init__(self, use_cuda: bool | None = None, record: bool = False) -> None:
