@@ -98,10 +98,10 @@ def _run_pulp(pulp: Any, problem: Any, name: str, deadline: float, threads: int,
             with solver_output(verbose):  # CBC writes to its log file; Gurobi and CPLEX to stdout
                 problem.solve(backend)
         except pulp.PulpSolverError as exc:
-            if name == "cbc" and time.perf_counter() - solver_started >= time_limit + _CBC_GRACE_S:
+            if name == "cbc" and time.perf_counter() - solver_started >= time_limit:
                 return MilpSolution(status="unknown", message=(
-                    f"cbc: no solution within the time limit (it overran {time_limit:.0f} s in its root LP or "
-                    f"preprocessing and was stopped {_CBC_GRACE_S:.0f} s later)"))
+                    f"cbc: no solution within the time limit (its root LP or preprocessing ran past its own "
+                    f"{_cbc_seconds(time_limit):.0f} s limit and it was stopped at the deadline, {time_limit:.0f} s)"))
             raise SolverError(f"{name} failed to run: {str(exc).splitlines()[0]}") from None
         log = Path(log_path).read_text() if os.path.exists(log_path) else ""
     if verbose and log:
@@ -131,8 +131,10 @@ def _pulp_solution(pulp: Any, problem: Any, variables: list[Any], model: LinearM
 
 
 #: CBC checks its -sec limit only between phases: a large model's root LP can run minutes past it.
-#: A watchdog interrupts it this long after the limit, and kills it a few seconds later.
+#: CBC's own limit is this much (at most a tenth of the time) short of the deadline; a watchdog interrupts it at the
+#: deadline and kills it ``_CBC_KILL_S`` later, so an overrunning CBC costs at most that past the limit.
 _CBC_GRACE_S = 2.0
+_CBC_KILL_S = 2
 _PULP_IO_S_PER_NONZERO = 8e-6
 
 
@@ -164,12 +166,12 @@ def _pulp_backend(pulp: Any, name: str, time_limit: float, threads: int, verbose
                   log_path: str, folder: str, options: tuple[str, ...] = ()) -> Any:
     if name == "cbc":
         bundled = pulp.PULP_CBC_CMD(msg=False).path
-        watchdog = _cbc_watchdog(folder, bundled, time_limit + _CBC_GRACE_S)
+        watchdog = _cbc_watchdog(folder, bundled, time_limit)
         if watchdog is None:
             return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, threads=threads, warmStart=warm,
                                      logPath=log_path, options=list(options))
-        return pulp.COIN_CMD(path=watchdog, msg=False, timeLimit=time_limit, threads=threads, warmStart=warm,
-                             logPath=log_path, options=list(options))
+        return pulp.COIN_CMD(path=watchdog, msg=False, timeLimit=_cbc_seconds(time_limit), threads=threads,
+                             warmStart=warm, logPath=log_path, options=list(options))
     candidates = {"gurobi": ("GUROBI", "GUROBI_CMD"), "cplex": ("CPLEX_PY", "CPLEX_CMD")}[name]
     for class_name in candidates:
         backend = getattr(pulp, class_name)(msg=verbose, timeLimit=time_limit, threads=threads, warmStart=warm)
@@ -178,8 +180,13 @@ def _pulp_backend(pulp: Any, name: str, time_limit: float, threads: int, verbose
     raise SolverError(f"{name} is not available (not installed or not licensed); use cbc, scip, highs or cp-sat")
 
 
+def _cbc_seconds(time_limit: float) -> float:
+    """CBC's own ``-sec`` limit under the watchdog: ``time_limit`` less the grace (at most a tenth of it)."""
+    return time_limit - min(_CBC_GRACE_S, 0.1 * time_limit)
+
+
 def _cbc_watchdog(folder: str, cbc_path: str, hard_limit: float) -> str | None:
-    """A script that runs CBC under coreutils' ``timeout`` (SIGINT at ``hard_limit``, SIGKILL 3 s later).
+    """A script that runs CBC under coreutils' ``timeout`` (SIGINT at ``hard_limit``, SIGKILL ``_CBC_KILL_S`` later).
 
     ``--preserve-status`` keeps CBC's own exit code, so an interrupted CBC that still writes its
     incumbent is read as usual. None where ``timeout`` is missing (CBC then runs unguarded).
@@ -188,7 +195,7 @@ def _cbc_watchdog(folder: str, cbc_path: str, hard_limit: float) -> str | None:
     if timeout is None or os.name != "posix":
         return None
     script = Path(folder) / "cbc-watchdog"
-    script.write_text(f'#!/bin/sh\nexec {shlex.quote(timeout)} --preserve-status -k 3 -s INT {hard_limit:.1f} '
+    script.write_text(f'#!/bin/sh\nexec {shlex.quote(timeout)} --preserve-status -k {_CBC_KILL_S} -s INT {hard_limit:.1f} '
                       f'{shlex.quote(cbc_path)} "$@"\n')
     script.chmod(0o755)
     return str(script)
