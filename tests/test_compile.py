@@ -432,3 +432,21 @@ def test_a_value_inlined_into_two_readers_keeps_its_inputs_alive_until_the_last(
     assert set(mms) <= set(triple.inputs) and add in triple.inputs, (lowered.fx_names[triple.id], triple.inputs)
     assert graph.nodes[add].mem == 0  # never a buffer
     assert measured.measured_peak <= plan.peak <= 1.03 * measured.measured_peak, (plan.peak, measured)
+
+
+def test_ddp_and_fsdp2_models_are_refused_in_one_line(tmp_path) -> None:
+    """A DDP- or FSDP2-wrapped model (one gloo process) is refused by name, pointing to coop.plan."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        wrapped = [(DistributedDataParallel(nn.Linear(4, 4)), "DistributedDataParallel"),
+                   (fully_shard(nn.Linear(4, 4)), "FSDPLinear")]
+        for model, name in wrapped:
+            with pytest.raises(CoopError, match=f"{name}-wrapped model yet: use coop.plan") as caught:
+                coop.compile(model, 0.5)
+            assert "\n" not in str(caught.value)
+    finally:
+        dist.destroy_process_group()
