@@ -29,8 +29,7 @@ from torch import fx
 from coop.graph import Graph, Node
 from coop.graph_capture.lower import Lowered
 
-__all__ = ["CPU_HEAVY_OPS", "LOOP_REDUCTIONS", "REALIZE_READS_THRESHOLD", "fuse_pointwise", "inlined_values",
-           "is_loop_op", "is_pointwise", "read_through_inlined"]
+__all__ = ["LOOP_REDUCTIONS", "fuse_pointwise", "is_loop_op", "is_pointwise"]
 
 #: aten reductions that inductor lowers to a loop, into which it inlines pointwise producers
 LOOP_REDUCTIONS = frozenset({"sum", "mean", "amax", "amin", "max", "min", "var_mean", "var", "prod", "any", "all",
@@ -161,109 +160,3 @@ def _absorbable(node: Node, readers: list[int], graph: Graph, lowered: Lowered, 
     own = fx_nodes.get(lowered.fx_names[node.id][0])
     target = fx_nodes.get(lowered.fx_names[reader.id][0])
     return own is not None and target is not None and is_pointwise(own) and is_loop_op(target)
-
-
-#: pointwise ops whose multi-reader value inductor realizes on CPU rather than recompute in each reader (torch 2.13's
-#: ``StorageBox.should_realize_on_reuse``)
-CPU_HEAVY_OPS = frozenset({"exp", "log", "log10", "log1p", "log2", "sigmoid", "tanh"})
-#: a pointwise value reading more buffers than this is realized when read twice (``realize_reads_threshold``)
-REALIZE_READS_THRESHOLD = 4
-
-
-def inlined_values(lowered: Lowered, fx_nodes: dict[str, fx.Node], keep: set[int]) -> set[int]:
-    """The multi-reader pointwise values inductor may inline into each of their readers instead of realizing them.
-
-    Inductor realizes a value read twice when a reader is an extern kernel (matmul, convolution), when the value
-    computes a heavy op on CPU (:data:`CPU_HEAVY_OPS`) or reads more than :data:`REALIZE_READS_THRESHOLD` buffers;
-    otherwise it may recompute the value inside each reader's kernel, so that the value's inputs, not the value,
-    stay alive until its last reader. A value the other phase reads is left out: the forward saves it (a forward
-    output is a buffer), and a schedule that recomputes it instead is priced by the measured re-solve.
-
-    Parameters
-    ----------
-    lowered : Lowered
-        A lowering after :func:`fuse_pointwise` (each node's fx names: its own op first, then its members').
-    fx_nodes : dict
-        fx name -> fx node.
-    keep : set of int
-        Node ids never inlined (the tangents).
-
-    Returns
-    -------
-    set of int
-        Node ids of such values.
-    """
-    graph = lowered.graph
-    readers: dict[int, list[int]] = {node.id: [] for node in graph.nodes}
-    for node in graph.nodes:
-        for source in node.inputs:
-            readers[source].append(node.id)
-    outputs = set(graph.outputs)
-    found: set[int] = set()
-    for node in graph.nodes:
-        own = [fx_nodes.get(name) for name in lowered.fx_names.get(node.id, [])]
-        if (node.caller_owned or node.id in keep or node.id in outputs or node.random or node.impls
-                or node.output_of is not None or len(readers[node.id]) < 2 or not own or own[0] is None
-                or not is_pointwise(own[0]) or len(node.inputs) > REALIZE_READS_THRESHOLD):
-            continue
-        same = [graph.nodes[r] for r in readers[node.id] if graph.nodes[r].kind == node.kind]
-        if len(same) < len(readers[node.id]) or not all(_reader_is_loop(r, lowered, fx_nodes) for r in same):
-            continue
-        if (node.device or "cpu").startswith("cpu") and any(
-                getattr(getattr(n.target, "_overloadpacket", None), "__name__", "") in CPU_HEAVY_OPS
-                for n in own if n is not None):
-            continue
-        found.add(node.id)
-    return found
-
-
-def read_through_inlined(lowered: Lowered, inlined: set[int]) -> Lowered:
-    """Each same-phase reader of an inlined value also reads the value's inputs (through chains of them).
-
-    The value keeps its node (a schedule still decides where its inputs are read) but no bytes: it is never a
-    buffer, and a reader that recomputes it in its kernel needs the value's inputs resident instead.
-
-    Parameters
-    ----------
-    lowered : Lowered
-        The lowering; left unchanged.
-    inlined : set of int
-        Node ids from :func:`inlined_values`.
-
-    Returns
-    -------
-    Lowered
-        The lowering with the readers' inputs extended (in first-read order, no duplicates).
-    """
-    graph = lowered.graph
-
-    def sources(node_id: int, seen: set[int]) -> list[int]:
-        found: list[int] = []
-        for source in graph.nodes[node_id].inputs:
-            if source in seen:
-                continue
-            seen.add(source)
-            found.append(source)
-            if source in inlined:
-                found.extend(sources(source, seen))
-        return found
-
-    nodes = []
-    for node in graph.nodes:
-        extra: list[int] = []
-        for source in node.inputs:
-            if source in inlined and graph.nodes[source].kind == node.kind:
-                extra.extend(s for s in sources(source, set(node.inputs) | set(extra)) if s not in extra)
-        update: dict[str, object] = {"inputs": (*node.inputs, *extra)} if extra else {}
-        if node.id in inlined:
-            update["mem"] = 0
-        nodes.append(node.model_copy(update=update) if update else node)
-    widened = Graph(name=graph.name, nodes=tuple(nodes), outputs=graph.outputs, order=graph.order, meta=graph.meta)
-    return replace(lowered, graph=widened)
-
-
-def _reader_is_loop(reader: Node, lowered: Lowered, fx_nodes: dict[str, fx.Node]) -> bool:
-    """Whether a reader's own op is a loop op inductor can inline a producer into."""
-    names = lowered.fx_names.get(reader.id, [])
-    own = fx_nodes.get(names[0]) if names else None
-    return own is not None and is_loop_op(own)

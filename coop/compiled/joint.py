@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import fx
 
-from coop.compiled.fusion import fuse_pointwise, inlined_values, read_through_inlined
+from coop.compiled.fusion import fuse_pointwise
 from coop.errors import CoopError
 from coop.graph import Graph
 from coop.graph_capture.cost import BANDWIDTH
@@ -158,10 +158,7 @@ def lower_joint(gm: fx.GraphModule, num_fwd_outputs: int, static_indices: list[i
     if fuse:
         lowered, new_id = fuse_pointwise(lowered, {n.name: n for n in copied.nodes}, set(tangent_ids),
                                          _unwritten_seconds)
-        tangent_ids = tuple(new_id[t] for t in tangent_ids)
-        fx_nodes = {n.name: n for n in copied.nodes}
-        lowered = read_through_inlined(lowered, inlined_values(lowered, fx_nodes, set(tangent_ids)))
-        graph = lowered.graph
+        graph, tangent_ids = lowered.graph, tuple(new_id[t] for t in tangent_ids)
     return JointGraph(graph=graph, lowered=lowered, tangent_ids=tangent_ids, num_fwd_outputs=num_fwd_outputs,
                       effects=tuple(e.name for e in effects),
                       values={n.name: n.meta.get("val") for n in gm.graph.nodes})
