@@ -292,12 +292,16 @@ def test_measured_step_within_budget_and_monotone() -> None:
 
 
 class Broken(nn.Module):
-    """Two linears with a graph break between them: torch.compile makes two graphs."""
+    """Eight narrow tanh layers with a graph break in the middle: torch.compile makes two graphs, and each graph's
+    activations (batch 512, width 32) outweigh its weights, so 0.8 of its peak leaves room to recompute above
+    its floor (two linears of width 64 had none: no schedule between the floor and 0.8)."""
 
-    def __init__(self) -> None:
+    def __init__(self, width: int = 32, depth: int = 4) -> None:
         super().__init__()
-        self.first = nn.Sequential(nn.Linear(16, 64), nn.Tanh(), nn.Linear(64, 64), nn.Tanh())
-        self.second = nn.Sequential(nn.Linear(64, 64), nn.Tanh(), nn.Linear(64, 1))
+        self.first = nn.Sequential(nn.Linear(16, width), nn.Tanh(),
+                                   *[m for _ in range(depth - 1) for m in (nn.Linear(width, width), nn.Tanh())])
+        self.second = nn.Sequential(*[m for _ in range(depth) for m in (nn.Linear(width, width), nn.Tanh())],
+                                    nn.Linear(width, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.first(x)
@@ -312,12 +316,15 @@ def test_graph_breaks_and_reduce_overhead_train_as_torch_compile() -> None:
     torch.manual_seed(0)
     model = Broken()
     reference = copy.deepcopy(model)
-    batch = torch.randn(32, 16)
+    batch = torch.randn(512, 16)
     compiled = coop.compile(model, 0.8, mode="reduce-overhead", time_limit=10)
     ours = _train_twice(model, compiled, batch)
     own = torch.compile(reference, mode="reduce-overhead")
     theirs = _train_twice(reference, own, batch)
-    assert len(compiled.coop_record.plans) == 2
+    plans = compiled.coop_record.plans
+    assert len(plans) == 2
+    assert all(abs(plan.budget - 0.8 * plan.baseline_peak) <= 1 for plan in plans), [p.summary() for p in plans]
+    assert all(plan.partition.recomputed() for plan in plans), [p.summary() for p in plans]
     for mine, other in zip(ours, theirs, strict=True):
         for a, b in zip(mine, other, strict=True):
             assert torch.equal(a, b)
@@ -392,3 +399,21 @@ def test_a_re_solve_whose_held_bytes_stay_flat_is_stopped_as_an_excess_outside_t
     assert held_follows_the_plan([first])
     assert not held_follows_the_plan([first, flat])
     assert held_follows_the_plan([first, falling])
+
+
+def test_ddp_and_fsdp2_models_are_refused_in_one_line(tmp_path) -> None:
+    """A DDP- or FSDP2-wrapped model (one gloo process) is refused by name, pointing to coop.plan."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        wrapped = [(DistributedDataParallel(nn.Linear(4, 4)), "DistributedDataParallel"),
+                   (fully_shard(nn.Linear(4, 4)), "FSDPLinear")]
+        for model, name in wrapped:
+            with pytest.raises(CoopError, match=f"{name}-wrapped model yet: use coop.plan") as caught:
+                coop.compile(model, 0.5)
+            assert "\n" not in str(caught.value)
+    finally:
+        dist.destroy_process_group()
