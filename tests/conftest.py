@@ -110,8 +110,6 @@ SLOW_SIBLINGS: dict[str, str] = {
     "test_arena_replay.py::test_arena_training_is_bit_identical_and_allocates_only_the_buffer_once"
     "[mobilenet-store-all]": "nine other cases stay",
     "test_capture.py::test_baseline_peak_matches_metered_peak[mobilenet]": "eight other models stay",
-    "test_fuzz_regressions.py::test_short_limit_bounds_never_exceed_the_optimum_proven_by_highs[98-144]":
-        "graphs 19 and 20 stay",
 }
 
 
