@@ -21,6 +21,19 @@ _CHECKOUT = str(Path(__file__).resolve().parents[1])
 if _CHECKOUT not in sys.path:
     sys.path.insert(0, _CHECKOUT)
 
+# One intra-op thread per pytest-xdist worker when the workers fill the cores (`make test`: 2 workers on 2 cores).
+# With torch's default (one OpenMP thread per core) each worker's threads spin-wait for cores the other worker holds:
+# BERT-tiny's replayed step took 11-16 s at 2 threads and 1.6-1.7 s at 1 under a load of 9 on 2 cores (2026-11-29).
+# Tests whose subject is the thread count set it themselves (test_arena_budget, test_delta_fallback,
+# test_alternatives_norm_forward, test_compile); the child processes the suite starts inherit the setting, and a
+# user's own OMP_NUM_THREADS is kept.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+if _WORKERS and "OMP_NUM_THREADS" not in os.environ:
+    _THREADS = max(1, (os.cpu_count() or 1) // _WORKERS)
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(_THREADS)
+    if "torch" in sys.modules:  # imported before this file (a plugin): OpenMP has read its setting already
+        sys.modules["torch"].set_num_threads(_THREADS)
+
 #: The published Moccasin/Checkmate graphs shipped with the project (graphs/moccasin/README.md names their source).
 MOCCASIN_DIR = Path(__file__).resolve().parents[1] / "graphs" / "moccasin"
 

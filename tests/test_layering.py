@@ -4,6 +4,7 @@ the torch-free engines import no torch, and the formulations import nothing from
 from __future__ import annotations
 
 import ast
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -151,7 +152,10 @@ def coop_imports() -> list[Import]:
     return found
 
 
-IMPORTS = coop_imports()
+@functools.cache
+def imports() -> tuple[Import, ...]:
+    """coop_imports(), parsed once per process on first use (not at collection, which every xdist worker runs)."""
+    return tuple(coop_imports())
 
 
 def layer_of(module: str) -> int:
@@ -166,7 +170,7 @@ def layer_of(module: str) -> int:
 def import_circles() -> list[list[str]]:
     """The strongly connected components of more than one module (Tarjan)."""
     edges: dict[str, set[str]] = {m: set() for m in MODULES}
-    for imp in IMPORTS:
+    for imp in imports():
         if imp.imported in MODULES and imp.imported != imp.importer:
             edges[imp.importer].add(imp.imported)
     index: dict[str, int] = {}
@@ -203,7 +207,7 @@ def import_circles() -> list[list[str]]:
 
 
 def test_every_import_of_coop_resolves_to_a_module() -> None:
-    assert {imp.imported for imp in IMPORTS} - set(MODULES) == set()
+    assert {imp.imported for imp in imports()} - set(MODULES) == set()
 
 
 def test_no_import_circles() -> None:
@@ -211,13 +215,13 @@ def test_no_import_circles() -> None:
 
 
 def test_no_import_points_up_a_layer() -> None:
-    upward = sorted(f"{imp.importer} -> {imp.imported} (line {imp.line})" for imp in IMPORTS
+    upward = sorted(f"{imp.importer} -> {imp.imported} (line {imp.line})" for imp in imports()
                     if layer_of(imp.imported) > layer_of(imp.importer))
     assert upward == []
 
 
 def test_no_module_imports_another_modules_private_names() -> None:
-    private = sorted(f"{imp.importer} imports {name} from {imp.imported} (line {imp.line})" for imp in IMPORTS
+    private = sorted(f"{imp.importer} imports {name} from {imp.imported} (line {imp.line})" for imp in imports()
                      for name in imp.names if name.startswith("_") and imp.imported != imp.importer)
     assert private == []
 
@@ -225,7 +229,7 @@ def test_no_module_imports_another_modules_private_names() -> None:
 def test_an_import_inside_a_function_says_why() -> None:
     """Only to keep ``import coop`` light (torch and the solvers loaded on first use), and the line says so."""
     unexplained = []
-    for imp in IMPORTS:
+    for imp in imports():
         if not imp.in_function:
             continue
         lines = MODULES[imp.importer].read_text().splitlines()

@@ -8,6 +8,7 @@ re-solve against real solves on a CPU step with a measure that adds a known rese
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -89,7 +90,20 @@ def test_no_counters_for_a_step_on_no_single_cuda_device_that_torch_sees() -> No
 
 
 @pytest.fixture(scope="module")
-def cnn_step():  # a small CNN: its min_budget is 0.47 of its peak, room to solve below
+def two_threads() -> Iterator[None]:
+    """The plans below measure the step's kernels' scratch, which depends on the thread count (oneDNN): the cases
+    were sized at torch's default on 2 cores; at 1 thread (tests/conftest.py's setting under pytest-xdist) the
+    re-solve below the reserve's excess found no plan that fits (2026-11-29)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def cnn_step(two_threads):  # a small CNN: its min_budget is 0.47 of its peak, room to solve below
     model, batch, loss_fn = build("cnn")
     captured = coop.capture(model, batch, loss_fn=loss_fn)
     return model, batch, loss_fn, captured
