@@ -163,7 +163,7 @@ def rows_for(name: str, threads: int, source: str, load: str) -> list[dict[str, 
     rows = []
     for budget in BUDGETS:
         row: dict[str, Any] = {"model": name, "nodes": len(new.graph.nodes), "threads": threads, "costs": source,
-                               "load": load, "budget": budget}
+                               "load": load, "loadavg": round(os.getloadavg()[0], 2), "budget": budget}
         try:
             plan_new = _plan(model, batch, loss_fn, budget, new)
             plan_old = _plan(model, batch, loss_fn, budget, old)
@@ -178,10 +178,12 @@ def rows_for(name: str, threads: int, source: str, load: str) -> list[dict[str, 
             "formulation": plan_new.formulation, "store_all_pct": round(store_all_pct, 1),
             "pred_pct": round(100 * predicted_new, 1), "meas_pct": round(100 * measured_new, 1),
             "ok": within(measured_new, predicted_new),
+            "meas_vs_store_all_pct": round(100 * ((1 + measured_new) / (1 + store_all_pct / 100) - 1), 1),
             "old_pred_pct": round(100 * predicted_old, 1), "old_meas_pct": round(100 * measured_old, 1),
             "old_ok": within(measured_old, predicted_old), "plan_changed": not same,
             "new_plan_faster": None if same else measured_new < measured_old,
         })
+        row["ok_vs_store_all"] = within(row["meas_vs_store_all_pct"] / 100, predicted_new)
         if not row["ok"]:
             row["top_ops"] = top_ops(plan_new, threads)
         rows.append(row)
@@ -231,7 +233,9 @@ def notes(rows: list[dict[str, Any]]) -> str:
         done = [r for r in rows if r["threads"] == threads and "ok" in r]
         if done:
             lines.append(f"{threads} thread(s): new costs within the criterion in {sum(r['ok'] for r in done)}/"
-                         f"{len(done)} rows, old costs in {sum(r['old_ok'] for r in done)}/{len(done)}; median "
+                         f"{len(done)} rows against eager and {sum(r['ok_vs_store_all'] for r in done)}/{len(done)} "
+                         f"against the store-all replay, old costs in {sum(r['old_ok'] for r in done)}/{len(done)}; "
+                         "median "
                          f"|gap| new {statistics.median(abs(r['meas_pct'] - r['pred_pct']) for r in done):.1f} pp, "
                          f"old {statistics.median(abs(r['old_meas_pct'] - r['old_pred_pct']) for r in done):.1f} pp")
     changed = [r for r in rows if r.get("plan_changed")]
@@ -240,7 +244,10 @@ def notes(rows: list[dict[str, Any]]) -> str:
                      f"{sum(bool(r['new_plan_faster']) for r in changed)} of them")
     lines.append("Criterion: |measured - predicted| <= max(3 pp, 25 % of predicted). measured = plan step / eager step "
                  "- 1 (plan.benchmark); store_all_pct is the store-all replay's own measured overhead against eager, "
-                 "which every plan of the row carries besides its recomputations. rates: the calibration the new "
+                 "which every plan of the row carries besides its recomputations, and meas_vs_store_all_pct the plan's "
+                 "measured overhead against that replay ((1 + meas) / (1 + store_all) - 1), what the simulator's "
+                 "overhead (extra cost over the baseline's) predicts; loadavg: the 1-minute load average when the row "
+                 "ran (2 cores). rates: the calibration the new "
                  "costs used (default: per-op host µs, FLOP/s, bytes/s, thread-pool wake-up µs; profile: the timing "
                  "interpreter's per-node overhead taken out, and the step's own run).")
     return "\n\n".join(lines)

@@ -25,7 +25,7 @@ class _CountDispatches(TorchDispatchMode):
         super().__init__()
         self.count = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204 - torch's protocol
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.count += 1
         return func(*args, **(kwargs or {}))
 
@@ -140,3 +140,28 @@ def test_a_profiled_capture_records_the_correction() -> None:
     with host_costs(False):
         raw = capture(model, batch, profile=True)
     assert "host_cost" not in raw.graph.meta
+
+
+def test_a_benchmark_says_when_it_ran_at_another_thread_count_than_the_costs_were_measured_at() -> None:
+    """The plan is priced at torch's thread count when captured; timed at another, its text says so."""
+    from coop.planner.benchmark import StepBenchmark, _priced_threads
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model, batch, _ = build("mlp", layers=2, hidden=16, batch=4)
+        captured = capture(model, batch)
+    finally:
+        torch.set_num_threads(previous)
+
+    class Planned:
+        graph = captured.graph
+
+    assert _priced_threads(Planned()) == 1
+    timed = StepBenchmark(plan_ms=2.0, eager_ms=1.0, measured_overhead=1.0, predicted_overhead=0.5, threads=2, steps=9,
+                          warmup=2, priced_threads=1)
+    assert timed.priced_elsewhere() == " (costs measured at 1 thread)"
+    assert timed.as_dict()["priced_threads"] == 1
+    same = StepBenchmark(plan_ms=2.0, eager_ms=1.0, measured_overhead=1.0, predicted_overhead=0.5, threads=1, steps=9,
+                         warmup=2, priced_threads=1)
+    assert same.priced_elsewhere() == ""
