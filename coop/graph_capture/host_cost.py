@@ -5,8 +5,11 @@ microseconds each, and above the intra-op grain size with more than one thread, 
 nominal rates of :mod:`coop.graph_capture.cost` price none of that, so on a step of many small ops a plan's
 recomputations (mostly small pointwise ops) looked cheaper than they run, and the baseline cheaper still (issue 42).
 :func:`machine_rates` measures four numbers once per process and thread count with a short calibration (tens of
-milliseconds on a quiet core), on tensors it makes itself and ops that cannot fail on any values (``add``, ``mul``,
-``view``, ``sum``, ``mm``), in place of the nominal ones:
+milliseconds on a quiet core), on tensors of ones it makes itself and ops that cannot fail on any values (``add``,
+``mul``, ``view``, ``sum``, ``mm``), outside any dispatch mode the caller runs (whose Python work would be timed as
+the machine's), in place of the nominal ones. It is the one place a capture runs kernels without a profile: on
+the CPU only, never the model's ops, never on a CUDA step (see "Capture runs no kernel on made-up data" in
+README.md):
 
 * ``per_op_s``: the host seconds of one dispatched op on a tiny tensor (its kernel is next to nothing);
 * ``flop_rate``: FLOP/s of a 256 x 256 x 256 ``mm`` beyond its host cost;
@@ -27,6 +30,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 #: torch's intra-op grain size (``at::internal::GRAIN_SIZE``): pointwise ops on fewer elements run on one thread.
 GRAIN_SIZE = 32768
@@ -157,7 +161,8 @@ def calibrate(threads: int, timer: Callable[[], float] = time.perf_counter) -> M
     previous = torch.get_num_threads()
     torch.set_num_threads(max(1, int(threads)))
     try:
-        with torch.no_grad():
+        # outside any dispatch mode the caller runs (a mode's Python work is no part of the machine's op cost)
+        with torch.no_grad(), _disable_current_modes():
             tiny = torch.ones(8)
             add, mul, view, total = (torch.ops.aten.add.Tensor._op, torch.ops.aten.mul.Tensor._op,
                                      torch.ops.aten.view.default._op, torch.ops.aten.sum.default._op)
