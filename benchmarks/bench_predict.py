@@ -216,7 +216,10 @@ def run(quick: bool = False, loaded: bool = False, models: tuple[str, ...] = ())
             for threads in THREADS:
                 for source in SOURCES:
                     print(f"bench_predict: {name} {threads} thread(s) {source} ...", file=sys.stderr, flush=True)
-                    rows += rows_for(name, threads, source, "busy core" if loaded else "quiet")
+                    done = rows_for(name, threads, source, "busy core" if loaded else "quiet")
+                    for row in done:  # as they come: a long run stopped midway keeps what it measured
+                        print(f"bench_predict: {row}", file=sys.stderr, flush=True)
+                    rows += done
     finally:
         torch.set_num_threads(previous)
         if busy is not None:
