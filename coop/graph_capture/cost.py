@@ -31,6 +31,7 @@ from torch.utils import _pytree as pytree
 from torch.utils.flop_counter import flop_registry
 
 from coop.errors import CaptureError
+from coop.graph_capture.host_cost import MachineRates, host_costs_enabled
 
 FLOP_RATE = 1e11  # FLOP/s, nominal
 BANDWIDTH = 2e10  # bytes/s, nominal
@@ -114,6 +115,33 @@ def analytic_seconds(node: fx.Node, flops: int) -> float:
     return flops / FLOP_RATE + bytes_moved(node) / BANDWIDTH
 
 
+def replayed_seconds(node: fx.Node, flops: int, rates: MachineRates | None) -> float:
+    """The cost of one fx call node as a replay runs it: the analytic model at the machine's measured rates plus its
+    host cost (:mod:`coop.graph_capture.host_cost`), or the nominal :func:`analytic_seconds` without rates.
+
+    Parameters
+    ----------
+    node : fx.Node
+        A ``call_function`` node of a traced step.
+    flops : int
+        Its FLOPs (:func:`node_flops`).
+    rates : MachineRates or None
+        The calibration of the thread count the step runs at; None for the nominal model.
+
+    Returns
+    -------
+    float
+        Seconds: ``per_op + flops / flop_rate + bytes / bandwidth`` (and the thread pool's wake-up for an op that
+        writes at least a grain of elements with more than one thread); 0 for a ``getitem`` of a tuple, which
+        dispatches nothing.
+    """
+    if rates is None:
+        return analytic_seconds(node, flops)
+    moved = bytes_moved(node)
+    elements = max((t.numel() for t in tensor_leaves(node.meta.get("val"))), default=0) if moved else 0
+    return rates.op_seconds(flops, moved, elements, dispatched=node.target is not operator.getitem)
+
+
 def allocator_bytes(nbytes: int, device: torch.device) -> int:
     """Bytes the device's allocator holds for a storage of ``nbytes``: whole 512-byte blocks on CUDA.
 
@@ -150,13 +178,14 @@ class TimingInterpreter(fx.Interpreter):
         self.seconds: dict[str, float] = {}
         self.storage_bytes: dict[str, list[int]] = {}
         self.devices: dict[str, list[str]] = {}
+        self._cuda = torch.cuda.is_available()  # asked once: asked per node, it was timed with every node
 
     def run_node(self, node: fx.Node) -> Any:
         if node.op != "call_function":
             return super().run_node(node)
         start = time.perf_counter()
         result = super().run_node(node)
-        if torch.cuda.is_available():
+        if self._cuda:
             torch.cuda.synchronize()
         self.seconds[node.name] = min(self.seconds.get(node.name, float("inf")), time.perf_counter() - start)
         self.storage_bytes[node.name] = [t.untyped_storage().nbytes() for t in tensor_leaves(result)]
@@ -314,11 +343,64 @@ class NodeProfile:
     #: may place an output elsewhere (efficient attention's philox seed and offset: meta, so the fake puts them on
     #: the query's CUDA device, where the kernel returns CPU tensors)
     devices: dict[str, list[str]] = field(default_factory=dict)
+    #: the seconds subtracted from each call node's time: what the timing interpreter spends per node beyond what the
+    #: step's own generated code does (:func:`without_interpreter_overhead`); 0.0 where not corrected
+    interpreter_s: float = 0.0
+    #: the fastest whole run of the step's generated code (seconds); None where not measured
+    step_s: float | None = None
+
+
+#: A corrected node keeps at least this share of its measured time (its kernel is never free).
+KEPT_SHARE = 0.1
+
+
+def without_interpreter_overhead(seconds: dict[str, float], step_s: float) -> tuple[dict[str, float], float]:
+    """Per-node seconds less the timing interpreter's own per-node overhead, so that they add up to the step.
+
+    Timing node by node through ``fx.Interpreter`` adds its Python work to every node (the arguments fetched from
+    its environment, the op's Python ``__call__``, the clock): on a step of many small ops the nodes summed to
+    1.5-2.3x the step's own run, so a plan's recomputations of small ops looked dearer against the baseline than
+    they run. The overhead is one amount per node: ``(sum(seconds) - step_s) / len(seconds)``, subtracted from each
+    (each keeping at least :data:`KEPT_SHARE` of its time); nothing is subtracted where the nodes already sum to
+    less than the step.
+
+    Parameters
+    ----------
+    seconds : dict of str to float
+        Measured seconds per call node.
+    step_s : float
+        The step's own run (its generated code, the same ops without the interpreter).
+
+    Returns
+    -------
+    tuple of (dict of str to float, float)
+        The corrected seconds and the overhead subtracted per node.
+    """
+    if not seconds:
+        return dict(seconds), 0.0
+    overhead = max(0.0, (sum(seconds.values()) - step_s) / len(seconds))
+    return {name: max(value - overhead, KEPT_SHARE * value) for name, value in seconds.items()}, overhead
+
+
+def _fastest_run(module: fx.GraphModule, flat_inputs: list[torch.Tensor], repeats: int) -> float:
+    """The fastest of ``repeats`` runs of the step's generated code (after the interpreter's warm-up), in seconds."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        module(*flat_inputs)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def profile_nodes(module: fx.GraphModule, flat_inputs: list[torch.Tensor],
                   repeats: int = PROFILE_REPEATS) -> NodeProfile:
     """Each node's fastest of ``repeats`` runs after one warm-up, and its workspace measured on one more run.
+
+    With host costs on (:func:`coop.graph_capture.host_cost.host_costs_enabled`, the default) the step's own code
+    is timed too (``repeats`` runs) and the interpreter's per-node overhead is taken out of each node
+    (:func:`without_interpreter_overhead`).
 
     The warm-up run also lets the allocator reach the step's high-water mark, so the timed runs
     measure compute rather than first-touch page faults, and one-off allocations that persist
@@ -352,8 +434,13 @@ def profile_nodes(module: fx.GraphModule, flat_inputs: list[torch.Tensor],
             if run == 1:  # the warm-up's numbers include lazy initialisation: start over
                 interpreter.seconds.clear()
             interpreter.run(*flat_inputs)
-    return NodeProfile(seconds=interpreter.seconds, workspace=measure_workspace(module, flat_inputs) or {},
-                       storage_bytes=interpreter.storage_bytes, devices=interpreter.devices)
+        seconds, overhead, step_s = interpreter.seconds, 0.0, None
+        if host_costs_enabled():
+            step_s = _fastest_run(module, flat_inputs, repeats)
+            seconds, overhead = without_interpreter_overhead(seconds, step_s)
+    return NodeProfile(seconds=seconds, workspace=measure_workspace(module, flat_inputs) or {},
+                       storage_bytes=interpreter.storage_bytes, devices=interpreter.devices, interpreter_s=overhead,
+                       step_s=step_s)
 
 
 def profile_seconds(module: fx.GraphModule, flat_inputs: list[torch.Tensor],

@@ -46,11 +46,12 @@ from coop.graph_capture.cost import (
     FLOP_RATE,
     NodeProfile,
     allocator_bytes,
-    analytic_seconds,
     node_flops,
+    replayed_seconds,
     tensor_leaves,
 )
 from coop.graph_capture.fsdp import collective_fields
+from coop.graph_capture.host_cost import MachineRates, host_costs_enabled, machine_rates
 from coop.graph_capture.storage_table import predicted_storage_bytes
 from coop.graph_capture.trace import TracedStep, is_random
 
@@ -118,6 +119,7 @@ def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: st
         of each fx name, FLOPs per node and per fx node.
     """
     seconds = profiled.seconds if profiled is not None else None
+    rates = _replay_rates(traced, allocated_on) if profiled is None else None
     measured_workspace = profiled.workspace if profiled is not None else {}
     fx_graph = traced.module.graph
     storage_owner: dict[int, int] = {}  # storage key -> graph node id
@@ -175,7 +177,8 @@ def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: st
         flops = node_flops(fx_node)
         fx_flops[fx_node.name] = flops
         if fx_node.op == "call_function":
-            fields[node_id]["cost"] += seconds.get(fx_node.name, 0.0) if seconds is not None else analytic_seconds(fx_node, flops)
+            fields[node_id]["cost"] += seconds.get(fx_node.name, 0.0) if seconds is not None else \
+                replayed_seconds(fx_node, flops, rates)
             # scratch of the op (or of a view folded into it) exists only while it runs
             fields[node_id]["workspace"] = max(fields[node_id]["workspace"],
                                                sum(extras.values()) + measured_workspace.get(fx_node.name, 0))
@@ -193,7 +196,7 @@ def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: st
     flops_per_node = {i: 0 for i in fields}
     for fx_name, flops in fx_flops.items():
         flops_per_node[owner_of[fx_name]] += flops
-    meta = _capture_meta(profiled, fx_flops, flops_per_node, host_nodes, missed, moved)
+    meta = _capture_meta(profiled, fx_flops, flops_per_node, host_nodes, missed, moved, rates)
     order = [i for i, f in fields.items() if f["kind"] not in PLACEHOLDER_KIND.values()]
     graph = Graph(name=name, nodes=tuple(nodes), outputs=tuple(dict.fromkeys(outputs["all"])), order=tuple(order), meta=meta)
     return Lowered(graph=graph, fx_names=fx_names, owner_of=owner_of, node_flops=flops_per_node, fx_flops=fx_flops)
@@ -220,20 +223,42 @@ def _new_storages(fx_node: fx.Node, tensors: list[torch.Tensor], storage_owner: 
     return new_storages
 
 
+def _replay_rates(traced: TracedStep, allocated_on: torch.device | None) -> MachineRates | None:
+    """The measured rates an unprofiled CPU step is priced at (:func:`coop.graph_capture.host_cost.machine_rates`, at
+    torch's current thread count); None (the nominal model) with host costs off or for a step with CUDA values."""
+    if not host_costs_enabled() or (allocated_on is not None and allocated_on.type != "cpu"):
+        return None
+    for fx_node in traced.module.graph.nodes:
+        if fx_node.op == "placeholder" and any(t.device.type != "cpu" for t in tensor_leaves(fx_node.meta.get("val"))):
+            return None
+    return machine_rates()
+
+
 def _capture_meta(profiled: NodeProfile | None, fx_flops: dict[str, int], flops_per_node: dict[int, int],
-                  host_nodes: list[int], missed: list[dict[str, Any]], moved: list[dict[str, Any]]) -> dict[str, Any]:
-    """The captured Graph's ``meta``: units, FLOPs, where the bytes came from, host outputs, and (profiled) what
-    the storage table missed and which outputs moved device."""
+                  host_nodes: list[int], missed: list[dict[str, Any]], moved: list[dict[str, Any]],
+                  rates: MachineRates | None = None) -> dict[str, Any]:
+    """The captured Graph's ``meta``: units, FLOPs, where the bytes came from, host outputs, the measured rates
+    (``host_cost``), and (profiled) what the storage table missed and which outputs moved device."""
+    if profiled is not None:
+        unit = "seconds (profiled)"
+    elif rates is not None:
+        unit = "seconds (analytic at this machine's measured rates, with a per-op host cost: coop.graph_capture.host_cost)"
+    else:
+        unit = f"seconds (analytic: flops / {FLOP_RATE:.0e} FLOP/s + bytes moved / {BANDWIDTH:.0e} B/s)"
     meta: dict[str, Any] = {
         "source": "coop.capture",
         "mem_unit": "bytes",
-        "cost_unit": "seconds (profiled)" if profiled is not None else
-        f"seconds (analytic: flops / {FLOP_RATE:.0e} FLOP/s + bytes moved / {BANDWIDTH:.0e} B/s)",
+        "cost_unit": unit,
         "flops": sum(fx_flops.values()),
         "node_flops": {str(i): f for i, f in flops_per_node.items() if f},
         "storage_bytes": "measured on the profiled step" if profiled is not None else
         "storage table (coop.graph_capture.storage_table), else the fake value's storage",
     }
+    if rates is not None:
+        meta["host_cost"] = rates.as_dict()
+    elif profiled is not None and profiled.step_s is not None:
+        meta["host_cost"] = {"interpreter_us": round(1e6 * profiled.interpreter_s, 3),
+                             "step_ms": round(1e3 * profiled.step_s, 3), "threads": torch.get_num_threads()}
     if host_nodes:
         meta["host_outputs"] = host_nodes
     if profiled is not None:

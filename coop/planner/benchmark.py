@@ -36,7 +36,9 @@ class StepBenchmark:
 
     ``measured_overhead`` is ``plan_ms / eager_ms - 1``, on the scale of ``predicted_overhead`` (the simulator's
     extra compute over the baseline; None for a plan that decides its evictions while it runs).
-    ``plan_times_ms`` and ``eager_times_ms`` are the timed steps, in the order they ran.
+    ``plan_times_ms`` and ``eager_times_ms`` are the timed steps, in the order they ran. ``priced_threads`` is the
+    thread count the plan's costs were measured at (``graph.meta["host_cost"]``, :mod:`coop.graph_capture.host_cost`;
+    None where the costs are nominal): a prediction holds at that count (:meth:`priced_elsewhere` says where it differs).
     """
 
     plan_ms: float
@@ -48,6 +50,7 @@ class StepBenchmark:
     warmup: int
     plan_times_ms: tuple[float, ...] = ()
     eager_times_ms: tuple[float, ...] = ()
+    priced_threads: int | None = None
 
     def __str__(self) -> str:
         predicted = "n/a" if self.predicted_overhead is None else f"{100 * self.predicted_overhead:.1f} %"
@@ -55,12 +58,19 @@ class StepBenchmark:
                 f"eager {self.eager_ms:.1f} ms: median of {self.steps} alternating steps after {self.warmup} "
                 f"warm-up, {self.threads} thread{'s' if self.threads != 1 else ''})")
 
+    def priced_elsewhere(self) -> str:
+        """``" (costs measured at N threads)"`` where the plan's costs were measured at another thread count than this
+        benchmark ran at, else ``""``."""
+        if self.priced_threads is None or self.priced_threads == self.threads:
+            return ""
+        return f" (costs measured at {self.priced_threads} thread{'s' if self.priced_threads != 1 else ''})"
+
     def as_dict(self) -> dict[str, Any]:
         """The numbers as a JSON-ready dict (what ``plan.summary()["benchmark"]`` shows)."""
         return {"plan_ms": self.plan_ms, "eager_ms": self.eager_ms, "measured_overhead": self.measured_overhead,
                 "predicted_overhead": self.predicted_overhead, "threads": self.threads, "steps": self.steps,
                 "warmup": self.warmup, "plan_times_ms": list(self.plan_times_ms),
-                "eager_times_ms": list(self.eager_times_ms)}
+                "eager_times_ms": list(self.eager_times_ms), "priced_threads": self.priced_threads}
 
 
 def check_arguments(steps: int, warmup: int, threads: int | None) -> None:
@@ -183,7 +193,14 @@ def benchmark_step(plan: Any, batch: Any, *, steps: int = 9, warmup: int = 2, th
                          measured_overhead=plan_s / eager_s - 1 if eager_s > 0 else float("nan"),
                          predicted_overhead=getattr(plan, "predicted_overhead", None), threads=used, steps=steps,
                          warmup=warmup, plan_times_ms=tuple(1e3 * t for t in plan_times),
-                         eager_times_ms=tuple(1e3 * t for t in eager_times))
+                         eager_times_ms=tuple(1e3 * t for t in eager_times), priced_threads=_priced_threads(plan))
+
+
+def _priced_threads(plan: Any) -> int | None:
+    """The thread count the plan's node costs were measured at (its graph's ``meta["host_cost"]``), or None."""
+    graph = getattr(plan, "graph", None)
+    threads = (getattr(graph, "meta", None) or {}).get("host_cost", {}).get("threads")
+    return threads if isinstance(threads, int) else None
 
 
 @contextlib.contextmanager

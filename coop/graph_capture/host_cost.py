@@ -1,0 +1,195 @@
+"""What a replayed op costs on this machine, at the thread count it runs: the per-op host cost and kernel rates.
+
+A replayed CPU op costs more than its kernel: the dispatcher's work and its output's allocation, a few
+microseconds each, and above the intra-op grain size with more than one thread, waking the thread pool. The
+nominal rates of :mod:`coop.graph_capture.cost` price none of that, so on a step of many small ops a plan's
+recomputations (mostly small pointwise ops) looked cheaper than they run, and the baseline cheaper still (issue 42).
+:func:`machine_rates` measures four numbers once per process and thread count with a short calibration (tens of
+milliseconds on a quiet core), on tensors of ones it makes itself and ops that cannot fail on any values (``add``,
+``mul``, ``view``, ``sum``, ``mm``), outside any dispatch mode the caller runs (whose Python work would be timed as
+the machine's), in place of the nominal ones. It is the one place a capture runs kernels without a profile: on
+the CPU only, never the model's ops, never on a CUDA step (see "Capture runs no kernel on made-up data" in
+README.md):
+
+* ``per_op_s``: the host seconds of one dispatched op on a tiny tensor (its kernel is next to nothing);
+* ``flop_rate``: FLOP/s of a 256 x 256 x 256 ``mm`` beyond its host cost;
+* ``bandwidth``: bytes/s of a 2**20-element ``add`` (two reads, one write) beyond its host cost;
+* ``parallel_s``: what an op above the grain size pays beyond that with more than one thread (0 with one).
+
+:func:`host_costs` turns the calibration off inside a block (the nominal model, as before issue 42): the bench
+compares the plans each model chooses. CUDA nodes keep the nominal model: a GPU step's host work overlaps the
+kernels it queued, which this calibration does not measure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
+
+#: torch's intra-op grain size (``at::internal::GRAIN_SIZE``): pointwise ops on fewer elements run on one thread.
+GRAIN_SIZE = 32768
+#: The sizes of the calibration's kernels.
+MM_SIDE = 256
+BANDWIDTH_ELEMENTS = 1 << 20
+PARALLEL_ELEMENTS = 2 * GRAIN_SIZE
+
+_ENABLED: ContextVar[bool] = ContextVar("coop_host_costs", default=True)
+_CACHE: dict[int, MachineRates] = {}
+
+
+@dataclass(frozen=True)
+class MachineRates:
+    """The measured rates of one thread count (seconds, FLOP/s, bytes/s); see the module docstring."""
+
+    per_op_s: float
+    flop_rate: float
+    bandwidth: float
+    parallel_s: float
+    threads: int
+
+    def op_seconds(self, flops: int, moved: int, elements: int, dispatched: bool) -> float:
+        """Seconds of one replayed op: its host cost (where it is dispatched), FLOPs, bytes and thread-pool wake-up.
+
+        Parameters
+        ----------
+        flops, moved, elements : int
+            The op's FLOPs, bytes read and written, and the elements of its largest output.
+        dispatched : bool
+            Whether the replay dispatches it (an aten op; not a ``getitem`` of a tuple).
+
+        Returns
+        -------
+        float
+            ``per_op_s + flops / flop_rate + moved / bandwidth (+ parallel_s above the grain size)``; 0 if not
+            dispatched.
+        """
+        if not dispatched:
+            return 0.0
+        parallel = self.parallel_s if self.threads > 1 and elements >= GRAIN_SIZE else 0.0
+        return self.per_op_s + flops / self.flop_rate + moved / self.bandwidth + parallel
+
+    def as_dict(self) -> dict[str, float | int]:
+        """The rates as a JSON-ready dict (a captured graph's ``meta["host_cost"]``)."""
+        return {"per_op_us": round(1e6 * self.per_op_s, 3), "flop_rate": self.flop_rate, "bandwidth": self.bandwidth,
+                "parallel_us": round(1e6 * self.parallel_s, 3), "threads": self.threads}
+
+
+def host_costs_enabled() -> bool:
+    """Whether captures price the per-op host cost (True unless inside ``host_costs(False)``)."""
+    return _ENABLED.get()
+
+
+@contextlib.contextmanager
+def host_costs(enabled: bool) -> Iterator[None]:
+    """Captures inside the block price ops with the calibrated rates (True) or the nominal model only (False).
+
+    Parameters
+    ----------
+    enabled : bool
+        The setting inside the block.
+
+    Returns
+    -------
+    Iterator[None]
+        A context manager.
+    """
+    token = _ENABLED.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _ENABLED.reset(token)
+
+
+def machine_rates(threads: int | None = None) -> MachineRates:
+    """The rates of this machine at ``threads`` (default: torch's current count), measured on first use.
+
+    Parameters
+    ----------
+    threads : int or None
+        torch's CPU thread count to measure at; None for the current one.
+
+    Returns
+    -------
+    MachineRates
+        The cached calibration of that thread count (:func:`calibrate`).
+    """
+    count = torch.get_num_threads() if threads is None else int(threads)
+    if count not in _CACHE:
+        _CACHE[count] = calibrate(count)
+    return _CACHE[count]
+
+
+def forget_rates() -> None:
+    """Drop every cached calibration: the next capture measures again (after the machine's load changed)."""
+    _CACHE.clear()
+
+
+def _best_seconds(fn: Callable[[], object], calls: int, blocks: int, timer: Callable[[], float]) -> float:
+    """The least, over ``blocks``, of the mean seconds of ``calls`` back-to-back calls (after one warm-up call): a
+    neighbour's load only adds time."""
+    fn()
+    best = float("inf")
+    for _ in range(blocks):
+        start = timer()
+        for _ in range(calls):
+            fn()
+        best = min(best, (timer() - start) / calls)
+    return best
+
+
+def calibrate(threads: int, timer: Callable[[], float] = time.perf_counter) -> MachineRates:
+    """Measure the rates at ``threads`` CPU threads (restored afterwards); see the module docstring.
+
+    Parameters
+    ----------
+    threads : int
+        torch's CPU thread count while measuring (at least 1).
+    timer : callable
+        The clock in seconds (a test's fake one).
+
+    Returns
+    -------
+    MachineRates
+        The per-op host seconds, FLOP rate, bandwidth and thread-pool wake-up, each positive (the wake-up 0 or more).
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(max(1, int(threads)))
+    try:
+        # outside any dispatch mode the caller runs (a mode's Python work is no part of the machine's op cost)
+        with torch.no_grad(), _disable_current_modes():
+            tiny = torch.ones(8)
+            add, mul, view, total = (torch.ops.aten.add.Tensor._op, torch.ops.aten.mul.Tensor._op,
+                                     torch.ops.aten.view.default._op, torch.ops.aten.sum.default._op)
+
+            def small_ops() -> None:
+                add(tiny, tiny)
+                mul(tiny, tiny)
+                view(tiny, [2, 4])
+                total(tiny)
+
+            per_op = _best_seconds(small_ops, 50, 5, timer) / 4
+            square = torch.ones(MM_SIDE, MM_SIDE)
+            mm = torch.ops.aten.mm.default._op
+            mm_s = _best_seconds(lambda: mm(square, square), 4, 3, timer)
+            wide = torch.ones(BANDWIDTH_ELEMENTS)
+            wide_s = _best_seconds(lambda: add(wide, wide), 4, 3, timer)
+            medium = torch.ones(PARALLEL_ELEMENTS)
+            medium_s = _best_seconds(lambda: add(medium, medium), 10, 3, timer)
+    finally:
+        torch.set_num_threads(previous)
+    floor = 1e-9
+    per_op = max(per_op, floor)
+    flop_rate = 2 * MM_SIDE ** 3 / max(mm_s - per_op, floor)
+    bandwidth = 3 * 4 * BANDWIDTH_ELEMENTS / max(wide_s - per_op, floor)
+    parallel = 0.0 if threads <= 1 else max(0.0, medium_s - per_op - 3 * 4 * PARALLEL_ELEMENTS / bandwidth)
+    return MachineRates(per_op_s=per_op, flop_rate=flop_rate, bandwidth=bandwidth, parallel_s=parallel,
+                        threads=max(1, int(threads)))
+
+
+__all__ = ["GRAIN_SIZE", "MachineRates", "calibrate", "forget_rates", "host_costs", "host_costs_enabled", "machine_rates"]

@@ -1,0 +1,167 @@
+"""The per-op host cost of coop.graph_capture.host_cost (issue 42), against oracles that do not read the cost code:
+dispatches counted by a TorchDispatchMode on the real step, FlopCounterMode's FLOPs, hand arithmetic."""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode
+
+from coop import capture
+from coop.graph_capture import host_cost
+from coop.graph_capture.cost import without_interpreter_overhead
+from coop.graph_capture.host_cost import GRAIN_SIZE, MachineRates, calibrate, host_costs, host_costs_enabled
+from coop.zoo import build
+
+
+class _CountDispatches(TorchDispatchMode):
+    """Counts the aten ops dispatched inside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _fixed(monkeypatch: pytest.MonkeyPatch, rates: MachineRates) -> None:
+    """Captures price at ``rates`` (the module, not the package's ``lower`` function of the same name)."""
+    lowering = importlib.import_module("coop.graph_capture.lower")
+    monkeypatch.setattr(lowering, "machine_rates", lambda threads=None: rates)
+
+
+def test_the_baseline_is_one_host_cost_per_dispatched_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With free kernels, the nodes cost the per-op cost times the ops the captured program dispatches when it runs
+    (counted by a dispatch mode on the real tensors, not by the cost code): every op priced once. (Views of a
+    parameter fold into the parameter's node, which the baseline leaves out as caller-owned.)"""
+    _fixed(monkeypatch, MachineRates(per_op_s=1e-6, flop_rate=1e30, bandwidth=1e30, parallel_s=0.0, threads=1))
+    model, batch, _ = build("mlp", layers=2, hidden=16, batch=4)
+    captured = capture(model, batch)
+    counter = _CountDispatches()
+    with torch.no_grad(), counter:
+        captured.module(*captured.flat_inputs(model, batch))
+    assert counter.count > 20
+    assert sum(n.cost for n in captured.graph.nodes) == pytest.approx(counter.count * 1e-6, rel=1e-6)
+    assert all(n.cost > 0 for n in captured.graph.nodes if not n.caller_owned and not n.output_of)
+
+
+def test_with_free_dispatch_the_baseline_is_the_flops_at_the_measured_rate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FlopCounterMode's count of the eager step over the FLOP rate, when dispatch and bytes cost nothing."""
+    _fixed(monkeypatch, MachineRates(per_op_s=0.0, flop_rate=1e9, bandwidth=1e30, parallel_s=0.0, threads=1))
+    model, batch, _ = build("mlp", layers=2, hidden=16, batch=4)
+    captured = capture(model, batch)
+    with FlopCounterMode(display=False) as counter:
+        model(*batch).backward()
+    model.zero_grad(set_to_none=True)
+    assert sum(n.cost for n in captured.graph.nodes) == pytest.approx(counter.get_total_flops() / 1e9, rel=1e-9)
+
+
+def test_a_one_matmul_step_costs_what_the_hand_count_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``x @ w`` summed, w (8, 16), x (4, 8): the mm node costs one dispatch + 2*4*8*16 FLOPs + (32+128+64)*4 bytes."""
+    rates = MachineRates(per_op_s=3e-6, flop_rate=1e10, bandwidth=1e9, parallel_s=0.0, threads=1)
+    _fixed(monkeypatch, rates)
+
+    class OneMatmul(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(8, 16))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (x @ self.w).sum()
+
+    captured = capture(OneMatmul(), (torch.randn(4, 8),))
+    forward_mm = [n for n in captured.graph.nodes if n.op == "aten.mm.default" and n.kind == "forward"]
+    assert len(forward_mm) == 1
+    expected = 3e-6 + 2 * 4 * 8 * 16 / 1e10 + (4 * 8 + 8 * 16 + 4 * 16) * 4 / 1e9
+    assert forward_mm[0].cost == pytest.approx(expected, rel=1e-9)
+    assert captured.graph.meta["host_cost"]["per_op_us"] == 3.0
+
+
+def test_the_thread_pool_wake_up_is_paid_above_the_grain_size_only_with_threads() -> None:
+    one = MachineRates(per_op_s=1e-6, flop_rate=1e10, bandwidth=1e10, parallel_s=5e-6, threads=1)
+    two = MachineRates(per_op_s=1e-6, flop_rate=1e10, bandwidth=1e10, parallel_s=5e-6, threads=2)
+    assert one.op_seconds(0, 0, GRAIN_SIZE, True) == pytest.approx(1e-6)
+    assert two.op_seconds(0, 0, GRAIN_SIZE, True) == pytest.approx(6e-6)
+    assert two.op_seconds(0, 0, GRAIN_SIZE - 1, True) == pytest.approx(1e-6)
+    assert two.op_seconds(100, 100, GRAIN_SIZE, False) == 0.0
+
+
+def test_host_costs_off_keeps_the_nominal_model() -> None:
+    model, batch, _ = build("mlp", layers=2, hidden=16, batch=4)
+    assert host_costs_enabled()
+    with host_costs(False):
+        assert not host_costs_enabled()
+        nominal = capture(model, batch)
+    assert host_costs_enabled()
+    assert "host_cost" not in nominal.graph.meta
+    assert "nominal" not in nominal.graph.meta["cost_unit"] and "1e+11" in nominal.graph.meta["cost_unit"]
+
+
+def test_calibration_divides_the_measured_times_as_hand_arithmetic_says() -> None:
+    """A fake clock that advances 1 ms per reading: each block of n calls takes 1 ms, so a call takes 1/n ms."""
+    ticks = itertools.count()
+    rates = calibrate(2, timer=lambda: 1e-3 * next(ticks))
+    per_op = 1e-3 / 50 / 4
+    assert rates.per_op_s == pytest.approx(per_op)
+    assert rates.flop_rate == pytest.approx(2 * 256 ** 3 / (1e-3 / 4 - per_op))
+    bandwidth = 12 * 2 ** 20 / (1e-3 / 4 - per_op)
+    assert rates.bandwidth == pytest.approx(bandwidth)
+    assert rates.parallel_s == pytest.approx(1e-3 / 10 - per_op - 12 * 2 * GRAIN_SIZE / bandwidth)
+    assert calibrate(1, timer=lambda: 1e-3 * next(ticks)).parallel_s == 0.0
+
+
+def test_the_real_calibration_is_positive_and_cached_per_thread_count() -> None:
+    host_cost.forget_rates()
+    rates = host_cost.machine_rates(1)
+    assert rates.per_op_s > 0 and rates.flop_rate > 0 and rates.bandwidth > 0 and rates.parallel_s == 0.0
+    assert host_cost.machine_rates(1) is rates
+
+
+def test_the_interpreter_overhead_is_taken_out_as_one_amount_per_node() -> None:
+    corrected, overhead = without_interpreter_overhead({"a": 10.0, "b": 4.0, "c": 1.0}, step_s=9.0)
+    assert overhead == pytest.approx(2.0)  # (15 - 9) / 3
+    assert corrected == pytest.approx({"a": 8.0, "b": 2.0, "c": 0.1})  # c keeps a tenth of its time
+    unchanged, none = without_interpreter_overhead({"a": 1.0}, step_s=5.0)
+    assert unchanged == {"a": 1.0} and none == 0.0
+
+
+def test_a_profiled_capture_records_the_correction() -> None:
+    model, batch, _ = build("mlp", layers=2, hidden=16, batch=4)
+    captured = capture(model, batch, profile=True)
+    meta = captured.graph.meta["host_cost"]
+    assert meta["interpreter_us"] >= 0 and meta["step_ms"] > 0
+    assert all(n.cost >= 0 for n in captured.graph.nodes)
+    with host_costs(False):
+        raw = capture(model, batch, profile=True)
+    assert "host_cost" not in raw.graph.meta
+
+
+def test_a_benchmark_says_when_it_ran_at_another_thread_count_than_the_costs_were_measured_at() -> None:
+    """The plan is priced at torch's thread count when captured; timed at another, its text says so."""
+    from coop.planner.benchmark import StepBenchmark, _priced_threads
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model, batch, _ = build("mlp", layers=2, hidden=16, batch=4)
+        captured = capture(model, batch)
+    finally:
+        torch.set_num_threads(previous)
+
+    class Planned:
+        graph = captured.graph
+
+    assert _priced_threads(Planned()) == 1
+    timed = StepBenchmark(plan_ms=2.0, eager_ms=1.0, measured_overhead=1.0, predicted_overhead=0.5, threads=2, steps=9,
+                          warmup=2, priced_threads=1)
+    assert timed.priced_elsewhere() == " (costs measured at 1 thread)"
+    assert timed.as_dict()["priced_threads"] == 1
+    same = StepBenchmark(plan_ms=2.0, eager_ms=1.0, measured_overhead=1.0, predicted_overhead=0.5, threads=1, steps=9,
+                         warmup=2, priced_threads=1)
+    assert same.priced_elsewhere() == ""
