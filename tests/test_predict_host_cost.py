@@ -31,9 +31,10 @@ class _CountDispatches(TorchDispatchMode):
 
 
 def _fixed(monkeypatch: pytest.MonkeyPatch, rates: MachineRates) -> None:
-    """Captures price at ``rates`` (the module, not the package's ``lower`` function of the same name)."""
+    """Captures price at ``rates`` with host costs on (the module, not the package's ``lower`` function of the same name)."""
     lowering = importlib.import_module("coop.graph_capture.lower")
     monkeypatch.setattr(lowering, "machine_rates", lambda threads=None: rates)
+    monkeypatch.setattr(lowering, "host_costs_enabled", lambda: True)  # off by default: these tests price with it
 
 
 def test_the_baseline_is_one_host_cost_per_dispatched_op(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -92,15 +93,18 @@ def test_the_thread_pool_wake_up_is_paid_above_the_grain_size_only_with_threads(
     assert two.op_seconds(100, 100, GRAIN_SIZE, False) == 0.0
 
 
-def test_host_costs_off_keeps_the_nominal_model() -> None:
+def test_host_costs_are_off_by_default_and_keep_the_nominal_model() -> None:
     model, batch, _ = build("mlp", layers=2, hidden=16, batch=4)
-    assert host_costs_enabled()
-    with host_costs(False):
-        assert not host_costs_enabled()
-        nominal = capture(model, batch)
-    assert host_costs_enabled()
+    assert not host_costs_enabled()
+    nominal = capture(model, batch)
     assert "host_cost" not in nominal.graph.meta
     assert "nominal" not in nominal.graph.meta["cost_unit"] and "1e+11" in nominal.graph.meta["cost_unit"]
+    with host_costs(True):
+        assert host_costs_enabled()
+        priced = capture(model, batch)
+    assert not host_costs_enabled()
+    assert priced.graph.meta["host_cost"]["threads"] == torch.get_num_threads()
+    assert "measured rates" in priced.graph.meta["cost_unit"]
 
 
 def test_calibration_divides_the_measured_times_as_hand_arithmetic_says() -> None:
@@ -133,7 +137,8 @@ def test_the_interpreter_overhead_is_taken_out_as_one_amount_per_node() -> None:
 
 def test_a_profiled_capture_records_the_correction() -> None:
     model, batch, _ = build("mlp", layers=2, hidden=16, batch=4)
-    captured = capture(model, batch, profile=True)
+    with host_costs(True):
+        captured = capture(model, batch, profile=True)
     meta = captured.graph.meta["host_cost"]
     assert meta["interpreter_us"] >= 0 and meta["step_ms"] > 0
     assert all(n.cost >= 0 for n in captured.graph.nodes)
@@ -150,7 +155,8 @@ def test_a_benchmark_says_when_it_ran_at_another_thread_count_than_the_costs_wer
     torch.set_num_threads(1)
     try:
         model, batch, _ = build("mlp", layers=2, hidden=16, batch=4)
-        captured = capture(model, batch)
+        with host_costs(True):
+            captured = capture(model, batch)
     finally:
         torch.set_num_threads(previous)
 

@@ -39,7 +39,7 @@ MM_SIDE = 256
 BANDWIDTH_ELEMENTS = 1 << 20
 PARALLEL_ELEMENTS = 2 * GRAIN_SIZE
 
-_ENABLED: ContextVar[bool] = ContextVar("coop_host_costs", default=True)
+_ENABLED: ContextVar[bool] = ContextVar("coop_host_costs", default=False)
 _CACHE: dict[int, MachineRates] = {}
 
 
@@ -81,7 +81,8 @@ class MachineRates:
 
 
 def host_costs_enabled() -> bool:
-    """Whether captures price the per-op host cost (True unless inside ``host_costs(False)``)."""
+    """Whether captures price the per-op host cost (only inside ``host_costs(True)``: off by default until bench_predict
+    shows it predicts better; see BENCHMARKS.md, bench_predict)."""
     return _ENABLED.get()
 
 
