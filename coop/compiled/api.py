@@ -29,6 +29,7 @@ from torch._dynamo.eval_frame import OptimizedModule
 from torch._dynamo.exc import BackendCompilerFailed
 
 from coop.budget import min_budget
+from coop.compiled.inductor_buffers import BufferObserver, step_peak
 from coop.compiled.measure import held_bytes, step_loss
 from coop.compiled.partitioner import CompiledPlan, CoopPartitioner
 from coop.errors import CoopError
@@ -48,6 +49,9 @@ class CompileRound:
     predicted_peak: int
     measured_peak: int | None
     reason: str
+    #: the step's peak from the buffers inductor's generated code keeps (:mod:`coop.compiled.inductor_buffers`),
+    #: caller-owned values included as in ``measured_peak``; None when no compiled graph was observed
+    observed_peak: int | None = None
 
 
 @dataclass
@@ -56,6 +60,19 @@ class CompiledRecord:
 
     partitioner: CoopPartitioner
     rounds: list[CompileRound] = field(default_factory=list)
+    #: the kernels and buffers inductor generated for each compiled graph (None: the user set their own
+    #: ``_post_fusion_custom_pass``, which coop leaves in place)
+    buffers: BufferObserver | None = None
+
+    def observed_peak(self, plan: CompiledPlan) -> int | None:
+        """The peak of ``plan``'s forward and backward from the buffers inductor keeps, caller-owned values
+        included; None until both graphs were compiled (the backward compiles at the first backward)."""
+        if self.buffers is None:
+            return None
+        forward, backward = self.buffers.of(plan.joint.graph.name)
+        if forward is None or backward is None:
+            return None
+        return step_peak(forward, backward, len(plan.partition.saved)) + sum(n.mem for n in plan.joint.graph.nodes if n.caller_owned)
 
     @property
     def plans(self) -> list[CompiledPlan]:
@@ -65,8 +82,9 @@ class CompiledRecord:
         lines = [plan.summary() for plan in self.plans] or ["no graph planned yet (the model has not run)"]
         for number, r in enumerate(self.rounds):
             measured = "not measured" if r.measured_peak is None else f"measured {r.measured_peak:,} B"
+            observed = "" if r.observed_peak is None else f" (inductor's buffers: {r.observed_peak:,} B)"
             lines.append(f"round {number}: {r.reason}; budget {r.budget:,} B (shave {r.shave:,} B), predicted "
-                         f"{r.predicted_peak:,} B, {measured}")
+                         f"{r.predicted_peak:,} B, {measured}{observed}")
         return "\n".join(lines)
 
 
@@ -164,10 +182,13 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
     def compile_with(shave: int) -> nn.Module:
         part = CoopPartitioner(budget, formulation=formulation, time_limit=time_limit, threads=threads, shave=shave,
                                verbose=verbose)
-        compiled = torch.compile(model, backend="inductor", options={**user_options, "custom_partitioner_fn": part},
-                                 **compile_kwargs)
+        options = {**user_options, "custom_partitioner_fn": part}
+        observer = None
+        if options.get("_post_fusion_custom_pass") is None:
+            observer = options["_post_fusion_custom_pass"] = BufferObserver()
+        compiled = torch.compile(model, backend="inductor", options=options, **compile_kwargs)
         compiled.__class__ = CoopCompiledModule
-        compiled.coop_record = CompiledRecord(partitioner=part)
+        compiled.coop_record = CompiledRecord(partitioner=part, buffers=observer)
         return compiled
 
     if example_batch is None:
@@ -219,7 +240,7 @@ def _fit_measured(compile_with: Callable[[int], nn.Module], batch: Any, loss_fn:
         held = measured + sum(n.mem for n in plan.joint.graph.nodes if n.caller_owned)
         reason = "first plan" if number == 0 else "planned again below the measured excess"
         history.append(CompileRound(shave=shave, budget=plan.budget, predicted_peak=plan.peak, measured_peak=held,
-                                    reason=reason))
+                                    reason=reason, observed_peak=record.observed_peak(plan)))
         planned_shave = shave
         if best is None or held < best.held:
             best = _Attempt(compiled, record, held)

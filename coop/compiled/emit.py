@@ -22,6 +22,7 @@ from typing import Any
 from torch import fx
 from torch._functorch.partitioners import _extract_fwd_bwd_outputs
 
+from coop.compiled.inductor_buffers import COOP_GRAPH, JOINT_VALUE
 from coop.compiled.joint import JointGraph
 from coop.errors import CoopError
 from coop.schedule import Schedule
@@ -115,6 +116,7 @@ class _Emitter:
         key = (phase, node.name, serial)
         if key not in self.values:
             self.values[key] = self.graphs[phase].node_copy(node, lambda a: self.resolve(a, phase, instances))
+            self.values[key].meta[JOINT_VALUE] = node.name
         return self.values[key]
 
     def _tangent(self, phase: str, node: fx.Node) -> fx.Node:
@@ -152,6 +154,7 @@ class _Emitter:
             emitted = self.graphs[phase].node_copy(fx_node, lambda a: self.resolve(a, phase, instances))
             emitted.meta[JOINT_NAME] = fx_node.name
             self.counts[phase][fx_node.name] += 1
+        emitted.meta[JOINT_VALUE] = fx_node.name
         self.values[(self.instance_phase[self.serial], fx_node.name, self.serial)] = emitted
         self.instance[node_id] = self.serial
 
@@ -231,6 +234,8 @@ def _modules(gm: fx.GraphModule, emitter: _Emitter, fwd_out: list[Any], fwd_desc
     for node in backward_graph.nodes:
         if node.op in ("call_function", "get_attr"):
             node.meta["autograd_backward"] = True
+    for node in [*forward_graph.nodes, *backward_graph.nodes]:
+        node.meta[COOP_GRAPH] = emitter.joint.graph.name
     forward_graph.eliminate_dead_code()
     backward_graph.eliminate_dead_code()
     forward_graph.lint()
