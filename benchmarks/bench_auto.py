@@ -286,21 +286,31 @@ def unseen_cells(groups: tuple[str, ...], random_graphs: int = 9, out: Path | No
     return cells
 
 
+def main(argv: list[str] | None = None) -> int:
+    """The command line (module docstring): the random and zoo rows, ``--time-table`` or ``--unseen``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--unseen", help="comma-separated groups of the unseen table: 7b, cnn, random")
+    parser.add_argument("--random-graphs", type=int, default=9, help="random graphs in the unseen table")
+    parser.add_argument("--out", type=Path, help="append the unseen table's JSON lines to this file")
+    parser.add_argument("--time-table", action="store_true", help="wall time against the limit per formulation")
+    parser.add_argument("--limits", help=f"comma-separated limits of the time table (default {TIME_LIMITS})")
+    parser.add_argument("--formulations", help="comma-separated formulations of the time table (default: all)")
+    parser.add_argument("--graphs", type=int, default=RANDOM_GRAPHS, help="random graphs of the default rows")
+    parser.add_argument("--time-limit", type=float, default=10.0, help="seconds per solve of the default rows")
+    args = parser.parse_args(argv)
+    if args.unseen:
+        unseen_cells(tuple(args.unseen.split(",")), args.random_graphs, args.out)
+    elif args.time_table:
+        limits = tuple(float(x) for x in args.limits.split(",")) if args.limits else TIME_LIMITS
+        time_rows(limits, tuple(args.formulations.split(",")) if args.formulations else TIMED)
+    else:
+        for row in random_rows(args.graphs, args.time_limit) + zoo_rows(args.time_limit):
+            print(row, flush=True)
+    return 0
+
+
 if __name__ == "__main__":
-    if "--unseen" in sys.argv:
-        groups = tuple(sys.argv[sys.argv.index("--unseen") + 1].split(","))
-        count = int(sys.argv[sys.argv.index("--random-graphs") + 1]) if "--random-graphs" in sys.argv else 9
-        out = Path(sys.argv[sys.argv.index("--out") + 1]) if "--out" in sys.argv else None
-        unseen_cells(groups, count, out)
-        sys.exit(0)
-    if "--time-table" in sys.argv:
-        limits = tuple(float(x) for x in sys.argv[sys.argv.index("--limits") + 1].split(",")) if "--limits" in \
-            sys.argv else TIME_LIMITS
-        names = tuple(sys.argv[sys.argv.index("--formulations") + 1].split(",")) if "--formulations" in sys.argv \
-            else TIMED
-        time_rows(limits, names)
-        sys.exit(0)
-    graphs = int(sys.argv[sys.argv.index("--graphs") + 1]) if "--graphs" in sys.argv else RANDOM_GRAPHS
-    limit = float(sys.argv[sys.argv.index("--time-limit") + 1]) if "--time-limit" in sys.argv else 10.0
-    for row in random_rows(graphs, limit) + zoo_rows(limit):
-        print(row, flush=True)
+    sys.exit(main())
