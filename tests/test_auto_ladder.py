@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,6 +35,8 @@ from tests.eager_oracle import assert_step_equals_eager
 from tests.strategies import random_graphs
 from tests.test_bruteforce_oracle import _eight_nodes_least_peak_57 as eight_nodes_least_peak_57
 from tests.test_options_contract import chain as training_chain
+
+GRAPHS = Path(__file__).resolve().parents[1] / "graphs" / "moccasin"
 
 
 class ConvNet(nn.Module):
@@ -203,3 +206,30 @@ def test_auto_whose_ladder_spent_the_limit_skips_checkpoint_all_and_says_so(monk
     assert result.schedule is None
     assert result.rungs[-1].formulation == "checkpoint-all"
     assert result.rungs[-1].status.startswith("skipped: time limit reached"), result.rungs
+
+
+def test_auto_keeps_no_reserve_for_checkpoint_all_where_it_refuses_the_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The published 250-node random layered graph has no backward part: checkpoint-all refuses it, so auto's first
+    solver rung gets the whole limit (a reserve for it left Moccasin 4.4 s of 5 s on the 1,000-node graph, where its
+    warm starts found nothing under load and Moccasin alone found a schedule: issue 40)."""
+    import coop.formulations.ladder.auto as auto_module
+    from coop.graph_files import load_graph
+
+    graph = load_graph(GRAPHS / "random_layered_n250_w0.43_nlv0.75_ed0.2_scd0.14.json")
+    assert len(graph.order) > auto_module.EXACT_MAX_NODES and not graph.has_backward
+    budget = math.ceil(0.8 * baseline_peak(graph))
+    with pytest.raises(InfeasibleError):  # no baseline fits: the ladder's rungs are all there is
+        cheapest_fitting_baseline(graph, budget)
+    given_s: list[float] = []
+    real_run_solver = auto_module.run_solver
+
+    def record(graph: Graph, budget: int, name: str, options: Any = None, **keywords: Any) -> Any:
+        """Solver rungs record what of auto's time they were not given and find nothing (a stub)."""
+        if name in (*BASELINES, "per-layer"):
+            return real_run_solver(graph, budget, name, options, **keywords)
+        given_s.append(options.deadline.remaining() - options.time_limit)
+        return SolveResult(formulation=name, status="unknown", message="found nothing (stub)")
+
+    monkeypatch.setattr(auto_module, "run_solver", record)
+    solve(graph, budget, "auto", time_limit=5, threads=1)
+    assert given_s and given_s[0] < 0.05 * 5, given_s  # the first rung's limit is what is left of auto's
