@@ -44,24 +44,32 @@ def solve_pulp(model: LinearModel, name: str, time_limit: float, threads: int, v
     """
     import pulp
 
-    started = time.perf_counter()
+    started = _clock()
+    deadline = started + time_limit
     if time_limit - _PULP_IO_S_PER_NONZERO * model.nonzeros < LEAST_SOLVE_S:  # not even the PuLP model in time
         return MilpSolution(status="unknown", message=f"{name}: time limit reached while building the model")
     objective_scale, options = _cbc_settings(model) if name == "cbc" else (1.0, ())
-    problem, variables = _pulp_problem(pulp, model, objective_scale)
-    # Building the PuLP model, writing it as MPS and reading the solution back take seconds on
-    # large models (about 8 us per nonzero, measured on a 1.1M-nonzero Checkmate model): they
-    # count against the limit.
-    deadline = started + time_limit - _PULP_IO_S_PER_NONZERO * model.nonzeros
-    log = _run_pulp(pulp, problem, name, deadline, threads, verbose, bool(model.hint), options)
+    built = _pulp_problem(pulp, model, objective_scale, deadline)
+    if built is None:
+        return MilpSolution(status="unknown", message=(
+            f"{name}: time limit reached while building the model (the PuLP model would not have been built and "
+            f"written in the {time_limit:.0f} s left)"))
+    problem, variables = built
+    # Writing the PuLP model as MPS and reading the solution back count against the limit too: as much again as a
+    # share of the time building it took (the same Python work per nonzero, slowed alike by a loaded machine)
+    solver_deadline = deadline - _PULP_IO_PER_BUILD_S * (_clock() - started)
+    log = _run_pulp(pulp, problem, name, solver_deadline, threads, verbose, bool(model.hint), options)
     if isinstance(log, MilpSolution):
         return log
     return _pulp_solution(pulp, problem, variables, model, name, log, objective_scale)
 
 
-def _pulp_problem(pulp: Any, model: LinearModel, objective_scale: float) -> tuple[Any, list[Any]]:
+def _pulp_problem(pulp: Any, model: LinearModel, objective_scale: float,
+                  deadline: float = math.inf) -> tuple[Any, list[Any]] | None:
     """The model as a PuLP problem (objective divided by ``objective_scale``), and its variables in
-    the model's order (hint values set)."""
+    the model's order (hint values set); None as soon as the rows built so far show that building them all and
+    writing them out (:data:`_PULP_IO_PER_BUILD_S`) would end past ``deadline`` (a ``_clock`` reading)."""
+    build_started = _clock()
     problem = pulp.LpProblem("coop", pulp.LpMinimize)
     variables = []
     for index, (kind, lo, hi) in enumerate(zip(model.kinds, model.lower, model.upper)):
@@ -72,9 +80,14 @@ def _pulp_problem(pulp: Any, model: LinearModel, objective_scale: float) -> tupl
             variable.lowBound, variable.upBound = lo, hi
         variables.append(variable)
     problem += pulp.LpAffineExpression([(variables[v], c / objective_scale) for v, c in model.objective])
-    for terms, sense, rhs in model.rows:
+    rows = len(model.rows)
+    for index, (terms, sense, rhs) in enumerate(model.rows, start=1):
         expr = pulp.LpAffineExpression([(variables[v], c) for v, c in terms])
         problem += {"<=": expr <= rhs, ">=": expr >= rhs, "==": expr == rhs}[sense]
+        if index % _ROWS_PER_CHECK == 0:
+            projected = (_clock() - build_started) * rows / index * (1 + _PULP_IO_PER_BUILD_S)
+            if build_started + projected > deadline:
+                return None
     for var, value in model.hint.items():
         variables[var].setInitialValue(value)
     return problem, variables
@@ -84,7 +97,7 @@ def _run_pulp(pulp: Any, problem: Any, name: str, deadline: float, threads: int,
               options: tuple[str, ...]) -> str | MilpSolution:
     """Solve ``problem`` in place until ``deadline`` (perf_counter); returns the solver's log, or the
     MilpSolution to report when no solve could be made (no time left, CBC overran and was stopped)."""
-    time_limit = deadline - time.perf_counter()
+    time_limit = deadline - _clock()
     if time_limit < LEAST_SOLVE_S:
         return MilpSolution(status="unknown", message=f"{name}: time limit reached while building the model")
     with tempfile.TemporaryDirectory(prefix="coop-cbc-") as folder:
@@ -93,12 +106,12 @@ def _run_pulp(pulp: Any, problem: Any, name: str, deadline: float, threads: int,
             # PuLP 3.3 flags its bundled CBC as deprecated for 4.0; it is still the one shipped.
             warnings.simplefilter("ignore", DeprecationWarning)
             backend = _pulp_backend(pulp, name, time_limit, threads, verbose, warm, log_path, folder, options)
-        solver_started = time.perf_counter()
+        solver_started = _clock()
         try:
             with solver_output(verbose):  # CBC writes to its log file; Gurobi and CPLEX to stdout
                 problem.solve(backend)
         except pulp.PulpSolverError as exc:
-            if name == "cbc" and time.perf_counter() - solver_started >= time_limit:
+            if name == "cbc" and _clock() - solver_started >= time_limit:
                 return MilpSolution(status="unknown", message=(
                     f"cbc: no solution within the time limit (its root LP or preprocessing ran past its own "
                     f"{_cbc_seconds(time_limit):.0f} s limit and it was stopped at the deadline, {time_limit:.0f} s)"))
@@ -135,7 +148,18 @@ def _pulp_solution(pulp: Any, problem: Any, variables: list[Any], model: LinearM
 #: deadline and kills it ``_CBC_KILL_S`` later, so an overrunning CBC costs at most that past the limit.
 _CBC_GRACE_S = 2.0
 _CBC_KILL_S = 2
+#: The least seconds per nonzero of building the PuLP model, writing it as MPS and reading the solution back (a
+#: 1.1M-nonzero Checkmate model, quiet machine): a limit below it is not worth starting.
 _PULP_IO_S_PER_NONZERO = 8e-6
+#: Writing the MPS file and reading the solution back, per second of building the PuLP model. ResNet-50's Checkmate
+#: model at 0.8 of its peak (2,265,559 nonzeros, load average 5.7 on 2 cores): built in 33.5 s (14.8 us per
+#: nonzero), written in 19.5 s (ratio 0.58); the rest is the read-back. With a fixed 8 us per nonzero in its place,
+#: `checkmate` at a 30 s limit took 38.1 s and at 45 s 51.7 s there.
+_PULP_IO_PER_BUILD_S = 0.7
+#: How often (in rows) building the PuLP model checks that it will end in time.
+_ROWS_PER_CHECK = 2000
+#: The clock of the deadlines above (tests substitute a fake one).
+_clock = time.perf_counter
 
 
 def _cbc_settings(model: LinearModel) -> tuple[float, tuple[str, ...]]:
