@@ -20,12 +20,14 @@ from coop.formulations import SolveResult
 from coop.formulations.ladder.auto import cheapest_fitting_baseline
 from coop.graph import Graph
 from coop.graph_capture import Captured
+from coop.graph_capture.autograd_cost import AutogradWork, autograd_work
 from coop.graph_capture.batch import Batch
 from coop.graph_capture.context import TrainingContext
 from coop.memory_viz import write_memory_viz
 from coop.planner.base import BasePlan, LossFn, recapture
 from coop.planner.dynamic import DynamicPlan
 from coop.planner.plan_files import plan_document, read_plan, write_plan
+from coop.planner.prediction import eager_rates, overhead_against_eager
 from coop.planner.rounds import Round, replan_within
 from coop.runtime.executor import Executor, replay_graph
 from coop.runtime.graph_replay import GraphAPI, GraphReplay
@@ -58,6 +60,7 @@ class Plan(BasePlan):
         self.graph_replay: GraphReplay | None = None
         #: the solves coop.plan took to reach this plan (:mod:`coop.planner.rounds`); empty for a loaded plan
         self.rounds: list[Round] = []
+        self._autograd_work: AutogradWork | None = None
 
     def use_cuda_graph(self, api: GraphAPI | None = None) -> None:
         """Replay the plan's program as one CUDA graph, captured at the first step (coop.runtime.graph_replay;
@@ -99,8 +102,33 @@ class Plan(BasePlan):
         return self.simulation.peak
 
     @property
-    def predicted_overhead(self) -> float:
+    def predicted_recompute_overhead(self) -> float:
+        """The recomputations' (and page transfers') cost over the captured program's, by the node costs alone:
+        ``(schedule cost - baseline cost) / baseline cost``, what the solver minimises (the predicted overhead before
+        issue 42)."""
         return self.simulation.overhead
+
+    @property
+    def predicted_overhead(self) -> float:
+        """The predicted ``plan step / eager step - 1`` at torch's current thread count, the scale ``benchmark()``
+        measures: eager's autograd work counted in its step (:mod:`coop.planner.prediction`), so a plan that
+        recomputes little predicts a negative overhead. :attr:`predicted_recompute_overhead` where that term does
+        not apply."""
+        return self.predicted_overhead_at(None)
+
+    def predicted_overhead_at(self, threads: int | None) -> float:
+        """:attr:`predicted_overhead` with autograd priced at ``threads`` CPU threads (None: torch's current count;
+        the calibration runs once per thread count, :func:`coop.graph_capture.autograd_cost.autograd_rates`)."""
+        simulation = self.simulation
+        return overhead_against_eager(simulation.cost, simulation.baseline_cost, self.autograd_work,
+                                      eager_rates(self.graph, threads))
+
+    @property
+    def autograd_work(self) -> AutogradWork:
+        """What autograd does in the eager step this plan replaces (counted once on the captured program)."""
+        if self._autograd_work is None:
+            self._autograd_work = autograd_work(self.captured)
+        return self._autograd_work
 
     def summary(self) -> dict[str, Any]:
         """Peak, overhead, budget and solver status as a JSON-ready dict."""
@@ -109,6 +137,8 @@ class Plan(BasePlan):
             **super().summary(),
             "peak_fraction": self.predicted_peak / self.baseline_peak,
             "predicted_overhead": self.predicted_overhead,
+            "predicted_recompute_overhead": self.predicted_recompute_overhead,
+            "autograd_cost": _autograd_summary(self.graph, self.autograd_work),
             "min_budget": min_budget(self.graph),
             "nodes": len(self.graph.nodes),
             "steps": len(self.schedule),
@@ -229,6 +259,13 @@ class Plan(BasePlan):
         measured = "" if self.last_benchmark is None else f", measured {self.last_benchmark.measured_overhead:.1%}"
         return (f"Plan({self.graph.name}, {self.formulation}, peak {format_memory(self.predicted_peak, self.graph)} of "
                 f"{format_memory(self.baseline_peak, self.graph)}, overhead {self.predicted_overhead:.1%}{measured})")
+
+
+def _autograd_summary(graph: Graph, work: AutogradWork) -> dict[str, Any] | None:
+    """The autograd term of ``summary()["predicted_overhead"]`` at torch's current thread count (rates in µs, the
+    counted work), or None where it does not apply."""
+    rates = eager_rates(graph, None)
+    return None if rates is None else {**rates.as_dict(), "recorded": work.recorded, "nodes": work.nodes}
 
 
 def refuse_arena_off_cpu(graph: Graph) -> None:
