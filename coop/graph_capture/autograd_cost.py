@@ -225,7 +225,8 @@ def autograd_work(captured: Captured) -> AutogradWork:
     Parameters
     ----------
     captured : Captured
-        A captured step.
+        The step as traced: its joint fx program (forward and backward), whose placeholders say which inputs are
+        parameters.
 
     Returns
     -------
@@ -236,7 +237,7 @@ def autograd_work(captured: Captured) -> AutogradWork:
     forward = _ancestors(output_nodes(graph)[0])
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     requiring = {n for n, (kind, _) in zip(placeholders, captured.placeholders, strict=True) if kind == "param"}
-    parameters = len(requiring)
+    parameters = len(requiring & forward)  # a parameter the loss does not reach has no AccumulateGrad to run
     recorded = 0
     for fx_node in graph.nodes:
         if fx_node not in forward or not any(a in requiring for a in fx_node.all_input_nodes):
