@@ -221,8 +221,12 @@ def test_a_benchmark_predicts_at_the_thread_count_it_ran_at(transformer, monkeyp
     _, batch, recorded, nodes, _, plan = transformer
     by_threads = {n: AutogradRates(record_s=1e-6 * n, node_s=5e-6 * n, threads=n) for n in (1, 2, 4, 8, 16)}
     _fixed(monkeypatch, by_threads)
+    monkeypatch.setattr(plan, "last_benchmark", None)  # put back after the test: the fixture is shared
     result = plan.benchmark(batch, steps=1, warmup=0, threads=2)
     simulation = plan.simulation
     eager = simulation.baseline_cost + recorded * 2e-6 + nodes * 10e-6
     assert result.threads == 2
     assert result.predicted_overhead == pytest.approx(simulation.cost / eager - 1)
+    # what summary() shows beside the measurement is priced like it, at 2 threads
+    assert plan.predicted_overhead == result.predicted_overhead == plan.summary()["predicted_overhead"]
+    assert plan.summary()["autograd_cost"]["threads"] == 2

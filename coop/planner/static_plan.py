@@ -110,11 +110,12 @@ class Plan(BasePlan):
 
     @property
     def predicted_overhead(self) -> float:
-        """The predicted ``plan step / eager step - 1`` at torch's current thread count, the scale ``benchmark()``
-        measures: eager's autograd work counted in its step (:mod:`coop.planner.prediction`), so a plan that
-        recomputes little predicts a negative overhead. :attr:`predicted_recompute_overhead` where that term does
-        not apply."""
-        return self.predicted_overhead_at(None)
+        """The predicted ``plan step / eager step - 1``, the scale ``benchmark()`` measures: eager's autograd work
+        counted in its step (:mod:`coop.planner.prediction`), so a plan that recomputes little predicts a negative
+        overhead. Priced at the thread count of the last ``benchmark()`` (the measurement ``summary()`` shows beside
+        it), else at torch's current count. :attr:`predicted_recompute_overhead` where that term does not apply."""
+        measured = self.last_benchmark
+        return self.predicted_overhead_at(measured.threads if measured is not None else None)
 
     def predicted_overhead_at(self, threads: int | None) -> float:
         """:attr:`predicted_overhead` with autograd priced at ``threads`` CPU threads (None: torch's current count;
@@ -138,7 +139,8 @@ class Plan(BasePlan):
             "peak_fraction": self.predicted_peak / self.baseline_peak,
             "predicted_overhead": self.predicted_overhead,
             "predicted_recompute_overhead": self.predicted_recompute_overhead,
-            "autograd_cost": _autograd_summary(self.graph, self.autograd_work),
+            "autograd_cost": _autograd_summary(self.graph, self.autograd_work,
+                                               self.last_benchmark.threads if self.last_benchmark else None),
             "min_budget": min_budget(self.graph),
             "nodes": len(self.graph.nodes),
             "steps": len(self.schedule),
@@ -261,10 +263,10 @@ class Plan(BasePlan):
                 f"{format_memory(self.baseline_peak, self.graph)}, overhead {self.predicted_overhead:.1%}{measured})")
 
 
-def _autograd_summary(graph: Graph, work: AutogradWork) -> dict[str, Any] | None:
-    """The autograd term of ``summary()["predicted_overhead"]`` at torch's current thread count (rates in µs, the
-    counted work), or None where it does not apply."""
-    rates = eager_rates(graph, None)
+def _autograd_summary(graph: Graph, work: AutogradWork, threads: int | None) -> dict[str, Any] | None:
+    """The autograd term of ``summary()["predicted_overhead"]`` at ``threads`` (None: torch's current count; rates in
+    µs, the counted work), or None where it does not apply."""
+    rates = eager_rates(graph, threads)
     return None if rates is None else {**rates.as_dict(), "recorded": work.recorded, "nodes": work.nodes}
 
 
