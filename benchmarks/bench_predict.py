@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 import coop
+from coop.budget import baseline_peak
 from coop.graph_capture.autograd_cost import autograd_rates, forget_autograd_rates
 from coop.graph_capture.cost import bytes_moved, node_flops, replayed_seconds
 from coop.graph_capture.host_cost import GRAIN_SIZE, forget_rates, host_costs, machine_rates
@@ -150,6 +151,13 @@ def _plan(model: nn.Module, batch: tuple, loss_fn: Any, budget: float, captured:
     return coop.plan(model, budget, batch, loss_fn=loss_fn, captured=captured, time_limit=TIME_LIMIT, progress=False)
 
 
+def _store_all(model: nn.Module, batch: tuple, loss_fn: Any, captured: Any) -> Any:
+    """The store-all plan, at twice the baseline peak: at 1.0 the scratch measured on its replay can push it over the
+    budget, and coop.plan falls back to a recomputing plan (the zoo CNN: chen-sqrt, 24 recomputations)."""
+    budget = 2 * baseline_peak(captured.graph)
+    return coop.plan(model, budget, batch, loss_fn=loss_fn, captured=captured, formulation="store-all", progress=False)
+
+
 def _timed(plan: Any, batch: tuple, threads: int) -> float:
     return plan.benchmark(batch, steps=STEPS, warmup=WARMUP, threads=threads).measured_overhead
 
@@ -163,7 +171,7 @@ def rows_for(name: str, threads: int, source: str, load: str) -> list[dict[str, 
         new = coop.capture(model, batch, loss_fn=loss_fn, profile=source == "profile")
     with host_costs(False):
         old = coop.capture(model, batch, loss_fn=loss_fn, profile=source == "profile")
-    store_all = coop.plan(model, 1.0, batch, loss_fn=loss_fn, captured=old, formulation="store-all", progress=False)
+    store_all = _store_all(model, batch, loss_fn, old)
     store_all_pct = 100 * _timed(store_all, batch, threads)
     store_all_pred = 100 * store_all.predicted_overhead_at(threads)
     rows = []
@@ -204,6 +212,26 @@ def rows_for(name: str, threads: int, source: str, load: str) -> list[dict[str, 
                            f"recorded={work.recorded}, nodes={work.nodes}")
         row["row_s"] = round((time.perf_counter() - started) / len(rows), 1)
     return rows
+
+
+def store_all_row(name: str, threads: int, load: str, steps: int = 21) -> dict[str, Any]:
+    """The store-all replay against eager (no recomputation: what autograd's term alone predicts), ``steps``
+    alternating steps after 3 warm-up pairs, default costs."""
+    model, batch, loss_fn = MODELS[name]()
+    torch.set_num_threads(threads)
+    plan = _store_all(model, batch, loss_fn, coop.capture(model, batch, loss_fn=loss_fn))
+    timing = plan.benchmark(batch, steps=steps, warmup=3, threads=threads)
+    rates, work = autograd_rates(threads), plan.autograd_work
+    autograd_s = work.recorded * rates.record_s + work.nodes * rates.node_s
+    return {"model": name, "threads": threads, "load": load, "loadavg": round(os.getloadavg()[0], 2),
+            "steps": steps, "pred_pct": round(100 * plan.predicted_overhead_at(threads), 1),
+            "meas_pct": round(100 * timing.measured_overhead, 1), "ok": within(timing.measured_overhead,
+                                                                                plan.predicted_overhead_at(threads)),
+            "eager_ms": round(timing.eager_ms, 2), "plan_ms": round(timing.plan_ms, 2),
+            "eager_minus_plan_ms": round(timing.eager_ms - timing.plan_ms, 2),
+            "autograd_ms": round(1e3 * autograd_s, 2), "baseline_ms": round(1e3 * plan.simulation.baseline_cost, 2),
+            "record_us": round(1e6 * rates.record_s, 2), "node_us": round(1e6 * rates.node_s, 2),
+            "recorded": work.recorded, "nodes": work.nodes}
 
 
 def _busy() -> None:  # pragma: no cover - runs in the competing process
@@ -287,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loaded", action="store_true", help="with a competing busy process on one core")
     parser.add_argument("--models", help="comma-separated model names (default: all, or the quick ones)")
     parser.add_argument("--sources", default=",".join(SOURCES), help="comma-separated cost sources (default: all)")
+    parser.add_argument("--store-all", action="store_true",
+                        help="only the store-all replay against eager, 21 alternating steps per row")
     parser.add_argument("--write", action="store_true", help="write the bench_predict section of BENCHMARKS.md")
     args = parser.parse_args(argv)
     models = tuple(args.models.split(",")) if args.models else ()
@@ -296,7 +326,17 @@ def main(argv: list[str] | None = None) -> int:
     sources = tuple(args.sources.split(","))
     if any(source not in SOURCES for source in sources):
         parser.error(f"--sources: choose from {', '.join(SOURCES)}")
-    result = run(quick=args.quick, loaded=args.loaded, models=models, sources=sources)
+    if args.store_all:
+        names = models or tuple(MODELS)
+        rows = []
+        for name in names:
+            for threads in THREADS:
+                rows.append(store_all_row(name, threads, "quiet"))
+                print(f"bench_predict: {rows[-1]}", file=sys.stderr, flush=True)
+        result = {"rows": rows, "notes": "store-all replay against eager: pred_pct = plan.predicted_overhead_at("
+                                        "threads) (its recomputations' overhead is 0), meas_pct = plan.benchmark"}
+    else:
+        result = run(quick=args.quick, loaded=args.loaded, models=models, sources=sources)
     import run_all
 
     for row in result["rows"]:
@@ -304,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     print(result["notes"])
     if args.write:
         command = "PYTHONPATH=. python " + " ".join(["benchmarks/bench_predict.py", *(argv or sys.argv[1:])])
-        outcome = run_all.Outcome(name="bench_predict" + (".loaded" if args.loaded else ""),
+        suffix = ".store_all" if args.store_all else ".loaded" if args.loaded else ""
+        outcome = run_all.Outcome(name="bench_predict" + suffix,
                                   summary=__doc__.splitlines()[0], started=STARTED, rows=result["rows"],
                                   notes=result["notes"], command=command, wall_s=time.perf_counter() - CLOCK)
         run_all.write_report({outcome.name: run_all.render_section(outcome, run_all.machine_description(), False)},
