@@ -13,15 +13,18 @@ dispatch mode the caller runs, on tensors of ones it makes itself (the CPU only,
 * ``record_s``: what one forward op costs more with grad than without (a chain of ``mul`` on a leaf requiring grad,
   timed with and without ``torch.no_grad``);
 * ``node_s``: what one backward node costs the engine beyond the one kernel its formula runs, priced as the replay
-  pays for that kernel (the per-node time of the chain's backward, less a ``mul`` dispatched from Python; eager's
-  engine calls its kernels from C++ and the replay from Python, so this is the difference, not the engine alone).
+  pays for that kernel (the per-node time of the chain's backward, run again on its retained graph, less a ``mul``
+  dispatched from Python; eager's engine calls its kernels from C++ and the replay from Python, so this is the
+  difference, not the engine alone).
 
-Two chain lengths are timed and differenced, so the per-call work (``sum``, ``backward``'s start) cancels.
+Two chain lengths are timed and differenced, so the per-call work (``backward``'s start, the leaf's gradient)
+cancels.
 :func:`autograd_work` counts, on a captured step, the forward ops eager records and the backward nodes its engine
 runs; :func:`eager_autograd_seconds` prices them. The per-step constants (eager's ``backward()`` call and module
 hooks, the replay's flattening of the batch and write-back of the gradients) are left out: tens to hundreds of
 microseconds against steps of tens of milliseconds in bench_predict. :func:`autograd_costs` turns the term off
-inside a block; a plan then predicts its recomputations' overhead alone, as before issue 42.
+inside a block; a plan then predicts its recomputations' overhead alone, as before issue 42. The term applies only
+to node costs measured on this machine (:func:`coop.planner.prediction.priced_in_host_seconds`).
 """
 
 from __future__ import annotations
@@ -46,7 +49,9 @@ if TYPE_CHECKING:
     from coop.graph_capture.captured import Captured
 
 #: The calibration's chain lengths: their difference is the number of ops the per-op numbers divide by.
-SHORT_CHAIN, LONG_CHAIN = 10, 50
+SHORT_CHAIN, LONG_CHAIN = 10, 110
+#: Calls per timed block and blocks per timing (the least block counts: :func:`best_seconds`).
+CALLS, BLOCKS = 2, 25
 
 _ENABLED: ContextVar[bool] = ContextVar("coop_autograd_costs", default=True)
 _CACHE: dict[int, AutogradRates] = {}
@@ -173,14 +178,15 @@ def calibrate_autograd(threads: int, timer: Callable[[], float] = time.perf_coun
     try:
         # outside any dispatch mode the caller runs, and with grad on whatever the caller's grad mode is
         with torch.enable_grad(), _disable_current_modes():
+            _chain_times(SHORT_CHAIN, lambda: 0.0)  # a process's first backward pays its own set-up: not timed
             short, long = _chain_times(SHORT_CHAIN, timer), _chain_times(LONG_CHAIN, timer)
             tiny = torch.ones(8)
-            kernel_s = best_seconds(lambda: torch.mul(tiny, tiny), 50, 5, timer)
+            kernel_s = best_seconds(lambda: torch.mul(tiny, tiny), 10 * CALLS, BLOCKS, timer)
     finally:
         torch.set_num_threads(previous)
     ops = LONG_CHAIN - SHORT_CHAIN
     record = ((long.grad_s - long.no_grad_s) - (short.grad_s - short.no_grad_s)) / ops
-    node = ((long.backward_s - long.grad_s) - (short.backward_s - short.grad_s)) / ops - kernel_s
+    node = (long.backward_s - short.backward_s) / ops - kernel_s
     return AutogradRates(record_s=max(0.0, record), node_s=max(0.0, node), threads=count)
 
 
@@ -188,7 +194,7 @@ def calibrate_autograd(threads: int, timer: Callable[[], float] = time.perf_coun
 class _ChainTimes:
     grad_s: float  # the forward chain with grad
     no_grad_s: float  # the same chain under torch.no_grad
-    backward_s: float  # the forward with grad, its sum and the backward
+    backward_s: float  # the backward alone, from the chain's sum (its graph retained and run again)
 
 
 def _chain_times(length: int, timer: Callable[[], float]) -> _ChainTimes:
@@ -206,12 +212,16 @@ def _chain_times(length: int, timer: Callable[[], float]) -> _ChainTimes:
         with torch.no_grad():
             forward()
 
-    def with_backward() -> None:
-        forward().sum().backward()
+    total = forward().sum()
+
+    def backward() -> None:
+        total.backward(retain_graph=True)  # the same graph each call: its nodes, not the forward, are timed
         leaf.grad = None
 
-    return _ChainTimes(grad_s=best_seconds(forward, 10, 5, timer), no_grad_s=best_seconds(without_grad, 10, 5, timer),
-                       backward_s=best_seconds(with_backward, 10, 5, timer))
+    # many short blocks: under a neighbour's load, the least of them is likelier to have run undisturbed
+    return _ChainTimes(grad_s=best_seconds(forward, CALLS, BLOCKS, timer),
+                       no_grad_s=best_seconds(without_grad, CALLS, BLOCKS, timer),
+                       backward_s=best_seconds(backward, CALLS, BLOCKS, timer))
 
 
 def autograd_work(captured: Captured) -> AutogradWork:

@@ -9,7 +9,8 @@ skips (:mod:`coop.graph_capture.autograd_cost`). So the prediction is
 negative for a plan that recomputes less than autograd costs. The node costs alone give the recomputations' overhead
 (``(schedule cost - baseline cost) / baseline cost``), what the solver minimises; a plan keeps it as
 ``predicted_recompute_overhead``, and it is the prediction wherever autograd's term does not apply: inside
-``autograd_costs(False)``, for node costs not in seconds (an imported graph), and for a step with values on an
+``autograd_costs(False)``, for node costs that are not this machine's measured seconds (the nominal model, coop's
+default, whose baseline leaves out each op's host cost; an imported graph), and for a step with values on an
 accelerator (a GPU step's host work overlaps the kernels it queued, which the calibration does not measure).
 """
 
@@ -27,8 +28,13 @@ from coop.simulator import relative_overhead
 
 
 def priced_in_host_seconds(graph: Graph) -> bool:
-    """Whether ``graph``'s node costs are seconds of a CPU step (every value on the CPU), so that autograd's measured
-    seconds add to them.
+    """Whether ``graph``'s node costs are measured seconds of a CPU step, each op's host cost included, so that
+    autograd's measured seconds add to them on one scale.
+
+    The nominal model (coop's default costs) prices kernels alone, at nominal rates: its baseline is short of eager's
+    host work, and autograd's seconds over it came out about twice the measured share (bench_predict, store-all rows
+    in BENCHMARKS.md). Costs measured on this machine are the per-op host-cost calibration
+    (``host_costs(True)``) and a profiled capture (``profile=True``), both recorded as ``meta["host_cost"]``.
 
     Parameters
     ----------
@@ -38,11 +44,12 @@ def priced_in_host_seconds(graph: Graph) -> bool:
     Returns
     -------
     bool
-        True for a capture whose ``meta["cost_unit"]`` is seconds and whose values all live on the CPU.
+        True for a capture with ``meta["host_cost"]`` and ``meta["cost_unit"]`` in seconds whose values all live on the
+        CPU.
     """
-    unit = str((graph.meta or {}).get("cost_unit", ""))
+    meta = graph.meta or {}
     devices = {node.device for node in graph.nodes}
-    return unit.startswith("seconds") and devices == {"cpu"}
+    return "host_cost" in meta and str(meta.get("cost_unit", "")).startswith("seconds") and devices == {"cpu"}
 
 
 def eager_rates(graph: Graph, threads: int | None) -> AutogradRates | None:
