@@ -14,7 +14,9 @@ autograd's cost in the eager step: :mod:`coop.graph_capture.autograd_cost`) and 
 (the node costs alone, the prediction before it). ``store_all_pct`` is the store-all replay's own measured overhead
 against eager (what every plan of the row carries besides its recomputations), ``store_all_pred_pct`` its
 prediction. ``ok`` / ``rec_ok`` apply issue 42's criterion to each prediction of the host-cost capture
-(``old_ok`` / ``old_rec_ok``: the nominal capture): |measured - predicted| <= max(3 pp, 25 % of predicted).
+(``old_ok`` / ``old_rec_ok``: the nominal capture, where coop applies no autograd term, so the two agree):
+|measured - predicted| <= max(3 pp, 25 % of predicted). ``--store-all`` times only the store-all replay (21
+alternating steps), whose whole predicted overhead is autograd's term.
 ``--sources default`` leaves the profiled rows out. ``top_ops`` lists, for a row whose new gap is over the
 criterion, the recomputed ops with the most predicted time: op x count, predicted kernel + host µs.
 
@@ -308,7 +310,9 @@ def notes(rows: list[dict[str, Any]]) -> str:
     lines.append("Criterion: |measured - predicted| <= max(3 pp, 25 % of predicted). measured = plan step / eager step "
                  "- 1 (plan.benchmark). Per row, two captures: host costs on (pred_pct, rec_pct, meas_pct, ok, rec_ok) "
                  "and the nominal model, coop's default (old_*). *_pred_pct: plan.predicted_overhead_at(threads), the "
-                 "schedule's cost over the captured program's plus autograd's (coop.graph_capture.autograd_cost); "
+                 "schedule's cost over the captured program's plus autograd's (coop.graph_capture.autograd_cost), "
+                 "applied to measured costs only, so old_pred_pct equals old_rec_pct (rows from before commit "
+                 "'autograd term only on node costs measured on this machine' applied it to the nominal model too); "
                  "*_rec_pct: predicted_recompute_overhead, the node costs alone (the prediction before it). "
                  "store_all_pct / store_all_pred_pct: the store-all replay (nominal costs) measured and predicted "
                  "against eager. loadavg: the 1-minute load average when the row ran (2 cores). rates: the host-cost "
