@@ -121,8 +121,18 @@ class Plan(BasePlan):
         """:attr:`predicted_overhead` with autograd priced at ``threads`` CPU threads (None: torch's current count;
         the calibration runs once per thread count, :func:`coop.graph_capture.autograd_cost.autograd_rates`)."""
         simulation = self.simulation
-        return overhead_against_eager(simulation.cost, simulation.baseline_cost, self.autograd_work,
-                                      eager_rates(self.graph, threads))
+        rates = eager_rates(self.graph, threads)
+        work = self.autograd_work if rates is not None else AutogradWork(recorded=0, nodes=0)  # counted where priced
+        return overhead_against_eager(simulation.cost, simulation.baseline_cost, work, rates)
+
+    def _autograd_summary(self) -> dict[str, Any] | None:
+        """The autograd term of ``summary()["predicted_overhead"]``, priced as it is (rates in µs, the counted work),
+        or None where it does not apply."""
+        rates = eager_rates(self.graph, self.last_benchmark.threads if self.last_benchmark is not None else None)
+        if rates is None:
+            return None
+        work = self.autograd_work
+        return {**rates.as_dict(), "recorded": work.recorded, "nodes": work.nodes}
 
     @property
     def autograd_work(self) -> AutogradWork:
@@ -139,8 +149,7 @@ class Plan(BasePlan):
             "peak_fraction": self.predicted_peak / self.baseline_peak,
             "predicted_overhead": self.predicted_overhead,
             "predicted_recompute_overhead": self.predicted_recompute_overhead,
-            "autograd_cost": _autograd_summary(self.graph, self.autograd_work,
-                                               self.last_benchmark.threads if self.last_benchmark else None),
+            "autograd_cost": self._autograd_summary(),
             "min_budget": min_budget(self.graph),
             "nodes": len(self.graph.nodes),
             "steps": len(self.schedule),
@@ -261,13 +270,6 @@ class Plan(BasePlan):
         measured = "" if self.last_benchmark is None else f", measured {self.last_benchmark.measured_overhead:.1%}"
         return (f"Plan({self.graph.name}, {self.formulation}, peak {format_memory(self.predicted_peak, self.graph)} of "
                 f"{format_memory(self.baseline_peak, self.graph)}, overhead {self.predicted_overhead:.1%}{measured})")
-
-
-def _autograd_summary(graph: Graph, work: AutogradWork, threads: int | None) -> dict[str, Any] | None:
-    """The autograd term of ``summary()["predicted_overhead"]`` at ``threads`` (None: torch's current count; rates in
-    µs, the counted work), or None where it does not apply."""
-    rates = eager_rates(graph, threads)
-    return None if rates is None else {**rates.as_dict(), "recorded": work.recorded, "nodes": work.nodes}
 
 
 def refuse_arena_off_cpu(graph: Graph) -> None:
