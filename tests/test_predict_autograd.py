@@ -237,6 +237,14 @@ def test_a_nominal_capture_predicts_its_recomputations_overhead(monkeypatch: pyt
     assert plan.summary()["autograd_cost"] is None
 
 
+def test_a_profiled_capture_is_priced_in_measured_seconds() -> None:
+    """``profile=True`` times the real step: its node costs carry each op's host cost, so the term applies."""
+    model, batch, _ = build("mlp")
+    profiled = coop.capture(model, batch, profile=True)
+    assert priced_in_host_seconds(profiled.graph)
+    assert not priced_in_host_seconds(coop.capture(model, batch).graph)
+
+
 def test_a_benchmark_predicts_at_the_thread_count_it_ran_at(transformer, monkeypatch) -> None:
     """Autograd priced at 2 threads where the benchmark ran at 2, whatever torch's count is outside it."""
     _, batch, recorded, nodes, _, plan = transformer

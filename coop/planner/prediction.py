@@ -34,7 +34,8 @@ def priced_in_host_seconds(graph: Graph) -> bool:
     The nominal model (coop's default costs) prices kernels alone, at nominal rates: its baseline is short of eager's
     host work, and autograd's seconds over it came out about twice the measured share (bench_predict, store-all rows
     in BENCHMARKS.md). Costs measured on this machine are the per-op host-cost calibration
-    (``host_costs(True)``) and a profiled capture (``profile=True``), both recorded as ``meta["host_cost"]``.
+    (``host_costs(True)``, recorded as ``meta["host_cost"]``) and a profiled capture (``profile=True``, whose unit
+    says so: its nodes are timed on the real step).
 
     Parameters
     ----------
@@ -44,12 +45,12 @@ def priced_in_host_seconds(graph: Graph) -> bool:
     Returns
     -------
     bool
-        True for a capture with ``meta["host_cost"]`` and ``meta["cost_unit"]`` in seconds whose values all live on the
-        CPU.
+        True for a capture priced either way whose values all live on the CPU.
     """
     meta = graph.meta or {}
-    devices = {node.device for node in graph.nodes}
-    return "host_cost" in meta and str(meta.get("cost_unit", "")).startswith("seconds") and devices == {"cpu"}
+    unit = str(meta.get("cost_unit", ""))
+    measured = unit.startswith("seconds") and ("host_cost" in meta or unit.startswith("seconds (profiled)"))
+    return measured and {node.device for node in graph.nodes} == {"cpu"}
 
 
 def eager_rates(graph: Graph, threads: int | None) -> AutogradRates | None:
