@@ -7,7 +7,8 @@ per recorded op and one ``AccumulateGrad`` per parameter (its ready queue, input
 gradient's metadata). bench_predict measured coop's store-all replay 8-16 % faster than eager at 1 thread for
 that reason, an offset no per-node cost carries, since a node cost is paid alike by the replay and by eager.
 
-:func:`autograd_rates` measures two numbers once per process and thread count (a few milliseconds), outside any
+:func:`autograd_rates` measures two numbers once per process and thread count (0.13-0.34 s each on the 2-core
+development machine under a load of 4-6), outside any
 dispatch mode the caller runs, on tensors of ones it makes itself (the CPU only, never the model's ops):
 
 * ``record_s``: what one forward op costs more with grad than without (a chain of ``mul`` on a leaf requiring grad,
