@@ -34,8 +34,9 @@ Timer = Callable[[], float]
 class StepBenchmark:
     """A plan's step time against eager PyTorch's, measured by :func:`benchmark_step`.
 
-    ``measured_overhead`` is ``plan_ms / eager_ms - 1``, on the scale of ``predicted_overhead`` (the simulator's
-    extra compute over the baseline; None for a plan that decides its evictions while it runs).
+    ``measured_overhead`` is ``plan_ms / eager_ms - 1``, on the scale of ``predicted_overhead`` (the plan's predicted
+    step against the predicted eager step, autograd's work included, at the thread count the benchmark ran:
+    :mod:`coop.planner.prediction`; None for a plan that decides its evictions while it runs).
     ``plan_times_ms`` and ``eager_times_ms`` are the timed steps, in the order they ran. ``priced_threads`` is the
     thread count the plan's costs were measured at (``graph.meta["host_cost"]``, :mod:`coop.graph_capture.host_cost`;
     None where the costs are nominal): a prediction holds at that count (:meth:`priced_elsewhere` says where it differs).
@@ -191,9 +192,16 @@ def benchmark_step(plan: Any, batch: Any, *, steps: int = 9, warmup: int = 2, th
     plan_s, eager_s = statistics.median(plan_times), statistics.median(eager_times)
     return StepBenchmark(plan_ms=1e3 * plan_s, eager_ms=1e3 * eager_s,
                          measured_overhead=plan_s / eager_s - 1 if eager_s > 0 else float("nan"),
-                         predicted_overhead=getattr(plan, "predicted_overhead", None), threads=used, steps=steps,
+                         predicted_overhead=_predicted_at(plan, used), threads=used, steps=steps,
                          warmup=warmup, plan_times_ms=tuple(1e3 * t for t in plan_times),
                          eager_times_ms=tuple(1e3 * t for t in eager_times), priced_threads=_priced_threads(plan))
+
+
+def _predicted_at(plan: Any, threads: int) -> float | None:
+    """The plan's predicted overhead against eager at the thread count the benchmark ran at (a static plan's
+    ``predicted_overhead_at``), its ``predicted_overhead`` for another kind of plan, or None."""
+    at = getattr(plan, "predicted_overhead_at", None)
+    return at(threads) if callable(at) else getattr(plan, "predicted_overhead", None)
 
 
 def _priced_threads(plan: Any) -> int | None:

@@ -20,12 +20,14 @@ from coop.formulations import SolveResult
 from coop.formulations.ladder.auto import cheapest_fitting_baseline
 from coop.graph import Graph
 from coop.graph_capture import Captured
+from coop.graph_capture.autograd_cost import AutogradWork, autograd_work
 from coop.graph_capture.batch import Batch
 from coop.graph_capture.context import TrainingContext
 from coop.memory_viz import write_memory_viz
 from coop.planner.base import BasePlan, LossFn, recapture
 from coop.planner.dynamic import DynamicPlan
 from coop.planner.plan_files import plan_document, read_plan, write_plan
+from coop.planner.prediction import eager_rates, overhead_against_eager
 from coop.planner.rounds import Round, replan_within
 from coop.runtime.executor import Executor, replay_graph
 from coop.runtime.graph_replay import GraphAPI, GraphReplay
@@ -58,6 +60,7 @@ class Plan(BasePlan):
         self.graph_replay: GraphReplay | None = None
         #: the solves coop.plan took to reach this plan (:mod:`coop.planner.rounds`); empty for a loaded plan
         self.rounds: list[Round] = []
+        self._autograd_work: AutogradWork | None = None
 
     def use_cuda_graph(self, api: GraphAPI | None = None) -> None:
         """Replay the plan's program as one CUDA graph, captured at the first step (coop.runtime.graph_replay;
@@ -99,8 +102,44 @@ class Plan(BasePlan):
         return self.simulation.peak
 
     @property
-    def predicted_overhead(self) -> float:
+    def predicted_recompute_overhead(self) -> float:
+        """The recomputations' (and page transfers') cost over the captured program's, by the node costs alone:
+        ``(schedule cost - baseline cost) / baseline cost``, what the solver minimises (the predicted overhead before
+        issue 42)."""
         return self.simulation.overhead
+
+    @property
+    def predicted_overhead(self) -> float:
+        """The predicted ``plan step / eager step - 1``, the scale ``benchmark()`` measures: eager's autograd work
+        counted in its step (:mod:`coop.planner.prediction`), so a plan that recomputes little predicts a negative
+        overhead. Priced at the thread count of the last ``benchmark()`` (the measurement ``summary()`` shows beside
+        it), else at torch's current count. :attr:`predicted_recompute_overhead` where that term does not apply."""
+        measured = self.last_benchmark
+        return self.predicted_overhead_at(measured.threads if measured is not None else None)
+
+    def predicted_overhead_at(self, threads: int | None) -> float:
+        """:attr:`predicted_overhead` with autograd priced at ``threads`` CPU threads (None: torch's current count;
+        the calibration runs once per thread count, :func:`coop.graph_capture.autograd_cost.autograd_rates`)."""
+        simulation = self.simulation
+        rates = eager_rates(self.graph, threads)
+        work = self.autograd_work if rates is not None else AutogradWork(recorded=0, nodes=0)  # counted where priced
+        return overhead_against_eager(simulation.cost, simulation.baseline_cost, work, rates)
+
+    def _autograd_summary(self) -> dict[str, Any] | None:
+        """The autograd term of ``summary()["predicted_overhead"]``, priced as it is (rates in µs, the counted work),
+        or None where it does not apply."""
+        rates = eager_rates(self.graph, self.last_benchmark.threads if self.last_benchmark is not None else None)
+        if rates is None:
+            return None
+        work = self.autograd_work
+        return {**rates.as_dict(), "recorded": work.recorded, "nodes": work.nodes}
+
+    @property
+    def autograd_work(self) -> AutogradWork:
+        """What autograd does in the eager step this plan replaces (counted once on the captured program)."""
+        if self._autograd_work is None:
+            self._autograd_work = autograd_work(self.captured)
+        return self._autograd_work
 
     def summary(self) -> dict[str, Any]:
         """Peak, overhead, budget and solver status as a JSON-ready dict."""
@@ -109,6 +148,8 @@ class Plan(BasePlan):
             **super().summary(),
             "peak_fraction": self.predicted_peak / self.baseline_peak,
             "predicted_overhead": self.predicted_overhead,
+            "predicted_recompute_overhead": self.predicted_recompute_overhead,
+            "autograd_cost": self._autograd_summary(),
             "min_budget": min_budget(self.graph),
             "nodes": len(self.graph.nodes),
             "steps": len(self.schedule),
