@@ -117,7 +117,9 @@ def test_measured_peak_falls_with_the_budget(name: str) -> None:
 def test_summary_timeline_save_and_load(tmp_path) -> None:
     model, batch, loss_fn = build("cnn")
     eager = copy.deepcopy(model)
-    plan = coop.plan(model, 1.0, batch, loss_fn=loss_fn, time_limit=10)
+    # 2 s: the summary, timeline and plan file are judged, not the schedule (at 10 s auto's re-solve below the
+    # measured scratch spent all 10 s for the same kind of plan)
+    plan = coop.plan(model, 1.0, batch, loss_fn=loss_fn, time_limit=2)
     summary = plan.summary()
     assert summary["baseline_peak"] == plan.baseline_peak and summary["predicted_peak"] <= summary["budget"]
     timeline = plan.memory_timeline()
