@@ -123,6 +123,11 @@ SLOW_SIBLINGS: dict[str, str] = {
     "test_arena_replay.py::test_arena_training_is_bit_identical_and_allocates_only_the_buffer_once"
     "[mobilenet-store-all]": "nine other cases stay",
     "test_capture.py::test_baseline_peak_matches_metered_peak[mobilenet]": "eight other models stay",
+    # MobileNetV2 (17 blocks at any image size: its capture alone took 9.5 s on 2 loaded cores): the conv nets with
+    # batch norm (cnn, resnet) keep the capture's replay, flops and structure checks in the fast tier
+    "test_capture.py::test_flops_match_flop_counter_on_eager_step[mobilenet]": "eight other models stay",
+    "test_capture.py::test_replay_equals_eager_bit_for_bit[mobilenet]": "eight other models stay",
+    "test_capture.py::test_graph_structure[mobilenet]": "eight other models stay",
 }
 
 
