@@ -71,8 +71,6 @@ SLOW_SIBLINGS: dict[str, str] = {
     "_host_bytes[small]": "the copy-stream DELTA fallback test stays",
     "test_plan.py::test_three_optimizer_steps_equal_eager[store-all-transformer]": "the mlp and cnn cases stay",
     "test_plan.py::test_three_optimizer_steps_equal_eager[checkpoint-all-transformer]": "the mlp and cnn cases stay",
-    "test_plan.py::test_three_optimizer_steps_equal_eager[chen-sqrt-transformer]": "the mlp and cnn cases stay",
-    "test_plan.py::test_three_optimizer_steps_equal_eager[chen-greedy-transformer]": "the mlp and cnn cases stay",
     "test_ddp.py::test_ddp_dynamic_plan_equals_ddp_eager_on_both_ranks": "the DDP static-plan test stays",
     "test_fallback.py::test_gpt2_trains_three_steps_at_half_the_baseline_peak[dtr]": "the coop case stays",
     "test_fallback.py::test_gpt2_trains_three_steps_at_half_the_baseline_peak[dtr-eq]": "the coop case stays",
