@@ -75,9 +75,16 @@ def workdir() -> Iterator[Path]:
 
 
 # ---------------------------------------------------------------------------- graphs
-@settings(FUZZ, max_examples=40)
-@given(graph=random_graphs(max_nodes=8, with_impls=True), seed=SEEDS)
-def test_load_graph_refuses_every_corruption_in_one_line(graph: Graph, seed: int, workdir: Path) -> None:
+#: 15 graphs in the fast tier, 40 in the slow one (tests/tiers.py)
+@examples(15, 40)
+def test_load_graph_refuses_every_corruption_in_one_line(examples: int, workdir: Path) -> None:
+    def refused(graph: Graph, seed: int) -> None:
+        _load_graph_refuses_every_corruption_in_one_line(graph, seed, workdir)
+
+    check(refused, examples, FUZZ, graph=random_graphs(max_nodes=8, with_impls=True), seed=SEEDS)
+
+
+def _load_graph_refuses_every_corruption_in_one_line(graph: Graph, seed: int, workdir: Path) -> None:
     path = workdir / "graph.json"
     for name, data in corruptions(graph.to_dict(), random.Random(seed)):
         path.write_bytes(data)
@@ -86,10 +93,17 @@ def test_load_graph_refuses_every_corruption_in_one_line(graph: Graph, seed: int
             assert loaded is None, f"{name}: a broken file was accepted"
 
 
-@settings(FUZZ, max_examples=30)
-@given(graph=random_graphs(max_nodes=6), seed=SEEDS, pick=st.integers(0, 10**6))
-def test_cli_on_a_corrupted_graph(graph: Graph, seed: int, pick: int, workdir: Path,
-                                  capsys: pytest.CaptureFixture[str]) -> None:
+#: 10 graphs in the fast tier, 30 in the slow one (tests/tiers.py)
+@examples(10, 30)
+def test_cli_on_a_corrupted_graph(examples: int, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def corrupted(graph: Graph, seed: int, pick: int) -> None:
+        _cli_on_a_corrupted_graph(graph, seed, pick, workdir, capsys)
+
+    check(corrupted, examples, FUZZ, graph=random_graphs(max_nodes=6), seed=SEEDS, pick=st.integers(0, 10**6))
+
+
+def _cli_on_a_corrupted_graph(graph: Graph, seed: int, pick: int, workdir: Path,
+                              capsys: pytest.CaptureFixture[str]) -> None:
     cases = list(corruptions(graph.to_dict(), random.Random(seed)))
     name, data = cases[pick % len(cases)]
     path = workdir / "graph.json"
@@ -107,14 +121,14 @@ def test_cli_on_a_corrupted_graph(graph: Graph, seed: int, pick: int, workdir: P
         assert statuses[0] == 0 and statuses[1] == 0, f"{name}: a loadable graph must get its facts and store-all"
 
 
+#: 2 seeds per file in the fast tier, 6 in the slow one (tests/tiers.py)
+@examples(2, 6)
 @pytest.mark.parametrize("file_name", PUBLISHED)
-def test_published_graph_corruptions(file_name: str, moccasin_dir: Path, workdir: Path,
+def test_published_graph_corruptions(file_name: str, examples: int, moccasin_dir: Path, workdir: Path,
                                      capsys: pytest.CaptureFixture[str]) -> None:
     document = json.loads((moccasin_dir / file_name).read_text())
 
-    @settings(FUZZ, max_examples=6)
-    @given(seed=SEEDS)
-    def check(seed: int) -> None:
+    def corrupted(seed: int) -> None:
         path = workdir / file_name
         for name, data in corruptions(document, random.Random(seed)):
             path.write_bytes(data)
@@ -125,12 +139,12 @@ def test_published_graph_corruptions(file_name: str, moccasin_dir: Path, workdir
                 status, _ = cli(["solve", path, "-b", "100%", "-f", "store-all"], capsys)
                 assert status == (0 if loaded is not None else 2), name
 
-    check()
+    check(corrupted, examples, FUZZ, seed=SEEDS)
 
 
 # ---------------------------------------------------------------------------- schedules
-#: 12 graphs in the slow tier, 5 in the fast one (tests/tiers.py)
-@examples(5, 12)
+#: 12 graphs in the slow tier, 2 in the fast one (tests/tiers.py)
+@examples(2, 12)
 def test_validate_on_corrupted_schedules(examples: int, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     def corrupted(graph: Graph, seed: int) -> None:
         _validate_on_corrupted_schedules(graph, seed, workdir, capsys)

@@ -106,9 +106,14 @@ def test_a_printed_number_is_lowered_below_every_value_it_may_stand_for(value: f
 SHORT_LIMIT_GRAPHS = (19, 20, 98, 144)
 
 
-def test_short_limit_bounds_never_exceed_the_optimum_proven_by_highs(bench_fuzz: ModuleType) -> None:
+# graphs 20 and 144 in the fast tier (40 s for the four on 2 loaded cores; these two reported the most bounds at 1 s),
+# the four in the slow tier
+@pytest.mark.parametrize("graphs", [SHORT_LIMIT_GRAPHS[1::2], pytest.param(SHORT_LIMIT_GRAPHS, marks=pytest.mark.slow)],
+                         ids=["fast", "full"])
+def test_short_limit_bounds_never_exceed_the_optimum_proven_by_highs(bench_fuzz: ModuleType,
+                                                                     graphs: tuple[int, ...]) -> None:
     bounds_checked = 0
-    for index in SHORT_LIMIT_GRAPHS:
+    for index in graphs:
         graph = bench_fuzz.make_graph(0, index, 40)
         least, peak = min_budget(graph), baseline_peak(graph)
         budget = least + (peak - least) // 3
@@ -121,10 +126,11 @@ def test_short_limit_bounds_never_exceed_the_optimum_proven_by_highs(bench_fuzz:
                 continue
             assert result.bound <= oracle.objective + 1e-9 * abs(oracle.objective), (index, solver, result.bound)
             bounds_checked += 1
-    # The property was checked on most solves (a solve cut off before its first bound reports none). Whether
-    # CBC stops early depends on the machine's speed; the rounding of the bound it then prints is checked
-    # without timing in tests/test_checkmate.py::test_cbc_bound_is_read_from_its_log.
-    assert bounds_checked >= 2 * len(SHORT_LIMIT_GRAPHS), bounds_checked
+    # The property was checked on many solves (a solve cut off before its first bound reports none): two of three per
+    # graph on a quiet machine; under a load of 6 on 2 cores three of six on graphs 20 and 144, one of six on 19 and 98
+    # (2026-11-29), so one per graph is asked. Whether CBC stops early depends on the machine's speed; the rounding of the bound it then
+    # prints is checked without timing in tests/test_checkmate.py::test_cbc_bound_is_read_from_its_log.
+    assert bounds_checked >= len(graphs), bounds_checked
 
 
 def _fuzz_case(bench_fuzz: ModuleType, seed: int, index: int) -> tuple[Graph, int]:

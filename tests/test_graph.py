@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, settings
 
 from coop.budget import baseline_peak, min_budget
 from coop.errors import GraphError
@@ -20,7 +20,9 @@ from coop.graph_files import graph_from_dict, load_graph
 from coop.schedule import Schedule, simulate
 from tests.strategies import MALFORMATIONS, malformed_graph_dict, malformed_graphs, random_graphs
 from tests.test_layering import imported_modules
+from tests.tiers import check, examples
 
+#: The properties draw 25 examples in the fast tier, 100 in the slow one (tests/tiers.py).
 PROPERTY = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -29,9 +31,12 @@ def _names_one_of(message: str, node_ids: frozenset[int]) -> bool:
     return any(f"node {i} " in message or f"node {i}:" in message for i in node_ids)
 
 
-@PROPERTY
-@given(malformed_graphs())
-def test_malformed_graphs_raise_one_line_errors_naming_the_node(case: tuple[dict, str, frozenset[int]]) -> None:
+@examples(25, 100)
+def test_malformed_graphs_raise_one_line_errors_naming_the_node(examples: int) -> None:
+    check(_malformed_graphs_raise_one_line_errors_naming_the_node, examples, PROPERTY, case=malformed_graphs())
+
+
+def _malformed_graphs_raise_one_line_errors_naming_the_node(case: tuple[dict, str, frozenset[int]]) -> None:
     data, malformation, node_ids = case
     with pytest.raises(GraphError) as caught:
         graph_from_dict(data)
@@ -89,25 +94,34 @@ def test_unreadable_and_foreign_files_are_graph_errors(tmp_path: Path) -> None:
 
 
 # -------------------------------------------------------------------- round trips and hashing
-@PROPERTY
-@given(random_graphs(with_impls=True))
-def test_json_round_trip(graph: Graph) -> None:
+@examples(25, 100)
+def test_json_round_trip(examples: int) -> None:
+    check(_json_round_trip, examples, PROPERTY, graph=random_graphs(with_impls=True))
+
+
+def _json_round_trip(graph: Graph) -> None:
     again = graph_from_dict(json.loads(graph.to_json()))
     assert again == graph
     assert again.sha256 == graph.sha256
 
 
-@PROPERTY
-@given(random_graphs(with_impls=True))
-def test_networkx_round_trip(graph: Graph) -> None:
+@examples(25, 100)
+def test_networkx_round_trip(examples: int) -> None:
+    check(_networkx_round_trip, examples, PROPERTY, graph=random_graphs(with_impls=True))
+
+
+def _networkx_round_trip(graph: Graph) -> None:
     again = Graph.from_networkx(graph.to_networkx())
     assert again == graph
     assert again.sha256 == graph.sha256
 
 
-@PROPERTY
-@given(random_graphs())
-def test_sha256_is_stable_and_sees_costs(graph: Graph) -> None:
+@examples(25, 100)
+def test_sha256_is_stable_and_sees_costs(examples: int) -> None:
+    check(_sha256_is_stable_and_sees_costs, examples, PROPERTY, graph=random_graphs())
+
+
+def _sha256_is_stable_and_sees_costs(graph: Graph) -> None:
     assert Graph.model_validate(graph.to_dict()).sha256 == graph.sha256
     node = next(n for n in graph.nodes if not n.caller_owned)
     bumped = graph.to_dict()

@@ -215,14 +215,19 @@ def _training_chain(layers: int) -> Graph:
     return Graph.model_validate({"name": f"chain{layers}", "nodes": nodes, "outputs": [grads[-1]]})
 
 
+#: In the slow tier (it runs to its limit): test_poet_above_max_nodes_runs_the_interval_model_and_says_so keeps the path
+#: (poet above max_nodes runs the interval model) and a hand-counted oracle in the fast tier.
+@pytest.mark.slow
 def test_above_max_nodes_the_interval_model_solves_a_large_graph_in_seconds() -> None:
     graph = _training_chain(170)  # 340 computed nodes, above poet's default max_nodes = 300
     assert len(graph.order) > 300
     budget = min_budget(graph) + 96
     tic = time.perf_counter()
-    # 15 s: the paging heuristic (the only warm start that fits here) took 3.4-6.9 s on 2 busy cores, and the model
-    # is built only with the time to build and solve it (issue 40: the limit is kept, not overrun)
-    result = poet(graph, budget, device_profile="a100-pcie4", time_limit=15, threads=2)
+    # 30 s: the warm starts took 6.5 s on 2 quiet cores (the paging heuristic, the only one that fits here, 2 s; the
+    # remat-only Moccasin its quarter of the limit), and the model (about 3 s to build) is built only where twice that
+    # is left (issue 40: the limit is kept, not overrun): at 15 s a load of 7 on 2 cores left too little (2026-11-29)
+    limit = 30
+    result = poet(graph, budget, device_profile="a100-pcie4", time_limit=limit, threads=2)
     wall = time.perf_counter() - tic
     assert "above max_nodes=300" in result.message and result.extra["model"] == "poet-intervals"
     assert result.schedule is not None and result.status == "feasible", result.message
@@ -232,7 +237,7 @@ def test_above_max_nodes_the_interval_model_solves_a_large_graph_in_seconds() ->
     assert result.objective == pytest.approx(recount(graph, result, prices), rel=1e-9)
     assert result.objective <= result.extra["warm_start_objective"] * (1 + 1e-12)
     assert result.bound <= result.objective
-    assert wall < 1.1 * 15 + 2, wall  # the deadline kept (BENCHMARKS.md's time table holds the measured walls)
+    assert wall < 1.1 * limit + 2, wall  # the deadline kept (BENCHMARKS.md's time table holds the measured walls)
 
 
 def test_paging_the_extra_outputs_of_multi_output_ops_replays_bit_identically() -> None:

@@ -33,9 +33,8 @@ TIME_LIMIT = 5  # seconds per solve: the solvers find their schedules here in 1-
 
 @pytest.fixture(scope="module", autouse=True)
 def two_threads() -> Iterator[None]:
-    """The plans measure the step's kernels' scratch, which depends on the thread count (oneDNN), and the expected
-    formulations and budgets were sized at torch's default on 2 cores: at 1 thread (tests/conftest.py's setting under
-    pytest-xdist) auto chose moccasin over checkmate at 0.85 of the cnn (2026-11-29)."""
+    """The plans measure the step's kernels' scratch, which depends on the thread count (oneDNN), and the budgets were
+    sized at torch's default on 2 cores (tests/conftest.py sets 1 thread under pytest-xdist)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     yield
@@ -80,11 +79,13 @@ CASES = [
     pytest.param("cnn", "chen-greedy", lambda: fraction_budget("cnn", 0.8), "chen-greedy", id="chen-greedy"),
     pytest.param("cnn", "pytorch-mincut", lambda: max(mincut_peak("cnn"), held("cnn", "pytorch-mincut")),
                  "pytorch-mincut", id="pytorch-mincut"),
-    # checkmate itself in the slow tier: "auto" below plans the same budget with checkmate through the same oracle
+    # checkmate itself in the slow tier: test_plan's cnn-checkmate case replays a checkmate plan of this cnn against eager
     pytest.param("cnn", "checkmate", lambda: fraction_budget("cnn", 0.85), "checkmate", id="checkmate",
                  marks=pytest.mark.slow),
     pytest.param("cnn", "checkmate-lp", lambda: fraction_budget("cnn", 0.85), "checkmate-lp", id="checkmate-lp"),
-    pytest.param("cnn", "auto", lambda: fraction_budget("cnn", 0.85), "checkmate", id="auto"),
+    # auto's pick is a race between its rungs' time shares (under load CP-SAT may not run): what is judged is that its
+    # plan is the least-overhead schedule one of its solver rungs found (None), not which rung won (test_auto_ladder)
+    pytest.param("cnn", "auto", lambda: fraction_budget("cnn", 0.85), None, id="auto"),
     pytest.param("transformer", "moccasin", lambda: fraction_budget("transformer", 0.8), "moccasin",
                  id="moccasin-transformer"),
     pytest.param("cnn", "dynamic", lambda: fraction_budget("cnn", 0.7), "dynamic (coop)", id="dynamic-cnn"),
@@ -118,7 +119,12 @@ def test_three_adamw_steps_with_two_micro_batches_equal_eager(name, formulation,
     eager = copy.deepcopy(model)
     budget_bytes = budget()
     plan = coop.plan(model, budget_bytes, batch, loss_fn=loss_fn, formulation=formulation, time_limit=TIME_LIMIT)
-    assert plan.formulation == expected, plan.summary().get("note")
+    if expected is None:  # auto: the least overhead among its rungs, a solver's (no baseline fallback)
+        found = {rung.formulation: rung.overhead for rung in plan.result.rungs if rung.overhead is not None}
+        assert plan.formulation in set(found) - set(BASELINES), plan.summary().get("note")
+        assert plan.simulation.overhead <= min(found.values()) + 1e-12, plan.summary().get("note")
+    else:
+        assert plan.formulation == expected, plan.summary().get("note")
     assert "fell back" not in str(plan.summary().get("note", ""))
     if formulation != "store-all":
         assert plan.budget < held(name, "store-all")  # the budget forces recomputation
