@@ -61,7 +61,10 @@ def solve_pulp(model: LinearModel, name: str, time_limit: float, threads: int, v
     log = _run_pulp(pulp, problem, name, solver_deadline, threads, verbose, bool(model.hint), options)
     if isinstance(log, MilpSolution):
         return log
-    return _pulp_solution(pulp, problem, variables, model, name, log, objective_scale)
+    solution = _pulp_solution(pulp, problem, variables, model, name, log, objective_scale)
+    if solution.status == "unknown" and ("Stopped on time" in log or _clock() >= solver_deadline):
+        solution.message = f"{name}: no solution within the time limit (status {pulp.LpStatus[problem.status]})"
+    return solution
 
 
 def _pulp_problem(pulp: Any, model: LinearModel, objective_scale: float,
