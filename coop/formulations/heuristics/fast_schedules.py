@@ -203,8 +203,13 @@ class GreedyEvictor:
             if u in hold or u in self.p.outputs or not self.p.recomputable[u] or self.p.mem[u] == 0:
                 continue
             distance = self.next_use(u) - self.now + 1
+            factor = self.score_factor.get(u, 1.0)
+            # rebuilding u costs at least u itself, and the score grows with that cost (rounding included): a
+            # candidate whose own cost already scores no better is passed over before its ancestors are walked
+            if (self.p.cost[u] + 1) / (self.p.mem[u] * distance) * factor >= best_score:
+                continue
             score = (self.rebuild_cost(u, rebuild) + 1) / (self.p.mem[u] * distance)
-            score *= self.score_factor.get(u, 1.0)
+            score *= factor
             if score < best_score:
                 best, best_score = u, score
         return best
