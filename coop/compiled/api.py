@@ -184,8 +184,10 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
     # plan on a 6-layer MLP; 13.1 MB without it). Off unless the user sets the threshold.
     user_options.setdefault("score_fusion_memory_threshold", NO_HORIZONTAL_FUSION)
 
-    def compile_with(shave: int, observation: Observation | None = None) -> nn.Module:
-        part = CoopPartitioner(budget, formulation=formulation, time_limit=time_limit, threads=threads, shave=shave,
+    def compile_with(shave: int, observation: Observation | None = None, requested: int | None = None) -> nn.Module:
+        # a later round keeps the first round's budget in bytes: a share of a Graph rebuilt from an observation
+        # would be another number
+        part = CoopPartitioner(budget if requested is None else requested, formulation=formulation, time_limit=time_limit, threads=threads, shave=shave,
                                observation=observation, verbose=verbose)
         options = {**user_options, "custom_partitioner_fn": part}
         observer = None
@@ -208,15 +210,15 @@ class _Attempt:
     held: int
 
 
-def _fit_measured(compile_with: Callable[[int, Observation | None], nn.Module], batch: Any,
+def _fit_measured(compile_with: Callable[[int, Observation | None, int | None], nn.Module], batch: Any,
                   loss_fn: Callable[[Any], torch.Tensor] | None, rounds: int, verbose: bool) -> nn.Module:
     """Compile, measure one step, and while it holds more than its budget plan again.
 
     A round holds the larger of the CPU allocator's peak and the walk of inductor's buffers
-    (:attr:`CompileRound.observed_peak`). The first round that misses its budget is planned again on what inductor
-    held (:mod:`coop.compiled.observed`: the values it never wrote inlined into their readers, its temporaries
-    charged), at the same budget; after that the observation keeps growing and the shave grows by each round's
-    excess over the budget. A re-solve that finds no schedule below it is tried once more halfway between the
+    (:attr:`CompileRound.observed_peak`). A round that misses its budget is planned again on what inductor held in
+    it and the rounds before (:mod:`coop.compiled.observed`: the values it never wrote inlined into their readers,
+    its temporaries and fused kernels' overlaps charged), at the same shave, while the observation shows something
+    new; when it shows nothing new, the shave grows by the round's excess over the budget. A re-solve that finds no schedule below it is tried once more halfway between the
     last shave that planned and the one that did not. The compiled module that held least is returned (with its own
     record: torch.compile's wrappers of one model share its attributes), with a warning naming the numbers when
     none met its budget.
@@ -225,8 +227,9 @@ def _fit_measured(compile_with: Callable[[int, Observation | None], nn.Module], 
     best: _Attempt | None = None
     shave, planned_shave = 0, 0
     observation: Observation | None = None
+    requested: int | None = None
     for number in range(rounds):
-        compiled = compile_with(shave, observation)
+        compiled = compile_with(shave, observation, requested)
         record: CompiledRecord = compiled.coop_record
         record.rounds = history
         try:
@@ -247,12 +250,13 @@ def _fit_measured(compile_with: Callable[[int, Observation | None], nn.Module], 
         if len(part.plans) != 1 or measured is None:
             return compiled  # graph breaks (several graphs) or a running profiler: nothing to compare
         plan = part.plans[0]
+        requested = plan.requested
         held = measured + sum(n.mem for n in plan.joint.graph.nodes if n.caller_owned)
         observed = record.observed_peak(plan)
         judged = max(held, observed or 0)
         if number == 0:
             reason = "first plan"
-        elif shave == 0:
+        elif shave == planned_shave:
             reason = "planned again on the buffers inductor kept"
         else:
             reason = "planned again below the measured excess"
@@ -265,10 +269,9 @@ def _fit_measured(compile_with: Callable[[int, Observation | None], nn.Module], 
         if judged <= plan.requested:
             break
         seen = _observe(record, plan, observation)
-        if observation is None and seen is not None:
-            observation = seen  # first the Graph inductor's buffers show, at the same shave
+        if seen is not None and seen != observation:
+            observation = seen  # what this round showed is new: the Graph it gives, at the same shave
             continue
-        observation = seen or observation
         if not held_follows_the_plan(history):
             history[-1].reason += "; the held bytes did not follow the plan down: the excess is held outside it"
             break
@@ -294,7 +297,7 @@ def _observe(record: CompiledRecord, plan: CompiledPlan, previous: Observation |
     if forward is None or backward is None:
         return None
     computed = set(plan.partition.forward_counts) | set(plan.partition.backward_counts)
-    return observe_round(plan.joint.lowered.fx_names, computed, forward, backward, previous)
+    return observe_round(plan.joint.graph, plan.joint.lowered.fx_names, computed, forward, backward, previous)
 
 
 def held_follows_the_plan(history: list[CompileRound]) -> bool:

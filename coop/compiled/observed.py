@@ -9,8 +9,10 @@ of their own. :func:`observe_round` turns that into an :class:`Observation`, key
   until the last of those readers runs. The same holds for an ``mm`` inductor's post-grad pass folded into the
   ``add`` reading it (``addmm``, which runs where the add was). Names accumulate over rounds: a value inlined
   once is emitted as one copy per reader, which inductor inlines again.
-* ``workspace``: inductor's temporaries (materialized buffers that hold no joint value, e.g. a layer norm's
-  partial statistics), summed per kernel and charged as workspace to the joint value that kernel computes.
+* ``workspace``: per kernel, what it holds beyond the Graph's step of its last joint value, charged as that
+  value's workspace: inductor's temporaries (materialized buffers that hold no joint value, e.g. a layer norm's
+  partial statistics), and inputs that die in a fused kernel read there only by its earlier values (the kernel
+  allocates all its outputs before it frees any input; the Graph's separate steps free them in between).
 
 :func:`inline_unbuffered` rebuilds a lowering with those values taken out: each reader of an inlined value reads
 the inlined value's inputs (transitively) and pays its cost once per reader, which is what the fused kernels do;
@@ -46,12 +48,14 @@ class Observation:
         return repr((sorted(self.inline), sorted(self.workspace)))
 
 
-def observe_round(fx_names: dict[int, list[str]], computed: set[str], forward: ObservedGraph,
+def observe_round(graph: Graph, fx_names: dict[int, list[str]], computed: set[str], forward: ObservedGraph,
                   backward: ObservedGraph, previous: Observation | None = None) -> Observation:
     """The observation of one compiled round, joined with the rounds before it.
 
     Parameters
     ----------
+    graph : Graph
+        The round's Graph.
     fx_names : dict
         The round's lowering: Graph node id -> its fx names (owner first).
     computed : set of str
@@ -59,7 +63,7 @@ def observe_round(fx_names: dict[int, list[str]], computed: set[str], forward: O
     forward, backward
         The round's observed graphs.
     previous : Observation or None
-        The observation the round was planned with; its inlined names are kept.
+        The observation the round was planned with; its inlined names and workspace are kept.
 
     Returns
     -------
@@ -72,18 +76,58 @@ def observe_round(fx_names: dict[int, list[str]], computed: set[str], forward: O
         if names and names[0] in computed and not buffered.intersection(names):
             inline.add(names[0])
     workspace = dict(previous.workspace) if previous is not None else {}
-    for graph in (forward, backward):
-        temporaries: dict[int, int] = {}
-        for buffer in graph.materialized():
-            if buffer.joint_name is None and not buffer.output:
-                temporaries[buffer.kernel] = temporaries.get(buffer.kernel, 0) + buffer.nbytes
-        owner_of = {name: names[0] for names in fx_names.values() for name in names}
-        for kernel, nbytes in temporaries.items():
-            named = [b.joint_name for b in graph.buffers if b.kernel == kernel and b.joint_name in owner_of]
-            if named:
-                owner = owner_of[named[0]]
-                workspace[owner] = max(workspace.get(owner, 0), nbytes)
+    node_of = {name: node_id for node_id, names in fx_names.items() for name in names}
+    for observed in (forward, backward):
+        for owner, nbytes in _kernel_workspace(graph, fx_names, node_of, observed).items():
+            workspace[owner] = max(workspace.get(owner, 0), nbytes)
     return Observation(inline=frozenset(inline), workspace=tuple(sorted(workspace.items())))
+
+
+def _kernel_workspace(graph: Graph, fx_names: dict[int, list[str]], node_of: dict[str, int],
+                      observed: ObservedGraph) -> dict[str, int]:
+    """Per kernel, the bytes it holds beyond what its last joint value's compute step holds in the Graph.
+
+    Charged to the owner fx name of the kernel's last joint value (in the Graph's order): inductor's temporaries
+    (materialized buffers that hold no joint value), and the buffers that die in the kernel but are read there
+    only by its earlier values (a fused kernel allocates all its outputs before any of its inputs is freed, where
+    the Graph's separate steps free such an input before the later value is computed).
+    """
+    position = {node_id: index for index, node_id in enumerate(graph.order)}
+    value_of_op = {b.writer: node_of[b.joint_name] for b in observed.buffers if b.joint_name in node_of}
+    kernel_of_op = {b.writer: b.kernel for b in observed.buffers}
+    members: dict[int, set[int]] = {}
+    for buffer in observed.buffers:
+        if buffer.joint_name in node_of:
+            members.setdefault(buffer.kernel, set()).add(node_of[buffer.joint_name])
+    charged: dict[str, int] = {}
+    for kernel, values in members.items():
+        last = max(values, key=lambda v: position.get(v, -1))
+        inputs = set(graph.nodes[last].inputs)
+        extra = 0
+        written = [b for b in observed.materialized() if b.kernel == kernel]
+        in_place = set()  # dying buffers a loop kernel writes an output of the same size and dtype into
+        if not observed.extern[kernel]:
+            for out in written:
+                for dying in observed.materialized():
+                    if (dying.name not in in_place and not dying.output and dying.kernel < kernel
+                            and max(dying.readers, default=-1) == kernel and dying.key == out.key
+                            and out.writer in dying.reader_ops):
+                        in_place.add(dying.name)
+                        break
+        for buffer in observed.materialized():
+            if buffer.joint_name is None and buffer.kernel == kernel and not buffer.output:
+                extra += buffer.nbytes  # a temporary
+                continue
+            if (buffer.output or buffer.kernel >= kernel or max(buffer.readers, default=-1) != kernel
+                    or buffer.name in in_place):
+                continue
+            readers = {value_of_op.get(op) for op in buffer.reader_ops if kernel_of_op.get(op) == kernel}
+            value = node_of.get(buffer.joint_name) if buffer.joint_name is not None else None
+            if last not in readers and value not in inputs and value != last:
+                extra += buffer.nbytes  # dies in the kernel, read there only by an earlier value
+        if extra:
+            charged[fx_names[last][0]] = extra
+    return charged
 
 
 @dataclass
