@@ -337,7 +337,7 @@ def observe(nodes: list[Any]) -> ObservedGraph:
             observed.buffers.append(ObservedBuffer(
                 name=buffer.get_name(), nbytes=_nbytes(buffer.node), joint_name=_joint_name(buffer.node),
                 kernel=index, readers=tuple(readers), output=is_output,
-                materialized=not local and _allocates(buffer.node), dtype=str(buffer.node.get_dtype()),
+                materialized=not local and _allocates(buffer.node), dtype=_dtype(buffer.node),
                 local=local and _allocates(buffer.node),
                 writer=buffer.defining_op_name(),
                 reader_ops=tuple(u.node.get_name() for u in buffer.users if not u.is_weak)))
@@ -356,16 +356,29 @@ def _output_names(graph: Any) -> list[str | None]:
 
 
 def _nbytes(node: Any) -> int:
-    layout = node.get_layout()
+    """An ir buffer's bytes; 0 for a multi-output holder (``MultiOutputLayout``), whose parts are buffers of their
+    own."""
     try:
-        return int(layout.storage_size()) * node.get_dtype().itemsize
+        return int(node.get_layout().storage_size()) * node.get_dtype().itemsize
     except (AttributeError, NotImplementedError, TypeError):
         return 0
 
 
+def _dtype(node: Any) -> str:
+    """An ir buffer's dtype as text; empty for a multi-output holder."""
+    try:
+        return str(node.get_dtype())
+    except (AttributeError, NotImplementedError):
+        return ""
+
+
 def _allocates(node: Any) -> bool:
-    """Whether an ir buffer is a fresh allocation (not a view or a mutation of another buffer)."""
-    layout = node.get_layout()
+    """Whether an ir buffer is a fresh allocation (not a view, a mutation of another buffer or a multi-output
+    holder)."""
+    try:
+        layout = node.get_layout()
+    except NotImplementedError:
+        return False
     return type(layout).__name__ in ("FixedLayout", "FlexibleLayout")
 
 
