@@ -120,24 +120,3 @@ def test_an_inlined_value_costs_no_bytes_and_its_readers_read_its_inputs() -> No
     assert by_name["n2"].inputs == (inlined.new_id[0],) and by_name["n2"].cost == 1.0 + 2.0
     assert by_name["n4"].inputs == (inlined.new_id[0], inlined.new_id[3]) and by_name["n4"].cost == 1.0 + 2.0
     assert sum(n.mem for n in rebuilt.nodes) == 5 * 64
-
-
-def test_an_mm_read_only_by_an_add_is_priced_inside_it_as_inductors_addmm() -> None:
-    """An mm read only by an add (the tied weight's gradient ``add(mm, mm)``, the residual's input gradient) is
-    folded into the add in the Graph (no node of its own), and inductor's generated code has no buffer holding it
-    (its buffers, read back by the observer, hold the add's value instead: the post-grad ``addmm``)."""
-    torch.manual_seed(0)
-    model = Tied(width=16, depth=1)
-    compiled = coop.compile(model, 1.0, formulation="store-all")
-    compiled(torch.randn(32, 16)).backward()
-    record = compiled.coop_record
-    (plan,) = record.plans
-    lowered = plan.joint.lowered
-    folded = [name for node_id, names in lowered.fx_names.items() for name in names[1:]
-              if name.startswith("mm") and plan.joint.graph.nodes[node_id].op == "aten.add.Tensor"]
-    assert folded, lowered.fx_names  # the tied weight's gradient, and the residual's input gradient
-    forward, backward = record.buffers.of(plan.joint.graph.name)
-    held = {b.joint_name for g in (forward, backward) for b in g.materialized()}
-    for name in folded:
-        assert name not in held
-        assert lowered.fx_names[lowered.owner_of[name]][0] in held  # the add's (addmm's) buffer

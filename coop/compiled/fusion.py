@@ -165,10 +165,6 @@ def _absorbable(node: Node, readers: list[int], graph: Graph, lowered: Lowered, 
     return (is_pointwise(own) and is_loop_op(target)) or folds_into_addmm(own, target)
 
 
-def _is_mm(node: object) -> bool:
-    return isinstance(node, fx.Node) and node.op == "call_function" and node.target is torch.ops.aten.mm.default
-
-
 def folds_into_addmm(mm: fx.Node, add: fx.Node) -> bool:
     """Whether inductor's post-grad pass rewrites ``add(mm(a, b), c)`` as ``addmm(c, a, b)`` (torch 2.13's
     ``addmm`` pattern), which runs where the add was: the mm's value is never a buffer of its own and its inputs
@@ -182,17 +178,15 @@ def folds_into_addmm(mm: fx.Node, add: fx.Node) -> bool:
     Returns
     -------
     bool
-        True for an ``aten.add.Tensor`` of the mm and a tensor of the mm's dtype whose shape expands to the mm's
-        (of two mms, the second argument), on the CPU (on a GPU inductor keeps the mm when every reader of the add is pointwise, which is not checked
+        True for an ``aten.add.Tensor`` of the mm and a tensor of the mm's dtype whose shape expands to the mm's,
+        on the CPU (on a GPU inductor keeps the mm when every reader of the add is pointwise, which is not checked
         here: no fold is assumed there).
     """
-    if not _is_mm(mm):
+    if mm.op != "call_function" or mm.target is not torch.ops.aten.mm.default:
         return False
     if add.op != "call_function" or add.target is not torch.ops.aten.add.Tensor or add.kwargs or len(add.args) != 2:
         return False
     other = add.args[1] if add.args[0] is mm else add.args[0]
-    if add.args[0] is mm and _is_mm(add.args[1]):
-        return False  # add(mm, mm): the pattern matched first, add(inp, mm(a, b)), folds the second
     value, bias = mm.meta.get("val"), other.meta.get("val") if isinstance(other, fx.Node) else None
     if not isinstance(value, torch.Tensor) or not isinstance(bias, torch.Tensor) or other is mm:
         return False
