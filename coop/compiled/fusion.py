@@ -15,8 +15,7 @@ outside), and its bytes are those of the reader
 alone, the one buffer the fused kernel writes. The emitter (:mod:`coop.compiled.emit`) writes each member out just
 before the node that reads it, for each compute of the group, so a recomputed group is recomputed whole. A value
 read twice stays a node: inductor may inline it into both readers (recomputing it) or realize it, and coop keeps
-the realized, more conservative, picture. An ``mm`` read only by an ``add`` joins the add the same way
-(:func:`folds_into_addmm`): inductor's post-grad pass makes the two one ``addmm`` at the add's place.
+the realized, more conservative, picture.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ from torch import fx
 from coop.graph import Graph, Node
 from coop.graph_capture.lower import Lowered
 
-__all__ = ["LOOP_REDUCTIONS", "folds_into_addmm", "fuse_pointwise", "is_loop_op", "is_pointwise"]
+__all__ = ["LOOP_REDUCTIONS", "fuse_pointwise", "is_loop_op", "is_pointwise"]
 
 #: aten reductions that inductor lowers to a loop, into which it inlines pointwise producers
 LOOP_REDUCTIONS = frozenset({"sum", "mean", "amax", "amin", "max", "min", "var_mean", "var", "prod", "any", "all",
@@ -160,42 +159,4 @@ def _absorbable(node: Node, readers: list[int], graph: Graph, lowered: Lowered, 
         return False
     own = fx_nodes.get(lowered.fx_names[node.id][0])
     target = fx_nodes.get(lowered.fx_names[reader.id][0])
-    if own is None or target is None:
-        return False
-    return (is_pointwise(own) and is_loop_op(target)) or folds_into_addmm(own, target)
-
-
-def folds_into_addmm(mm: fx.Node, add: fx.Node) -> bool:
-    """Whether inductor's post-grad pass rewrites ``add(mm(a, b), c)`` as ``addmm(c, a, b)`` (torch 2.13's
-    ``addmm`` pattern), which runs where the add was: the mm's value is never a buffer of its own and its inputs
-    live until the add.
-
-    Parameters
-    ----------
-    mm, add : fx.Node
-        An ``aten.mm`` and the one node that reads it.
-
-    Returns
-    -------
-    bool
-        True for an ``aten.add.Tensor`` of the mm and a tensor of the mm's dtype whose shape expands to the mm's,
-        on the CPU (on a GPU inductor keeps the mm when every reader of the add is pointwise, which is not checked
-        here: no fold is assumed there).
-    """
-    if mm.op != "call_function" or mm.target is not torch.ops.aten.mm.default:
-        return False
-    if add.op != "call_function" or add.target is not torch.ops.aten.add.Tensor or add.kwargs or len(add.args) != 2:
-        return False
-    other = add.args[1] if add.args[0] is mm else add.args[0]
-    value, bias = mm.meta.get("val"), other.meta.get("val") if isinstance(other, fx.Node) else None
-    if not isinstance(value, torch.Tensor) or not isinstance(bias, torch.Tensor) or other is mm:
-        return False
-    if value.device.type != "cpu" or bias.dtype != value.dtype:
-        return False
-    inputs = [a.meta.get("val") for a in mm.args if isinstance(a, fx.Node)]
-    if any(not isinstance(t, torch.Tensor) or t.dtype != value.dtype for t in inputs):
-        return False
-    try:
-        return tuple(torch.broadcast_shapes(bias.shape, value.shape)) == tuple(value.shape)
-    except RuntimeError:
-        return False
+    return own is not None and target is not None and is_pointwise(own) and is_loop_op(target)
