@@ -6,14 +6,16 @@ buffers, and how long they live, is inductor's decision, not coop's. :class:`Buf
 ``CustomSchedulerPass`` for ``torch._inductor.config._post_fusion_custom_pass``: inductor calls it with the
 scheduler nodes after fusion (each a kernel, in the order the generated code runs them), and it records, without
 changing anything, each kernel's output buffers (name, bytes, the joint value they hold: the ``JOINT_VALUE`` meta
-the emitter put on every node it wrote, carried by the buffer's ``origin_node``), which kernels read each buffer,
+the emitter put on every node it wrote, carried by the buffer's ``origin_node``; :func:`mark_joint_value`), which
+kernels read each buffer,
 and which are graph outputs. A buffer every reader of which is inside the kernel that writes it (and that is no
 output) is never allocated: inductor's codegen keeps it in the kernel (``remove_kernel_local_buffers``), so it is
 recorded as not materialized.
 
 :meth:`ObservedGraph.peak` walks the kernels as the generated code runs them: a materialized buffer is allocated
 at its kernel (in place of an input of the same size whose last reader is that kernel, as inductor's in-place
-reuse does for loop kernels) and freed after its last reader; outputs stay. :func:`step_peak` joins a forward
+reuse does for loop kernels) and freed after its last reader, or held in a pool until a later allocation of its
+size takes it where inductor's wrapper would (:meth:`ObservedGraph._walk`); outputs stay. :func:`step_peak` joins a forward
 and its backward: the forward's outputs stay until the backward's last read of them (the backward's saved inputs
 are freed as it goes), the forward's own outputs and the gradients stay.
 
