@@ -187,8 +187,9 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
     def compile_with(shave: int, observation: Observation | None = None, requested: int | None = None) -> nn.Module:
         # a later round keeps the first round's budget in bytes: a share of a Graph rebuilt from an observation
         # would be another number
-        part = CoopPartitioner(budget if requested is None else requested, formulation=formulation, time_limit=time_limit, threads=threads, shave=shave,
-                               observation=observation, verbose=verbose)
+        part = CoopPartitioner(budget if requested is None else requested, formulation=formulation,
+                               time_limit=time_limit, threads=threads, shave=shave, observation=observation,
+                               verbose=verbose)
         options = {**user_options, "custom_partitioner_fn": part}
         observer = None
         if options.get("_post_fusion_custom_pass") is None:
@@ -218,8 +219,8 @@ def _fit_measured(compile_with: Callable[[int, Observation | None, int | None], 
     (:attr:`CompileRound.observed_peak`). A round that misses its budget is planned again on what inductor held in
     it and the rounds before (:mod:`coop.compiled.observed`: the values it never wrote inlined into their readers,
     its temporaries and fused kernels' overlaps charged), at the same shave, while the observation shows something
-    new; when it shows nothing new, the shave grows by the round's excess over the budget. A re-solve that finds no schedule below it is tried once more halfway between the
-    last shave that planned and the one that did not. The compiled module that held least is returned (with its own
+    new; when it shows nothing new, the shave grows by the round's excess over the budget. A re-solve that finds no
+    schedule below it is tried once more halfway between the last shave that planned and the one that did not. The compiled module that held least is returned (with its own
     record: torch.compile's wrappers of one model share its attributes), with a warning naming the numbers when
     none met its budget.
     """
