@@ -220,9 +220,9 @@ def _fit_measured(compile_with: Callable[[int, Observation | None, int | None], 
     it and the rounds before (:mod:`coop.compiled.observed`: the values it never wrote inlined into their readers,
     its temporaries and fused kernels' overlaps charged), at the same shave, while the observation shows something
     new; when it shows nothing new, the shave grows by the round's excess over the budget. A re-solve that finds no
-    schedule below it is tried once more halfway between the last shave that planned and the one that did not. The compiled module that held least is returned (with its own
-    record: torch.compile's wrappers of one model share its attributes), with a warning naming the numbers when
-    none met its budget.
+    schedule below it is tried once more halfway between the last shave that planned and the one that did not. The
+    compiled module that held least is returned (with its own record: torch.compile's wrappers of one model share
+    its attributes), with a warning naming the numbers when none met its budget.
     """
     history: list[CompileRound] = []
     best: _Attempt | None = None

@@ -15,9 +15,9 @@ recorded as not materialized.
 :meth:`ObservedGraph.peak` walks the kernels as the generated code runs them: a materialized buffer is allocated
 at its kernel (in place of an input of the same size whose last reader is that kernel, as inductor's in-place
 reuse does for loop kernels) and freed after its last reader, or held in a pool until a later allocation of its
-size takes it where inductor's wrapper would (:meth:`ObservedGraph._walk`); outputs stay. :func:`step_peak` joins a forward
-and its backward: the forward's outputs stay until the backward's last read of them (the backward's saved inputs
-are freed as it goes), the forward's own outputs and the gradients stay.
+size takes it where inductor's wrapper would (:meth:`ObservedGraph._walk`); outputs stay. :func:`step_peak` joins a
+forward and its backward: the forward's outputs stay until the backward's last read of them (the backward's saved
+inputs are freed as it goes), the forward's own outputs and the gradients stay.
 
 The pass's :meth:`~BufferObserver.uuid` carries a fresh nonce, so inductor's FX graph cache never answers an
 observed compilation from another's entry (which would run no scheduler, so nothing would be observed); coop's
@@ -38,8 +38,8 @@ from typing import Any
 from torch._inductor.custom_graph_pass import CustomSchedulerPass
 from torch._inductor.virtualized import V
 
-__all__ = ["COOP_GRAPH", "JOINT_VALUE", "BufferObserver", "ObservedBuffer", "ObservedGraph", "mark_joint_value", "observe",
-           "step_peak"]
+__all__ = ["COOP_GRAPH", "JOINT_VALUE", "BufferObserver", "ObservedBuffer", "ObservedGraph", "mark_joint_value",
+           "observe", "step_peak"]
 
 #: the meta key naming, on every node the emitter writes (computations and their views), the joint node it copies
 JOINT_VALUE = "coop_joint_value"
