@@ -49,8 +49,8 @@ def _allocations(code: str) -> list[int]:
 @pytest.mark.parametrize("formulation", ["store-all", "checkpoint-all"])
 def test_observed_buffers_are_what_the_code_allocates_and_the_allocator_holds(formulation: str) -> None:
     """Per graph, the buffers the observer says get memory of their own are the generated code's allocations
-    (count and bytes; with recomputation at most those); the step peak it derives is the CPU allocator's, within
-    0.5 %."""
+    (count and bytes; with recomputation within two allocations and 5 % of the bytes); the step peak it derives is
+    the CPU allocator's, within 0.5 %."""
     torch.manual_seed(0)
     model = nn.Sequential(*[Block(64) for _ in range(3)], nn.Linear(64, 1))
     batch = torch.randn(256, 64)
@@ -70,8 +70,9 @@ def test_observed_buffers_are_what_the_code_allocates_and_the_allocator_holds(fo
         fresh = [b.nbytes for b in graph.allocated()]
         if formulation == "store-all":
             assert len(fresh) == len(expected) and sum(fresh) == sum(expected), (graph.backward, fresh, expected)
-        else:  # the walk takes every reuse inductor's wrapper may decline (module docstring): never more
-            assert len(fresh) <= len(expected) and sum(fresh) <= sum(expected), (graph.backward, fresh, expected)
+        else:  # the walk decides pooled reuses on its own order of the kernels, which inductor may reorder after
+            assert abs(len(fresh) - len(expected)) <= 2, (graph.backward, fresh, expected)
+            assert abs(sum(fresh) - sum(expected)) <= 0.05 * sum(expected), (graph.backward, fresh, expected)
     # gelu's and layer norm's intermediates are computed in the forward and never get a buffer
     assert set(plan.partition.forward_counts) - set(forward.joint_bytes())
     if formulation == "checkpoint-all":
@@ -91,9 +92,10 @@ def _buffer(name: str, nbytes: int, kernel: int, readers: tuple[int, ...], *, ou
                           materialized=True, dtype="torch.float32", writer=writer, reader_ops=reader_ops)
 
 
-def test_the_walk_frees_after_the_last_reader_reuses_in_place_and_holds_pooled_memory_until_reused() -> None:
-    """Hand-built kernels, the peaks counted by hand: a dead buffer later reused stays held in between; one never
-    reused is freed at its death; a loop kernel writes in place of its input read for the last time."""
+def test_the_walk_frees_after_the_last_reader_reuses_in_place_and_pools_as_inductors_wrapper_decides() -> None:
+    """Hand-built kernels, the peaks counted by hand: a dead buffer is reused by a later allocation of its size only
+    where holding it in between keeps inductor's own peak estimate (every buffer from its kernel to its last
+    reader); a loop kernel writes in place of its input read for the last time."""
     graph = ObservedGraph(coop_graph="g", backward=False, kernels=["k0", "k1", "k2", "k3"],
                           extern=[True, False, True, False])
     graph.buffers = [
@@ -104,18 +106,28 @@ def test_the_walk_frees_after_the_last_reader_reuses_in_place_and_holds_pooled_m
     ]
     assert [b.name for b in graph.allocated()] == ["a", "c"]
     assert graph.peak() == 140  # k2: b (100) and c (40)
-    pooled = ObservedGraph(coop_graph="g", backward=False, kernels=["k0", "k1", "k2", "k3"],
-                           extern=[True, True, True, True])
-    pooled.buffers = [
+    declined = ObservedGraph(coop_graph="g", backward=False, kernels=["k0", "k1", "k2", "k3"],
+                             extern=[True, True, True, True])
+    declined.buffers = [
         _buffer("a", 100, 0, (0,)),  # dies at k0 into the pool
         _buffer("b", 30, 1, (2,)),
-        _buffer("c", 100, 3, (), output=True),  # reuses a: a's 100 bytes were held through k1 and k2
+        _buffer("c", 100, 3, (), output=True),  # a held through k1-k2 would make 130 > the estimate's peak 100
     ]
-    assert [b.name for b in pooled.allocated()] == ["a", "b"]
-    assert pooled.peak() == 130
-    assert pooled.peak({("saved",): 50}) == 130 + 50  # an input nobody reads here stays resident
-    pooled.input_readers = {"saved": (0,), "view": (1,)}
-    assert pooled.peak({("saved", "view"): 50}) == 100 + 50 + 30  # two views of one buffer: freed after k1
+    assert [b.name for b in declined.allocated()] == ["a", "b", "c"]
+    assert declined.peak() == 100
+    assert declined.peak({("saved",): 50}) == 100 + 50  # an input nobody reads here stays resident
+    declined.input_readers = {"saved": (0,), "view": (1,)}
+    assert declined.peak({("saved", "view"): 50}) == 100 + 50  # two views of one buffer: freed after k1
+    taken = ObservedGraph(coop_graph="g", backward=False, kernels=["k0", "k1", "k2", "k3"],
+                          extern=[True, True, True, True])
+    taken.buffers = [
+        _buffer("a", 100, 0, (0,)),
+        _buffer("b", 30, 1, (1,)),
+        _buffer("c", 100, 2, (3,)),  # a held through k1: 100 + 30 <= the estimate's peak 200 (k3: c and d)
+        _buffer("d", 100, 3, (), output=True),  # c dies at k3, after d is allocated: a block of its own
+    ]
+    assert [b.name for b in taken.allocated()] == ["a", "b", "d"]
+    assert taken.peak() == 200
 
 
 def test_a_users_own_post_fusion_pass_is_left_in_place() -> None:

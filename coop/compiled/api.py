@@ -31,6 +31,7 @@ from torch._dynamo.exc import BackendCompilerFailed
 from coop.budget import min_budget
 from coop.compiled.inductor_buffers import BufferObserver, step_peak
 from coop.compiled.measure import held_bytes, step_loss
+from coop.compiled.observed import Observation, observe_round
 from coop.compiled.partitioner import CompiledPlan, CoopPartitioner
 from coop.errors import CoopError
 
@@ -52,6 +53,8 @@ class CompileRound:
     #: the step's peak from the buffers inductor's generated code keeps (:mod:`coop.compiled.inductor_buffers`),
     #: caller-owned values included as in ``measured_peak``; None when no compiled graph was observed
     observed_peak: int | None = None
+    #: how many values the round's Graph inlined from earlier rounds' buffers (:mod:`coop.compiled.observed`)
+    inlined: int = 0
 
 
 @dataclass
@@ -83,6 +86,8 @@ class CompiledRecord:
         for number, r in enumerate(self.rounds):
             measured = "not measured" if r.measured_peak is None else f"measured {r.measured_peak:,} B"
             observed = "" if r.observed_peak is None else f" (inductor's buffers: {r.observed_peak:,} B)"
+            if r.inlined:
+                observed += f"; {r.inlined} values inlined as observed"
             lines.append(f"round {number}: {r.reason}; budget {r.budget:,} B (shave {r.shave:,} B), predicted "
                          f"{r.predicted_peak:,} B, {measured}{observed}")
         return "\n".join(lines)
@@ -179,8 +184,11 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
     # plan on a 6-layer MLP; 13.1 MB without it). Off unless the user sets the threshold.
     user_options.setdefault("score_fusion_memory_threshold", NO_HORIZONTAL_FUSION)
 
-    def compile_with(shave: int) -> nn.Module:
-        part = CoopPartitioner(budget, formulation=formulation, time_limit=time_limit, threads=threads, shave=shave,
+    def compile_with(shave: int, observation: Observation | None = None, requested: int | None = None) -> nn.Module:
+        # a later round keeps the first round's budget in bytes: a share of a Graph rebuilt from an observation
+        # would be another number
+        part = CoopPartitioner(budget if requested is None else requested, formulation=formulation,
+                               time_limit=time_limit, threads=threads, shave=shave, observation=observation,
                                verbose=verbose)
         options = {**user_options, "custom_partitioner_fn": part}
         observer = None
@@ -203,20 +211,26 @@ class _Attempt:
     held: int
 
 
-def _fit_measured(compile_with: Callable[[int], nn.Module], batch: Any, loss_fn: Callable[[Any], torch.Tensor] | None,
-                  rounds: int, verbose: bool) -> nn.Module:
-    """Compile, measure one step, and while it holds more than its budget plan again below the excess.
+def _fit_measured(compile_with: Callable[[int, Observation | None, int | None], nn.Module], batch: Any,
+                  loss_fn: Callable[[Any], torch.Tensor] | None, rounds: int, verbose: bool) -> nn.Module:
+    """Compile, measure one step, and while it holds more than its budget plan again.
 
-    The shave grows by each round's excess over the budget; a re-solve that finds no schedule below it is tried
-    once more halfway between the last shave that planned and the one that did not. The compiled module that held
-    least is returned (with its own record: torch.compile's wrappers of one model share its attributes), with a
-    warning naming the numbers when none met its budget.
+    A round holds the larger of the CPU allocator's peak and the walk of inductor's buffers
+    (:attr:`CompileRound.observed_peak`). A round that misses its budget is planned again on what inductor held in
+    it and the rounds before (:mod:`coop.compiled.observed`: the values it never wrote inlined into their readers,
+    its temporaries and fused kernels' overlaps charged), at the same shave, while the observation shows something
+    new; when it shows nothing new, the shave grows by the round's excess over the budget. A re-solve that finds no
+    schedule below it is tried once more halfway between the last shave that planned and the one that did not. The
+    compiled module that held least is returned (with its own record: torch.compile's wrappers of one model share
+    its attributes), with a warning naming the numbers when none met its budget.
     """
     history: list[CompileRound] = []
     best: _Attempt | None = None
     shave, planned_shave = 0, 0
+    observation: Observation | None = None
+    requested: int | None = None
     for number in range(rounds):
-        compiled = compile_with(shave)
+        compiled = compile_with(shave, observation, requested)
         record: CompiledRecord = compiled.coop_record
         record.rounds = history
         try:
@@ -237,24 +251,37 @@ def _fit_measured(compile_with: Callable[[int], nn.Module], batch: Any, loss_fn:
         if len(part.plans) != 1 or measured is None:
             return compiled  # graph breaks (several graphs) or a running profiler: nothing to compare
         plan = part.plans[0]
+        requested = plan.requested
         held = measured + sum(n.mem for n in plan.joint.graph.nodes if n.caller_owned)
-        reason = "first plan" if number == 0 else "planned again below the measured excess"
+        observed = record.observed_peak(plan)
+        judged = max(held, observed or 0)
+        if number == 0:
+            reason = "first plan"
+        elif shave == planned_shave:
+            reason = "planned again on the buffers inductor kept"
+        else:
+            reason = "planned again below the measured excess"
         history.append(CompileRound(shave=shave, budget=plan.budget, predicted_peak=plan.peak, measured_peak=held,
-                                    reason=reason, observed_peak=record.observed_peak(plan)))
+                                    reason=reason, observed_peak=observed,
+                                    inlined=0 if observation is None else len(observation.inline)))
         planned_shave = shave
-        if best is None or held < best.held:
-            best = _Attempt(compiled, record, held)
-        if held <= plan.requested:
+        if best is None or judged < best.held:
+            best = _Attempt(compiled, record, judged)
+        if judged <= plan.requested:
             break
+        seen = _observe(record, plan, observation)
+        if seen is not None and seen != observation:
+            observation = seen  # what this round showed is new: the Graph it gives, at the same shave
+            continue
         if not held_follows_the_plan(history):
             history[-1].reason += "; the held bytes did not follow the plan down: the excess is held outside it"
             break
         floor = min_budget(plan.joint.graph)
         if plan.budget <= floor:
             break
-        shave = min(shave + held - plan.requested, plan.requested - floor)
+        shave = min(shave + judged - plan.requested, plan.requested - floor)
         if verbose:
-            print(f"coop.compile: the step held {held:,} B against {plan.requested:,} B; planning again",
+            print(f"coop.compile: the step held {judged:,} B against {plan.requested:,} B; planning again",
                   file=sys.stderr)
     assert best is not None
     best.compiled.coop_record = best.record  # the wrappers share the model's attributes: its own record back
@@ -263,12 +290,24 @@ def _fit_measured(compile_with: Callable[[int], nn.Module], batch: Any, loss_fn:
     return best.compiled
 
 
+def _observe(record: CompiledRecord, plan: CompiledPlan, previous: Observation | None) -> Observation | None:
+    """The observation of ``plan``'s compiled graphs joined with ``previous``; None when they were not observed."""
+    if record.buffers is None:
+        return None
+    forward, backward = record.buffers.of(plan.joint.graph.name)
+    if forward is None or backward is None:
+        return None
+    computed = set(plan.partition.forward_counts) | set(plan.partition.backward_counts)
+    return observe_round(plan.joint.graph, plan.joint.lowered.fx_names, computed, forward, backward, previous)
+
+
 def held_follows_the_plan(history: list[CompileRound]) -> bool:
     """Whether the last two measured rounds' held bytes fell by at least a quarter of their plans' predicted fall.
 
     A re-solve lowers the plan's peak; when the step's held bytes stay where they were, the excess is in buffers
-    the compiled code keeps outside coop's graph (e.g. values inductor inlines into several readers), and shaving
-    the budget further only buys recomputation. With fewer than two measured rounds there is nothing to compare.
+    the compiled code keeps outside coop's graph, and shaving the budget further only buys recomputation. With
+    fewer than two measured rounds, or when the last one was the first planned on an observation (another Graph,
+    whose predictions do not compare with the round before), there is nothing to compare.
 
     Parameters
     ----------
@@ -285,6 +324,8 @@ def held_follows_the_plan(history: list[CompileRound]) -> bool:
     if len(measured) < 2:
         return True
     before, after = measured[-2], measured[-1]
+    if (before.inlined == 0) != (after.inlined == 0):
+        return True
     predicted_fall = before.predicted_peak - after.predicted_peak
     held_fall = before.measured_peak - after.measured_peak
     return predicted_fall <= 0 or 4 * held_fall >= predicted_fall

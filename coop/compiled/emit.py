@@ -22,7 +22,7 @@ from typing import Any
 from torch import fx
 from torch._functorch.partitioners import _extract_fwd_bwd_outputs
 
-from coop.compiled.inductor_buffers import COOP_GRAPH, JOINT_VALUE
+from coop.compiled.inductor_buffers import COOP_GRAPH, mark_joint_value
 from coop.compiled.joint import JointGraph
 from coop.errors import CoopError
 from coop.schedule import Schedule
@@ -30,6 +30,8 @@ from coop.schedule import Schedule
 __all__ = ["JOINT_NAME", "Partition", "emit_partition"]
 
 FORWARD, BACKWARD = "forward", "backward"
+#: the instance key of an inlined value's copy: one per compute that reads it
+INLINED = "inlined"
 #: the meta key naming, on each emitted computation, the joint node it computes
 JOINT_NAME = "coop_joint_name"
 
@@ -68,7 +70,7 @@ class _Emitter:
         self.instance: dict[int, int] = {}  # graph node id -> serial of its most recent instance
         self.instance_phase: dict[int, str] = {}  # serial -> phase that created it
         self.boundary: dict[int, int] = {}  # the instances resident when the forward returns
-        self.values: dict[tuple[str, str, int], fx.Node] = {}  # (phase, fx name, serial) -> emitted node
+        self.values: dict[tuple[str, str, Any], fx.Node] = {}  # (phase, fx name, serial) -> emitted node
         self.saved: dict[str, fx.Node] = {}  # joint fx name -> backward placeholder
         self.counts = {FORWARD: Counter(), BACKWARD: Counter()}
         self.serial = 0
@@ -86,6 +88,8 @@ class _Emitter:
     # ------------------------------------------------------------------ resolution
     def resolve(self, node: fx.Node, phase: str, instances: dict[int, int]) -> fx.Node:
         """The node of ``phase``'s module that holds ``node``'s value, for the instances in ``instances``."""
+        if node.name in self.joint.inlined:  # written out again for the node being computed (coop.compiled.observed)
+            return self._folded(node, phase, instances, (INLINED, self.serial))
         if node.op == "placeholder":
             if node.name.startswith("tangents"):
                 return self._tangent(phase, node)
@@ -112,11 +116,11 @@ class _Emitter:
             raise CoopError(f"coop.compile: {node.name} read before its compute in the {phase}")
         return self._folded(node, phase, instances, serial)
 
-    def _folded(self, node: fx.Node, phase: str, instances: dict[int, int], serial: int) -> fx.Node:
+    def _folded(self, node: fx.Node, phase: str, instances: dict[int, int], serial: int | tuple[str, int]) -> fx.Node:
         key = (phase, node.name, serial)
         if key not in self.values:
             self.values[key] = self.graphs[phase].node_copy(node, lambda a: self.resolve(a, phase, instances))
-            self.values[key].meta[JOINT_VALUE] = node.name
+            mark_joint_value(self.values[key], node.name)
         return self.values[key]
 
     def _tangent(self, phase: str, node: fx.Node) -> fx.Node:
@@ -154,7 +158,7 @@ class _Emitter:
             emitted = self.graphs[phase].node_copy(fx_node, lambda a: self.resolve(a, phase, instances))
             emitted.meta[JOINT_NAME] = fx_node.name
             self.counts[phase][fx_node.name] += 1
-        emitted.meta[JOINT_VALUE] = fx_node.name
+        mark_joint_value(emitted, fx_node.name)
         self.values[(self.instance_phase[self.serial], fx_node.name, self.serial)] = emitted
         self.instance[node_id] = self.serial
 

@@ -6,16 +6,18 @@ buffers, and how long they live, is inductor's decision, not coop's. :class:`Buf
 ``CustomSchedulerPass`` for ``torch._inductor.config._post_fusion_custom_pass``: inductor calls it with the
 scheduler nodes after fusion (each a kernel, in the order the generated code runs them), and it records, without
 changing anything, each kernel's output buffers (name, bytes, the joint value they hold: the ``JOINT_VALUE`` meta
-the emitter put on every node it wrote, carried by the buffer's ``origin_node``), which kernels read each buffer,
+the emitter put on every node it wrote, carried by the buffer's ``origin_node``; :func:`mark_joint_value`), which
+kernels read each buffer,
 and which are graph outputs. A buffer every reader of which is inside the kernel that writes it (and that is no
 output) is never allocated: inductor's codegen keeps it in the kernel (``remove_kernel_local_buffers``), so it is
 recorded as not materialized.
 
 :meth:`ObservedGraph.peak` walks the kernels as the generated code runs them: a materialized buffer is allocated
 at its kernel (in place of an input of the same size whose last reader is that kernel, as inductor's in-place
-reuse does for loop kernels) and freed after its last reader; outputs stay. :func:`step_peak` joins a forward
-and its backward: the forward's outputs stay until the backward's last read of them (the backward's saved inputs
-are freed as it goes), the forward's own outputs and the gradients stay.
+reuse does for loop kernels) and freed after its last reader, or held in a pool until a later allocation of its
+size takes it where inductor's wrapper would (:meth:`ObservedGraph._walk`); outputs stay. :func:`step_peak` joins a
+forward and its backward: the forward's outputs stay until the backward's last read of them (the backward's saved
+inputs are freed as it goes), the forward's own outputs and the gradients stay.
 
 The pass's :meth:`~BufferObserver.uuid` carries a fresh nonce, so inductor's FX graph cache never answers an
 observed compilation from another's entry (which would run no scheduler, so nothing would be observed); coop's
@@ -36,12 +38,26 @@ from typing import Any
 from torch._inductor.custom_graph_pass import CustomSchedulerPass
 from torch._inductor.virtualized import V
 
-__all__ = ["COOP_GRAPH", "JOINT_VALUE", "BufferObserver", "ObservedBuffer", "ObservedGraph", "observe", "step_peak"]
+__all__ = ["COOP_GRAPH", "JOINT_VALUE", "BufferObserver", "ObservedBuffer", "ObservedGraph", "mark_joint_value",
+           "observe", "step_peak"]
 
 #: the meta key naming, on every node the emitter writes (computations and their views), the joint node it copies
 JOINT_VALUE = "coop_joint_value"
+#: inputs inductor's peak estimate leaves out (``torch._inductor.utils.is_nonfreeable_buffers``)
+_NOT_FREEABLE = ("primals_", "arg", "fwd_rng_state", "bwd_rng_state", "tangents")
 #: the meta key naming, on every node the emitter writes, the coop Graph it was planned in
 COOP_GRAPH = "coop_graph"
+
+
+def mark_joint_value(node: Any, name: str) -> None:
+    """Name the joint value an emitted fx node computes, where inductor's passes keep it.
+
+    ``JOINT_VALUE`` itself, and the same key inside ``meta["custom"]``: a post-grad pattern that replaces a node
+    (``add(mm(a, b), c)`` becomes ``addmm(c, a, b)``) copies only torch.fx's ``_COPY_META_FIELDS`` to the new node,
+    ``custom`` among them, so the buffer it writes still names the value it holds.
+    """
+    node.meta[JOINT_VALUE] = name
+    node.meta["custom"] = {**(node.meta.get("custom") or {}), JOINT_VALUE: name}
 
 
 @dataclass(frozen=True)
@@ -63,6 +79,8 @@ class ObservedBuffer:
     #: the scheduler node that writes it and those that read it (inside fused kernels: their members)
     writer: str = ""
     reader_ops: tuple[str, ...] = ()
+    #: a buffer of its own in inductor's schedule that codegen keeps inside its kernel (not materialized)
+    local: bool = False
 
     @property
     def key(self) -> tuple[int, str]:
@@ -85,6 +103,9 @@ class ObservedGraph:
     #: the graph's input names in order, and per output (in order) the buffer or input it is (a view: its base)
     inputs: list[str] = field(default_factory=list)
     outputs: list[str | None] = field(default_factory=list)
+    #: the graph's freeable inputs read by its kernels (saved values, not primals or tangents) -> their bytes
+    #: (inductor's peak estimate counts them until their last reader)
+    input_bytes: dict[str, int] = field(default_factory=dict)
 
     def materialized(self) -> list[ObservedBuffer]:
         """The buffers the generated code allocates."""
@@ -123,24 +144,50 @@ class ObservedGraph:
 
         A buffer whose last reader is a loop kernel that writes a buffer of the same size and dtype becomes that
         buffer (in-place reuse). A buffer that dies otherwise goes to a pool keyed by size and dtype; a later
-        allocation of that key takes the most recent one (inductor's ``ReuseLine``), and the memory stays held
-        from the death to the reuse; one never reused is freed at its death (``FreeIfNotReusedLine``). Inductor's
-        wrapper declines a reuse across kernels when holding the buffer would raise its own peak estimate, which
-        it computes after this pass runs; the walk takes every reuse, so it may hold a pooled buffer longer than
-        the generated code does (an upper bound: measured within 0.3 % of the CPU allocator's peak on a residual
-        MLP with checkpoint-all, where the code allocates 4 buffers more than the walk).
+        allocation of that key may take the most recent one (inductor's ``ReuseLine``), and the memory then stays
+        held from the death to the reuse; one never reused is freed at its death (``FreeIfNotReusedLine``).
+        Inductor's wrapper takes a pooled buffer only when the kernel right after its death allocates it, or when
+        holding it in between keeps its own estimate of the graph's peak (``AllocateLine.should_reuse_buffer``:
+        every buffer of its schedule, kernel-local ones included, from its kernel to its last reader, no in-place
+        reuse); the walk decides the same way on that profile, raised by each reuse it takes.
         """
         input_frees: dict[int, int] = {}
         for names, nbytes in resident.items():
             readers = [r for name in names for r in self.input_readers.get(name, ())]
             if readers:
                 input_frees[max(readers)] = input_frees.get(max(readers), 0) + nbytes
+        held = sum(resident.values())
+        inputs = [0] * len(self.kernels)
+        for index in range(len(self.kernels)):
+            inputs[index] = held
+            held -= input_frees.get(index, 0)
+        # inductor's estimate: its inputs until their last reader, every buffer of its schedule from its kernel to
+        # its last reader
+        profile = [0] * len(self.kernels)
+        for name, nbytes in self.input_bytes.items():
+            for index in range(max(self.input_readers.get(name, ()), default=-1) + 1):
+                profile[index] += nbytes
+        for buffer in self.buffers:
+            if buffer.materialized or buffer.local:
+                last = len(self.kernels) - 1 if buffer.output else max(buffer.readers, default=buffer.kernel)
+                for index in range(buffer.kernel, last + 1):
+                    profile[index] += buffer.nbytes
+        blocks, fresh = self._blocks(pool_from=profile)
+        return max(_live(blocks, inputs), default=0), fresh
+
+    def _blocks(self, pool_from: list[int] | None) -> tuple[list[list[int]], list[ObservedBuffer]]:
+        """The memory blocks of one walk ([bytes, first kernel, last kernel]) and the buffers that got fresh ones.
+
+        ``pool_from``: the live bytes per kernel without pooled reuse, against which a pooled reuse is decided
+        (and which each reuse taken raises); None: no pooled reuse at all.
+        """
         writes: dict[int, list[ObservedBuffer]] = {}
         deaths: dict[int, list[ObservedBuffer]] = {}
         for buffer in self.materialized():
             writes.setdefault(buffer.kernel, []).append(buffer)
             if not buffer.output:
                 deaths.setdefault(max(buffer.readers, default=buffer.kernel), []).append(buffer)
+        overall = max(pool_from, default=0) if pool_from is not None else 0
         block_of: dict[str, int] = {}  # buffer name -> index of the memory block it occupies
         blocks: list[list[int]] = []  # [bytes, first kernel, last kernel (-1 while open)]
         pool: dict[tuple[int, str], list[int]] = {}
@@ -153,13 +200,20 @@ class ObservedGraph:
                 if match is not None:  # in place of an input read for the last time
                     dying.remove(match)
                     block_of[buffer.name] = block_of[match.name]
-                elif pool.get(buffer.key):
-                    block_of[buffer.name] = pool[buffer.key].pop()
-                    blocks[block_of[buffer.name]][2] = -1  # held from its last death on, open again
-                else:
-                    block_of[buffer.name] = len(blocks)
-                    blocks.append([buffer.nbytes, index, -1])
-                    fresh.append(buffer)
+                    continue
+                candidates = pool.get(buffer.key)
+                if pool_from is not None and candidates:
+                    freed = blocks[candidates[-1]][2]
+                    between = pool_from[freed + 1:index]
+                    if freed + 1 == index or buffer.nbytes + max(between, default=0) <= overall:
+                        block_of[buffer.name] = candidates.pop()
+                        blocks[block_of[buffer.name]][2] = -1  # held from its last death on, open again
+                        for kernel in range(freed + 1, index):
+                            pool_from[kernel] += buffer.nbytes
+                        continue
+                block_of[buffer.name] = len(blocks)
+                blocks.append([buffer.nbytes, index, -1])
+                fresh.append(buffer)
             for buffer in dying:
                 block = block_of[buffer.name]
                 blocks[block][2] = index  # freed here unless a later allocation reuses it
@@ -168,15 +222,16 @@ class ObservedGraph:
         for block in blocks:
             if block[2] < 0:
                 block[2] = ends
-        live = [0] * (len(self.kernels) + 1)
-        for nbytes, first, last in blocks:
-            for index in range(first, last + 1):
-                live[index] += nbytes
-        held = sum(resident.values())
-        for index in range(len(self.kernels)):
-            live[index] += held
-            held -= input_frees.get(index, 0)
-        return max(live, default=0), fresh
+        return blocks, fresh
+
+
+def _live(blocks: list[list[int]], inputs: list[int]) -> list[int]:
+    """Bytes live at each kernel: the blocks spanning it and the resident inputs not yet freed."""
+    live = list(inputs)
+    for nbytes, first, last in blocks:
+        for index in range(first, last + 1):
+            live[index] += nbytes
+    return live
 
 
 def step_peak(forward: ObservedGraph, backward: ObservedGraph, saved: int) -> int:
@@ -269,6 +324,8 @@ def observe(nodes: list[Any]) -> ObservedGraph:
             if dep.name in input_readers:
                 input_readers[dep.name].add(index)
     observed.input_readers = {name: tuple(sorted(readers)) for name, readers in input_readers.items()}
+    observed.input_bytes = {name: _nbytes(graph.graph_inputs[name]) for name, readers in input_readers.items()
+                            if readers and not name.startswith(_NOT_FREEABLE)}
     observed.inputs = list(graph.graph_inputs)
     observed.outputs = _output_names(graph)
     for index, node in enumerate(nodes):
@@ -282,7 +339,8 @@ def observe(nodes: list[Any]) -> ObservedGraph:
             observed.buffers.append(ObservedBuffer(
                 name=buffer.get_name(), nbytes=_nbytes(buffer.node), joint_name=_joint_name(buffer.node),
                 kernel=index, readers=tuple(readers), output=is_output,
-                materialized=not local and _allocates(buffer.node), dtype=str(buffer.node.get_dtype()),
+                materialized=not local and _allocates(buffer.node), dtype=_dtype(buffer.node),
+                local=local and _allocates(buffer.node),
                 writer=buffer.defining_op_name(),
                 reader_ops=tuple(u.node.get_name() for u in buffer.users if not u.is_weak)))
     return observed
@@ -300,21 +358,37 @@ def _output_names(graph: Any) -> list[str | None]:
 
 
 def _nbytes(node: Any) -> int:
-    layout = node.get_layout()
+    """An ir buffer's bytes; 0 for a multi-output holder (``MultiOutputLayout``), whose parts are buffers of their
+    own."""
     try:
-        return int(layout.storage_size()) * node.get_dtype().itemsize
+        return int(node.get_layout().storage_size()) * node.get_dtype().itemsize
     except (AttributeError, NotImplementedError, TypeError):
         return 0
 
 
+def _dtype(node: Any) -> str:
+    """An ir buffer's dtype as text; empty for a multi-output holder."""
+    try:
+        return str(node.get_dtype())
+    except (AttributeError, NotImplementedError):
+        return ""
+
+
 def _allocates(node: Any) -> bool:
-    """Whether an ir buffer is a fresh allocation (not a view or a mutation of another buffer)."""
-    layout = node.get_layout()
+    """Whether an ir buffer is a fresh allocation (not a view, a mutation of another buffer or a multi-output
+    holder)."""
+    try:
+        layout = node.get_layout()
+    except NotImplementedError:
+        return False
     return type(layout).__name__ in ("FixedLayout", "FlexibleLayout")
 
 
 def _joint_name(node: Any) -> str | None:
     origin = node.get_origin_node() if hasattr(node, "get_origin_node") else None
-    if origin is not None and JOINT_VALUE in origin.meta:
+    if origin is None:
+        return None
+    if JOINT_VALUE in origin.meta:
         return origin.meta[JOINT_VALUE]
-    return None
+    custom = origin.meta.get("custom")
+    return custom.get(JOINT_VALUE) if isinstance(custom, dict) else None

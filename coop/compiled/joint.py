@@ -33,6 +33,7 @@ import torch
 from torch import fx
 
 from coop.compiled.fusion import fuse_pointwise
+from coop.compiled.observed import Observation, inline_unbuffered
 from coop.errors import CoopError
 from coop.graph import Graph
 from coop.graph_capture.cost import BANDWIDTH
@@ -57,6 +58,9 @@ class JointGraph:
     effects: tuple[str, ...]
     #: joint fx name -> its fake value; an emitted copy of a node holds the same object
     values: dict[str, object]
+    #: fx names of the values an observed round showed inductor never writes (:mod:`coop.compiled.observed`):
+    #: no node of their own, written out again right before each node that reads them
+    inlined: frozenset[str] = frozenset()
 
 
 def joint_outputs(gm: fx.GraphModule, num_fwd_outputs: int) -> tuple[list[object], list[object]]:
@@ -94,7 +98,8 @@ def _is_mutating(node: fx.Node) -> bool:
 
 
 def lower_joint(gm: fx.GraphModule, num_fwd_outputs: int, static_indices: list[int] | None,
-                name: str = "compiled", fuse: bool = True, device: torch.device | None = None) -> JointGraph:
+                name: str = "compiled", fuse: bool = True, device: torch.device | None = None,
+                observation: Observation | None = None) -> JointGraph:
     """Lower inductor's joint graph to a coop Graph; refuse in one line what the compiled path cannot plan.
 
     Parameters
@@ -112,6 +117,9 @@ def lower_joint(gm: fx.GraphModule, num_fwd_outputs: int, static_indices: list[i
     device : torch.device or None
         The device whose allocator sizes the values (a meta-device joint graph planned for CUDA); None: each
         value's own device.
+    observation : Observation or None
+        What an earlier compiled round of this joint graph showed: its unbuffered values are inlined into their
+        readers and its temporaries charged as workspace (:mod:`coop.compiled.observed`).
     """
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     _refuse_unplannable(gm, placeholders)
@@ -152,9 +160,14 @@ def lower_joint(gm: fx.GraphModule, num_fwd_outputs: int, static_indices: list[i
         lowered, new_id = fuse_pointwise(lowered, {n.name: n for n in copied.nodes}, set(tangent_ids),
                                          _unwritten_seconds)
         graph, tangent_ids = lowered.graph, tuple(new_id[t] for t in tangent_ids)
+    inlined: frozenset[str] = frozenset()
+    if observation is not None:
+        rebuilt = inline_unbuffered(lowered, {n.name: n for n in copied.nodes}, observation, set(tangent_ids))
+        lowered, inlined = rebuilt.lowered, rebuilt.names
+        graph, tangent_ids = lowered.graph, tuple(rebuilt.new_id[t] for t in tangent_ids)
     return JointGraph(graph=graph, lowered=lowered, tangent_ids=tangent_ids, num_fwd_outputs=num_fwd_outputs,
                       effects=tuple(e.name for e in effects),
-                      values={n.name: n.meta.get("val") for n in gm.graph.nodes})
+                      values={n.name: n.meta.get("val") for n in gm.graph.nodes}, inlined=inlined)
 
 
 def views_share_storage(graph: fx.Graph) -> list[str]:

@@ -27,6 +27,7 @@ from torch._inductor.custom_graph_pass import CustomPartitionerFn
 from coop.budget import baseline_peak, min_budget, parse_budget
 from coop.compiled.emit import Partition, emit_partition
 from coop.compiled.joint import JointGraph, lower_joint
+from coop.compiled.observed import Observation
 from coop.errors import CoopError, InfeasibleError, SolveTimeoutError
 from coop.formulations.core.registry import solve
 from coop.formulations.core.result import SolveResult
@@ -81,13 +82,16 @@ class CoopPartitioner(CustomPartitionerFn):
     device : str or None
         The device whose allocator sizes the values (``"cuda"`` for a meta-device model planned for a GPU);
         None: each value's own.
+    observation : Observation or None
+        What an earlier compiled round of the same model showed inductor holds (:mod:`coop.compiled.observed`):
+        the Graph is rebuilt from it before solving (``coop.compile``'s measured re-solve sets it).
     verbose : bool
         Print one line per planned graph to stderr.
     """
 
     def __init__(self, budget: str | float, *, formulation: str = "auto", time_limit: float = 30.0,
                  threads: int = 2, shave: int = 0, fusion: bool = True, device: str | None = None,
-                 verbose: bool = False) -> None:
+                 observation: Observation | None = None, verbose: bool = False) -> None:
         if formulation in ("poet", "dynamic") or formulation.startswith("delta"):
             raise CoopError(f"coop.compile: formulation {formulation!r} pages or runs online, which compiled "
                             "graphs do not run; use auto, moccasin, checkmate, monet, blocks or a baseline")
@@ -98,6 +102,7 @@ class CoopPartitioner(CustomPartitionerFn):
         self.shave = shave
         self.fusion = fusion
         self.device = device
+        self.observation = observation
         self.verbose = verbose
         self.plans: list[CompiledPlan] = []
         self.nonce = uuid.uuid4().hex
@@ -107,7 +112,8 @@ class CoopPartitioner(CustomPartitionerFn):
         start = time.perf_counter()
         joint = lower_joint(gm, kwargs["num_fwd_outputs"], kwargs.get("static_lifetime_input_indices"),
                             name=f"compiled-{len(self.plans)}", fuse=self.fusion,
-                            device=None if self.device is None else torch.device(self.device))
+                            device=None if self.device is None else torch.device(self.device),
+                            observation=self.observation)
         graph = joint.graph
         floor = min_budget(graph)
         if self.plans and _is_share(self.budget) and parse_budget(self.budget, graph, check=False) < floor:
@@ -156,7 +162,7 @@ class CoopPartitioner(CustomPartitionerFn):
         for path in sorted(package.rglob("*.py")):
             digest.update(path.read_bytes())
         digest.update(repr((self.budget, self.formulation, self.time_limit, self.threads, self.shave, self.fusion,
-                             self.device)).encode())
+                             self.device, None if self.observation is None else self.observation.key())).encode())
         digest.update(self.nonce.encode())
         return digest.hexdigest()
 
