@@ -33,7 +33,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -43,7 +43,7 @@ from torch import fx
 from torch.utils._python_dispatch import _disable_current_modes
 
 from coop.errors import OptionError
-from coop.graph_capture.host_cost import best_seconds
+from coop.graph_capture.host_cost import best_seconds, switched
 from coop.graph_capture.lower import output_nodes
 
 if TYPE_CHECKING:
@@ -96,26 +96,10 @@ def autograd_costs_enabled() -> bool:
     return _ENABLED.get()
 
 
-@contextlib.contextmanager
-def autograd_costs(enabled: bool) -> Iterator[None]:
+def autograd_costs(enabled: bool) -> contextlib.AbstractContextManager[None]:
     """Plans read inside the block predict against eager with autograd's cost (True) or against the captured
-    program's node costs alone (False: the recomputations' overhead, ``predicted_recompute_overhead``).
-
-    Parameters
-    ----------
-    enabled : bool
-        The setting inside the block.
-
-    Returns
-    -------
-    Iterator[None]
-        A context manager.
-    """
-    token = _ENABLED.set(bool(enabled))
-    try:
-        yield
-    finally:
-        _ENABLED.reset(token)
+    program's node costs alone (False: the recomputations' overhead, ``predicted_recompute_overhead``)."""
+    return switched(_ENABLED, enabled)
 
 
 def autograd_rates(threads: int | None = None) -> AutogradRates:

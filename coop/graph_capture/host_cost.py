@@ -87,24 +87,18 @@ def host_costs_enabled() -> bool:
 
 
 @contextlib.contextmanager
-def host_costs(enabled: bool) -> Iterator[None]:
-    """Captures inside the block price ops with the calibrated rates (True) or the nominal model only (False).
-
-    Parameters
-    ----------
-    enabled : bool
-        The setting inside the block.
-
-    Returns
-    -------
-    Iterator[None]
-        A context manager.
-    """
-    token = _ENABLED.set(bool(enabled))
+def switched(flag: ContextVar[bool], enabled: bool) -> Iterator[None]:
+    """``flag`` set to ``enabled`` inside the block (in this thread's or task's context only), put back after it."""
+    token = flag.set(bool(enabled))
     try:
         yield
     finally:
-        _ENABLED.reset(token)
+        flag.reset(token)
+
+
+def host_costs(enabled: bool) -> contextlib.AbstractContextManager[None]:
+    """Captures inside the block price ops with the calibrated rates (True) or the nominal model only (False)."""
+    return switched(_ENABLED, enabled)
 
 
 def machine_rates(threads: int | None = None) -> MachineRates:
