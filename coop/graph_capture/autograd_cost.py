@@ -43,7 +43,7 @@ from torch import fx
 from torch.utils._python_dispatch import _disable_current_modes
 
 from coop.errors import OptionError
-from coop.graph_capture.host_cost import best_seconds, switched
+from coop.graph_capture.host_cost import PerThreadCalibration, best_seconds, switched
 from coop.graph_capture.lower import output_nodes
 
 if TYPE_CHECKING:
@@ -55,7 +55,6 @@ SHORT_CHAIN, LONG_CHAIN = 10, 110
 CALLS, BLOCKS = 2, 25
 
 _ENABLED: ContextVar[bool] = ContextVar("coop_autograd_costs", default=True)
-_CACHE: dict[int, AutogradRates] = {}
 
 
 @dataclass(frozen=True)
@@ -79,6 +78,10 @@ class AutogradRates:
         """The rates as a JSON-ready dict in microseconds (what ``plan.summary()["autograd_cost"]`` shows)."""
         return {"record_us": round(1e6 * self.record_s, 3), "node_us": round(1e6 * self.node_s, 3),
                 "threads": self.threads}
+
+
+#: the lambda looks ``calibrate_autograd`` up when it measures (a test's substitute is the one called)
+_RATES: PerThreadCalibration[AutogradRates] = PerThreadCalibration(lambda count: calibrate_autograd(count))
 
 
 @dataclass(frozen=True)
@@ -120,15 +123,12 @@ def autograd_rates(threads: int | None = None) -> AutogradRates:
     OptionError
         For a thread count that is not a whole number of at least 1.
     """
-    count = torch.get_num_threads() if threads is None else _thread_count(threads)
-    if count not in _CACHE:
-        _CACHE[count] = calibrate_autograd(count)
-    return _CACHE[count]
+    return _RATES.at(None if threads is None else _thread_count(threads))
 
 
 def forget_autograd_rates() -> None:
     """Drop every cached calibration: the next prediction measures again (after the machine's load changed)."""
-    _CACHE.clear()
+    _RATES.clear()
 
 
 def _thread_count(threads: object) -> int:

@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
@@ -40,7 +41,7 @@ BANDWIDTH_ELEMENTS = 1 << 20
 PARALLEL_ELEMENTS = 2 * GRAIN_SIZE
 
 _ENABLED: ContextVar[bool] = ContextVar("coop_host_costs", default=False)
-_CACHE: dict[int, MachineRates] = {}
+Rates = TypeVar("Rates")
 
 
 @dataclass(frozen=True)
@@ -101,28 +102,38 @@ def host_costs(enabled: bool) -> contextlib.AbstractContextManager[None]:
     return switched(_ENABLED, enabled)
 
 
+class PerThreadCalibration(Generic[Rates]):
+    """A calibration ``measure(thread count)`` taken once per torch thread count and kept for the process."""
+
+    def __init__(self, measure: Callable[[int], Rates]) -> None:
+        self._measure = measure
+        self._kept: dict[int, Rates] = {}
+
+    def at(self, threads: int | None) -> Rates:
+        """The calibration at ``threads`` (None: torch's current count), measured on first use."""
+        count = torch.get_num_threads() if threads is None else threads
+        if count not in self._kept:
+            self._kept[count] = self._measure(count)
+        return self._kept[count]
+
+    def clear(self) -> None:
+        """Forget every calibration: the next use measures again."""
+        self._kept.clear()
+
+
+#: the lambda looks ``calibrate`` up when it measures (a test's substitute is the one called)
+_RATES: PerThreadCalibration[MachineRates] = PerThreadCalibration(lambda count: calibrate(count))
+
+
 def machine_rates(threads: int | None = None) -> MachineRates:
-    """The rates of this machine at ``threads`` (default: torch's current count), measured on first use.
-
-    Parameters
-    ----------
-    threads : int or None
-        torch's CPU thread count to measure at; None for the current one.
-
-    Returns
-    -------
-    MachineRates
-        The cached calibration of that thread count (:func:`calibrate`).
-    """
-    count = torch.get_num_threads() if threads is None else int(threads)
-    if count not in _CACHE:
-        _CACHE[count] = calibrate(count)
-    return _CACHE[count]
+    """The rates of this machine at ``threads`` (default: torch's current count), measured on first use and kept
+    (:func:`calibrate`)."""
+    return _RATES.at(None if threads is None else int(threads))
 
 
 def forget_rates() -> None:
     """Drop every cached calibration: the next capture measures again (after the machine's load changed)."""
-    _CACHE.clear()
+    _RATES.clear()
 
 
 def best_seconds(fn: Callable[[], object], calls: int, blocks: int, timer: Callable[[], float]) -> float:
@@ -187,5 +198,5 @@ def calibrate(threads: int, timer: Callable[[], float] = time.perf_counter) -> M
                         threads=max(1, int(threads)))
 
 
-__all__ = ["GRAIN_SIZE", "MachineRates", "best_seconds", "calibrate", "forget_rates", "host_costs", "host_costs_enabled",
+__all__ = ["GRAIN_SIZE", "MachineRates", "PerThreadCalibration", "best_seconds", "calibrate", "forget_rates", "host_costs", "host_costs_enabled",
            "machine_rates"]
