@@ -7,6 +7,7 @@ training context re-plans with the cheapest fitting baseline, taking no solver t
 
 from __future__ import annotations
 
+import functools
 import warnings
 from pathlib import Path
 from typing import Any
@@ -60,7 +61,6 @@ class Plan(BasePlan):
         self.graph_replay: GraphReplay | None = None
         #: the solves coop.plan took to reach this plan (:mod:`coop.planner.rounds`); empty for a loaded plan
         self.rounds: list[Round] = []
-        self._autograd_work: AutogradWork | None = None
 
     def use_cuda_graph(self, api: GraphAPI | None = None) -> None:
         """Replay the plan's program as one CUDA graph, captured at the first step (coop.runtime.graph_replay;
@@ -114,8 +114,11 @@ class Plan(BasePlan):
         counted in its step (:mod:`coop.planner.prediction`), so a plan that recomputes little predicts a negative
         overhead. Priced at the thread count of the last ``benchmark()`` (the measurement ``summary()`` shows beside
         it), else at torch's current count. :attr:`predicted_recompute_overhead` where that term does not apply."""
-        measured = self.last_benchmark
-        return self.predicted_overhead_at(measured.threads if measured is not None else None)
+        return self.predicted_overhead_at(self._benchmarked_threads())
+
+    def _benchmarked_threads(self) -> int | None:
+        """The thread count of the last ``benchmark()``, which the prediction is priced at (None: none ran)."""
+        return self.last_benchmark.threads if self.last_benchmark is not None else None
 
     def predicted_overhead_at(self, threads: int | None) -> float:
         """:attr:`predicted_overhead` with autograd priced at ``threads`` CPU threads (None: torch's current count;
@@ -128,18 +131,16 @@ class Plan(BasePlan):
     def _autograd_summary(self) -> dict[str, Any] | None:
         """The autograd term of ``summary()["predicted_overhead"]``, priced as it is (rates in µs, the counted work),
         or None where it does not apply."""
-        rates = eager_rates(self.graph, self.last_benchmark.threads if self.last_benchmark is not None else None)
+        rates = eager_rates(self.graph, self._benchmarked_threads())
         if rates is None:
             return None
         work = self.autograd_work
         return {**rates.as_dict(), "recorded": work.recorded, "nodes": work.nodes}
 
-    @property
+    @functools.cached_property
     def autograd_work(self) -> AutogradWork:
         """What autograd does in the eager step this plan replaces (counted once on the captured program)."""
-        if self._autograd_work is None:
-            self._autograd_work = autograd_work(self.captured)
-        return self._autograd_work
+        return autograd_work(self.captured)
 
     def summary(self) -> dict[str, Any]:
         """Peak, overhead, budget and solver status as a JSON-ready dict."""
