@@ -29,7 +29,7 @@ from torch._dynamo.eval_frame import OptimizedModule
 from torch._dynamo.exc import BackendCompilerFailed
 
 from coop.budget import min_budget
-from coop.compiled.inductor_buffers import BufferObserver, step_peak
+from coop.compiled.inductor_buffers import BufferObserver, ObservedGraph, step_peak
 from coop.compiled.measure import held_bytes, step_loss
 from coop.compiled.observed import Observation, observe_round
 from coop.compiled.partitioner import CompiledPlan, CoopPartitioner
@@ -67,14 +67,21 @@ class CompiledRecord:
     #: ``_post_fusion_custom_pass``, which coop leaves in place)
     buffers: BufferObserver | None = None
 
-    def observed_peak(self, plan: CompiledPlan) -> int | None:
-        """The peak of ``plan``'s forward and backward from the buffers inductor keeps, caller-owned values
-        included; None until both graphs were compiled (the backward compiles at the first backward)."""
+    def observed_graphs(self, plan: CompiledPlan) -> tuple[ObservedGraph, ObservedGraph] | None:
+        """``plan``'s observed forward and backward; None until both were compiled (the backward compiles at the
+        first backward) or where nothing is observed."""
         if self.buffers is None:
             return None
         forward, backward = self.buffers.of(plan.joint.graph.name)
-        if forward is None or backward is None:
+        return None if forward is None or backward is None else (forward, backward)
+
+    def observed_peak(self, plan: CompiledPlan) -> int | None:
+        """The peak of ``plan``'s forward and backward from the buffers inductor keeps, caller-owned values
+        included; None where they were not observed (:meth:`observed_graphs`)."""
+        observed = self.observed_graphs(plan)
+        if observed is None:
             return None
+        forward, backward = observed
         return step_peak(forward, backward, len(plan.partition.saved)) + sum(n.mem for n in plan.joint.graph.nodes if n.caller_owned)
 
     @property
@@ -292,11 +299,10 @@ def _fit_measured(compile_with: Callable[[int, Observation | None, int | None], 
 
 def _observe(record: CompiledRecord, plan: CompiledPlan, previous: Observation | None) -> Observation | None:
     """The observation of ``plan``'s compiled graphs joined with ``previous``; None when they were not observed."""
-    if record.buffers is None:
+    observed = record.observed_graphs(plan)
+    if observed is None:
         return None
-    forward, backward = record.buffers.of(plan.joint.graph.name)
-    if forward is None or backward is None:
-        return None
+    forward, backward = observed
     computed = set(plan.partition.forward_counts) | set(plan.partition.backward_counts)
     return observe_round(plan.joint.graph, plan.joint.lowered.fx_names, computed, forward, backward, previous)
 
