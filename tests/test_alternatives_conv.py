@@ -352,7 +352,9 @@ def test_monet_plan_below_the_remat_only_floor_trains_like_eager(cnn, tmp_path) 
     eager = copy.deepcopy(model)
     graph = replay_graph(cnn[2])
     budget = min_budget(graph.remat_only()) - 1  # proven: no schedule without implementations fits
-    trained = plan(model, budget, batch, formulation="monet", alternatives=True, time_limit=3)
+    # exact implementations only: the bit-identical oracle below needs them, and at 3 s the solver's pick among
+    # equally cheap ones varies with the machine's load (from_output, within 1e-5, chosen once in a loaded run)
+    trained = plan(model, budget, batch, formulation="monet", alternatives=True, exact=True, time_limit=3)
     assert trained.predicted_peak <= budget
     assert trained.summary()["inexact_implementations"] == []
     assert_steps_equal_eager(trained, model, eager, batch)
