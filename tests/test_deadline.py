@@ -305,3 +305,36 @@ def test_an_online_policy_is_not_started_without_its_expected_time(monkeypatch: 
     assert started == []
     warm_start_module.online_schedule(graph, WIDE_BUDGET, deadline=Deadline.after(10 * need, clock=clock))
     assert started == list(warm_start_module.POLICIES)
+
+
+def test_every_cp_sat_solve_is_also_stopped_from_a_timer_at_its_limit(monkeypatch) -> None:
+    """CP-SAT checks its own limit only between steps; the solver coop builds arms a timer that calls its
+    ``stop_search`` when the limit has passed, and cancels it once the solve returns."""
+    import threading
+
+    from ortools.sat.python import cp_model
+
+    armed: list[tuple[float, object, list[str]]] = []
+
+    class RecordingTimer:
+        def __init__(self, interval: float, function: object) -> None:
+            self.events: list[str] = []
+            armed.append((interval, function, self.events))
+
+        def start(self) -> None:
+            self.events.append("start")
+
+        def cancel(self) -> None:
+            self.events.append("cancel")
+
+    monkeypatch.setattr(threading, "Timer", RecordingTimer)
+    model = cp_model.CpModel()
+    x = model.new_int_var(0, 10, "x")
+    model.maximize(x)
+    solver = cp_sat_solver(Deadline.after(5.0), 1, reserve=False)
+    assert solver.solve(model) == cp_model.OPTIMAL and solver.value(x) == 10
+    assert len(armed) == 1
+    interval, function, events = armed[0]
+    assert interval == pytest.approx(solver.parameters.max_time_in_seconds) and 4.0 < interval <= 5.0
+    assert function == solver.stop_search and events == ["start", "cancel"]
+    assert solver.parameters.use_feasibility_pump is False
