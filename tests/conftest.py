@@ -133,9 +133,32 @@ SLOW_SIBLINGS: dict[str, str] = {
 }
 
 
+#: The fast tier's longest test files (their tests' summed `pytest --durations=0`, 2026-11-29), longest first. Under
+#: `--dist loadfile` a pytest-xdist worker takes whole files, in the order of the collection when xdist's own reorder
+#: (files with the most tests first) is off: starting with the long files leaves the many short ones to even out the
+#: two workers' ends, where xdist's order left files of two long tests each (FSDP, DDP: two processes each) last.
+LONG_FILES_FIRST = ("test_arena_budget.py", "test_plan.py", "test_moccasin.py", "test_auto_ladder.py",
+                    "test_arena_replay.py", "test_meta_capture.py", "test_bench_cuda.py", "test_compile.py",
+                    "test_alternatives_norm_forward.py", "test_baselines.py", "test_fuzz_regressions.py",
+                    "test_inductor_buffers.py", "test_cli.py", "test_fsdp.py", "test_ddp.py", "test_poet.py",
+                    "test_bruteforce_oracle.py", "test_budget.py", "test_training_context.py", "test_training_loop.py")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Hand files to pytest-xdist's workers in the collection's order (:data:`LONG_FILES_FIRST`)."""
+    missing = [name for name in LONG_FILES_FIRST if not (Path(__file__).parent / name).is_file()]
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py LONG_FILES_FIRST names files that do not exist: {missing}")
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 @pytest.hookimpl(tryfirst=True)  # before -k/-m deselect, so the stale check sees every collected test
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark :data:`SLOW_SIBLINGS` slow; name any entry that no longer matches a test, so the list cannot rot."""
+    """Mark :data:`SLOW_SIBLINGS` slow; name any entry that no longer matches a test, so the list cannot rot; put the
+    :data:`LONG_FILES_FIRST` first."""
+    rank = {name: index for index, name in enumerate(LONG_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(Path(item.fspath).name, len(rank)))
     found = set()
     for item in items:
         key = f"{Path(item.fspath).name}::{item.name}"
