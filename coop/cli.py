@@ -183,7 +183,7 @@ def solve(
             result = run_formulation(graph, budget_units, formulation, **options)
     except InfeasibleError as exc:
         raise VerdictFailure(str(exc)) from None
-    report = _solve_report(graph, result, budget_units, formulation, output)
+    report = _solve_report(graph, result, budget_units, formulation, output, time_limit)
     if note:
         report["note"] = note
     if json_output:
@@ -247,8 +247,13 @@ def _parse_budget_or_verdict(spec: str, graph: Graph) -> int:
         raise VerdictFailure(str(exc)) from None
 
 
-def _solve_report(graph: Graph, result: Any, budget: int, formulation: str, output: Path | None) -> dict[str, Any]:
-    """Simulate the result's schedule (the one simulator decides), write it when it fits, and summarise."""
+def _solve_report(graph: Graph, result: Any, budget: int, formulation: str, output: Path | None,
+                  time_limit: float | None) -> dict[str, Any]:
+    """Simulate the result's schedule (the one simulator decides), write it when it fits, and summarise; a result
+    without a schedule within the budget is "infeasible" only with a proof, else "no schedule found within N s"
+    (:func:`~coop.formulations.ladder.auto.no_schedule_error`'s words)."""
+    from coop.formulations.ladder.auto import no_schedule_error  # the ladder's imports only when a solve is reported
+
     report: dict[str, Any] = {
         "graph": graph.name,
         "formulation": formulation,
@@ -260,8 +265,9 @@ def _solve_report(graph: Graph, result: Any, budget: int, formulation: str, outp
     }
     if result.schedule is None:
         detail = f" ({result.message})" if result.message else ""
-        found = "proven that no schedule fits" if result.status == "infeasible" else f"no schedule found, status {result.status}"
-        report.update(ok=False, reason=f"infeasible for {formulation}: {found}{detail}")
+        reason = (f"infeasible for {formulation}: proven that no schedule fits{detail}" if result.status == "infeasible"
+                  else f"{no_schedule_error(graph, budget, result, time_limit)}{detail}")
+        report.update(ok=False, reason=reason)
         return report
     document = schedule_to_json(graph, result.schedule, budget=budget, formulation=formulation,
                                 solver=result.solver_json())
@@ -272,7 +278,7 @@ def _solve_report(graph: Graph, result: Any, budget: int, formulation: str, outp
     if result.price is not None:  # poet: the schedule priced on its device profile
         report["price"] = result.price.to_dict()
     if sim.peak > budget:
-        report.update(ok=False, reason=f"infeasible for {formulation}: best peak reached {sim.peak} > budget {budget}")
+        report.update(ok=False, reason=str(no_schedule_error(graph, budget, result, time_limit)))
         return report
     if output is not None:
         output.parent.mkdir(parents=True, exist_ok=True)

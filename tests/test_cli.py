@@ -172,7 +172,9 @@ def test_budget_above_minimum_not_met_reports_best_peak(graph_file: Path, tmp_pa
     out_file = tmp_path / "never.json"
     status, _, err = run(["solve", graph_file, "--budget", budget, "-f", "order", "-o", out_file], capsys)
     assert status == 1
-    assert one_error_line(err) == f"coop: error: infeasible for order: best peak reached {peak} > budget {budget}"
+    line = one_error_line(err)  # no proof (the stand-in only knows one order): not called infeasible
+    assert line.startswith(f"coop: error: no schedule found within 0 s by order under the budget {budget} B"), line
+    assert f"the best peak reached is {peak} B" in line and "infeasible" not in line
     assert not out_file.exists()
 
 
