@@ -134,9 +134,10 @@ def _assert_within_budget_and_eager(model: nn.Module, batch: tuple, loss_fn: Cal
 
 
 #: MobileNet's and the ResNet's plans (60-86 s and 27-77 s each on 2 cores: their smallest sizes that outweigh the
-#: scratch at 0.6, SIZES), the ViT's and Llama's (7-12 s each) run in the slow tier (`make test-all`); the fast tier
-#: keeps the other zoo models through the same plans, meter and eager oracle: the CNN (convolutions with oneDNN's
-#: scratch, batch norm), the MLP, and the zoo transformer, GPT-2 and BERT (attention, layer norm, embeddings)
+#: scratch at 0.6, SIZES), the ViT's and Llama's (7-12 s each) run in the slow tier (`make test-all`), with the other
+#: zoo models but two per plan (tests/conftest.py SLOW_SIBLINGS): the fast tier keeps, through the same plans, meter
+#: and eager oracle, the CNN (convolutions with oneDNN's scratch, batch norm) and one attention model (the zoo
+#: transformer or GPT-2: attention, layer norm, embeddings) for each plan
 SLOW_ZOO = ("mobilenet", "resnet", "vit", "llama")
 ZOO = [pytest.param(name, marks=pytest.mark.slow) if name in SLOW_ZOO else name for name in ZOO_NAMES]
 
