@@ -5,8 +5,9 @@ maintainer could plausibly introduce (drop a clause, a memory term, loosen a pre
 steps). For each, the package and the tests are copied into a temporary folder, the defect is applied
 there by replacing an exact piece of source (which must occur exactly once, so that a refactoring that
 moves the code makes this benchmark fail loudly instead of testing nothing), and the listed test files
-run with ``pytest -x``. A mutant is *caught* when pytest reports a failing test (exit code 1); an
-import or collection error (exit code 2 and above) is reported as such, never counted as caught.
+run with ``pytest -x``. A mutant is *caught* when pytest reports a failing test (exit code 1 and a
+``FAILED`` line); an error in a fixture or setup (exit code 1 with only ``ERROR`` lines: a file the copy
+lacks) or in imports and collection (exit code 2 and above) is reported as such, never counted as caught.
 
     python benchmarks/run_all.py --only bench_mutants
     python benchmarks/bench_mutants.py [--only NAME ...]
@@ -101,7 +102,7 @@ def run_mutant(mutant: Mutant, tests: tuple[str, ...] = TESTS) -> dict[str, Any]
     Tests that read the published graphs skip there with their reason (the copy holds no graphs/)."""
     with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name}-") as folder:
         root = Path(folder)
-        for part in ("coop", "tests", "pyproject.toml"):
+        for part in ("coop", "tests", "benchmarks", "pyproject.toml"):  # tests load benchmarks' generators
             source = REPO / part
             if source.is_dir():
                 shutil.copytree(source, root / part, ignore=shutil.ignore_patterns("__pycache__"))
@@ -117,11 +118,23 @@ def run_mutant(mutant: Mutant, tests: tuple[str, ...] = TESTS) -> dict[str, Any]
             code, output = done.returncode, done.stdout + done.stderr
         except subprocess.TimeoutExpired:
             code, output = -1, f"timed out after {TIMEOUT_S} s"
-    failed = [line.split(" - ")[0].removeprefix("FAILED ") for line in output.splitlines() if line.startswith("FAILED ")]
-    outcome = ("caught" if code == 1 else "NOT caught" if code == 0 else
-               "timed out" if code == -1 else f"error (pytest exit {code})")
+    outcome, caught_by = outcome_of(code, output)
     return {"mutant": mutant.name, "defect": mutant.what, "outcome": outcome,
-            "caught_by": failed[0] if failed else "", "wall_s": round(time.perf_counter() - started, 1)}
+            "caught_by": caught_by, "wall_s": round(time.perf_counter() - started, 1)}
+
+
+def outcome_of(code: int, output: str) -> tuple[str, str]:
+    """The outcome of a mutant's pytest run (its exit code, -1 for a time-out) and the first failing test."""
+    failed = [line.split(" - ")[0].removeprefix("FAILED ") for line in output.splitlines() if line.startswith("FAILED ")]
+    errors = [line.split(" - ")[0].removeprefix("ERROR ") for line in output.splitlines() if line.startswith("ERROR ")]
+    if code == 1 and failed:
+        return "caught", failed[0]
+    if code == 0:
+        return "NOT caught", ""
+    if code == -1:
+        return "timed out", ""
+    # exit code 1 with no failed test is a fixture or setup error (e.g. a file the copy lacks), never a catch
+    return f"error (pytest exit {code}: {errors[0] if errors else 'no test failed'})", ""
 
 
 def run(only: list[str] | None = None) -> dict[str, Any]:

@@ -26,3 +26,14 @@ def test_every_mutant_applies_to_the_code_as_it_is(mutant: Any, tmp_path: Path) 
     bench._apply(tmp_path, mutant)
     for relative, old, new in mutant.edits:
         assert new in (tmp_path / relative).read_text()
+
+
+def test_a_setup_error_is_never_counted_as_a_catch() -> None:
+    """pytest exits 1 for an error in a fixture too (a benchmark module the mutant's copy lacked): six mutants once
+    read as caught that way, with no failing test named."""
+    error_only = "E   FileNotFoundError: bench_fuzz.py\nERROR tests/test_fuzz_regressions.py::test_x[fast]\n1 error in 3s\n"
+    outcome, caught_by = bench.outcome_of(1, error_only)
+    assert outcome.startswith("error (pytest exit 1: tests/test_fuzz_regressions.py::test_x[fast]") and caught_by == ""
+    failing = "FAILED tests/test_budget.py::test_y - AssertionError: 3 != 4\n1 failed in 2s\n"
+    assert bench.outcome_of(1, failing) == ("caught", "tests/test_budget.py::test_y")
+    assert bench.outcome_of(0, "5 passed\n") == ("NOT caught", "")
