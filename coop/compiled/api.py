@@ -32,6 +32,7 @@ from coop.budget import min_budget
 from coop.compiled.inductor_buffers import BufferObserver, ObservedGraph, step_peak
 from coop.compiled.measure import held_bytes, step_loss
 from coop.compiled.observed import Observation, observe_round
+from coop.compiled.order import KeepMatmulsInPlace
 from coop.compiled.partitioner import CompiledPlan, CoopPartitioner
 from coop.errors import CoopError
 
@@ -66,6 +67,9 @@ class CompiledRecord:
     #: the kernels and buffers inductor generated for each compiled graph (None: the user set their own
     #: ``_post_fusion_custom_pass``, which coop leaves in place)
     buffers: BufferObserver | None = None
+    #: the post-grad pass that keeps coop's products where the schedule put them (None: the user set their own
+    #: ``post_grad_custom_post_pass``, which coop leaves in place; :mod:`coop.compiled.order`)
+    order: KeepMatmulsInPlace | None = None
 
     def observed_graphs(self, plan: CompiledPlan) -> tuple[ObservedGraph, ObservedGraph] | None:
         """``plan``'s observed forward and backward; None until both were compiled (the backward compiles at the
@@ -198,12 +202,14 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
                                time_limit=time_limit, threads=threads, shave=shave, observation=observation,
                                verbose=verbose)
         options = {**user_options, "custom_partitioner_fn": part}
-        observer = None
+        observer = keeper = None
         if options.get("_post_fusion_custom_pass") is None:
             observer = options["_post_fusion_custom_pass"] = BufferObserver()
+        if options.get("post_grad_custom_post_pass") is None:  # coop.compiled.order
+            keeper = options["post_grad_custom_post_pass"] = KeepMatmulsInPlace()
         compiled = torch.compile(model, backend="inductor", options=options, **compile_kwargs)
         compiled.__class__ = CoopCompiledModule
-        compiled.coop_record = CompiledRecord(partitioner=part, buffers=observer)
+        compiled.coop_record = CompiledRecord(partitioner=part, buffers=observer, order=keeper)
         return compiled
 
     if example_batch is None:
