@@ -17,8 +17,9 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.utils import run_and_get_code
 
 import coop
+from coop.compiled.inductor_buffers import JOINT_VALUE
 from coop.compiled.measure import held_bytes
-from coop.compiled.order import ORDER, KeepMatmulsInPlace
+from coop.compiled.order import MATMULS, ORDER, KeepMatmulsInPlace
 
 VOCAB, WIDTH, TOKENS = 2048, 32, 256
 
@@ -107,23 +108,46 @@ def test_the_step_holds_less_than_with_inductors_fold_on_the_same_schedule() -> 
     assert held_kept + TOKENS * VOCAB * 4 // 20 <= held_folded, (held_kept, held_folded)
 
 
-def test_a_fold_of_a_product_coop_ran_right_before_its_add_is_kept() -> None:
-    """A hand-built post-grad graph: ``addmm`` folded from an ``mm`` ranked right before its ``add`` stays; one
-    ranked two computations earlier, whose operand nothing else reads, becomes ``mm`` there and ``add`` here."""
-    for gap, expected in ((1, ["relu", "addmm"]), (2, ["mm", "relu", "add"])):
-        graph = fx.Graph()
-        a, b, c = (graph.placeholder(name) for name in ("saved_a", "saved_b", "saved_c"))
-        for node, shape in ((a, (4, 8)), (b, (8, 4)), (c, (4, 4))):
-            node.meta["val"] = torch.empty(shape)
+def _hand_built(gap: int, addend_is_a_product: bool = False) -> fx.Graph:
+    """Inputs a (4x8), b (8x4), c (4x4); ``relu(c)`` ranked 1 (or an ``mm`` ranked 1 when ``addend_is_a_product``);
+    ``addmm(that, a, b)`` ranked 2, folded from an ``mm(a, b)`` ranked ``2 - gap``."""
+    graph = fx.Graph()
+    a, b, c = (graph.placeholder(name) for name in ("saved_a", "saved_b", "saved_c"))
+    for node, shape in ((a, (4, 8)), (b, (8, 4)), (c, (4, 4))):
+        node.meta["val"] = torch.empty(shape)
+    if addend_is_a_product:
+        other = graph.call_function(torch.ops.aten.mm.default, (c, c))
+    else:
         other = graph.call_function(torch.ops.aten.relu.default, (c,))
-        other.meta["custom"] = {ORDER: 1}
-        other.meta["val"] = torch.empty(4, 4)
-        fold = graph.call_function(torch.ops.aten.addmm.default, (other, a, b))
-        fold.meta["custom"] = {ORDER: 2, "coop_matmul_order": 2 - gap, "coop_matmul_name": "mm"}
-        fold.meta["val"] = torch.empty(4, 4)
-        graph.output(fold)
-        graph.lint()
+    other.meta["custom"] = {ORDER: 1, JOINT_VALUE: "other"}
+    other.meta["val"] = torch.empty(4, 4)
+    fold = graph.call_function(torch.ops.aten.addmm.default, (other, a, b))
+    products = (("folded", 2 - gap), ("other", 1)) if addend_is_a_product else (("folded", 2 - gap),)
+    fold.meta["custom"] = {ORDER: 2, MATMULS: products}
+    fold.meta["val"] = torch.empty(4, 4)
+    graph.output(fold)
+    graph.lint()
+    return graph
+
+
+def _ops(graph: fx.Graph) -> list[str]:
+    return [n.target.__name__.split(".")[0] for n in graph.nodes if n.op == "call_function"]
+
+
+def test_a_fold_of_a_product_coop_ran_right_before_its_add_is_kept() -> None:
+    """Hand-built post-grad graphs: an ``addmm`` folded from an ``mm`` ranked right before its ``add`` stays; one
+    ranked two computations earlier, whose operands nothing else reads, becomes ``mm`` there (after the inputs)
+    and ``add`` here. Of an ``add`` of two products, the folded one is the product that is not the addend."""
+    for gap, expected in ((1, ["relu", "addmm"]), (2, ["mm", "relu", "add"])):
+        graph = _hand_built(gap)
         KeepMatmulsInPlace()(graph)
-        ops = [n.target.__name__.split(".")[0] for n in graph.nodes if n.op == "call_function"]
-        assert ops == expected, (gap, ops)  # with gap 2 the product runs first, after the inputs
         graph.lint()
+        assert _ops(graph) == expected, (gap, _ops(graph))
+    graph = _hand_built(2, addend_is_a_product=True)  # the addend is the product ranked 1: "folded" (0) moves
+    KeepMatmulsInPlace()(graph)
+    assert _ops(graph) == ["mm", "mm", "add"], _ops(graph)
+    folded = next(n for n in graph.nodes if n.op == "call_function")
+    assert folded.meta[JOINT_VALUE] == "folded" and folded.args == tuple(graph.find_nodes(op="placeholder")[:2])
+    graph = _hand_built(1, addend_is_a_product=True)
+    KeepMatmulsInPlace()(graph)
+    assert _ops(graph) == ["mm", "addmm"], _ops(graph)

@@ -24,7 +24,7 @@ from torch._functorch.partitioners import _extract_fwd_bwd_outputs
 
 from coop.compiled.inductor_buffers import COOP_GRAPH, mark_joint_value
 from coop.compiled.joint import JointGraph
-from coop.compiled.order import mark_order, matmul_read_by
+from coop.compiled.order import mark_order, matmuls_read_by
 from coop.errors import CoopError
 from coop.schedule import Schedule
 
@@ -162,7 +162,7 @@ class _Emitter:
             self.counts[phase][fx_node.name] += 1
         mark_joint_value(emitted, fx_node.name)
         if graph_node.output_of is None:
-            mark_order(emitted, self.rank[phase], matmul_read_by(emitted))
+            mark_order(emitted, self.rank[phase], matmuls_read_by(emitted))
             self.rank[phase] += 1
         self.values[(self.instance_phase[self.serial], fx_node.name, self.serial)] = emitted
         self.instance[node_id] = self.serial

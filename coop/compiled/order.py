@@ -12,8 +12,9 @@ passes and undoes each such fold whose ``mm`` coop emitted before some other com
 the product is written back where coop's schedule put it (right after the last computation coop ran before it, and
 after its operands), and the ``addmm`` becomes the ``add``. A fold of an ``mm`` coop ran right before its ``add``
 moves nothing and is kept. The emitter records, on every computation it writes, its rank in its phase
-(:data:`ORDER`) and, on an ``add`` reading an ``mm``, the product's rank (:data:`MATMUL_ORDER`); the pattern pass
-copies ``meta["custom"]`` to the ``addmm`` it writes, so the ranks survive the fold.
+(:data:`ORDER`) and, on an ``add`` reading products, their joint names and ranks (:data:`MATMULS`); the pattern pass
+copies ``meta["custom"]`` to the ``addmm`` it writes, so the ranks survive the fold. The folded product is the one
+of them that is not the ``addmm``'s addend (an ``add`` of two products folds one, either).
 """
 
 from __future__ import annotations
@@ -26,34 +27,35 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from coop.compiled.inductor_buffers import JOINT_VALUE
 
-__all__ = ["MATMUL_NAME", "MATMUL_ORDER", "ORDER", "KeepMatmulsInPlace", "mark_order"]
+__all__ = ["MATMULS", "ORDER", "KeepMatmulsInPlace", "mark_order", "matmuls_read_by"]
 
 #: ``meta["custom"]`` key: the rank of an emitted computation among its phase's computations
 ORDER = "coop_order"
-#: ``meta["custom"]`` key on an emitted ``add`` reading an emitted ``mm``: the product's rank, and its joint name
-MATMUL_ORDER = "coop_matmul_order"
-MATMUL_NAME = "coop_matmul_name"
+#: ``meta["custom"]`` key on an emitted ``add`` reading emitted ``mm`` s: ((joint name, rank), ...) of the products
+MATMULS = "coop_matmuls"
 
 aten = torch.ops.aten
 
 
-def mark_order(node: fx.Node, rank: int, matmul: fx.Node | None = None) -> None:
-    """Record ``node``'s rank in its phase and, for an ``add`` reading a product, the product's rank and name."""
+def mark_order(node: fx.Node, rank: int, matmuls: list[fx.Node] | tuple[fx.Node, ...] = ()) -> None:
+    """Record ``node``'s rank in its phase and, for an ``add`` reading products, their joint names and ranks."""
     custom = dict(node.meta.get("custom") or {})
     custom[ORDER] = rank
-    if matmul is not None:
+    ranked = []
+    for matmul in matmuls:
         matmul_custom = matmul.meta.get("custom") or {}
         if ORDER in matmul_custom:
-            custom[MATMUL_ORDER] = matmul_custom[ORDER]
-            custom[MATMUL_NAME] = matmul_custom.get(JOINT_VALUE)
+            ranked.append((matmul_custom.get(JOINT_VALUE), matmul_custom[ORDER]))
+    if ranked:
+        custom[MATMULS] = tuple(ranked)
     node.meta["custom"] = custom
 
 
-def matmul_read_by(node: fx.Node) -> fx.Node | None:
-    """The ``mm`` an ``add`` reads (the operand inductor's fold would take into it), or None."""
+def matmuls_read_by(node: fx.Node) -> list[fx.Node]:
+    """The ``mm`` s an ``add`` reads (the operands inductor's fold may take into it)."""
     if node.op != "call_function" or node.target not in (aten.add.Tensor, aten.add.default):
-        return None
-    return next((a for a in node.args if isinstance(a, fx.Node) and a.target is aten.mm.default), None)
+        return []
+    return [a for a in node.args if isinstance(a, fx.Node) and a.target is aten.mm.default]
 
 
 class KeepMatmulsInPlace(CustomGraphPass):
@@ -64,18 +66,20 @@ class KeepMatmulsInPlace(CustomGraphPass):
         self.undone: list[int] = []
 
     def __call__(self, graph: fx.Graph) -> None:
-        position = {node: index for index, node in enumerate(graph.nodes)}
         ranked = [(node, (node.meta.get("custom") or {}).get(ORDER)) for node in graph.nodes]
         ranked = [(node, rank) for node, rank in ranked if rank is not None]
         undone = 0
         for node in list(graph.nodes):
             if node.op != "call_function" or node.target is not aten.addmm.default or node.kwargs:
                 continue
+            position = {n: index for index, n in enumerate(graph.nodes)}
             custom = node.meta.get("custom") or {}
-            rank, matmul_rank = custom.get(ORDER), custom.get(MATMUL_ORDER)
-            if rank is None or matmul_rank is None or rank - matmul_rank <= 1:
-                continue
             inp, mat1, mat2 = node.args
+            folded = _folded_product(custom, inp)
+            rank = custom.get(ORDER)
+            if rank is None or folded is None or rank - folded[1] <= 1:
+                continue
+            matmul_name, matmul_rank = folded
             if _extended_bytes(node, (mat1, mat2), position) <= _nbytes(node):
                 continue  # the fold keeps no operand alive longer than coop's product would live: it costs nothing
             before = [n for n, r in ranked if r < matmul_rank and n in position]
@@ -88,8 +92,8 @@ class KeepMatmulsInPlace(CustomGraphPass):
             with graph.inserting_after(anchor):
                 product = graph.call_function(aten.mm.default, (mat1, mat2))
             product.meta["val"] = _fake(aten.mm.default, mat1, mat2)
-            product.meta["custom"] = {JOINT_VALUE: custom.get(MATMUL_NAME), ORDER: matmul_rank}
-            product.meta[JOINT_VALUE] = custom.get(MATMUL_NAME)
+            product.meta["custom"] = {JOINT_VALUE: matmul_name, ORDER: matmul_rank}
+            product.meta[JOINT_VALUE] = matmul_name
             with graph.inserting_before(node):
                 total = graph.call_function(aten.add.Tensor, (inp, product))
             total.meta = dict(node.meta)
@@ -100,11 +104,19 @@ class KeepMatmulsInPlace(CustomGraphPass):
 
     def uuid(self) -> str:
         """Inductor's cache key: the pass's behaviour, which has no options."""
-        return "coop-keep-matmuls-in-place-1"
+        return "coop-keep-matmuls-in-place-2"
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled into inductor's cache keys: nothing of what was undone."""
         return {"undone": []}
+
+
+def _folded_product(custom: dict[str, Any], addend: Any) -> tuple[str, int] | None:
+    """The (joint name, rank) of the product an ``addmm`` folded: of the ``add``'s products, the one that is not
+    its addend; None when that is not one product."""
+    kept = ((getattr(addend, "meta", None) or {}).get("custom") or {}).get(JOINT_VALUE)
+    candidates = [(name, rank) for name, rank in custom.get(MATMULS, ()) if name != kept]
+    return candidates[0] if len(candidates) == 1 else None
 
 
 #: graph inputs that live through the step whatever reads them (the weights, the batch, the output's gradient)
