@@ -222,6 +222,8 @@ class _Attempt:
     compiled: nn.Module
     record: CompiledRecord
     held: int
+    #: how attempts compare (lower is better): within the budget before over it, then recomputation or held bytes
+    rank: tuple[int, float, float] = (1, 0.0, 0.0)
 
 
 def _fit_measured(compile_with: Callable[[int, Observation | None, int | None], nn.Module], batch: Any,
@@ -236,8 +238,11 @@ def _fit_measured(compile_with: Callable[[int, Observation | None, int | None], 
     it and the rounds before (:mod:`coop.compiled.observed`: the values it never wrote inlined into their readers,
     its temporaries and fused kernels' overlaps charged), at the same shave, while the observation shows something
     new; when it shows nothing new, the shave grows by the round's excess over the budget. A re-solve that finds no
-    schedule below it is tried once more halfway between the last shave that planned and the one that did not. The
-    compiled module that held least is returned (with its own record: torch.compile's wrappers of one model share
+    schedule below it is tried once more halfway between the last shave that planned and the one that did not. A
+    round that recomputes and holds more than 2 % below its budget leaves slack that costs time: it is planned once
+    more with the budget raised by that slack (a negative shave), and kept only if it still fits and recomputes
+    less. Of the rounds within the budget the one with the least predicted recomputation is returned, else the
+    compiled module that held least (with its own record: torch.compile's wrappers of one model share
     its attributes), with a warning naming the numbers when none met its budget.
     """
     history: list[CompileRound] = []
@@ -273,6 +278,8 @@ def _fit_measured(compile_with: Callable[[int, Observation | None, int | None], 
         judged = held
         if number == 0:
             reason = "first plan"
+        elif shave < 0:
+            reason = "planned again with the slack the step left (less recomputation)"
         elif shave == planned_shave:
             reason = "planned again on the buffers inductor kept"
         else:
@@ -281,10 +288,18 @@ def _fit_measured(compile_with: Callable[[int, Observation | None, int | None], 
                                     reason=reason, observed_peak=observed,
                                     inlined=0 if observation is None else len(observation.inline)))
         planned_shave = shave
-        if best is None or judged < best.held:
-            best = _Attempt(compiled, record, judged)
-        if judged <= plan.requested:
-            break
+        within = judged <= plan.requested
+        overhead = plan.result.simulation.overhead if plan.result.simulation is not None else 0.0
+        # within the budget, the least recomputation wins; over it, the least held
+        attempt = _Attempt(compiled, record, judged, (0, overhead, judged) if within else (1, judged, overhead))
+        if best is None or attempt.rank < best.rank:
+            best = attempt
+        if shave < 0 or within:
+            slack = plan.requested - judged
+            if shave < 0 or number + 1 >= rounds or overhead <= 0 or slack <= max(_SHAVE_STEP, plan.requested // 50):
+                break
+            shave = -slack  # the step held less than its plan: plan once more with the slack, keep it if it fits
+            continue
         seen = _observe(record, plan, observation)
         if seen is not None and seen != observation:
             observation = seen  # what this round showed is new: the Graph it gives, at the same shave
