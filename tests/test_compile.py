@@ -18,6 +18,7 @@ from torch import nn
 import coop
 from coop.compiled.api import CompileRound, held_follows_the_plan
 from coop.compiled.emit import JOINT_NAME
+from coop.compiled.measure import held_bytes
 from coop.compiled.partitioner import CompiledPlan
 from coop.errors import BudgetError, CoopError
 
@@ -274,8 +275,8 @@ class DeepMlp(nn.Module):
 
 @pytest.mark.slow
 def test_measured_step_within_budget_and_monotone() -> None:
-    """The CPU allocator's peak of a compiled step (plus the weights and batch) is within each budget, and lower
-    budgets never hold more."""
+    """The CPU allocator's peak of the compiled step coop.compile returns (measured again here, plus the weights and
+    batch) is within each budget, and lower budgets never hold more."""
     batch = torch.randn(256, 128)
     held = []
     for share in (0.9, 0.75, 0.6):
@@ -285,9 +286,10 @@ def test_measured_step_within_budget_and_monotone() -> None:
             compiled = coop.compile(DeepMlp(), share, time_limit=20, example_batch=batch)
         assert not [w for w in caught if "coop" in str(w.message)], [str(w.message) for w in caught]
         record = compiled.coop_record
-        last = record.rounds[-1]
-        assert last.measured_peak <= record.plans[0].requested
-        held.append(last.measured_peak)
+        (plan,) = record.plans
+        measured = held_bytes(compiled, batch, None) + sum(n.mem for n in plan.joint.graph.nodes if n.caller_owned)
+        assert measured <= plan.requested, record.summary()  # a round planned with another's slack is kept if it fits
+        held.append(measured)
     assert held == sorted(held, reverse=True)
 
 

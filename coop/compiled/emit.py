@@ -24,6 +24,7 @@ from torch._functorch.partitioners import _extract_fwd_bwd_outputs
 
 from coop.compiled.inductor_buffers import COOP_GRAPH, mark_joint_value
 from coop.compiled.joint import JointGraph
+from coop.compiled.order import mark_order, matmuls_read_by
 from coop.errors import CoopError
 from coop.schedule import Schedule
 
@@ -73,6 +74,7 @@ class _Emitter:
         self.values: dict[tuple[str, str, Any], fx.Node] = {}  # (phase, fx name, serial) -> emitted node
         self.saved: dict[str, fx.Node] = {}  # joint fx name -> backward placeholder
         self.counts = {FORWARD: Counter(), BACKWARD: Counter()}
+        self.rank = {FORWARD: 0, BACKWARD: 0}  # computations written so far per phase (coop.compiled.order)
         self.serial = 0
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         self.primals = [n for n in placeholders if n.name.startswith("primals")]
@@ -159,6 +161,9 @@ class _Emitter:
             emitted.meta[JOINT_NAME] = fx_node.name
             self.counts[phase][fx_node.name] += 1
         mark_joint_value(emitted, fx_node.name)
+        if graph_node.output_of is None:
+            mark_order(emitted, self.rank[phase], matmuls_read_by(emitted))
+            self.rank[phase] += 1
         self.values[(self.instance_phase[self.serial], fx_node.name, self.serial)] = emitted
         self.instance[node_id] = self.serial
 
