@@ -252,7 +252,7 @@ def _solve_report(graph: Graph, result: Any, budget: int, formulation: str, outp
     """Simulate the result's schedule (the one simulator decides), write it when it fits, and summarise; a result
     without a schedule within the budget is "infeasible" only with a proof, else "no schedule found within N s"
     (:func:`~coop.formulations.ladder.auto.no_schedule_error`'s words)."""
-    from coop.formulations.ladder.auto import no_schedule_error  # the ladder's imports only when a solve is reported
+    from coop.formulations.ladder.auto import no_schedule_error  # lazy: the ladder loads only when a solve is reported
 
     report: dict[str, Any] = {
         "graph": graph.name,
