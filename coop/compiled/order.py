@@ -121,10 +121,14 @@ def _folded_product(custom: dict[str, Any], addend: Any) -> tuple[str, int] | No
 
 #: graph inputs that live through the step whatever reads them (the weights, the batch, the output's gradient)
 _RESIDENT_INPUTS = ("primals", "tangents")
-#: ops whose output is a view of their first input's storage
-_VIEWS = {aten.permute.default, aten.t.default, aten.view.default, aten.reshape.default, aten.transpose.int,
-          aten.expand.default, aten.unsqueeze.default, aten.squeeze.dim, aten.slice.Tensor, aten.select.int,
-          aten._unsafe_view.default, aten.alias.default}
+#: an op whose output shares its first input's storage though its schema does not say it is a view (torch's own
+#: ``OpOverload.is_view`` says it for the others)
+_UNMARKED_VIEWS = (aten._unsafe_view.default,)
+
+
+def _is_view(target: Any) -> bool:
+    """Whether an op's output is a view of its first input's storage."""
+    return getattr(target, "is_view", False) or target in _UNMARKED_VIEWS
 
 
 def _extended_bytes(fold: fx.Node, operands: tuple[Any, ...], position: dict[fx.Node, int]) -> int:
@@ -142,7 +146,7 @@ def _extended_bytes(fold: fx.Node, operands: tuple[Any, ...], position: dict[fx.
 
 
 def _base(node: fx.Node) -> fx.Node:
-    while node.op == "call_function" and node.target in _VIEWS and isinstance(node.args[0], fx.Node):
+    while node.op == "call_function" and _is_view(node.target) and isinstance(node.args[0], fx.Node):
         node = node.args[0]
     return node
 
@@ -151,7 +155,7 @@ def _readers(node: fx.Node) -> set[fx.Node]:
     """The nodes reading ``node``'s storage: its users and, through views, theirs."""
     found: set[fx.Node] = set()
     for user in node.users:
-        if user.op == "call_function" and user.target in _VIEWS:
+        if user.op == "call_function" and _is_view(user.target):
             found |= _readers(user)
         else:
             found.add(user)

@@ -14,6 +14,7 @@ the two (:meth:`Deadline.after` with ``within``), so no nested call can outlive 
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -211,6 +212,12 @@ def cp_sat_with_limit(seconds: float, threads: int, *, seed: int | None = None,
 
 
 def _cp_sat_stopped_at_its_limit() -> Any:
+    """A new :func:`_stopped_solver_class` solver."""
+    return _stopped_solver_class()()
+
+
+@functools.cache
+def _stopped_solver_class() -> type:
     """A ``CpSolver`` whose ``solve`` is also stopped from a timer thread when ``max_time_in_seconds`` has passed.
 
     CP-SAT checks its own limit between steps, and some steps run long without checking it: on Moccasin's
@@ -233,7 +240,7 @@ def _cp_sat_stopped_at_its_limit() -> Any:
             finally:
                 timer.cancel()
 
-    return StoppedAtItsLimit()
+    return StoppedAtItsLimit
 
 
 __all__ = ["CP_SAT_DEFAULTS", "CP_SAT_RESERVE_S", "CP_SAT_RESERVE_SHARE", "Clock", "Deadline", "DeadlinePassed", "check_common_options", "cp_sat_seconds",
