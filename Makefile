@@ -17,6 +17,9 @@ FAST_TIER := -m "not slow"
 
 .PHONY: install demo test test-all test-oldest smoke lint bench clean
 
+# see the install rule: the first import of a module keeps its bytecode for every later process
+unexport PYTHONDONTWRITEBYTECODE
+
 install: $(STAMP)
 
 $(PY):
@@ -24,15 +27,14 @@ $(PY):
 	$(PY) -m pip install --upgrade pip
 
 # Re-run only when the package metadata changes: torch pinned in the same resolution, so that pip never resolves a
-# CUDA build. pip compiles every installed module to bytecode one file after another; compileall does the same on
-# every core: a fresh `.venv` took 249 s the first way and 127 s this way (warm pip cache, 2 cores at load 3-3.7,
-# 2026-11-29). The bytecode matters where PYTHONDONTWRITEBYTECODE is set (as on the machine image coop is developed
-# on): nothing compiled at import is kept then, so each process of the suite would compile torch anew. torch ships
-# one test file in Python 3.12 syntax (py312_intrinsics.py, which pip's own compile skips too): left out; any other
-# file that does not compile would only be compiled at import instead, so compileall's status is not the install's.
+# CUDA build. `--no-compile`: pip would compile all 13,480 installed modules to bytecode one file after another, and
+# `compileall -j 0` over them took about 40 s on 2 cores; the suite imports 4,051 of them. Python compiles a module the
+# first time it is imported instead and keeps the bytecode, but not where PYTHONDONTWRITEBYTECODE is set (as on the
+# machine image coop is developed on), where each process would compile torch anew (27 s against 11 s to import torch,
+# transformers and the solvers, 2026-11-29): make's commands run without it (`unexport` above), so the first process
+# that imports a module writes its bytecode for every later one.
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --no-compile "$(TORCH_SPEC)" -e ".[test,dev]"
-	-$(PY) -m compileall -q -j 0 -x py312_intrinsics "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null
 	touch $(STAMP)
 
 demo: install

@@ -21,12 +21,13 @@ from tests.benchmark_module import load_benchmark
 bench = load_benchmark("bench_cuda")
 PLANNED = ("replay", "arena", "paging")
 #: The cases of each tier (``bench.select`` patterns; None: every case), the hidden self-tests added to each. The fast
-#: tier (``make test``) runs the small GPT-2's replay at store-all (predicted bytes exactly) and at half its peak, its
-#: paging and its dynamic plan, the CUDA-only rows (skipped on CPU) and the self-tests, through the same machinery and
-#: against the same assertions as every case; ``make test-all`` runs every case (150-310 s on 2 cores).
+#: tier (``make test``) runs the small GPT-2's replay at half its peak, its paging and its dynamic plan, the CUDA-only
+#: rows (skipped on CPU) and the self-tests, through the same machinery and against the same assertions as every case
+#: (the store-all replay's bytes, exactly the prediction, are the slow tier's: tests/test_executor.py meters a
+#: store-all replay at exactly its predicted peak in the fast one); ``make test-all`` runs every case (150-310 s on 2
+#: cores).
 TIERS: dict[str, tuple[str, ...] | None] = {
-    "fast": ("gpt2/replay/store-all", "gpt2/replay/0.5", "gpt2/paging/0.3", "gpt2/paging+copy_stream/0.3",
-             "gpt2/dynamic/0.5", "cuda-graph"),
+    "fast": ("gpt2/replay/0.5", "gpt2/paging/0.3", "gpt2/paging+copy_stream/0.3", "gpt2/dynamic/0.5", "cuda-graph"),
     "all": None,
 }
 
@@ -72,7 +73,7 @@ def test_no_case_crashes_or_fails_on_cpu(rows: dict[str, dict[str, Any]]) -> Non
 
 def test_planned_rows_are_bit_identical_and_within_the_prediction(rows: dict[str, dict[str, Any]], tier: str) -> None:
     planned = [row for row in rows.values() if row["mode"] in (*PLANNED, "dynamic") and row["status"] == "ok"]
-    assert len(planned) >= (14 if tier == "all" else 4), _table(rows)
+    assert len(planned) >= (14 if tier == "all" else 3), _table(rows)
     for row in planned:
         assert row["grads_equal"] is True, (row["case"], row["note"])
         assert row["step_ms"] > 0 and row["eager_ms"] > 0 and row["nodes"] > 0
@@ -83,8 +84,9 @@ def test_planned_rows_are_bit_identical_and_within_the_prediction(rows: dict[str
         assert row["allocated"] >= row["allocated_no_scratch"]
         if row["mode"] != "dynamic":  # the meter sees the step (not only the caller-owned bytes): the peak is reached
             assert measured >= 0.95 * row["predicted"], (row["case"], measured, row["predicted"])
-    store_all = rows["gpt2/replay/store-all"]
-    assert store_all["allocated_no_scratch"] == store_all["predicted"]  # exactly the simulator's bytes
+    if tier == "all":
+        store_all = rows["gpt2/replay/store-all"]
+        assert store_all["allocated_no_scratch"] == store_all["predicted"]  # exactly the simulator's bytes
 
 
 def test_paging_pages_and_its_host_tier_is_counted_apart(rows: dict[str, dict[str, Any]]) -> None:

@@ -18,6 +18,7 @@ from torch import nn
 import coop
 from coop.compiled.api import CompileRound, held_follows_the_plan
 from coop.compiled.emit import JOINT_NAME
+from coop.compiled.inductor_buffers import BufferObserver
 from coop.compiled.measure import held_bytes
 from coop.compiled.partitioner import CompiledPlan
 from coop.errors import BudgetError, CoopError
@@ -27,7 +28,10 @@ INDUCTOR_DEFAULT_THRESHOLD = 10
 
 
 class ConvNet(nn.Module):
-    """Convolution, batch norm (running statistics written back by the forward), dropout, three linears."""
+    """Convolution, batch norm (running statistics written back by the forward), dropout, two linears.
+
+    Small on purpose: inductor compiles each of its kernels with a C++ compiler, about 2 s apiece on a cold cache,
+    and the fixture compiles it twice (coop's partition and torch.compile's own)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -35,12 +39,11 @@ class ConvNet(nn.Module):
         self.norm = nn.BatchNorm2d(8)
         self.drop = nn.Dropout(0.3)
         self.fc1 = nn.Linear(8 * 6 * 6, 32)
-        self.fc2 = nn.Linear(32, 32)
         self.fc3 = nn.Linear(32, 4)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.drop(torch.relu(self.norm(self.conv(x)))).flatten(1)
-        h = torch.tanh(self.fc2(torch.tanh(self.fc1(h))))
+        h = torch.tanh(self.fc1(h))
         return self.fc3(h).pow(2).mean()
 
 
@@ -167,7 +170,7 @@ def test_joint_graph_bytes_and_tangent(checkpointed) -> None:
 def test_a_pointwise_value_read_once_by_a_loop_op_is_priced_inside_its_reader(checkpointed) -> None:
     """``fc3(h).pow(2).mean()``: the square is read by the mean alone (the mean's backward needs no input and the
     square's backward reads fc3's output), so inductor computes it inside the mean's loop and never writes it:
-    it is a member of the mean's node. ``tanh(fc1(h))`` is read by fc2's matmul (an extern kernel) and by its
+    it is a member of the mean's node. ``tanh(fc1(h))`` is read by fc3's matmul (an extern kernel) and by its
     own backward: a buffer, a node of its own."""
     _, plan, _, _ = checkpointed
     lowered = plan.joint.lowered
@@ -188,6 +191,19 @@ def test_store_all_prediction_is_what_the_compiled_step_holds() -> None:
     (measured,) = compiled.coop_record.rounds
     assert plan.result.formulation == "store-all"
     assert abs(plan.peak - measured.measured_peak) <= 0.01 * measured.measured_peak, (plan.peak, measured)
+
+
+def test_a_users_own_post_fusion_pass_is_left_in_place() -> None:
+    """coop.compile installs its buffer observer only where the user set no ``_post_fusion_custom_pass``: the
+    user's pass runs (here an observer of the user's own, which sees both graphs) and the record has no buffers.
+    The model and batch are the store-all test's, so inductor's cache already holds its kernels."""
+    torch.manual_seed(0)
+    mine = BufferObserver()
+    compiled = coop.compile(DeepMlp(width=64, depth=2), 1.0, options={"_post_fusion_custom_pass": mine})
+    compiled(torch.randn(256, 64)).backward()
+    assert compiled.coop_record.buffers is None
+    assert compiled.coop_record.observed_peak(compiled.coop_record.plans[0]) is None
+    assert sorted(g.backward for g in mine.graphs) == [False, True] and not mine.errors
 
 
 def test_a_meta_device_model_is_planned_for_its_target_device() -> None:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import copy
 import re
+from dataclasses import dataclass
 
+import pytest
 import torch
 from torch import fx, nn
 from torch._inductor.custom_graph_pass import CustomGraphPass
@@ -68,42 +70,66 @@ def _backward_code(compiled: nn.Module, batch: torch.Tensor) -> str:
     return code[code.index("def call"):]
 
 
-def test_the_logits_gradient_is_freed_after_coops_early_product_not_at_the_end_of_the_backward() -> None:
+@dataclass
+class Compiled:
+    """TiedHead compiled once with coop's pass and once with inductor's fold left in place (a user's no-op pass
+    in its stead): each one's generated backward and the CPU allocator's peak of its step."""
+
+    model: nn.Module
+    kept: nn.Module
+    batch: torch.Tensor
+    kept_code: str
+    folded_code: str
+    held_kept: int | None
+    held_folded: int | None
+
+
+@pytest.fixture(scope="module")
+def compiled() -> Compiled:
+    """Both compilations, each made once for the module's tests (inductor compiles each kernel with a C++
+    compiler: the costly part of these tests)."""
+    torch._dynamo.reset()
+    model, kept, batch = _compiled({})
+    kept_code = _backward_code(kept, batch)
+    held_kept = held_bytes(kept, batch, None)
+    torch._dynamo.reset()
+    _, folded, batch = _compiled({"post_grad_custom_post_pass": LeaveAsIs()})
+    folded_code = _backward_code(folded, batch)
+    held_folded = held_bytes(folded, batch, None)
+    return Compiled(model, kept, batch, kept_code, folded_code, held_kept, held_folded)
+
+
+def test_the_logits_gradient_is_freed_after_coops_early_product_not_at_the_end_of_the_backward(
+        compiled: Compiled) -> None:
     """In the generated backward, the product reading the logits' gradient (the ``(VOCAB, TOKENS)`` view of it) runs
     before the first layer's backward kernel and the gradient is deleted before that kernel; with the fold left in
     place it is read by an ``addmm`` after the last layer's kernel. Gradients are eager's."""
-    model, compiled, batch = _compiled({})
-    eager = copy.deepcopy(model)
-    code = _backward_code(compiled, batch)
-    lines = code.splitlines()
+    lines = compiled.kept_code.splitlines()
     reader = next(i for i, line in enumerate(lines) if f"({VOCAB}, {TOKENS})" in line and "extern_kernels" in line)
     logits_grad = re.search(r"reinterpret_tensor\((buf\d+), ", lines[reader]).group(1)
     first_layer = next(i for i, line in enumerate(lines) if "tanh_backward" in line and not line.strip().startswith("def"))
     freed = next(i for i, line in enumerate(lines) if line.strip() == f"del {logits_grad}")
-    assert "addmm" not in lines[reader] and reader < first_layer and freed < first_layer, code
-    assert compiled.coop_record.order is not None and sum(compiled.coop_record.order.undone) >= 1
-    eager(batch).backward()
+    assert "addmm" not in lines[reader] and reader < first_layer and freed < first_layer, compiled.kept_code
+    assert compiled.kept.coop_record.order is not None and sum(compiled.kept.coop_record.order.undone) >= 1
+    model, eager = compiled.model, copy.deepcopy(compiled.model)
+    for p in (*model.parameters(), *eager.parameters()):
+        p.grad = None
+    compiled.kept(compiled.batch).backward()
+    eager(compiled.batch).backward()
     for mine, theirs in zip(model.parameters(), eager.parameters(), strict=True):
         torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-4, atol=1e-6)
 
-    torch._dynamo.reset()
-    _, folded, batch = _compiled({"post_grad_custom_post_pass": LeaveAsIs()})
-    lines = _backward_code(folded, batch).splitlines()
+    lines = compiled.folded_code.splitlines()
     reader = next(i for i, line in enumerate(lines) if f"({VOCAB}, {TOKENS})" in line and "extern_kernels" in line)
     last_layer = max(i for i, line in enumerate(lines) if "tanh_backward" in line and "def" not in line)
     assert "addmm" in lines[reader] and reader > last_layer
 
 
-def test_the_step_holds_less_than_with_inductors_fold_on_the_same_schedule() -> None:
+def test_the_step_holds_less_than_with_inductors_fold_on_the_same_schedule(compiled: Compiled) -> None:
     """checkpoint-all (one schedule, no solver): the CPU allocator's peak of the compiled step is lower with coop's
     products in place than with the fold, by at least a twentieth of the logits' gradient, which the fold holds
     past the recomputed layers (2,697,480 against 2,935,304 B when written)."""
-    torch._dynamo.reset()
-    _, kept, batch = _compiled({})
-    held_kept = held_bytes(kept, batch, None)
-    torch._dynamo.reset()
-    _, folded, batch = _compiled({"post_grad_custom_post_pass": LeaveAsIs()})
-    held_folded = held_bytes(folded, batch, None)
+    held_kept, held_folded = compiled.held_kept, compiled.held_folded
     assert held_kept is not None and held_folded is not None
     assert held_kept + TOKENS * VOCAB * 4 // 20 <= held_folded, (held_kept, held_folded)
 
