@@ -46,7 +46,7 @@ def test_a_meta_capture_for_cuda_records_every_value_there_in_the_allocators_blo
 
 def test_a_plan_made_on_meta_loads_on_the_real_model_and_trains_like_eager(tmp_path: Path) -> None:
     meta_model, meta_batch, loss_fn = _on_meta("transformer")
-    plan = coop.plan(meta_model, 0.8, meta_batch, loss_fn=loss_fn, device="cpu", formulation="moccasin", time_limit=5)
+    plan = coop.plan(meta_model, 0.8, meta_batch, loss_fn=loss_fn, device="cpu", formulation="moccasin", time_limit=2)
     assert "meta device" in plan.summary()["note"]
     path = tmp_path / "plan.json"
     plan.save(path)

@@ -432,11 +432,12 @@ def test_moccasin_proves_the_optimum_of_a_ten_node_graph() -> None:
 def test_the_warm_start_hint_is_feasible_on_a_graph_with_outputs() -> None:
     """CP-SAT itself is the oracle: with every variable fixed to its hinted value the model must stay feasible.
     The hint once ended an output's last interval at the warm start's last slot, while the model retains
-    outputs to ``horizon - 1`` (past it when the horizon has slack): INFEASIBLE on every captured graph."""
+    outputs to ``horizon - 1`` (past it when the horizon has slack): INFEASIBLE on every captured graph (the zoo's
+    CNN here, captured in 0.4 s; GPT-2's capture and solve took 10 times as long)."""
     from coop.graph_capture import capture
     from coop.zoo import build
 
-    model, batch, loss_fn = build("gpt2")
+    model, batch, loss_fn = build("cnn")
     graph = capture(model, batch, loss_fn).graph.with_random_replay()
     assert graph.outputs
     budget = math.ceil(0.7 * baseline_peak(graph))
