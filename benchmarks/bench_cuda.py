@@ -151,6 +151,9 @@ STORE_ALL_BUDGET = 1.02
 #: the paging rows' budget: their fraction of the baseline peak, or this many times coop.min_budget where that
 #: is higher (GPT-2's min_budget is 0.27 of its peak on CPU, 0.39 on CUDA with the measured workspaces)
 PAGING_OVER_MIN = 1.05
+#: the least solver seconds a paging row's POET gets: on the quick GPT-2 under a load of 4 on 2 cores POET's MILP found
+#: no schedule within the quick 2 s (2026-11-29, while it plans in 4.5 s of wall time with 2 s unloaded)
+PAGING_MIN_TIME_LIMIT = 3
 DEVICE_PROFILE = "h100-sxm-pcie5"
 EQUAL_STEPS = 2
 
@@ -687,8 +690,9 @@ def run_case(case: Case, spec: dict[str, Any], row: dict[str, Any], progress: Ca
     progress(f"plan ({formulation}, budget {budget})")
     started = time.perf_counter()
     try:
+        limit = max(sizes.time_limit, PAGING_MIN_TIME_LIMIT) if case.mode.startswith("paging") else sizes.time_limit
         plan = coop.plan(model, budget, batch, loss_fn=loss_fn, captured=captured, formulation=formulation,
-                         time_limit=sizes.time_limit, **options)
+                         time_limit=limit, **options)
     except coop.CoopError as exc:
         if case.mode == "arena" and device.type != "cpu" and type(exc) is coop.CoopError:
             raise Refused(str(exc)) from exc  # by design: coop replays arenas on CPU only (coop.plan's docstring)
