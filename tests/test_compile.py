@@ -62,47 +62,48 @@ def _train_twice(model: nn.Module, compiled: nn.Module, batch: torch.Tensor) -> 
     return out
 
 
-@pytest.fixture(scope="module")
-def checkpointed() -> tuple[nn.Module, CompiledPlan, list[tuple[torch.Tensor, ...]], list[tuple[torch.Tensor, ...]]]:
-    """ConvNet compiled with coop's checkpoint-all (every forward value rebuilt in the backward) and by
-    torch.compile's own partitioner, trained two steps each from the same weights and seeds."""
+#: inductor's default fusion on both sides (coop.compile turns horizontal fusion off to keep its plan's memory; that
+#: regroups reductions' loops, a last-bit change of its own): what differs is the split alone
+FUSION = {"score_fusion_memory_threshold": INDUCTOR_DEFAULT_THRESHOLD}
+Trained = list[tuple[torch.Tensor, ...]]
+
+
+def _trained_from_the_same_start(compile_fn) -> tuple[nn.Module, nn.Module, Trained]:
+    """ConvNet and its batch from seed 0 (the same weights and batch on every call), compiled by ``compile_fn`` and
+    trained two steps at one thread (oneDNN's convolution backward sums over threads in the order they finish)."""
     torch.manual_seed(0)
     model = ConvNet()
-    reference = copy.deepcopy(model)
     batch = torch.randn(4, 3, 8, 8)
-    # inductor's default fusion on both sides (coop.compile turns horizontal fusion off to keep its plan's memory;
-    # that regroups reductions' loops, a last-bit change of its own): what differs is the split alone
-    fusion = {"score_fusion_memory_threshold": INDUCTOR_DEFAULT_THRESHOLD}
-    compiled = coop.compile(model, 1.0, formulation="checkpoint-all", options=fusion)
+    compiled = compile_fn(model)
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # oneDNN's convolution backward sums over threads in the order they finish
+    torch.set_num_threads(1)
     try:
-        ours = _train_twice(model, compiled, batch)
-        own = torch.compile(reference, options=fusion)  # the oracle: torch.compile's own partitioner
-        theirs = _train_twice(reference, own, batch)
+        return model, compiled, _train_twice(model, compiled, batch)
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def checkpointed() -> tuple[nn.Module, CompiledPlan, Trained]:
+    """ConvNet compiled with coop's checkpoint-all (every forward value rebuilt in the backward), trained two steps.
+    Its own fixture, apart from torch.compile's (each compilation about 20 s with inductor's cache cold): the tests
+    of the plan and the emitted graphs need this one alone."""
+    model, compiled, ours = _trained_from_the_same_start(
+        lambda model: coop.compile(model, 1.0, formulation="checkpoint-all", options=FUSION))
     (plan,) = compiled.coop_record.plans
-    return model, plan, ours, theirs
+    return model, plan, ours
 
 
-def test_compiled_step_trains_as_torch_compile_does(checkpointed) -> None:
-    """Loss, gradients and batch norm's running statistics equal torch.compile's bit for bit; the dropout mask is
-    rebuilt in the backward from the forward's seed (a fresh draw would change the gradients)."""
-    _, plan, ours, theirs = checkpointed
-    for mine, reference in zip(ours, theirs, strict=True):
-        assert len(mine) == len(reference)
-        for a, b in zip(mine, reference, strict=True):
-            assert torch.equal(a, b)
-    rebuilt = plan.partition.recomputed()
-    random_values = [n for n in rebuilt if "inductor_random" in n]
-    assert random_values, f"the plan was to rebuild the dropout mask in the backward; rebuilt: {sorted(rebuilt)}"
+@pytest.fixture(scope="module")
+def compiled_by_torch() -> Trained:
+    """The oracle: the same ConvNet, weights, batch and seeds through torch.compile's own partitioner."""
+    return _trained_from_the_same_start(lambda model: torch.compile(model, options=FUSION))[2]
 
 
 def test_emitted_modules_carry_the_schedule(checkpointed) -> None:
     """Each phase's module computes each value as many times as the schedule's steps of that phase say, and the
     forward returns exactly the values the backward reads from it (recounted from the steps here)."""
-    _, plan, _, _ = checkpointed
+    _, plan, _ = checkpointed
     graph, steps = plan.joint.graph, plan.result.schedule.steps
     owner = {i: names[0] for i, names in plan.joint.lowered.fx_names.items()}
     boundary = next(i for i, s in enumerate(steps) if s.op == "compute" and s.node in plan.joint.tangent_ids)
@@ -149,7 +150,7 @@ def _is_view(target: object) -> bool:
 
 def test_joint_graph_bytes_and_tangent(checkpointed) -> None:
     """Hand-counted bytes of the lowered joint graph; the tangent is computed after the forward's outputs."""
-    _, plan, _, _ = checkpointed
+    _, plan, _ = checkpointed
     graph = plan.joint.graph
     by_name = {n.name: n for n in graph.nodes}
     # conv output: 4 x 8 x 6 x 6 floats; fc1 output: 4 x 32 floats; the loss: one float
@@ -172,13 +173,26 @@ def test_a_pointwise_value_read_once_by_a_loop_op_is_priced_inside_its_reader(ch
     square's backward reads fc3's output), so inductor computes it inside the mean's loop and never writes it:
     it is a member of the mean's node. ``tanh(fc1(h))`` is read by fc3's matmul (an extern kernel) and by its
     own backward: a buffer, a node of its own."""
-    _, plan, _, _ = checkpointed
+    _, plan, _ = checkpointed
     lowered = plan.joint.lowered
     names = {n.name for n in plan.joint.graph.nodes}
     mean = lowered.owner_of["mean"]
     assert lowered.owner_of["pow_1"] == mean and "pow_1" in lowered.fx_names[mean]
     assert "pow_1" not in names
     assert "tanh" in names and lowered.fx_names[lowered.owner_of["tanh"]][0] == "tanh"
+
+
+def test_compiled_step_trains_as_torch_compile_does(checkpointed, compiled_by_torch) -> None:
+    """Loss, gradients and batch norm's running statistics equal torch.compile's bit for bit; the dropout mask is
+    rebuilt in the backward from the forward's seed (a fresh draw would change the gradients)."""
+    _, plan, ours = checkpointed
+    for mine, reference in zip(ours, compiled_by_torch, strict=True):
+        assert len(mine) == len(reference)
+        for a, b in zip(mine, reference, strict=True):
+            assert torch.equal(a, b)
+    rebuilt = plan.partition.recomputed()
+    random_values = [n for n in rebuilt if "inductor_random" in n]
+    assert random_values, f"the plan was to rebuild the dropout mask in the backward; rebuilt: {sorted(rebuilt)}"
 
 
 def test_store_all_prediction_is_what_the_compiled_step_holds() -> None:
