@@ -4,12 +4,12 @@ A replayed CPU op costs more than its kernel: the dispatcher's work and its outp
 microseconds each, and above the intra-op grain size with more than one thread, waking the thread pool. The
 nominal rates of :mod:`coop.graph_capture.cost` price none of that, so on a step of many small ops a plan's
 recomputations (mostly small pointwise ops) looked cheaper than they run, and the baseline cheaper still (issue 42).
-:func:`machine_rates` measures four numbers once per process and thread count with a short calibration (tens of
-milliseconds on a quiet core), on tensors of ones it makes itself and ops that cannot fail on any values (``add``,
-``mul``, ``view``, ``sum``, ``mm``), outside any dispatch mode the caller runs (whose Python work would be timed as
-the machine's), in place of the nominal ones. It is the one place a capture runs kernels without a profile: on
-the CPU only, never the model's ops, never on a CUDA step (see "Capture runs no kernel on made-up data" in
-README.md):
+:func:`machine_rates` measures four numbers and a table once per process and thread count with a short
+calibration (about 0.1 s at one thread on a quiet core), on tensors of ones it makes itself and ops that cannot fail
+on any values (``add``, ``mul``, ``view``, ``sum``, ``mm`` and the table's pointwise, softmax, normalisation and
+random ops), outside any dispatch mode the caller runs (whose Python work would be timed as the machine's), in place
+of the nominal ones. It is the one place a capture runs kernels without a profile: on the CPU only, never on the
+model's tensors, never on a CUDA step (see "Capture runs no kernel on made-up data" in README.md):
 
 * ``per_op_s``: the host seconds of one dispatched op on a tiny tensor (its kernel is next to nothing);
 * ``flop_rate``: FLOP/s of a 256 x 256 x 256 ``mm`` beyond its host cost;
