@@ -210,7 +210,12 @@ def rows_for(name: str, threads: int, source: str, load: str) -> list[dict[str, 
     autograd = autograd_rates(threads)
     work = store_all.autograd_work
     for row in rows:
-        row["rates"] = ", ".join(f"{k}={v:.3g}" for k, v in rates.items() if k != "threads")
+        row["rates"] = ", ".join(f"{k}={v:.3g}" for k, v in rates.items() if isinstance(v, (int, float))
+                                 and k != "threads")
+        per_element = rates.get("element_ns", {})
+        if per_element:  # the ops priced per element: the slowest three
+            slowest = sorted(per_element.items(), key=lambda kv: -kv[1])[:3]
+            row["rates"] += ", " + ", ".join(f"{op.split('.', 1)[1]}_ns={ns:.3g}" for op, ns in slowest)
         row["autograd"] = (f"record_us={1e6 * autograd.record_s:.2f}, node_us={1e6 * autograd.node_s:.2f}, "
                            f"recorded={work.recorded}, nodes={work.nodes}")
         row["row_s"] = round((time.perf_counter() - started) / len(rows), 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import itertools
+import operator
 
 import pytest
 import torch
@@ -14,7 +15,15 @@ from torch.utils.flop_counter import FlopCounterMode
 from coop import capture
 from coop.graph_capture import host_cost
 from coop.graph_capture.cost import without_interpreter_overhead
-from coop.graph_capture.host_cost import GRAIN_SIZE, MachineRates, calibrate, host_costs, host_costs_enabled
+from coop.graph_capture.host_cost import (
+    GRAIN_SIZE,
+    MachineRates,
+    calibrate,
+    element_key,
+    element_recipes,
+    host_costs,
+    host_costs_enabled,
+)
 from coop.zoo import build
 
 
@@ -171,3 +180,63 @@ def test_a_benchmark_says_when_it_ran_at_another_thread_count_than_the_costs_wer
     same = StepBenchmark(plan_ms=2.0, eager_ms=1.0, measured_overhead=1.0, predicted_overhead=0.5, threads=1, steps=9,
                          warmup=2, priced_threads=1)
     assert same.priced_elsewhere() == ""
+
+
+def test_an_op_priced_per_element_pays_the_larger_of_its_elements_and_its_bytes() -> None:
+    """Hand arithmetic: 1000 elements at 2 ns beat 4000 bytes at 1 GB/s (2 µs against 4 µs only when the bytes are
+    more); an op outside the table keeps the roofline, and no wake-up is added to a table op (its measurement holds it)."""
+    rates = MachineRates(per_op_s=1e-6, flop_rate=1e10, bandwidth=1e9, parallel_s=5e-6, threads=2,
+                         element_s={"aten.tanh": 2e-9})
+    assert rates.op_seconds(0, 1000, 1000, True, op="aten.tanh") == pytest.approx(1e-6 + 2e-6)
+    assert rates.op_seconds(0, 4000, 1000, True, op="aten.tanh") == pytest.approx(1e-6 + 4e-6)
+    assert rates.op_seconds(0, 1000, GRAIN_SIZE, True, op="aten.tanh") == pytest.approx(1e-6 + GRAIN_SIZE * 2e-9)
+    assert rates.op_seconds(0, 1000, GRAIN_SIZE, True, op="aten.exp") == pytest.approx(1e-6 + 1e-6 + 5e-6)
+    assert rates.op_seconds(0, 1000, 1000, False, op="aten.tanh") == 0.0
+    assert rates.as_dict()["element_ns"] == {"aten.tanh": 2.0}
+
+
+def test_element_keys_name_the_op_and_a_cast_its_source_dtype() -> None:
+    aten = torch.ops.aten
+    assert element_key(aten.tanh.default) == "aten.tanh"
+    assert element_key(aten.div.Scalar) == element_key(aten.div.Tensor) == "aten.div"
+    assert element_key(aten._to_copy.default, torch.ones(2, dtype=torch.bool)) == "aten._to_copy.bool"
+    assert element_key(aten._to_copy.default, torch.ones(2)) == "aten._to_copy.float32"
+    assert element_key(operator.getitem) == ""
+
+
+def test_every_recipe_names_a_real_op_and_calibrates_by_hand_arithmetic() -> None:
+    """Each table key resolves to an op (a typo would price nothing), and with a fake clock (1 ms per block of 2 calls)
+    each op's per-element seconds are (0.5 ms - the per-op cost) / the calibration's elements."""
+    recipes = element_recipes()
+    assert {"aten.tanh", "coop.bernoulli_mask", "aten._native_batch_norm_legit_functional", "aten._to_copy.bool"} \
+        <= set(recipes)
+    for key in recipes:
+        namespace, name = key.split(".")[:2]
+        assert hasattr(getattr(torch.ops, namespace), name), key
+    ticks = itertools.count()
+    rates = calibrate(1, timer=lambda: 1e-3 * next(ticks))
+    elements = host_cost.ELEMENT_ROWS * host_cost.ELEMENT_COLUMNS
+    assert set(rates.element_s) == set(recipes)
+    for seconds in rates.element_s.values():
+        assert seconds == pytest.approx((0.5e-3 - rates.per_op_s) / elements)
+
+
+def test_a_captured_tanh_costs_its_elements_at_the_calibrated_rate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tanh(x @ w).sum()``, x (4, 8), w (8, 16): the forward tanh node costs one dispatch + 64 elements x 1 µs (its
+    bytes, 512, at 1 GB/s would be 0.5 µs); the mm keeps the roofline."""
+    rates = MachineRates(per_op_s=3e-6, flop_rate=1e10, bandwidth=1e9, parallel_s=0.0, threads=1,
+                         element_s={"aten.tanh": 1e-6})
+    _fixed(monkeypatch, rates)
+
+    class TanhMatmul(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(8, 16))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.tanh(x @ self.w).sum()
+
+    captured = capture(TanhMatmul(), (torch.randn(4, 8),))
+    forward = {n.op: n for n in captured.graph.nodes if n.kind == "forward"}
+    assert forward["aten.tanh.default"].cost == pytest.approx(3e-6 + 64 * 1e-6, rel=1e-9)
+    assert forward["aten.mm.default"].cost == pytest.approx(3e-6 + 2 * 4 * 8 * 16 / 1e10 + (32 + 128 + 64) * 4 / 1e9)
