@@ -19,6 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import fx
 from torch._functorch.partitioners import _extract_fwd_bwd_outputs
 
@@ -112,6 +113,9 @@ class _Emitter:
         if key in self.values:
             return self.values[key]
         if self.instance_phase[serial] != phase:  # a forward value read by the backward: saved
+            if node.name != self.owner_name[owner] and self._saves_its_base(owner):
+                # a view: its storage is saved once, the view taken again in the backward
+                return self._folded(node, phase, instances, serial)
             self.resolve(node, FORWARD, self.boundary)
             return self._saved(node)
         if node.name == self.owner_name[owner]:
@@ -124,6 +128,17 @@ class _Emitter:
             self.values[key] = self.graphs[phase].node_copy(node, lambda a: self.resolve(a, phase, instances))
             mark_joint_value(self.values[key], node.name)
         return self.values[key]
+
+    def _saves_its_base(self, owner: int) -> bool:
+        """Whether a view of ``owner``'s storage read by the backward is taken there from the saved storage.
+
+        Inductor's wrapper holds a dead buffer for reuse while its estimate of the graph's peak allows it, and
+        that estimate counts each backward input apart: two saved views of one forward buffer count it twice
+        (ViT's attention: ``view_default_1`` and ``permute_default_3`` of one ``mul``), so the wrapper held
+        buffers up to a peak the step did not have. Saved once, the storage is counted once. A multi-output op's
+        owner is a tuple, whose parts are saved as they are.
+        """
+        return isinstance(self.nodes[self.owner_name[owner]].meta.get("val"), torch.Tensor)
 
     def _tangent(self, phase: str, node: fx.Node) -> fx.Node:
         if phase == FORWARD:
