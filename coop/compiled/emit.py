@@ -7,10 +7,11 @@ nodes, and what a node reads is what the schedule says it reads. Views and ``get
 that owns their storage) are emitted where a consumer first needs them from that instance. A value computed in
 the forward and read in the backward is a saved value: the forward module returns it, the backward module takes
 it as an input (the layout of AOTAutograd's partitioners: forward outputs, then saved tensors, then saved sizes;
-backward inputs: saved values, then tangents). A forward value the backward recomputes is not saved: the copy in
-the backward is the recomputation. Frees need no node: inductor frees a buffer after its last reader, which is
-where the schedule's simulator frees it (contract 2), and an explicit free is followed by a recomputation, a
-new node.
+backward inputs: saved values, then tangents); a view of a forward tensor read by the backward is taken again there
+from the saved storage, so that each storage is one backward input. A forward value the backward recomputes is not
+saved: the copy in the backward is the recomputation. Frees need no node: inductor frees a buffer after its last
+reader, which is where the schedule's simulator frees it (contract 2), and an explicit free is followed by a
+recomputation, a new node.
 """
 
 from __future__ import annotations
