@@ -194,6 +194,11 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
     # recomputation fused with an earlier kernel runs early and lives long (measured: 16.5 MB held for a 10.6 MB
     # plan on a 6-layer MLP; 13.1 MB without it). Off unless the user sets the threshold.
     user_options.setdefault("score_fusion_memory_threshold", NO_HORIZONTAL_FUSION)
+    # Inductor's layout optimization runs a convolution in channels-last: it copies the convolution's weight and
+    # input (the batch, the weights: caller-owned values coop counts once) and saves the copies for the backward,
+    # bytes no Graph of the joint graph has (ViT at 0.5: 1,671,168 B from the forward's first kernel to the
+    # backward's convolution). Off unless the user sets it.
+    user_options.setdefault("layout_optimization", False)
 
     def compile_with(shave: int, observation: Observation | None = None, requested: int | None = None) -> nn.Module:
         # a later round keeps the first round's budget in bytes: a share of a Graph rebuilt from an observation

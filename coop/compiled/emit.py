@@ -7,10 +7,11 @@ nodes, and what a node reads is what the schedule says it reads. Views and ``get
 that owns their storage) are emitted where a consumer first needs them from that instance. A value computed in
 the forward and read in the backward is a saved value: the forward module returns it, the backward module takes
 it as an input (the layout of AOTAutograd's partitioners: forward outputs, then saved tensors, then saved sizes;
-backward inputs: saved values, then tangents). A forward value the backward recomputes is not saved: the copy in
-the backward is the recomputation. Frees need no node: inductor frees a buffer after its last reader, which is
-where the schedule's simulator frees it (contract 2), and an explicit free is followed by a recomputation, a
-new node.
+backward inputs: saved values, then tangents); a view of a forward tensor read by the backward is taken again there
+from the saved storage, so that each storage is one backward input. A forward value the backward recomputes is not
+saved: the copy in the backward is the recomputation. Frees need no node: inductor frees a buffer after its last
+reader, which is where the schedule's simulator frees it (contract 2), and an explicit free is followed by a
+recomputation, a new node.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import fx
 from torch._functorch.partitioners import _extract_fwd_bwd_outputs
 
@@ -112,6 +114,9 @@ class _Emitter:
         if key in self.values:
             return self.values[key]
         if self.instance_phase[serial] != phase:  # a forward value read by the backward: saved
+            if node.name != self.owner_name[owner] and self._saves_its_base(owner):
+                # a view: its storage is saved once, the view taken again in the backward
+                return self._folded(node, phase, instances, serial)
             self.resolve(node, FORWARD, self.boundary)
             return self._saved(node)
         if node.name == self.owner_name[owner]:
@@ -124,6 +129,17 @@ class _Emitter:
             self.values[key] = self.graphs[phase].node_copy(node, lambda a: self.resolve(a, phase, instances))
             mark_joint_value(self.values[key], node.name)
         return self.values[key]
+
+    def _saves_its_base(self, owner: int) -> bool:
+        """Whether a view of ``owner``'s storage read by the backward is taken there from the saved storage.
+
+        Inductor's wrapper holds a dead buffer for reuse while its estimate of the graph's peak allows it, and
+        that estimate counts each backward input apart: two saved views of one forward buffer count it twice
+        (ViT's attention: ``view_default_1`` and ``permute_default_3`` of one ``mul``), so the wrapper held
+        buffers up to a peak the step did not have. Saved once, the storage is counted once. A multi-output op's
+        owner is a tuple, whose parts are saved as they are.
+        """
+        return isinstance(self.nodes[self.owner_name[owner]].meta.get("val"), torch.Tensor)
 
     def _tangent(self, phase: str, node: fx.Node) -> fx.Node:
         if phase == FORWARD:

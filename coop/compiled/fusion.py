@@ -29,7 +29,7 @@ from torch import fx
 from coop.graph import Graph, Node
 from coop.graph_capture.lower import Lowered
 
-__all__ = ["LOOP_REDUCTIONS", "fuse_pointwise", "is_loop_op", "is_pointwise"]
+__all__ = ["LOOP_REDUCTIONS", "fuse_pointwise", "is_loop_op", "is_pointwise", "with_node_flops"]
 
 #: aten reductions that inductor lowers to a loop, into which it inlines pointwise producers
 LOOP_REDUCTIONS = frozenset({"sum", "mean", "amax", "amin", "max", "min", "var_mean", "var", "prod", "any", "all",
@@ -136,15 +136,36 @@ def fuse_pointwise(lowered: Lowered, fx_nodes: dict[str, fx.Node], keep: set[int
         nodes.append(node.model_copy(update={
             "id": new_id[old], "inputs": tuple(external), "cost": cost,
             "output_of": None if node.output_of is None else new_id[node.output_of]}))
-    fused = Graph(name=graph.name, nodes=tuple(nodes), outputs=tuple(new_id[i] for i in graph.outputs),
-                  order=tuple(new_id[i] for i in graph.order if i not in joins), meta=graph.meta)
-    fx_names = {new_id[old]: [*lowered.fx_names[old], *(name for m in members.get(old, [])
-                                                        for name in lowered.fx_names[m])] for old in survivors}
-    owner_of = {name: new_id[old] for name, old in lowered.owner_of.items()}
     flops: dict[int, int] = {}
     for old, count in lowered.node_flops.items():
         flops[new_id[old]] = flops.get(new_id[old], 0) + count
+    fused = Graph(name=graph.name, nodes=tuple(nodes), outputs=tuple(new_id[i] for i in graph.outputs),
+                  order=tuple(new_id[i] for i in graph.order if i not in joins), meta=with_node_flops(graph.meta, flops))
+    fx_names = {new_id[old]: [*lowered.fx_names[old], *(name for m in members.get(old, [])
+                                                        for name in lowered.fx_names[m])] for old in survivors}
+    owner_of = {name: new_id[old] for name, old in lowered.owner_of.items()}
     return replace(lowered, graph=fused, fx_names=fx_names, owner_of=owner_of, node_flops=flops), new_id
+
+
+def with_node_flops(meta: dict, flops: dict[int, int]) -> dict:
+    """A Graph's ``meta`` with its ``node_flops`` (node id as text -> FLOPs) keyed by a renumbered Graph's ids.
+
+    A contracted or inlined Graph renumbers its nodes; the capture's per-node FLOPs, keyed by the old ids, would
+    name other nodes (a pointwise group given a matmul's FLOPs).
+
+    Parameters
+    ----------
+    meta : dict
+        The Graph's meta before renumbering.
+    flops : dict
+        New node id -> its FLOPs (a group's: its members' summed).
+
+    Returns
+    -------
+    dict
+        A copy of ``meta`` whose ``node_flops`` is ``flops`` (zeros left out, as the capture writes it).
+    """
+    return {**meta, "node_flops": {str(i): f for i, f in sorted(flops.items()) if f}}
 
 
 def _absorbable(node: Node, readers: list[int], graph: Graph, lowered: Lowered, fx_nodes: dict[str, fx.Node],

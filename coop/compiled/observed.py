@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import fx
 
-from coop.compiled.fusion import is_pointwise
+from coop.compiled.fusion import is_pointwise, with_node_flops
 from coop.compiled.inductor_buffers import ObservedGraph
 from coop.graph import Graph, Node
 from coop.graph_capture.lower import Lowered
@@ -218,7 +218,8 @@ def inline_unbuffered(lowered: Lowered, fx_nodes: dict[str, fx.Node], observatio
         nodes.append(node.model_copy(update=update))
         flops[new_id[old]] = lowered.node_flops.get(old, 0) + sum(lowered.node_flops.get(i, 0) for i in closure)
     rebuilt = Graph(name=graph.name, nodes=tuple(nodes), outputs=tuple(new_id[i] for i in graph.outputs),
-                    order=tuple(new_id[i] for i in graph.order if i not in inlined), meta=graph.meta)
+                    order=tuple(new_id[i] for i in graph.order if i not in inlined),
+                    meta=with_node_flops(graph.meta, flops))
     names = frozenset(name for i in inlined for name in lowered.fx_names[i])
     fx_names = {new_id[old]: list(lowered.fx_names[old]) for old in survivors}
     owner_of = {name: new_id[old] for name, old in lowered.owner_of.items() if old not in inlined}
