@@ -337,3 +337,22 @@ def test_settling_pauses_while_the_pool_is_stalled_and_gives_up_after_its_tries(
     clock = _ScriptedClock(stalled * host_cost.SETTLE_TRIES, {})
     assert host_cost.settle_pool(lambda: None, clock, pauses.append) == host_cost.SETTLE_TRIES
     assert len(pauses) == host_cost.SETTLE_TRIES - 1
+
+
+def test_a_calibration_at_two_threads_is_kept_between_one_threads_and_half_of_it() -> None:
+    """Hand-made rates: a two-thread calibration that caught stalls (FLOP rate, the convolution's slope, tanh) keeps one
+    thread's term there; one that came out more than twice as fast (bandwidth, gelu, the backward's slope: a stalled
+    small measurement) gets half of one thread's; within the two (dispatch, the calls, exp) its own; the wake-up stays."""
+    single = MachineRates(per_op_s=3e-6, flop_rate=5e10, bandwidth=2e10, parallel_s=0.0, threads=1,
+                          element_s={"aten.tanh": 4e-9, "aten.gelu": 3e-9, "aten.exp": 2e-9},
+                          fitted={"aten.convolution": (130e-6, 2e-11), "aten.convolution_backward": (140e-6, 2e-11)})
+    stalled = MachineRates(per_op_s=2e-6, flop_rate=1e9, bandwidth=1e11, parallel_s=5e-6, threads=2,
+                           element_s={"aten.tanh": 9e-8, "aten.gelu": 1e-9, "aten.exp": 1.5e-9, "aten.erf": 7e-9},
+                           fitted={"aten.convolution": (125e-6, 2.5e-10), "aten.convolution_backward": (150e-6, 1e-15)})
+    bounded = host_cost.within_one_thread(stalled, single)
+    assert (bounded.per_op_s, bounded.parallel_s, bounded.threads) == (2e-6, 5e-6, 2)
+    assert bounded.flop_rate == pytest.approx(5e10) and bounded.bandwidth == pytest.approx(4e10)
+    assert bounded.element_s == pytest.approx({"aten.tanh": 4e-9, "aten.gelu": 1.5e-9, "aten.exp": 1.5e-9,
+                                               "aten.erf": 7e-9})
+    assert bounded.fitted["aten.convolution"] == pytest.approx((125e-6, 2e-11))
+    assert bounded.fitted["aten.convolution_backward"] == pytest.approx((140e-6, 1e-11))

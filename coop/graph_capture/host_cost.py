@@ -37,6 +37,8 @@ At more than one thread the calibration keeps the pool warm and takes medians (:
 little for a stalled pool (:func:`settle_pool`): with the two cores shared, an op above the grain size timed after
 10 ms idle took 4-16 ms (its worker asleep, woken behind another process's slice), and in phases of seconds every
 such op took about 12 ms, which the earlier min-of-3-blocks calibration recorded as a 7-14 ms wake-up per op.
+:func:`machine_rates` bounds a calibration at more than one thread by one thread's (:func:`within_one_thread`): a
+scheduler's stall is not the machine's rate.
 
 :func:`host_costs` turns the calibration off inside a block (the nominal model, as before issue 42): the bench
 compares the plans each model chooses. CUDA nodes keep the nominal model: a GPU step's host work overlaps the
@@ -46,6 +48,7 @@ kernels it queued, which this calibration does not measure.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import statistics
 import time
@@ -186,8 +189,36 @@ class PerThreadCalibration(Generic[Rates]):
         self._kept.clear()
 
 
-#: the lambda looks ``calibrate`` up when it measures (a test's substitute is the one called)
-_RATES: PerThreadCalibration[MachineRates] = PerThreadCalibration(lambda count: calibrate(count))
+def within_one_thread(rates: MachineRates, single: MachineRates) -> MachineRates:
+    """``rates`` (``rates.threads`` threads) kept between one thread's (``single``) and ``threads`` times faster: no
+    FLOP, byte, element or per-FLOP convolution term dearer than one thread's or cheaper than a ``threads``-th of it, no
+    dispatch or convolution call dearer (the wake-up, measured on its own, stays). Under load a median of an op of
+    0.3-1 ms at two threads could still catch its worker preempted mid-op for a scheduler slice (convolution fits at
+    4-8 GFLOP/s, a 32-channel convolution priced 42 ms), and a stalled small convolution made the fit's slope vanish:
+    neither is what a clean op costs, which does at most one thread's work on each and at least its share."""
+    share = max(1, rates.threads)
+
+    def between(value: float, one: float) -> float:  # seconds per unit: within [one / share, one]
+        return min(max(value, one / share), one)
+
+    fitted = {op: (min(call, single.fitted[op][0]), between(flop, single.fitted[op][1])) if op in single.fitted
+              else (call, flop) for op, (call, flop) in rates.fitted.items()}
+    element_s = {op: between(seconds, single.element_s[op]) if op in single.element_s else seconds
+                 for op, seconds in rates.element_s.items()}
+    return dataclasses.replace(rates, per_op_s=min(rates.per_op_s, single.per_op_s),
+                               flop_rate=1 / between(1 / rates.flop_rate, 1 / single.flop_rate),
+                               bandwidth=1 / between(1 / rates.bandwidth, 1 / single.bandwidth), element_s=element_s,
+                               fitted=fitted)
+
+
+def _measured(count: int) -> MachineRates:
+    """The calibration ``machine_rates`` keeps: at more than one thread, bounded by one thread's (kept too)."""
+    rates = calibrate(count)
+    return rates if count <= 1 else within_one_thread(rates, _RATES.at(1))
+
+
+#: the lambda looks ``_measured`` (and so ``calibrate``) up when it measures (a test's substitute is the one called)
+_RATES: PerThreadCalibration[MachineRates] = PerThreadCalibration(lambda count: _measured(count))
 
 
 def machine_rates(threads: int | None = None) -> MachineRates:
@@ -447,4 +478,5 @@ __all__ = [
     "machine_rates",
     "pooled_seconds",
     "settle_pool",
+    "within_one_thread",
 ]
