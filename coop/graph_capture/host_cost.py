@@ -71,7 +71,7 @@ PARALLEL_ELEMENTS = 2 * GRAIN_SIZE
 ELEMENT_ROWS, ELEMENT_COLUMNS = 1024, 64
 #: The convolutions the per-call fit times, (batch, channels, out channels, side), 3 x 3 kernels: a small one (3
 #: channels, 55,296 FLOPs: mostly the kernel call) and a large one (32 channels, 18.9 MFLOP). Both batches above 1:
-#: torch takes oneDNN's path there (about 130 µs per call on the machine below, where a batch-1 3 x 3 convolution of
+#: torch takes oneDNN's path there (about 130 µs per call on the 2-core EPYC above, where a batch-1 3 x 3 convolution of
 #: a small image takes torch's own, about 25 µs).
 CONV_SHAPES = ((2, 3, 8, 8), (4, 32, 32, 16))
 #: At more than one thread: blocks per median, calls per probe, the probe's per-call seconds above which the pool is
