@@ -8,7 +8,8 @@ alternately under a timing ``fx.Interpreter`` (each call node timed alone; the i
 both sides), ``--runs`` times after 2 untimed runs, and each node's time is its median. A captured fx node the
 plan computes more than once has a first instance and recomputed ones. Printed: the plan's recomputed instances by
 op (count, measured µs, the same nodes' first instances in the store-all replay and in the plan, and what the cost
-model prices them at), then the first instances that differ most between the two replays.
+model prices them at), the store-all replay's dearest ops measured beside their prices, then the first instances
+that differ most between the two replays.
 """
 
 from __future__ import annotations
@@ -101,9 +102,26 @@ def report(name: str, budget: float, threads: int, runs: int) -> None:
     print(f"{'recomputed op':40s} {'n':>3s} {'measured':>9s} {'store-all':>9s} {'plan 1st':>9s} {'priced':>9s}")
     for op, (count, measured, original, own, priced) in sorted(by_op.items(), key=lambda kv: -kv[1][1]):
         print(f"{op[:40]:40s} {int(count):3d} {measured:9.0f} {original:9.0f} {own:9.0f} {priced:9.0f}")
+    print_store_all(stored, fx_nodes, rates)
     print("first instances, plan against store-all (µs), the 10 largest differences:")
     for key in sorted(stored, key=lambda k: -abs(planned.get(k, 0.0) - stored[k]))[:10]:
         print(f"  {key[0]:40s} store-all {stored[key]:8.0f}  plan {planned.get(key, 0.0):8.0f}")
+
+
+def print_store_all(stored: dict[Instance, float], fx_nodes: dict[str, fx.Node], rates: Any) -> None:
+    """The store-all replay's ops (every node's first instance) by op: count, measured and priced µs, the 12 dearest."""
+    by_op: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0])
+    for (source, _), micros in stored.items():
+        node = fx_nodes.get(source)
+        if node is None or node.op != "call_function":
+            continue
+        entry = by_op[str(node.target).removeprefix("aten.")]
+        entry[0] += 1
+        entry[1] += micros
+        entry[2] += 1e6 * replayed_seconds(node, node_flops(node), rates)
+    print(f"{'store-all op':40s} {'n':>3s} {'measured':>9s} {'priced':>9s}")
+    for op, (count, measured, priced) in sorted(by_op.items(), key=lambda kv: -kv[1][1])[:12]:
+        print(f"{op[:40]:40s} {int(count):3d} {measured:9.0f} {priced:9.0f}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -126,6 +126,13 @@ def test_calibration_divides_the_measured_times_as_hand_arithmetic_says() -> Non
     bandwidth = 12 * 2 ** 20 / (1e-3 / 4 - per_op)
     assert rates.bandwidth == pytest.approx(bandwidth)
     assert rates.parallel_s == pytest.approx(1e-3 / 10 - per_op - 12 * 2 * GRAIN_SIZE / bandwidth)
+    assert rates.settle_tries == 1  # the probe's 0.25 ms a call is no stall
+    # both convolutions of 2 calls per 1 ms block: equal times, so the floor per FLOP, and the small one's 0.5 ms less
+    # the dispatch is its call (two calls for the backward); 55,296 FLOPs: 2 x 2 x 64 x 8 x 27, by hand
+    for op, calls in (("aten.convolution", 1), ("aten.convolution_backward", 2)):
+        call, per_flop = rates.fitted[op]
+        assert per_flop == pytest.approx(1e-15)
+        assert call == pytest.approx((0.5e-3 - per_op - calls * 55_296 * 1e-15) / calls)
     assert calibrate(1, timer=lambda: 1e-3 * next(ticks)).parallel_s == 0.0
 
 
@@ -240,3 +247,112 @@ def test_a_captured_tanh_costs_its_elements_at_the_calibrated_rate(monkeypatch: 
     forward = {n.op: n for n in captured.graph.nodes if n.kind == "forward"}
     assert forward["aten.tanh.default"].cost == pytest.approx(3e-6 + 64 * 1e-6, rel=1e-9)
     assert forward["aten.mm.default"].cost == pytest.approx(3e-6 + 2 * 4 * 8 * 16 / 1e10 + (32 + 128 + 64) * 4 / 1e9)
+
+
+def test_a_per_call_fit_goes_through_both_measurements_as_hand_arithmetic_says() -> None:
+    """Made-up times: 5 µs dispatch; 1,000 FLOPs in 135 µs and 1,000,001,000 FLOPs in 20,135 µs, one call each: 20 ms
+    per 1e9 FLOPs (2e-11 s per FLOP, 50 GFLOP/s) and 130 µs per call less 1,000 FLOPs' 20 ns; at two calls per
+    measurement the call is half that."""
+    call, per_flop = host_cost.fit_per_call((135e-6, 1000), (20135e-6, 1_000_001_000), 1, 5e-6)
+    assert per_flop == pytest.approx(2e-11)
+    assert call == pytest.approx(130e-6 - 1000 * 2e-11)
+    halved, _ = host_cost.fit_per_call((135e-6, 1000), (20135e-6, 1_000_001_000), 2, 5e-6)
+    assert halved == pytest.approx((130e-6 - 1000 * 2e-11) / 2)
+    # a large measurement no slower than the small one (noise) keeps a positive floor, not a negative rate
+    assert host_cost.fit_per_call((135e-6, 1000), (100e-6, 10_000), 1, 5e-6)[1] > 0
+
+
+def test_a_convolution_backward_makes_one_kernel_call_per_gradient_of_input_or_weight() -> None:
+    geometry = ([1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    args = (None, None, None, [4], *geometry)
+    assert host_cost.kernel_calls("aten.convolution_backward", (*args, [True, True, True])) == 2
+    assert host_cost.kernel_calls("aten.convolution_backward", (*args, [False, True, True])) == 1
+    assert host_cost.kernel_calls("aten.convolution_backward", (*args, [False, False, True])) == 1
+    assert host_cost.kernel_calls("aten.convolution", (None,) * 9) == 1
+
+
+def test_captured_convolutions_cost_their_calls_and_flops_at_the_fitted_rates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two 3 x 3 convolutions (3 -> 4 -> 4 channels) on a 2 x 3 x 5 x 5 batch, padded: each forward is 2 x 2 x 25 x 4
+    x C_in x 9 FLOPs (hand count); the first one's backward computes its weight's gradient only (the batch wants none):
+    one call and its forward's FLOPs; the second's, its input's and weight's: two calls and twice the FLOPs. Bytes
+    and dispatch are made free, so each node costs calls x 100 µs + FLOPs x 1 ns."""
+    rates = MachineRates(per_op_s=0.0, flop_rate=1e30, bandwidth=1e30, parallel_s=0.0, threads=1,
+                         fitted={"aten.convolution": (100e-6, 1e-9), "aten.convolution_backward": (100e-6, 1e-9)})
+    _fixed(monkeypatch, rates)
+    class TwoConvolutions(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.convs = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.Conv2d(4, 4, 3, padding=1))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.convs(x).sum()
+
+    captured = capture(TwoConvolutions(), (torch.randn(2, 3, 5, 5),))
+    first, second = (2 * 2 * 25 * 4 * channels * 9 for channels in (3, 4))
+    forward = sorted(n.cost for n in captured.graph.nodes if n.op == "aten.convolution.default")
+    backward = sorted(n.cost for n in captured.graph.nodes if n.op == "aten.convolution_backward.default")
+    assert forward == pytest.approx(sorted([100e-6 + first * 1e-9, 100e-6 + second * 1e-9]), rel=1e-9)
+    assert backward == pytest.approx(sorted([100e-6 + first * 1e-9, 2 * 100e-6 + 2 * second * 1e-9]), rel=1e-9)
+
+
+class _ScriptedClock:
+    """A fake clock whose consecutive pairs of readings are ``durations`` apart; it records how many times ``warm`` and
+    the timed function had run at its first reading."""
+
+    def __init__(self, durations: list[float], counts: dict[str, int]) -> None:
+        self._readings = list(itertools.accumulate([0.0] + [step for d in durations for step in (d, 0.0)]))
+        self.counts, self.at_first_reading = counts, None
+
+    def __call__(self) -> float:
+        if self.at_first_reading is None:
+            self.at_first_reading = dict(self.counts)
+        return self._readings.pop(0)
+
+
+def test_a_pooled_measurement_warms_the_pool_first_and_takes_the_median_block() -> None:
+    """Blocks of 2 calls lasting 4, 6, 2, 8 and 6 ms: the median block's 6 ms / 2 calls, where the least would be 1 ms;
+    the pool was warmed and the function called once before the clock was first read."""
+    counts = {"warm": 0, "fn": 0}
+    clock = _ScriptedClock([4e-3, 6e-3, 2e-3, 8e-3, 6e-3], counts)
+
+    def bump(key: str) -> None:
+        counts[key] += 1
+
+    seconds = host_cost.pooled_seconds(lambda: bump("fn"), 2, 3, clock, lambda: bump("warm"))
+    assert seconds == pytest.approx(3e-3)
+    assert clock.at_first_reading == {"warm": 1, "fn": 1}
+    assert counts == {"warm": 1, "fn": 1 + 5 * 2}
+
+
+def test_settling_pauses_while_the_pool_is_stalled_and_gives_up_after_its_tries() -> None:
+    """A probe block (4 calls) of 40 ms is 10 ms a call, a stall (above STALL_S); of 0.1 ms, 25 µs a call. Two stalled
+    probes then a quick one: three tries, two pauses. Stalled throughout: SETTLE_TRIES tries, one pause fewer."""
+    blocks = host_cost.POOLED_BLOCKS
+    stalled, quick = [40e-3] * blocks, [0.1e-3] * blocks
+    pauses: list[float] = []
+    clock = _ScriptedClock(stalled + stalled + quick, {})
+    assert host_cost.settle_pool(lambda: None, clock, pauses.append) == 3
+    assert pauses == [host_cost.SETTLE_PAUSE_S] * 2
+    pauses.clear()
+    clock = _ScriptedClock(stalled * host_cost.SETTLE_TRIES, {})
+    assert host_cost.settle_pool(lambda: None, clock, pauses.append) == host_cost.SETTLE_TRIES
+    assert len(pauses) == host_cost.SETTLE_TRIES - 1
+
+
+def test_a_calibration_at_two_threads_is_kept_between_one_threads_and_half_of_it() -> None:
+    """Hand-made rates: a two-thread calibration that caught stalls (FLOP rate, the convolution's slope, tanh) keeps one
+    thread's term there; one that came out more than twice as fast (bandwidth, gelu, the backward's slope: a stalled
+    small measurement) gets half of one thread's; within the two (dispatch, the calls, exp) its own; the wake-up stays."""
+    single = MachineRates(per_op_s=3e-6, flop_rate=5e10, bandwidth=2e10, parallel_s=0.0, threads=1,
+                          element_s={"aten.tanh": 4e-9, "aten.gelu": 3e-9, "aten.exp": 2e-9},
+                          fitted={"aten.convolution": (130e-6, 2e-11), "aten.convolution_backward": (140e-6, 2e-11)})
+    stalled = MachineRates(per_op_s=2e-6, flop_rate=1e9, bandwidth=1e11, parallel_s=5e-6, threads=2,
+                           element_s={"aten.tanh": 9e-8, "aten.gelu": 1e-9, "aten.exp": 1.5e-9, "aten.erf": 7e-9},
+                           fitted={"aten.convolution": (125e-6, 2.5e-10), "aten.convolution_backward": (150e-6, 1e-15)})
+    bounded = host_cost.within_one_thread(stalled, single)
+    assert (bounded.per_op_s, bounded.parallel_s, bounded.threads) == (2e-6, 5e-6, 2)
+    assert bounded.flop_rate == pytest.approx(5e10) and bounded.bandwidth == pytest.approx(4e10)
+    assert bounded.element_s == pytest.approx({"aten.tanh": 4e-9, "aten.gelu": 1.5e-9, "aten.exp": 1.5e-9,
+                                               "aten.erf": 7e-9})
+    assert bounded.fitted["aten.convolution"] == pytest.approx((125e-6, 2e-11))
+    assert bounded.fitted["aten.convolution_backward"] == pytest.approx((140e-6, 1e-11))

@@ -31,7 +31,7 @@ from torch.utils import _pytree as pytree
 from torch.utils.flop_counter import flop_registry
 
 from coop.errors import CaptureError
-from coop.graph_capture.host_cost import MachineRates, element_key, host_costs_enabled
+from coop.graph_capture.host_cost import MachineRates, element_key, host_costs_enabled, kernel_calls
 
 FLOP_RATE = 1e11  # FLOP/s, nominal
 BANDWIDTH = 2e10  # bytes/s, nominal
@@ -133,8 +133,8 @@ def replayed_seconds(node: fx.Node, flops: int, rates: MachineRates | None) -> f
     float
         Seconds: ``per_op + flops / flop_rate + bytes / bandwidth`` (and the thread pool's wake-up for an op that
         writes at least a grain of elements with more than one thread; an op the calibration priced per element pays
-        the larger of its elements' time and its bytes': :meth:`MachineRates.op_seconds`); 0 for a ``getitem`` of a
-        tuple, which dispatches nothing.
+        the larger of its elements' time and its bytes', a convolution its kernel calls and FLOPs at its fitted rates:
+        :meth:`MachineRates.op_seconds`); 0 for a ``getitem`` of a tuple, which dispatches nothing.
     """
     if rates is None:
         return analytic_seconds(node, flops)
@@ -142,7 +142,8 @@ def replayed_seconds(node: fx.Node, flops: int, rates: MachineRates | None) -> f
     elements = max((t.numel() for t in tensor_leaves(node.meta.get("val"))), default=0) if moved else 0
     first = node.args[0] if node.args else None
     op = element_key(node.target, first.meta.get("val") if isinstance(first, fx.Node) else None) if moved else ""
-    return rates.op_seconds(flops, moved, elements, dispatched=node.target is not operator.getitem, op=op)
+    return rates.op_seconds(flops, moved, elements, dispatched=node.target is not operator.getitem, op=op,
+                            calls=kernel_calls(op, node.args))
 
 
 def allocator_bytes(nbytes: int, device: torch.device) -> int:

@@ -25,6 +25,21 @@ against 270 µs (bench_predict's GPT-2 at 0.5: its recomputations ran 17.7 ms, p
 priced within 20 %). A plan recomputes mostly such ops, so a roofline prices its overhead at a fraction of what it
 costs. An op of the table costs ``per_op + flops / flop_rate + max(elements x element_s, bytes / bandwidth)``.
 
+* ``fitted``: a convolution and its backward, each fitted through a small and a large convolution of ones
+  (:func:`convolution_fits`) as ``per_op + calls x per_call + max(flops x per_flop, bytes / bandwidth)`` (a backward
+  makes one kernel call per gradient of input or weight). On this machine at one thread a 3 x 3 convolution paid about
+  130 µs per call on oneDNN's path and then ran at 50-80 GFLOP/s for 3 to 128 input channels (a 3-channel one of
+  14 MFLOP: 450 µs fault-free), so the "third of the mm's rate" the zoo CNN's first convolution showed was its call
+  cost, and minor page faults where the allocator handed it fresh pages (480 faults, 1.6-1.9 ms a call, until the
+  allocator kept its 1 MiB outputs), not its channel count.
+
+At more than one thread the calibration keeps the pool warm and takes medians (:func:`pooled_seconds`) after waiting a
+little for a stalled pool (:func:`settle_pool`): with the two cores shared, an op above the grain size timed after
+10 ms idle took 4-16 ms (its worker asleep, woken behind another process's slice), and in phases of seconds every
+such op took about 12 ms, which the earlier min-of-3-blocks calibration recorded as a 7-14 ms wake-up per op.
+:func:`machine_rates` bounds a calibration at more than one thread by one thread's (:func:`within_one_thread`): a
+scheduler's stall is not the machine's rate.
+
 :func:`host_costs` turns the calibration off inside a block (the nominal model, as before issue 42): the bench
 compares the plans each model chooses. CUDA nodes keep the nominal model: a GPU step's host work overlaps the
 kernels it queued, which this calibration does not measure.
@@ -33,6 +48,9 @@ kernels it queued, which this calibration does not measure.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
+import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextvars import ContextVar
@@ -41,6 +59,7 @@ from typing import Any, Generic, TypeVar
 
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
+from torch.utils.flop_counter import flop_registry
 
 #: torch's intra-op grain size (``at::internal::GRAIN_SIZE``): pointwise ops on fewer elements run on one thread.
 GRAIN_SIZE = 32768
@@ -50,6 +69,17 @@ BANDWIDTH_ELEMENTS = 1 << 20
 PARALLEL_ELEMENTS = 2 * GRAIN_SIZE
 #: The per-element calibration's tensors: rows x columns ones (65,536 elements, above the grain size).
 ELEMENT_ROWS, ELEMENT_COLUMNS = 1024, 64
+#: The convolutions the per-call fit times, (batch, channels, out channels, side), 3 x 3 kernels: a small one (3
+#: channels, 55,296 FLOPs: mostly the kernel call) and a large one (32 channels, 18.9 MFLOP). Both batches above 1:
+#: torch takes oneDNN's path there (about 130 µs per call on the 2-core EPYC above, where a batch-1 3 x 3 convolution of
+#: a small image takes torch's own, about 25 µs).
+CONV_SHAPES = ((2, 3, 8, 8), (4, 32, 32, 16))
+#: At more than one thread: blocks per median, calls per probe, the probe's per-call seconds above which the pool is
+#: stalled, and the pauses while it is (:func:`settle_pool`).
+POOLED_BLOCKS = 5
+SETTLE_CALLS = 4
+STALL_S = 2e-3
+SETTLE_TRIES, SETTLE_PAUSE_S = 4, 0.1
 #: Ops keyed by their input's dtype as well (a cast from bool costs three times a float copy on the machine above).
 DTYPE_KEYED = frozenset({"aten._to_copy"})
 
@@ -68,8 +98,13 @@ class MachineRates:
     threads: int
     #: seconds per output element of the ops priced per element, by :func:`element_key` (empty: the roofline alone)
     element_s: Mapping[str, float] = field(default_factory=dict)
+    #: the ops priced per call and per FLOP (convolutions), by :func:`element_key`: (seconds per kernel call, seconds
+    #: per FLOP); empty: the roofline alone
+    fitted: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    #: the probes :func:`settle_pool` took before measuring (0 at one thread; ``SETTLE_TRIES``: measured stalled)
+    settle_tries: int = 0
 
-    def op_seconds(self, flops: int, moved: int, elements: int, dispatched: bool, op: str = "") -> float:
+    def op_seconds(self, flops: int, moved: int, elements: int, dispatched: bool, op: str = "", calls: int = 1) -> float:
         """Seconds of one replayed op: its host cost (where it is dispatched), FLOPs, bytes and thread-pool wake-up.
 
         Parameters
@@ -80,7 +115,10 @@ class MachineRates:
             Whether the replay dispatches it (an aten op; not a ``getitem`` of a tuple).
         op : str
             The op's :func:`element_key` ('' for none): an op of ``element_s`` pays the larger of its elements' measured
-            time and its bytes' (its measurement holds the thread pool's wake-up, so it pays none besides).
+            time and its bytes' (its measurement holds the thread pool's wake-up, so it pays none besides); an op of
+            ``fitted`` pays ``calls`` kernel calls and the larger of its FLOPs' fitted time and its bytes'.
+        calls : int
+            The kernel calls of an op of ``fitted`` (a convolution's backward: one per gradient of input or weight).
 
         Returns
         -------
@@ -92,6 +130,9 @@ class MachineRates:
         if not dispatched:
             return 0.0
         data = moved / self.bandwidth
+        if op in self.fitted:
+            per_call, per_flop = self.fitted[op]
+            return self.per_op_s + calls * per_call + max(flops * per_flop, data)
         if op in self.element_s:
             return self.per_op_s + flops / self.flop_rate + max(elements * self.element_s[op], data)
         parallel = self.parallel_s if self.threads > 1 and elements >= GRAIN_SIZE else 0.0
@@ -102,7 +143,10 @@ class MachineRates:
         element by op)."""
         return {"per_op_us": round(1e6 * self.per_op_s, 3), "flop_rate": self.flop_rate, "bandwidth": self.bandwidth,
                 "parallel_us": round(1e6 * self.parallel_s, 3), "threads": self.threads,
-                "element_ns": {op: round(1e9 * s, 4) for op, s in sorted(self.element_s.items())}}
+                "element_ns": {op: round(1e9 * s, 4) for op, s in sorted(self.element_s.items())},
+                "fitted": {op: {"call_us": round(1e6 * call, 3), "gflop_rate": round(1e-9 / flop, 3)}
+                           for op, (call, flop) in sorted(self.fitted.items())},
+                "settle_tries": self.settle_tries}
 
 
 def host_costs_enabled() -> bool:
@@ -145,8 +189,36 @@ class PerThreadCalibration(Generic[Rates]):
         self._kept.clear()
 
 
-#: the lambda looks ``calibrate`` up when it measures (a test's substitute is the one called)
-_RATES: PerThreadCalibration[MachineRates] = PerThreadCalibration(lambda count: calibrate(count))
+def within_one_thread(rates: MachineRates, single: MachineRates) -> MachineRates:
+    """``rates`` (``rates.threads`` threads) kept between one thread's (``single``) and ``threads`` times faster: no
+    FLOP, byte, element or per-FLOP convolution term dearer than one thread's or cheaper than a ``threads``-th of it, no
+    dispatch or convolution call dearer (the wake-up, measured on its own, stays). Under load a median of an op of
+    0.3-1 ms at two threads could still catch its worker preempted mid-op for a scheduler slice (convolution fits at
+    4-8 GFLOP/s, a 32-channel convolution priced 42 ms), and a stalled small convolution made the fit's slope vanish:
+    neither is what a clean op costs, which does at most one thread's work on each and at least its share."""
+    share = max(1, rates.threads)
+
+    def between(value: float, one: float) -> float:  # seconds per unit: within [one / share, one]
+        return min(max(value, one / share), one)
+
+    fitted = {op: (min(call, single.fitted[op][0]), between(flop, single.fitted[op][1])) if op in single.fitted
+              else (call, flop) for op, (call, flop) in rates.fitted.items()}
+    element_s = {op: between(seconds, single.element_s[op]) if op in single.element_s else seconds
+                 for op, seconds in rates.element_s.items()}
+    return dataclasses.replace(rates, per_op_s=min(rates.per_op_s, single.per_op_s),
+                               flop_rate=1 / between(1 / rates.flop_rate, 1 / single.flop_rate),
+                               bandwidth=1 / between(1 / rates.bandwidth, 1 / single.bandwidth), element_s=element_s,
+                               fitted=fitted)
+
+
+def _measured(count: int) -> MachineRates:
+    """The calibration ``machine_rates`` keeps: at more than one thread, bounded by one thread's (kept too)."""
+    rates = calibrate(count)
+    return rates if count <= 1 else within_one_thread(rates, _RATES.at(1))
+
+
+#: the lambda looks ``_measured`` (and so ``calibrate``) up when it measures (a test's substitute is the one called)
+_RATES: PerThreadCalibration[MachineRates] = PerThreadCalibration(lambda count: _measured(count))
 
 
 def machine_rates(threads: int | None = None) -> MachineRates:
@@ -173,8 +245,77 @@ def best_seconds(fn: Callable[[], object], calls: int, blocks: int, timer: Calla
     return best
 
 
-def calibrate(threads: int, timer: Callable[[], float] = time.perf_counter) -> MachineRates:
+def pooled_seconds(fn: Callable[[], object], calls: int, blocks: int, timer: Callable[[], float],
+                   warm: Callable[[], object]) -> float:
+    """What :func:`best_seconds` measures at more than one thread: ``warm()`` first (the pool's workers kept spinning, as
+    a step's back-to-back ops keep them), one warm-up call, then the median over ``max(blocks, POOLED_BLOCKS)`` blocks
+    of the mean seconds of ``calls`` calls (the thread pool's state, not its luckiest block). ``timer`` is read twice
+    per block."""
+    warm()
+    fn()
+    means = []
+    for _ in range(max(blocks, POOLED_BLOCKS)):
+        start = timer()
+        for _ in range(calls):
+            fn()
+        means.append((timer() - start) / calls)
+    return statistics.median(means)
+
+
+def settle_pool(probe: Callable[[], object], timer: Callable[[], float], sleep: Callable[[float], object]) -> int:
+    """Wait (at most ``SETTLE_TRIES - 1`` pauses of ``SETTLE_PAUSE_S``) while a call of ``probe`` (an op above the grain
+    size) takes more than ``STALL_S``: a phase where the other processes hold both cores, so that every parallel region
+    waits a scheduler slice (about 12 ms here) for its worker, lasting seconds. Returns the tries taken
+    (``SETTLE_TRIES`` and the last one still stalled: the calibration measures that state)."""
+    for attempt in range(1, SETTLE_TRIES + 1):
+        if pooled_seconds(probe, SETTLE_CALLS, 1, timer, probe) <= STALL_S or attempt == SETTLE_TRIES:
+            return attempt
+        sleep(SETTLE_PAUSE_S)
+    return SETTLE_TRIES
+
+
+def fit_per_call(small: tuple[float, int], large: tuple[float, int], calls: int, per_op: float) -> tuple[float, float]:
+    """(Seconds per kernel call, seconds per FLOP) through two measurements ``(seconds, FLOPs)`` of one op, a small and
+    a large one, each of ``calls`` kernel calls and one dispatch: ``seconds = per_op + calls x call + FLOPs x
+    per_flop`` at both (each term at least a floor)."""
+    (small_s, small_flops), (large_s, large_flops) = small, large
+    per_flop = max((large_s - small_s) / max(large_flops - small_flops, 1), 1e-15)
+    return max((small_s - per_op - small_flops * per_flop) / calls, 0.0), per_flop
+
+
+def convolution_fits(per_op: float, measure: Callable[[Callable[[], object], int, int], float]) -> \
+        dict[str, tuple[float, float]]:
+    """``MachineRates.fitted`` for ``aten.convolution`` and ``aten.convolution_backward``: each op timed (``measure(fn,
+    calls, blocks)``) on :data:`CONV_SHAPES`' small and large convolution of ones made here, both gradients for the
+    backward (two kernel calls), its FLOPs by torch's FLOP registry (what the capture's nodes are priced by)."""
+    aten, fits = torch.ops.aten, {}
+    timed: dict[str, list[tuple[float, int]]] = {"aten.convolution": [], "aten.convolution_backward": []}
+    for batch, channels, out_channels, side in CONV_SHAPES:
+        x, w = torch.ones(batch, channels, side, side), torch.ones(out_channels, channels, 3, 3)
+        bias, geometry = torch.ones(out_channels), ([1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+        out = aten.convolution.default(x, w, bias, *geometry)
+        grad, mask = torch.ones_like(out), [True, True, True]
+        grads = aten.convolution_backward.default(grad, x, w, [out_channels], *geometry, mask)
+        forward_flops = flop_registry[aten.convolution](x, w, bias, *geometry, out_val=out)
+        backward_flops = flop_registry[aten.convolution_backward](grad, x, w, [out_channels], *geometry, mask,
+                                                                  out_val=grads)
+        forward = functools.partial(aten.convolution.default, x, w, bias, *geometry)
+        backward = functools.partial(aten.convolution_backward.default, grad, x, w, [out_channels], *geometry, mask)
+        timed["aten.convolution"].append((measure(forward, 2, 3), forward_flops))
+        timed["aten.convolution_backward"].append((measure(backward, 2, 3), backward_flops))
+    for op, (small, large) in timed.items():
+        fits[op] = fit_per_call(small, large, 1 if op == "aten.convolution" else 2, per_op)
+    return fits
+
+
+def calibrate(threads: int, timer: Callable[[], float] = time.perf_counter,
+              sleep: Callable[[float], object] = time.sleep) -> MachineRates:
     """Measure the rates at ``threads`` CPU threads (restored afterwards); see the module docstring.
+
+    At more than one thread every quantity is measured with the pool warm and as a median (:func:`pooled_seconds`),
+    after :func:`settle_pool`: an op timed after the pool slept (10 ms idle) paid 4-16 ms under load, and in phases of
+    seconds every parallel op paid about 12 ms, which min-of-blocks timings on an idle pool took for the machine's
+    rates (a 7-14 ms wake-up per op, 1.3 GFLOP/s).
 
     Parameters
     ----------
@@ -182,20 +323,31 @@ def calibrate(threads: int, timer: Callable[[], float] = time.perf_counter) -> M
         torch's CPU thread count while measuring (at least 1).
     timer : callable
         The clock in seconds (a test's fake one).
+    sleep : callable
+        Pauses for the given seconds (a test's fake one; only at more than one thread, while the pool is stalled).
 
     Returns
     -------
     MachineRates
         The per-op host seconds, FLOP rate, bandwidth and thread-pool wake-up, each positive (the wake-up 0 or more).
     """
-    previous = torch.get_num_threads()
-    torch.set_num_threads(max(1, int(threads)))
+    previous, count = torch.get_num_threads(), max(1, int(threads))
+    torch.set_num_threads(count)
     try:
         # outside any dispatch mode the caller runs (a mode's Python work is no part of the machine's op cost)
         with torch.no_grad(), _disable_current_modes():
-            tiny = torch.ones(8)
+            tiny, medium = torch.ones(8), torch.ones(PARALLEL_ELEMENTS)
             add, mul, view, total = (torch.ops.aten.add.Tensor._op, torch.ops.aten.mul.Tensor._op,
                                      torch.ops.aten.view.default._op, torch.ops.aten.sum.default._op)
+
+            def probe() -> None:  # above the grain size: a parallel region at more than one thread
+                for _ in range(SETTLE_CALLS):
+                    add(medium, medium)
+
+            def measure(fn: Callable[[], object], calls: int, blocks: int) -> float:
+                if count == 1:
+                    return best_seconds(fn, calls, blocks, timer)
+                return pooled_seconds(fn, calls, blocks, timer, probe)
 
             def small_ops() -> None:
                 add(tiny, tiny)
@@ -203,26 +355,27 @@ def calibrate(threads: int, timer: Callable[[], float] = time.perf_counter) -> M
                 view(tiny, [2, 4])
                 total(tiny)
 
-            per_op = best_seconds(small_ops, 50, 5, timer) / 4
+            settled = 0 if count == 1 else settle_pool(lambda: add(medium, medium), timer, sleep)
+            per_op = measure(small_ops, 50, 5) / 4
             square = torch.ones(MM_SIDE, MM_SIDE)
             mm = torch.ops.aten.mm.default._op
-            mm_s = best_seconds(lambda: mm(square, square), 4, 3, timer)
+            mm_s = measure(lambda: mm(square, square), 4, 3)
             wide = torch.ones(BANDWIDTH_ELEMENTS)
-            wide_s = best_seconds(lambda: add(wide, wide), 4, 3, timer)
-            medium = torch.ones(PARALLEL_ELEMENTS)
-            medium_s = best_seconds(lambda: add(medium, medium), 10, 3, timer)
-            per_call = {op: best_seconds(call, 2, 3, timer) for op, call in element_recipes().items()}
+            wide_s = measure(lambda: add(wide, wide), 4, 3)
+            medium_s = measure(lambda: add(medium, medium), 10, 3)
+            per_call = {op: measure(call, 2, 3) for op, call in element_recipes().items()}
+            fitted = convolution_fits(max(per_op, 1e-9), measure)
     finally:
         torch.set_num_threads(previous)
     floor = 1e-9
     per_op = max(per_op, floor)
     flop_rate = 2 * MM_SIDE ** 3 / max(mm_s - per_op, floor)
     bandwidth = 3 * 4 * BANDWIDTH_ELEMENTS / max(wide_s - per_op, floor)
-    parallel = 0.0 if threads <= 1 else max(0.0, medium_s - per_op - 3 * 4 * PARALLEL_ELEMENTS / bandwidth)
+    parallel = 0.0 if count <= 1 else max(0.0, medium_s - per_op - 3 * 4 * PARALLEL_ELEMENTS / bandwidth)
     elements = ELEMENT_ROWS * ELEMENT_COLUMNS
     element_s = {op: max(seconds - per_op, floor) / elements for op, seconds in per_call.items()}
-    return MachineRates(per_op_s=per_op, flop_rate=flop_rate, bandwidth=bandwidth, parallel_s=parallel,
-                        threads=max(1, int(threads)), element_s=element_s)
+    return MachineRates(per_op_s=per_op, flop_rate=flop_rate, bandwidth=bandwidth, parallel_s=parallel, threads=count,
+                        element_s=element_s, fitted=fitted, settle_tries=settled)
 
 
 def element_key(target: Any, first_input: Any = None) -> str:
@@ -244,6 +397,15 @@ def element_key(target: Any, first_input: Any = None) -> str:
     if name in DTYPE_KEYED and isinstance(first_input, torch.Tensor):
         return f"{name}.{str(first_input.dtype).removeprefix('torch.')}"
     return name
+
+
+def kernel_calls(op: str, args: tuple[Any, ...]) -> int:
+    """The kernel calls of one op of :attr:`MachineRates.fitted`, by its :func:`element_key` and fx arguments: a
+    convolution's backward makes one per gradient of its input and its weight that its output mask asks for (its bias's
+    is a sum), at least 1; any other op, 1."""
+    if op != "aten.convolution_backward" or len(args) < 11 or not isinstance(args[10], (list, tuple)):
+        return 1
+    return max(1, sum(bool(wanted) for wanted in args[10][:2]))
 
 
 def element_recipes() -> dict[str, Callable[[], object]]:
@@ -299,5 +461,22 @@ def element_recipes() -> dict[str, Callable[[], object]]:
     return recipes
 
 
-__all__ = ["GRAIN_SIZE", "MachineRates", "PerThreadCalibration", "best_seconds", "calibrate", "element_key",
-           "element_recipes", "forget_rates", "host_costs", "host_costs_enabled", "machine_rates"]
+__all__ = [
+    "GRAIN_SIZE",
+    "MachineRates",
+    "PerThreadCalibration",
+    "best_seconds",
+    "calibrate",
+    "convolution_fits",
+    "element_key",
+    "element_recipes",
+    "fit_per_call",
+    "forget_rates",
+    "host_costs",
+    "host_costs_enabled",
+    "kernel_calls",
+    "machine_rates",
+    "pooled_seconds",
+    "settle_pool",
+    "within_one_thread",
+]
