@@ -101,6 +101,18 @@ def compiled_by_torch() -> Trained:
     return _trained_from_the_same_start(lambda model: torch.compile(model, options=FUSION))[2]
 
 
+def test_inductor_compiles_a_kernel_on_this_machine() -> None:
+    """The precondition of every test below, checked first and apart: inductor turns a pointwise op into a C++ kernel
+    that computes what eager does. Where no C++ compiler works this fails here, naming it, instead of in every compiled
+    test. It also takes inductor's one-time setup on a fresh machine (its precompiled header, about 10 s on 2 cores,
+    and its first compilation in a process, about 11 s: a one-op function took 23.4 s, the next one 1.4-2.3 s,
+    2026-11-29), which would otherwise land in the first compiled fixture."""
+    torch._dynamo.reset()
+    x = torch.linspace(-3, 3, 64)
+    compiled = torch.compile(lambda t: torch.tanh(t) * 2)
+    torch.testing.assert_close(compiled(x), torch.tanh(x) * 2)
+
+
 def test_emitted_modules_carry_the_schedule(checkpointed) -> None:
     """Each phase's module computes each value as many times as the schedule's steps of that phase say, and the
     forward returns exactly the values the backward reads from it (recounted from the steps here)."""
