@@ -356,3 +356,12 @@ def test_a_calibration_at_two_threads_is_kept_between_one_threads_and_half_of_it
                                                "aten.erf": 7e-9})
     assert bounded.fitted["aten.convolution"] == pytest.approx((125e-6, 2e-11))
     assert bounded.fitted["aten.convolution_backward"] == pytest.approx((140e-6, 1e-11))
+
+
+def test_a_calibration_leaves_torchs_random_stream_where_it_was() -> None:
+    """The per-element table draws random numbers (bernoulli, dropout); the user's next draw is the one it would have
+    been without the calibration (the oracle: torch's generator state, read before and after)."""
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    calibrate(1)
+    assert torch.equal(before, torch.get_rng_state())

@@ -334,8 +334,9 @@ def calibrate(threads: int, timer: Callable[[], float] = time.perf_counter,
     previous, count = torch.get_num_threads(), max(1, int(threads))
     torch.set_num_threads(count)
     try:
-        # outside any dispatch mode the caller runs (a mode's Python work is no part of the machine's op cost)
-        with torch.no_grad(), _disable_current_modes():
+        # outside any dispatch mode the caller runs (a mode's Python work is no part of the machine's op cost), and
+        # with torch's CPU generator put back: the table's random draws must not move the user's random stream
+        with torch.no_grad(), _disable_current_modes(), torch.random.fork_rng(devices=[]):
             tiny, medium = torch.ones(8), torch.ones(PARALLEL_ELEMENTS)
             add, mul, view, total = (torch.ops.aten.add.Tensor._op, torch.ops.aten.mul.Tensor._op,
                                      torch.ops.aten.view.default._op, torch.ops.aten.sum.default._op)
