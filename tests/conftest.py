@@ -157,20 +157,47 @@ SLOW_SIBLINGS: dict[str, str] = {
 }
 
 
-#: The fast tier's longest test files (their tests' summed `pytest --durations=0`, 2026-11-29), longest first. Under
-#: `--dist loadfile` a pytest-xdist worker takes whole files, in the order of the collection when xdist's own reorder
+#: The fast tier's longest test files (their tests' summed `pytest --durations=0`, 2026-11-29), longest first; the
+#: compiling files (:data:`COMPILING_FILES`, one unit of about 100 s) lead. Under `--dist loadfile` a pytest-xdist
+#: worker takes whole files (the compiling ones together), in the order of the collection when xdist's own reorder
 #: (files with the most tests first) is off: starting with the long files leaves the many short ones to even out the
 #: two workers' ends, where xdist's order left files of two long tests each (FSDP, DDP: two processes each) last.
-LONG_FILES_FIRST = ("test_arena_budget.py", "test_plan.py", "test_moccasin.py", "test_auto_ladder.py",
-                    "test_arena_replay.py", "test_meta_capture.py", "test_bench_cuda.py", "test_compile.py",
-                    "test_alternatives_norm_forward.py", "test_baselines.py", "test_fuzz_regressions.py",
-                    "test_inductor_buffers.py", "test_cli.py", "test_fsdp.py", "test_ddp.py", "test_poet.py",
-                    "test_bruteforce_oracle.py", "test_budget.py", "test_training_context.py", "test_training_loop.py")
+LONG_FILES_FIRST = ("test_compile.py", "test_compile_order.py", "test_inductor_buffers.py", "test_arena_budget.py",
+                    "test_plan.py", "test_moccasin.py", "test_auto_ladder.py", "test_arena_replay.py",
+                    "test_meta_capture.py", "test_bench_cuda.py", "test_alternatives_norm_forward.py",
+                    "test_baselines.py", "test_fuzz_regressions.py", "test_cli.py", "test_fsdp.py", "test_ddp.py",
+                    "test_poet.py", "test_bruteforce_oracle.py", "test_budget.py", "test_training_context.py",
+                    "test_training_loop.py")
+
+
+#: Files that compile kernels with inductor, run by one pytest-xdist worker as one unit (:func:`pytest_xdist_make_scheduler`):
+#: inductor's first compilation in a process costs 11-13 s beyond the kernels (its modules, its code cache, the
+#: precompiled header loaded), once per process that compiles, and the three files' compilations share one in-process
+#: cache.
+COMPILING_FILES = ("test_compile.py", "test_compile_order.py", "test_inductor_buffers.py")
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """Under ``--dist loadfile`` (``make test``), xdist's file scheduling with :data:`COMPILING_FILES` as one unit.
+
+    pytest-xdist's own ``loadgroup`` would do it with marks, but it renames the tests' node ids through an attribute
+    that pytest 9 no longer reads (the marks are then ignored); its scheduler classes are its public extension point.
+    """
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class CompilingFilesTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "inductor" if Path(scope).name in COMPILING_FILES else scope
+
+    return CompilingFilesTogether(config, log)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Hand files to pytest-xdist's workers in the collection's order (:data:`LONG_FILES_FIRST`)."""
-    missing = [name for name in LONG_FILES_FIRST if not (Path(__file__).parent / name).is_file()]
+    missing = [name for name in (*LONG_FILES_FIRST, *COMPILING_FILES) if not (Path(__file__).parent / name).is_file()]
     if missing:
         raise pytest.UsageError(f"tests/conftest.py LONG_FILES_FIRST names files that do not exist: {missing}")
     if hasattr(config.option, "loadscopereorder"):
