@@ -77,6 +77,10 @@ def test_planned_rows_are_bit_identical_and_within_the_prediction(rows: dict[str
     for row in planned:
         assert row["grads_equal"] is True, (row["case"], row["note"])
         assert row["step_ms"] > 0 and row["eager_ms"] > 0 and row["nodes"] > 0
+        # the measured overhead beside the predicted one (issue 42): the two medians' ratio, and the plan's promise
+        assert row["measured_overhead_pct"] == pytest.approx(100 * (row["step_ms"] / row["eager_ms"] - 1), abs=0.2)
+        if row["mode"] in PLANNED:
+            assert isinstance(row["predicted_overhead_pct"], float), (row["case"], row["predicted_overhead_pct"])
         # an arena plan's footprint counts the kernels' scratch; a CPU capture predicts none for the others,
         # and a dynamic plan's prediction is its budget
         measured = row["allocated"] if row["mode"] == "arena" else row["allocated_no_scratch"]
