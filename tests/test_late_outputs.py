@@ -10,7 +10,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from coop.budget import baseline_peak, min_budget
+from coop.budget import min_budget
 from coop.formulations import BASELINES, solve
 from coop.formulations.heuristics.baselines import checkpoint_all
 from coop.formulations.heuristics.late_outputs import late_outputs_schedule, movable_outputs, near_floor_schedule
@@ -78,7 +78,8 @@ def test_min_budget_counts_an_output_that_cannot_come_back() -> None:
 def counted_peak(graph: Graph, schedule: Schedule) -> int:
     """The peak by contract 2, counted here: caller-owned values always; an instance from its compute to its
     free, else to its last read (a recompute of its node starts another), else (an output's last instance) to the
-    end; an extra output from the step after its op's first compute; the step's workspace."""
+    end; an extra output from the step after its op's first compute (its own step reads nothing); the step's
+    workspace."""
     steps = schedule.steps
     owned = sum(n.mem for n in graph.nodes if n.kind in OWNED_KINDS)
     spans: list[list[int]] = []  # [node, start, end]
@@ -88,14 +89,14 @@ def counted_peak(graph: Graph, schedule: Schedule) -> int:
         if step.op == "free":
             spans[current.pop(step.node)][2] = j - 1
             continue
-        for source in graph.node(step.node).inputs:
+        node = graph.node(step.node)
+        for source in node.inputs if node.output_of is None else ():  # an extra output's step reads nothing
             if source in current:
                 spans[current[source]][2] = max(spans[current[source]][2], j)
         current.pop(step.node, None)  # an earlier instance ends at its last read
         first.setdefault(step.node, j)
-        op = graph.node(step.node).output_of  # an extra output exists from its op's first compute on
-        current[step.node] = len(spans)
-        spans.append([step.node, j if op is None else first[op] + 1, j])
+        current[step.node] = len(spans)  # an extra output exists from its op's first compute on
+        spans.append([step.node, j if node.output_of is None else first[node.output_of] + 1, j])
     for node_id, k in current.items():
         if node_id in graph.outputs:
             spans[k][2] = len(steps) - 1
@@ -130,20 +131,25 @@ def test_auto_returns_a_schedule_near_the_floor() -> None:
     assert "late-outputs" in result.extra["auto_tried"]
 
 
-PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @PROPERTY
 @given(st.data())
 def test_every_late_outputs_schedule_is_legal_and_within_the_budget(data: st.DataObject) -> None:
+    """Budgets below checkpoint-all's own peak (where it needs a rewrite, about one example in ten finds one): every
+    schedule returned validates, fits, and its peak counted here by contract 2 is the simulator's."""
     graph = data.draw(random_graphs(max_nodes=10))
-    low, high = min_budget(graph), max(min_budget(graph), baseline_peak(graph))
-    budget = data.draw(st.integers(low, high))
-    base = checkpoint_all(graph, budget).schedule
+    base = checkpoint_all(graph, 0).schedule
     assert base is not None
+    top = counted_peak(graph, base)
+    if top <= min_budget(graph):
+        return
+    budget = data.draw(st.integers(min_budget(graph), top - 1))
     found = late_outputs_schedule(graph, budget, base)
     if found is None:
         return
     schedule, simulation = found
     assert validate(graph, schedule, budget).ok
     assert simulation.peak <= budget and counted_peak(graph, schedule) == simulation.peak
+    assert schedule.steps != base.steps  # below checkpoint-all's peak: rewritten
