@@ -372,13 +372,17 @@ def _fitting_baseline(graph: Graph, budget: int, per_layer: bool = False,
 #: step at 0.7 (278 nodes, issue 41): 1.4 s, peak 2,246,200 B within 2,246,305 B (floor 2,115,432 B), where every
 #: baseline held 2,252,468 B or more and Moccasin alone found nothing in 26.6 s.
 NEAR_FLOOR_MAX_NODES = 600
+#: The share of auto's time the near-floor construction may take (each output it moves is one more simulation of an
+#: O(n^2)-step schedule): where it cannot fit, the rungs keep the rest.
+NEAR_FLOOR_SHARE = 0.25
 
 
 def _near_floor(graph: Graph, budget: int, deadline: Deadline) -> SolveResult | None:
-    """:func:`~coop.formulations.heuristics.late_outputs.near_floor_schedule`'s schedule as a heuristic result
-    named ``"late-outputs"`` where it validates within ``budget``, else None."""
+    """:func:`~coop.formulations.heuristics.late_outputs.near_floor_schedule`'s schedule (within
+    :data:`NEAR_FLOOR_SHARE` of what is left of ``deadline``) as a heuristic result named ``"late-outputs"`` where it
+    validates within ``budget``, else None."""
     started = time.perf_counter()
-    found = near_floor_schedule(graph, budget, deadline)
+    found = near_floor_schedule(graph, budget, deadline.share(NEAR_FLOOR_SHARE))
     if found is None or not validate(graph, found[0], budget).ok:
         return None
     return heuristic_result("late-outputs", graph, budget, found[0], started, simulation=found[1])
