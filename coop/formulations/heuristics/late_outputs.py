@@ -6,7 +6,7 @@ single backward step near the input (a ResNet stem's convolution and normalizati
 maps). Yet every graph output it computed earlier (the gradients of the layers the backward passed first) is still
 resident there: an output stays to the end. Where the budget lies within those bytes of
 :func:`coop.budget.min_budget`, no baseline fits (ResNet at 0.7 of its compiled step, issue 41: the floor
-2,115,432 B, the budget 2,246,305 B, checkpoint-all 2,252,468 B).
+2,240,168 B, the budget 2,246,305 B, checkpoint-all 2,252,468 B).
 
 :func:`late_outputs_schedule` repairs such a schedule: while its peak exceeds the budget, the largest
 recomputable output resident at the peak step (not an extra output of a multi-output op, which is made only

@@ -368,9 +368,10 @@ def _fitting_baseline(graph: Graph, budget: int, per_layer: bool = False,
 
 
 #: Where no baseline fits, auto constructs a schedule near the floor (:mod:`coop.formulations.heuristics.late_outputs`)
-#: on graphs of up to this many nodes: it builds checkpoint-all's schedule (O(n^2) steps) twice. ResNet's compiled
-#: step at 0.7 (278 nodes, issue 41): 1.4 s, peak 2,246,200 B within 2,246,305 B (floor 2,115,432 B), where every
-#: baseline held 2,252,468 B or more and Moccasin alone found nothing in 26.6 s.
+#: on graphs of up to this many nodes: it builds checkpoint-all's schedule (O(n^2) steps) at most twice. ResNet's
+#: compiled step at 0.7 (278 nodes, issue 41): 0.8-5.9 s (loaded machine), peak 2,246,200 B within 2,246,305 B (its
+#: floor 2,240,168 B), where every baseline held 2,252,468 B or more and Moccasin alone found nothing in 26.6 s;
+#: Moccasin hinted with it returned 63 % overhead within auto's 30 s.
 NEAR_FLOOR_MAX_NODES = 600
 #: The share of auto's time the near-floor construction may take (each output it moves is one more simulation of an
 #: O(n^2)-step schedule): where it cannot fit, the rungs keep the rest.
