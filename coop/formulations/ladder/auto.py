@@ -29,7 +29,10 @@ no rung outlives auto's deadline: :mod:`coop.formulations.core.deadline`):
 
 The cheapest baseline schedule that fits (:func:`cheapest_fitting_baseline`, which the planner uses too;
 baselines take no solver time) is a candidate from the start and a warm start of every rung (but checkpoint-all's:
-:data:`NOT_HINTED`), so auto never returns more than a baseline would. The cheapest schedule found is returned (ties: the earlier
+:data:`NOT_HINTED`), so auto never returns more than a baseline would. Where none fits, on a training step of up to
+:data:`NEAR_FLOOR_MAX_NODES` nodes, checkpoint-all with outputs computed last
+(:mod:`coop.formulations.heuristics.late_outputs`, named ``"late-outputs"``) is that candidate and warm start: a
+budget a few per cent above :func:`~coop.budget.min_budget` then has a schedule before any rung runs. The cheapest schedule found is returned (ties: the earlier
 candidate); ``result.rungs`` lists every rung (:class:`~coop.formulations.core.result.Rung`: time spent, status,
 overhead), ``extra["auto"]`` names who found it and ``extra["auto_tried"]`` each rung's status; a ``progress``
 callback gets a milestone as the ladder starts and one as each rung ends (``"auto rung <rung line>; best
@@ -44,6 +47,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from typing import Any
 
 from coop.budget import baseline_peak, format_memory, min_budget
@@ -56,7 +60,8 @@ from coop.formulations.core.progress import ProgressClock
 from coop.formulations.core.registry import BASELINES, registered
 from coop.formulations.core.result import Rung, SolveResult
 from coop.formulations.core.solving_order import solving_graph
-from coop.formulations.heuristics.baselines import split_forward_backward
+from coop.formulations.heuristics.baselines import heuristic_result, split_forward_backward
+from coop.formulations.heuristics.late_outputs import near_floor_schedule
 from coop.graph import Graph, derived_from_graph
 from coop.schedule import Schedule, simulate, validate
 
@@ -246,9 +251,16 @@ def auto(graph: Graph, budget: int, options: AutoOptions) -> SolveResult:
         rungs.append(Rung(baseline.formulation, "heuristic", baseline.wall_s, 0.0, baseline.simulation.overhead,
                           "the cheapest baseline that fits"))
         report_rung(clock, rungs[-1], found)
+    if baseline is None and ladder != ["store-all"] and graph.has_backward and len(graph.order) <= NEAR_FLOOR_MAX_NODES:
+        near = _near_floor(graph, budget, deadline)
+        if near is not None:  # a candidate and every rung's warm start: Moccasin improves on it within the budget
+            found.append(near)
+            rungs.append(Rung(near.formulation, "heuristic", near.wall_s, 0.0, near.simulation.overhead,
+                              "checkpoint-all with outputs computed last (no baseline fits)"))
+            report_rung(clock, rungs[-1], found)
     # where checkpoint-all may be built after the ladder, its share of the limit is kept for it (not where it refuses
     # the graph: a graph without a backward part, e.g. the published random layered ones, gives the rungs every second)
-    costly_after = baseline is None and large and ladder != ["store-all"] and graph.has_backward
+    costly_after = not found and large and ladder != ["store-all"] and graph.has_backward
     reserve = COSTLY_RESERVE * deadline.limit if costly_after else 0.0
     for index, name in enumerate(ladder):
         skip = _skip_reason(graph, name, found, rungs)
@@ -353,6 +365,28 @@ def _fitting_baseline(graph: Graph, budget: int, per_layer: bool = False,
                                          costly_last=len(graph.order) > EXACT_MAX_NODES, costly=costly), ""
     except InfeasibleError as exc:
         return None, str(exc)
+
+
+#: Where no baseline fits, auto constructs a schedule near the floor (:mod:`coop.formulations.heuristics.late_outputs`)
+#: on graphs of up to this many nodes: it builds checkpoint-all's schedule (O(n^2) steps) at most twice. ResNet's
+#: compiled step at 0.7 (278 nodes, issue 41): 0.8-5.9 s (loaded machine), peak 2,246,200 B within 2,246,305 B (its
+#: floor 2,240,168 B), where every baseline held 2,252,468 B or more and Moccasin alone found nothing in 26.6 s;
+#: Moccasin hinted with it returned 63 % overhead within auto's 30 s.
+NEAR_FLOOR_MAX_NODES = 600
+#: The share of auto's time the near-floor construction may take (each output it moves is one more simulation of an
+#: O(n^2)-step schedule): where it cannot fit, the rungs keep the rest.
+NEAR_FLOOR_SHARE = 0.25
+
+
+def _near_floor(graph: Graph, budget: int, deadline: Deadline) -> SolveResult | None:
+    """:func:`~coop.formulations.heuristics.late_outputs.near_floor_schedule`'s schedule (within
+    :data:`NEAR_FLOOR_SHARE` of what is left of ``deadline``) as a heuristic result named ``"late-outputs"`` where it
+    validates within ``budget``, else None."""
+    started = time.perf_counter()
+    found = near_floor_schedule(graph, budget, deadline.share(NEAR_FLOOR_SHARE))
+    if found is None or not validate(graph, found[0], budget).ok:
+        return None
+    return heuristic_result("late-outputs", graph, budget, found[0], started, simulation=found[1])
 
 
 def _costly_baseline(graph: Graph, budget: int) -> SolveResult | None:
