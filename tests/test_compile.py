@@ -531,11 +531,18 @@ def test_a_convolution_holds_no_channels_last_copy_of_the_batch(layout: bool | N
     """coop.compile turns inductor's layout optimization off: with it, the compiled forward copies the batch and
     the weight to channels-last and saves the copies for the backward, bytes outside every Graph of the joint
     graph. Oracle: the CPU allocator's peak of the store-all step against the Graph's, within 1 % by default, and
-    above it by at least the batch's copy when the user turns the optimization back on."""
+    above it by at least the batch's copy when the user turns the optimization back on. At one thread, as under
+    ``make test``: at two, oneDNN's convolution allocates a scratch inside its call (26,368 B here), which a CPU
+    Graph does not count (no CPU workspace is measured), and the default case measured 2.3 % above the Graph."""
     torch.manual_seed(0)
     batch = torch.randn(16, 3, 32, 32)
     options = {} if layout is None else {"options": {"layout_optimization": layout}}
-    compiled = coop.compile(OneConv(), 1.0, example_batch=batch, rounds=1, **options)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        compiled = coop.compile(OneConv(), 1.0, example_batch=batch, rounds=1, **options)
+    finally:
+        torch.set_num_threads(threads)
     (plan,) = compiled.coop_record.plans
     (measured,) = compiled.coop_record.rounds
     assert plan.result.formulation == "store-all"
