@@ -5,22 +5,16 @@ every gradient the optimizer sees and the final weights torch.equal."""
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
-
-try:
-    import lightning.pytorch as pl
-except ImportError:
-    pl = pytest.importorskip("pytorch_lightning", reason="the Lightning callback needs lightning or pytorch-lightning "
-                             "(pip install coop-remat[lightning])")
-
 from torch.utils.data import DataLoader
 
 from coop.errors import CoopError, LastResortWarning
-from coop.integrations.lightning import CoopCallback
 from tests.integration_models import bert_tiny, synthetic_dataset
 
 STEPS = 3
@@ -35,41 +29,54 @@ def options(request: pytest.FixtureRequest) -> dict:
     return request.param
 
 
-class MaskedLM(pl.LightningModule):
-    """BERT-tiny for masked LM as a LightningModule: the step returns the model's ``.loss``."""
+@functools.cache
+def lightning() -> SimpleNamespace:
+    """Lightning, coop's callback and this file's module and callback classes, made when a test first runs: importing
+    Lightning takes about 6 s, which the pytest-xdist worker that does not run this file no longer pays at collection."""
+    try:
+        import lightning.pytorch as pl
+    except ImportError:
+        pl = pytest.importorskip("pytorch_lightning", reason="the Lightning callback needs lightning or "
+                                 "pytorch-lightning (pip install coop-remat[lightning])")
+    from coop.integrations.lightning import CoopCallback  # its class derives from Lightning's
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.model = bert_tiny()
+    class MaskedLM(pl.LightningModule):
+        """BERT-tiny for masked LM as a LightningModule: the step returns the model's ``.loss``."""
 
-    def training_step(self, batch, batch_idx):
-        loss = self.model(**batch).loss
-        self.log("train_loss", loss)
-        return loss
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = bert_tiny()
 
-    def configure_optimizers(self):
-        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+        def training_step(self, batch, batch_idx):
+            loss = self.model(**batch).loss
+            self.log("train_loss", loss)
+            return loss
 
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
 
-class Recorder(pl.Callback):
-    def __init__(self) -> None:
-        self.gradients: list[dict[str, torch.Tensor]] = []
-        self.losses: list[torch.Tensor] = []
+    class Recorder(pl.Callback):
+        def __init__(self) -> None:
+            self.gradients: list[dict[str, torch.Tensor]] = []
+            self.losses: list[torch.Tensor] = []
 
-    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
-        self.gradients.append({n: p.grad.clone() for n, p in pl_module.named_parameters() if p.grad is not None})
+        def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+            self.gradients.append({n: p.grad.clone() for n, p in pl_module.named_parameters() if p.grad is not None})
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        self.losses.append(outputs["loss"].clone())
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.losses.append(outputs["loss"].clone())
+
+    return SimpleNamespace(pl=pl, MaskedLM=MaskedLM, Recorder=Recorder, CoopCallback=CoopCallback)
 
 
 def run(with_coop: bool, precision: str = "32-true", options: dict | None = None):
     """The script; ``with_coop`` adds the callback (with the plan's ``options``). Returns the module, the recorder
     and the coop callback."""
+    pl = lightning().pl
     pl.seed_everything(7, verbose=False)
-    module = MaskedLM()
-    recorder = Recorder()
-    coop_callback = CoopCallback(0.6, **(options or {}))
+    module = lightning().MaskedLM()
+    recorder = lightning().Recorder()
+    coop_callback = lightning().CoopCallback(0.6, **(options or {}))
     loader = DataLoader(synthetic_dataset(), batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(7))
     trainer = pl.Trainer(max_steps=STEPS, accumulate_grad_batches=ACCUMULATION, gradient_clip_val=1.0,
                          accelerator="cpu", devices=1, precision=precision, logger=False, enable_checkpointing=False,
@@ -115,10 +122,11 @@ def test_bf16_mixed_precision_is_captured_and_bit_identical(options: dict) -> No
 
 
 def test_manual_optimization_is_refused_in_one_line() -> None:
-    module = MaskedLM()
+    module = lightning().MaskedLM()
     module.automatic_optimization = False
-    trainer = pl.Trainer(max_steps=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, callbacks=[CoopCallback(0.6, time_limit=10)])
+    callback = lightning().CoopCallback(0.6, time_limit=10)
+    trainer = lightning().pl.Trainer(max_steps=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                                     enable_progress_bar=False, enable_model_summary=False, callbacks=[callback])
     with pytest.raises(CoopError, match="manual optimization") as caught:
         trainer.fit(module, DataLoader(synthetic_dataset(8), batch_size=8))
     assert "\n" not in str(caught.value)
