@@ -15,6 +15,7 @@ examples of the public API are ``tests/test_doctests.py``'s.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import re
 from pathlib import Path
@@ -50,9 +51,11 @@ def lazy_public_names() -> list[str]:
 PUBLIC = sorted({*coop.__all__, *lazy_public_names()})
 
 
+@functools.cache
 def definitions() -> list[tuple[Path, ast.FunctionDef | ast.ClassDef, ast.ClassDef | None]]:
     """Every module-level function and class of the package and every method, with its class (None at module
-    level); functions nested in functions are left out."""
+    level); functions nested in functions are left out. Parsed when a test first asks (2-3 s of parsing that the
+    pytest-xdist worker not running this file paid at collection)."""
     found: list[tuple[Path, ast.FunctionDef | ast.ClassDef, ast.ClassDef | None]] = []
     for path in sorted(PACKAGE.rglob("*.py")):
         tree = ast.parse(path.read_text())
@@ -62,8 +65,6 @@ def definitions() -> list[tuple[Path, ast.FunctionDef | ast.ClassDef, ast.ClassD
                     found.append((path, node, parent if isinstance(parent, ast.ClassDef) else None))
     return found
 
-
-DEFINITIONS = definitions()
 
 
 def where(path: Path, node: ast.AST) -> str:
@@ -89,12 +90,15 @@ def parameter_entries(docstring: str) -> list[tuple[list[str], str, str]]:
     return [(names, kind, " ".join(text).strip()) for names, kind, text in entries]
 
 
-CLASSES = {node.name: node for _, node, _ in DEFINITIONS if isinstance(node, ast.ClassDef)}
+@functools.cache
+def classes() -> dict[str, ast.ClassDef]:
+    """The package's classes by name."""
+    return {node.name: node for _, node, _ in definitions() if isinstance(node, ast.ClassDef)}
 
 
 def fields_of(name: str) -> set[str]:
     """The annotated fields of the package's class ``name`` and of its bases (an options object's keywords)."""
-    node = CLASSES.get(name)
+    node = classes().get(name)
     if node is None:
         return set()
     names = {t.target.id for t in node.body if isinstance(t, ast.AnnAssign) and isinstance(t.target, ast.Name)}
@@ -134,7 +138,7 @@ def restates(names: list[str], kind: str, description: str) -> bool:
 
 def documented() -> list[tuple[Path, ast.FunctionDef | ast.ClassDef, list[tuple[list[str], str, str]]]]:
     """Every definition outside the CLI's help text with its Parameters entries."""
-    return [(path, node, parameter_entries(ast.get_docstring(node) or "")) for path, node, _ in DEFINITIONS
+    return [(path, node, parameter_entries(ast.get_docstring(node) or "")) for path, node, _ in definitions()
             if path not in HELP_TEXT]
 
 
@@ -145,7 +149,7 @@ def test_every_public_symbol_has_a_docstring(name: str) -> None:
 
 
 def test_every_public_function_and_class_of_the_package_has_a_docstring() -> None:
-    missing = [where(path, node) for path, node, parent in DEFINITIONS
+    missing = [where(path, node) for path, node, parent in definitions()
                if parent is None and not node.name.startswith("_") and not ast.get_docstring(node)]
     assert missing == []
 
