@@ -431,17 +431,8 @@ def pinned_outputs(graph: Graph) -> dict[int, frozenset[int]]:
     An output that cannot be recomputed (an extra output of a multi-output op, a random op's) exists from its
     op's first compute on and is never freed: the schedule could not bring it back for the end. A node that
     depends on that op (through the inputs every implementation of it reads, transitively; an extra output
-    depends on its op) runs only after the op's first compute, so the output is resident there.
-
-    Parameters
-    ----------
-    graph : Graph
-        The graph (the answer is computed once per graph).
-
-    Returns
-    -------
-    dict of int to frozenset of int
-        For each node with any, the ids of those outputs (never the node itself).
+    depends on its op) runs only after the op's first compute, so the output is resident there. Returns, for each
+    node with any, the ids of those outputs (never the node itself); computed once per graph.
     """
     readers: dict[int, list[int]] = {node.id: [] for node in graph.nodes}
     for node in graph.nodes:
