@@ -200,7 +200,7 @@ def test_a_pointwise_value_inlined_into_its_one_backward_loop_reader_is_priced_w
     assert [n.cost for n in priced.nodes[2:]] == [n.cost for n in graph.nodes[2:]]
 
 
-def test_coop_compiles_default_prices_only_the_draws_at_the_measured_rates() -> None:
+def test_the_draws_pricing_prices_only_the_draws_at_the_measured_rates() -> None:
     """``pricing="draws"``: the draw's node costs its elements at the table's Bernoulli price, the matmul's its
     nominal ``flops / 1e11 + bytes / 2e10``, counted here."""
     nodes = _traced(lambda x, w: _draw(x @ w), (64, 32), (32, 16))

@@ -145,7 +145,7 @@ def partitioner(budget: str | float, *, formulation: str = "auto", time_limit: f
 def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
             time_limit: float = 30.0, threads: int = 2, example_batch: Any = None,
             loss_fn: Callable[[Any], torch.Tensor] | None = None, rounds: int = 3, verbose: bool = False,
-            device: str | None = None, pricing: str = "draws", **compile_kwargs: Any) -> nn.Module:
+            device: str | None = None, pricing: str = "nominal", **compile_kwargs: Any) -> nn.Module:
     """``torch.compile(model, **compile_kwargs)`` with coop as inductor's partitioner (module docstring).
 
     Parameters
@@ -171,9 +171,9 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         For a meta-device model only: the device to plan for (``"cuda"``: values sized as its allocator holds
         them). A meta-device model is planned, not compiled for training (module docstring).
     pricing : str
-        ``"draws"`` (default): the nominal model with inductor's random draws at this machine's measured price;
-        ``"measured"``: every op of a CPU step as its compiled kernel runs here; ``"nominal"``
-        (:mod:`coop.compiled.pricing`, :func:`coop.compiled.joint.lower_joint`).
+        ``"nominal"`` (default): the capture's nominal rates; ``"draws"``: inductor's random draws at this machine's
+        measured price; ``"measured"``: every op of a CPU step as its compiled kernel runs here
+        (:mod:`coop.compiled.pricing`, :func:`coop.compiled.joint.lower_joint`; why nominal stays the default).
     **compile_kwargs
         ``torch.compile``'s (``mode`` becomes the options it stands for; ``dynamic`` must stay False).
 

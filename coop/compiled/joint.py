@@ -101,7 +101,7 @@ def _is_mutating(node: fx.Node) -> bool:
 
 def lower_joint(gm: fx.GraphModule, num_fwd_outputs: int, static_indices: list[int] | None,
                 name: str = "compiled", fuse: bool = True, device: torch.device | None = None,
-                observation: Observation | None = None, pricing: str = "draws") -> JointGraph:
+                observation: Observation | None = None, pricing: str = "nominal") -> JointGraph:
     """Lower inductor's joint graph to a coop Graph; refuse in one line what the compiled path cannot plan.
 
     Parameters
@@ -123,10 +123,11 @@ def lower_joint(gm: fx.GraphModule, num_fwd_outputs: int, static_indices: list[i
         What an earlier compiled round of this joint graph showed: its unbuffered values are inlined into their
         readers and its temporaries charged as workspace (:mod:`coop.compiled.observed`).
     pricing : str
-        ``"draws"`` (default): the nominal model, inductor's random draws at this machine's measured price per
-        element; ``"measured"``: every op of a CPU step at this machine's compiled rates, and pointwise values
-        inlined into their backward reader priced so (:mod:`coop.compiled.pricing`); ``"nominal"``: the capture's
-        nominal model (as before 2026-11-29). A CUDA step is always priced nominally.
+        ``"nominal"`` (default): the capture's nominal model; ``"draws"``: the nominal model, inductor's random
+        draws at this machine's measured price per element; ``"measured"``: every op of a CPU step at this
+        machine's compiled rates, and pointwise values inlined into their backward reader priced so
+        (:mod:`coop.compiled.pricing`, whose docstring says why neither is the default). A CUDA step is always
+        priced nominally.
     """
     if pricing not in PRICINGS:
         raise CoopError(f"coop.compile: pricing={pricing!r}; give one of {', '.join(PRICINGS)}")

@@ -86,16 +86,16 @@ class CoopPartitioner(CustomPartitionerFn):
         What an earlier compiled round of the same model showed inductor holds (:mod:`coop.compiled.observed`):
         the Graph is rebuilt from it before solving (``coop.compile``'s measured re-solve sets it).
     pricing : str
-        ``"draws"`` (default): the nominal model with inductor's random draws at this machine's measured price;
-        ``"measured"``: every op of a CPU step as its compiled kernel runs here; ``"nominal"``
-        (:mod:`coop.compiled.pricing`, :func:`coop.compiled.joint.lower_joint`).
+        ``"nominal"`` (default): the capture's nominal rates; ``"draws"``: inductor's random draws at this machine's
+        measured price; ``"measured"``: every op of a CPU step as its compiled kernel runs here
+        (:mod:`coop.compiled.pricing`, :func:`coop.compiled.joint.lower_joint`; why nominal stays the default).
     verbose : bool
         Print one line per planned graph to stderr.
     """
 
     def __init__(self, budget: str | float, *, formulation: str = "auto", time_limit: float = 30.0,
                  threads: int = 2, shave: int = 0, fusion: bool = True, device: str | None = None,
-                 observation: Observation | None = None, pricing: str = "draws", verbose: bool = False) -> None:
+                 observation: Observation | None = None, pricing: str = "nominal", verbose: bool = False) -> None:
         if formulation in ("poet", "dynamic") or formulation.startswith("delta"):
             raise CoopError(f"coop.compile: formulation {formulation!r} pages or runs online, which compiled "
                             "graphs do not run; use auto, moccasin, checkmate, monet, blocks or a baseline")

@@ -14,6 +14,17 @@ ops, softmax, normalisation, random draws) with no per-op host cost (a fused ker
 ops, and an extern kernel's call is inside the measured rates). Inductor's random draw ``prims.inductor_random`` has
 no eager kernel to time; it is priced as the table's ``aten.bernoulli`` (18 ns an element in eager at one thread on
 the machine above, against the compiled 14 ns). Only a CPU step is repriced: the calibration times CPU kernels.
+
+Neither pricing is ``coop.compile``'s default (``pricing="nominal"``), measured on 2026-11-29: with the draws priced
+right (``pricing="draws"``), BERT at 0.5 stopped recomputing them and recomputed eight ``addmm`` and two ``bmm``
+instead (0.570 GFLOP against 0.336), and none of its three rounds met the budget (18,159,240, 19,193,352 and
+18,405,384 B against 17,447,940 B; bench_compile's BERT worker, which also ran 255.39 ms against compile-amb's
+227.77); ``pricing="measured"`` did the same on BERT and held 9,273,184 B for a 2,258,436 B plan on the tied MLP of
+tests/test_compile_observed.py at 0.5 (nominal: 2,521,800 B, then 2,254,344 B). Both plans recompute work whose
+inputs are all saved forward values (matmuls, chains of pointwise ops), and inductor does not keep the emitted
+order of backward kernels that depend on nothing the backward computed: such a recomputation runs early and lives
+long. A price that is right per kernel steers the solver into that; pinning those kernels where the schedule put
+them comes first.
 """
 
 from __future__ import annotations
@@ -36,7 +47,7 @@ __all__ = ["COMPILED_KEYS", "DRAWS", "compiled_rates", "inlined_recomputations",
 
 #: compiled ops priced as an eager op of the calibration's table (an op with no eager kernel to time)
 COMPILED_KEYS = {"prims.inductor_random": "aten.bernoulli"}
-#: the ops ``pricing="draws"`` (coop.compile's default) prices at the measured rates, the rest nominally
+#: the ops ``pricing="draws"`` prices at the measured rates, the rest nominally
 DRAWS = frozenset({"prims.inductor_random"})
 
 
