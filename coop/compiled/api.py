@@ -145,7 +145,7 @@ def partitioner(budget: str | float, *, formulation: str = "auto", time_limit: f
 def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
             time_limit: float = 30.0, threads: int = 2, example_batch: Any = None,
             loss_fn: Callable[[Any], torch.Tensor] | None = None, rounds: int = 3, verbose: bool = False,
-            device: str | None = None, **compile_kwargs: Any) -> nn.Module:
+            device: str | None = None, pricing: str = "nominal", **compile_kwargs: Any) -> nn.Module:
     """``torch.compile(model, **compile_kwargs)`` with coop as inductor's partitioner (module docstring).
 
     Parameters
@@ -170,6 +170,10 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
     device : str or None
         For a meta-device model only: the device to plan for (``"cuda"``: values sized as its allocator holds
         them). A meta-device model is planned, not compiled for training (module docstring).
+    pricing : str
+        ``"nominal"`` (default): the capture's nominal rates; ``"draws"``: inductor's random draws at this machine's
+        measured price; ``"measured"``: every op of a CPU step as its compiled kernel runs here
+        (:mod:`coop.compiled.pricing`, :func:`coop.compiled.joint.lower_joint`; why nominal stays the default).
     **compile_kwargs
         ``torch.compile``'s (``mode`` becomes the options it stands for; ``dynamic`` must stay False).
 
@@ -181,7 +185,7 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
     _refuse(model, compile_kwargs)
     if any(p.device.type == "meta" for p in model.parameters()):
         return _plan_on_meta(model, budget, example_batch, loss_fn, device, formulation=formulation,
-                             time_limit=time_limit, threads=threads, verbose=verbose)
+                             time_limit=time_limit, threads=threads, verbose=verbose, pricing=pricing)
     if device is not None:
         raise CoopError(f"coop.compile: device={device!r} is for meta-device models; a model with real weights is "
                         "planned on its own device: leave device out")
@@ -205,7 +209,7 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         # would be another number
         part = CoopPartitioner(budget if requested is None else requested, formulation=formulation,
                                time_limit=time_limit, threads=threads, shave=shave, observation=observation,
-                               verbose=verbose)
+                               pricing=pricing, verbose=verbose)
         options = {**user_options, "custom_partitioner_fn": part}
         observer = keeper = None
         if options.get("_post_fusion_custom_pass") is None:
