@@ -96,7 +96,7 @@ def _compile(batch: torch.Tensor, pin: bool) -> tuple[nn.Module, nn.Module, str]
                                        pricing="measured", pin=pin)
 
     _, codes = run_and_get_code(build)
-    code = codes[-1]
+    code = next(c for c in reversed(codes) if "tangents_1" in c)  # the backward's module
     return model, holder["c"], code[code.index("def call"):]
 
 
