@@ -264,8 +264,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pricing", help="coop.compile's pricing (nominal, draws, measured); default: its own")
     parser.add_argument("--no-pin", action="store_true", help="coop.compile(pin=False): inductor orders the kernels")
-    parser.add_argument("--reorder-for-peak-memory", action="store_true",
-                        help="inductor's reorder_for_peak_memory on for coop.compile (the pin turns it off)")
+    parser.add_argument("--no-reorder-for-peak-memory", action="store_true",
+                        help="inductor's reorder_for_peak_memory off for coop.compile")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--worker")
     parser.add_argument("--only", action="append")
@@ -275,8 +275,8 @@ def main() -> None:
         COOP_COMPILE_OPTIONS["pricing"] = args.pricing
     if args.no_pin:
         COOP_COMPILE_OPTIONS["pin"] = False
-    if args.reorder_for_peak_memory:
-        COOP_COMPILE_OPTIONS["options"] = {"reorder_for_peak_memory": True}
+    if args.no_reorder_for_peak_memory:
+        COOP_COMPILE_OPTIONS["options"] = {"reorder_for_peak_memory": False}
     if args.worker:
         shares = QUICK_SHARES if args.quick else SHARES
         if args.shares:

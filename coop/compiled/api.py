@@ -182,8 +182,8 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         measured price; ``"measured"``: every op of a CPU step as its compiled kernel runs here
         (:mod:`coop.compiled.pricing`, :func:`coop.compiled.joint.lower_joint`; why nominal stays the default).
     pin : bool
-        Run the compiled kernels in coop's order (default; :mod:`coop.compiled.pin`, which turns inductor's
-        ``reorder_for_peak_memory`` off unless ``options`` set it). False: inductor orders them as it would.
+        Run the compiled kernels in coop's order (default; :mod:`coop.compiled.pin`: no fusion that would compute
+        a value early across another kernel coop ran first). False: inductor fuses and orders them as it would.
     **compile_kwargs
         ``torch.compile``'s (``mode`` becomes the options it stands for; ``dynamic`` must stay False).
 
@@ -225,12 +225,11 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         if options.get("_post_fusion_custom_pass") is None:
             observer = BufferObserver()
             options["_post_fusion_custom_pass"] = observer
-            if pin:  # coop.compiled.pin: the kernels in coop's order, which inductor's peak-memory reorder would undo
+            if pin:  # coop.compiled.pin: no fusion across coop's order, the fused kernels in coop's order
                 guard = None
                 if options.get("_pre_fusion_custom_pass") is None:
                     guard = options["_pre_fusion_custom_pass"] = KeepFusionInOrder()
                 pinner = options["_post_fusion_custom_pass"] = PinScheduleOrder(observer, guard)
-                options.setdefault("reorder_for_peak_memory", False)
         if options.get("post_grad_custom_post_pass") is None:  # coop.compiled.order
             keeper = options["post_grad_custom_post_pass"] = KeepMatmulsInPlace()
         compiled = torch.compile(model, backend="inductor", options=options, **compile_kwargs)

@@ -1,12 +1,16 @@
 """Run the compiled kernels in coop's order: a recomputation runs where the schedule put it, not where inductor would.
 
-Inductor's scheduler does not keep the order of the graph it is given. After fusion its ``reorder_for_peak_memory``
-(on by default) tries three topological orders (LPMF, BFS, DFS) and keeps the one its own estimate says peaks
-lowest; in the BFS order every kernel that reads only graph inputs runs first, and the estimate does not know
-what the schedule knows about the values the early kernel keeps alive. A backward recomputation reads only saved
-forward values (a matmul, a chain of pointwise ops from saved values), so in such an order it runs at the start of
-the backward and its value lives until its reader, far longer than coop's plan assumed (measured on the tied MLP
-of ``tests/test_compile_observed.py``; ``tests/test_compile_pin.py`` checks the generated code).
+Inductor's scheduler does not keep the order of the graph it is given. What moved coop's recomputations, measured
+on the tied MLP of ``tests/test_compile_observed.py`` at 0.5 (one schedule compiled with inductor's settings
+toggled; 2,770,184 B held for a 2,258,436 B plan) is its **fusion**: ``Scheduler.fuse_nodes`` places a fused kernel
+where its earliest member was, so fusing a consumer coop ranked late (a recomputed layer norm's ``mul`` read by a
+matmul at rank 30) into a producer coop ranked early (the recomputed ``tanh`` at rank 16) writes the consumer's
+value 14 ranks early, and it lives until its reader. Turning ``reorder_for_peak_memory`` off, or sorting the fused
+kernels by coop's rank, changed nothing there; refusing those fusions (:class:`KeepFusionInOrder`) brought the step
+to 2,262,536 B. ``reorder_for_peak_memory`` (three topological orders and the given one, the one its own estimate
+peaks lowest kept) stays on: on one GPT-2 schedule turning it off held more (ARCHITECTURE.md, order.py's entry), and
+on BERT at 0.5 round 0 held 18,027,696 B with it off against 17,503,408 B unpinned. The kernels are sorted by coop's
+rank after fusion, so the order it is given (and keeps where its estimate is not beaten) is coop's.
 
 :class:`PinScheduleOrder` is a ``CustomSchedulerPass`` for ``torch._inductor.config._post_fusion_custom_pass``
 (inductor calls it with the fused kernels): it returns them in coop's order. A kernel's rank is the largest
@@ -16,8 +20,7 @@ schedule had that member); a kernel lowered from nothing ranked (a copy inductor
 reader, so it runs right before it. The kernels are then sorted topologically on their dependencies (inductor's
 ``unmet_dependencies``, which include its ordering-only ``WeakDep`` s), the ready kernel of lowest rank first, so
 no dependency is broken and no value changes: the same kernels run on the same inputs, only in another order.
-``coop.compile`` turns ``reorder_for_peak_memory`` off with this pass in place (the user's own setting wins), since
-that pass would move the kernels again. A kernel whose rank had to give way to a dependency (a kernel ranked lower
+A kernel whose rank had to give way to a dependency (a kernel ranked lower
 that reads a later-ranked one: inductor fused across coop's order) is counted in :attr:`PinScheduleOrder.displaced`,
 so no pin is lost silently. ``inner`` (coop's :class:`~coop.compiled.inductor_buffers.BufferObserver`) is called
 with the pinned order, so what it observes is the order the generated code runs.
@@ -102,9 +105,9 @@ class KeepFusionInOrder(CustomSchedulerPass):
     ``V.choices``, the hook for its fusion heuristics) that answers ``can_fuse`` False when some kernel outside the
     two nodes has a rank between their lowest and highest and the later node (the one whose lowest rank is higher)
     writes more than :data:`MOVABLE_BYTES`; everything else is asked of the handler that was in place.
-    :class:`PinScheduleOrder` (the post-fusion pass) puts that handler back. Refused fusions are counted in
-    :attr:`refused`. A refused fusion changes no value: the two kernels run apart, the later one reading the
-    earlier one's buffer.
+    :class:`PinScheduleOrder` (the post-fusion pass) puts that handler back (if inductor's fusion raises before it,
+    the next graph's pre-fusion pass does). Refused fusions are counted in :attr:`refused`. A refused fusion
+    changes no value: the two kernels run apart, the later one reading the earlier one's buffer.
     """
 
     def __init__(self) -> None:
