@@ -153,7 +153,7 @@ def _worker(name: str, shares: tuple[float, ...], time_limit: float) -> list[dic
         coop_module = copy.deepcopy(base)
         start = time.perf_counter()
         try:
-            cc = coop.compile(coop_module, budget, time_limit=time_limit, example_batch=batch)
+            cc = coop.compile(coop_module, budget, time_limit=time_limit, example_batch=batch, **COOP_COMPILE_OPTIONS)
             plan = cc.coop_record.plans[-1]
             add(f"coop.compile@{share}", coop_module, loss_step(coop_module, cc), time.perf_counter() - start,
                 share=share, budget=budget, formulation=plan.result.formulation,
@@ -256,13 +256,27 @@ def run(quick: bool = False) -> dict[str, Any]:
     return {"rows": rows, "notes": "bars: " + json.dumps(summary)}
 
 
+#: coop.compile's options for a --worker run (--pricing, --no-pin); empty: its defaults
+COOP_COMPILE_OPTIONS: dict[str, Any] = {}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pricing", help="coop.compile's pricing (nominal, draws, measured); default: its own")
+    parser.add_argument("--no-pin", action="store_true", help="coop.compile(pin=False): inductor orders the kernels")
+    parser.add_argument("--no-reorder-for-peak-memory", action="store_true",
+                        help="inductor's reorder_for_peak_memory off for coop.compile")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--worker")
     parser.add_argument("--only", action="append")
     parser.add_argument("--shares", help="comma-separated budget shares for a --worker run (default: all)")
     args = parser.parse_args()
+    if args.pricing:
+        COOP_COMPILE_OPTIONS["pricing"] = args.pricing
+    if args.no_pin:
+        COOP_COMPILE_OPTIONS["pin"] = False
+    if args.no_reorder_for_peak_memory:
+        COOP_COMPILE_OPTIONS["options"] = {"reorder_for_peak_memory": False}
     if args.worker:
         shares = QUICK_SHARES if args.quick else SHARES
         if args.shares:

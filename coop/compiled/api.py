@@ -34,7 +34,9 @@ from coop.compiled.measure import held_bytes, step_loss
 from coop.compiled.observed import Observation, observe_round
 from coop.compiled.order import KeepMatmulsInPlace
 from coop.compiled.partitioner import CompiledPlan, CoopPartitioner
+from coop.compiled.pin import KeepFusionInOrder, PinScheduleOrder
 from coop.errors import CoopError
+from coop.graph_capture.host_cost import machine_rates
 
 #: a fusion score no two kernels reach: no horizontal fusion (see :func:`compile`)
 NO_HORIZONTAL_FUSION = 1 << 62
@@ -70,6 +72,9 @@ class CompiledRecord:
     #: the post-grad pass that keeps coop's products where the schedule put them (None: the user set their own
     #: ``post_grad_custom_post_pass``, which coop leaves in place; :mod:`coop.compiled.order`)
     order: KeepMatmulsInPlace | None = None
+    #: the scheduler pass that runs the kernels in coop's order (None: the user set their own
+    #: ``_post_fusion_custom_pass``, or ``pin=False``; :mod:`coop.compiled.pin`)
+    pin: PinScheduleOrder | None = None
 
     def observed_graphs(self, plan: CompiledPlan) -> tuple[ObservedGraph, ObservedGraph] | None:
         """``plan``'s observed forward and backward; None until both were compiled (the backward compiles at the
@@ -101,6 +106,7 @@ class CompiledRecord:
                 observed += f"; {r.inlined} values inlined as observed"
             lines.append(f"round {number}: {r.reason}; budget {r.budget:,} B (shave {r.shave:,} B), predicted "
                          f"{r.predicted_peak:,} B, {measured}{observed}")
+        lines.append(self.pin.describe() if self.pin is not None else "kernels in inductor's order (not pinned)")
         return "\n".join(lines)
 
 
@@ -145,7 +151,8 @@ def partitioner(budget: str | float, *, formulation: str = "auto", time_limit: f
 def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
             time_limit: float = 30.0, threads: int = 2, example_batch: Any = None,
             loss_fn: Callable[[Any], torch.Tensor] | None = None, rounds: int = 3, verbose: bool = False,
-            device: str | None = None, **compile_kwargs: Any) -> nn.Module:
+            device: str | None = None, pricing: str = "nominal", pin: bool = True,
+            **compile_kwargs: Any) -> nn.Module:
     """``torch.compile(model, **compile_kwargs)`` with coop as inductor's partitioner (module docstring).
 
     Parameters
@@ -170,6 +177,13 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
     device : str or None
         For a meta-device model only: the device to plan for (``"cuda"``: values sized as its allocator holds
         them). A meta-device model is planned, not compiled for training (module docstring).
+    pricing : str
+        ``"nominal"`` (default): the capture's nominal rates; ``"draws"``: inductor's random draws at this machine's
+        measured price; ``"measured"``: every op of a CPU step as its compiled kernel runs here
+        (:mod:`coop.compiled.pricing`, :func:`coop.compiled.joint.lower_joint`; why nominal stays the default).
+    pin : bool
+        Run the compiled kernels in coop's order (default; :mod:`coop.compiled.pin`: no fusion that would compute
+        a value early across another kernel coop ran first). False: inductor fuses and orders them as it would.
     **compile_kwargs
         ``torch.compile``'s (``mode`` becomes the options it stands for; ``dynamic`` must stay False).
 
@@ -181,7 +195,7 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
     _refuse(model, compile_kwargs)
     if any(p.device.type == "meta" for p in model.parameters()):
         return _plan_on_meta(model, budget, example_batch, loss_fn, device, formulation=formulation,
-                             time_limit=time_limit, threads=threads, verbose=verbose)
+                             time_limit=time_limit, threads=threads, verbose=verbose, pricing=pricing)
     if device is not None:
         raise CoopError(f"coop.compile: device={device!r} is for meta-device models; a model with real weights is "
                         "planned on its own device: leave device out")
@@ -205,20 +219,32 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         # would be another number
         part = CoopPartitioner(budget if requested is None else requested, formulation=formulation,
                                time_limit=time_limit, threads=threads, shave=shave, observation=observation,
-                               verbose=verbose)
+                               pricing=pricing, verbose=verbose)
         options = {**user_options, "custom_partitioner_fn": part}
-        observer = keeper = None
+        observer = keeper = pinner = None
         if options.get("_post_fusion_custom_pass") is None:
-            observer = options["_post_fusion_custom_pass"] = BufferObserver()
+            observer = BufferObserver()
+            options["_post_fusion_custom_pass"] = observer
+            if pin:  # coop.compiled.pin: no fusion across coop's order, the fused kernels in coop's order
+                guard = None
+                if options.get("_pre_fusion_custom_pass") is None:
+                    guard = options["_pre_fusion_custom_pass"] = KeepFusionInOrder()
+                pinner = options["_post_fusion_custom_pass"] = PinScheduleOrder(observer, guard)
         if options.get("post_grad_custom_post_pass") is None:  # coop.compiled.order
             keeper = options["post_grad_custom_post_pass"] = KeepMatmulsInPlace()
         compiled = torch.compile(model, backend="inductor", options=options, **compile_kwargs)
         compiled.__class__ = CoopCompiledModule
-        compiled.coop_record = CompiledRecord(partitioner=part, buffers=observer, order=keeper)
+        compiled.coop_record = CompiledRecord(partitioner=part, buffers=observer, order=keeper,
+                                              pin=pinner)
         return compiled
 
     if example_batch is None:
         return compile_with(0)
+    if pricing != "nominal" and all(p.device.type == "cpu" for p in model.parameters()):
+        # the partitioner's calibration runs inside the first measured step otherwise, and its tensors were counted
+        # as the step's (the tied MLP of tests/test_compile_observed.py at 0.5: 9,273,184 B measured in round 0 for
+        # a step that holds 2,262,536 B)
+        machine_rates()
     return _fit_measured(compile_with, example_batch, loss_fn, max(1, rounds), verbose)
 
 

@@ -34,15 +34,17 @@ from torch import fx
 
 from coop.compiled.fusion import fuse_pointwise
 from coop.compiled.observed import Observation, inline_unbuffered
+from coop.compiled.pricing import DRAWS, inlined_recomputations, reprice, step_rates, unwritten_seconds
 from coop.errors import CoopError
 from coop.graph import Graph
-from coop.graph_capture.cost import BANDWIDTH
 from coop.graph_capture.lower import Lowered, lower
 from coop.graph_capture.trace import TracedStep
 
 __all__ = ["JointGraph", "effect_nodes", "joint_outputs", "lower_joint", "views_share_storage"]
 
 TANGENT_OP = "tangent"
+#: ``lower_joint``'s pricings (:mod:`coop.compiled.pricing`)
+PRICINGS = ("draws", "measured", "nominal")
 
 
 @dataclass
@@ -99,7 +101,7 @@ def _is_mutating(node: fx.Node) -> bool:
 
 def lower_joint(gm: fx.GraphModule, num_fwd_outputs: int, static_indices: list[int] | None,
                 name: str = "compiled", fuse: bool = True, device: torch.device | None = None,
-                observation: Observation | None = None) -> JointGraph:
+                observation: Observation | None = None, pricing: str = "nominal") -> JointGraph:
     """Lower inductor's joint graph to a coop Graph; refuse in one line what the compiled path cannot plan.
 
     Parameters
@@ -120,7 +122,15 @@ def lower_joint(gm: fx.GraphModule, num_fwd_outputs: int, static_indices: list[i
     observation : Observation or None
         What an earlier compiled round of this joint graph showed: its unbuffered values are inlined into their
         readers and its temporaries charged as workspace (:mod:`coop.compiled.observed`).
+    pricing : str
+        ``"nominal"`` (default): the capture's nominal model; ``"draws"``: the nominal model, inductor's random
+        draws at this machine's measured price per element; ``"measured"``: every op of a CPU step at this
+        machine's compiled rates, and pointwise values inlined into their backward reader priced so
+        (:mod:`coop.compiled.pricing`, whose docstring says why neither is the default). A CUDA step is always
+        priced nominally.
     """
+    if pricing not in PRICINGS:
+        raise CoopError(f"coop.compile: pricing={pricing!r}; give one of {', '.join(PRICINGS)}")
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     _refuse_unplannable(gm, placeholders)
     static = set(static_indices or [])
@@ -154,12 +164,19 @@ def lower_joint(gm: fx.GraphModule, num_fwd_outputs: int, static_indices: list[i
     traced = TracedStep(module=module, param_names=[f"grad{i}" for i in range(len(grads))], buffer_names=[],
                         frozen_names=[], batch_size=0, output_grads=[], output_buffers=[])
     lowered = lower(traced, labels, name, allocated_on=device)
+    rates = step_rates(placeholders, device) if pricing != "nominal" else None
+    fx_by_name = {n.name: n for n in copied.nodes}
+    if rates is not None:
+        lowered = reprice(lowered, fx_by_name, rates, only=None if pricing == "measured" else DRAWS)
     graph, tangent_ids = _tangents_after_forward(lowered, placeholders)
     lowered.graph = graph
     if fuse:
-        lowered, new_id = fuse_pointwise(lowered, {n.name: n for n in copied.nodes}, set(tangent_ids),
-                                         _unwritten_seconds)
+        lowered, new_id = fuse_pointwise(lowered, fx_by_name, set(tangent_ids),
+                                         unwritten_seconds(rates if pricing == "measured" else None))
         graph, tangent_ids = lowered.graph, tuple(new_id[t] for t in tangent_ids)
+        if rates is not None and pricing == "measured":
+            lowered = inlined_recomputations(lowered, fx_by_name, rates)
+            graph = lowered.graph
     inlined: frozenset[str] = frozenset()
     if observation is not None:
         rebuilt = inline_unbuffered(lowered, {n.name: n for n in copied.nodes}, observation, set(tangent_ids))
@@ -226,13 +243,6 @@ def _viewed_argument(node: fx.Node) -> fx.Node | None:
     if first is None or not set(alias.before_set) & set(first.before_set):
         return None
     return node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
-
-
-def _unwritten_seconds(node: fx.Node) -> float:
-    """A fused member's write and its reader's read of it, at the analytic cost's bandwidth."""
-    value = node.meta.get("val")
-    written = value.numel() * value.element_size() if isinstance(value, torch.Tensor) else 0
-    return 2 * written / BANDWIDTH
 
 
 def _refuse_unplannable(gm: fx.GraphModule, placeholders: list[fx.Node]) -> None:

@@ -85,13 +85,17 @@ class CoopPartitioner(CustomPartitionerFn):
     observation : Observation or None
         What an earlier compiled round of the same model showed inductor holds (:mod:`coop.compiled.observed`):
         the Graph is rebuilt from it before solving (``coop.compile``'s measured re-solve sets it).
+    pricing : str
+        ``"nominal"`` (default): the capture's nominal rates; ``"draws"``: inductor's random draws at this machine's
+        measured price; ``"measured"``: every op of a CPU step as its compiled kernel runs here
+        (:mod:`coop.compiled.pricing`, :func:`coop.compiled.joint.lower_joint`; why nominal stays the default).
     verbose : bool
         Print one line per planned graph to stderr.
     """
 
     def __init__(self, budget: str | float, *, formulation: str = "auto", time_limit: float = 30.0,
                  threads: int = 2, shave: int = 0, fusion: bool = True, device: str | None = None,
-                 observation: Observation | None = None, verbose: bool = False) -> None:
+                 observation: Observation | None = None, pricing: str = "nominal", verbose: bool = False) -> None:
         if formulation in ("poet", "dynamic") or formulation.startswith("delta"):
             raise CoopError(f"coop.compile: formulation {formulation!r} pages or runs online, which compiled "
                             "graphs do not run; use auto, moccasin, checkmate, monet, blocks or a baseline")
@@ -103,6 +107,7 @@ class CoopPartitioner(CustomPartitionerFn):
         self.fusion = fusion
         self.device = device
         self.observation = observation
+        self.pricing = pricing
         self.verbose = verbose
         self.plans: list[CompiledPlan] = []
         self.nonce = uuid.uuid4().hex
@@ -113,7 +118,7 @@ class CoopPartitioner(CustomPartitionerFn):
         joint = lower_joint(gm, kwargs["num_fwd_outputs"], kwargs.get("static_lifetime_input_indices"),
                             name=f"compiled-{len(self.plans)}", fuse=self.fusion,
                             device=None if self.device is None else torch.device(self.device),
-                            observation=self.observation)
+                            observation=self.observation, pricing=self.pricing)
         graph = joint.graph
         floor = min_budget(graph)
         if self.plans and _is_share(self.budget) and parse_budget(self.budget, graph, check=False) < floor:
@@ -162,7 +167,8 @@ class CoopPartitioner(CustomPartitionerFn):
         for path in sorted(package.rglob("*.py")):
             digest.update(path.read_bytes())
         digest.update(repr((self.budget, self.formulation, self.time_limit, self.threads, self.shave, self.fusion,
-                             self.device, None if self.observation is None else self.observation.key())).encode())
+                             self.device, None if self.observation is None else self.observation.key(),
+                             self.pricing)).encode())
         digest.update(self.nonce.encode())
         return digest.hexdigest()
 

@@ -1,0 +1,233 @@
+"""What an op of a compiled step costs: inductor's kernels at this machine's measured rates, no per-op host cost.
+
+The capture's nominal model (``flops / 1e11 + bytes / 2e10``, :func:`coop.graph_capture.cost.analytic_seconds`) prices
+a pointwise op by its bytes alone. A compiled CPU step does not run that way: measured on the 2-core EPYC of
+BENCHMARKS.md at one thread (2026-11-29), a compiled ``rand_like`` of 524,288 floats took 7.3 ms (14 ns an element)
+and a compiled dropout 9.7 ms, where the nominal model prices the draw at 0.1 ms, while a 134 MFLOP ``mm`` took
+3.3 ms against a nominal 1.5 ms. So the solver saw a recomputed dropout mask as some 70 times cheaper than it runs
+and a matmul as cheap beside it: BERT at 0.5 recomputed five ``inductor_random`` draws (1.4 M elements, about
+20 ms a step) and ran 40 ms slower than inductor's own partitioner.
+
+:func:`reprice` prices each node of a lowered joint graph as the compiled step runs its ops: the machine's measured
+FLOP rate and bandwidth and its per-element table (:func:`coop.graph_capture.host_cost.machine_rates`: transcendental
+ops, softmax, normalisation, random draws) with no per-op host cost (a fused kernel dispatches once for many aten
+ops, and an extern kernel's call is inside the measured rates). Inductor's random draw ``prims.inductor_random`` has
+no eager kernel to time; it is priced as the table's ``aten.bernoulli`` (18 ns an element in eager at one thread on
+the machine above, against the compiled 14 ns). Only a CPU step is repriced: the calibration times CPU kernels.
+
+Neither pricing is ``coop.compile``'s default (``pricing="nominal"``), measured on 2026-11-29: with the draws priced
+right (``pricing="draws"``), BERT at 0.5 stopped recomputing them and recomputed eight ``addmm`` and two ``bmm``
+instead (0.570 GFLOP against 0.336), and none of its three rounds met the budget (18,159,240, 19,193,352 and
+18,405,384 B against 17,447,940 B; bench_compile's BERT worker, which also ran 255.39 ms against compile-amb's
+227.77); ``pricing="measured"`` did the same on BERT and held 9,273,184 B for a 2,258,436 B plan on the tied MLP of
+tests/test_compile_observed.py at 0.5 (nominal: 2,521,800 B, then 2,254,344 B). Both plans recompute work whose
+inputs are all saved forward values (matmuls, chains of pointwise ops), and inductor does not keep the emitted
+order of backward kernels that depend on nothing the backward computed: such a recomputation runs early and lives
+long. A price that is right per kernel steers the solver into that; pinning those kernels where the schedule put
+them comes first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from collections.abc import Callable
+
+import torch
+from torch import fx
+
+from coop.compiled.fusion import is_loop_op, is_pointwise
+from coop.graph import Graph
+from coop.graph_capture.cost import BANDWIDTH, analytic_seconds, bytes_moved, tensor_leaves
+from coop.graph_capture.host_cost import MachineRates, element_key, kernel_calls, machine_rates
+from coop.graph_capture.lower import Lowered
+
+__all__ = ["COMPILED_KEYS", "DRAWS", "compiled_rates", "inlined_recomputations", "op_seconds", "reprice", "step_rates",
+           "unwritten_seconds"]
+
+#: compiled ops priced as an eager op of the calibration's table (an op with no eager kernel to time)
+COMPILED_KEYS = {"prims.inductor_random": "aten.bernoulli"}
+#: the ops ``pricing="draws"`` prices at the measured rates, the rest nominally
+DRAWS = frozenset({"prims.inductor_random"})
+
+
+def compiled_rates(rates: MachineRates) -> MachineRates:
+    """``rates`` without the per-op host cost and the thread pool's wake-up: a compiled kernel pays neither per aten op.
+
+    Parameters
+    ----------
+    rates : MachineRates
+        A calibration (:func:`coop.graph_capture.host_cost.machine_rates`).
+
+    Returns
+    -------
+    MachineRates
+        The same rates with ``per_op_s`` and ``parallel_s`` zero.
+    """
+    return dataclasses.replace(rates, per_op_s=0.0, parallel_s=0.0)
+
+
+def step_rates(placeholders: list[fx.Node], device: torch.device | None) -> MachineRates | None:
+    """The rates a joint graph is priced at: this machine's compiled rates for a CPU step, None (nominal) otherwise.
+
+    Parameters
+    ----------
+    placeholders : list of fx.Node
+        The joint graph's placeholders (their fake values name the step's device).
+    device : torch.device or None
+        The device a meta-device model is planned for (None: the values' own, so a meta-device step without one
+        keeps the nominal model).
+    """
+    if device is not None and device.type != "cpu":
+        return None
+    if device is None and any(t.device.type != "cpu" for n in placeholders for t in tensor_leaves(n.meta.get("val"))):
+        return None
+    return compiled_rates(machine_rates())
+
+
+def op_seconds(fx_node: fx.Node, flops: int, rates: MachineRates) -> float:
+    """Seconds of one aten op of a compiled step (module docstring).
+
+    Parameters
+    ----------
+    fx_node : fx.Node
+        A node of the joint graph, with fake values in ``meta["val"]``.
+    flops : int
+        Its FLOPs (:func:`coop.graph_capture.cost.node_flops`).
+    rates : MachineRates
+        Compiled rates (:func:`compiled_rates`).
+
+    Returns
+    -------
+    float
+        ``flops / flop_rate + bytes / bandwidth``, or for an op of the per-element table ``flops / flop_rate +
+        max(elements x element_s, bytes / bandwidth)``; 0 for a node that is no call or a ``getitem``.
+    """
+    if fx_node.op != "call_function" or fx_node.target is operator.getitem:
+        return 0.0
+    moved = bytes_moved(fx_node)
+    if not moved:  # a view: no kernel
+        return flops / rates.flop_rate
+    elements = max((t.numel() for t in tensor_leaves(fx_node.meta.get("val"))), default=0)
+    first = fx_node.args[0] if fx_node.args else None
+    key = element_key(fx_node.target, first.meta.get("val") if isinstance(first, fx.Node) else None)
+    key = COMPILED_KEYS.get(key, key)
+    return rates.op_seconds(flops, moved, elements, dispatched=True, op=key, calls=kernel_calls(key, fx_node.args))
+
+
+def reprice(lowered: Lowered, fx_nodes: dict[str, fx.Node], rates: MachineRates,
+            only: frozenset[str] | None = None) -> Lowered:
+    """The lowering with each node's cost the sum of its fx nodes' :func:`op_seconds` (in place; returned).
+
+    Parameters
+    ----------
+    lowered : Lowered
+        A joint graph's lowering (before fusion: one node per storage).
+    fx_nodes : dict
+        fx name -> the fx node of the graph ``lowered`` came from.
+    rates : MachineRates
+        Compiled rates (:func:`compiled_rates`).
+    only : frozenset of str or None
+        The ops (by :func:`coop.graph_capture.host_cost.element_key`) priced at ``rates``; every other op keeps the
+        nominal :func:`coop.graph_capture.cost.analytic_seconds`. None: every op at ``rates``.
+
+    Returns
+    -------
+    Lowered
+        ``lowered``, its Graph's costs replaced and its ``meta`` naming the rates (``cost_unit``, ``compiled_rates``).
+    """
+    graph = lowered.graph
+    nodes = []
+    for node in graph.nodes:
+        names = lowered.fx_names.get(node.id, [])
+        if node.caller_owned or not names:
+            nodes.append(node)
+            continue
+        cost = sum(_price(fx_nodes[name], lowered.fx_flops.get(name, 0), rates, only) for name in names)
+        nodes.append(node.model_copy(update={"cost": cost}))
+    which = "every op" if only is None else ", ".join(sorted(only))
+    meta = {**graph.meta, "cost_unit": f"seconds ({which} as a compiled step's kernels run at this machine's measured "
+                                       "rates, the rest nominal: coop.compiled.pricing)", "compiled_rates": rates.as_dict()}
+    lowered.graph = Graph(name=graph.name, nodes=tuple(nodes), outputs=graph.outputs, order=graph.order, meta=meta)
+    return lowered
+
+
+def _price(fx_node: fx.Node, flops: int, rates: MachineRates, only: frozenset[str] | None) -> float:
+    """One fx node's seconds: at ``rates`` where ``only`` names its op (or is None), else the nominal model."""
+    if fx_node.op != "call_function":
+        return 0.0
+    if only is None or element_key(fx_node.target) in only:
+        return op_seconds(fx_node, flops, rates)
+    return analytic_seconds(fx_node, flops)
+
+
+def unwritten_seconds(rates: MachineRates | None) -> Callable[[fx.Node], float]:
+    """The seconds a fused member's value would cost to write and read back, at ``rates``' bandwidth (None: nominal).
+
+    Parameters
+    ----------
+    rates : MachineRates or None
+        Compiled rates, or None for the nominal :data:`coop.graph_capture.cost.BANDWIDTH`.
+
+    Returns
+    -------
+    callable
+        fx node -> ``2 x its bytes / bandwidth``.
+    """
+    bandwidth = BANDWIDTH if rates is None else rates.bandwidth
+
+    def seconds(node: fx.Node) -> float:
+        value = node.meta.get("val")
+        written = value.numel() * value.element_size() if isinstance(value, torch.Tensor) else 0
+        return 2 * written / bandwidth
+
+    return seconds
+
+
+def inlined_recomputations(lowered: Lowered, fx_nodes: dict[str, fx.Node], rates: MachineRates) -> Lowered:
+    """The lowering with each pointwise forward value that inductor would inline into its one backward reader priced
+    as that inlined recomputation (in place; returned).
+
+    A pointwise value (its node's own op pointwise: a fused group is priced as its last member's kernel) read in
+    the backward by exactly one node, a loop op (:func:`coop.compiled.fusion.is_loop_op`), is not written again when
+    the backward recomputes it: inductor computes it inside that reader's loop, which reads the value's inputs instead
+    of the value. Such a recomputation costs the value's compute without its write and its reader's read of it, so
+    its node's cost is lowered by ``2 x bytes / bandwidth`` (to no less than a tenth of it). The first compute is
+    lowered alike; every schedule computes each node at least once, so that shifts every plan's cost by the same
+    amount and only the price of recomputing changes.
+
+    Parameters
+    ----------
+    lowered : Lowered
+        A joint graph's lowering after fusion (:func:`coop.compiled.fusion.fuse_pointwise`), tangents as nodes.
+    fx_nodes : dict
+        fx name -> the fx node of the graph ``lowered`` came from.
+    rates : MachineRates
+        Compiled rates (:func:`compiled_rates`).
+
+    Returns
+    -------
+    Lowered
+        ``lowered``, with ``meta["inlined_recomputations"]`` the ids of the nodes so priced.
+    """
+    graph = lowered.graph
+    backward_readers: dict[int, list[int]] = {node.id: [] for node in graph.nodes}
+    for node in graph.nodes:
+        if node.kind == "backward":
+            for source in node.inputs:
+                backward_readers[source].append(node.id)
+    nodes, priced = [], []
+    for node in graph.nodes:
+        readers = backward_readers[node.id]
+        own = fx_nodes.get(lowered.fx_names.get(node.id, [""])[0])
+        reader = fx_nodes.get(lowered.fx_names.get(readers[0], [""])[0]) if len(readers) == 1 else None
+        if (node.kind != "forward" or not node.recomputable or node.random or node.impls or own is None
+                or reader is None or not is_pointwise(own) or not is_loop_op(reader)):
+            nodes.append(node)
+            continue
+        cost = max(node.cost - 2 * node.mem / rates.bandwidth, node.cost / 10)
+        nodes.append(node.model_copy(update={"cost": cost}))
+        priced.append(node.id)
+    meta = {**graph.meta, "inlined_recomputations": priced}
+    lowered.graph = Graph(name=graph.name, nodes=tuple(nodes), outputs=graph.outputs, order=graph.order, meta=meta)
+    return lowered

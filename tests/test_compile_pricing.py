@@ -1,0 +1,214 @@
+"""A compiled step's ops priced as its kernels run on this machine (coop.compiled.pricing).
+
+Oracles: prices counted here by hand from the ops' shapes and hand-made rates (FLOPs 2 M N K, bytes read and written,
+elements times a per-element price), and a brute force over every schedule that recomputes a subset of the forward
+values right before their first backward reader: the solver must pick the cheapest one, which under the measured
+rates recomputes the matmul instead of a random draw, and a plain pointwise op instead of a thin matmul (the
+nominal model picks the other one in both cases).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+import torch._inductor.inductor_prims  # registers prims.inductor_random
+from torch import fx
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from coop.compiled.pricing import DRAWS, compiled_rates, inlined_recomputations, op_seconds, reprice, unwritten_seconds
+from coop.formulations.core.registry import solve
+from coop.graph import Graph
+from coop.graph_capture.cost import analytic_seconds
+from coop.graph_capture.host_cost import MachineRates
+from coop.graph_capture.lower import Lowered
+from coop.graph_nodes import Node
+from coop.schedule import validate
+from coop.schedule_steps import Schedule
+
+#: the 2-core EPYC's rates at one thread on a quiet core (BENCHMARKS.md), with a per-op host cost to be dropped
+RATES = MachineRates(per_op_s=6.8e-6, flop_rate=6.6e10, bandwidth=5.9e10, parallel_s=3e-6, threads=1,
+                     element_s={"aten.bernoulli": 18.3e-9, "aten.exp": 1.48e-9})
+
+
+def _traced(fn, *shapes: tuple[int, ...]) -> dict[str, fx.Node]:
+    """The call nodes of ``fn`` traced on fake tensors of ``shapes`` (each with its fake value), by target name."""
+    gm = make_fx(fn, tracing_mode="fake")(*(torch.ones(s) for s in shapes))
+    return {str(n.target.overloadpacket): n for n in gm.graph.nodes if n.op == "call_function"}
+
+
+def _draw(x: torch.Tensor) -> torch.Tensor:
+    seed = torch.zeros((), dtype=torch.int64)
+    return torch.ops.prims.inductor_random.default(list(x.shape), seed, "rand")
+
+
+def test_each_op_is_priced_by_hand_counted_flops_bytes_and_elements() -> None:
+    nodes = _traced(lambda x, w: torch.exp(x @ w) + _draw(x @ w), (64, 32), (32, 16))
+    rates = compiled_rates(RATES)
+    assert rates.per_op_s == 0 and rates.parallel_s == 0
+    mm, exp, draw, add = nodes["aten.mm"], nodes["aten.exp"], nodes["prims.inductor_random"], nodes["aten.add"]
+    mm_flops = 2 * 64 * 32 * 16
+    assert op_seconds(mm, mm_flops, rates) == pytest.approx(mm_flops / 6.6e10 + 4 * (64 * 32 + 32 * 16 + 64 * 16) / 5.9e10)
+    # exp: 1,024 elements at 1.48 ns (1.5 us) against 8 kB moved (0.14 us): its elements
+    assert op_seconds(exp, 0, rates) == pytest.approx(1024 * 1.48e-9)
+    # the draw is priced as a Bernoulli draw per element; it reads one int64 seed
+    assert op_seconds(draw, 0, rates) == pytest.approx(1024 * 18.3e-9)
+    assert op_seconds(add, 0, rates) == pytest.approx(3 * 4 * 1024 / 5.9e10)  # no table entry: its bytes
+
+
+def test_a_fused_groups_price_is_its_members_less_the_buffers_it_never_writes() -> None:
+    """``exp(a) + b`` as one node (the exp fused into the add) costs the exp's elements and the add's bytes, less the
+    exp's value written and read back, counted here."""
+    nodes = _traced(lambda a, b: torch.exp(a) + b, (32, 32), (32, 32))
+    exp, add = nodes["aten.exp"], nodes["aten.add"]
+    graph = Graph(name="g", nodes=(Node(id=0, name="a", mem=4096, cost=0, kind="input"),
+                                   Node(id=1, name="b", mem=4096, cost=0, kind="input"),
+                                   Node(id=2, name="exp", inputs=(0,), mem=4096, cost=1.0),
+                                   Node(id=3, name="add", inputs=(2, 1), mem=4096, cost=1.0)), outputs=(3,))
+    lowered = Lowered(graph=graph, fx_names={0: ["a"], 1: ["b"], 2: [exp.name], 3: [add.name]},
+                      owner_of={"a": 0, "b": 1, exp.name: 2, add.name: 3}, node_flops={})
+    rates = compiled_rates(RATES)
+    priced = reprice(lowered, {exp.name: exp, add.name: add}, rates).graph
+    exp_s, add_s = 1024 * 1.48e-9, 3 * 4096 / 5.9e10
+    assert [n.cost for n in priced.nodes] == pytest.approx([0, 0, exp_s, add_s])
+    assert "compiled_rates" in priced.meta
+    from coop.compiled.fusion import fuse_pointwise
+
+    fused, new_id = fuse_pointwise(lowered, {exp.name: exp, add.name: add, "a": exp.args[0], "b": add.args[1]},
+                                   set(), unwritten_seconds(rates))
+    assert new_id[2] == new_id[3]
+    (group,) = [n for n in fused.graph.nodes if not n.caller_owned]
+    assert group.cost == pytest.approx(max(exp_s + add_s - 2 * 4096 / 5.9e10, (exp_s + add_s) / 2))
+
+
+def _two_choice_graph(kind: str, rates: MachineRates | None) -> tuple[Graph, dict[str, int]]:
+    """A forward computing a matmul ``m`` and a second value ``p`` (a random draw, or an ``add`` of two inputs), both
+    read by the backward after two 1 MiB temporaries (where keeping both is the peak); costs of ``m`` and ``p`` from
+    the pricing under test (None: the nominal model)."""
+    if kind == "draw":
+        nodes = _traced(lambda x, w: _draw(x @ w) * (x @ w), (512, 128), (128, 512))
+        second = nodes["prims.inductor_random"]
+    else:  # a thin matmul (K = 16) beside a plain pointwise op
+        nodes = _traced(lambda x, w, a, b: (x @ w) * (a + b), (512, 16), (16, 512), (512, 512), (512, 512))
+        second = nodes["aten.add"]
+    mm = nodes["aten.mm"]
+    flops = 2 * mm.meta["val"].shape[0] * mm.args[0].meta["val"].shape[1] * mm.meta["val"].shape[1]
+    price = (lambda n, f: analytic_seconds(n, f)) if rates is None else (lambda n, f: op_seconds(n, f, rates))
+    big, small = 1 << 20, 4
+    graph = Graph(name=kind, nodes=(
+        Node(id=0, name="x", mem=mm.args[0].meta["val"].numel() * 4, cost=0, kind="input"),
+        Node(id=1, name="w", mem=mm.args[1].meta["val"].numel() * 4, cost=0, kind="param"),
+        Node(id=2, name="m", inputs=(0, 1), mem=big, cost=price(mm, flops)),
+        Node(id=3, name="p", inputs=(0,), mem=big, cost=price(second, 0)),
+        Node(id=4, name="y", inputs=(2, 3), mem=small, cost=1e-4),  # the product summed in one kernel
+        Node(id=5, name="loss", inputs=(4,), mem=small, cost=1e-5),
+        Node(id=6, name="tangent", inputs=(5,), mem=small, cost=0, kind="backward", recomputable=False),
+        Node(id=7, name="g1", inputs=(6,), mem=big, cost=1e-4, kind="backward"),
+        Node(id=8, name="g2", inputs=(7,), mem=big, cost=1e-4, kind="backward"),  # the peak: g1, g2 and what is kept
+        Node(id=9, name="gm", inputs=(8, 3), mem=small, cost=1e-4, kind="backward"),
+        Node(id=10, name="gp", inputs=(8, 2), mem=small, cost=1e-4, kind="backward"),
+        Node(id=11, name="gw", inputs=(0, 9), mem=small, cost=1e-4, kind="backward"),
+    ), outputs=(5, 10, 11), order=tuple(range(2, 12)))
+    return graph, {"m": 2, "p": 3}
+
+
+def _schedules(chosen: tuple[int, ...]) -> list[Schedule]:
+    """Every schedule that runs the forward, then the backward in order, with the nodes ``chosen`` recomputed at any
+    backward position before their readers (a schedule that recomputes too late is illegal and left to validate)."""
+    forward, backward = [2, 3, 4, 5], [6, 7, 8, 9, 10, 11]
+    schedules = []
+    for places in itertools.product(*[range(len(backward))] * len(chosen)):  # inserted before backward[slot]
+        order = list(forward)
+        for index, step in enumerate(backward):
+            order += [node for node, slot in zip(chosen, places, strict=True) if slot == index]
+            order.append(step)
+        schedules.append(Schedule.from_order(order))
+    return schedules
+
+
+def _lowest_peak(graph: Graph, chosen: tuple[int, ...]) -> int:
+    return min(v.peak for v in (validate(graph, s) for s in _schedules(chosen)) if v.ok)
+
+
+def _brute_force(graph: Graph, budget: int) -> frozenset[int]:
+    """The recomputed set of the cheapest legal schedule within ``budget`` of :func:`_schedules`' over every subset
+    of {m, p}."""
+    best: tuple[float, frozenset[int]] | None = None
+    for count in range(3):
+        for chosen in itertools.combinations((2, 3), count):
+            for schedule in _schedules(chosen):
+                verdict = validate(graph, schedule, budget)
+                if verdict.ok and (best is None or verdict.cost < best[0] - 1e-12):
+                    best = (verdict.cost, frozenset(chosen))
+    assert best is not None
+    return best[1]
+
+
+def _recomputed(graph: Graph, schedule: Schedule) -> frozenset[int]:
+    counts: dict[int, int] = {}
+    for step in schedule.steps:
+        if step.op == "compute":
+            counts[step.node] = counts.get(step.node, 0) + 1
+    return frozenset(n for n, c in counts.items() if c > 1)
+
+
+@pytest.mark.parametrize(("kind", "measured", "nominal"), [("draw", "m", "p"), ("pointwise", "p", "m")])
+def test_the_measured_prices_recompute_what_the_brute_force_finds_cheapest(kind: str, measured: str,
+                                                                          nominal: str) -> None:
+    """A budget that keeps only one of the matmul and the other value into the backward: the brute force's cheapest
+    schedule recomputes the draw's matmul (a draw of 262,144 elements costs 4.8 ms, the 67 MFLOP product 1.0 ms) and
+    the pointwise op (3 MiB at 59 GB/s) before the thin matmul, where the nominal model says the opposite; the
+    solver's plan recomputes the same."""
+    for rates, expected in ((compiled_rates(RATES), measured), (None, nominal)):
+        graph, ids = _two_choice_graph(kind, rates)
+        budget = max(_lowest_peak(graph, (ids["m"],)), _lowest_peak(graph, (ids["p"],)))
+        assert _lowest_peak(graph, ()) > budget  # one of m and p must be recomputed
+        cheapest = _brute_force(graph, budget)
+        assert cheapest == {ids[expected]}
+        result = solve(graph, budget, "checkmate", time_limit=20)
+        assert result.schedule is not None and validate(graph, result.schedule, budget).ok
+        assert _recomputed(graph, result.schedule) == cheapest
+
+
+def test_a_pointwise_value_inlined_into_its_one_backward_loop_reader_is_priced_without_its_buffer() -> None:
+    """``e = exp(a)``, ``s = sin(a)`` and ``c = cos(a)`` in the forward; the backward reads ``e`` in one ``mul`` (a
+    loop op: a recomputed ``e`` is computed inside it, never written), ``s`` in an ``mm`` (an extern kernel reads a
+    buffer) and ``c`` in two nodes. Only ``e`` is priced down, by its write and its reader's read (2 x 4 kB at
+    59 GB/s), counted here."""
+    nodes = _traced(lambda a, b: (torch.exp(a) * b, torch.sin(a) @ b, torch.cos(a) + b, torch.cos(a) * b),
+                    (32, 32), (32, 32))
+    names = {"e": nodes["aten.exp"], "s": nodes["aten.sin"], "c": nodes["aten.cos"], "mul": nodes["aten.mul"],
+             "mm": nodes["aten.mm"], "add": nodes["aten.add"]}
+    graph = Graph(name="g", nodes=(
+        Node(id=0, name="a", mem=4096, cost=0, kind="input"),
+        Node(id=1, name="e", inputs=(0,), mem=4096, cost=2e-6),
+        Node(id=2, name="s", inputs=(0,), mem=4096, cost=2e-6),
+        Node(id=3, name="c", inputs=(0,), mem=4096, cost=2e-6),
+        Node(id=4, name="loss", inputs=(1, 2, 3), mem=4, cost=1e-6),
+        Node(id=5, name="mul", inputs=(4, 1), mem=4096, cost=1e-6, kind="backward"),
+        Node(id=6, name="mm", inputs=(4, 2), mem=4096, cost=1e-6, kind="backward"),
+        Node(id=7, name="add", inputs=(4, 3), mem=4096, cost=1e-6, kind="backward"),
+        Node(id=8, name="mul2", inputs=(7, 3), mem=4096, cost=1e-6, kind="backward"),
+    ), outputs=(4, 5, 6, 8))
+    fx_names = {1: [names["e"].name], 2: [names["s"].name], 3: [names["c"].name], 4: [names["add"].name],
+                5: [names["mul"].name], 6: [names["mm"].name], 7: [names["add"].name], 8: [names["mul"].name]}
+    lowered = Lowered(graph=graph, fx_names=fx_names, owner_of={}, node_flops={})
+    priced = inlined_recomputations(lowered, {n.name: n for n in names.values()}, compiled_rates(RATES)).graph
+    assert priced.meta["inlined_recomputations"] == [1]
+    assert priced.nodes[1].cost == pytest.approx(2e-6 - 2 * 4096 / 5.9e10)
+    assert [n.cost for n in priced.nodes[2:]] == [n.cost for n in graph.nodes[2:]]
+
+
+def test_the_draws_pricing_prices_only_the_draws_at_the_measured_rates() -> None:
+    """``pricing="draws"``: the draw's node costs its elements at the table's Bernoulli price, the matmul's its
+    nominal ``flops / 1e11 + bytes / 2e10``, counted here."""
+    nodes = _traced(lambda x, w: _draw(x @ w), (64, 32), (32, 16))
+    mm, draw = nodes["aten.mm"], nodes["prims.inductor_random"]
+    graph = Graph(name="g", nodes=(Node(id=0, name="mm", mem=4096, cost=1.0), Node(id=1, name="draw", mem=4096, cost=1.0)),
+                  outputs=(0, 1))
+    lowered = Lowered(graph=graph, fx_names={0: [mm.name], 1: [draw.name]}, owner_of={}, node_flops={},
+                      fx_flops={mm.name: 2 * 64 * 32 * 16})
+    priced = reprice(lowered, {mm.name: mm, draw.name: draw}, compiled_rates(RATES), only=DRAWS).graph
+    nominal_mm = 2 * 64 * 32 * 16 / 1e11 + 4 * (64 * 32 + 32 * 16 + 64 * 16) / 2e10
+    assert [n.cost for n in priced.nodes] == pytest.approx([nominal_mm, 1024 * 18.3e-9])
