@@ -256,14 +256,14 @@ def run(quick: bool = False) -> dict[str, Any]:
     return {"rows": rows, "notes": "bars: " + json.dumps(summary)}
 
 
-#: coop.compile's options for a --worker run (--pricing, --no-pin); empty: its defaults
+#: coop.compile's options for a --worker run (--pricing, --pin); empty: its defaults
 COOP_COMPILE_OPTIONS: dict[str, Any] = {}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pricing", help="coop.compile's pricing (nominal, draws, measured); default: its own")
-    parser.add_argument("--no-pin", action="store_true", help="coop.compile(pin=False): inductor orders the kernels")
+    parser.add_argument("--pin", action="store_true", help="coop.compile(pin=True): kernels in coop's order")
     parser.add_argument("--no-reorder-for-peak-memory", action="store_true",
                         help="inductor's reorder_for_peak_memory off for coop.compile")
     parser.add_argument("--quick", action="store_true")
@@ -273,8 +273,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.pricing:
         COOP_COMPILE_OPTIONS["pricing"] = args.pricing
-    if args.no_pin:
-        COOP_COMPILE_OPTIONS["pin"] = False
+    if args.pin:
+        COOP_COMPILE_OPTIONS["pin"] = True
     if args.no_reorder_for_peak_memory:
         COOP_COMPILE_OPTIONS["options"] = {"reorder_for_peak_memory": False}
     if args.worker:

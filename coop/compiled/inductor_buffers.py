@@ -38,8 +38,8 @@ from typing import Any
 from torch._inductor.custom_graph_pass import CustomSchedulerPass
 from torch._inductor.virtualized import V
 
-__all__ = ["COOP_GRAPH", "JOINT_VALUE", "BufferObserver", "ObservedBuffer", "ObservedGraph", "mark_joint_value",
-           "observe", "step_peak"]
+__all__ = ["COOP_GRAPH", "JOINT_VALUE", "BufferObserver", "ObservedBuffer", "ObservedGraph", "buffer_nbytes",
+           "mark_joint_value", "observe", "step_peak"]
 
 #: the meta key naming, on every node the emitter writes (computations and their views), the joint node it copies
 JOINT_VALUE = "coop_joint_value"
@@ -324,7 +324,7 @@ def observe(nodes: list[Any]) -> ObservedGraph:
             if dep.name in input_readers:
                 input_readers[dep.name].add(index)
     observed.input_readers = {name: tuple(sorted(readers)) for name, readers in input_readers.items()}
-    observed.input_bytes = {name: _nbytes(graph.graph_inputs[name]) for name, readers in input_readers.items()
+    observed.input_bytes = {name: buffer_nbytes(graph.graph_inputs[name]) for name, readers in input_readers.items()
                             if readers and not name.startswith(_NOT_FREEABLE)}
     observed.inputs = list(graph.graph_inputs)
     observed.outputs = _output_names(graph)
@@ -337,7 +337,7 @@ def observe(nodes: list[Any]) -> ObservedGraph:
             own = unit_of[buffer.defining_op_name()]
             local = not is_output and all(not u.is_weak and unit_of.get(u.node.get_name()) == own for u in buffer.users)
             observed.buffers.append(ObservedBuffer(
-                name=buffer.get_name(), nbytes=_nbytes(buffer.node), joint_name=_joint_name(buffer.node),
+                name=buffer.get_name(), nbytes=buffer_nbytes(buffer.node), joint_name=_joint_name(buffer.node),
                 kernel=index, readers=tuple(readers), output=is_output,
                 materialized=not local and _allocates(buffer.node), dtype=_dtype(buffer.node),
                 local=local and _allocates(buffer.node),
@@ -357,7 +357,7 @@ def _output_names(graph: Any) -> list[str | None]:
     return names
 
 
-def _nbytes(node: Any) -> int:
+def buffer_nbytes(node: Any) -> int:
     """An ir buffer's bytes; 0 for a multi-output holder (``MultiOutputLayout``), whose parts are buffers of their
     own."""
     try:

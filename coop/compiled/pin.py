@@ -36,7 +36,7 @@ from typing import Any
 from torch._inductor.custom_graph_pass import CustomSchedulerPass
 from torch._inductor.virtualized import V
 
-from coop.compiled.inductor_buffers import _nbytes
+from coop.compiled.inductor_buffers import buffer_nbytes
 from coop.compiled.order import ORDER
 
 __all__ = ["MOVABLE_BYTES", "KeepFusionInOrder", "PinScheduleOrder", "kernel_ranks", "pinned_order"]
@@ -147,7 +147,7 @@ class KeepFusionInOrder(CustomSchedulerPass):
         if not gap:
             return False
         later = node2 if min(ranks2) > min(ranks1) else node1
-        moved = sum(_nbytes(buffer.node) for buffer in later.get_outputs())
+        moved = sum(buffer_nbytes(buffer.node) for buffer in later.get_outputs())
         if moved <= MOVABLE_BYTES:
             return False
         self.refused[-1].add((node1.get_name(), node2.get_name()))
