@@ -72,20 +72,24 @@ def test_with_free_dispatch_the_baseline_is_the_flops_at_the_measured_rate(monke
     assert sum(n.cost for n in captured.graph.nodes) == pytest.approx(counter.get_total_flops() / 1e9, rel=1e-9)
 
 
+class Matmul(torch.nn.Module):
+    """``then(x @ w).sum()`` with w (8, 16): the hand-counted steps of the cost tests."""
+
+    def __init__(self, then) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(8, 16))
+        self.then = then
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.then(x @ self.w).sum()
+
+
 def test_a_one_matmul_step_costs_what_the_hand_count_says(monkeypatch: pytest.MonkeyPatch) -> None:
     """``x @ w`` summed, w (8, 16), x (4, 8): the mm node costs one dispatch + 2*4*8*16 FLOPs + (32+128+64)*4 bytes."""
     rates = MachineRates(per_op_s=3e-6, flop_rate=1e10, bandwidth=1e9, parallel_s=0.0, threads=1)
     _fixed(monkeypatch, rates)
 
-    class OneMatmul(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.w = torch.nn.Parameter(torch.randn(8, 16))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return (x @ self.w).sum()
-
-    captured = capture(OneMatmul(), (torch.randn(4, 8),))
+    captured = capture(Matmul(lambda y: y), (torch.randn(4, 8),))
     forward_mm = [n for n in captured.graph.nodes if n.op == "aten.mm.default" and n.kind == "forward"]
     assert len(forward_mm) == 1
     expected = 3e-6 + 2 * 4 * 8 * 16 / 1e10 + (4 * 8 + 8 * 16 + 4 * 16) * 4 / 1e9
@@ -235,15 +239,7 @@ def test_a_captured_tanh_costs_its_elements_at_the_calibrated_rate(monkeypatch: 
                          element_s={"aten.tanh": 1e-6})
     _fixed(monkeypatch, rates)
 
-    class TanhMatmul(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.w = torch.nn.Parameter(torch.randn(8, 16))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return torch.tanh(x @ self.w).sum()
-
-    captured = capture(TanhMatmul(), (torch.randn(4, 8),))
+    captured = capture(Matmul(torch.tanh), (torch.randn(4, 8),))
     forward = {n.op: n for n in captured.graph.nodes if n.kind == "forward"}
     assert forward["aten.tanh.default"].cost == pytest.approx(3e-6 + 64 * 1e-6, rel=1e-9)
     assert forward["aten.mm.default"].cost == pytest.approx(3e-6 + 2 * 4 * 8 * 16 / 1e10 + (32 + 128 + 64) * 4 / 1e9)
