@@ -52,7 +52,8 @@ def step_loss(module: nn.Module, batch: Any, loss_fn: Callable[[Any], torch.Tens
     return out[0]
 
 
-def held_bytes(module: nn.Module, batch: Any, loss_fn: Callable[[Any], torch.Tensor] | None) -> int | None:
+def held_bytes(module: nn.Module, batch: Any, loss_fn: Callable[[Any], torch.Tensor] | None,
+               warm_up: bool = False) -> int | None:
     """Peak bytes one forward+backward of ``module`` allocated above what was allocated when it started.
 
     Parameters
@@ -61,6 +62,12 @@ def held_bytes(module: nn.Module, batch: Any, loss_fn: Callable[[Any], torch.Ten
         The (compiled) model; its gradients and buffers are put back afterwards.
     batch, loss_fn
         As :func:`step_loss` takes them.
+    warm_up : bool
+        Run one unmetered step first (its gradients dropped, the RNG forked): the step then measured is a later
+        one, compiled already (a compiled module compiles its forward at the first call and its backward at the
+        first backward, and what the compilation allocates is no step's) and past the kernels' one-off
+        allocations (oneDNN's primitive cache: the first step of ResNet at 0.7 in bench_compile held 9,504 B more
+        than the steps after it, 2026-11-29).
 
     Returns
     -------
@@ -77,6 +84,14 @@ def held_bytes(module: nn.Module, batch: Any, loss_fn: Callable[[Any], torch.Ten
 
     devices = {p.device.type for p in module.parameters()}
     try:
+        if warm_up:
+            with torch.random.fork_rng(devices=[] if "cuda" not in devices else None):
+                run()
+            with torch.no_grad():
+                for p in module.parameters():
+                    p.grad = None
+                for name, b in module.named_buffers():
+                    b.copy_(buffers[name])
         if "cuda" in devices:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
