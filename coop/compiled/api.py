@@ -8,9 +8,11 @@ CoopPartitioner` as inductor's partitioner, so the training loop stays as it is:
     >>> compiled = coop.compile(model, 0.8, time_limit=5)
     >>> compiled(torch.randn(4, 8)).sum().backward()  # doctest: +SKIP
 
-With ``example_batch`` it runs one measured step right away (the CPU allocator's own reports, or the CUDA
-allocator's reserved bytes; :func:`coop.compiled.measure.held_bytes`) and, while the compiled step holds more than
-its budget, plans again below the excess and recompiles (at most ``rounds`` times). A fraction is of each
+With ``example_batch`` it runs a warm-up step and one measured step right away (the CPU allocator's own reports,
+or the CUDA allocator's reserved bytes; :func:`coop.compiled.measure.held_bytes`) and, while the compiled step
+holds more than its budget, plans again below the excess and recompiles; a plan that fits but recomputes and
+leaves slack is planned again with the budget raised (at most ``rounds`` compilations in all;
+:mod:`coop.compiled.refit`). A fraction is of each
 compiled graph's own peak without recomputation; with graph breaks every graph gets that share of its own peak
 (a budget in bytes applies to each graph alone, so give a fraction, or ``fullgraph=True``).
 """
@@ -154,7 +156,8 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         Maps the model's output to the loss (default: the output itself, its ``loss`` attribute, or its first
         element).
     rounds : int
-        At most this many plans of the measured re-solve.
+        At most this many plans of the measured re-solve, its slack rounds included (:mod:`coop.compiled.refit`:
+        the cheapest round within the budget is kept).
     verbose : bool
         One line per planned graph and round on stderr.
     device : str or None
