@@ -10,7 +10,7 @@ import torch
 from torch import fx, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from coop.compiled.measure import held_bytes
+from coop.compiled.measure import held_bytes, warm_up
 from coop.compiled.scratch import charge_scratch, extern_scratch, is_extern
 from coop.graph import Graph, Node
 from coop.graph_capture.lower import Lowered
@@ -58,29 +58,35 @@ def test_a_charged_scratch_counts_at_the_step_that_runs_the_op_only() -> None:
 
 
 class FirstCallCache(nn.Module):
-    """A linear layer that allocates a 1 MiB cache at its first call and keeps it."""
+    """A linear layer that allocates a 1 MiB cache at its first call and keeps it, and counts its "compilations":
+    one at the first call, one more at the second (a guard the first call changed), none after."""
 
     def __init__(self) -> None:
         super().__init__()
         self.linear = nn.Linear(16, 16)
         self.cache: torch.Tensor | None = None
+        self.calls = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
         if self.cache is None:
             self.cache = torch.zeros(256 * 1024)
         return self.linear(x).sum()
 
 
-def test_a_warmed_up_measurement_leaves_out_the_first_call_allocations_and_puts_the_gradients_back() -> None:
-    """The first step holds the 1,048,576 B cache more than a later one (hand count); the gradients are put back."""
+def test_the_warm_up_runs_until_nothing_compiles_and_the_step_after_it_holds_no_first_call_allocation() -> None:
+    """The first step holds the 1,048,576 B cache more than a later one (hand count); the warm-up stops at the
+    first step that compiled nothing (the third) and reports the two that did; the gradients are put back."""
     model = FirstCallCache()
     batch = torch.randn(8, 16)
     model(batch).backward()
     kept = [p.grad.clone() for p in model.parameters()]
-    model.cache = None
+    model.cache, model.calls = None, 0
     first = held_bytes(model, batch, None)
-    model.cache = None
-    warmed = held_bytes(model, batch, None, warm_up=True)
+    model.cache, model.calls = None, 0
+    assert warm_up(model, batch, None, lambda: min(model.calls, 2)) == [1, 1]
+    assert model.calls == 3
+    warmed = held_bytes(model, batch, None)
     assert first - warmed == 256 * 1024 * 4
     for p, grad in zip(model.parameters(), kept, strict=True):
         torch.testing.assert_close(p.grad, grad, rtol=0, atol=0)

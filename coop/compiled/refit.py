@@ -29,7 +29,7 @@ from torch import nn
 from torch._dynamo.exc import BackendCompilerFailed
 
 from coop.budget import min_budget
-from coop.compiled.measure import held_bytes
+from coop.compiled.measure import held_bytes, warm_up
 from coop.compiled.observed import Observation, observe_round
 from coop.errors import CoopError
 
@@ -128,8 +128,9 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
                  loss_fn: Callable[[Any], torch.Tensor] | None, rounds: int, verbose: bool) -> nn.Module:
     """Compile, measure one step, and while it holds more than its budget, or fits leaving slack, plan again.
 
-    A round holds what the meter measured (the CPU allocator's peak, or CUDA's reserved bytes), caller-owned values
-    added. The walk of inductor's buffers (:attr:`CompileRound.observed_peak`) reads the kernels before inductor's
+    Each round's step is measured after :func:`coop.compiled.measure.warm_up` (the plan judged is the one compiled
+    last, which the steps run); it holds what the meter measured (the CPU allocator's peak, or CUDA's reserved
+    bytes), caller-owned values added. The walk of inductor's buffers (:attr:`CompileRound.observed_peak`) reads the kernels before inductor's
     ``reorder_for_peak_memory`` moves them, so it can be above what the step holds (ViT at 0.7: 36,457,464 B held,
     the walk above the budget of 37,414,977 B): it says what to plan on, not whether a round met its budget. A round
     that misses its budget is planned again on what inductor held in it and the rounds before (the values it never
@@ -152,8 +153,10 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
         compiled = compile_with(shave, observation, requested)
         record: CompiledRecord = compiled.coop_record
         record.rounds = history
+        part = record.partitioner
         try:
-            measured = held_bytes(compiled, batch, loss_fn, warm_up=True)
+            compiled_steps = warm_up(compiled, batch, loss_fn, lambda plans=part.plans: len(plans))
+            measured = held_bytes(compiled, batch, loss_fn)
         except (BackendCompilerFailed, CoopError) as exc:
             inner = exc.inner_exception if isinstance(exc, BackendCompilerFailed) else exc
             if not isinstance(inner, CoopError) or best is None:
@@ -164,12 +167,11 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
                 break
             shave = (planned_shave + shave) // 2
             continue
-        part = record.partitioner
         if not part.plans:
             raise CoopError(_ran_without_coop())
-        if len(part.plans) != 1 or measured is None:
+        if (compiled_steps[-1] if compiled_steps else len(part.plans)) != 1 or measured is None:
             return compiled  # graph breaks (several graphs) or a running profiler: nothing to compare
-        plan = part.plans[0]
+        plan = part.plans[-1]  # the graph compiled last is the one the steps run (measure.warm_up)
         requested = plan.requested
         held = measured + sum(n.mem for n in plan.joint.graph.nodes if n.caller_owned)
         history.append(CompileRound(shave=shave, budget=plan.budget, predicted_peak=plan.peak, measured_peak=held,
@@ -210,7 +212,7 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
                   file=sys.stderr)
     assert best is not None
     best.compiled.coop_record = best.record  # the wrappers share the model's attributes: its own record back
-    if best.held > best.record.plans[0].requested:
+    if best.held > best.record.plans[-1].requested:
         _warn_over_budget(best)
     return best.compiled
 
@@ -275,5 +277,5 @@ def _warn_over_budget(best: _Attempt) -> None:
     fix = ("the excess is held outside the plan (the held bytes did not fall with the planned peak): give a budget "
            "larger by the excess" if outside else "give a larger budget, more time_limit or more rounds")
     warnings.warn(f"coop.compile: the compiled step held {best.held:,} B against its budget "
-                  f"{record.plans[0].requested:,} B at best, after {len(record.rounds)} rounds (kept the plan at "
-                  f"{record.plans[0].budget:,} B); {fix}", stacklevel=3)
+                  f"{record.plans[-1].requested:,} B at best, after {len(record.rounds)} rounds (kept the plan at "
+                  f"{record.plans[-1].budget:,} B); {fix}", stacklevel=3)
