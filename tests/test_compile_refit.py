@@ -61,3 +61,11 @@ def test_the_slack_phase_ends_near_the_largest_fitting_raise_against_brute_force
     left = REQUESTED // 50 / slope + 1000  # a fit leaving at most 2 % of the budget is not raised again
     assert brute - max(3 * SHAVE_STEP, left) <= fitted <= brute, points
     assert all(abs(a.raised - b.raised) >= SHAVE_STEP for a, b in itertools.combinations(points, 2)), points
+
+
+def test_a_raise_that_changes_nothing_held_ends_the_slack_phase() -> None:
+    """ResNet at 0.9 (bench_compile, 2026-11-29): the raised budget gave the same plan and the same held bytes
+    (80,979 B of slack both times); a third round would compile it once more."""
+    points = [SlackPoint(0, -80_979), SlackPoint(80_979, -80_979)]
+    assert next_slack_shave(points, 2_888_107, True) is None
+    assert next_slack_shave(points[:1], 2_888_107, True) == -80_979
