@@ -11,8 +11,7 @@ CoopPartitioner` as inductor's partitioner, so the training loop stays as it is:
 With ``example_batch`` it runs a warm-up step and one measured step right away (the CPU allocator's own reports,
 or the CUDA allocator's reserved bytes; :func:`coop.compiled.measure.held_bytes`) and, while the compiled step
 holds more than its budget, plans again below the excess and recompiles; a plan that fits but recomputes and
-leaves slack is planned again with the budget raised (at most ``rounds`` compilations in all;
-:mod:`coop.compiled.refit`). A fraction is of each
+leaves slack is planned again with the budget raised (``rounds`` bounds both; :mod:`coop.compiled.refit`). A fraction is of each
 compiled graph's own peak without recomputation; with graph breaks every graph gets that share of its own peak
 (a budget in bytes applies to each graph alone, so give a fraction, or ``fullgraph=True``).
 """
@@ -156,8 +155,9 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         Maps the model's output to the loss (default: the output itself, its ``loss`` attribute, or its first
         element).
     rounds : int
-        At most this many plans of the measured re-solve, its slack rounds included (:mod:`coop.compiled.refit`:
-        the cheapest round within the budget is kept).
+        At most this many plans of the measured re-solve that seek the budget; after the first within it, at most
+        ``min(2, rounds - 1)`` more planned with its slack (:mod:`coop.compiled.refit`: the cheapest round within
+        the budget is kept).
     verbose : bool
         One line per planned graph and round on stderr.
     device : str or None

@@ -13,7 +13,8 @@ measures the step on the CPU allocator (or CUDA's reserved bytes), and decides t
   buffers too: pinned LLaMA at 0.5 fitted in round 0 with a plan recomputing 1.527 GFLOP, and its slack round,
   on the same Graph, recomputed as much; unpinned, round 1 on the observation recomputed 0.336). They stop when a
   round fits with little slack, a raise changes nothing the step held, the bracket is narrower than two
-  :data:`SHAVE_STEP`, or the rounds run out.
+  :data:`SHAVE_STEP`, or after :data:`SLACK_ROUNDS` of them (beyond the ``rounds`` that seek the budget: unpinned
+  LLaMA at 0.5 fitted in its second round, and its slack round, the third, missed by 44,812 B).
 
 The round returned is the cheapest of those within the budget (the least predicted recomputation, then the
 fewest held bytes), else the one that held least, with a warning naming the numbers.
@@ -40,10 +41,13 @@ if TYPE_CHECKING:
     from coop.compiled.api import CompiledRecord
     from coop.compiled.partitioner import CompiledPlan
 
-__all__ = ["SHAVE_STEP", "CompileRound", "SlackPoint", "fit_measured", "held_follows_the_plan", "next_slack_shave"]
+__all__ = ["SHAVE_STEP", "SLACK_ROUNDS", "CompileRound", "SlackPoint", "fit_measured", "held_follows_the_plan", "next_slack_shave"]
 
 #: the smallest shave step worth another compile
 SHAVE_STEP = 64 * 1024
+#: at most this many slack rounds after the first round within the budget, beyond ``rounds`` (fewer when
+#: ``rounds`` is smaller: ``rounds - 1``)
+SLACK_ROUNDS = 2
 
 
 @dataclass
@@ -143,7 +147,8 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
     the observation shows something new; when it shows nothing new, the shave grows by the round's excess over the
     budget. A re-solve that finds no schedule below it is tried once more halfway between the last shave that
     planned and the one that did not. After the first round within the budget come the slack rounds
-    (:func:`next_slack_shave`, on the same observation). At most ``rounds`` compilations in all; the module
+    (:func:`next_slack_shave`). At most ``rounds`` compilations seek the budget and :data:`SLACK_ROUNDS` more use
+    the slack; the module
     docstring says which is returned (with its own record: torch.compile's wrappers of one model share their
     attributes).
     """
@@ -154,7 +159,8 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
     requested: int | None = None
     slack: list[SlackPoint] = []  # the slack phase: from the first round within the budget on
     reason = "first plan"
-    for _ in range(rounds):
+    slack_rounds = min(SLACK_ROUNDS, rounds - 1)  # rounds=1: one compilation, no slack round
+    for _ in range(rounds + slack_rounds):
         compiled = compile_with(shave, observation, requested)
         record: CompiledRecord = compiled.coop_record
         record.rounds = history
@@ -168,7 +174,7 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
                 raise inner from None
             history.append(CompileRound(shave=shave, budget=0, predicted_peak=0, measured_peak=None,
                                         reason=f"no plan below the measured excess ({str(inner)[:160]})"))
-            if slack or shave - planned_shave < 2 * SHAVE_STEP:
+            if slack or shave - planned_shave < 2 * SHAVE_STEP or len(history) >= rounds:
                 break
             shave = (planned_shave + shave) // 2
             continue
@@ -192,7 +198,7 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
         if slack or within:
             slack.append(SlackPoint(raised=-shave, excess=held - plan.requested))
             following = next_slack_shave(slack, plan.requested, overhead > 0)
-            if following is None:
+            if following is None or len(slack) > slack_rounds:
                 break
             last = slack[-1]
             reason = ("planned again with the slack the step left (less recomputation)" if last.excess <= 0 else
@@ -203,6 +209,8 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
                 reason += ", on the buffers inductor kept"
             shave = following
             continue
+        if len(history) >= rounds:
+            break
         following_observation = _observe(record, plan, observation)
         if following_observation is not None and following_observation != observation:
             observation = following_observation  # what this round showed is new: the Graph it gives, same shave
