@@ -8,11 +8,12 @@ measures the step on the CPU allocator (or CUDA's reserved bytes), and decides t
   following the plan down;
 * a round within its budget that recomputes and leaves slack starts the slack rounds (:func:`next_slack_shave`):
   the budget raised by the slack, and after a slack round that missed, raised by the slack less the miss (a
-  secant step kept strictly between the largest raise that fitted and the smallest that missed, halving the
-  bracket when the step would leave it), each on the observation of the rounds so far (a fitting round's
+  secant step kept between the largest raise that fitted and the smallest that missed, halving the bracket when
+  the step would leave it), each on the observation of the rounds so far (a fitting round's
   buffers too: pinned LLaMA at 0.5 fitted in round 0 with a plan recomputing 1.527 GFLOP, and its slack round,
   on the same Graph, recomputed as much; unpinned, round 1 on the observation recomputed 0.336). They stop when a
-  round fits with little slack, a raise changes nothing the step held, the bracket is narrower than two
+  round fits with little slack (unless its buffers show something new: :func:`next_slack_round` plans it once
+  more at its own budget on them), a raise changes nothing the step held, the bracket is narrower than two
   :data:`SHAVE_STEP`, or after :data:`SLACK_ROUNDS` of them (beyond the ``rounds`` that seek the budget: unpinned
   LLaMA at 0.5 fitted in its second round, and its slack round, the third, missed by 44,812 B).
 
@@ -41,7 +42,8 @@ if TYPE_CHECKING:
     from coop.compiled.api import CompiledRecord
     from coop.compiled.partitioner import CompiledPlan
 
-__all__ = ["SHAVE_STEP", "SLACK_ROUNDS", "CompileRound", "SlackPoint", "fit_measured", "held_follows_the_plan", "next_slack_shave"]
+__all__ = ["SHAVE_STEP", "SLACK_ROUNDS", "CompileRound", "SlackPoint", "fit_measured", "held_follows_the_plan",
+           "next_slack_round", "next_slack_shave"]
 
 #: the smallest shave step worth another compile
 SHAVE_STEP = 64 * 1024
@@ -79,8 +81,9 @@ def next_slack_shave(points: list[SlackPoint], requested: int, recomputes: bool)
     """The shave of the next slack round, or None when the slack phase is done.
 
     The first point is the round that fitted first; every later one a slack round (module docstring). The next
-    raise is the last raise plus the last slack, or less the last miss, kept strictly inside the bracket
-    (largest raise that fitted, smallest that missed) by at least :data:`SHAVE_STEP`, else the bracket's middle.
+    raise is the last raise plus the last slack, or less the last miss, kept inside the bracket (at least
+    :data:`SHAVE_STEP` above the largest raise that fitted, below the smallest that missed), else the bracket's
+    middle; a raise already tried ends the phase.
 
     Parameters
     ----------
@@ -117,11 +120,50 @@ def next_slack_shave(points: list[SlackPoint], requested: int, recomputes: bool)
     upper = missed if missed is not None else proposal + 2 * SHAVE_STEP
     if upper - fitted < 2 * SHAVE_STEP:
         return None
-    if not fitted + SHAVE_STEP <= proposal <= upper - SHAVE_STEP:
+    if not fitted + SHAVE_STEP <= proposal < upper:
         proposal = (fitted + upper) // 2
-    if any(abs(proposal - p.raised) < SHAVE_STEP for p in points):
+    if any(proposal == p.raised for p in points):
         return None
     return -proposal
+
+
+def next_slack_round(points: list[SlackPoint], requested: int, recomputes: bool,
+                     observed_new: bool) -> tuple[int, str] | None:
+    """The next slack round's shave and reason, or None: :func:`next_slack_shave`, and when it has none, a round
+    that fitted and recomputes is planned once more at its own budget if its buffers showed something new.
+
+    A Graph rebuilt on what inductor kept (:mod:`coop.compiled.observed`: values never written cost no bytes) can
+    admit a cheaper schedule at the same budget: pinned LLaMA at 0.5 fitted in round 0 with 11,999,848 B planned,
+    11,979,348 B held (31 kB of slack, too little to raise) and 1.527 GFLOP recomputed, where unpinned, round 1 on
+    the observation recomputed 0.336 GFLOP at that budget (bench_compile, 2026-11-29).
+
+    Parameters
+    ----------
+    points, requested, recomputes
+        As :func:`next_slack_shave` takes them.
+    observed_new : bool
+        Whether the last round's buffers give an observation the round was not planned on (the next round is
+        planned on it).
+
+    Returns
+    -------
+    tuple of (int, str) or None
+        The shave and the reason the round summary gives.
+
+    >>> next_slack_round([SlackPoint(0, -31_000)], 12_010_820, True, True)
+    (0, "planned again at the fitting round's budget on the buffers inductor kept")
+    >>> next_slack_round([SlackPoint(0, -31_000)], 12_010_820, True, False) is None
+    True
+    """
+    following = next_slack_shave(points, requested, recomputes)
+    last = points[-1]
+    if following is None:
+        if observed_new and recomputes and last.excess <= 0:
+            return -last.raised, "planned again at the fitting round's budget on the buffers inductor kept"
+        return None
+    reason = ("planned again with the slack the step left (less recomputation)" if last.excess <= 0 else
+              f"planned again with the slack less the last round's miss ({last.excess:,} B)")
+    return following, reason + (", on the buffers inductor kept" if observed_new else "")
 
 
 @dataclass
@@ -197,17 +239,13 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
             best = attempt
         if slack or within:
             slack.append(SlackPoint(raised=-shave, excess=held - plan.requested))
-            following = next_slack_shave(slack, plan.requested, overhead > 0)
+            seen = _observe(record, plan, observation)
+            new = seen is not None and seen != observation
+            following = next_slack_round(slack, plan.requested, overhead > 0, new)
             if following is None or len(slack) > slack_rounds:
                 break
-            last = slack[-1]
-            reason = ("planned again with the slack the step left (less recomputation)" if last.excess <= 0 else
-                      f"planned again with the slack less the last round's miss ({last.excess:,} B)")
-            seen = _observe(record, plan, observation)
-            if seen is not None and seen != observation:  # a fitting round's buffers: a Graph closer to the step
-                observation = seen
-                reason += ", on the buffers inductor kept"
-            shave = following
+            shave, reason = following
+            observation = seen if new else observation
             continue
         if len(history) >= rounds:
             break
