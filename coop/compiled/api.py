@@ -88,6 +88,8 @@ class CompiledRecord:
             observed = "" if r.observed_peak is None else f" (inductor's buffers: {r.observed_peak:,} B)"
             if r.inlined:
                 observed += f"; {r.inlined} values inlined as observed"
+            if r.overhead is not None:
+                observed += f"; recomputation {100 * r.overhead:.2f} % predicted"
             lines.append(f"round {number}: {r.reason}; budget {r.budget:,} B (shave {r.shave:,} B), predicted "
                          f"{r.predicted_peak:,} B, {measured}{observed}")
         lines.append(self.pin.describe() if self.pin is not None else "kernels in inductor's order (not pinned)")
