@@ -85,5 +85,5 @@ def test_a_tight_fit_that_recomputes_is_planned_once_more_on_its_buffers_at_its_
     missed_at_zero = [SlackPoint(0, -31_000), SlackPoint(0, 5_000)]
     assert next_slack_round(missed_at_zero, REQUESTED, True, True) is None
     near_miss = [SlackPoint(0, -609_000), SlackPoint(609_000, 44_812)]
-    assert next_slack_round(near_miss, REQUESTED, True, False) == (
-        -(609_000 - 44_812 - SHAVE_STEP), "planned again with the slack less the last round's miss (44,812 B) and a shave step")
+    reason = "planned again with the slack less the last round's miss (44,812 B) and a shave step"
+    assert next_slack_round(near_miss, REQUESTED, True, False) == (-(609_000 - 44_812 - SHAVE_STEP), reason)

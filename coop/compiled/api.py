@@ -11,9 +11,9 @@ CoopPartitioner` as inductor's partitioner, so the training loop stays as it is:
 With ``example_batch`` it runs a warm-up step and one measured step right away (the CPU allocator's own reports,
 or the CUDA allocator's reserved bytes; :func:`coop.compiled.measure.held_bytes`) and, while the compiled step
 holds more than its budget, plans again below the excess and recompiles; a plan that fits but recomputes and
-leaves slack is planned again with the budget raised (``rounds`` bounds both; :mod:`coop.compiled.refit`). A fraction is of each
-compiled graph's own peak without recomputation; with graph breaks every graph gets that share of its own peak
-(a budget in bytes applies to each graph alone, so give a fraction, or ``fullgraph=True``).
+leaves slack is planned again with the budget raised (``rounds`` bounds both; :mod:`coop.compiled.refit`). A
+fraction is of each compiled graph's own peak without recomputation; with graph breaks every graph gets that
+share of its own peak (a budget in bytes applies to each graph alone, so give a fraction, or ``fullgraph=True``).
 """
 
 from __future__ import annotations

@@ -84,9 +84,9 @@ def next_slack_shave(points: list[SlackPoint], requested: int, recomputes: bool)
     """The shave of the next slack round, or None when the slack phase is done.
 
     The first point is the round that fitted first; every later one a slack round (module docstring). The next
-    raise is the last raise plus the last slack, or less the last miss and a shave step, kept inside the bracket (at least
-    :data:`SHAVE_STEP` above the largest raise that fitted, below the smallest that missed), else the bracket's
-    middle; a raise already tried ends the phase.
+    raise is the last raise plus the last slack, or less the last miss and a shave step, kept inside the bracket
+    (at least :data:`SHAVE_STEP` above the largest raise that fitted, below the smallest that missed), else the
+    bracket's middle; a raise already tried ends the phase.
 
     Parameters
     ----------
@@ -186,18 +186,17 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
 
     Each round's step is measured after :func:`coop.compiled.measure.warm_up` (the plan judged is the one compiled
     last, which the steps run); it holds what the meter measured (the CPU allocator's peak, or CUDA's reserved
-    bytes), caller-owned values added. The walk of inductor's buffers (:attr:`CompileRound.observed_peak`) reads the kernels before inductor's
-    ``reorder_for_peak_memory`` moves them, so it can be above what the step holds (ViT at 0.7: 36,457,464 B held,
-    the walk above the budget of 37,414,977 B): it says what to plan on, not whether a round met its budget. A round
-    that misses its budget is planned again on what inductor held in it and the rounds before (the values it never
-    wrote inlined into their readers, its temporaries and fused kernels' overlaps charged), at the same shave, while
-    the observation shows something new; when it shows nothing new, the shave grows by the round's excess over the
-    budget. A re-solve that finds no schedule below it is tried once more halfway between the last shave that
-    planned and the one that did not. After the first round within the budget come the slack rounds
-    (:func:`next_slack_shave`). At most ``rounds`` compilations seek the budget and :data:`SLACK_ROUNDS` more use
-    the slack; the module
-    docstring says which is returned (with its own record: torch.compile's wrappers of one model share their
-    attributes).
+    bytes), caller-owned values added. The walk of inductor's buffers (:attr:`CompileRound.observed_peak`) reads the
+    kernels before inductor's ``reorder_for_peak_memory`` moves them, so it can be above what the step holds (ViT at
+    0.7: 36,457,464 B held, the walk above the budget of 37,414,977 B): it says what to plan on, not whether a round
+    met its budget. A round that misses its budget is planned again on what inductor held in it and the rounds
+    before (the values it never wrote inlined into their readers, its temporaries and fused kernels' overlaps
+    charged), at the same shave, while the observation shows something new; when it shows nothing new, the shave
+    grows by the round's excess over the budget. A re-solve that finds no schedule below it is tried once more
+    halfway between the last shave that planned and the one that did not. After the first round within the budget
+    come the slack rounds (:func:`next_slack_shave`). At most ``rounds`` compilations seek the budget and
+    :data:`SLACK_ROUNDS` more use the slack; the module docstring says which is returned (with its own record:
+    torch.compile's wrappers of one model share their attributes).
     """
     history: list[CompileRound] = []
     best: _Attempt | None = None
