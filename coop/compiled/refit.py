@@ -195,7 +195,7 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
     grows by the round's excess over the budget. A re-solve that finds no schedule below it is tried once more
     halfway between the last shave that planned and the one that did not. After the first round within the budget
     come the slack rounds (:func:`next_slack_shave`). At most ``rounds`` compilations seek the budget and
-    :data:`SLACK_ROUNDS` more use the slack; the module docstring says which is returned (with its own record:
+    ``min(SLACK_ROUNDS, rounds - 1)`` more use the slack; the module docstring says which is returned (with its own record:
     torch.compile's wrappers of one model share their attributes).
     """
     history: list[CompileRound] = []
@@ -231,13 +231,13 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
         plan = part.plans[-1]  # the graph compiled last is the one the steps run (measure.warm_up)
         requested = plan.requested
         held = measured + sum(n.mem for n in plan.joint.graph.nodes if n.caller_owned)
+        overhead = plan.result.simulation.overhead if plan.result.simulation is not None else 0.0
         history.append(CompileRound(shave=shave, budget=plan.budget, predicted_peak=plan.peak, measured_peak=held,
                                     reason=reason, observed_peak=record.observed_peak(plan),
                                     inlined=0 if observation is None else len(observation.inline),
-                                    overhead=plan.result.simulation.overhead if plan.result.simulation else 0.0))
+                                    overhead=overhead))
         planned_shave = shave
         within = held <= plan.requested
-        overhead = plan.result.simulation.overhead if plan.result.simulation is not None else 0.0
         # within the budget, the least recomputation wins; over it, the least held
         attempt = _Attempt(compiled, record, held, (0, overhead, held) if within else (1, held, overhead))
         if best is None or attempt.rank < best.rank:
