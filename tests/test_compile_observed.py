@@ -61,8 +61,8 @@ def test_a_first_round_over_budget_is_re_planned_on_the_observation_and_the_step
         compiled = coop.compile(model, 0.6, time_limit=5, example_batch=batch, rounds=2)
     record = compiled.coop_record
     requested = record.plans[0].requested
-    if record.rounds[0].measured_peak > requested:  # the first plan missed
-        assert len(record.rounds) == 2, record.summary()
+    if record.rounds[0].measured_peak > requested:  # the first plan missed (a slack round may follow round 1)
+        assert len(record.rounds) >= 2, record.summary()
         assert record.rounds[1].inlined > 0 and record.rounds[1].shave == 0, record.summary()
     model.zero_grad(set_to_none=True)
     held = held_bytes(compiled, batch, None) + _caller_owned(compiled)
@@ -80,7 +80,7 @@ def test_held_bytes_are_monotone_in_the_budget_after_the_observed_re_solve() -> 
     batch = torch.randn(1024, 64)
     held = []
     for share in (0.8, 0.65, 0.5):
-        # up to three rounds per share, and a fourth planned with a round's slack: nine compilations of Tied.forward
+        # up to three rounds per share and two slack rounds: fifteen compilations of Tied.forward over the shares
         # would pass dynamo's recompile_limit (8), after which the step runs eagerly (coop.compile refuses it)
         torch._dynamo.reset()
         torch.manual_seed(0)

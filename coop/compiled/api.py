@@ -8,17 +8,16 @@ CoopPartitioner` as inductor's partitioner, so the training loop stays as it is:
     >>> compiled = coop.compile(model, 0.8, time_limit=5)
     >>> compiled(torch.randn(4, 8)).sum().backward()  # doctest: +SKIP
 
-With ``example_batch`` it runs one measured step right away (the CPU allocator's own reports, or the CUDA
-allocator's reserved bytes; :func:`coop.compiled.measure.held_bytes`) and, while the compiled step holds more than
-its budget, plans again below the excess and recompiles (at most ``rounds`` times). A fraction is of each
-compiled graph's own peak without recomputation; with graph breaks every graph gets that share of its own peak
-(a budget in bytes applies to each graph alone, so give a fraction, or ``fullgraph=True``).
+With ``example_batch`` it runs a warm-up step and one measured step right away (the CPU allocator's own reports,
+or the CUDA allocator's reserved bytes; :func:`coop.compiled.measure.held_bytes`) and, while the compiled step
+holds more than its budget, plans again below the excess and recompiles; a plan that fits but recomputes and
+leaves slack is planned again with the budget raised (``rounds`` bounds both; :mod:`coop.compiled.refit`). A
+fraction is of each compiled graph's own peak without recomputation; with graph breaks every graph gets that
+share of its own peak (a budget in bytes applies to each graph alone, so give a fraction, or ``fullgraph=True``).
 """
 
 from __future__ import annotations
 
-import sys
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,36 +27,21 @@ from torch import nn
 from torch._dynamo.eval_frame import OptimizedModule
 from torch._dynamo.exc import BackendCompilerFailed
 
-from coop.budget import min_budget
 from coop.compiled.inductor_buffers import BufferObserver, ObservedGraph, step_peak
-from coop.compiled.measure import held_bytes, step_loss
-from coop.compiled.observed import Observation, observe_round
+from coop.compiled.measure import step_loss
+from coop.compiled.observed import Observation
 from coop.compiled.order import KeepMatmulsInPlace
 from coop.compiled.partitioner import CompiledPlan, CoopPartitioner
 from coop.compiled.pin import KeepFusionInOrder, PinScheduleOrder
+from coop.compiled.refit import CompileRound, fit_measured, held_follows_the_plan
 from coop.errors import CoopError
 from coop.graph_capture.host_cost import machine_rates
 
 #: a fusion score no two kernels reach: no horizontal fusion (see :func:`compile`)
 NO_HORIZONTAL_FUSION = 1 << 62
 
-__all__ = ["CompileRound", "CompiledRecord", "CoopCompiledModule", "compile", "partitioner"]
+__all__ = ["CompileRound", "CompiledRecord", "CoopCompiledModule", "compile", "held_follows_the_plan", "partitioner"]
 
-
-@dataclass
-class CompileRound:
-    """One compilation of the measured re-solve: the shave it planned with and what the step then held."""
-
-    shave: int
-    budget: int
-    predicted_peak: int
-    measured_peak: int | None
-    reason: str
-    #: the step's peak from the buffers inductor's generated code keeps (:mod:`coop.compiled.inductor_buffers`),
-    #: caller-owned values included as in ``measured_peak``; None when no compiled graph was observed
-    observed_peak: int | None = None
-    #: how many values the round's Graph inlined from earlier rounds' buffers (:mod:`coop.compiled.observed`)
-    inlined: int = 0
 
 
 @dataclass
@@ -104,6 +88,8 @@ class CompiledRecord:
             observed = "" if r.observed_peak is None else f" (inductor's buffers: {r.observed_peak:,} B)"
             if r.inlined:
                 observed += f"; {r.inlined} values inlined as observed"
+            if r.overhead is not None:
+                observed += f"; recomputation {100 * r.overhead:.2f} % predicted"
             lines.append(f"round {number}: {r.reason}; budget {r.budget:,} B (shave {r.shave:,} B), predicted "
                          f"{r.predicted_peak:,} B, {measured}{observed}")
         lines.append(self.pin.describe() if self.pin is not None else "kernels in inductor's order (not pinned)")
@@ -171,7 +157,9 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         Maps the model's output to the loss (default: the output itself, its ``loss`` attribute, or its first
         element).
     rounds : int
-        At most this many plans of the measured re-solve.
+        At most this many plans of the measured re-solve that seek the budget; after the first within it, at most
+        ``min(2, rounds - 1)`` more planned with its slack (:mod:`coop.compiled.refit`: the cheapest round within
+        the budget is kept).
     verbose : bool
         One line per planned graph and round on stderr.
     device : str or None
@@ -247,179 +235,8 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         # as the step's (the tied MLP of tests/test_compile_observed.py at 0.5: 9,273,184 B measured in round 0 for
         # a step that holds 2,262,536 B)
         machine_rates()
-    return _fit_measured(compile_with, example_batch, loss_fn, max(1, rounds), verbose)
+    return fit_measured(compile_with, example_batch, loss_fn, max(1, rounds), verbose)
 
-
-@dataclass
-class _Attempt:
-    compiled: nn.Module
-    record: CompiledRecord
-    held: int
-    #: how attempts compare (lower is better): within the budget before over it, then recomputation or held bytes
-    rank: tuple[int, float, float] = (1, 0.0, 0.0)
-
-
-def _fit_measured(compile_with: Callable[[int, Observation | None, int | None], nn.Module], batch: Any,
-                  loss_fn: Callable[[Any], torch.Tensor] | None, rounds: int, verbose: bool) -> nn.Module:
-    """Compile, measure one step, and while it holds more than its budget plan again.
-
-    A round holds what the meter measured (the CPU allocator's peak, or CUDA's reserved bytes), caller-owned values
-    added. The walk of inductor's buffers (:attr:`CompileRound.observed_peak`) reads the kernels before inductor's
-    ``reorder_for_peak_memory`` moves them, so it can be above what the step holds (ViT at 0.7: 36,457,464 B held,
-    the walk above the budget of 37,414,977 B): it says what to plan on, not whether a round met its budget. A round
-    that misses its budget is planned again on what inductor held in
-    it and the rounds before (:mod:`coop.compiled.observed`: the values it never wrote inlined into their readers,
-    its temporaries and fused kernels' overlaps charged), at the same shave, while the observation shows something
-    new; when it shows nothing new, the shave grows by the round's excess over the budget. A re-solve that finds no
-    schedule below it is tried once more halfway between the last shave that planned and the one that did not. A
-    round that recomputes and holds more than 2 % below its budget leaves slack that costs time: it is planned once
-    more with the budget raised by that slack (a negative shave), and kept only if it still fits and recomputes
-    less. Of the rounds within the budget the one with the least predicted recomputation is returned, else the
-    compiled module that held least (with its own record: torch.compile's wrappers of one model share
-    its attributes), with a warning naming the numbers when none met its budget.
-    """
-    history: list[CompileRound] = []
-    best: _Attempt | None = None
-    shave, planned_shave = 0, 0
-    observation: Observation | None = None
-    requested: int | None = None
-    for number in range(rounds):
-        compiled = compile_with(shave, observation, requested)
-        record: CompiledRecord = compiled.coop_record
-        record.rounds = history
-        try:
-            measured = held_bytes(compiled, batch, loss_fn)
-        except (BackendCompilerFailed, CoopError) as exc:
-            inner = exc.inner_exception if isinstance(exc, BackendCompilerFailed) else exc
-            if not isinstance(inner, CoopError) or best is None:
-                raise inner from None
-            history.append(CompileRound(shave=shave, budget=0, predicted_peak=0, measured_peak=None,
-                                        reason=f"no plan below the measured excess ({str(inner)[:160]})"))
-            if shave - planned_shave < 2 * _SHAVE_STEP:
-                break
-            shave = (planned_shave + shave) // 2
-            continue
-        part = record.partitioner
-        if not part.plans:
-            raise CoopError(_ran_without_coop())
-        if len(part.plans) != 1 or measured is None:
-            return compiled  # graph breaks (several graphs) or a running profiler: nothing to compare
-        plan = part.plans[0]
-        requested = plan.requested
-        held = measured + sum(n.mem for n in plan.joint.graph.nodes if n.caller_owned)
-        observed = record.observed_peak(plan)
-        judged = held
-        if number == 0:
-            reason = "first plan"
-        elif shave < 0:
-            reason = "planned again with the slack the step left (less recomputation)"
-        elif shave == planned_shave:
-            reason = "planned again on the buffers inductor kept"
-        else:
-            reason = "planned again below the measured excess"
-        history.append(CompileRound(shave=shave, budget=plan.budget, predicted_peak=plan.peak, measured_peak=held,
-                                    reason=reason, observed_peak=observed,
-                                    inlined=0 if observation is None else len(observation.inline)))
-        planned_shave = shave
-        within = judged <= plan.requested
-        overhead = plan.result.simulation.overhead if plan.result.simulation is not None else 0.0
-        # within the budget, the least recomputation wins; over it, the least held
-        attempt = _Attempt(compiled, record, judged, (0, overhead, judged) if within else (1, judged, overhead))
-        if best is None or attempt.rank < best.rank:
-            best = attempt
-        if shave < 0 or within:
-            slack = plan.requested - judged
-            if shave < 0 or number + 1 >= rounds or overhead <= 0 or slack <= max(_SHAVE_STEP, plan.requested // 50):
-                break
-            shave = -slack  # the step held less than its plan: plan once more with the slack, keep it if it fits
-            continue
-        seen = _observe(record, plan, observation)
-        if seen is not None and seen != observation:
-            observation = seen  # what this round showed is new: the Graph it gives, at the same shave
-            continue
-        if not held_follows_the_plan(history):
-            history[-1].reason += "; the held bytes did not follow the plan down: the excess is held outside it"
-            break
-        floor = min_budget(plan.joint.graph)
-        if plan.budget <= floor:
-            break
-        shave = min(shave + judged - plan.requested, plan.requested - floor)
-        if verbose:
-            print(f"coop.compile: the step held {judged:,} B against {plan.requested:,} B; planning again",
-                  file=sys.stderr)
-    assert best is not None
-    best.compiled.coop_record = best.record  # the wrappers share the model's attributes: its own record back
-    if best.held > best.record.plans[0].requested:
-        _warn_over_budget(best)
-    return best.compiled
-
-
-def _observe(record: CompiledRecord, plan: CompiledPlan, previous: Observation | None) -> Observation | None:
-    """The observation of ``plan``'s compiled graphs joined with ``previous``; None when they were not observed."""
-    observed = record.observed_graphs(plan)
-    if observed is None:
-        return None
-    forward, backward = observed
-    computed = set(plan.partition.forward_counts) | set(plan.partition.backward_counts)
-    return observe_round(plan.joint.graph, plan.joint.lowered.fx_names, computed, forward, backward, previous)
-
-
-def held_follows_the_plan(history: list[CompileRound]) -> bool:
-    """Whether the last two measured rounds' held bytes fell by at least a quarter of their plans' predicted fall.
-
-    A re-solve lowers the plan's peak; when the step's held bytes stay where they were, the excess is in buffers
-    the compiled code keeps outside coop's graph, and shaving the budget further only buys recomputation. With
-    fewer than two measured rounds, or when the last one was the first planned on an observation (another Graph,
-    whose predictions do not compare with the round before), there is nothing to compare.
-
-    Parameters
-    ----------
-    history
-        The re-solve's rounds so far, oldest first; rounds that measured nothing are skipped.
-
-    >>> first = CompileRound(shave=0, budget=100, predicted_peak=100, measured_peak=130, reason="first plan")
-    >>> held_follows_the_plan([first, CompileRound(40, 60, 60, 128, "again")])
-    False
-    >>> held_follows_the_plan([first, CompileRound(40, 60, 60, 100, "again")])
-    True
-    """
-    measured = [r for r in history if r.measured_peak is not None]
-    if len(measured) < 2:
-        return True
-    before, after = measured[-2], measured[-1]
-    if (before.inlined == 0) != (after.inlined == 0):
-        return True
-    predicted_fall = before.predicted_peak - after.predicted_peak
-    held_fall = before.measured_peak - after.measured_peak
-    return predicted_fall <= 0 or 4 * held_fall >= predicted_fall
-
-
-def _ran_without_coop() -> str:
-    """The one line for a measured step that never reached coop's partitioner.
-
-    Dynamo keeps at most ``recompile_limit`` compilations per function; each ``torch.compile`` of the same model
-    with another backend or options takes one more, and past the limit the function runs eagerly, without a
-    word at the default log level. A step that ran that way holds what eager holds, whatever the plan.
-    """
-    limit = torch._dynamo.config.recompile_limit
-    return ("coop.compile: the measured step never reached coop's partitioner (dynamo ran the forward eagerly; most "
-            f"often its recompile_limit, {limit}, was reached by earlier compilations of this model): call "
-            "torch._dynamo.reset() before coop.compile or raise torch._dynamo.config.recompile_limit")
-
-
-#: the smallest shave step worth another compile
-_SHAVE_STEP = 64 * 1024
-
-
-def _warn_over_budget(best: _Attempt) -> None:
-    """Warn that no measured step met its budget, with the numbers."""
-    record = best.record
-    outside = not held_follows_the_plan(record.rounds)
-    fix = ("the excess is held outside the plan (the held bytes did not fall with the planned peak): give a budget "
-           "larger by the excess" if outside else "give a larger budget, more time_limit or more rounds")
-    warnings.warn(f"coop.compile: the compiled step held {best.held:,} B against its budget "
-                  f"{record.plans[0].requested:,} B at best, after {len(record.rounds)} rounds (kept the plan at "
-                  f"{record.plans[0].budget:,} B); {fix}", stacklevel=3)
 
 
 def _plan_on_meta(model: nn.Module, budget: str | float, batch: Any, loss_fn: Callable[[Any], torch.Tensor] | None,

@@ -8,7 +8,8 @@ included), the buffers (batch norm's running statistics) and the RNG state.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -16,7 +17,7 @@ from torch import nn
 
 from coop.runtime.meter import cpu_allocation_peak
 
-__all__ = ["held_bytes", "step_loss"]
+__all__ = ["held_bytes", "step_loss", "warm_up"]
 
 
 def step_loss(module: nn.Module, batch: Any, loss_fn: Callable[[Any], torch.Tensor] | None) -> torch.Tensor:
@@ -52,6 +53,62 @@ def step_loss(module: nn.Module, batch: Any, loss_fn: Callable[[Any], torch.Tens
     return out[0]
 
 
+@contextlib.contextmanager
+def _put_back(module: nn.Module) -> Iterator[None]:
+    """Inside, the gradients start as None; after, the gradients and buffers are as they were before."""
+    grads = {name: None if p.grad is None else p.grad.detach().clone() for name, p in module.named_parameters()}
+    buffers = {name: b.detach().clone() for name, b in module.named_buffers()}
+    for p in module.parameters():
+        p.grad = None
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for name, p in module.named_parameters():
+                p.grad = grads[name]
+            for name, b in module.named_buffers():
+                b.copy_(buffers[name])
+
+
+def warm_up(module: nn.Module, batch: Any, loss_fn: Callable[[Any], torch.Tensor] | None,
+            compilations: Callable[[], int], most: int = 3) -> list[int]:
+    """Unmetered steps until one compiles nothing new (at most ``most``); per step that compiled, how many graphs.
+
+    A compiled module compiles its forward at the first call and its backward at the first backward, and a first
+    call can change what its guards read (Hugging Face's loss sets ``config.problem_type``), so that the second
+    call compiles the graph again: bench_compile's ResNet compiled two plans in its first two steps (2026-11-29).
+    What the steps after those run, and hold, is the last compilation's; and the kernels' one-off allocations
+    (oneDNN's primitive cache) are made by then. Gradients, buffers and the RNG are put back.
+
+    Parameters
+    ----------
+    module, batch, loss_fn
+        As :func:`held_bytes` takes them.
+    compilations : callable
+        How many graphs have been compiled so far (the partitioner's plans).
+    most : int
+        At most this many steps.
+
+    Returns
+    -------
+    list of int
+        For each step that compiled, in order, the graphs it compiled (empty: none compiled).
+    """
+    compiled: list[int] = []
+    devices = [] if all(p.device.type != "cuda" for p in module.parameters()) else None
+    with _put_back(module):
+        for _ in range(most):
+            before = compilations()
+            with torch.random.fork_rng(devices=devices):
+                step_loss(module, batch, loss_fn).backward()
+            for p in module.parameters():
+                p.grad = None
+            if compilations() == before:
+                break
+            compiled.append(compilations() - before)
+    return compiled
+
+
 def held_bytes(module: nn.Module, batch: Any, loss_fn: Callable[[Any], torch.Tensor] | None) -> int | None:
     """Peak bytes one forward+backward of ``module`` allocated above what was allocated when it started.
 
@@ -67,17 +124,12 @@ def held_bytes(module: nn.Module, batch: Any, loss_fn: Callable[[Any], torch.Ten
     int or None
         The bytes; None while another profiler runs (CPU).
     """
-    grads = {name: None if p.grad is None else p.grad.detach().clone() for name, p in module.named_parameters()}
-    buffers = {name: b.detach().clone() for name, b in module.named_buffers()}
-    for p in module.parameters():
-        p.grad = None
 
     def run() -> None:
         step_loss(module, batch, loss_fn).backward()
 
-    devices = {p.device.type for p in module.parameters()}
-    try:
-        if "cuda" in devices:
+    with _put_back(module):
+        if any(p.device.type == "cuda" for p in module.parameters()):
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             start = torch.cuda.memory_reserved()
@@ -86,9 +138,3 @@ def held_bytes(module: nn.Module, batch: Any, loss_fn: Callable[[Any], torch.Ten
             torch.cuda.synchronize()
             return torch.cuda.max_memory_reserved() - start
         return cpu_allocation_peak(run)
-    finally:
-        with torch.no_grad():
-            for name, p in module.named_parameters():
-                p.grad = grads[name]
-            for name, b in module.named_buffers():
-                b.copy_(buffers[name])

@@ -1,0 +1,341 @@
+"""The measured re-solve of ``coop.compile``: compile, measure one step, plan again (issue 41).
+
+:func:`fit_measured` compiles with a shave (bytes the plan keeps below the requested budget; negative: above it),
+measures the step on the CPU allocator (or CUDA's reserved bytes), and decides the next round:
+
+* a round over its budget is planned again on what inductor held (:mod:`coop.compiled.observed`) while that
+  shows something new, else below the measured excess (the shave grows by it), until the held bytes stop
+  following the plan down;
+* a round within its budget that recomputes and leaves slack starts the slack rounds (:func:`next_slack_shave`):
+  the budget raised by the slack, and after a slack round that missed, raised by the slack less the miss (a
+  secant step kept between the largest raise that fitted and the smallest that missed, halving the bracket when
+  the step would leave it), each on the observation of the rounds so far (a fitting round's
+  buffers too: pinned LLaMA at 0.5 fitted in round 0 with a plan recomputing 1.527 GFLOP, and its slack round,
+  on the same Graph, recomputed as much; unpinned, round 1 on the observation recomputed 0.336). They stop when a
+  round fits with little slack (unless its buffers show something new: :func:`next_slack_round` plans it once
+  more at its own budget on them), a raise changes nothing the step held, the bracket is narrower than two
+  :data:`SHAVE_STEP`, or after :data:`SLACK_ROUNDS` of them (beyond the ``rounds`` that seek the budget: unpinned
+  LLaMA at 0.5 fitted in its second round, and its slack round, the third, missed by 44,812 B).
+
+The round returned is the cheapest of those within the budget (the least predicted recomputation, then the
+fewest held bytes), else the one that held least, with a warning naming the numbers.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch._dynamo.exc import BackendCompilerFailed
+
+from coop.budget import min_budget
+from coop.compiled.measure import held_bytes, warm_up
+from coop.compiled.observed import Observation, observe_round
+from coop.errors import CoopError
+
+if TYPE_CHECKING:
+    from coop.compiled.api import CompiledRecord
+    from coop.compiled.partitioner import CompiledPlan
+
+__all__ = ["SHAVE_STEP", "SLACK_ROUNDS", "CompileRound", "SlackPoint", "fit_measured", "held_follows_the_plan",
+           "next_slack_round", "next_slack_shave"]
+
+#: the smallest shave step worth another compile
+SHAVE_STEP = 64 * 1024
+#: at most this many slack rounds after the first round within the budget, beyond ``rounds`` (fewer when
+#: ``rounds`` is smaller: ``rounds - 1``)
+SLACK_ROUNDS = 2
+
+
+@dataclass
+class CompileRound:
+    """One compilation of the measured re-solve: the shave it planned with and what the step then held."""
+
+    shave: int
+    budget: int
+    predicted_peak: int
+    measured_peak: int | None
+    reason: str
+    #: the step's peak from the buffers inductor's generated code keeps (:mod:`coop.compiled.inductor_buffers`),
+    #: caller-owned values included as in ``measured_peak``; None when no compiled graph was observed
+    observed_peak: int | None = None
+    #: how many values the round's Graph inlined from earlier rounds' buffers (:mod:`coop.compiled.observed`)
+    inlined: int = 0
+    #: the plan's predicted recomputation overhead (a fraction of the step's cost; how the rounds within the budget
+    #: are ranked); None when nothing was planned
+    overhead: float | None = None
+
+
+@dataclass(frozen=True)
+class SlackPoint:
+    """One round of the slack phase: how far its plan's budget was raised above the requested one, and what the
+    step then held beyond the requested budget (negative: the slack it left)."""
+
+    raised: int
+    excess: int
+
+
+def next_slack_shave(points: list[SlackPoint], requested: int, recomputes: bool) -> int | None:
+    """The shave of the next slack round, or None when the slack phase is done.
+
+    The first point is the round that fitted first; every later one a slack round (module docstring). The next
+    raise is the last raise plus the last slack, or less the last miss and a shave step, kept inside the bracket
+    (at least :data:`SHAVE_STEP` above the largest raise that fitted, below the smallest that missed), else the
+    bracket's middle; a raise already tried ends the phase.
+
+    Parameters
+    ----------
+    points : list of SlackPoint
+        The slack phase so far, oldest first.
+    requested : int
+        The requested budget in bytes (the slack that is not worth a round: 2 % of it, at least SHAVE_STEP).
+    recomputes : bool
+        Whether the last round's plan recomputes anything (a plan that does not has nothing to buy back).
+
+    Returns
+    -------
+    int or None
+        The next round's shave (minus its raise), or None.
+
+    >>> next_slack_shave([SlackPoint(0, -1_000_000)], 10_000_000, True)  # a fit leaving 1 MB: raise by it
+    -1000000
+    >>> next_slack_shave([SlackPoint(0, -1_000_000), SlackPoint(1_000_000, 200_000)], 10_000_000, True)  # less the miss
+    -734464
+    >>> next_slack_shave([SlackPoint(0, -100_000)], 10_000_000, True) is None  # 1 % slack: not worth a round
+    True
+    """
+    last = points[-1]
+    if len(points) > 1 and last.excess == points[-2].excess:
+        return None  # the raise changed nothing the step held: the solver gave the same plan
+    worth = max(SHAVE_STEP, requested // 50)
+    if last.excess <= 0 and (not recomputes or -last.excess <= worth):
+        return None
+    fitted = max((p.raised for p in points if p.excess <= 0), default=None)
+    missed = min((p.raised for p in points if p.excess > 0), default=None)
+    if fitted is None:
+        return None  # no slack round without a round that fitted
+    # after a miss, one shave step further down: a secant step lands on the budget itself, and the held bytes
+    # scatter around it (pinned LLaMA at 0.5: raised 835,000 B, missed by 291,596; raised 543,716, missed by 6,924)
+    proposal = last.raised - last.excess - (SHAVE_STEP if last.excess > 0 else 0)
+    upper = missed if missed is not None else proposal + 2 * SHAVE_STEP
+    if upper - fitted < 2 * SHAVE_STEP:
+        return None
+    if not fitted + SHAVE_STEP <= proposal < upper:
+        proposal = (fitted + upper) // 2
+    if any(proposal == p.raised for p in points):
+        return None
+    return -proposal
+
+
+def next_slack_round(points: list[SlackPoint], requested: int, recomputes: bool,
+                     observed_new: bool) -> tuple[int, str] | None:
+    """The next slack round's shave and reason, or None: :func:`next_slack_shave`, and when it has none, a round
+    that fitted and recomputes is planned once more at its own budget if its buffers showed something new.
+
+    A Graph rebuilt on what inductor kept (:mod:`coop.compiled.observed`: values never written cost no bytes) can
+    admit a cheaper schedule at the same budget: pinned LLaMA at 0.5 fitted in round 0 with 11,999,848 B planned,
+    11,979,348 B held (31 kB of slack, too little to raise) and 1.527 GFLOP recomputed, where unpinned, round 1 on
+    the observation recomputed 0.336 GFLOP at that budget (bench_compile, 2026-11-29).
+
+    Parameters
+    ----------
+    points, requested, recomputes
+        As :func:`next_slack_shave` takes them.
+    observed_new : bool
+        Whether the last round's buffers give an observation the round was not planned on (the next round is
+        planned on it).
+
+    Returns
+    -------
+    tuple of (int, str) or None
+        The shave and the reason the round summary gives.
+
+    >>> next_slack_round([SlackPoint(0, -31_000)], 12_010_820, True, True)
+    (0, "planned again at the fitting round's budget on the buffers inductor kept")
+    >>> next_slack_round([SlackPoint(0, -31_000)], 12_010_820, True, False) is None
+    True
+    """
+    following = next_slack_shave(points, requested, recomputes)
+    last = points[-1]
+    if following is None:
+        if observed_new and recomputes and last.excess <= 0:
+            return -last.raised, "planned again at the fitting round's budget on the buffers inductor kept"
+        return None
+    reason = ("planned again with the slack the step left (less recomputation)" if last.excess <= 0 else
+              f"planned again with the slack less the last round's miss ({last.excess:,} B) and a shave step")
+    return following, reason + (", on the buffers inductor kept" if observed_new else "")
+
+
+@dataclass
+class _Attempt:
+    compiled: nn.Module
+    record: CompiledRecord
+    held: int
+    #: how attempts compare (lower is better): within the budget before over it, then recomputation or held bytes
+    rank: tuple[int, float, float] = (1, 0.0, 0.0)
+
+
+def fit_measured(compile_with: Callable[[int, Observation | None, int | None], nn.Module], batch: Any,
+                 loss_fn: Callable[[Any], torch.Tensor] | None, rounds: int, verbose: bool) -> nn.Module:
+    """Compile, measure one step, and while it holds more than its budget, or fits leaving slack, plan again.
+
+    Each round's step is measured after :func:`coop.compiled.measure.warm_up` (the plan judged is the one compiled
+    last, which the steps run); it holds what the meter measured (the CPU allocator's peak, or CUDA's reserved
+    bytes), caller-owned values added. The walk of inductor's buffers (:attr:`CompileRound.observed_peak`) reads the
+    kernels before inductor's ``reorder_for_peak_memory`` moves them, so it can be above what the step holds (ViT at
+    0.7: 36,457,464 B held, the walk above the budget of 37,414,977 B): it says what to plan on, not whether a round
+    met its budget. A round that misses its budget is planned again on what inductor held in it and the rounds
+    before (the values it never wrote inlined into their readers, its temporaries and fused kernels' overlaps
+    charged), at the same shave, while the observation shows something new; when it shows nothing new, the shave
+    grows by the round's excess over the budget. A re-solve that finds no schedule below it is tried once more
+    halfway between the last shave that planned and the one that did not. After the first round within the budget
+    come the slack rounds (:func:`next_slack_shave`). At most ``rounds`` compilations seek the budget and
+    ``min(SLACK_ROUNDS, rounds - 1)`` more use the slack; the module docstring says which is returned (with its own record:
+    torch.compile's wrappers of one model share their attributes).
+    """
+    history: list[CompileRound] = []
+    best: _Attempt | None = None
+    shave, planned_shave = 0, 0
+    observation: Observation | None = None
+    requested: int | None = None
+    slack: list[SlackPoint] = []  # the slack phase: from the first round within the budget on
+    reason = "first plan"
+    slack_rounds = min(SLACK_ROUNDS, rounds - 1)  # rounds=1: one compilation, no slack round
+    for _ in range(rounds + slack_rounds):
+        compiled = compile_with(shave, observation, requested)
+        record: CompiledRecord = compiled.coop_record
+        record.rounds = history
+        part = record.partitioner
+        try:
+            compiled_steps = warm_up(compiled, batch, loss_fn, lambda plans=part.plans: len(plans))
+            measured = held_bytes(compiled, batch, loss_fn)
+        except (BackendCompilerFailed, CoopError) as exc:
+            inner = exc.inner_exception if isinstance(exc, BackendCompilerFailed) else exc
+            if not isinstance(inner, CoopError) or best is None:
+                raise inner from None
+            history.append(CompileRound(shave=shave, budget=0, predicted_peak=0, measured_peak=None,
+                                        reason=f"no plan below the measured excess ({str(inner)[:160]})"))
+            if slack or shave - planned_shave < 2 * SHAVE_STEP or len(history) >= rounds:
+                break
+            shave = (planned_shave + shave) // 2
+            continue
+        if not part.plans:
+            raise CoopError(_ran_without_coop())
+        if (compiled_steps[-1] if compiled_steps else len(part.plans)) != 1 or measured is None:
+            return compiled  # graph breaks (several graphs) or a running profiler: nothing to compare
+        plan = part.plans[-1]  # the graph compiled last is the one the steps run (measure.warm_up)
+        requested = plan.requested
+        held = measured + sum(n.mem for n in plan.joint.graph.nodes if n.caller_owned)
+        overhead = plan.result.simulation.overhead if plan.result.simulation is not None else 0.0
+        history.append(CompileRound(shave=shave, budget=plan.budget, predicted_peak=plan.peak, measured_peak=held,
+                                    reason=reason, observed_peak=record.observed_peak(plan),
+                                    inlined=0 if observation is None else len(observation.inline),
+                                    overhead=overhead))
+        planned_shave = shave
+        within = held <= plan.requested
+        # within the budget, the least recomputation wins; over it, the least held
+        attempt = _Attempt(compiled, record, held, (0, overhead, held) if within else (1, held, overhead))
+        if best is None or attempt.rank < best.rank:
+            best = attempt
+        if slack or within:
+            slack.append(SlackPoint(raised=-shave, excess=held - plan.requested))
+            seen = _observe(record, plan, observation)
+            new = seen is not None and seen != observation
+            following = next_slack_round(slack, plan.requested, overhead > 0, new)
+            if following is None or len(slack) > slack_rounds:
+                break
+            shave, reason = following
+            observation = seen if new else observation
+            continue
+        if len(history) >= rounds:
+            break
+        following_observation = _observe(record, plan, observation)
+        if following_observation is not None and following_observation != observation:
+            observation = following_observation  # what this round showed is new: the Graph it gives, same shave
+            reason = "planned again on the buffers inductor kept"
+            continue
+        if not held_follows_the_plan(history):
+            history[-1].reason += "; the held bytes did not follow the plan down: the excess is held outside it"
+            break
+        floor = min_budget(plan.joint.graph)
+        if plan.budget <= floor:
+            break
+        shave = min(shave + held - plan.requested, plan.requested - floor)
+        reason = "planned again below the measured excess"
+        if verbose:
+            print(f"coop.compile: the step held {held:,} B against {plan.requested:,} B; planning again",
+                  file=sys.stderr)
+    assert best is not None
+    best.compiled.coop_record = best.record  # the wrappers share the model's attributes: its own record back
+    if best.held > best.record.plans[-1].requested:
+        _warn_over_budget(best)
+    return best.compiled
+
+
+def _observe(record: CompiledRecord, plan: CompiledPlan, previous: Observation | None) -> Observation | None:
+    """The observation of ``plan``'s compiled graphs joined with ``previous``; None when they were not observed."""
+    observed = record.observed_graphs(plan)
+    if observed is None:
+        return None
+    forward, backward = observed
+    computed = set(plan.partition.forward_counts) | set(plan.partition.backward_counts)
+    return observe_round(plan.joint.graph, plan.joint.lowered.fx_names, computed, forward, backward, previous)
+
+
+def held_follows_the_plan(history: list[CompileRound]) -> bool:
+    """Whether the last two measured rounds' held bytes fell by at least a quarter of their plans' predicted fall.
+
+    A re-solve lowers the plan's peak; when the step's held bytes stay where they were, the excess is in buffers
+    the compiled code keeps outside coop's graph, and shaving the budget further only buys recomputation. With
+    fewer than two measured rounds, or when the last one was the first planned on an observation (another Graph,
+    whose predictions do not compare with the round before), there is nothing to compare.
+
+    Parameters
+    ----------
+    history
+        The re-solve's rounds so far, oldest first; rounds that measured nothing are skipped.
+
+    >>> first = CompileRound(shave=0, budget=100, predicted_peak=100, measured_peak=130, reason="first plan")
+    >>> held_follows_the_plan([first, CompileRound(40, 60, 60, 128, "again")])
+    False
+    >>> held_follows_the_plan([first, CompileRound(40, 60, 60, 100, "again")])
+    True
+    """
+    measured = [r for r in history if r.measured_peak is not None]
+    if len(measured) < 2:
+        return True
+    before, after = measured[-2], measured[-1]
+    if (before.inlined == 0) != (after.inlined == 0):
+        return True
+    predicted_fall = before.predicted_peak - after.predicted_peak
+    held_fall = before.measured_peak - after.measured_peak
+    return predicted_fall <= 0 or 4 * held_fall >= predicted_fall
+
+
+def _ran_without_coop() -> str:
+    """The one line for a measured step that never reached coop's partitioner.
+
+    Dynamo keeps at most ``recompile_limit`` compilations per function; each ``torch.compile`` of the same model
+    with another backend or options takes one more, and past the limit the function runs eagerly, without a
+    word at the default log level. A step that ran that way holds what eager holds, whatever the plan.
+    """
+    limit = torch._dynamo.config.recompile_limit
+    return ("coop.compile: the measured step never reached coop's partitioner (dynamo ran the forward eagerly; most "
+            f"often its recompile_limit, {limit}, was reached by earlier compilations of this model): call "
+            "torch._dynamo.reset() before coop.compile or raise torch._dynamo.config.recompile_limit")
+
+
+def _warn_over_budget(best: _Attempt) -> None:
+    """Warn that no measured step met its budget, with the numbers."""
+    record = best.record
+    outside = not held_follows_the_plan(record.rounds)
+    fix = ("the excess is held outside the plan (the held bytes did not fall with the planned peak): give a budget "
+           "larger by the excess" if outside else "give a larger budget, more time_limit or more rounds")
+    warnings.warn(f"coop.compile: the compiled step held {best.held:,} B against its budget "
+                  f"{record.plans[-1].requested:,} B at best, after {len(record.rounds)} rounds (kept the plan at "
+                  f"{record.plans[-1].budget:,} B); {fix}", stacklevel=3)
