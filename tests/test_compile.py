@@ -534,11 +534,9 @@ def test_a_convolution_holds_no_channels_last_copy_of_the_batch(layout: bool | N
     """coop.compile turns inductor's layout optimization off: with it, the compiled forward copies the batch and
     the weight to channels-last and saves the copies for the backward, bytes outside every Graph of the joint
     graph. Oracle: the CPU allocator's peak of the store-all step against the Graph's, within 1 % by default, and
-    above it by the batch's copy (196,608 B, less 1 %) when the user turns the optimization back on. The Graph
-    charges the scratch oneDNN's convolution allocates inside its call, measured on contiguous inputs
-    (:mod:`coop.compiled.scratch`); on the channels-last copies the compiled convolution's scratch differs, and the
-    step held 196,580 B above the Graph on 2026-11-29. At one thread, as under ``make test``: the scratch depends
-    on the threads (26,368 B here at two)."""
+    above it by at least the batch's copy when the user turns the optimization back on. At one thread, as under
+    ``make test``: at two, oneDNN's convolution allocates a scratch inside its call (26,368 B here), which a CPU
+    Graph does not count (no CPU workspace is measured), and the default case measured 2.3 % above the Graph."""
     torch.manual_seed(0)
     batch = torch.randn(16, 3, 32, 32)
     options = {} if layout is None else {"options": {"layout_optimization": layout}}
@@ -554,4 +552,4 @@ def test_a_convolution_holds_no_channels_last_copy_of_the_batch(layout: bool | N
     if layout is None:
         assert abs(plan.peak - measured.measured_peak) <= 0.01 * measured.measured_peak, (plan.peak, measured)
     else:
-        assert measured.measured_peak - plan.peak >= 0.99 * batch.numel() * batch.element_size(), (plan.peak, measured)
+        assert measured.measured_peak - plan.peak >= batch.numel() * batch.element_size(), (plan.peak, measured)

@@ -19,7 +19,6 @@ share of its own peak (a budget in bytes applies to each graph alone, so give a 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -27,13 +26,14 @@ from torch import nn
 from torch._dynamo.eval_frame import OptimizedModule
 from torch._dynamo.exc import BackendCompilerFailed
 
-from coop.compiled.inductor_buffers import BufferObserver, ObservedGraph, step_peak
+from coop.compiled.inductor_buffers import BufferObserver
 from coop.compiled.measure import step_loss
 from coop.compiled.observed import Observation
 from coop.compiled.order import KeepMatmulsInPlace
-from coop.compiled.partitioner import CompiledPlan, CoopPartitioner
+from coop.compiled.partitioner import CoopPartitioner
 from coop.compiled.pin import KeepFusionInOrder, PinScheduleOrder
-from coop.compiled.refit import CompileRound, fit_measured, held_follows_the_plan
+from coop.compiled.record import CompiledRecord, CompileRound
+from coop.compiled.refit import fit_measured, held_follows_the_plan
 from coop.errors import CoopError
 from coop.graph_capture.host_cost import machine_rates
 
@@ -42,58 +42,6 @@ NO_HORIZONTAL_FUSION = 1 << 62
 
 __all__ = ["CompileRound", "CompiledRecord", "CoopCompiledModule", "compile", "held_follows_the_plan", "partitioner"]
 
-
-
-@dataclass
-class CompiledRecord:
-    """What ``coop.compile`` did, attached to the compiled module as ``coop_record``."""
-
-    partitioner: CoopPartitioner
-    rounds: list[CompileRound] = field(default_factory=list)
-    #: the kernels and buffers inductor generated for each compiled graph (None: the user set their own
-    #: ``_post_fusion_custom_pass``, which coop leaves in place)
-    buffers: BufferObserver | None = None
-    #: the post-grad pass that keeps coop's products where the schedule put them (None: the user set their own
-    #: ``post_grad_custom_post_pass``, which coop leaves in place; :mod:`coop.compiled.order`)
-    order: KeepMatmulsInPlace | None = None
-    #: the scheduler pass that runs the kernels in coop's order (None: the user set their own
-    #: ``_post_fusion_custom_pass``, or ``pin=False``; :mod:`coop.compiled.pin`)
-    pin: PinScheduleOrder | None = None
-
-    def observed_graphs(self, plan: CompiledPlan) -> tuple[ObservedGraph, ObservedGraph] | None:
-        """``plan``'s observed forward and backward; None until both were compiled (the backward compiles at the
-        first backward) or where nothing is observed."""
-        if self.buffers is None:
-            return None
-        forward, backward = self.buffers.of(plan.joint.graph.name)
-        return None if forward is None or backward is None else (forward, backward)
-
-    def observed_peak(self, plan: CompiledPlan) -> int | None:
-        """The peak of ``plan``'s forward and backward from the buffers inductor keeps, caller-owned values
-        included; None where they were not observed (:meth:`observed_graphs`)."""
-        observed = self.observed_graphs(plan)
-        if observed is None:
-            return None
-        forward, backward = observed
-        return step_peak(forward, backward, len(plan.partition.saved)) + sum(n.mem for n in plan.joint.graph.nodes if n.caller_owned)
-
-    @property
-    def plans(self) -> list[CompiledPlan]:
-        return self.partitioner.plans
-
-    def summary(self) -> str:
-        lines = [plan.summary() for plan in self.plans] or ["no graph planned yet (the model has not run)"]
-        for number, r in enumerate(self.rounds):
-            measured = "not measured" if r.measured_peak is None else f"measured {r.measured_peak:,} B"
-            observed = "" if r.observed_peak is None else f" (inductor's buffers: {r.observed_peak:,} B)"
-            if r.inlined:
-                observed += f"; {r.inlined} values inlined as observed"
-            if r.overhead is not None:
-                observed += f"; recomputation {100 * r.overhead:.2f} % predicted"
-            lines.append(f"round {number}: {r.reason}; budget {r.budget:,} B (shave {r.shave:,} B), predicted "
-                         f"{r.predicted_peak:,} B, {measured}{observed}")
-        lines.append(self.pin.describe() if self.pin is not None else "kernels in inductor's order (not pinned)")
-        return "\n".join(lines)
 
 
 class CoopCompiledModule(OptimizedModule):

@@ -35,7 +35,6 @@ from torch import fx
 from coop.compiled.fusion import fuse_pointwise
 from coop.compiled.observed import Observation, inline_unbuffered
 from coop.compiled.pricing import DRAWS, inlined_recomputations, reprice, step_rates, unwritten_seconds
-from coop.compiled.scratch import charge_scratch, extern_scratch
 from coop.errors import CoopError
 from coop.graph import Graph
 from coop.graph_capture.lower import Lowered, lower
@@ -165,8 +164,6 @@ def lower_joint(gm: fx.GraphModule, num_fwd_outputs: int, static_indices: list[i
     traced = TracedStep(module=module, param_names=[f"grad{i}" for i in range(len(grads))], buffer_names=[],
                         frozen_names=[], batch_size=0, output_grads=[], output_buffers=[])
     lowered = lower(traced, labels, name, allocated_on=device)
-    # what an extern kernel allocates inside itself (oneDNN's reorders), measured on a CPU step (coop.compiled.scratch)
-    lowered = charge_scratch(lowered, extern_scratch(copied.nodes))
     rates = step_rates(placeholders, device) if pricing != "nominal" else None
     fx_by_name = {n.name: n for n in copied.nodes}
     if rates is not None:

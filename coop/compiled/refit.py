@@ -36,10 +36,10 @@ from torch._dynamo.exc import BackendCompilerFailed
 from coop.budget import min_budget
 from coop.compiled.measure import held_bytes, warm_up
 from coop.compiled.observed import Observation, observe_round
+from coop.compiled.record import CompiledRecord, CompileRound
 from coop.errors import CoopError
 
 if TYPE_CHECKING:
-    from coop.compiled.api import CompiledRecord
     from coop.compiled.partitioner import CompiledPlan
 
 __all__ = ["SHAVE_STEP", "SLACK_ROUNDS", "CompileRound", "SlackPoint", "fit_measured", "held_follows_the_plan",
@@ -50,25 +50,6 @@ SHAVE_STEP = 64 * 1024
 #: at most this many slack rounds after the first round within the budget, beyond ``rounds`` (fewer when
 #: ``rounds`` is smaller: ``rounds - 1``)
 SLACK_ROUNDS = 2
-
-
-@dataclass
-class CompileRound:
-    """One compilation of the measured re-solve: the shave it planned with and what the step then held."""
-
-    shave: int
-    budget: int
-    predicted_peak: int
-    measured_peak: int | None
-    reason: str
-    #: the step's peak from the buffers inductor's generated code keeps (:mod:`coop.compiled.inductor_buffers`),
-    #: caller-owned values included as in ``measured_peak``; None when no compiled graph was observed
-    observed_peak: int | None = None
-    #: how many values the round's Graph inlined from earlier rounds' buffers (:mod:`coop.compiled.observed`)
-    inlined: int = 0
-    #: the plan's predicted recomputation overhead (a fraction of the step's cost; how the rounds within the budget
-    #: are ranked); None when nothing was planned
-    overhead: float | None = None
 
 
 @dataclass(frozen=True)
