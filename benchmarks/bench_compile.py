@@ -34,6 +34,7 @@ import argparse
 import copy
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -334,6 +335,14 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
+def _error_cell(error: str | None) -> str | None:
+    """A failed variant in a few words: a refusal below the proven floor as its floor, anything else cut short."""
+    if not error:
+        return None
+    floor = re.search(r"below min_budget ([\d,]+) B", error)
+    return f"refused: below the floor {floor.group(1)}" if floor else f"error: {error[:80]}"
+
+
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The coop.compile rows against both readings of compile-amb and coop.plan, then each model's amb frontier."""
     compare_at_equal_peak(rows)
@@ -348,14 +357,16 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             continue
         same = {x["variant"]: x for x in rows if x["model"] == r["model"] and x.get("share") == r["share"]}
         amb, plan = same.get("compile-amb", {}), same.get("coop.plan", {})
+        amb_held = amb.get("held", _error_cell(amb.get("error")))
+        plan_held = plan.get("held", _error_cell(plan.get("error")))
         if "held" not in r:
-            cells = [r["model"], r["share"], r["budget"], f"error: {r.get('error', '?')[:80]}"] + [None] * 12
+            cells = [r["model"], r["share"], r["budget"], _error_cell(r.get("error", "?"))] + [None] * 5 + [
+                amb_held, amb.get("ms"), None, plan_held, plan.get("ms"), None, loads.get(r["model"])]
         else:
             vs_plan = r["ms"] < plan["ms"] if "ms" in plan else None
             cells = [r["model"], r["share"], r["budget"], r["held"], r["within"], r["ms"], r.get("recomputed_gflop"),
-                     r["amb_at_or_below"], r["vs_amb_equal_peak"], amb.get("held", amb.get("error")), amb.get("ms"),
-                     r["vs_amb_same_share"], plan.get("held", (plan.get("error") or "")[:80] or None), plan.get("ms"),
-                     vs_plan, loads.get(r["model"])]
+                     r["amb_at_or_below"], r["vs_amb_equal_peak"], amb_held, amb.get("ms"), r["vs_amb_same_share"],
+                     plan_held, plan.get("ms"), vs_plan, loads.get(r["model"])]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     lines += ["", "| model | knob | held | ms | x_eager | on the frontier |", "|---|---|---|---|---|---|"]
     for model in dict.fromkeys(r["model"] for r in rows):
@@ -363,6 +374,13 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         for p in sorted(_amb_points(rows, model), key=lambda p: p["knob"]):
             lines.append("| " + " | ".join(_cell(c) for c in (model, p["knob"], p["held"], p["ms"], p.get("x_eager"),
                                                               id(p) in frontier)) + " |")
+    lines += ["", "| model | worker_s | load (start-end) | eager held | eager ms | compile held (ref) | compile ms |",
+              "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["variant"] == "eager":
+            plain = next((x for x in rows if x["model"] == r["model"] and x["variant"] == "compile"), {})
+            lines.append("| " + " | ".join(_cell(c) for c in (r["model"], r.get("worker_s"), r.get("load"), r.get("held"),
+                                                              r.get("ms"), plain.get("held"), plain.get("ms"))) + " |")
     return "\n".join(lines)
 
 
