@@ -131,6 +131,14 @@ def _worker(name: str, shares: tuple[float, ...], time_limit: float,
     torch.manual_seed(0)
     model, batch, loss_fn = build(name, **MODELS[name])
     base = Step(model, loss_fn)
+    # Hugging Face's classifier loss sets config.problem_type at its first call and dynamo guards on it: every
+    # compiled variant (BERT, ViT, ResNet) compiled twice, its measured first compilation never run again (ResNet:
+    # 43 s more per variant on 2026-11-29). One eager forward sets it before the variants copy the model.
+    training = base.training
+    base.eval()
+    with torch.no_grad():
+        base(*batch)
+    base.train(training)
     variants: dict[str, tuple[nn.Module, Callable[[], None]]] = {}
     info: dict[str, dict[str, Any]] = {}
 
