@@ -216,9 +216,11 @@ def _worker(name: str, shares: tuple[float, ...], time_limit: float,
     print(f"[bench_compile {name}] timing {len(variants)} variants, at {time.perf_counter() - worker_start:.0f} s",
           file=sys.stderr, flush=True)
     rows = _time_and_meter(variants, info, batch)
+    run_id = time.strftime("%H:%M:%S", time.gmtime(time.time() - (time.perf_counter() - worker_start)))
     for row in rows:
         row["model"] = name
         row["ref_held"] = ref
+        row["run"] = run_id  # the worker's start (UTC): milliseconds compare within one worker only
     compare_at_equal_peak(rows)
     # on the eager row: the worker's wall time, compilations, solves and the timing loop together
     # and the 1-minute load average at its start and end
@@ -254,17 +256,24 @@ def _time_and_meter(variants: dict[str, tuple[nn.Module, Callable[[], None]]], i
     return rows
 
 
-def _amb_points(rows: list[dict[str, Any]], model: str) -> list[dict[str, Any]]:
-    """The compiler's own configurations of one model that ran: every compile-amb knob and the plain compile (1.0)."""
-    return [r for r in rows if r.get("model") == model and r["variant"] in ("compile", "compile-amb")
-            and "held" in r and "ms" in r]
+def _amb_points(rows: list[dict[str, Any]], model: str, run: str | None = None) -> list[dict[str, Any]]:
+    """The compiler's own configurations of one model that ran in one worker (``run``: its start; milliseconds
+    compare within one worker's timing loop only): every compile-amb knob and the plain compile (1.0)."""
+    return [r for r in rows if r.get("model") == model and r.get("run") == run
+            and r["variant"] in ("compile", "compile-amb") and "held" in r and "ms" in r]
 
 
-def amb_frontier(rows: list[dict[str, Any]], model: str) -> list[dict[str, Any]]:
-    """compile-amb's frontier for one model: its configurations that no other beats in both held bytes and ms
-    (fewer held bytes, or as few and faster), by held bytes ascending (ms then falls)."""
+def _same_run(rows: list[dict[str, Any]], row: dict[str, Any], variant: str, share: float) -> dict[str, Any]:
+    """The row of ``variant`` at ``share`` timed in the same worker as ``row`` ({} when none)."""
+    return next((x for x in rows if x.get("model") == row.get("model") and x.get("run") == row.get("run")
+                 and x["variant"] == variant and x.get("share") == share), {})
+
+
+def amb_frontier(rows: list[dict[str, Any]], model: str, run: str | None = None) -> list[dict[str, Any]]:
+    """compile-amb's frontier for one model in one worker: its configurations that no other beats in both held bytes
+    and ms (fewer held bytes, or as few and faster), by held bytes ascending (ms then falls)."""
     frontier: list[dict[str, Any]] = []
-    for point in sorted(_amb_points(rows, model), key=lambda r: (r["held"], r["ms"])):
+    for point in sorted(_amb_points(rows, model, run), key=lambda r: (r["held"], r["ms"])):
         if not frontier or point["ms"] < frontier[-1]["ms"]:
             frontier.append(point)
     return frontier
@@ -284,7 +293,7 @@ def compare_at_equal_peak(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for r in rows:
         if r["variant"] != "coop.compile" or "held" not in r:
             continue
-        points = _amb_points(rows, r["model"])
+        points = _amb_points(rows, r["model"], r.get("run"))
         below = [a for a in points if a["held"] <= r["held"]]
         for key in ("amb_knob", "amb_held", "amb_ms"):
             r.pop(key, None)
@@ -316,9 +325,8 @@ def bars(rows: list[dict[str, Any]]) -> dict[str, Any]:
     compare_at_equal_peak(rows)
     faster_plan = compared_plan = 0
     for r in coop_rows:
-        plan = next((x for x in rows if x["model"] == r["model"] and x["variant"] == "coop.plan"
-                     and x.get("share") == r["share"] and "ms" in x), None)
-        if plan is not None:
+        plan = _same_run(rows, r, "coop.plan", r["share"])
+        if "ms" in plan:
             compared_plan += 1
             faster_plan += r["ms"] < plan["ms"]
     equal = [r["vs_amb_equal_peak"] for r in coop_rows if r["vs_amb_equal_peak"] is not None]
@@ -359,36 +367,37 @@ def markdown(rows: list[dict[str, Any]]) -> str:
               "| vs_plan | load |")
     lines = [header,
              "|" + "---|" * 16]
-    loads = {r["model"]: r.get("load") for r in rows if r["variant"] == "eager"}
+    loads = {(r["model"], r.get("run")): r.get("load") for r in rows if r["variant"] == "eager"}
     for r in rows:
         if r["variant"] != "coop.compile":
             continue
-        same = {x["variant"]: x for x in rows if x["model"] == r["model"] and x.get("share") == r["share"]}
-        amb, plan = same.get("compile-amb", {}), same.get("coop.plan", {})
+        amb, plan = _same_run(rows, r, "compile-amb", r["share"]), _same_run(rows, r, "coop.plan", r["share"])
+        load = loads.get((r["model"], r.get("run")))
         amb_held = amb.get("held", _error_cell(amb.get("error")))
         plan_held = plan.get("held", _error_cell(plan.get("error")))
         if "held" not in r:
             cells = [r["model"], r["share"], r["budget"], _error_cell(r.get("error", "?"))] + [None] * 5 + [
-                amb_held, amb.get("ms"), None, plan_held, plan.get("ms"), None, loads.get(r["model"])]
+                amb_held, amb.get("ms"), None, plan_held, plan.get("ms"), None, load]
         else:
             vs_plan = r["ms"] < plan["ms"] if "ms" in plan else None
             cells = [r["model"], r["share"], r["budget"], r["held"], r["within"], r["ms"], r.get("recomputed_gflop"),
                      r["amb_at_or_below"], r["vs_amb_equal_peak"], amb_held, amb.get("ms"), r["vs_amb_same_share"],
-                     plan_held, plan.get("ms"), vs_plan, loads.get(r["model"])]
+                     plan_held, plan.get("ms"), vs_plan, load]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
-    lines += ["", "| model | knob | held | ms | x_eager | on the frontier |", "|---|---|---|---|---|---|"]
-    for model in dict.fromkeys(r["model"] for r in rows):
-        frontier = {id(p) for p in amb_frontier(rows, model)}
-        for p in sorted(_amb_points(rows, model), key=lambda p: p["knob"]):
-            lines.append("| " + " | ".join(_cell(c) for c in (model, p["knob"], p["held"], p["ms"], p.get("x_eager"),
-                                                              id(p) in frontier)) + " |")
-    lines += ["", "| model | worker_s | load (start-end) | eager held | eager ms | compile held (ref) | compile ms |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["", "| model | run | knob | held | ms | x_eager | on the frontier |", "|---|---|---|---|---|---|---|"]
+    for model, run in dict.fromkeys((r["model"], r.get("run")) for r in rows):
+        frontier = {id(p) for p in amb_frontier(rows, model, run)}
+        for p in sorted(_amb_points(rows, model, run), key=lambda p: p["knob"]):
+            lines.append("| " + " | ".join(_cell(c) for c in (model, run, p["knob"], p["held"], p["ms"],
+                                                              p.get("x_eager"), id(p) in frontier)) + " |")
+    lines += ["", "| model | run | worker_s | load (start-end) | eager held | eager ms | compile held (ref) | compile ms |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["variant"] == "eager":
-            plain = next((x for x in rows if x["model"] == r["model"] and x["variant"] == "compile"), {})
-            lines.append("| " + " | ".join(_cell(c) for c in (r["model"], r.get("worker_s"), r.get("load"), r.get("held"),
-                                                              r.get("ms"), plain.get("held"), plain.get("ms"))) + " |")
+            plain = _same_run(rows, r, "compile", None)
+            lines.append("| " + " | ".join(_cell(c) for c in (r["model"], r.get("run"), r.get("worker_s"), r.get("load"),
+                                                              r.get("held"), r.get("ms"), plain.get("held"),
+                                                              plain.get("ms"))) + " |")
     return "\n".join(lines)
 
 

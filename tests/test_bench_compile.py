@@ -109,4 +109,18 @@ def test_the_markdown_table_shows_both_readings() -> None:
     text = bench.markdown(_rows())
     assert "| m | 0.5 | 20,000,000 | 17,000,000 | yes | 155.0 | - | knob 0.1: 16,000,000 B, 150.0 ms | no |" in text
     assert "none (lowest 24.0 MB)" in text and "error: refused" in text
-    assert "| m | 0.2 | 17,000,000 | 160.0 | - | no |" in text  # the frontier table marks the beaten knob
+    assert "| m | - | 0.2 | 17,000,000 | 160.0 | - | no |" in text  # the frontier table marks the beaten knob
+
+
+def test_rows_of_two_workers_compare_within_their_own_worker() -> None:
+    """Milliseconds compare within one worker's timing loop: a second worker's rows of the same model (its own knobs
+    and coop row, run "B") never meet the first's (run None), though its knob 0.0 would be faster and lower."""
+    other = [dict(r, run="B") for r in (_amb("m", 1.0, 30_000_000, 60.0), _amb("m", 0.0, 10_000_000, 50.0),
+                                        _coop("m", 0.9, 29_000_000, 70.0),
+                                        _coop("m", 0.9, 28_000_000, 75.0, variant="coop.plan"))]
+    rows = bench.compare_at_equal_peak(_rows() + other)
+    assert _coop_row(rows, "m", 0.5)["amb_knob"] == 0.1  # run B's knob 0.0 (10 MB, 50 ms) is not compared
+    late = _coop_row(rows, "m", 0.9)
+    assert (late["amb_knob"], late["vs_amb_equal_peak"]) == (0.0, False)  # 70 ms against run B's 50 ms
+    assert [p["knob"] for p in bench.amb_frontier(rows, "m", "B")] == [0.0]
+    assert bench.bars(rows)["faster_than_coop_plan"] == "3/4"  # 70 < 75 ms in run B
