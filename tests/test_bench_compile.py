@@ -1,0 +1,126 @@
+"""benchmarks/bench_compile.py's reading of issue 41's bar "at equal or lower measured peak, coop.compile is at least
+as fast as the compiler's own budget": each coop.compile row against the fastest compile-amb knob (or the plain
+compile, the knob's default 1.0) whose measured held bytes are not above coop's, on hand-made rows.
+
+The rows are made by hand so that the answer is known: a knob that held fewer bytes but ran slower than another
+also below coop's bytes, a knob that held exactly coop's bytes, a row that no knob reaches, and a same-share
+compile-amb that held more than coop (the old comparison's only case) and one that held less (not compared).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.benchmark_module import load_benchmark
+
+bench = load_benchmark("bench_compile")
+
+
+def _amb(model: str, knob: float, held: int, ms: float, share: float | None = None) -> dict[str, Any]:
+    row: dict[str, Any] = {"model": model, "variant": "compile" if knob == 1.0 else "compile-amb", "knob": knob,
+                           "held": held, "ms": ms}
+    if share is not None:
+        row.update(share=share, budget=int(share * 40_000_000))
+    return row
+
+
+def _coop(model: str, share: float, held: int, ms: float, variant: str = "coop.compile") -> dict[str, Any]:
+    budget = int(share * 40_000_000)
+    return {"model": model, "variant": variant, "share": share, "budget": budget, "held": held, "ms": ms,
+            "within": held <= budget}
+
+
+def _rows() -> list[dict[str, Any]]:
+    """One model, "m": the compiler's sweep and two shares; a second, "n", whose knobs never reach coop's bytes."""
+    return [
+        {"model": "m", "variant": "eager", "held": 40_000_000, "ms": 100.0},
+        _amb("m", 1.0, 30_000_000, 120.0),  # the plain compile
+        _amb("m", 0.0, 14_000_000, 190.0),
+        _amb("m", 0.1, 16_000_000, 150.0),  # below coop's 0.5 row and the fastest there
+        _amb("m", 0.2, 17_000_000, 160.0),  # nearer coop's bytes, slower: not the one compared
+        _amb("m", 0.5, 26_000_000, 125.0, share=0.5),  # same share, held more than coop
+        _amb("m", 0.7, 21_000_000, 130.0, share=0.7),  # same share, held less than coop: the old reading skips it
+        _coop("m", 0.7, 21_500_000, 128.0),
+        _coop("m", 0.7, 20_000_000, 110.0, variant="coop.plan"),
+        _coop("m", 0.5, 17_000_000, 155.0),  # at knob 0.2's bytes exactly: knobs 0.0, 0.1, 0.2 compare
+        _coop("m", 0.5, 16_900_000, 170.0, variant="coop.plan"),
+        _amb("n", 1.0, 30_000_000, 90.0),
+        _amb("n", 0.5, 24_000_000, 95.0, share=0.5),
+        _coop("n", 0.5, 15_000_000, 80.0),  # below every knob's bytes: no configuration to compare with
+        _coop("n", 0.5, 14_900_000, 85.0, variant="coop.plan"),
+        {"model": "n", "variant": "coop.compile", "share": 0.3, "budget": 12_000_000, "error": "refused"},
+    ]
+
+
+def _coop_row(rows: list[dict[str, Any]], model: str, share: float) -> dict[str, Any]:
+    return next(r for r in rows if r["model"] == model and r["variant"] == "coop.compile" and r["share"] == share)
+
+
+def test_each_coop_row_meets_the_fastest_knob_at_or_below_its_held_bytes() -> None:
+    rows = bench.compare_at_equal_peak(_rows())
+    at_half = _coop_row(rows, "m", 0.5)
+    # 0.0 (14 MB, 190 ms), 0.1 (16 MB, 150 ms) and 0.2 (17 MB, held exactly coop's bytes, 160 ms) compare: 0.1 wins
+    assert (at_half["amb_knob"], at_half["amb_held"], at_half["amb_ms"]) == (0.1, 16_000_000, 150.0)
+    assert at_half["amb_at_or_below"] == "knob 0.1: 16,000,000 B, 150.0 ms"
+    assert at_half["vs_amb_equal_peak"] is False  # 155 ms against 150 ms
+    # the old reading: compile-amb at 0.5 held 26 MB, more than coop's 17 MB, and ran 125 ms
+    assert at_half["vs_amb_same_share"] is False
+    at_seven = _coop_row(rows, "m", 0.7)
+    # 21.5 MB: knob 0.7 (21 MB, 130 ms) is the fastest at or below (the plain compile held 30 MB)
+    assert (at_seven["amb_knob"], at_seven["vs_amb_equal_peak"]) == (0.7, True)
+    assert at_seven["vs_amb_same_share"] is None  # compile-amb at 0.7 held less than coop: the old reading skips it
+
+
+def test_a_row_no_knob_reaches_says_so_and_is_not_compared() -> None:
+    rows = bench.compare_at_equal_peak(_rows())
+    row = _coop_row(rows, "n", 0.5)
+    assert row["amb_at_or_below"] == "none (lowest 24.0 MB)"
+    assert row["vs_amb_equal_peak"] is None and "amb_knob" not in row
+    # the old reading compares it: compile-amb at 0.5 held 24 MB, more than coop's 15 MB, and ran 95 ms against 80
+    assert row["vs_amb_same_share"] is True
+    assert _coop_row(rows, "n", 0.3).get("vs_amb_equal_peak", "absent") == "absent"  # the refused row stays as is
+
+
+def test_the_frontier_keeps_the_points_no_other_beats_in_both() -> None:
+    rows = _rows()
+    frontier = [(p["knob"], p["held"], p["ms"]) for p in bench.amb_frontier(rows, "m")]
+    # knob 0.2 (17 MB, 160 ms) is beaten by 0.1 (16 MB, 150 ms); 0.5 (26 MB, 125 ms) holds more than 0.7 (21 MB,
+    # 130 ms) but runs faster, so both stay; the plain compile (30 MB, 120 ms) is the fastest and stays
+    assert frontier == [(0.0, 14_000_000, 190.0), (0.1, 16_000_000, 150.0), (0.7, 21_000_000, 130.0),
+                        (0.5, 26_000_000, 125.0), (1.0, 30_000_000, 120.0)]
+    # the point compared is the frontier's last at or below coop's bytes
+    for r in bench.compare_at_equal_peak(rows):
+        if r["variant"] == "coop.compile" and r.get("amb_knob") is not None:
+            last = [p for p in bench.amb_frontier(rows, r["model"]) if p["held"] <= r["held"]][-1]
+            assert last["knob"] == r["amb_knob"]
+
+
+def test_the_bars_count_the_rows_no_knob_reaches_apart() -> None:
+    summary = bench.bars(_rows())
+    assert summary["coop_rows"] == 3
+    assert summary["faster_than_amb_at_equal_or_lower_held"] == "1/2"  # m 0.7 wins, m 0.5 loses; n 0.5 apart
+    assert summary["no_amb_at_or_below"] == 1
+    assert summary["faster_than_amb_same_share"] == "1/2"  # m 0.5 loses, n 0.5 wins; m 0.7's amb held less
+    assert summary["faster_than_coop_plan"] == "2/3"  # m 0.5 (155 < 170 ms), n 0.5 (80 < 85); not m 0.7
+    assert summary["within_budget"] == 3 and summary["monotone"]
+
+
+def test_the_markdown_table_shows_both_readings() -> None:
+    text = bench.markdown(_rows())
+    assert "| m | 0.5 | 20,000,000 | 17,000,000 | yes | 155.0 | - | knob 0.1: 16,000,000 B, 150.0 ms | no |" in text
+    assert "none (lowest 24.0 MB)" in text and "error: refused" in text
+    assert "| m | - | 0.2 | 17,000,000 | 160.0 | - | no |" in text  # the frontier table marks the beaten knob
+
+
+def test_rows_of_two_workers_compare_within_their_own_worker() -> None:
+    """Milliseconds compare within one worker's timing loop: a second worker's rows of the same model (its own knobs
+    and coop row, run "B") never meet the first's (run None), though its knob 0.0 would be faster and lower."""
+    other = [dict(r, run="B") for r in (_amb("m", 1.0, 30_000_000, 60.0), _amb("m", 0.0, 10_000_000, 50.0),
+                                        _coop("m", 0.9, 29_000_000, 70.0),
+                                        _coop("m", 0.9, 28_000_000, 75.0, variant="coop.plan"))]
+    rows = bench.compare_at_equal_peak(_rows() + other)
+    assert _coop_row(rows, "m", 0.5)["amb_knob"] == 0.1  # run B's knob 0.0 (10 MB, 50 ms) is not compared
+    late = _coop_row(rows, "m", 0.9)
+    assert (late["amb_knob"], late["vs_amb_equal_peak"]) == (0.0, False)  # 70 ms against run B's 50 ms
+    assert [p["knob"] for p in bench.amb_frontier(rows, "m", "B")] == [0.0]
+    assert bench.bars(rows)["faster_than_coop_plan"] == "3/4"  # 70 < 75 ms in run B
