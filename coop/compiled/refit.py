@@ -34,7 +34,8 @@ from torch import nn
 from torch._dynamo.exc import BackendCompilerFailed
 
 from coop.budget import min_budget
-from coop.compiled.measure import held_bytes, warm_up
+from coop.compiled.extern_scratch import match_calls, scratch_note
+from coop.compiled.measure import extern_calls, held_bytes, warm_up
 from coop.compiled.observed import Observation, observe_round
 from coop.compiled.record import CompiledRecord, CompileRound
 from coop.errors import CoopError
@@ -217,6 +218,7 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
                                     reason=reason, observed_peak=record.observed_peak(plan),
                                     inlined=0 if observation is None else len(observation.inline),
                                     overhead=overhead))
+        scratch = _measured_scratch(compiled, batch, loss_fn, plan, history[-1])
         planned_shave = shave
         within = held <= plan.requested
         # within the budget, the least recomputation wins; over it, the least held
@@ -225,7 +227,7 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
             best = attempt
         if slack or within:
             slack.append(SlackPoint(raised=-shave, excess=held - plan.requested))
-            seen = _observe(record, plan, observation)
+            seen = _observe(record, plan, observation, scratch)
             new = seen is not None and seen != observation
             following = next_slack_round(slack, plan.requested, overhead > 0, new)
             if following is None or len(slack) > slack_rounds:
@@ -235,7 +237,7 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
             continue
         if len(history) >= rounds:
             break
-        following_observation = _observe(record, plan, observation)
+        following_observation = _observe(record, plan, observation, scratch)
         if following_observation is not None and following_observation != observation:
             observation = following_observation  # what this round showed is new: the Graph it gives, same shave
             reason = "planned again on the buffers inductor kept"
@@ -258,14 +260,46 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
     return best.compiled
 
 
-def _observe(record: CompiledRecord, plan: CompiledPlan, previous: Observation | None) -> Observation | None:
-    """The observation of ``plan``'s compiled graphs joined with ``previous``; None when they were not observed."""
+def _observe(record: CompiledRecord, plan: CompiledPlan, previous: Observation | None,
+             scratch: dict[str, int]) -> Observation | None:
+    """The observation of ``plan``'s compiled graphs and the extern kernels' measured ``scratch`` joined with
+    ``previous``; None when the graphs were not observed and nothing was charged before or now."""
     observed = record.observed_graphs(plan)
     if observed is None:
-        return None
+        if previous is None and not scratch:
+            return None
+        return (previous or Observation()).with_scratch(scratch)
     forward, backward = observed
     computed = set(plan.partition.forward_counts) | set(plan.partition.backward_counts)
-    return observe_round(plan.joint.graph, plan.joint.lowered.fx_names, computed, forward, backward, previous)
+    seen = observe_round(plan.joint.graph, plan.joint.lowered.fx_names, computed, forward, backward, previous)
+    return seen.with_scratch(scratch)
+
+
+def _measured_scratch(compiled: nn.Module, batch: Any, loss_fn: Callable[[Any], torch.Tensor] | None,
+                      plan: CompiledPlan, measured_round: CompileRound) -> dict[str, int]:
+    """Owner fx name -> the scratch the extern kernels computing it took on one more real step of ``compiled``.
+
+    The step's calls are matched to ``plan``'s forward and backward modules (:mod:`coop.compiled.extern_scratch`)
+    and each joint value to its owner in ``plan``'s lowering; what was charged, what matched nothing, or why
+    nothing was measured is added to ``measured_round``'s reason.
+    """
+    calls = extern_calls(compiled, batch, loss_fn)
+    if calls is None or len(calls) != 2:
+        measured_round.reason += "; " + scratch_note(None, None if calls is None else len(calls))
+        return {}
+    match = match_calls(calls, [plan.partition.forward, plan.partition.backward])
+    lowered = plan.joint.lowered
+    owners: dict[str, int] = {}
+    for name, nbytes in match.charged.items():
+        node_id = lowered.owner_of.get(name)
+        if node_id is None:  # a value the round's Graph has no node for
+            match.unmatched.append((name, nbytes))
+            continue
+        owner = lowered.fx_names[node_id][0]
+        owners[owner] = max(owners.get(owner, 0), nbytes)
+    match.charged = owners
+    measured_round.reason += "; " + scratch_note(match, len(calls))
+    return owners
 
 
 def held_follows_the_plan(history: list[CompileRound]) -> bool:
