@@ -3,9 +3,14 @@
 :func:`fit_measured` compiles with a shave (bytes the plan keeps below the requested budget; negative: above it),
 measures the step on the CPU allocator (or CUDA's reserved bytes), and decides the next round:
 
+* each measured round also profiles one more step on the example batch for what extern kernels allocate inside
+  themselves (:mod:`coop.compiled.extern_scratch`), charged as workspace from the next round on (its note says
+  what was charged, what matched no node, or why nothing was measured);
 * a round over its budget is planned again on what inductor held (:mod:`coop.compiled.observed`) while that
   shows something new, else below the measured excess (the shave grows by it), until the held bytes stop
-  following the plan down;
+  following the plan down; where the Graph with the values inductor never wrote inlined has no schedule at the
+  budget (their readers keep their inputs live: ResNet at 0.7), the next round is planned with every value
+  written, what was measured still charged, and so are the rounds after it;
 * a round within its budget that recomputes and leaves slack starts the slack rounds (:func:`next_slack_shave`):
   the budget raised by the slack, and after a slack round that missed, raised by the slack less the miss (a
   secant step kept between the largest raise that fitted and the smallest that missed, halving the bracket when
@@ -26,7 +31,7 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -186,6 +191,7 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
     observation: Observation | None = None
     requested: int | None = None
     slack: list[SlackPoint] = []  # the slack phase: from the first round within the budget on
+    keep_writing = False  # once a Graph with inlined values had no plan, later rounds inline nothing
     reason = "first plan"
     slack_rounds = min(SLACK_ROUNDS, rounds - 1)  # rounds=1: one compilation, no slack round
     for _ in range(rounds + slack_rounds):
@@ -202,6 +208,13 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
                 raise inner from None
             history.append(CompileRound(shave=shave, budget=0, predicted_peak=0, measured_peak=None,
                                         reason=f"no plan below the measured excess ({str(inner)[:160]})"))
+            if observation is not None and observation.inline and not slack and len(history) < rounds:
+                # the values the last step never wrote keep their readers' inputs live: a Graph without them
+                # (what was measured still charged) may fit where that one has no schedule
+                observation, keep_writing = replace(observation, inline=frozenset()), True
+                reason = ("planned again on the measured scratch and temporaries, every value written (the Graph "
+                          "with the unwritten values inlined has no plan at this budget)")
+                continue
             if slack or shave - planned_shave < 2 * SHAVE_STEP or len(history) >= rounds:
                 break
             shave = (planned_shave + shave) // 2
@@ -227,7 +240,7 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
             best = attempt
         if slack or within:
             slack.append(SlackPoint(raised=-shave, excess=held - plan.requested))
-            seen = _observe(record, plan, observation, scratch)
+            seen = _observe(record, plan, observation, scratch, keep_writing)
             new = seen is not None and seen != observation
             following = next_slack_round(slack, plan.requested, overhead > 0, new)
             if following is None or len(slack) > slack_rounds:
@@ -237,7 +250,7 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
             continue
         if len(history) >= rounds:
             break
-        following_observation = _observe(record, plan, observation, scratch)
+        following_observation = _observe(record, plan, observation, scratch, keep_writing)
         if following_observation is not None and following_observation != observation:
             observation = following_observation  # what this round showed is new: the Graph it gives, same shave
             reason = "planned again on the buffers inductor kept"
@@ -261,9 +274,10 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
 
 
 def _observe(record: CompiledRecord, plan: CompiledPlan, previous: Observation | None,
-             scratch: dict[str, int]) -> Observation | None:
+             scratch: dict[str, int], keep_writing: bool = False) -> Observation | None:
     """The observation of ``plan``'s compiled graphs and the extern kernels' measured ``scratch`` joined with
-    ``previous``; None when the graphs were not observed and nothing was charged before or now."""
+    ``previous`` (with ``keep_writing``, no value inlined); None when the graphs were not observed and nothing was
+    charged before or now."""
     observed = record.observed_graphs(plan)
     if observed is None:
         if previous is None and not scratch:
@@ -272,7 +286,7 @@ def _observe(record: CompiledRecord, plan: CompiledPlan, previous: Observation |
     forward, backward = observed
     computed = set(plan.partition.forward_counts) | set(plan.partition.backward_counts)
     seen = observe_round(plan.joint.graph, plan.joint.lowered.fx_names, computed, forward, backward, previous)
-    return seen.with_scratch(scratch)
+    return replace(seen.with_scratch(scratch), inline=frozenset()) if keep_writing else seen.with_scratch(scratch)
 
 
 def _measured_scratch(compiled: nn.Module, batch: Any, loss_fn: Callable[[Any], torch.Tensor] | None,
