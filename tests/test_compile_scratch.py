@@ -16,6 +16,9 @@ from torch import nn
 
 import coop
 from coop.compiled.extern_scratch import KernelCall, match_calls, profiled_calls
+from coop.compiled.inductor_buffers import ObservedBuffer, ObservedGraph
+from coop.compiled.observed import observe_round
+from coop.graph import Graph, Node
 from tests.independent_meter import HeldBytes
 
 ROWS, WIDTH = 128, 128
@@ -118,3 +121,26 @@ def test_the_scratch_measured_on_the_step_is_charged_and_the_next_round_holds_wi
     with HeldBytes(held=[*module.parameters(), batch]) as meter:
         compiled(batch).backward()
     assert meter.peak_bytes <= budget, record.summary()
+
+
+def _observed(buffers: list[tuple[str, str | None, int, tuple[int, ...]]], extern: list[bool]) -> ObservedGraph:
+    """A forward of hand-built kernels: (buffer, joint value or None, kernel, readers), all materialized."""
+    return ObservedGraph(coop_graph="g", backward=False, kernels=[f"k{i}" for i in range(len(extern))], extern=extern,
+                         buffers=[ObservedBuffer(name=b, nbytes=64, joint_name=j, kernel=k, readers=r, output=not r,
+                                                 materialized=True, dtype="torch.float32") for b, j, k, r in buffers])
+
+
+def test_a_value_an_extern_kernel_reads_from_a_nameless_copy_is_not_inlined_but_one_folded_into_it_is() -> None:
+    """x -> mm -> sq (pointwise) -> op (extern) and mm -> add(mm, x) run as one addmm: sq's buffer, written for the
+    extern op, names no joint value (hand-built as inductor leaves an extern input's copy), so sq is not taken for
+    a value never written; the mm folded into the addmm has no buffer at all and is inlined."""
+    nodes = [Node(id=0, name="x", mem=64, cost=0, kind="input"), Node(id=1, name="mm", inputs=(0,), mem=64, cost=1),
+             Node(id=2, name="sq", inputs=(1,), mem=64, cost=1), Node(id=3, name="op", inputs=(2,), mem=64, cost=1),
+             Node(id=4, name="mm2", inputs=(0,), mem=64, cost=1), Node(id=5, name="add", inputs=(4, 0), mem=64, cost=1)]
+    graph = Graph(name="g", nodes=nodes, outputs=(3, 5))
+    fx_names = {n.id: [n.name] for n in nodes}
+    forward = _observed([("buf0", "mm", 0, (1,)), ("buf1", None, 1, (2,)), ("buf2", "op", 2, ()),
+                         ("buf3", "add", 3, ())], extern=[True, False, True, True])
+    backward = ObservedGraph(coop_graph="g", backward=True)
+    observation = observe_round(graph, fx_names, {"mm", "sq", "op", "mm2", "add"}, forward, backward)
+    assert observation.inline == {"mm2"}

@@ -24,6 +24,8 @@ round's note says how many bytes went unmatched.
 
 from __future__ import annotations
 
+import bisect
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -107,9 +109,7 @@ def _is_op(name: str) -> bool:
 def _transient(memory: list[tuple[int, int]], start: int, end: int) -> int:
     """The peak of the running sum of the allocation events in ``[start, end]`` less the sum at ``end``."""
     running = peak = 0
-    for time, nbytes in memory:
-        if time < start:
-            continue
+    for time, nbytes in memory[bisect.bisect_left(memory, (start, -sys.maxsize)):]:
         if time > end:
             break
         running += nbytes
