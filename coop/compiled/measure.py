@@ -3,7 +3,8 @@
 The meter is not coop's: on CPU the allocator's own reports to ``torch.profiler``
 (:func:`coop.runtime.meter.cpu_allocation_peak`), on CUDA the caching allocator's peak reserved bytes. The step
 runs forward and backward on the real model, then puts back what it changed: the gradients (as they were, None
-included), the buffers (batch norm's running statistics) and the RNG state.
+included), the buffers (batch norm's running statistics) and the RNG state. :func:`extern_calls` profiles one more
+such step for the scratch extern kernels take inside themselves (:mod:`coop.compiled.extern_scratch`).
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from coop.compiled.extern_scratch import KernelCall, profiled_calls
 from coop.runtime.meter import cpu_allocation_peak
 
-__all__ = ["held_bytes", "step_loss", "warm_up"]
+__all__ = ["extern_calls", "held_bytes", "step_loss", "warm_up"]
 
 
 def step_loss(module: nn.Module, batch: Any, loss_fn: Callable[[Any], torch.Tensor] | None) -> torch.Tensor:
@@ -138,3 +140,25 @@ def held_bytes(module: nn.Module, batch: Any, loss_fn: Callable[[Any], torch.Ten
             torch.cuda.synchronize()
             return torch.cuda.max_memory_reserved() - start
         return cpu_allocation_peak(run)
+
+
+def extern_calls(module: nn.Module, batch: Any,
+                 loss_fn: Callable[[Any], torch.Tensor] | None) -> list[list[KernelCall]] | None:
+    """One more step of ``module`` on ``batch``, profiled: per compiled graph call, the ATen calls and their scratch.
+
+    A step like :func:`held_bytes`'s (gradients, buffers and the RNG put back), on the real batch; its allocator
+    events are read by :func:`coop.compiled.extern_scratch.profiled_calls`.
+
+    Parameters
+    ----------
+    module, batch, loss_fn
+        As :func:`held_bytes` takes them.
+
+    Returns
+    -------
+    list of list of KernelCall or None
+        Per compiled graph call, in order, its ATen calls; None while another profiler runs.
+    """
+    device = next((p.device.type for p in module.parameters()), "cpu")
+    with _put_back(module), torch.random.fork_rng(devices=[] if device != "cuda" else None):
+        return profiled_calls(lambda: step_loss(module, batch, loss_fn).backward(), device)

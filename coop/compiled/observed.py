@@ -13,6 +13,8 @@ of their own. :func:`observe_round` turns that into an :class:`Observation`, key
   value's workspace: inductor's temporaries (materialized buffers that hold no joint value, e.g. a layer norm's
   partial statistics), and inputs that die in a fused kernel read there only by its earlier values (the kernel
   allocates all its outputs before it frees any input; the Graph's separate steps free them in between).
+* ``scratch``: per joint value, what the extern kernel computing it allocated inside itself and gave back on the
+  real step (:mod:`coop.compiled.extern_scratch`), charged on top of the Graph node's workspace.
 
 :func:`inline_unbuffered` rebuilds a lowering with those values taken out: each reader of an inlined value reads
 the inlined value's inputs (transitively) and pays its cost once per reader, which is what the fused kernels do;
@@ -42,10 +44,19 @@ class Observation:
     inline: frozenset[str] = frozenset()
     #: owner fx name -> bytes of inductor's temporaries in the kernel that computes it (the largest seen)
     workspace: tuple[tuple[str, int], ...] = ()
+    #: owner fx name -> bytes an extern kernel computing it allocated inside itself (the largest measured)
+    scratch: tuple[tuple[str, int], ...] = ()
 
     def key(self) -> str:
         """A stable text of the observation, for inductor's cache key."""
-        return repr((sorted(self.inline), sorted(self.workspace)))
+        return repr((sorted(self.inline), sorted(self.workspace), sorted(self.scratch)))
+
+    def with_scratch(self, measured: dict[str, int]) -> Observation:
+        """This observation with ``measured`` (owner fx name -> bytes) joined into its scratch, the larger kept."""
+        scratch = dict(self.scratch)
+        for owner, nbytes in measured.items():
+            scratch[owner] = max(scratch.get(owner, 0), nbytes)
+        return replace(self, scratch=tuple(sorted(scratch.items())))
 
 
 def observe_round(graph: Graph, fx_names: dict[int, list[str]], computed: set[str], forward: ObservedGraph,
@@ -63,7 +74,7 @@ def observe_round(graph: Graph, fx_names: dict[int, list[str]], computed: set[st
     forward, backward
         The round's observed graphs.
     previous : Observation or None
-        The observation the round was planned with; its inlined names and workspace are kept.
+        The observation the round was planned with; its inlined names, workspace and scratch are kept.
 
     Returns
     -------
@@ -71,16 +82,45 @@ def observe_round(graph: Graph, fx_names: dict[int, list[str]], computed: set[st
         The values to inline and the workspace to charge in the next round.
     """
     buffered = {b.joint_name for g in (forward, backward) for b in g.materialized() if b.joint_name is not None}
+    node_of = {name: node_id for node_id, names in fx_names.items() for name in names}
+    copied = set().union(*(_copied_extern_inputs(graph, fx_names, node_of, g, buffered) for g in (forward, backward)))
     inline = set(previous.inline) if previous is not None else set()
     for names in fx_names.values():
-        if names and names[0] in computed and not buffered.intersection(names):
+        if names and names[0] in computed and not buffered.intersection(names) and names[0] not in copied:
             inline.add(names[0])
     workspace = dict(previous.workspace) if previous is not None else {}
-    node_of = {name: node_id for node_id, names in fx_names.items() for name in names}
     for observed in (forward, backward):
         for owner, nbytes in _kernel_workspace(graph, fx_names, node_of, observed).items():
             workspace[owner] = max(workspace.get(owner, 0), nbytes)
-    return Observation(inline=frozenset(inline), workspace=tuple(sorted(workspace.items())))
+    return Observation(inline=frozenset(inline), workspace=tuple(sorted(workspace.items())),
+                       scratch=previous.scratch if previous is not None else ())
+
+
+def _copied_extern_inputs(graph: Graph, fx_names: dict[int, list[str]], node_of: dict[str, int],
+                          observed: ObservedGraph, buffered: set[str]) -> set[str]:
+    """Owner fx names of the values held by buffers that name no joint value and that an extern kernel reads.
+
+    An extern kernel reads buffers only: a pointwise input it is handed unrealized is written to a buffer of its
+    own first, which inductor names after no fx node (it keeps ``origin_node`` for the values it lowers, not for
+    the copies an extern kernel's input takes), so the value looks unbuffered though it was written. Each such
+    buffer is matched by its bytes to an input of the kernel's joint values that no named buffer holds (a
+    custom op reading ``a * a``: the square's buffer). An input folded into the kernel itself (an ``mm`` inside
+    the ``addmm`` that reads it) has no such buffer and stays inlined.
+    """
+    values: dict[int, set[int]] = {}  # extern kernel -> the Graph nodes its named buffers hold
+    for buffer in observed.buffers:
+        if observed.extern[buffer.kernel] and buffer.joint_name in node_of:
+            values.setdefault(buffer.kernel, set()).add(node_of[buffer.joint_name])
+    copied: set[str] = set()
+    for kernel, nodes in values.items():
+        nameless = [b.nbytes for b in observed.materialized() if b.joint_name is None and kernel in b.readers]
+        inputs = sorted({i for v in nodes for i in graph.nodes[v].inputs if not graph.nodes[i].caller_owned})
+        for source in inputs:
+            owner = fx_names[source][0]
+            if nameless and not buffered.intersection(fx_names[source]) and graph.nodes[source].mem in nameless:
+                nameless.remove(graph.nodes[source].mem)
+                copied.add(owner)
+    return copied
 
 
 def _kernel_workspace(graph: Graph, fx_names: dict[int, list[str]], node_of: dict[str, int],
@@ -143,7 +183,7 @@ class Inlined:
 
 def inline_unbuffered(lowered: Lowered, fx_nodes: dict[str, fx.Node], observation: Observation,
                       keep: set[int]) -> Inlined:
-    """Take the observed values out of ``lowered``'s Graph and charge the workspace (module docstring).
+    """Take the observed values out of ``lowered``'s Graph and charge the workspace and scratch (module docstring).
 
     A value stays a node when it is caller-owned, random, not recomputable, has implementations, is part of a
     multi-output op, is a Graph output, is in ``keep`` (the tangents), has no reader, or is not pointwise and has
@@ -199,6 +239,7 @@ def inline_unbuffered(lowered: Lowered, fx_nodes: dict[str, fx.Node], observatio
     survivors = [node.id for node in graph.nodes if node.id not in inlined]
     new_id = {old: index for index, old in enumerate(survivors)}
     workspace = dict(observation.workspace)
+    scratch = dict(observation.scratch)
     nodes: list[Node] = []
     flops: dict[int, int] = {}
     for old in survivors:
@@ -212,8 +253,9 @@ def inline_unbuffered(lowered: Lowered, fx_nodes: dict[str, fx.Node], observatio
         update = {"id": new_id[old], "inputs": tuple(new_id[i] for i in inputs),
                   "cost": node.cost + sum(graph.nodes[i].cost for i in closure),
                   "output_of": None if node.output_of is None else new_id[node.output_of]}
-        charged = workspace.get(lowered.fx_names[old][0], 0)
-        if charged > node.workspace and not node.caller_owned:
+        owner = lowered.fx_names[old][0]
+        charged = max(node.workspace, workspace.get(owner, 0)) + scratch.get(owner, 0)
+        if charged != node.workspace and not node.caller_owned:
             update["workspace"] = charged
         nodes.append(node.model_copy(update=update))
         flops[new_id[old]] = lowered.node_flops.get(old, 0) + sum(lowered.node_flops.get(i, 0) for i in closure)

@@ -3,9 +3,14 @@
 :func:`fit_measured` compiles with a shave (bytes the plan keeps below the requested budget; negative: above it),
 measures the step on the CPU allocator (or CUDA's reserved bytes), and decides the next round:
 
+* each measured round also profiles one more step on the example batch for what extern kernels allocate inside
+  themselves (:mod:`coop.compiled.extern_scratch`), charged as workspace from the next round on (its note says
+  what was charged, what matched no node, or why nothing was measured);
 * a round over its budget is planned again on what inductor held (:mod:`coop.compiled.observed`) while that
   shows something new, else below the measured excess (the shave grows by it), until the held bytes stop
-  following the plan down;
+  following the plan down; where the Graph with the values inductor never wrote inlined has no schedule at the
+  budget (their readers keep their inputs live: ResNet at 0.7), the next round is planned with every value
+  written, what was measured still charged, and so are the rounds after it;
 * a round within its budget that recomputes and leaves slack starts the slack rounds (:func:`next_slack_shave`):
   the budget raised by the slack, and after a slack round that missed, raised by the slack less the miss (a
   secant step kept between the largest raise that fitted and the smallest that missed, halving the bracket when
@@ -26,7 +31,7 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -34,7 +39,8 @@ from torch import nn
 from torch._dynamo.exc import BackendCompilerFailed
 
 from coop.budget import min_budget
-from coop.compiled.measure import held_bytes, warm_up
+from coop.compiled.extern_scratch import match_calls, scratch_note
+from coop.compiled.measure import extern_calls, held_bytes, warm_up
 from coop.compiled.observed import Observation, observe_round
 from coop.compiled.record import CompiledRecord, CompileRound
 from coop.errors import CoopError
@@ -185,6 +191,7 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
     observation: Observation | None = None
     requested: int | None = None
     slack: list[SlackPoint] = []  # the slack phase: from the first round within the budget on
+    keep_writing = False  # once a Graph with inlined values had no plan, later rounds inline nothing
     reason = "first plan"
     slack_rounds = min(SLACK_ROUNDS, rounds - 1)  # rounds=1: one compilation, no slack round
     for _ in range(rounds + slack_rounds):
@@ -201,6 +208,13 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
                 raise inner from None
             history.append(CompileRound(shave=shave, budget=0, predicted_peak=0, measured_peak=None,
                                         reason=f"no plan below the measured excess ({str(inner)[:160]})"))
+            if observation is not None and observation.inline and not slack and len(history) < rounds:
+                # the values the last step never wrote keep their readers' inputs live: a Graph without them
+                # (what was measured still charged) may fit where that one has no schedule
+                observation, keep_writing = replace(observation, inline=frozenset()), True
+                reason = ("planned again on the measured scratch and temporaries, every value written (the Graph "
+                          "with the unwritten values inlined has no plan at this budget)")
+                continue
             if slack or shave - planned_shave < 2 * SHAVE_STEP or len(history) >= rounds:
                 break
             shave = (planned_shave + shave) // 2
@@ -217,6 +231,7 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
                                     reason=reason, observed_peak=record.observed_peak(plan),
                                     inlined=0 if observation is None else len(observation.inline),
                                     overhead=overhead))
+        scratch = _measured_scratch(compiled, batch, loss_fn, plan, history[-1])
         planned_shave = shave
         within = held <= plan.requested
         # within the budget, the least recomputation wins; over it, the least held
@@ -225,7 +240,7 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
             best = attempt
         if slack or within:
             slack.append(SlackPoint(raised=-shave, excess=held - plan.requested))
-            seen = _observe(record, plan, observation)
+            seen = _observe(record, plan, observation, scratch, keep_writing)
             new = seen is not None and seen != observation
             following = next_slack_round(slack, plan.requested, overhead > 0, new)
             if following is None or len(slack) > slack_rounds:
@@ -235,7 +250,7 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
             continue
         if len(history) >= rounds:
             break
-        following_observation = _observe(record, plan, observation)
+        following_observation = _observe(record, plan, observation, scratch, keep_writing)
         if following_observation is not None and following_observation != observation:
             observation = following_observation  # what this round showed is new: the Graph it gives, same shave
             reason = "planned again on the buffers inductor kept"
@@ -258,14 +273,47 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
     return best.compiled
 
 
-def _observe(record: CompiledRecord, plan: CompiledPlan, previous: Observation | None) -> Observation | None:
-    """The observation of ``plan``'s compiled graphs joined with ``previous``; None when they were not observed."""
+def _observe(record: CompiledRecord, plan: CompiledPlan, previous: Observation | None,
+             scratch: dict[str, int], keep_writing: bool = False) -> Observation | None:
+    """The observation of ``plan``'s compiled graphs and the extern kernels' measured ``scratch`` joined with
+    ``previous`` (with ``keep_writing``, no value inlined); None when the graphs were not observed and nothing was
+    charged before or now."""
     observed = record.observed_graphs(plan)
     if observed is None:
-        return None
+        if previous is None and not scratch:
+            return None
+        return (previous or Observation()).with_scratch(scratch)
     forward, backward = observed
     computed = set(plan.partition.forward_counts) | set(plan.partition.backward_counts)
-    return observe_round(plan.joint.graph, plan.joint.lowered.fx_names, computed, forward, backward, previous)
+    seen = observe_round(plan.joint.graph, plan.joint.lowered.fx_names, computed, forward, backward, previous)
+    return replace(seen.with_scratch(scratch), inline=frozenset()) if keep_writing else seen.with_scratch(scratch)
+
+
+def _measured_scratch(compiled: nn.Module, batch: Any, loss_fn: Callable[[Any], torch.Tensor] | None,
+                      plan: CompiledPlan, measured_round: CompileRound) -> dict[str, int]:
+    """Owner fx name -> the scratch the extern kernels computing it took on one more real step of ``compiled``.
+
+    The step's calls are matched to ``plan``'s forward and backward modules (:mod:`coop.compiled.extern_scratch`)
+    and each joint value to its owner in ``plan``'s lowering; what was charged, what matched nothing, or why
+    nothing was measured is added to ``measured_round``'s reason.
+    """
+    calls = extern_calls(compiled, batch, loss_fn)
+    if calls is None or len(calls) != 2:
+        measured_round.reason += "; " + scratch_note(None, None if calls is None else len(calls))
+        return {}
+    match = match_calls(calls, [plan.partition.forward, plan.partition.backward])
+    lowered = plan.joint.lowered
+    owners: dict[str, int] = {}
+    for name, nbytes in match.charged.items():
+        node_id = lowered.owner_of.get(name)
+        if node_id is None:  # a value the round's Graph has no node for
+            match.unmatched.append((name, nbytes))
+            continue
+        owner = lowered.fx_names[node_id][0]
+        owners[owner] = max(owners.get(owner, 0), nbytes)
+    match.charged = owners
+    measured_round.reason += "; " + scratch_note(match, len(calls))
+    return owners
 
 
 def held_follows_the_plan(history: list[CompileRound]) -> bool:
