@@ -123,7 +123,13 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         speed: LLaMA at 0.5 ran 120.85 against 84.22 ms for the compiler's own budget with it, its first plan kept
         recomputing 1.577 GFLOP): inductor fuses and orders the kernels as it would.
     **compile_kwargs
-        ``torch.compile``'s (``mode`` becomes the options it stands for; ``dynamic`` must stay False).
+        ``torch.compile``'s (``mode`` becomes the options it stands for; ``dynamic`` must stay False). Inductor
+        options coop sets unless ``options`` sets them: no horizontal fusion (``score_fusion_memory_threshold``), no
+        layout optimization, and on a CPU step ``fallback_random=True`` (eager's random kernels: inductor's own draw
+        costs more than eager's on CPU, so a compiled CPU step with dropout ran slower than eager; with it, a dropout's
+        random values are a random op coop saves rather than recomputes, drawn in the forward's order as
+        ``torch.compile(options={"fallback_random": True})`` draws them; pass ``options={"fallback_random": False}``
+        for inductor's draws, which coop recomputes from their seed).
 
     Returns
     -------
@@ -151,6 +157,14 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
     # bytes no Graph of the joint graph has (ViT at 0.5: 1,671,168 B from the forward's first kernel to the
     # backward's convolution). Off unless the user sets it.
     user_options.setdefault("layout_optimization", False)
+    if all(p.device.type == "cpu" for p in model.parameters()):
+        # Inductor's own random draw on CPU (prims.inductor_random: one Philox engine built per element) is slower
+        # than the eager kernel it replaces: bench_compile's BERT step (dropout 0.1) at one thread ran 162.00 ms
+        # compiled against 139.68 ms eager and 134.00 ms compiled with eager's draws (fallback_random; medians of 9
+        # alternating steps, 2026-11-29 23:21 UTC, load 3.2). A draw is then a random op coop never recomputes (its
+        # value is saved or its reader kept), and inductor keeps the random ops in the emitted order. On unless the
+        # user sets it; a GPU step keeps inductor's draws.
+        user_options.setdefault("fallback_random", True)
 
     def compile_with(shave: int, observation: Observation | None = None, requested: int | None = None) -> nn.Module:
         # a later round keeps the first round's budget in bytes: a share of a Graph rebuilt from an observation
