@@ -34,7 +34,7 @@ from coop.compiled.partitioner import CoopPartitioner
 from coop.compiled.pin import KeepFusionInOrder, PinScheduleOrder
 from coop.compiled.record import CompiledRecord, CompileRound
 from coop.compiled.refit import fit_measured, held_follows_the_plan
-from coop.errors import CoopError
+from coop.errors import CoopError, InfeasibleError, SolveTimeoutError
 from coop.graph_capture.host_cost import machine_rates
 
 #: a fusion score no two kernels reach: no horizontal fusion (see :func:`compile`)
@@ -126,10 +126,13 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         ``torch.compile``'s (``mode`` becomes the options it stands for; ``dynamic`` must stay False). Inductor
         options coop sets unless ``options`` sets them: no horizontal fusion (``score_fusion_memory_threshold``), no
         layout optimization, and on a CPU step ``fallback_random=True`` (eager's random kernels: inductor's own draw
-        costs more than eager's on CPU, so a compiled CPU step with dropout ran slower than eager; with it, a dropout's
-        random values are a random op coop saves rather than recomputes, drawn in the forward's order as
-        ``torch.compile(options={"fallback_random": True})`` draws them; pass ``options={"fallback_random": False}``
-        for inductor's draws, which coop recomputes from their seed).
+        costs more than eager's on CPU, so a compiled CPU step with dropout ran slower than eager; with it, a dropout is
+        eager's ``native_dropout``, a random op coop never recomputes: its bool mask is held for the backward as eager
+        holds it, drawn in the forward's order as ``torch.compile(options={"fallback_random": True})`` draws it). Pass
+        ``options={"fallback_random": False}`` for inductor's draws, whose masks coop recomputes from their seed: less
+        memory at low budgets (bench_compile's ViT at 0.5, 2026-11-30: a plan within 30 s with them, none with
+        eager's), slower draws. With ``example_batch``, a step for which coop finds no schedule with eager's draws
+        (infeasible, or none within ``time_limit``) is planned again with inductor's.
 
     Returns
     -------
@@ -164,7 +167,10 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         # alternating steps, 2026-11-29 23:21 UTC, load 3.2). A draw is then a random op coop never recomputes (its
         # value is saved or its reader kept), and inductor keeps the random ops in the emitted order. On unless the
         # user sets it; a GPU step keeps inductor's draws.
+        eager_draws = "fallback_random" not in user_options
         user_options.setdefault("fallback_random", True)
+    else:
+        eager_draws = False
 
     def compile_with(shave: int, observation: Observation | None = None, requested: int | None = None) -> nn.Module:
         # a later round keeps the first round's budget in bytes: a share of a Graph rebuilt from an observation
@@ -197,7 +203,16 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         # as the step's (the tied MLP of tests/test_compile_observed.py at 0.5: 9,273,184 B measured in round 0 for
         # a step that holds 2,262,536 B)
         machine_rates()
-    return fit_measured(compile_with, example_batch, loss_fn, max(1, rounds), verbose)
+    try:
+        return fit_measured(compile_with, example_batch, loss_fn, max(1, rounds), verbose)
+    except (InfeasibleError, SolveTimeoutError):
+        if not eager_draws:
+            raise
+        # eager's dropout holds its mask for the backward; inductor's draws let coop recompute a mask from its seed
+        # instead, which a low budget may need (bench_compile's GPT-2 and ViT at 0.5, 2026-11-30: no schedule within
+        # 30 s with eager's draws): plan once more with inductor's (slower on CPU, module docstring of coop.compile)
+        user_options["fallback_random"] = False
+        return fit_measured(compile_with, example_batch, loss_fn, max(1, rounds), verbose)
 
 
 
