@@ -6,6 +6,9 @@ Run: ``python benchmarks/run_all.py --only bench_compile`` (or ``python benchmar
 * ``eager``: the plain step; ``compile``: ``torch.compile`` with its default partitioner. The compiled step's
   held bytes (one meter for every row: the CPU allocator's own reports to ``torch.profiler`` during one forward
   and backward, plus the parameters, buffers and batch that exist before it) is ``ref``.
+* every compiled variant (compile, compile-amb, coop.compile) draws its random numbers with eager's kernels
+  (``fallback_random``, which coop.compile sets on a CPU step; :data:`COMPILER_OPTIONS`); ``--inductor-random``
+  runs all of them with inductor's own draws instead.
 * per budget share ``b`` of ``ref``: ``compile-amb``: ``torch.compile`` with
   ``torch._functorch.config.activation_memory_budget = b`` (the compiler's own knob, which is not a byte
   bound); ``coop.compile``: coop's partitioner with a budget of ``b x ref`` bytes and one measured step
@@ -156,7 +159,7 @@ def _worker(name: str, shares: tuple[float, ...], time_limit: float,
     eager = copy.deepcopy(base)
     add("eager", eager, loss_step(eager, eager), 0.0)
     compiled_module = copy.deepcopy(base)
-    compiled = torch.compile(compiled_module)
+    compiled = torch.compile(compiled_module, options=dict(COMPILER_OPTIONS))
     start = time.perf_counter()
     loss_step(compiled_module, compiled)()
     # the knob's default is 1.0: the plain compiled step is compile-amb's point at 1.0
@@ -173,7 +176,7 @@ def _worker(name: str, shares: tuple[float, ...], time_limit: float,
         # a class of its own per knob: dynamo's guards check the module's type, so it compiles anew under the
         # patched knob (one compiled graph would otherwise serve every knob)
         amb_module.__class__ = type(f"StepAmb{round(1000 * knob)}", (Step,), {})
-        amb = torch.compile(amb_module, options={"max_autotune": False})
+        amb = torch.compile(amb_module, options={"max_autotune": False, **COMPILER_OPTIONS})
         start = time.perf_counter()
         try:
             with torch._functorch.config.patch(activation_memory_budget=knob):
@@ -418,6 +421,10 @@ def run(quick: bool = False) -> dict[str, Any]:
 
 #: coop.compile's options for a --worker run (--pricing, --pin); empty: its defaults
 COOP_COMPILE_OPTIONS: dict[str, Any] = {}
+#: inductor options of the plain compile and every compile-amb knob: the ones coop.compile sets on a CPU step and that
+#: change the compiler's speed (eager's random kernels, ``coop.compile``'s docstring), so that both sides compile alike;
+#: ``--inductor-random`` sets inductor's own draws on every side instead
+COMPILER_OPTIONS: dict[str, Any] = {"fallback_random": True}
 
 
 def main() -> None:
@@ -426,6 +433,8 @@ def main() -> None:
     parser.add_argument("--pin", action="store_true", help="coop.compile(pin=True): kernels in coop's order")
     parser.add_argument("--no-reorder-for-peak-memory", action="store_true",
                         help="inductor's reorder_for_peak_memory off for coop.compile")
+    parser.add_argument("--inductor-random", action="store_true",
+                        help="every compiled variant with inductor's own random draws (fallback_random off), as before")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--worker")
     parser.add_argument("--only", action="append")
@@ -446,7 +455,10 @@ def main() -> None:
     if args.pin:
         COOP_COMPILE_OPTIONS["pin"] = True
     if args.no_reorder_for_peak_memory:
-        COOP_COMPILE_OPTIONS["options"] = {"reorder_for_peak_memory": False}
+        COOP_COMPILE_OPTIONS.setdefault("options", {})["reorder_for_peak_memory"] = False
+    if args.inductor_random:
+        COMPILER_OPTIONS["fallback_random"] = False
+        COOP_COMPILE_OPTIONS.setdefault("options", {})["fallback_random"] = False
     if args.worker:
         shares = QUICK_SHARES if args.quick else SHARES
         if args.shares:

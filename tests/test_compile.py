@@ -64,8 +64,11 @@ def _train_twice(model: nn.Module, compiled: nn.Module, batch: torch.Tensor) -> 
 
 #: inductor's default fusion on both sides (coop.compile turns horizontal fusion off to keep its plan's memory; that
 #: regroups reductions' loops, a last-bit change of its own) and coop.compile's layout (no channels-last convolution,
-#: whose oneDNN kernel sums in another order) on both sides: what differs is the split alone
-FUSION = {"score_fusion_memory_threshold": INDUCTOR_DEFAULT_THRESHOLD, "layout_optimization": False}
+#: whose oneDNN kernel sums in another order) on both sides: what differs is the split alone. Inductor's own random
+#: draws (coop.compile's CPU default is eager's, ``fallback_random``), so that the dropout mask is a pure function of
+#: its seed that coop may recompute: the replay is what these tests check
+FUSION = {"score_fusion_memory_threshold": INDUCTOR_DEFAULT_THRESHOLD, "layout_optimization": False,
+          "fallback_random": False}
 Trained = list[tuple[torch.Tensor, ...]]
 
 
@@ -206,6 +209,26 @@ def test_compiled_step_trains_as_torch_compile_does(checkpointed, compiled_by_to
     rebuilt = plan.partition.recomputed()
     random_values = [n for n in rebuilt if "inductor_random" in n]
     assert random_values, f"the plan was to rebuild the dropout mask in the backward; rebuilt: {sorted(rebuilt)}"
+
+
+def test_eager_random_draws_train_as_torch_compile_with_them() -> None:
+    """coop.compile's CPU default, eager's random kernels (``fallback_random``): checkpoint-all's step trains as
+    torch.compile's own with the same option, bit for bit (the draws in the forward's order), and no random op is
+    computed twice (its values are saved, not drawn again)."""
+    eager_draws = {key: value for key, value in FUSION.items() if key != "fallback_random"}
+    _, compiled, ours = _trained_from_the_same_start(
+        lambda model: coop.compile(model, 1.0, formulation="checkpoint-all", options=eager_draws))
+    theirs = _trained_from_the_same_start(
+        lambda model: torch.compile(model, options={**eager_draws, "fallback_random": True}))[2]
+    for mine, reference in zip(ours, theirs, strict=True):
+        assert len(mine) == len(reference)
+        for a, b in zip(mine, reference, strict=True):
+            assert torch.equal(a, b)
+    (plan,) = compiled.coop_record.plans
+    random = {plan.joint.lowered.fx_names[node.id][0] for node in plan.joint.graph.nodes if node.random}
+    assert random and not any("inductor" in name for name in random), sorted(random)
+    assert plan.partition.recomputed(), "checkpoint-all rebuilds the forward in the backward"
+    assert not random & set(plan.partition.recomputed()), sorted(random & set(plan.partition.recomputed()))
 
 
 def test_store_all_prediction_is_what_the_compiled_step_holds() -> None:
