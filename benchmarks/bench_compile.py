@@ -6,9 +6,8 @@ Run: ``python benchmarks/run_all.py --only bench_compile`` (or ``python benchmar
 * ``eager``: the plain step; ``compile``: ``torch.compile`` with its default partitioner. The compiled step's
   held bytes (one meter for every row: the CPU allocator's own reports to ``torch.profiler`` during one forward
   and backward, plus the parameters, buffers and batch that exist before it) is ``ref``.
-* every compiled variant (compile, compile-amb, coop.compile) draws its random numbers with eager's kernels
-  (``fallback_random``, which coop.compile sets on a CPU step; :data:`COMPILER_OPTIONS`); ``--inductor-random``
-  runs all of them with inductor's own draws instead.
+* every compiled variant (compile, compile-amb, coop.compile) draws its random numbers alike: inductor's own draws
+  by default, eager's kernels with ``--eager-random`` (``fallback_random`` on every side: :data:`COMPILER_OPTIONS`).
 * per budget share ``b`` of ``ref``: ``compile-amb``: ``torch.compile`` with
   ``torch._functorch.config.activation_memory_budget = b`` (the compiler's own knob, which is not a byte
   bound); ``coop.compile``: coop's partitioner with a budget of ``b x ref`` bytes and one measured step
@@ -421,10 +420,9 @@ def run(quick: bool = False) -> dict[str, Any]:
 
 #: coop.compile's options for a --worker run (--pricing, --pin); empty: its defaults
 COOP_COMPILE_OPTIONS: dict[str, Any] = {}
-#: inductor options of the plain compile and every compile-amb knob: the ones coop.compile sets on a CPU step and that
-#: change the compiler's speed (eager's random kernels, ``coop.compile``'s docstring), so that both sides compile alike;
-#: ``--inductor-random`` sets inductor's own draws on every side instead
-COMPILER_OPTIONS: dict[str, Any] = {"fallback_random": True}
+#: inductor options of the plain compile and every compile-amb knob, so that every side compiles alike
+#: (``--eager-random``: eager's random kernels, ``fallback_random``, on every side; coop.compile's docstring)
+COMPILER_OPTIONS: dict[str, Any] = {}
 
 
 def main() -> None:
@@ -433,8 +431,8 @@ def main() -> None:
     parser.add_argument("--pin", action="store_true", help="coop.compile(pin=True): kernels in coop's order")
     parser.add_argument("--no-reorder-for-peak-memory", action="store_true",
                         help="inductor's reorder_for_peak_memory off for coop.compile")
-    parser.add_argument("--inductor-random", action="store_true",
-                        help="every compiled variant with inductor's own random draws (fallback_random off), as before")
+    parser.add_argument("--eager-random", action="store_true",
+                        help="every compiled variant with eager's random kernels (fallback_random)")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--worker")
     parser.add_argument("--only", action="append")
@@ -456,9 +454,9 @@ def main() -> None:
         COOP_COMPILE_OPTIONS["pin"] = True
     if args.no_reorder_for_peak_memory:
         COOP_COMPILE_OPTIONS.setdefault("options", {})["reorder_for_peak_memory"] = False
-    if args.inductor_random:
-        COMPILER_OPTIONS["fallback_random"] = False
-        COOP_COMPILE_OPTIONS.setdefault("options", {})["fallback_random"] = False
+    if args.eager_random:
+        COMPILER_OPTIONS["fallback_random"] = True
+        COOP_COMPILE_OPTIONS.setdefault("options", {})["fallback_random"] = True
     if args.worker:
         shares = QUICK_SHARES if args.quick else SHARES
         if args.shares:

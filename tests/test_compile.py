@@ -65,8 +65,8 @@ def _train_twice(model: nn.Module, compiled: nn.Module, batch: torch.Tensor) -> 
 #: inductor's default fusion on both sides (coop.compile turns horizontal fusion off to keep its plan's memory; that
 #: regroups reductions' loops, a last-bit change of its own) and coop.compile's layout (no channels-last convolution,
 #: whose oneDNN kernel sums in another order) on both sides: what differs is the split alone. Inductor's own random
-#: draws (coop.compile's CPU default is eager's, ``fallback_random``), so that the dropout mask is a pure function of
-#: its seed that coop may recompute: the replay is what these tests check
+#: draws (coop.compile's default), so that the dropout mask is a pure function of its seed that coop may recompute:
+#: the replay is what these tests check
 FUSION = {"score_fusion_memory_threshold": INDUCTOR_DEFAULT_THRESHOLD, "layout_optimization": False,
           "fallback_random": False}
 Trained = list[tuple[torch.Tensor, ...]]
@@ -211,11 +211,12 @@ def test_compiled_step_trains_as_torch_compile_does(checkpointed, compiled_by_to
     assert random_values, f"the plan was to rebuild the dropout mask in the backward; rebuilt: {sorted(rebuilt)}"
 
 
+@pytest.mark.slow  # two more compilations (about 20 s with a cold cache); the fast tier replays inductor's draws above
 def test_eager_random_draws_train_as_torch_compile_with_them() -> None:
-    """coop.compile's CPU default, eager's random kernels (``fallback_random``): checkpoint-all's step trains as
-    torch.compile's own with the same option, bit for bit (the draws in the forward's order), and no random op is
-    computed twice (its values are saved, not drawn again)."""
-    eager_draws = {key: value for key, value in FUSION.items() if key != "fallback_random"}
+    """With eager's random kernels (``options={"fallback_random": True}``, the CPU speed option): checkpoint-all's
+    step trains as torch.compile's own with the same option, bit for bit (the draws in the forward's order), and no
+    random op is computed twice (its values are saved, not drawn again)."""
+    eager_draws = {**FUSION, "fallback_random": True}
     _, compiled, ours = _trained_from_the_same_start(
         lambda model: coop.compile(model, 1.0, formulation="checkpoint-all", options=eager_draws))
     theirs = _trained_from_the_same_start(

@@ -34,7 +34,7 @@ from coop.compiled.partitioner import CoopPartitioner
 from coop.compiled.pin import KeepFusionInOrder, PinScheduleOrder
 from coop.compiled.record import CompiledRecord, CompileRound
 from coop.compiled.refit import fit_measured, held_follows_the_plan
-from coop.errors import CoopError, InfeasibleError, SolveTimeoutError
+from coop.errors import CoopError
 from coop.graph_capture.host_cost import machine_rates
 
 #: a fusion score no two kernels reach: no horizontal fusion (see :func:`compile`)
@@ -124,15 +124,14 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         recomputing 1.577 GFLOP): inductor fuses and orders the kernels as it would.
     **compile_kwargs
         ``torch.compile``'s (``mode`` becomes the options it stands for; ``dynamic`` must stay False). Inductor
-        options coop sets unless ``options`` sets them: no horizontal fusion (``score_fusion_memory_threshold``), no
-        layout optimization, and on a CPU step ``fallback_random=True`` (eager's random kernels: inductor's own draw
-        costs more than eager's on CPU, so a compiled CPU step with dropout ran slower than eager; with it, a dropout is
-        eager's ``native_dropout``, a random op coop never recomputes: its bool mask is held for the backward as eager
-        holds it, drawn in the forward's order as ``torch.compile(options={"fallback_random": True})`` draws it). Pass
-        ``options={"fallback_random": False}`` for inductor's draws, whose masks coop recomputes from their seed: less
-        memory at low budgets (bench_compile's ViT at 0.5, 2026-11-30: a plan within 30 s with them, none with
-        eager's), slower draws. With ``example_batch``, a step for which coop finds no schedule with eager's draws
-        (infeasible, or none within ``time_limit``) is planned again with inductor's.
+        options coop sets unless ``options`` sets them: no horizontal fusion (``score_fusion_memory_threshold``) and
+        no layout optimization. On a CPU step with dropout, ``options={"fallback_random": True}`` trades memory for
+        speed: inductor's own CPU draw builds a Philox engine per element (27-30 ns an element at one thread on the
+        machine of BENCHMARKS.md, against 8.9 ns for eager's ``bernoulli_``), so bench_compile's BERT step ran
+        162.00 ms compiled against 139.68 ms eager, and 134.00 ms with eager's draws (2026-11-29). A dropout is then
+        eager's ``native_dropout``, a random op coop never recomputes: its bool mask is held for the backward, so the
+        compiled step's peak is higher (ViT: 57.8 against 53.4 MB) and a low share may have no schedule (GPT-2 and
+        ViT at 0.5: none within 30 s); with inductor's draws (the default) coop rebuilds a mask from its seed.
 
     Returns
     -------
@@ -160,7 +159,6 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
     # bytes no Graph of the joint graph has (ViT at 0.5: 1,671,168 B from the forward's first kernel to the
     # backward's convolution). Off unless the user sets it.
     user_options.setdefault("layout_optimization", False)
-    eager_draws = _eager_draws(model, user_options)
 
     def compile_with(shave: int, observation: Observation | None = None, requested: int | None = None) -> nn.Module:
         # a later round keeps the first round's budget in bytes: a share of a Graph rebuilt from an observation
@@ -193,38 +191,7 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         # as the step's (the tied MLP of tests/test_compile_observed.py at 0.5: 9,273,184 B measured in round 0 for
         # a step that holds 2,262,536 B)
         machine_rates()
-    return _fit(compile_with, user_options, eager_draws, example_batch, loss_fn, max(1, rounds), verbose)
-
-
-def _eager_draws(model: nn.Module, user_options: dict[str, Any]) -> bool:
-    """Set eager's random kernels for a CPU step unless the user set the option; whether coop chose them.
-
-    Inductor's own random draw on CPU (``prims.inductor_random``: one Philox engine built per element) is slower than
-    the eager kernel it replaces: bench_compile's BERT step (dropout 0.1) at one thread ran 162.00 ms compiled against
-    139.68 ms eager and 134.00 ms compiled with eager's draws (``fallback_random``; medians of 9 alternating steps,
-    2026-11-29 23:21 UTC, load 3.2). A dropout is then eager's ``native_dropout``, a random op coop never recomputes
-    (its mask is held), and inductor keeps the random ops in the emitted order. A GPU step keeps inductor's draws.
-    """
-    if not all(p.device.type == "cpu" for p in model.parameters()):
-        return False
-    chosen = "fallback_random" not in user_options
-    user_options.setdefault("fallback_random", True)
-    return chosen
-
-
-def _fit(compile_with: Callable[..., nn.Module], user_options: dict[str, Any], eager_draws: bool, batch: Any,
-         loss_fn: Callable[[Any], torch.Tensor] | None, rounds: int, verbose: bool) -> nn.Module:
-    """:func:`coop.compiled.refit.fit_measured`, once more with inductor's draws where coop chose eager's and found no
-    schedule: eager's dropout holds its mask for the backward, inductor's draws let coop recompute a mask from its seed
-    instead, which a low budget may need (bench_compile's GPT-2 and ViT at 0.5, 2026-11-30: no schedule within 30 s
-    with eager's draws, one with inductor's)."""
-    try:
-        return fit_measured(compile_with, batch, loss_fn, rounds, verbose)
-    except (InfeasibleError, SolveTimeoutError):
-        if not eager_draws:
-            raise
-        user_options["fallback_random"] = False
-        return fit_measured(compile_with, batch, loss_fn, rounds, verbose)
+    return fit_measured(compile_with, example_batch, loss_fn, max(1, rounds), verbose)
 
 
 def _plan_on_meta(model: nn.Module, budget: str | float, batch: Any, loss_fn: Callable[[Any], torch.Tensor] | None,
