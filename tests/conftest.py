@@ -162,8 +162,8 @@ SLOW_SIBLINGS: dict[str, str] = {
 #: `--dist loadfile` a pytest-xdist worker takes whole files (the compiling ones together), in the order of the
 #: collection when xdist's own reorder (files with the most tests first) is off: starting with the long files leaves
 #: the many short ones to even out the two workers' ends (a 19 s file last left the other worker idle for 14 s).
-LONG_FILES_FIRST = ("test_compile.py", "test_compile_order.py", "test_inductor_buffers.py", "test_plan.py",
-                    "test_auto_ladder.py", "test_bench_cuda.py", "test_cli.py", "test_meta_capture.py",
+LONG_FILES_FIRST = ("test_compile.py", "test_compile_order.py", "test_inductor_buffers.py", "test_compile_scratch.py",
+                    "test_plan.py", "test_auto_ladder.py", "test_bench_cuda.py", "test_cli.py", "test_meta_capture.py",
                     "test_arena_budget.py", "test_poet.py", "test_fuzz_regressions.py", "test_transformers_replay.py",
                     "test_moccasin.py", "test_budget.py", "test_training_context.py", "test_fsdp.py",
                     "test_input_errors.py", "test_compile_pricing.py", "test_capture.py",
@@ -177,9 +177,9 @@ LONG_FILES_FIRST = ("test_compile.py", "test_compile_order.py", "test_inductor_b
 
 #: Files that compile kernels with inductor, run by one pytest-xdist worker as one unit (:func:`pytest_xdist_make_scheduler`):
 #: inductor's first compilation in a process costs 11-13 s beyond the kernels (its modules, its code cache, the
-#: precompiled header loaded), once per process that compiles, and the three files' compilations share one in-process
+#: precompiled header loaded), once per process that compiles, and the four files' compilations share one in-process
 #: cache.
-COMPILING_FILES = ("test_compile.py", "test_compile_order.py", "test_inductor_buffers.py")
+COMPILING_FILES = ("test_compile.py", "test_compile_order.py", "test_inductor_buffers.py", "test_compile_scratch.py")
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
