@@ -157,11 +157,12 @@ SLOW_SIBLINGS: dict[str, str] = {
 }
 
 
-#: The fast tier's longest test files (7 s or more each in a fresh clone's `make test`, from its timestamped log,
-#: 2026-11-29), longest first; the compiling files (:data:`COMPILING_FILES`, one unit of about 100 s) lead. Under
-#: `--dist loadfile` a pytest-xdist worker takes whole files (the compiling ones together), in the order of the
-#: collection when xdist's own reorder (files with the most tests first) is off: starting with the long files leaves
-#: the many short ones to even out the two workers' ends (a 19 s file last left the other worker idle for 14 s).
+#: The fast tier's longest test files (5 s or more each in a fresh clone's `make test`, from its timestamped logs,
+#: 2026-11-29 and 2026-11-30), longest first; the compiling files (:data:`COMPILING_FILES`, one unit of about 100 s)
+#: lead. Under `--dist loadfile` a pytest-xdist worker takes whole files (the compiling ones together), in the order of
+#: the collection when xdist's own reorder (files with the most tests first) is off: starting with the long files
+#: leaves the many short ones to even out the two workers' ends (a 19 s file last left the other worker idle for 14 s;
+#: test_training_loop.py, 11 s, for 11 s).
 LONG_FILES_FIRST = ("test_compile.py", "test_compile_order.py", "test_inductor_buffers.py", "test_compile_scratch.py",
                     "test_plan.py", "test_auto_ladder.py", "test_bench_cuda.py", "test_cli.py", "test_meta_capture.py",
                     "test_arena_budget.py", "test_poet.py", "test_fuzz_regressions.py", "test_transformers_replay.py",
@@ -172,7 +173,9 @@ LONG_FILES_FIRST = ("test_compile.py", "test_compile_order.py", "test_inductor_b
                     "test_checkmate.py", "test_blocks.py", "test_rounds.py", "test_baselines.py",
                     "test_alternatives_conv.py", "test_schedule.py", "test_pytorch_mincut.py",
                     "test_integrations_transformers.py", "test_deadline.py", "test_ddp.py", "test_graph_replay.py",
-                    "test_bruteforce_oracle.py", "test_monet_intervals.py")
+                    "test_bruteforce_oracle.py", "test_monet_intervals.py", "test_training_loop.py",
+                    "test_integrations_lightning.py", "test_auto_rungs.py", "test_first_call_messages.py",
+                    "test_predict_autograd.py", "test_fuzz_inputs.py", "test_online.py", "test_alternatives.py")
 
 
 #: Files that compile kernels with inductor, run by one pytest-xdist worker as one unit (:func:`pytest_xdist_make_scheduler`):
