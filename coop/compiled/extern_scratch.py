@@ -24,8 +24,6 @@ round's note says how many bytes went unmatched.
 
 from __future__ import annotations
 
-import bisect
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,7 +33,7 @@ from torch import fx
 from torch.utils import _pytree as pytree
 
 from coop.compiled.inductor_buffers import JOINT_VALUE
-from coop.graph_capture.cost import quiet_profile
+from coop.graph_capture.cost import quiet_profile, transient_bytes
 
 __all__ = ["CALL_RANGE", "KernelCall", "ScratchMatch", "joint_value", "match_calls", "profiled_calls",
            "scratch_note"]
@@ -96,7 +94,7 @@ def profiled_calls(run: Callable[[], Any], device: str = "cpu") -> list[list[Ker
                 top.append(event)
                 reach = event.start_ns() + event.duration_ns()
         found.append([KernelCall(op=e.name(), shapes=tuple(tuple(s) for s in e.shapes() if s),
-                                 scratch=_transient(memory, e.start_ns(), e.start_ns() + e.duration_ns()))
+                                 scratch=transient_bytes(memory, e.start_ns(), e.start_ns() + e.duration_ns()))
                       for e in top])
     return found
 
@@ -104,17 +102,6 @@ def profiled_calls(run: Callable[[], Any], device: str = "cpu") -> list[list[Ker
 def _is_op(name: str) -> bool:
     """Whether a profiler event names a dispatcher op (``aten::mm``, a custom ``lib::op``), not a range."""
     return "::" in name and not name.startswith(("#", "autograd::", "[")) and " " not in name
-
-
-def _transient(memory: list[tuple[int, int]], start: int, end: int) -> int:
-    """The peak of the running sum of the allocation events in ``[start, end]`` less the sum at ``end``."""
-    running = peak = 0
-    for time, nbytes in memory[bisect.bisect_left(memory, (start, -sys.maxsize)):]:
-        if time > end:
-            break
-        running += nbytes
-        peak = max(peak, running)
-    return max(0, peak - max(running, 0))
 
 
 def joint_value(node: fx.Node) -> str | None:

@@ -16,6 +16,7 @@ batch and records each node's real storage bytes next to its time.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import operator
 import os
@@ -298,18 +299,19 @@ def measure_workspace(module: fx.GraphModule, flat_inputs: list[torch.Tensor]) -
     ranges = sorted((e.start_ns(), e.start_ns() + e.duration_ns(), e.name()[len(WORKSPACE_RANGE):])
                     for e in events if e.name().startswith(WORKSPACE_RANGE))
     memory = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
-    workspace: dict[str, int] = {}
-    position = 0
-    for start, end, name in ranges:
-        while position < len(memory) and memory[position][0] < start:
-            position += 1
-        running = peak = 0
-        while position < len(memory) and memory[position][0] <= end:
-            running += memory[position][1]
-            peak = max(peak, running)
-            position += 1
-        workspace[name] = max(0, peak - max(running, 0))
-    return workspace
+    return {name: transient_bytes(memory, start, end) for start, end, name in ranges}
+
+
+def transient_bytes(memory: list[tuple[int, int]], start: int, end: int) -> int:
+    """What a range of a profiled run allocated and gave back within itself: the peak of the running sum of the
+    allocation events ``(time, bytes)`` (sorted) from ``start`` to ``end`` less the sum at ``end``."""
+    running = peak = 0
+    position = bisect.bisect_left(memory, (start, -sys.maxsize))
+    while position < len(memory) and memory[position][0] <= end:
+        running += memory[position][1]
+        peak = max(peak, running)
+        position += 1
+    return max(0, peak - max(running, 0))
 
 
 def tensor_leaves(value: Any) -> list[torch.Tensor]:
