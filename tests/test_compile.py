@@ -214,8 +214,9 @@ def test_compiled_step_trains_as_torch_compile_does(checkpointed, compiled_by_to
 @pytest.mark.slow  # two more compilations (about 20 s with a cold cache); the fast tier replays inductor's draws above
 def test_eager_random_draws_train_as_torch_compile_with_them() -> None:
     """With eager's random kernels (``options={"fallback_random": True}``, the CPU speed option): checkpoint-all's
-    step trains as torch.compile's own with the same option, bit for bit (the draws in the forward's order), and no
-    random op is computed twice (its values are saved, not drawn again)."""
+    step trains as torch.compile's own with the same option, bit for bit (the draws in the forward's order), no
+    random op is computed twice (its values are saved, not drawn again), and the dropout's output is rebuilt from
+    the saved mask (the draw split from its product: ``split_native_dropouts``)."""
     eager_draws = {**FUSION, "fallback_random": True}
     _, compiled, ours = _trained_from_the_same_start(
         lambda model: coop.compile(model, 1.0, formulation="checkpoint-all", options=eager_draws))
@@ -228,8 +229,14 @@ def test_eager_random_draws_train_as_torch_compile_with_them() -> None:
     (plan,) = compiled.coop_record.plans
     random = {plan.joint.lowered.fx_names[node.id][0] for node in plan.joint.graph.nodes if node.random}
     assert random and not any("inductor" in name for name in random), sorted(random)
-    assert plan.partition.recomputed(), "checkpoint-all rebuilds the forward in the backward"
-    assert not random & set(plan.partition.recomputed()), sorted(random & set(plan.partition.recomputed()))
+    rebuilt = set(plan.partition.recomputed())
+    assert rebuilt, "checkpoint-all rebuilds the forward in the backward"
+    assert not random & rebuilt, sorted(random & rebuilt)
+    # the dropout's output is a product of its input and the saved mask, rebuilt like any other forward value
+    mask_readers = {name for reader in plan.joint.graph.nodes if reader.kind == "forward"
+                    and any(plan.joint.graph.node(i).random for i in reader.inputs)
+                    for name in plan.joint.lowered.fx_names[reader.id]}
+    assert mask_readers & rebuilt, (sorted(mask_readers), sorted(rebuilt))
 
 
 def test_store_all_prediction_is_what_the_compiled_step_holds() -> None:

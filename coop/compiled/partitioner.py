@@ -31,6 +31,7 @@ from coop.compiled.observed import Observation
 from coop.errors import CoopError, InfeasibleError, SolveTimeoutError
 from coop.formulations.core.registry import solve
 from coop.formulations.core.result import SolveResult
+from coop.graph_capture.random_ops import split_native_dropouts
 from coop.schedule import validate
 
 __all__ = ["CompiledPlan", "CoopPartitioner"]
@@ -115,6 +116,8 @@ class CoopPartitioner(CustomPartitionerFn):
     def __call__(self, gm: fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> tuple[fx.GraphModule,
                                                                                     fx.GraphModule]:
         start = time.perf_counter()
+        if split_native_dropouts(gm.graph):  # eager's draws (fallback_random): the mask alone is random
+            gm.recompile()
         joint = lower_joint(gm, kwargs["num_fwd_outputs"], kwargs.get("static_lifetime_input_indices"),
                             name=f"compiled-{len(self.plans)}", fuse=self.fusion,
                             device=None if self.device is None else torch.device(self.device),

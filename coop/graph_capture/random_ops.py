@@ -26,10 +26,19 @@ and loss, gradients and buffers of whole models over three optimizer steps).
 
 The kernel's own scratch (MKL draws into an int32 buffer) is not modelled, as it was not for the
 ``bernoulli.p`` it replaces.
+
+A compiled step with eager's draws keeps each dropout as one ``native_dropout``; :func:`split_native_dropouts`
+splits it into :func:`dropout_mask`, native_dropout's own draw:
+
+>>> x = torch.randn(4, 8)
+>>> _ = torch.manual_seed(1); mask = torch.ops.coop.dropout_mask(x, 0.25)
+>>> _ = torch.manual_seed(1); torch.equal(mask, torch.ops.aten.native_dropout(x, 0.25, True)[1])
+True
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
 import torch
@@ -103,3 +112,79 @@ def compact_random_masks(graph: fx.Graph) -> int:
         graph.erase_node(node)
         rewritten += 1
     return rewritten
+
+
+@torch.library.custom_op("coop::dropout_mask", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
+def dropout_mask(x: torch.Tensor, p: float) -> torch.Tensor:
+    """The bool mask ``aten.native_dropout(x, p, True)`` draws, and only the mask.
+
+    It is native_dropout's own draw on every device (the kernel's output is dropped), so the generator
+    advances exactly as native_dropout's does and the mask is its mask (the module's example).
+    """
+    return torch.ops.aten.native_dropout(x, p, True)[1]
+
+
+@dropout_mask.register_fake
+def _dropout_mask_fake(x: torch.Tensor, p: float) -> torch.Tensor:
+    return torch.empty_like(x, dtype=torch.bool)
+
+
+#: dtypes whose native_dropout output is ``x * (mask * scale)`` with one rounding however a compiler groups the
+#: product (a 0/1 factor is exact): in bfloat16 and float16 eager rounds ``mask * scale`` first and inductor's
+#: fused kernel does not, so their dropouts stay whole
+EXACT_SPLIT_DTYPES = (torch.float32, torch.float64)
+
+
+def _splittable_dropout(node: fx.Node) -> bool:
+    if node.op != "call_function" or node.target is not aten.native_dropout.default:
+        return False
+    value = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
+    train = node.args[2] if len(node.args) > 2 else node.kwargs.get("train")
+    getitems = all(user.target is operator.getitem for user in node.users)
+    return isinstance(value, torch.Tensor) and value.dtype in EXACT_SPLIT_DTYPES and train is True and getitems
+
+
+def split_native_dropouts(graph: fx.Graph) -> int:
+    """Split each ``native_dropout(x, p, True)`` into its draw and a recomputable product; returns how many.
+
+    A joint graph compiled with eager's random kernels (inductor's ``fallback_random``) keeps each dropout as one
+    ``native_dropout``, a random op whose float output no schedule may recompute: a plan had to hold it from the
+    forward to the backward (4 bytes per element beside the 1-byte mask). Split, the draw is
+    :func:`dropout_mask` (the one random node, a bool tensor) and the output is ``x * (mask * scale)``, an
+    ordinary product inductor fuses into its readers and a schedule may recompute from ``x`` and the mask. The
+    values are native_dropout's bit for bit in :data:`EXACT_SPLIT_DTYPES` (other dtypes stay whole), and the
+    generator advances as before. The graph is rewritten in place.
+
+    Parameters
+    ----------
+    graph : fx.Graph
+        A joint graph with fake values in ``meta["val"]``.
+
+    Returns
+    -------
+    int
+        The number of dropouts split.
+    """
+    split = 0
+    for node in list(graph.nodes):
+        if not _splittable_dropout(node):
+            continue
+        x, p = node.args[0], float(node.args[1])
+        value: torch.Tensor = x.meta["val"]
+        scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)
+        with graph.inserting_before(node):
+            mask = graph.call_function(torch.ops.coop.dropout_mask.default, (x, p))
+            as_dtype = graph.call_function(torch.ops.prims.convert_element_type.default, (mask, value.dtype))
+            scaled = graph.call_function(aten.mul.Tensor, (as_dtype, scale))
+            output = graph.call_function(aten.mul.Tensor, (x, scaled))
+        # fake values: the tracer's own for the two results; the intermediates as the output
+        results = {user.args[1]: user.meta.get("val") for user in node.users}
+        mask.meta = {**node.meta, "val": results.get(1, torch.empty_like(value, dtype=torch.bool))}
+        for created in (as_dtype, scaled, output):
+            created.meta = {**node.meta, "val": results.get(0, torch.empty_like(value))}
+        for user in list(node.users):
+            user.replace_all_uses_with(output if user.args[1] == 0 else mask)
+            graph.erase_node(user)
+        graph.erase_node(node)
+        split += 1
+    return split
