@@ -46,3 +46,36 @@ def test_a_half_precision_dropout_stays_whole() -> None:
     """In bfloat16 eager rounds ``mask * scale`` before the product, a fused kernel would not: not split."""
     traced = make_fx(_dropout_twice)(torch.randn(8, 8, dtype=torch.bfloat16))
     assert split_native_dropouts(traced.graph) == 0
+
+
+def test_coops_partitioner_splits_the_dropout_and_replays_eagers_mask() -> None:
+    """coop's partitioner under AOTAutograd (no inductor: the emitted modules run as fx graphs): the joint graph's
+    native_dropout is split, checkpoint-all rebuilds its output in the backward from the saved mask, and loss and
+    gradients equal eager's bit for bit under the same seed (a mask drawn again would change them)."""
+    from functorch.compile import aot_module, nop
+
+    from coop.compiled.partitioner import CoopPartitioner
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Dropout(0.3), torch.nn.Tanh(),
+                                torch.nn.Linear(32, 4))
+    batch = torch.randn(8, 16)
+    partitioner = CoopPartitioner(1.0, formulation="checkpoint-all")
+    compiled = aot_module(model, fw_compiler=nop, bw_compiler=nop,
+                          partition_fn=partitioner)
+    grads = []
+    for step_fn in (compiled, model):
+        model.zero_grad(set_to_none=True)
+        torch.manual_seed(11)
+        loss = step_fn(batch).pow(2).mean()
+        loss.backward()
+        grads.append((loss.detach(), *(p.grad for p in model.parameters())))
+    for ours, eager in zip(*grads, strict=True):
+        assert torch.equal(ours, eager)
+    (plan,) = partitioner.plans
+    forward_targets = [n.target for n in plan.partition.forward.graph.nodes]
+    backward_targets = [n.target for n in plan.partition.backward.graph.nodes]
+    assert torch.ops.coop.dropout_mask.default in forward_targets
+    assert torch.ops.coop.dropout_mask.default not in backward_targets, "a mask drawn again in the backward"
+    assert torch.ops.aten.native_dropout.default not in forward_targets + backward_targets
+    assert plan.partition.recomputed(), "checkpoint-all rebuilds the dropout's output in the backward"

@@ -129,9 +129,10 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         speed: inductor's own CPU draw builds a Philox engine per element (27-30 ns an element at one thread on the
         machine of BENCHMARKS.md, against 8.9 ns for eager's ``bernoulli_``), so bench_compile's BERT step ran
         162.00 ms compiled against 139.68 ms eager, and 134.00 ms with eager's draws (2026-11-29). A dropout is then
-        eager's ``native_dropout``, a random op coop never recomputes: its bool mask is held for the backward, so the
-        compiled step's peak is higher (ViT: 57.8 against 53.4 MB) and a low share may have no schedule (GPT-2 and
-        ViT at 0.5: none within 30 s); with inductor's draws (the default) coop rebuilds a mask from its seed.
+        eager's ``native_dropout``, which coop splits into its draw and a product
+        (:func:`coop.graph_capture.random_ops.split_native_dropouts`, float32 and float64): the bool mask is held
+        for the backward, never drawn again, and the output is rebuilt from it where the schedule says; with
+        inductor's draws (the default) coop rebuilds a mask from its seed and holds only the seeds.
 
     Returns
     -------
