@@ -118,9 +118,10 @@ def _recomputed_flops(graph: Any, schedule: Any) -> int:
 
 
 def _worker(name: str, shares: tuple[float, ...], time_limit: float,
-            knobs: tuple[float, ...] = AMB_KNOBS) -> list[dict[str, Any]]:
+            knobs: tuple[float, ...] = AMB_KNOBS, at_amb: bool = False) -> list[dict[str, Any]]:
     """Every row of one model (run in its own process): eager, compile, compile-amb at every knob in ``knobs`` and
-    every share, coop.compile and coop.plan at every share, all timed in one alternating loop."""
+    every share, coop.compile and coop.plan at every share, all timed in one alternating loop. ``at_amb``: also
+    coop.compile with a budget of the bytes compile-amb held at each share's knob (the equal-peak comparison)."""
     worker_start = time.perf_counter()
     load_start = os.getloadavg()[0]
     # every compilation partitions anew: AOTAutograd's cache would answer one budget's split for another
@@ -183,6 +184,8 @@ def _worker(name: str, shares: tuple[float, ...], time_limit: float,
             add(f"compile-amb@{knob}", amb_module, loss_step(amb_module, amb), time.perf_counter() - start, **extra)
         except Exception as exc:  # noqa: BLE001 - a row that says what failed, not a lost model
             info[f"compile-amb@{knob}"] = {**extra, "error": str(exc)[:160]}
+    if at_amb:
+        _coop_at_amb(base, batch, shares, time_limit, variants, info, add)
     for share in shares:
         budget = int(share * ref)
         coop_module = copy.deepcopy(base)
@@ -229,6 +232,35 @@ def _worker(name: str, shares: tuple[float, ...], time_limit: float,
     next(r for r in rows if r["variant"] == "eager").update(
         worker_s=round(time.perf_counter() - worker_start, 1), load=f"{load_start:.2f}-{os.getloadavg()[0]:.2f}")
     return rows
+
+
+def _coop_at_amb(base: nn.Module, batch: tuple, shares: tuple[float, ...], time_limit: float,
+                 variants: dict[str, tuple[nn.Module, Callable[[], None]]], info: dict[str, dict[str, Any]],
+                 add: Callable[..., None]) -> None:
+    """coop.compile with a budget of what compile-amb held at each share's knob: the issue's "at equal or lower
+    measured peak" as a row of its own (the knob is not a byte bound, so a share's coop.compile seldom holds what
+    the same knob holds)."""
+    for share in shares:
+        key = f"compile-amb@{round(share, 6)}"
+        if key not in variants:
+            continue
+        module, run = variants[key]
+        amb_held = _held(run, module, batch)
+        coop_module = copy.deepcopy(base)
+        start = time.perf_counter()
+        extra: dict[str, Any] = {"knob": round(share, 6), "budget": amb_held}
+        try:
+            cc = coop.compile(coop_module, amb_held, time_limit=time_limit, example_batch=batch,
+                              **COOP_COMPILE_OPTIONS)
+            plan = cc.coop_record.plans[-1]
+
+            def step(cc: nn.Module = cc) -> None:
+                cc(*batch).backward()
+
+            add(f"coop.compile-at-amb@{share}", coop_module, step, time.perf_counter() - start, **extra,
+                recomputed_gflop=round(_recomputed_flops(plan.joint.graph, plan.result.schedule) / 1e9, 3))
+        except Exception as exc:  # noqa: BLE001 - a row that says what failed, not a lost model
+            info[f"coop.compile-at-amb@{share}"] = {**extra, "error": str(exc)[:160]}
 
 
 def _time_and_meter(variants: dict[str, tuple[nn.Module, Callable[[], None]]], info: dict[str, dict[str, Any]],
@@ -340,7 +372,43 @@ def bars(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "no_amb_at_or_below": sum(r["vs_amb_equal_peak"] is None for r in coop_rows),
             # the old reading: compile-amb at the row's own share, where coop.compile held no more
             "faster_than_amb_same_share": f"{sum(same)}/{len(same)}",
-            "faster_than_coop_plan": f"{faster_plan}/{compared_plan}"}
+            "faster_than_coop_plan": f"{faster_plan}/{compared_plan}",
+            # coop.compile with the bytes compile-amb held at a knob as its budget, against that knob
+            "at_amb": _at_amb_bars(rows)}
+
+
+def _at_amb_pairs(rows: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Each coop.compile-at-amb row with the compile-amb row of its knob from the same worker."""
+    pairs = []
+    for r in rows:
+        if r["variant"] == "coop.compile-at-amb":
+            amb = next((a for a in _amb_points(rows, r["model"], r.get("run")) if a["variant"] == "compile-amb"
+                        and a.get("knob") == r["knob"]), {})
+            pairs.append((r, amb))
+    return pairs
+
+
+def _at_amb_bars(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """Within the compiler's held bytes, and at least as fast there, over the at-amb rows that ran."""
+    ran = [(r, amb) for r, amb in _at_amb_pairs(rows) if "held" in r and "ms" in amb]
+    return {"within": f"{sum(r['within'] for r, _ in ran)}/{len(ran)}",
+            "at_least_as_fast": f"{sum(r['within'] and r['ms'] <= amb['ms'] for r, amb in ran)}/{len(ran)}",
+            "failed": str(sum("held" not in r for r, _ in _at_amb_pairs(rows)))}
+
+
+def at_amb_markdown(rows: list[dict[str, Any]]) -> str:
+    """The equal-peak table: coop.compile given the bytes compile-amb held at a knob, beside that knob."""
+    lines = [("| model | knob | compile-amb held | ms | coop.compile budget (= that) | held | within | ms | GFLOP "
+             "recomputed | at least as fast |"), "|" + "---|" * 10]
+    for r, amb in _at_amb_pairs(rows):
+        if "held" not in r:
+            cells = [r["model"], r["knob"], amb.get("held"), amb.get("ms"), r["budget"],
+                     _error_cell(r.get("error", "?"))] + [None] * 4
+        else:
+            cells = [r["model"], r["knob"], amb.get("held"), amb.get("ms"), r["budget"], r["held"], r["within"],
+                     r["ms"], r.get("recomputed_gflop"), r["within"] and "ms" in amb and r["ms"] <= amb["ms"]]
+        lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
+    return "\n".join(lines)
 
 
 def _cell(value: Any) -> str:
@@ -400,6 +468,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             lines.append("| " + " | ".join(_cell(c) for c in (r["model"], r.get("run"), r.get("worker_s"), r.get("load"),
                                                               r.get("held"), r.get("ms"), plain.get("held"),
                                                               plain.get("ms"))) + " |")
+    if any(r["variant"] == "coop.compile-at-amb" for r in rows):
+        lines += ["", at_amb_markdown(rows)]
     return "\n".join(lines)
 
 
@@ -433,6 +503,8 @@ def main() -> None:
                         help="inductor's reorder_for_peak_memory off for coop.compile")
     parser.add_argument("--eager-random", action="store_true",
                         help="every compiled variant with eager's random kernels (fallback_random)")
+    parser.add_argument("--at-amb", action="store_true",
+                        help="also coop.compile with the bytes compile-amb held at each share's knob as its budget")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--worker")
     parser.add_argument("--only", action="append")
@@ -462,7 +534,7 @@ def main() -> None:
         if args.shares:
             shares = tuple(float(x) for x in args.shares.split(","))
         knobs = tuple(float(x) for x in args.amb_knobs.split(",")) if args.amb_knobs else AMB_KNOBS
-        for row in _worker(args.worker, shares, TIME_LIMIT, knobs):
+        for row in _worker(args.worker, shares, TIME_LIMIT, knobs, at_amb=args.at_amb):
             print(ROW_PREFIX + json.dumps(row), flush=True)
         return
     result = run(quick=args.quick)

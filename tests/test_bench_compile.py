@@ -124,3 +124,24 @@ def test_rows_of_two_workers_compare_within_their_own_worker() -> None:
     assert (late["amb_knob"], late["vs_amb_equal_peak"]) == (0.0, False)  # 70 ms against run B's 50 ms
     assert [p["knob"] for p in bench.amb_frontier(rows, "m", "B")] == [0.0]
     assert bench.bars(rows)["faster_than_coop_plan"] == "3/4"  # 70 < 75 ms in run B
+
+
+def test_coop_given_the_compilers_held_bytes_is_compared_with_that_knob() -> None:
+    """The at-amb rows: coop.compile with the bytes compile-amb held at a knob as its budget, against that knob
+    alone: one within and faster (m, knob 0.7: 20.9 MB <= 21 MB, 129 < 130 ms), one within but slower (m, knob
+    0.5: 24 MB, 126 > 125 ms), one over its budget though faster (n: 24.1 MB > 24 MB; not a win), one that failed."""
+    rows = _rows() + [
+        {"model": "m", "variant": "coop.compile-at-amb", "knob": 0.7, "budget": 21_000_000, "held": 20_900_000,
+         "ms": 129.0, "within": True},
+        {"model": "m", "variant": "coop.compile-at-amb", "knob": 0.5, "budget": 26_000_000, "held": 24_000_000,
+         "ms": 126.0, "within": True},
+        {"model": "n", "variant": "coop.compile-at-amb", "knob": 0.5, "budget": 24_000_000, "held": 24_100_000,
+         "ms": 90.0, "within": False},
+        {"model": "n", "variant": "coop.compile-at-amb", "knob": 0.1, "budget": 9_000_000, "error": "no schedule"},
+    ]
+    summary = bench.bars(rows)
+    assert summary["at_amb"] == {"within": "2/3", "at_least_as_fast": "1/3", "failed": "1"}
+    assert summary["coop_rows"] == 3  # the share rows' bars are unchanged
+    text = bench.markdown(rows)
+    assert "| m | 0.7 | 21,000,000 | 130.0 | 21,000,000 | 20,900,000 | yes | 129.0 | - | yes |" in text
+    assert "| n | 0.5 | 24,000,000 | 95.0 | 24,000,000 | 24,100,000 | no | 90.0 | - | no |" in text
