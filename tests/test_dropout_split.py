@@ -79,3 +79,25 @@ def test_coops_partitioner_splits_the_dropout_and_replays_eagers_mask() -> None:
     assert torch.ops.coop.dropout_mask.default not in backward_targets, "a mask drawn again in the backward"
     assert torch.ops.aten.native_dropout.default not in forward_targets + backward_targets
     assert plan.partition.recomputed(), "checkpoint-all rebuilds the dropout's output in the backward"
+
+
+def test_the_mask_op_is_charged_what_native_dropout_allocates_inside_it() -> None:
+    """The lowering charges ``coop.dropout_mask`` twice its input's bytes as workspace (hand-counted: 33 x 65
+    float32 = 8,580 B, twice: 17,160 B; the CPU allocator rounds nothing): what the CPU allocator, read by a meter
+    that is not coop's, holds inside the call beyond its input and the mask it returns."""
+    from coop.graph_capture.lower import lower
+    from coop.graph_capture.trace import TracedStep
+    from tests.independent_meter import HeldBytes
+
+    x = torch.randn(33, 65)
+    traced = make_fx(lambda x: torch.ops.aten.native_dropout(x, 0.3, True)[0].sum())(x)
+    split_native_dropouts(traced.graph)
+    traced.recompile()
+    step = TracedStep(module=traced, param_names=[], buffer_names=[], frozen_names=[], batch_size=0,
+                      output_grads=[], output_buffers=[])
+    lowered = lower(step, [("input", "x")], "dropout")
+    (mask,) = [n for n in lowered.graph.nodes if n.random]
+    assert mask.workspace == 17_160 == 2 * 33 * 65 * 4
+    with HeldBytes(held=[x]) as meter:
+        kept = torch.ops.coop.dropout_mask(x, 0.3)
+    assert meter.peak_bytes - 33 * 65 * 4 - kept.numel() == mask.workspace

@@ -52,6 +52,7 @@ from coop.graph_capture.cost import (
 )
 from coop.graph_capture.fsdp import collective_fields
 from coop.graph_capture.host_cost import MachineRates, host_costs_enabled, machine_rates
+from coop.graph_capture.random_ops import own_scratch_bytes
 from coop.graph_capture.storage_table import predicted_storage_bytes
 from coop.graph_capture.trace import TracedStep, is_random
 
@@ -180,8 +181,11 @@ def lower(traced: TracedStep, placeholder_names: list[tuple[str, str]], name: st
             fields[node_id]["cost"] += seconds.get(fx_node.name, 0.0) if seconds is not None else \
                 replayed_seconds(fx_node, flops, rates)
             # scratch of the op (or of a view folded into it) exists only while it runs
-            fields[node_id]["workspace"] = max(fields[node_id]["workspace"],
-                                               sum(extras.values()) + measured_workspace.get(fx_node.name, 0))
+            own = own_scratch_bytes(fx_node)  # coop's own ops: known by construction, not measured
+            fields[node_id]["workspace"] = max(fields[node_id]["workspace"], sum(extras.values())
+                                               + measured_workspace.get(fx_node.name, 0)
+                                               + (allocator_bytes(own, allocated_on or tensors[0].device)
+                                                  if own else 0))
             fields[node_id].update(collective_fields(fx_node) or {})  # an FSDP collective (coop.graph_capture.fsdp)
         for source in fx_node.all_input_nodes:
             source_id = owner_of[source.name]
