@@ -15,13 +15,15 @@ of their own. :func:`observe_round` turns that into an :class:`Observation`, key
   allocates all its outputs before it frees any input; the Graph's separate steps free them in between).
 * ``scratch``: per joint value, what the extern kernel computing it allocated inside itself and gave back on the
   real step (:mod:`coop.compiled.extern_scratch`), charged on top of the Graph node's workspace.
-* ``together``: per joint value, the values a fused loop kernel computing it read besides its own inputs. Inductor
-  places a fused kernel at its earliest member and runs everything the later members read before it: on ResNet at
-  0.7 (issue 41) a batch norm's weight-gradient sum the schedule ran early in the backward was fused with the
+* ``together``: per joint value, the values a fused loop kernel computing it pulled ahead of it. Inductor places a
+  fused kernel at its earliest member and runs everything the later members read before it: on ResNet at 0.7
+  (issue 41) a batch norm's weight-gradient sum the schedule ran early in the backward was fused with the
   statistics of a convolution the schedule recomputed late, so the whole recomputation from the stem on ran early
   and the stem's 524,288 B output lived through most of the backward (the step held 2,954,264 B for a plan of
-  2,246,208). Each such read becomes an input of the member in the next round's Graph (where it precedes the member
-  in the Graph's order), so a schedule that computes the member early pays for what the fused kernel reads there.
+  2,246,208). Each value written after the member and read by its kernel (or, where the member reads another
+  instance of it, that value's inputs: :func:`fused_reads`) becomes an input of the member in the next round's
+  Graph (where it precedes the member in the Graph's order), so a schedule that computes the member early pays for
+  what the fused kernel pulls there.
 
 :func:`inline_unbuffered` rebuilds a lowering with those values taken out: each reader of an inlined value reads
 the inlined value's inputs (transitively) and pays its cost once per reader, which is what the fused kernels do;
