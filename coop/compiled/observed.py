@@ -15,6 +15,15 @@ of their own. :func:`observe_round` turns that into an :class:`Observation`, key
   allocates all its outputs before it frees any input; the Graph's separate steps free them in between).
 * ``scratch``: per joint value, what the extern kernel computing it allocated inside itself and gave back on the
   real step (:mod:`coop.compiled.extern_scratch`), charged on top of the Graph node's workspace.
+* ``together``: per joint value, the values a fused loop kernel computing it pulled ahead of it. Inductor places a
+  fused kernel at its earliest member and runs everything the later members read before it: on ResNet at 0.7
+  (issue 41) a batch norm's weight-gradient sum the schedule ran early in the backward was fused with the
+  statistics of a convolution the schedule recomputed late, so the whole recomputation from the stem on ran early
+  and the stem's 524,288 B output lived through most of the backward (the step held 2,954,264 B for a plan of
+  2,246,208). Each value written after the member and read by its kernel (or, where the member reads another
+  instance of it, that value's inputs: :func:`fused_reads`) becomes an input of the member in the next round's
+  Graph (where it precedes the member in the Graph's order), so a schedule that computes the member early pays for
+  what the fused kernel pulls there.
 
 :func:`inline_unbuffered` rebuilds a lowering with those values taken out: each reader of an inlined value reads
 the inlined value's inputs (transitively) and pays its cost once per reader, which is what the fused kernels do;
@@ -23,6 +32,7 @@ the emitter (:mod:`coop.compiled.emit`) writes an inlined value out again right 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -46,10 +56,12 @@ class Observation:
     workspace: tuple[tuple[str, int], ...] = ()
     #: owner fx name -> bytes an extern kernel computing it allocated inside itself (the largest measured)
     scratch: tuple[tuple[str, int], ...] = ()
+    #: owner fx name -> owner fx names a fused kernel computing it read besides its inputs (union over the rounds)
+    together: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def key(self) -> str:
         """A stable text of the observation, for inductor's cache key."""
-        return repr((sorted(self.inline), sorted(self.workspace), sorted(self.scratch)))
+        return repr((sorted(self.inline), sorted(self.workspace), sorted(self.scratch), sorted(self.together)))
 
     def with_scratch(self, measured: dict[str, int]) -> Observation:
         """This observation with ``measured`` (owner fx name -> bytes) joined into its scratch, the larger kept."""
@@ -89,11 +101,73 @@ def observe_round(graph: Graph, fx_names: dict[int, list[str]], computed: set[st
         if names and names[0] in computed and not buffered.intersection(names) and names[0] not in copied:
             inline.add(names[0])
     workspace = dict(previous.workspace) if previous is not None else {}
+    together = {owner: set(reads) for owner, reads in previous.together} if previous is not None else {}
     for observed in (forward, backward):
         for owner, nbytes in _kernel_workspace(graph, fx_names, node_of, observed).items():
             workspace[owner] = max(workspace.get(owner, 0), nbytes)
+        for owner, reads in fused_reads(graph, fx_names, node_of, observed).items():
+            together.setdefault(owner, set()).update(reads)
     return Observation(inline=frozenset(inline), workspace=tuple(sorted(workspace.items())),
-                       scratch=previous.scratch if previous is not None else ())
+                       scratch=previous.scratch if previous is not None else (),
+                       together=tuple(sorted((owner, tuple(sorted(reads))) for owner, reads in together.items())))
+
+
+def fused_reads(graph: Graph, fx_names: dict[int, list[str]], node_of: dict[str, int],
+                observed: ObservedGraph) -> dict[str, set[str]]:
+    """Per joint value a fused loop kernel computes, the joint values the kernel pulled ahead of it.
+
+    Inductor numbers its operations in the order of the emitted module (``op0``, ``op1``...), places a fused
+    kernel at its earliest member and runs everything its members read before it. A value the kernel reads that
+    was written by a later operation than one of the kernel's members (ResNet: the recomputed convolution read by
+    the statistics fused with the early weight-gradient sum) was pulled ahead of that member, and is live at its
+    compute: each such read is charged to each member written before it (module docstring: ``together``); where the
+    member reads another instance of that value itself, the inputs of the value are charged instead. Reads of
+    values written before the kernel's earliest member (the common case: a pointwise chain fused where it was
+    emitted) are left to :func:`_kernel_workspace`. Only reads that come before the member in the Graph's order are
+    kept (the next Graph stays a DAG in that order), and none that are caller-owned or the member's own inputs.
+
+    Returns
+    -------
+    dict
+        Owner fx name of a member -> owner fx names of the values to read with it.
+    """
+    position = {node_id: index for index, node_id in enumerate(graph.order)}
+    kernel_of = {b.writer: b.kernel for b in observed.buffers}
+    first: dict[int, int] = {}  # fused kernel -> its earliest member's operation number
+    members: dict[int, list[tuple[int, int]]] = {}  # fused kernel -> (operation number, Graph node) of its values
+    for buffer in observed.buffers:
+        number = _op_number(buffer.writer)
+        if observed.extern[buffer.kernel] or number is None:
+            continue
+        first[buffer.kernel] = min(first.get(buffer.kernel, number), number)
+        if buffer.joint_name in node_of:
+            members.setdefault(buffer.kernel, []).append((number, node_of[buffer.joint_name]))
+    found: dict[str, set[str]] = {}
+    for buffer in observed.buffers:
+        written = _op_number(buffer.writer)
+        value = node_of.get(buffer.joint_name) if buffer.joint_name is not None else None
+        if value is None or written is None or graph.nodes[value].caller_owned:
+            continue
+        for kernel in {kernel_of.get(op) for op in buffer.reader_ops} - {None, buffer.kernel}:
+            if kernel not in first or written < first[kernel]:
+                continue
+            for number, member in members.get(kernel, ()):
+                node = graph.nodes[member]
+                if number > written or node.output_of is not None or member not in position:
+                    continue
+                # the member reads another instance of the value (ResNet: sum_15 read the saved convolution_11,
+                # the statistics fused with it a recomputation): what that recomputation reads is pulled ahead
+                pulled = graph.nodes[value].inputs if value in node.inputs else (value,)
+                for read in pulled:
+                    if (read not in node.inputs and not graph.nodes[read].caller_owned
+                            and position.get(read, len(position)) < position[member]):
+                        found.setdefault(fx_names[member][0], set()).add(fx_names[read][0])
+    return found
+
+
+def _op_number(name: str) -> int | None:
+    """The number of an inductor operation (``op27`` -> 27); None for another name."""
+    return int(name[2:]) if name.startswith("op") and name[2:].isdigit() else None
 
 
 def _copied_extern_inputs(graph: Graph, fx_names: dict[int, list[str]], node_of: dict[str, int],
@@ -130,7 +204,8 @@ def _kernel_workspace(graph: Graph, fx_names: dict[int, list[str]], node_of: dic
     Charged to the owner fx name of the kernel's last joint value (in the Graph's order): inductor's temporaries
     (materialized buffers that hold no joint value), and the buffers that die in the kernel but are read there
     only by its earlier values (a fused kernel allocates all its outputs before any of its inputs is freed, where
-    the Graph's separate steps free such an input before the later value is computed).
+    the Graph's separate steps free such an input before the later value is computed), unless :func:`fused_reads`
+    makes that value an input of the last one (then it is live at that step without a charge).
     """
     position = {node_id: index for index, node_id in enumerate(graph.order)}
     value_of_op = {b.writer: node_of[b.joint_name] for b in observed.buffers if b.joint_name in node_of}
@@ -139,6 +214,7 @@ def _kernel_workspace(graph: Graph, fx_names: dict[int, list[str]], node_of: dic
     for buffer in observed.buffers:
         if buffer.joint_name in node_of:
             members.setdefault(buffer.kernel, set()).add(node_of[buffer.joint_name])
+    tied = fused_reads(graph, fx_names, node_of, observed)
     charged: dict[str, int] = {}
     for kernel, values in members.items():
         last = max(values, key=lambda v: position.get(v, -1))
@@ -163,6 +239,8 @@ def _kernel_workspace(graph: Graph, fx_names: dict[int, list[str]], node_of: dic
                 continue
             readers = {value_of_op.get(op) for op in buffer.reader_ops if kernel_of_op.get(op) == kernel}
             value = node_of.get(buffer.joint_name) if buffer.joint_name is not None else None
+            if value is not None and fx_names[value][0] in tied.get(fx_names[last][0], ()):
+                continue  # an input of the last value in the next Graph (fused_reads), not its workspace too
             if last not in readers and value not in inputs and value != last:
                 extra += buffer.nbytes  # dies in the kernel, read there only by an earlier value
         if extra:
@@ -240,6 +318,7 @@ def inline_unbuffered(lowered: Lowered, fx_nodes: dict[str, fx.Node], observatio
     new_id = {old: index for index, old in enumerate(survivors)}
     workspace = dict(observation.workspace)
     scratch = dict(observation.scratch)
+    together = _together_ids(lowered, observation, inlined, expand)
     nodes: list[Node] = []
     flops: dict[int, int] = {}
     for old in survivors:
@@ -250,6 +329,7 @@ def inline_unbuffered(lowered: Lowered, fx_nodes: dict[str, fx.Node], observatio
             more, inner = expand(source) if source in inlined else ([source], [])
             inputs.extend(i for i in more if i not in inputs)
             closure.extend(i for i in inner if i not in closure)
+        inputs.extend(i for i in together.get(old, ()) if i not in inputs)  # read by a kernel fused with it
         update = {"id": new_id[old], "inputs": tuple(new_id[i] for i in inputs),
                   "cost": node.cost + sum(graph.nodes[i].cost for i in closure),
                   "output_of": None if node.output_of is None else new_id[node.output_of]}
@@ -267,6 +347,32 @@ def inline_unbuffered(lowered: Lowered, fx_nodes: dict[str, fx.Node], observatio
     owner_of = {name: new_id[old] for name, old in lowered.owner_of.items() if old not in inlined}
     return Inlined(lowered=replace(lowered, graph=rebuilt, fx_names=fx_names, owner_of=owner_of, node_flops=flops),
                    new_id=new_id, names=names)
+
+
+def _together_ids(lowered: Lowered, observation: Observation, inlined: set[int],
+                  expand: Callable[[int], tuple[list[int], list[int]]]) -> dict[int, list[int]]:
+    """Old node id -> the old ids it reads with the kernel it was fused into (``Observation.together``), inlined
+    reads replaced by their inputs; only reads before it in the Graph's order (the Graph stays a DAG in it), none
+    that are caller-owned, and none for an extra output (which reads only its op)."""
+    graph = lowered.graph
+    position = {node_id: index for index, node_id in enumerate(graph.order)}
+    found: dict[int, list[int]] = {}
+    for owner, names in observation.together:
+        member = lowered.owner_of.get(owner)
+        if member is None or member in inlined or member not in position or graph.nodes[member].output_of is not None:
+            continue
+        reads: list[int] = []
+        for name in names:
+            source = lowered.owner_of.get(name)
+            if source is None:
+                continue
+            for value in expand(source)[0] if source in inlined else [source]:
+                if (value not in reads and value not in graph.nodes[member].inputs and not graph.nodes[value].caller_owned
+                        and position.get(value, len(position)) < position[member]):
+                    reads.append(value)
+        if reads:
+            found[member] = reads
+    return found
 
 
 def _stays(node: Node, readers: list[int], pinned: set[int], fx_node: fx.Node | None) -> bool:

@@ -181,7 +181,8 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
     charged), at the same shave, while the observation shows something new; when it shows nothing new, the shave
     grows by the round's excess over the budget. A re-solve that finds no schedule below it is tried once more
     halfway between the last shave that planned and the one that did not. After the first round within the budget
-    come the slack rounds (:func:`next_slack_shave`). At most ``rounds`` compilations seek the budget and
+    come the slack rounds (:func:`next_slack_shave`). At most ``rounds`` compilations seek the budget (the round
+    whose inlined Graph has no plan is not one of them: it compiles nothing) and
     ``min(SLACK_ROUNDS, rounds - 1)`` more use the slack; the module docstring says which is returned (with its own record:
     torch.compile's wrappers of one model share their attributes).
     """
@@ -194,7 +195,8 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
     keep_writing = False  # once a Graph with inlined values had no plan, later rounds inline nothing
     reason = "first plan"
     slack_rounds = min(SLACK_ROUNDS, rounds - 1)  # rounds=1: one compilation, no slack round
-    for _ in range(rounds + slack_rounds):
+    refused = 0  # the round whose inlined Graph had no plan: it compiled nothing, so it is not one of ``rounds``
+    for _ in range(rounds + slack_rounds + 1):
         compiled = compile_with(shave, observation, requested)
         record: CompiledRecord = compiled.coop_record
         record.rounds = history
@@ -208,14 +210,17 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
                 raise inner from None
             history.append(CompileRound(shave=shave, budget=0, predicted_peak=0, measured_peak=None,
                                         reason=f"no plan below the measured excess ({str(inner)[:160]})"))
-            if observation is not None and observation.inline and not slack and len(history) < rounds:
+            if observation is not None and observation.inline and not slack:
                 # the values the last step never wrote keep their readers' inputs live: a Graph without them
-                # (what was measured still charged) may fit where that one has no schedule
+                # (what was measured still charged) may fit where that one has no schedule (ResNet at 0.7: its
+                # min_budget was above the budget in every process measured, so this round plans nothing and
+                # leaves the rounds that seek the budget to the Graph that can)
                 observation, keep_writing = replace(observation, inline=frozenset()), True
+                refused += 1
                 reason = ("planned again on the measured scratch and temporaries, every value written (the Graph "
                           "with the unwritten values inlined has no plan at this budget)")
                 continue
-            if slack or shave - planned_shave < 2 * SHAVE_STEP or len(history) >= rounds:
+            if slack or shave - planned_shave < 2 * SHAVE_STEP or len(history) - refused >= rounds:
                 break
             shave = (planned_shave + shave) // 2
             continue
@@ -248,7 +253,7 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
             shave, reason = following
             observation = seen if new else observation
             continue
-        if len(history) >= rounds:
+        if len(history) - refused >= rounds:
             break
         following_observation = _observe(record, plan, observation, scratch, keep_writing)
         if following_observation is not None and following_observation != observation:

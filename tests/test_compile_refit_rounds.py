@@ -1,0 +1,80 @@
+"""Which rounds of the measured re-solve count against ``rounds`` (coop.compiled.refit.fit_measured).
+
+The compiler, the meter and the observation are stand-ins here, so the rounds' held bytes are set by hand: round 0
+holds 1,100 B against a budget of 1,000 B and its buffers show a value never written; the Graph with that value
+inlined is refused below its floor (as ResNet's at 0.7: min_budget 2,249,576 B against 2,246,305 B), and the Graph
+with every value written holds 990 B. That refused round compiles nothing, so with ``rounds=2`` the written Graph
+still gets its round and the step returned holds within the budget.
+"""
+
+from __future__ import annotations
+
+import warnings
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from coop.compiled import refit
+from coop.compiled.observed import Observation
+from coop.errors import CoopError
+
+BUDGET = 1_000
+#: what the stand-in step holds: round 0's Graph, and the Graph with every value written
+HELD_FIRST, HELD_WRITTEN = 1_100, 990
+
+
+class _Step:
+    """A stand-in compiled module: its plan, what its step holds, or the refusal its compilation raises."""
+
+    def __init__(self, held: int | None) -> None:
+        self.held = held
+        plan = SimpleNamespace(requested=BUDGET, budget=BUDGET, peak=BUDGET,
+                               joint=SimpleNamespace(graph=SimpleNamespace(nodes=[], name="g")),
+                               result=SimpleNamespace(simulation=SimpleNamespace(overhead=0.0)))
+        self.coop_record = SimpleNamespace(partitioner=SimpleNamespace(plans=[plan]), plans=[plan], rounds=[],
+                                           observed_peak=lambda plan: None)
+
+
+def _compile_with(shave: int, observation: Observation | None, requested: int | None) -> _Step:
+    if observation is not None and observation.inline:
+        return _Step(None)  # refused below its floor when the step first runs
+    return _Step(HELD_FIRST if observation is None else HELD_WRITTEN)
+
+
+def _warm_up(module: _Step, *args: Any) -> list[int]:
+    if module.held is None:
+        raise CoopError("budget 1,000 B is below min_budget 1,040 B of graph 'g'")
+    return [1]
+
+
+def _observe(record: Any, plan: Any, previous: Observation | None, scratch: dict[str, int],
+             keep_writing: bool = False) -> Observation:
+    return Observation() if keep_writing else Observation(inline=frozenset({"never_written"}))
+
+
+@pytest.fixture
+def stand_ins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(refit, "warm_up", _warm_up)
+    monkeypatch.setattr(refit, "held_bytes", lambda module, batch, loss_fn: module.held)
+    monkeypatch.setattr(refit, "_measured_scratch", lambda *args: {})
+    monkeypatch.setattr(refit, "_observe", _observe)
+
+
+@pytest.mark.usefixtures("stand_ins")
+def test_the_refused_inlined_round_leaves_the_written_graph_its_round() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a round within the budget is returned: no over-budget warning
+        returned = refit.fit_measured(_compile_with, batch=None, loss_fn=None, rounds=2, verbose=False)
+    rounds = returned.coop_record.rounds
+    assert [r.measured_peak for r in rounds] == [HELD_FIRST, None, HELD_WRITTEN]
+    assert rounds[1].reason.startswith("no plan") and "every value written" in rounds[2].reason
+    assert returned.held == HELD_WRITTEN <= BUDGET
+
+
+@pytest.mark.usefixtures("stand_ins")
+def test_one_round_stays_one_compilation() -> None:
+    """rounds=1: round 0 only, over its budget, with the warning that says so."""
+    with pytest.warns(UserWarning, match="1,100 B against its budget 1,000 B"):
+        returned = refit.fit_measured(_compile_with, batch=None, loss_fn=None, rounds=1, verbose=False)
+    assert [r.measured_peak for r in returned.coop_record.rounds] == [HELD_FIRST]
