@@ -185,6 +185,7 @@ LONG_FILES_FIRST = ("test_compile.py", "test_compile_order.py", "test_inductor_b
 COMPILING_FILES = ("test_compile.py", "test_compile_order.py", "test_inductor_buffers.py", "test_compile_scratch.py")
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: pytest without xdist (`-p no:xdist`, bench_mutants) skips it
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
     """Under ``--dist loadfile`` (``make test``), xdist's file scheduling with :data:`COMPILING_FILES` as one unit.
 
