@@ -103,9 +103,10 @@ def observe_round(graph: Graph, fx_names: dict[int, list[str]], computed: set[st
     workspace = dict(previous.workspace) if previous is not None else {}
     together = {owner: set(reads) for owner, reads in previous.together} if previous is not None else {}
     for observed in (forward, backward):
-        for owner, nbytes in _kernel_workspace(graph, fx_names, node_of, observed).items():
+        tied = fused_reads(graph, fx_names, node_of, observed)
+        for owner, nbytes in _kernel_workspace(graph, fx_names, node_of, observed, tied).items():
             workspace[owner] = max(workspace.get(owner, 0), nbytes)
-        for owner, reads in fused_reads(graph, fx_names, node_of, observed).items():
+        for owner, reads in tied.items():
             together.setdefault(owner, set()).update(reads)
     return Observation(inline=frozenset(inline), workspace=tuple(sorted(workspace.items())),
                        scratch=previous.scratch if previous is not None else (),
@@ -198,14 +199,15 @@ def _copied_extern_inputs(graph: Graph, fx_names: dict[int, list[str]], node_of:
 
 
 def _kernel_workspace(graph: Graph, fx_names: dict[int, list[str]], node_of: dict[str, int],
-                      observed: ObservedGraph) -> dict[str, int]:
+                      observed: ObservedGraph, tied: dict[str, set[str]]) -> dict[str, int]:
     """Per kernel, the bytes it holds beyond what its last joint value's compute step holds in the Graph.
 
     Charged to the owner fx name of the kernel's last joint value (in the Graph's order): inductor's temporaries
     (materialized buffers that hold no joint value), and the buffers that die in the kernel but are read there
     only by its earlier values (a fused kernel allocates all its outputs before any of its inputs is freed, where
     the Graph's separate steps free such an input before the later value is computed), unless :func:`fused_reads`
-    makes that value an input of the last one (then it is live at that step without a charge).
+    (``tied``, computed once by the caller) makes that value an input of the last one (then it is live at that
+    step without a charge).
     """
     position = {node_id: index for index, node_id in enumerate(graph.order)}
     value_of_op = {b.writer: node_of[b.joint_name] for b in observed.buffers if b.joint_name in node_of}
@@ -214,7 +216,6 @@ def _kernel_workspace(graph: Graph, fx_names: dict[int, list[str]], node_of: dic
     for buffer in observed.buffers:
         if buffer.joint_name in node_of:
             members.setdefault(buffer.kernel, set()).add(node_of[buffer.joint_name])
-    tied = fused_reads(graph, fx_names, node_of, observed)
     charged: dict[str, int] = {}
     for kernel, values in members.items():
         last = max(values, key=lambda v: position.get(v, -1))
