@@ -18,8 +18,9 @@ step's first compiled call, the backward's for its second): the same ATen op, th
 shapes equal to the node's tensor inputs' (an ``out=`` buffer follows them), the k-th such call to the k-th such
 node in the module's order. The node's joint value (the emitter's mark, kept through inductor's passes) names the
 joint node whose Graph node is charged the scratch as workspace in the next round
-(:attr:`coop.compiled.observed.Observation.scratch`). A call with scratch that matches no node is not charged; the
-round's note says how many bytes went unmatched.
+(:attr:`coop.compiled.observed.Observation.scratch`), less what the lowering already charges that op by construction
+(:func:`coop.graph_capture.random_ops.own_scratch_bytes`: ``coop::dropout_mask``). A call with scratch that matches no
+node is not charged; the round's note says how many bytes went unmatched and of which ops.
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch._ops import HigherOrderOperator
 from torch.utils import _pytree as pytree
 
 from coop.compiled.inductor_buffers import JOINT_VALUE
 from coop.graph_capture.cost import quiet_profile, transient_bytes
+from coop.graph_capture.random_ops import dropout_mask_scratch
 
 __all__ = ["CALL_RANGE", "KernelCall", "ScratchMatch", "joint_value", "match_calls", "profiled_calls",
            "scratch_note"]
@@ -122,19 +125,49 @@ class ScratchMatch:
     unmatched: list[tuple[str, int]] = field(default_factory=list)
     #: calls measured with scratch, matched or not
     with_scratch: int = 0
+    #: (op, bytes) of the matched calls whose scratch the lowering charges by construction (coop's own ops)
+    known: list[tuple[str, int]] = field(default_factory=list)
+
+
+def _called(node: fx.Node) -> tuple[Any, tuple[Any, ...]] | None:
+    """The op a call node runs and its operands, seen through inductor's ``control_deps`` wrapper.
+
+    With eager's random kernels (``fallback_random``) inductor keeps the draws in program order by wrapping each
+    random op after the first in ``control_deps(deps, subgraph, *operands)``, the op itself inside ``subgraph``;
+    the generated code still calls the op, so the measured call is the wrapped op's.
+    """
+    if node.op != "call_function":
+        return None
+    if isinstance(node.target, HigherOrderOperator) and node.target.name() == "control_deps":
+        holder = node.args[1]
+        owner = node.graph.owning_module
+        subgraph = getattr(owner, holder.target, None) if isinstance(holder, fx.Node) and owner is not None else None
+        inner = [n for n in subgraph.graph.nodes if n.op == "call_function"] if subgraph is not None else []
+        return (inner[0].target, tuple(node.args[2:])) if len(inner) == 1 else None
+    return node.target, (node.args, node.kwargs)
 
 
 def _signature(node: fx.Node) -> tuple[str, tuple[tuple[int, ...], ...]] | None:
     """The ATen op name and the non-empty shapes of a call node's tensor inputs; None for anything else."""
-    schema = getattr(node.target, "_schema", None)
-    if node.op != "call_function" or schema is None:
+    called = _called(node)
+    schema = getattr(called[0], "_schema", None) if called is not None else None
+    if schema is None:
         return None
     shapes = []
-    for leaf in pytree.tree_leaves((node.args, node.kwargs)):
+    for leaf in pytree.tree_leaves(called[1]):
         value = leaf.meta.get("val") if isinstance(leaf, fx.Node) else None
         if isinstance(value, torch.Tensor) and value.dim() > 0:
             shapes.append(tuple(int(d) for d in value.shape))
     return schema.name, tuple(shapes)
+
+
+def _known_scratch(node: fx.Node) -> int:
+    """The scratch coop's lowering already charges the op of ``node`` by construction (0 for any other op)."""
+    called = _called(node)
+    if called is None or called[0] is not torch.ops.coop.dropout_mask.default:
+        return 0
+    operands = pytree.tree_leaves(called[1])
+    return dropout_mask_scratch(operands[0]) if operands else 0
 
 
 def match_calls(calls: list[list[KernelCall]], modules: list[fx.GraphModule]) -> ScratchMatch:
@@ -168,7 +201,11 @@ def match_calls(calls: list[list[KernelCall]], modules: list[fx.GraphModule]) ->
             if name is None:
                 match.unmatched.append((call.op, call.scratch))
                 continue
-            match.charged[name] = max(match.charged.get(name, 0), call.scratch)
+            known = _known_scratch(node)
+            if known:
+                match.known.append((call.op, min(known, call.scratch)))
+            if call.scratch > known:  # beyond what the Graph already charges the op
+                match.charged[name] = max(match.charged.get(name, 0), call.scratch - known)
     for graph_calls in calls[len(modules):]:
         match.unmatched.extend((c.op, c.scratch) for c in graph_calls if c.scratch > 0)
     return match
@@ -190,7 +227,11 @@ def scratch_note(match: ScratchMatch | None, calls: int | None) -> str:
         return f"extern kernels' scratch not measured ({why})"
     text = (f"extern kernels' scratch measured on the example batch: {len(match.charged)} joint values charged "
             f"{sum(match.charged.values()):,} B")
+    if match.known:
+        text += (f"; {len(match.known)} calls of coop's own ops with {sum(b for _, b in match.known):,} B charged by "
+                 "construction")
     if match.unmatched:
+        ops = sorted({op for op, _ in match.unmatched})
         text += (f"; {len(match.unmatched)} calls with {sum(b for _, b in match.unmatched):,} B of scratch matched "
-                 "no node and are not charged")
+                 f"no node and are not charged ({', '.join(ops)})")
     return text

@@ -157,7 +157,12 @@ def own_scratch_bytes(node: fx.Node) -> int:
     """
     if node.op != "call_function" or node.target is not torch.ops.coop.dropout_mask.default:
         return 0
-    value = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
+    return dropout_mask_scratch(node.args[0])
+
+
+def dropout_mask_scratch(x: object) -> int:
+    """:func:`dropout_mask`'s own scratch for the input node ``x`` (twice its bytes; 0 without a fake value)."""
+    value = x.meta.get("val") if isinstance(x, fx.Node) else None
     return 2 * value.numel() * value.element_size() if isinstance(value, torch.Tensor) else 0
 
 
