@@ -1,13 +1,21 @@
 """Saved pointwise values recomputed in the backward (coop.compiled.inline_saved).
 
-Oracle: hand-built Graphs whose per-step bytes are counted by hand (in the comments).
+Oracles: hand-built Graphs whose per-step bytes are counted by hand (in the comments), the CPU allocator's report of
+the compiled step (:func:`coop.compiled.measure.held_bytes`), and the same step compiled without the pass (loss and
+gradients bit-identical).
 """
 
 from __future__ import annotations
 
+import copy
+
 import pytest
+import torch
+from torch import nn
 
 from coop.compiled.inline_saved import recompute_in_backward
+from coop.compiled.measure import held_bytes
+from coop.compiled.partitioner import CoopPartitioner
 from coop.graph import Graph, Node
 from coop.schedule import Schedule, Step
 
@@ -71,3 +79,49 @@ def test_a_value_recomputed_in_the_backward_already_is_left_alone() -> None:
 def test_an_illegal_or_over_budget_schedule_is_refused() -> None:
     with pytest.raises(ValueError, match="exceeds the budget"):
         recompute_in_backward(_graph(), STORE_ALL, 399, [2], {4})
+
+
+class NewGelu(nn.Module):
+    """GPT-2's tanh GELU written out (Hugging Face's ``NewGELUActivation``): its backward reads ``tanh`` and the
+    products around it, pointwise values of the saved matmul output."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 0.5 * x * (1.0 + torch.tanh(0.7978845608 * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+class GeluMlp(nn.Module):
+    def __init__(self, width: int = 64, depth: int = 2) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(width, width), NewGelu(), nn.Linear(width, width))
+                                    for _ in range(depth))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = x + layer(torch.layer_norm(x, (x.shape[-1],)))
+        return x.logsumexp(-1).mean()
+
+
+def _compiled_step(model: nn.Module, batch: torch.Tensor, inline_saved: bool):
+    torch._dynamo.reset()
+    part = CoopPartitioner(1.0, inline_saved=inline_saved, time_limit=10)
+    compiled = torch.compile(model, options={"custom_partitioner_fn": part})
+    loss = compiled(batch)
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return part.plans[-1], loss.detach(), grads, held_bytes(compiled, batch, None)
+
+
+def test_the_compiled_step_saves_fewer_values_holds_less_and_trains_bit_identically() -> None:
+    torch.manual_seed(0)
+    model = GeluMlp()
+    batch = torch.randn(256, 64)
+    before, loss_before, grads_before, held_before = _compiled_step(copy.deepcopy(model), batch, False)
+    after, loss_after, grads_after, held_after = _compiled_step(copy.deepcopy(model), batch, True)
+    assert after.moved and not before.moved, after.summary()
+    assert len(after.partition.saved) == len(before.partition.saved) - len(after.moved)
+    assert after.peak < before.peak <= after.budget
+    assert held_after < held_before  # the CPU allocator's peak of the compiled step
+    assert torch.equal(loss_after, loss_before)
+    for mine, theirs in zip(grads_after, grads_before, strict=True):
+        assert torch.equal(mine, theirs)
