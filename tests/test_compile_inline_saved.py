@@ -16,6 +16,7 @@ from torch import nn
 from coop.compiled.inline_saved import recompute_in_backward
 from coop.compiled.measure import held_bytes
 from coop.compiled.partitioner import CoopPartitioner
+from coop.errors import CoopError
 from coop.graph import Graph, Node
 from coop.schedule import Schedule, Step
 
@@ -77,7 +78,7 @@ def test_a_value_recomputed_in_the_backward_already_is_left_alone() -> None:
 
 
 def test_an_illegal_or_over_budget_schedule_is_refused() -> None:
-    with pytest.raises(ValueError, match="exceeds the budget"):
+    with pytest.raises(CoopError, match="exceeds the budget"):
         recompute_in_backward(_graph(), STORE_ALL, 399, [2], {4})
 
 

@@ -34,6 +34,7 @@ from torch import fx
 
 from coop.compiled.fusion import is_loop_op, is_pointwise
 from coop.compiled.joint import JointGraph
+from coop.errors import CoopError
 from coop.graph import Graph, Node
 from coop.schedule import Schedule, Step, Validation, validate
 
@@ -108,12 +109,12 @@ def recompute_in_backward(graph: Graph, schedule: Schedule, budget: int, candida
 
     Raises
     ------
-    ValueError
-        When ``schedule`` is not legal within ``budget``.
+    CoopError
+        When ``schedule`` is not legal within ``budget`` (one line: the validator's reason).
     """
     verdict = validate(graph, schedule, budget)
     if not verdict.ok:
-        raise ValueError(f"recompute_in_backward takes a legal schedule within the budget: {verdict.reason}")
+        raise CoopError(f"coop.compile: recompute_in_backward takes a legal schedule within the budget: {verdict.reason}")
     steps = list(schedule.steps)
     moved: list[int] = []
     for node_id in candidates:
