@@ -80,7 +80,12 @@ def pointwise_candidates(joint: JointGraph, gm: fx.GraphModule) -> list[int]:
         whether the schedule saves them is :func:`recompute_in_backward`'s to check.
     """
     fx_nodes = {n.name: n for n in gm.graph.nodes}
-    return [node.id for node in joint.graph.nodes if _qualifies(node, joint.graph, joint, fx_nodes)]
+    graph = joint.graph
+    # multi-output ops, and values read by a node with implementations (whose reads the impl names): never moved
+    excluded = {n.output_of for n in graph.nodes if n.output_of is not None}
+    excluded |= {source for n in graph.nodes if n.impls for source in n.inputs}
+    return [node.id for node in graph.nodes
+            if node.id not in excluded and _qualifies(node, graph, joint, fx_nodes)]
 
 
 def recompute_in_backward(graph: Graph, schedule: Schedule, budget: int, candidates: Iterable[int],
@@ -132,10 +137,6 @@ def _qualifies(node: Node, graph: Graph, joint: JointGraph, fx_nodes: dict[str, 
     """A computed forward value, its op pointwise, every backward fx reader a loop op (module docstring)."""
     if (node.kind != "forward" or node.caller_owned or not node.recomputable or node.random or node.impls
             or node.output_of is not None or node.id in graph.outputs):
-        return False
-    if any(other.output_of == node.id for other in graph.nodes):
-        return False
-    if any(node.id in other.inputs and other.impls for other in graph.nodes):
         return False
     names = joint.lowered.fx_names[node.id]
     own = fx_nodes.get(names[0])
