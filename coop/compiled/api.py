@@ -153,12 +153,16 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         user_options = {**torch._inductor.list_mode_options(mode, compile_kwargs["dynamic"]), **user_options}
     # Horizontal fusion joins independent kernels and runs the joined kernel where its earliest member was, so a
     # recomputation fused with an earlier kernel runs early and lives long (measured: 16.5 MB held for a 10.6 MB
-    # plan on a 6-layer MLP; 13.1 MB without it). Off unless the user sets the threshold.
+    # plan on a 6-layer MLP; 13.1 MB without it). Off unless the user sets the threshold. Still needed with the
+    # measured re-solve (2026-11-30, inductor's default threshold 10): the tied MLP of test_compile_observed at 0.6
+    # held 2,757,640 B against 2,733,471 B in both rounds, twice, where without it the step met the budget.
     user_options.setdefault("score_fusion_memory_threshold", NO_HORIZONTAL_FUSION)
     # Inductor's layout optimization runs a convolution in channels-last: it copies the convolution's weight and
     # input (the batch, the weights: caller-owned values coop counts once) and saves the copies for the backward,
     # bytes no Graph of the joint graph has (ViT at 0.5: 1,671,168 B from the forward's first kernel to the
-    # backward's convolution). Off unless the user sets it.
+    # backward's convolution). Off unless the user sets it. On, bench_compile's ViT at 0.9 (eager draws, 2026-11-30)
+    # was no faster (176.74 against 173.47 ms, alternating, within the run's noise) and its second round held
+    # 53,375,016 B against 52,036,106 (a third round fitted).
     user_options.setdefault("layout_optimization", False)
 
     def compile_with(shave: int, observation: Observation | None = None, requested: int | None = None) -> nn.Module:

@@ -5,8 +5,9 @@ CustomPartitionerFn`: inductor runs its joint-graph passes, then hands the joint
 modules it returns. :class:`CoopPartitioner` lowers the joint graph (:mod:`coop.compiled.joint`), parses the
 budget against it with the one budget parser (a fraction is of the joint graph's peak without recomputation,
 what inductor's own partitioner at ``activation_memory_budget=1`` keeps), solves it with a coop formulation
-(``auto`` by default), validates the schedule and emits it (:mod:`coop.compiled.emit`). Every plan it makes is
-kept in :attr:`CoopPartitioner.plans` for the summary and the tests.
+(``auto`` by default), validates the schedule, recomputes in the backward the saved pointwise values inductor would
+inline there where the budget allows (:mod:`coop.compiled.inline_saved`) and emits it (:mod:`coop.compiled.emit`).
+Every plan it makes is kept in :attr:`CoopPartitioner.plans` for the summary and the tests.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 import time
 import uuid
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from torch._inductor.custom_graph_pass import CustomPartitionerFn
 
 from coop.budget import baseline_peak, min_budget, parse_budget
 from coop.compiled.emit import Partition, emit_partition
+from coop.compiled.inline_saved import recompute_saved_pointwise
 from coop.compiled.joint import JointGraph, lower_joint
 from coop.compiled.observed import Observation
 from coop.errors import CoopError, InfeasibleError, SolveTimeoutError
@@ -49,6 +51,8 @@ class CompiledPlan:
     peak: int
     baseline_peak: int
     wall_s: float
+    #: joint fx names of the saved pointwise values moved into the backward (:mod:`coop.compiled.inline_saved`)
+    moved: tuple[str, ...] = ()
 
     def summary(self) -> str:
         """Plain words: budget, predicted peak, overhead, what is saved and recomputed."""
@@ -59,7 +63,8 @@ class CompiledPlan:
                 f"({self.budget / self.baseline_peak:.2f} of the peak {self.baseline_peak:,} B), predicted peak "
                 f"{self.peak:,} B, overhead {overhead} ({self.result.formulation}, {self.result.status}, "
                 f"{self.wall_s:.1f} s); saves {len(self.partition.saved)} values, recomputes "
-                f"{sum(recomputed.values())} computations of {len(recomputed)} nodes")
+                f"{sum(recomputed.values())} computations of {len(recomputed)} nodes"
+                + (f" ({len(self.moved)} saved pointwise values recomputed in the backward)" if self.moved else ""))
 
 
 class CoopPartitioner(CustomPartitionerFn):
@@ -90,13 +95,18 @@ class CoopPartitioner(CustomPartitionerFn):
         ``"nominal"`` (default): the capture's nominal rates; ``"draws"``: inductor's random draws at this machine's
         measured price; ``"measured"``: every op of a CPU step as its compiled kernel runs here
         (:mod:`coop.compiled.pricing`, :func:`coop.compiled.joint.lower_joint`; why nominal stays the default).
+    inline_saved : bool
+        Recompute in the backward each saved pointwise value inductor would inline into its backward readers, where
+        the schedule stays legal and within the budget (:mod:`coop.compiled.inline_saved`); False keeps the solver's
+        schedule as it is.
     verbose : bool
         Print one line per planned graph to stderr.
     """
 
     def __init__(self, budget: str | float, *, formulation: str = "auto", time_limit: float = 30.0,
                  threads: int = 2, shave: int = 0, fusion: bool = True, device: str | None = None,
-                 observation: Observation | None = None, pricing: str = "nominal", verbose: bool = False) -> None:
+                 observation: Observation | None = None, pricing: str = "nominal", inline_saved: bool = True,
+                 verbose: bool = False) -> None:
         if formulation in ("poet", "dynamic") or formulation.startswith("delta"):
             raise CoopError(f"coop.compile: formulation {formulation!r} pages or runs online, which compiled "
                             "graphs do not run; use auto, moccasin, checkmate, monet, blocks or a baseline")
@@ -109,6 +119,7 @@ class CoopPartitioner(CustomPartitionerFn):
         self.device = device
         self.observation = observation
         self.pricing = pricing
+        self.inline_saved = inline_saved
         self.verbose = verbose
         self.plans: list[CompiledPlan] = []
         self.nonce = uuid.uuid4().hex
@@ -148,9 +159,15 @@ class CoopPartitioner(CustomPartitionerFn):
         if not verdict.ok:
             raise CoopError(f"coop.compile: the {result.formulation} schedule is not legal under the budget: "
                             f"{verdict.reason}")
+        moved: tuple[int, ...] = ()
+        if self.inline_saved:
+            schedule, verdict, moved = recompute_saved_pointwise(joint, gm, result.schedule, budget)
+            if moved:
+                result = replace(result, schedule=schedule, simulation=verdict.simulation)
         partition = emit_partition(gm, joint, result.schedule)
-        plan = CompiledPlan(joint=joint, budget=budget, requested=requested, result=result, partition=partition, peak=verdict.peak,
-                            baseline_peak=baseline_peak(graph), wall_s=time.perf_counter() - start)
+        plan = CompiledPlan(joint=joint, budget=budget, requested=requested, result=result, partition=partition,
+                            peak=verdict.peak, baseline_peak=baseline_peak(graph), wall_s=time.perf_counter() - start,
+                            moved=tuple(joint.lowered.fx_names[i][0] for i in moved))
         self.plans.append(plan)
         if self.verbose:
             print(f"coop.compile: {plan.summary()}", file=sys.stderr)
@@ -171,7 +188,7 @@ class CoopPartitioner(CustomPartitionerFn):
             digest.update(path.read_bytes())
         digest.update(repr((self.budget, self.formulation, self.time_limit, self.threads, self.shave, self.fusion,
                              self.device, None if self.observation is None else self.observation.key(),
-                             self.pricing)).encode())
+                             self.pricing, self.inline_saved)).encode())
         digest.update(self.nonce.encode())
         return digest.hexdigest()
 
