@@ -27,11 +27,11 @@ HELD_FIRST, HELD_WRITTEN = 1_100, 990
 class _Step:
     """A stand-in compiled module: its plan, what its step holds, or the refusal its compilation raises."""
 
-    def __init__(self, held: int | None) -> None:
+    def __init__(self, held: int | None, overhead: float = 0.0, solver_overhead: float = 0.0) -> None:
         self.held = held
-        plan = SimpleNamespace(requested=BUDGET, budget=BUDGET, peak=BUDGET,
+        plan = SimpleNamespace(requested=BUDGET, budget=BUDGET, peak=BUDGET, solver_overhead=solver_overhead,
                                joint=SimpleNamespace(graph=SimpleNamespace(nodes=[], name="g")),
-                               result=SimpleNamespace(simulation=SimpleNamespace(overhead=0.0)))
+                               result=SimpleNamespace(simulation=SimpleNamespace(overhead=overhead)))
         self.coop_record = SimpleNamespace(partitioner=SimpleNamespace(plans=[plan]), plans=[plan], rounds=[],
                                            observed_peak=lambda plan: None)
 
@@ -78,3 +78,19 @@ def test_one_round_stays_one_compilation() -> None:
     with pytest.warns(UserWarning, match="1,100 B against its budget 1,000 B"):
         returned = refit.fit_measured(_compile_with, batch=None, loss_fn=None, rounds=1, verbose=False)
     assert [r.measured_peak for r in returned.coop_record.rounds] == [HELD_FIRST]
+
+
+@pytest.mark.usefixtures("stand_ins")
+@pytest.mark.parametrize(("solver_overhead", "compilations"), [(0.0, 1), (0.05, 2)])
+def test_only_the_solvers_own_recomputation_starts_a_slack_round(solver_overhead: float, compilations: int) -> None:
+    """A plan within its budget whose recomputation is all inline_saved's moves (overhead 0.05, the solver's own 0)
+    has nothing a larger budget buys back: one compilation. The same plan with the solver recomputing: a slack
+    round (its budget raised by the 100 B the step left)."""
+    budgets: list[int | None] = []
+
+    def compile_with(shave: int, observation: Observation | None, requested: int | None) -> _Step:
+        budgets.append(shave)
+        return _Step(BUDGET - 100, overhead=0.05, solver_overhead=solver_overhead)
+
+    refit.fit_measured(compile_with, batch=None, loss_fn=None, rounds=3, verbose=False)
+    assert len(budgets) == compilations

@@ -53,6 +53,8 @@ class CompiledPlan:
     wall_s: float
     #: joint fx names of the saved pointwise values moved into the backward (:mod:`coop.compiled.inline_saved`)
     moved: tuple[str, ...] = ()
+    #: the predicted overhead of the solver's own schedule, before those moves (what a larger budget could buy back)
+    solver_overhead: float = 0.0
 
     def summary(self) -> str:
         """Plain words: budget, predicted peak, overhead, what is saved and recomputed."""
@@ -160,6 +162,7 @@ class CoopPartitioner(CustomPartitionerFn):
             raise CoopError(f"coop.compile: the {result.formulation} schedule is not legal under the budget: "
                             f"{verdict.reason}")
         moved: tuple[int, ...] = ()
+        solver_overhead = result.simulation.overhead if result.simulation is not None else 0.0
         if self.inline_saved:
             schedule, verdict, moved = recompute_saved_pointwise(joint, gm, result.schedule, budget)
             if moved:
@@ -167,7 +170,8 @@ class CoopPartitioner(CustomPartitionerFn):
         partition = emit_partition(gm, joint, result.schedule)
         plan = CompiledPlan(joint=joint, budget=budget, requested=requested, result=result, partition=partition,
                             peak=verdict.peak, baseline_peak=baseline_peak(graph), wall_s=time.perf_counter() - start,
-                            moved=tuple(joint.lowered.fx_names[i][0] for i in moved))
+                            moved=tuple(joint.lowered.fx_names[i][0] for i in moved),
+                            solver_overhead=solver_overhead)
         self.plans.append(plan)
         if self.verbose:
             print(f"coop.compile: {plan.summary()}", file=sys.stderr)

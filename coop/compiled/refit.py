@@ -247,7 +247,8 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
             slack.append(SlackPoint(raised=-shave, excess=held - plan.requested))
             seen = _observe(record, plan, observation, scratch, keep_writing)
             new = seen is not None and seen != observation
-            following = next_slack_round(slack, plan.requested, overhead > 0, new)
+            # the moves of inline_saved recompute by choice, not for want of bytes: no slack round buys them back
+            following = next_slack_round(slack, plan.requested, plan.solver_overhead > 0, new)
             if following is None or len(slack) > slack_rounds:
                 break
             shave, reason = following
