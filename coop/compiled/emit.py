@@ -24,6 +24,7 @@ import torch
 from torch import fx
 from torch._functorch.partitioners import _extract_fwd_bwd_outputs
 
+from coop.compiled.first_dropout import rejoin_first_products
 from coop.compiled.inductor_buffers import COOP_GRAPH, mark_joint_value
 from coop.compiled.joint import JointGraph
 from coop.compiled.order import mark_order, matmuls_read_by
@@ -53,6 +54,8 @@ class Partition:
     #: copies of the two graphs as emitted, before inductor's passes run on the modules
     emitted_forward: fx.Graph | None = None
     emitted_backward: fx.Graph | None = None
+    #: split dropouts whose draw and first product the forward runs as one native_dropout (coop.compiled.first_dropout)
+    rejoined_dropouts: int = 0
 
     def recomputed(self) -> dict[str, int]:
         """Joint fx names computed more than once in the step, with the number of extra computations."""
@@ -261,6 +264,7 @@ def _modules(gm: fx.GraphModule, emitter: _Emitter, fwd_out: list[Any], fwd_desc
             node.meta["autograd_backward"] = True
     for node in [*forward_graph.nodes, *backward_graph.nodes]:
         node.meta[COOP_GRAPH] = emitter.joint.graph.name
+    rejoined = rejoin_first_products(forward_graph)  # coop.compiled.first_dropout: one draw, not two products
     forward_graph.eliminate_dead_code()
     backward_graph.eliminate_dead_code()
     forward_graph.lint()
@@ -269,7 +273,7 @@ def _modules(gm: fx.GraphModule, emitter: _Emitter, fwd_out: list[Any], fwd_desc
     backward = fx._lazy_graph_module._make_graph_module(gm, backward_graph)
     return Partition(forward=forward, backward=backward, saved=ordered, forward_counts=emitter.counts[FORWARD],
                      backward_counts=emitter.counts[BACKWARD], emitted_forward=_copy(forward_graph),
-                     emitted_backward=_copy(backward_graph))
+                     emitted_backward=_copy(backward_graph), rejoined_dropouts=rejoined)
 
 
 def _copy(graph: fx.Graph) -> fx.Graph:

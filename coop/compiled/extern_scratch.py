@@ -34,6 +34,7 @@ from torch import fx
 from torch._ops import HigherOrderOperator
 from torch.utils import _pytree as pytree
 
+from coop.compiled.first_dropout import REJOINED
 from coop.compiled.inductor_buffers import JOINT_VALUE
 from coop.graph_capture.cost import quiet_profile, transient_bytes
 from coop.graph_capture.random_ops import dropout_mask_scratch
@@ -164,7 +165,8 @@ def _signature(node: fx.Node) -> tuple[str, tuple[tuple[int, ...], ...]] | None:
 def _known_scratch(node: fx.Node) -> int:
     """The scratch coop's lowering already charges the op of ``node`` by construction (0 for any other op)."""
     called = _called(node)
-    if called is None or called[0] is not torch.ops.coop.dropout_mask.default:
+    rejoined = called is not None and called[0] is torch.ops.aten.native_dropout.default and node.meta.get(REJOINED)
+    if called is None or (called[0] is not torch.ops.coop.dropout_mask.default and not rejoined):
         return 0
     operands = pytree.tree_leaves(called[1])
     return dropout_mask_scratch(operands[0]) if operands else 0
