@@ -94,3 +94,22 @@ def test_only_the_solvers_own_recomputation_starts_a_slack_round(solver_overhead
 
     refit.fit_measured(compile_with, batch=None, loss_fn=None, rounds=3, verbose=False)
     assert len(budgets) == compilations
+
+
+@pytest.mark.usefixtures("stand_ins")
+def test_a_round_planned_on_observed_buffers_and_still_over_is_also_planned_below_its_excess(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every round shows new buffers and holds 100 B over: round 1 is planned on round 0's buffers at the same
+    budget; round 2, after a round that had the buffers and still missed, also 100 B below the budget."""
+    shaves: list[int] = []
+    seen = iter(range(100))
+    monkeypatch.setattr(refit, "_observe", lambda *args, **kwargs: Observation(scratch=((f"v{next(seen)}", 8),)))
+    monkeypatch.setattr(refit, "min_budget", lambda graph: 0)
+
+    def compile_with(shave: int, observation: Observation | None, requested: int | None) -> _Step:
+        shaves.append(shave)
+        return _Step(BUDGET + 100)
+
+    with pytest.warns(UserWarning, match="against its budget"):
+        refit.fit_measured(compile_with, batch=None, loss_fn=None, rounds=3, verbose=False)
+    assert shaves == [0, 0, 100]
