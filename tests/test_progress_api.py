@@ -101,14 +101,14 @@ def test_plan_reports_each_rung_and_round_with_real_elapsed_stamps(capsys: pytes
 
 def test_plan_with_progress_false_prints_nothing(capsys: pytest.CaptureFixture[str]) -> None:
     model, batch = model_and_batch()
-    coop.plan(model, 0.85, batch, time_limit=2, progress=False)
+    coop.plan(model, 0.85, batch, time_limit=1, progress=False)
     assert capsys.readouterr().err == ""
 
 
 def test_plan_by_default_prints_nothing_where_stderr_is_no_terminal(capsys: pytest.CaptureFixture[str]) -> None:
     model, batch = model_and_batch()
     assert not sys.stderr.isatty()
-    coop.plan(model, 0.85, batch, time_limit=2)
+    coop.plan(model, 0.85, batch, time_limit=1)
     assert capsys.readouterr().err == ""
 
 

@@ -52,9 +52,10 @@ def counted_plan(cnn_step):
         patch.setattr(solving, "cheapest_fitting_baseline", counted_fallback)
         warnings.simplefilter("ignore")  # where kernels' scratch exceeds the budget the plan warns (not judged here)
         # the MILP runs to its limit and keeps its first incumbent (the same rounds at 4 s as at 20 s, measured
-        # under a load of 7 on 2 cores): a short limit, as the rounds and the count are what is judged
+        # under a load of 7 on 2 cores; at 1, 2 and 5 s the same two rounds, a solve then a measured-scratch round,
+        # under a load of 6, 2026-11-30): a short limit, as the rounds and the count are what is judged
         plan = coop.plan(model, 0.8, batch, loss_fn=loss_fn, captured=captured, formulation="checkmate",
-                         time_limit=5)
+                         time_limit=2)
     return plan, calls.count(False)
 
 

@@ -81,7 +81,8 @@ class Case:
 TOKENS = {"batch": 4, "seq": 64, "vocab": 64}
 CASES = {
     "llama": Case(lambda: build("llama", **TOKENS)),
-    "llama-moccasin": Case(lambda: build("llama", **TOKENS), fraction=0.5, formulation="moccasin", time_limit=3.0),
+    # 1.5 s (3 until 2026-11-30): the same peak and recomputations at 1.5 and 3 s, one round; the replay is judged
+    "llama-moccasin": Case(lambda: build("llama", **TOKENS), fraction=0.5, formulation="moccasin", time_limit=1.5),
     "qwen2": Case(_qwen2),
     "gpt2": Case(lambda: build("gpt2", hidden=32, **TOKENS)),
     "bert": Case(lambda: build("bert", hidden=32, **TOKENS)),
