@@ -150,24 +150,7 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
     if device is not None:
         raise CoopError(f"coop.compile: device={device!r} is for meta-device models; a model with real weights is "
                         "planned on its own device: leave device out")
-    compile_kwargs.setdefault("dynamic", False)
-    user_options = dict(compile_kwargs.pop("options", None) or {})
-    mode = compile_kwargs.pop("mode", None)
-    if mode is not None:  # torch.compile takes a mode or options, not both: the mode as the options it stands for
-        user_options = {**torch._inductor.list_mode_options(mode, compile_kwargs["dynamic"]), **user_options}
-    # Horizontal fusion joins independent kernels and runs the joined kernel where its earliest member was, so a
-    # recomputation fused with an earlier kernel runs early and lives long (measured: 16.5 MB held for a 10.6 MB
-    # plan on a 6-layer MLP; 13.1 MB without it). Off unless the user sets the threshold. Still needed with the
-    # measured re-solve (2026-11-30, inductor's default threshold 10): the tied MLP of test_compile_observed at 0.6
-    # held 2,757,640 B against 2,733,471 B in both rounds, twice, where without it the step met the budget.
-    user_options.setdefault("score_fusion_memory_threshold", NO_HORIZONTAL_FUSION)
-    # Inductor's layout optimization runs a convolution in channels-last: it copies the convolution's weight and
-    # input (the batch, the weights: caller-owned values coop counts once) and saves the copies for the backward,
-    # bytes no Graph of the joint graph has (ViT at 0.5: 1,671,168 B from the forward's first kernel to the
-    # backward's convolution). Off unless the user sets it. On, bench_compile's ViT at 0.9 (eager draws, 2026-11-30)
-    # was no faster (176.74 against 173.47 ms, alternating, within the run's noise) and its second round held
-    # 53,375,016 B against 52,036,106 (a third round fitted).
-    user_options.setdefault("layout_optimization", False)
+    user_options = _inductor_options(compile_kwargs)
 
     pinned = [bool(pin)]  # pin=None: set by the measured re-solve once a round in inductor's order misses
 
@@ -206,6 +189,30 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
     pin_after_miss = (None if pin is not None or user_options.get("_post_fusion_custom_pass") is not None
                       else lambda: pinned.__setitem__(0, True))
     return fit_measured(compile_with, example_batch, loss_fn, max(1, rounds), verbose, pin_after_miss)
+
+
+def _inductor_options(compile_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The user's inductor options (``options``, ``mode`` as the options it stands for; both taken out of
+    ``compile_kwargs``, ``dynamic`` set False unless given), and the two options coop sets unless the user does."""
+    compile_kwargs.setdefault("dynamic", False)
+    user_options = dict(compile_kwargs.pop("options", None) or {})
+    mode = compile_kwargs.pop("mode", None)
+    if mode is not None:  # torch.compile takes a mode or options, not both: the mode as the options it stands for
+        user_options = {**torch._inductor.list_mode_options(mode, compile_kwargs["dynamic"]), **user_options}
+    # Horizontal fusion joins independent kernels and runs the joined kernel where its earliest member was, so a
+    # recomputation fused with an earlier kernel runs early and lives long (measured: 16.5 MB held for a 10.6 MB
+    # plan on a 6-layer MLP; 13.1 MB without it). Off unless the user sets the threshold. Still needed with the
+    # measured re-solve (2026-11-30, inductor's default threshold 10): the tied MLP of test_compile_observed at 0.6
+    # held 2,757,640 B against 2,733,471 B in both rounds, twice, where without it the step met the budget.
+    user_options.setdefault("score_fusion_memory_threshold", NO_HORIZONTAL_FUSION)
+    # Inductor's layout optimization runs a convolution in channels-last: it copies the convolution's weight and
+    # input (the batch, the weights: caller-owned values coop counts once) and saves the copies for the backward,
+    # bytes no Graph of the joint graph has (ViT at 0.5: 1,671,168 B from the forward's first kernel to the
+    # backward's convolution). Off unless the user sets it. On, bench_compile's ViT at 0.9 (eager draws, 2026-11-30)
+    # was no faster (176.74 against 173.47 ms, alternating, within the run's noise) and its second round held
+    # 53,375,016 B against 52,036,106 (a third round fitted).
+    user_options.setdefault("layout_optimization", False)
+    return user_options
 
 
 def _plan_on_meta(model: nn.Module, budget: str | float, batch: Any, loss_fn: Callable[[Any], torch.Tensor] | None,
