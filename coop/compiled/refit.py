@@ -6,6 +6,10 @@ measures the step on the CPU allocator (or CUDA's reserved bytes), and decides t
 * each measured round also profiles one more step on the example batch for what extern kernels allocate inside
   themselves (:mod:`coop.compiled.extern_scratch`), charged as workspace from the next round on (its note says
   what was charged, what matched no node, or why nothing was measured);
+* the first round over its budget in inductor's order is compiled again with the kernels in coop's order
+  (:mod:`coop.compiled.pin`), where coop.compile's ``pin`` is None (its default): inductor's scheduler can run a
+  recomputation early and keep its value live across the step's peak, which neither the plan nor the walk of
+  inductor's buffers sees;
 * a round over its budget is planned again on what inductor held (:mod:`coop.compiled.observed`) while that
   shows something new (and below the measured excess too where the round itself was planned on such an
   observation: the buffers did not explain the excess), else below the measured excess (the shave grows by it),
@@ -183,10 +187,10 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
     order, :mod:`coop.compiled.pin`), the first round in inductor's order that misses its budget is planned again
     at the same shave in coop's order, on what was measured of the extern kernels' scratch only: inductor's
     scheduler had moved a recomputation off coop's schedule (the tied MLP of tests/test_compile_observed.py at 0.5,
-    2026-11-30: ``reorder_for_peak_memory`` ran the backward's recomputed ``x @ w``, 262,144 B, five kernels early,
-    and the step held 2,516,488 B for a plan of 2,266,884 B; the walk, which reads the order before that pass,
-    2,262,532 B; in coop's order the same plan held 2,266,888 B). A round that misses its budget otherwise is planned
-    again on what inductor held in it and the rounds before (the values it never wrote inlined into their readers, its temporaries and fused kernels' overlaps
+    2026-11-30: ``reorder_for_peak_memory`` ran the backward's recomputed ``x @ w`` six kernels before its reader,
+    its 262,144 B live across the backward's peak; a plan of 2,266,884 B held 2,516,488 B in inductor's order, where
+    the walk, which reads the order before that pass, said 2,262,532 B, and 2,266,888 B in coop's order). A round that misses its budget otherwise is planned again on what inductor held in it and the
+    rounds before (the values it never wrote inlined into their readers, its temporaries and fused kernels' overlaps
     charged), at the same shave, while the observation shows something new; when it shows nothing new, the shave
     grows by the round's excess over the budget. A re-solve that finds no schedule below it is tried once more
     halfway between the last shave that planned and the one that did not. After the first round within the budget
