@@ -42,16 +42,42 @@ class Tied(nn.Module):
         return (h @ self.w.t()).pow(2).mean()
 
 
+#: bytes the step may hold beyond the walk of inductor's buffers: the loss's gradient seed (4 B), which the autograd
+#: engine allocates outside the compiled graphs, and the walk's misses on inductor's reuse of small buffers (a
+#: pinned step at 0.5 held 2,262,536 B where its walk said 2,254,084 B, 2026-11-30); a quarter of the 262,144 B
+#: value inductor's order kept live across the peak
+OUTSIDE_THE_BUFFERS = 65_536
+
+
 def _caller_owned(compiled: nn.Module) -> int:
     return sum(n.mem for n in compiled.coop_record.plans[0].joint.graph.nodes if n.caller_owned)
 
 
+def _held_within_what_coop_saw(compiled: nn.Module, batch: torch.Tensor) -> int:
+    """The CPU allocator's peak of one step of ``compiled`` (caller-owned values added), asserted within the budget
+    and within what coop saw of the step: the walk of the buffers inductor generated for the kept compilation.
+
+    The walk reads the kernels before inductor's ``reorder_for_peak_memory``, so it may be above the step (that pass
+    lowered the peak); a step above it holds bytes coop did not see: where inductor's scheduler ran a recomputation
+    of coop's schedule early (the tied model at 0.5 in inductor's order, 2026-11-30: 2,516,488 B held, 2,262,532 B
+    walked, 2,277,892 B budget), one 1024 x 64 value (262,144 B) was live across the peak.
+    """
+    record = compiled.coop_record
+    requested = record.plans[0].requested
+    held = held_bytes(compiled, batch, None) + _caller_owned(compiled)
+    seen = record.observed_peak(record.plans[-1])
+    assert held <= requested, record.summary()
+    assert seen is not None and held <= seen + OUTSIDE_THE_BUFFERS, (held, seen, record.summary())
+    return held
+
+
 @pytest.mark.slow
-def test_a_first_round_over_budget_is_re_planned_on_the_observation_and_the_step_meets_the_budget() -> None:
-    """The fitted step's CPU-allocator peak (weights and batch added), measured again here, is within the budget,
-    and it trains as eager does. Where round 0 held more than the budget (3,266,504 B against 2,733,471 B in the
-    runs of 2026-11-29; the solver's schedule under a time limit varies with the machine's load, and one run met
-    the budget in round 0), round 1 was planned on the buffers inductor kept, at the same shave."""
+def test_a_first_round_over_budget_is_re_planned_in_coops_order_and_the_step_meets_the_budget() -> None:
+    """The fitted step's CPU-allocator peak (weights and batch added), measured again here, is within the budget and
+    within what coop saw of it, and it trains as eager does. Where round 0 (inductor's order) held more than the
+    budget (3,266,504 B against 2,733,471 B in the runs of 2026-11-29; the solver's schedule under a time limit
+    varies with the machine's load, and one run met the budget in round 0), round 1 ran the kernels in coop's order,
+    at the same shave (later rounds are planned on the buffers inductor kept in that order)."""
     torch.manual_seed(0)
     model = Tied()
     eager = copy.deepcopy(model)
@@ -61,12 +87,12 @@ def test_a_first_round_over_budget_is_re_planned_on_the_observation_and_the_step
         compiled = coop.compile(model, 0.6, time_limit=5, example_batch=batch, rounds=2)
     record = compiled.coop_record
     requested = record.plans[0].requested
+    assert not record.rounds[0].pinned, record.summary()
     if record.rounds[0].measured_peak > requested:  # the first plan missed (a slack round may follow round 1)
         assert len(record.rounds) >= 2, record.summary()
-        assert record.rounds[1].inlined > 0 and record.rounds[1].shave == 0, record.summary()
+        assert record.rounds[1].pinned and record.rounds[1].shave == 0, record.summary()
     model.zero_grad(set_to_none=True)
-    held = held_bytes(compiled, batch, None) + _caller_owned(compiled)
-    assert held <= requested, record.summary()
+    _held_within_what_coop_saw(compiled, batch)
     compiled(batch).backward()
     eager(batch).backward()
     for mine, theirs in zip(model.parameters(), eager.parameters(), strict=True):
@@ -75,8 +101,13 @@ def test_a_first_round_over_budget_is_re_planned_on_the_observation_and_the_step
 
 @pytest.mark.slow
 def test_held_bytes_are_monotone_in_the_budget_after_the_observed_re_solve() -> None:
-    """Three budgets of the tied model: the allocator's peak of each fitted step is within its budget, and a lower
-    budget never holds more."""
+    """Three budgets of the tied model: the allocator's peak of each fitted step is within its budget and within what
+    coop saw of the step (:func:`_held_within_what_coop_saw`), and a lower budget never holds more.
+
+    The solver's schedule under its time limit varies with the machine's load, and inductor's scheduler moved a
+    recomputation of some schedules (not of others) across the step's peak: at 0.5 the step then held 2,516,488 B
+    against 2,277,892 B in every round (2026-11-30), so this test failed or passed with the schedule. The re-solve
+    now runs the rounds after such a miss in coop's order (coop.compile's ``pin``)."""
     batch = torch.randn(1024, 64)
     held = []
     for share in (0.8, 0.65, 0.5):
@@ -87,10 +118,7 @@ def test_held_bytes_are_monotone_in_the_budget_after_the_observed_re_solve() -> 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             compiled = coop.compile(Tied(), share, time_limit=5, example_batch=batch, rounds=3)
-        requested = compiled.coop_record.plans[0].requested
-        measured = held_bytes(compiled, batch, None) + _caller_owned(compiled)
-        assert measured <= requested, compiled.coop_record.summary()
-        held.append(measured)
+        held.append(_held_within_what_coop_saw(compiled, batch))
     assert held == sorted(held, reverse=True), held
 
 

@@ -85,7 +85,7 @@ def partitioner(budget: str | float, *, formulation: str = "auto", time_limit: f
 def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
             time_limit: float = 30.0, threads: int = 2, example_batch: Any = None,
             loss_fn: Callable[[Any], torch.Tensor] | None = None, rounds: int = 3, verbose: bool = False,
-            device: str | None = None, pricing: str = "nominal", pin: bool = False,
+            device: str | None = None, pricing: str = "nominal", pin: bool | None = None,
             **compile_kwargs: Any) -> nn.Module:
     """``torch.compile(model, **compile_kwargs)`` with coop as inductor's partitioner (module docstring).
 
@@ -117,11 +117,15 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         ``"nominal"`` (default): the capture's nominal rates; ``"draws"``: inductor's random draws at this machine's
         measured price; ``"measured"``: every op of a CPU step as its compiled kernel runs here
         (:mod:`coop.compiled.pricing`, :func:`coop.compiled.joint.lower_joint`; why nominal stays the default).
-    pin : bool
+    pin : bool or None
         Run the compiled kernels in coop's order (:mod:`coop.compiled.pin`: no fusion that would compute a value
-        early across another kernel coop ran first). False (the default until the benchmark shows the pin costs no
-        speed: LLaMA at 0.5 ran 120.85 against 84.22 ms for the compiler's own budget with it, its first plan kept
-        recomputing 1.577 GFLOP): inductor fuses and orders the kernels as it would.
+        early across another kernel coop ran first). None (the default): inductor fuses and orders the kernels as it
+        would until a measured round (``example_batch``) holds more than its budget, and the rounds after it are
+        pinned (inductor's scheduler can move a recomputation of coop's schedule early and keep its value live across
+        the step's peak: the tied MLP of tests/test_compile_observed.py at 0.5 held 2,516,488 B unpinned against its
+        budget 2,277,892 B, 2,266,888 B pinned, 2026-11-30). True: pinned from the first compilation. False: never
+        pinned (LLaMA at 0.5 ran 120.85 against 84.22 ms for the compiler's own budget pinned, its first plan kept
+        recomputing 1.577 GFLOP: the pin costs speed where inductor's order meets the budget).
     **compile_kwargs
         ``torch.compile``'s (``mode`` becomes the options it stands for; ``dynamic`` must stay False). Inductor
         options coop sets unless ``options`` sets them: no horizontal fusion (``score_fusion_memory_threshold``) and
@@ -146,24 +150,9 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
     if device is not None:
         raise CoopError(f"coop.compile: device={device!r} is for meta-device models; a model with real weights is "
                         "planned on its own device: leave device out")
-    compile_kwargs.setdefault("dynamic", False)
-    user_options = dict(compile_kwargs.pop("options", None) or {})
-    mode = compile_kwargs.pop("mode", None)
-    if mode is not None:  # torch.compile takes a mode or options, not both: the mode as the options it stands for
-        user_options = {**torch._inductor.list_mode_options(mode, compile_kwargs["dynamic"]), **user_options}
-    # Horizontal fusion joins independent kernels and runs the joined kernel where its earliest member was, so a
-    # recomputation fused with an earlier kernel runs early and lives long (measured: 16.5 MB held for a 10.6 MB
-    # plan on a 6-layer MLP; 13.1 MB without it). Off unless the user sets the threshold. Still needed with the
-    # measured re-solve (2026-11-30, inductor's default threshold 10): the tied MLP of test_compile_observed at 0.6
-    # held 2,757,640 B against 2,733,471 B in both rounds, twice, where without it the step met the budget.
-    user_options.setdefault("score_fusion_memory_threshold", NO_HORIZONTAL_FUSION)
-    # Inductor's layout optimization runs a convolution in channels-last: it copies the convolution's weight and
-    # input (the batch, the weights: caller-owned values coop counts once) and saves the copies for the backward,
-    # bytes no Graph of the joint graph has (ViT at 0.5: 1,671,168 B from the forward's first kernel to the
-    # backward's convolution). Off unless the user sets it. On, bench_compile's ViT at 0.9 (eager draws, 2026-11-30)
-    # was no faster (176.74 against 173.47 ms, alternating, within the run's noise) and its second round held
-    # 53,375,016 B against 52,036,106 (a third round fitted).
-    user_options.setdefault("layout_optimization", False)
+    user_options = _inductor_options(compile_kwargs)
+
+    pinned = [bool(pin)]  # pin=None: set by the measured re-solve once a round in inductor's order misses
 
     def compile_with(shave: int, observation: Observation | None = None, requested: int | None = None) -> nn.Module:
         # a later round keeps the first round's budget in bytes: a share of a Graph rebuilt from an observation
@@ -176,7 +165,7 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         if options.get("_post_fusion_custom_pass") is None:
             observer = BufferObserver()
             options["_post_fusion_custom_pass"] = observer
-            if pin:  # coop.compiled.pin: no fusion across coop's order, the fused kernels in coop's order
+            if pinned[0]:  # coop.compiled.pin: no fusion across coop's order, the fused kernels in coop's order
                 guard = None
                 if options.get("_pre_fusion_custom_pass") is None:
                     guard = options["_pre_fusion_custom_pass"] = KeepFusionInOrder()
@@ -196,7 +185,34 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         # as the step's (the tied MLP of tests/test_compile_observed.py at 0.5: 9,273,184 B measured in round 0 for
         # a step that holds 2,262,536 B)
         machine_rates()
-    return fit_measured(compile_with, example_batch, loss_fn, max(1, rounds), verbose)
+    # the pin is coop's _post_fusion_custom_pass: where the user set their own, nothing to switch on
+    pin_after_miss = (None if pin is not None or user_options.get("_post_fusion_custom_pass") is not None
+                      else lambda: pinned.__setitem__(0, True))
+    return fit_measured(compile_with, example_batch, loss_fn, max(1, rounds), verbose, pin_after_miss)
+
+
+def _inductor_options(compile_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The user's inductor options (``options``, ``mode`` as the options it stands for; both taken out of
+    ``compile_kwargs``, ``dynamic`` set False unless given), and the two options coop sets unless the user does."""
+    compile_kwargs.setdefault("dynamic", False)
+    user_options = dict(compile_kwargs.pop("options", None) or {})
+    mode = compile_kwargs.pop("mode", None)
+    if mode is not None:  # torch.compile takes a mode or options, not both: the mode as the options it stands for
+        user_options = {**torch._inductor.list_mode_options(mode, compile_kwargs["dynamic"]), **user_options}
+    # Horizontal fusion joins independent kernels and runs the joined kernel where its earliest member was, so a
+    # recomputation fused with an earlier kernel runs early and lives long (measured: 16.5 MB held for a 10.6 MB
+    # plan on a 6-layer MLP; 13.1 MB without it). Off unless the user sets the threshold. Still needed with the
+    # measured re-solve (2026-11-30, inductor's default threshold 10): the tied MLP of test_compile_observed at 0.6
+    # held 2,757,640 B against 2,733,471 B in both rounds, twice, where without it the step met the budget.
+    user_options.setdefault("score_fusion_memory_threshold", NO_HORIZONTAL_FUSION)
+    # Inductor's layout optimization runs a convolution in channels-last: it copies the convolution's weight and
+    # input (the batch, the weights: caller-owned values coop counts once) and saves the copies for the backward,
+    # bytes no Graph of the joint graph has (ViT at 0.5: 1,671,168 B from the forward's first kernel to the
+    # backward's convolution). Off unless the user sets it. On, bench_compile's ViT at 0.9 (eager draws, 2026-11-30)
+    # was no faster (176.74 against 173.47 ms, alternating, within the run's noise) and its second round held
+    # 53,375,016 B against 52,036,106 (a third round fitted).
+    user_options.setdefault("layout_optimization", False)
+    return user_options
 
 
 def _plan_on_meta(model: nn.Module, budget: str | float, batch: Any, loss_fn: Callable[[Any], torch.Tensor] | None,

@@ -32,6 +32,8 @@ class CompileRound:
     #: the plan's predicted recomputation overhead (a fraction of the step's cost; how the rounds within the budget
     #: are ranked); None when nothing was planned
     overhead: float | None = None
+    #: whether the round's kernels ran in coop's order (:mod:`coop.compiled.pin`)
+    pinned: bool = False
 
 
 @dataclass
@@ -47,7 +49,7 @@ class CompiledRecord:
     #: ``post_grad_custom_post_pass``, which coop leaves in place; :mod:`coop.compiled.order`)
     order: KeepMatmulsInPlace | None = None
     #: the scheduler pass that runs the kernels in coop's order (None: the user set their own
-    #: ``_post_fusion_custom_pass``, or ``pin=False``; :mod:`coop.compiled.pin`)
+    #: ``_post_fusion_custom_pass``, or the round ran in inductor's order; :mod:`coop.compiled.pin`)
     pin: PinScheduleOrder | None = None
 
     def observed_graphs(self, plan: CompiledPlan) -> tuple[ObservedGraph, ObservedGraph] | None:
@@ -80,6 +82,8 @@ class CompiledRecord:
                 observed += f"; {r.inlined} values inlined as observed"
             if r.overhead is not None:
                 observed += f"; recomputation {100 * r.overhead:.2f} % predicted"
+            if r.pinned:
+                observed += "; kernels in coop's order"
             lines.append(f"round {number}: {r.reason}; budget {r.budget:,} B (shave {r.shave:,} B), predicted "
                          f"{r.predicted_peak:,} B, {measured}{observed}")
         lines.append(self.pin.describe() if self.pin is not None else "kernels in inductor's order (not pinned)")

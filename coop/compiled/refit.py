@@ -6,6 +6,10 @@ measures the step on the CPU allocator (or CUDA's reserved bytes), and decides t
 * each measured round also profiles one more step on the example batch for what extern kernels allocate inside
   themselves (:mod:`coop.compiled.extern_scratch`), charged as workspace from the next round on (its note says
   what was charged, what matched no node, or why nothing was measured);
+* the first round over its budget in inductor's order is compiled again with the kernels in coop's order
+  (:mod:`coop.compiled.pin`), where coop.compile's ``pin`` is None (its default): inductor's scheduler can run a
+  recomputation early and keep its value live across the step's peak, which neither the plan nor the walk of
+  inductor's buffers sees;
 * a round over its budget is planned again on what inductor held (:mod:`coop.compiled.observed`) while that
   shows something new (and below the measured excess too where the round itself was planned on such an
   observation: the buffers did not explain the excess), else below the measured excess (the shave grows by it),
@@ -170,7 +174,8 @@ class _Attempt:
 
 
 def fit_measured(compile_with: Callable[[int, Observation | None, int | None], nn.Module], batch: Any,
-                 loss_fn: Callable[[Any], torch.Tensor] | None, rounds: int, verbose: bool) -> nn.Module:
+                 loss_fn: Callable[[Any], torch.Tensor] | None, rounds: int, verbose: bool,
+                 pin_after_miss: Callable[[], None] | None = None) -> nn.Module:
     """Compile, measure one step, and while it holds more than its budget, or fits leaving slack, plan again.
 
     Each round's step is measured after :func:`coop.compiled.measure.warm_up` (the plan judged is the one compiled
@@ -178,8 +183,14 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
     bytes), caller-owned values added. The walk of inductor's buffers (:attr:`CompileRound.observed_peak`) reads the
     kernels before inductor's ``reorder_for_peak_memory`` moves them, so it can be above what the step holds (ViT at
     0.7: 36,457,464 B held, the walk above the budget of 37,414,977 B): it says what to plan on, not whether a round
-    met its budget. A round that misses its budget is planned again on what inductor held in it and the rounds
-    before (the values it never wrote inlined into their readers, its temporaries and fused kernels' overlaps
+    met its budget. With ``pin_after_miss`` (called once: the compilations after it run the kernels in coop's
+    order, :mod:`coop.compiled.pin`), the first round in inductor's order that misses its budget is planned again
+    at the same shave in coop's order, on what was measured of the extern kernels' scratch only: inductor's
+    scheduler had moved a recomputation off coop's schedule (the tied MLP of tests/test_compile_observed.py at 0.5,
+    2026-11-30: ``reorder_for_peak_memory`` ran the backward's recomputed ``x @ w`` six kernels before its reader,
+    its 262,144 B live across the backward's peak; a plan of 2,266,884 B held 2,516,488 B in inductor's order, where
+    the walk, which reads the order before that pass, said 2,262,532 B, and 2,266,888 B in coop's order). A round that misses its budget otherwise is planned again on what inductor held in it and the
+    rounds before (the values it never wrote inlined into their readers, its temporaries and fused kernels' overlaps
     charged), at the same shave, while the observation shows something new; when it shows nothing new, the shave
     grows by the round's excess over the budget. A re-solve that finds no schedule below it is tried once more
     halfway between the last shave that planned and the one that did not. After the first round within the budget
@@ -237,7 +248,7 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
         history.append(CompileRound(shave=shave, budget=plan.budget, predicted_peak=plan.peak, measured_peak=held,
                                     reason=reason, observed_peak=record.observed_peak(plan),
                                     inlined=0 if observation is None else len(observation.inline),
-                                    overhead=overhead))
+                                    overhead=overhead, pinned=getattr(record, "pin", None) is not None))
         scratch = _measured_scratch(compiled, batch, loss_fn, plan, history[-1])
         planned_shave = shave
         within = held <= plan.requested
@@ -258,26 +269,19 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
             continue
         if len(history) - refused >= rounds:
             break
-        following_observation = _observe(record, plan, observation, scratch, keep_writing)
-        if following_observation is not None and following_observation != observation:
-            if observation is not None:
-                # planned on what an earlier round showed and still over: the buffers do not explain the excess,
-                # so the next round also plans below it (BERT at 0.5 with eager's draws, 2026-11-30: three rounds
-                # on new buffers, each over by 1.0-1.2 MB, none shaved)
-                shave = min(shave + held - plan.requested, plan.requested - min_budget(plan.joint.graph))
-                reason = "planned again on the buffers inductor kept and below the measured excess"
-            else:
-                reason = "planned again on the buffers inductor kept"
-            observation = following_observation  # what this round showed is new: the Graph it gives
+        if pin_after_miss is not None and not history[-1].pinned:
+            # inductor's scheduler moved coop's order (a recomputation fused into, or reordered to, an early
+            # kernel): its own order missed the budget, so the rounds after it run the kernels in coop's order,
+            # planned afresh on what was measured (the buffers seen in another order are not this order's)
+            pin_after_miss()
+            pin_after_miss = None
+            observation = _measured_only(observation, scratch)
+            reason = f"planned again with the kernels in coop's order (inductor's held {held - plan.requested:,} B over)"
             continue
-        if not held_follows_the_plan(history):
-            history[-1].reason += "; the held bytes did not follow the plan down: the excess is held outside it"
+        following = _next_missed_round(record, plan, history, observation, scratch, keep_writing, shave, held)
+        if following is None:
             break
-        floor = min_budget(plan.joint.graph)
-        if plan.budget <= floor:
-            break
-        shave = min(shave + held - plan.requested, plan.requested - floor)
-        reason = "planned again below the measured excess"
+        shave, observation, reason = following
         if verbose:
             print(f"coop.compile: the step held {held:,} B against {plan.requested:,} B; planning again",
                   file=sys.stderr)
@@ -286,6 +290,41 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
     if best.held > best.record.plans[-1].requested:
         _warn_over_budget(best)
     return best.compiled
+
+
+def _next_missed_round(record: CompiledRecord, plan: CompiledPlan, history: list[CompileRound],
+                       observation: Observation | None, scratch: dict[str, int], keep_writing: bool, shave: int,
+                       held: int) -> tuple[int, Observation | None, str] | None:
+    """After a round over its budget: the next round's shave, observation and reason, or None to stop.
+
+    On what the round's buffers showed that is new (and below the measured excess too where the round itself was
+    planned on an observation), else below the measured excess while the held bytes follow the plan down and the
+    budget is above the Graph's floor (:func:`fit_measured`).
+    """
+    following = _observe(record, plan, observation, scratch, keep_writing)
+    if following is not None and following != observation:
+        if observation is None:
+            return shave, following, "planned again on the buffers inductor kept"
+        # planned on what an earlier round showed and still over: the buffers do not explain the excess, so the
+        # next round also plans below it (BERT at 0.5 with eager's draws, 2026-11-30: three rounds on new buffers,
+        # each over by 1.0-1.2 MB, none shaved)
+        shave = min(shave + held - plan.requested, plan.requested - min_budget(plan.joint.graph))
+        return shave, following, "planned again on the buffers inductor kept and below the measured excess"
+    if not held_follows_the_plan(history):
+        history[-1].reason += "; the held bytes did not follow the plan down: the excess is held outside it"
+        return None
+    floor = min_budget(plan.joint.graph)
+    if plan.budget <= floor:
+        return None
+    return min(shave + held - plan.requested, plan.requested - floor), observation, \
+        "planned again below the measured excess"
+
+
+def _measured_only(observation: Observation | None, scratch: dict[str, int]) -> Observation | None:
+    """What was measured of the extern kernels' scratch (this round's and ``observation``'s), without the buffers
+    observed; None when nothing was."""
+    kept = Observation(scratch=() if observation is None else observation.scratch).with_scratch(scratch)
+    return kept if kept.scratch else None
 
 
 def _observe(record: CompiledRecord, plan: CompiledPlan, previous: Observation | None,
@@ -354,7 +393,7 @@ def held_follows_the_plan(history: list[CompileRound]) -> bool:
     if len(measured) < 2:
         return True
     before, after = measured[-2], measured[-1]
-    if (before.inlined == 0) != (after.inlined == 0):
+    if (before.inlined == 0) != (after.inlined == 0) or before.pinned != after.pinned:
         return True
     predicted_fall = before.predicted_peak - after.predicted_peak
     held_fall = before.measured_peak - after.measured_peak

@@ -1,0 +1,106 @@
+"""The measured re-solve runs the rounds after a miss in inductor's order in coop's order (coop.compiled.refit).
+
+The compiler, the meter and the observation are stand-ins, so what each round holds is set by hand: in inductor's
+order the step holds 1,100 B against a budget of 1,000 B (its scheduler ran a recomputation early, as the tied MLP
+of tests/test_compile_observed.py at 0.5 held 2,516,488 B against 2,277,892 B), in coop's order 990 B.
+"""
+
+from __future__ import annotations
+
+import warnings
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from coop.compiled import refit
+from coop.compiled.observed import Observation
+from coop.compiled.record import CompileRound
+
+BUDGET = 1_000
+#: what the stand-in step holds in inductor's order and in coop's
+HELD_INDUCTORS, HELD_COOPS = 1_100, 990
+
+
+class _Step:
+    """A stand-in compiled module: its plan, what its step holds, and whether its kernels ran in coop's order."""
+
+    def __init__(self, held: int, pinned: bool) -> None:
+        self.held = held
+        plan = SimpleNamespace(requested=BUDGET, budget=BUDGET, peak=BUDGET - 10, solver_overhead=0.0,
+                               joint=SimpleNamespace(graph=SimpleNamespace(nodes=[], name="g")),
+                               result=SimpleNamespace(simulation=SimpleNamespace(overhead=0.0)))
+        self.coop_record = SimpleNamespace(partitioner=SimpleNamespace(plans=[plan]), plans=[plan], rounds=[],
+                                           observed_peak=lambda plan: None, pin=object() if pinned else None)
+
+
+class _Compiler:
+    """``compile_with`` and ``pin_after_miss`` of one coop.compile: the observations it was given, per round."""
+
+    def __init__(self) -> None:
+        self.pinned = False
+        self.given: list[tuple[int, Observation | None, bool]] = []
+
+    def compile_with(self, shave: int, observation: Observation | None, requested: int | None) -> _Step:
+        self.given.append((shave, observation, self.pinned))
+        return _Step(HELD_COOPS if self.pinned else HELD_INDUCTORS, self.pinned)
+
+    def pin(self) -> None:
+        self.pinned = True
+
+
+@pytest.fixture(autouse=True)
+def stand_ins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(refit, "warm_up", lambda module, *args: [1])
+    monkeypatch.setattr(refit, "held_bytes", lambda module, batch, loss_fn: module.held)
+    monkeypatch.setattr(refit, "_measured_scratch", lambda *args: {"mm": 64})
+    monkeypatch.setattr(refit, "_observe", lambda record, plan, previous, scratch, keep_writing=False:
+                        Observation(inline=frozenset({"tanh"})).with_scratch(scratch))
+    monkeypatch.setattr(refit, "min_budget", lambda graph: 0)
+
+
+def test_a_miss_in_inductors_order_is_planned_again_in_coops_order_at_the_same_shave() -> None:
+    """Round 0 misses in inductor's order; round 1 runs in coop's order, at shave 0, on the measured scratch only
+    (the buffers inductor kept in its own order are not those of coop's order), and is the round returned."""
+    compiler = _Compiler()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a round within the budget is returned: no over-budget warning
+        returned = refit.fit_measured(compiler.compile_with, batch=None, loss_fn=None, rounds=3, verbose=False,
+                                      pin_after_miss=compiler.pin)
+    rounds: list[CompileRound] = returned.coop_record.rounds
+    assert [(r.measured_peak, r.pinned) for r in rounds] == [(HELD_INDUCTORS, False), (HELD_COOPS, True)]
+    assert "coop's order" in rounds[1].reason and "100 B over" in rounds[1].reason
+    assert compiler.given[1] == (0, Observation(scratch=(("mm", 64),)), True)
+    assert returned.held == HELD_COOPS
+
+
+def test_without_the_switch_every_round_stays_in_inductors_order() -> None:
+    """``pin_after_miss=None`` (coop.compile's ``pin=False``): the misses are planned again on the buffers inductor
+    kept, and the step returned still misses, with the warning that says so."""
+    compiler = _Compiler()
+    with pytest.warns(UserWarning, match="1,100 B against its budget 1,000 B"):
+        returned = refit.fit_measured(compiler.compile_with, batch=None, loss_fn=None, rounds=3, verbose=False)
+    assert all(not pinned for _, _, pinned in compiler.given)
+    assert not any(r.pinned for r in returned.coop_record.rounds)
+
+
+def test_the_switch_happens_once() -> None:
+    """A step that misses in coop's order too is not switched again: the rounds after it are planned on its buffers
+    (and below the excess), in coop's order."""
+    compiler = _Compiler()
+
+    def always_over(shave: int, observation: Observation | None, requested: int | None) -> _Step:
+        compiler.given.append((shave, observation, compiler.pinned))
+        return _Step(HELD_INDUCTORS, compiler.pinned)
+
+    calls: list[Any] = []
+
+    def pin() -> None:
+        calls.append(1)
+        compiler.pin()
+
+    with pytest.warns(UserWarning, match="against its budget"):
+        refit.fit_measured(always_over, batch=None, loss_fn=None, rounds=3, verbose=False, pin_after_miss=pin)
+    assert calls == [1]
+    assert [pinned for _, _, pinned in compiler.given] == [False, True, True]
+    assert compiler.given[2][1] is not None and compiler.given[2][1].inline == frozenset({"tanh"})
