@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -214,34 +212,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
     return CompilingFilesTogether(config, log)
 
 
-#: The suite's heaviest imports in two groups that share no package, each compiled to bytecode by a process of its own
-#: before pytest-xdist starts its workers (:func:`_write_bytecode_first`). In a fresh ``.venv`` (``pip install
-#: --no-compile``) both workers would otherwise compile the same 3,083 modules at once while collecting: their start
-#: took 36.5 s against 10.5 s with the bytecode written (58 s against 18 s of CPU, ``pytest -n 2 -k nothing``,
-#: 2026-11-30); one process collecting alone compiled them in 21 s of CPU.
-BYTECODE_GROUPS = ("torch._dynamo, torch._inductor.config",
-                   "ortools.sat.python.cp_model, networkx, pulp, hypothesis, pydantic, transformers")
-
-
-def _write_bytecode_first(config: pytest.Config) -> None:
-    """In pytest-xdist's controller, with the bytecode of :data:`BYTECODE_GROUPS` not yet written: import each group
-    in a process of its own, side by side, and wait for both (a few seconds where it is written already: skipped)."""
-    if os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "numprocesses", None):
-        return
-    torch_spec = importlib.util.find_spec("torch")  # a top-level spec: found without importing torch
-    if sys.dont_write_bytecode or torch_spec is None or torch_spec.origin is None:
-        return
-    if Path(importlib.util.cache_from_source(str(Path(torch_spec.origin).parent / "_inductor" / "config.py"))).is_file():
-        return
-    processes = [subprocess.Popen([sys.executable, "-c", f"import {group}"]) for group in BYTECODE_GROUPS]
-    for process in processes:
-        process.wait()
-
-
 def pytest_configure(config: pytest.Config) -> None:
-    """Hand files to pytest-xdist's workers in the collection's order (:data:`LONG_FILES_FIRST`); write the heavy
-    imports' bytecode first (:func:`_write_bytecode_first`)."""
-    _write_bytecode_first(config)
+    """Hand files to pytest-xdist's workers in the collection's order (:data:`LONG_FILES_FIRST`)."""
     missing = [name for name in (*LONG_FILES_FIRST, *COMPILING_FILES) if not (Path(__file__).parent / name).is_file()]
     if missing:
         raise pytest.UsageError(f"tests/conftest.py LONG_FILES_FIRST names files that do not exist: {missing}")
