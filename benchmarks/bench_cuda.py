@@ -143,6 +143,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import coop
+from coop.compiled.api import NO_HORIZONTAL_FUSION
 from coop.zoo import _classifier_loss, build
 
 REQUIRES = "cuda"
@@ -822,7 +823,12 @@ def _compile_case(row: dict[str, Any], case: Case, model: torch.nn.Module, batch
         own_step()
     row["amb_ms"] = round(_median_ms(own_step, device, sizes), 3)
     progress("gradients against torch.compile")
-    reference_compiled = torch.compile(reference, **kwargs)
+    # the reference with the two inductor options coop.compile sets (coop.compiled.api): with inductor's defaults its
+    # kernels group and sum differently and the gradients differ in the last bits whatever the partition (all four CPU
+    # compile rows of 2026-11-30); what may differ is the partition alone
+    mode_options = torch._inductor.list_mode_options(kwargs["mode"], False) if "mode" in kwargs else {}
+    reference_compiled = torch.compile(reference, dynamic=False, options={
+        **mode_options, "score_fusion_memory_threshold": NO_HORIZONTAL_FUSION, "layout_optimization": False})
     grads = []
     for stepper, params in ((compiled, module), (reference_compiled, reference)):
         params.zero_grad(set_to_none=True)
