@@ -143,7 +143,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 import coop
-from coop.compiled.api import NO_HORIZONTAL_FUSION
+from coop.compiled.api import inductor_options
 from coop.zoo import _classifier_loss, build
 
 REQUIRES = "cuda"
@@ -826,9 +826,9 @@ def _compile_case(row: dict[str, Any], case: Case, model: torch.nn.Module, batch
     # the reference with the two inductor options coop.compile sets (coop.compiled.api): with inductor's defaults its
     # kernels group and sum differently and the gradients differ in the last bits whatever the partition (all four CPU
     # compile rows of 2026-11-30); what may differ is the partition alone
-    mode_options = torch._inductor.list_mode_options(kwargs["mode"], False) if "mode" in kwargs else {}
-    reference_compiled = torch.compile(reference, dynamic=False, options={
-        **mode_options, "score_fusion_memory_threshold": NO_HORIZONTAL_FUSION, "layout_optimization": False})
+    reference_kwargs = dict(kwargs)
+    reference_options = inductor_options(reference_kwargs)  # takes the mode out as the options it stands for
+    reference_compiled = torch.compile(reference, options=reference_options, **reference_kwargs)
     grads = []
     for stepper, params in ((compiled, module), (reference_compiled, reference)):
         params.zero_grad(set_to_none=True)

@@ -40,7 +40,8 @@ from coop.graph_capture.host_cost import machine_rates
 #: a fusion score no two kernels reach: no horizontal fusion (see :func:`compile`)
 NO_HORIZONTAL_FUSION = 1 << 62
 
-__all__ = ["CompileRound", "CompiledRecord", "CoopCompiledModule", "compile", "held_follows_the_plan", "partitioner"]
+__all__ = ["CompileRound", "CompiledRecord", "CoopCompiledModule", "compile", "held_follows_the_plan", "inductor_options",
+           "partitioner"]
 
 
 
@@ -150,7 +151,7 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
     if device is not None:
         raise CoopError(f"coop.compile: device={device!r} is for meta-device models; a model with real weights is "
                         "planned on its own device: leave device out")
-    user_options = _inductor_options(compile_kwargs)
+    user_options = inductor_options(compile_kwargs)
 
     pinned = [bool(pin)]  # pin=None: set by the measured re-solve once a round in inductor's order misses
 
@@ -191,7 +192,7 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
     return fit_measured(compile_with, example_batch, loss_fn, max(1, rounds), verbose, pin_after_miss)
 
 
-def _inductor_options(compile_kwargs: dict[str, Any]) -> dict[str, Any]:
+def inductor_options(compile_kwargs: dict[str, Any]) -> dict[str, Any]:
     """The user's inductor options (``options``, ``mode`` as the options it stands for; both taken out of
     ``compile_kwargs``, ``dynamic`` set False unless given), and the two options coop sets unless the user does."""
     compile_kwargs.setdefault("dynamic", False)
