@@ -58,7 +58,7 @@ import itertools
 
 import coop
 from coop.runtime.meter import cpu_allocation_peak
-from coop.zoo import _language_model_loss, build
+from coop.zoo import LossStep, build
 
 SHARES = (0.9, 0.7, 0.5, 0.3)
 #: the compiler's own knob (``activation_memory_budget``) swept per model, besides the shares themselves, for
@@ -76,25 +76,6 @@ MODELS: dict[str, dict[str, Any]] = {
     "vit": {"layers": 2, "hidden": 128, "heads": 4, "batch": 32, "image": 64},  # dropout 0.1 (the zoo's ViT)
 }
 QUICK_MODELS = tuple(MODELS)  # every model, at the two middle shares
-
-
-class Step(nn.Module):
-    """A zoo model and its loss as one module: ``Step(model, loss_fn)(*batch)`` is the loss."""
-
-    def __init__(self, model: nn.Module, loss_fn: Callable[..., torch.Tensor] | None) -> None:
-        super().__init__()
-        self.model = model
-        self.loss_fn = loss_fn
-
-    def forward(self, *batch: torch.Tensor) -> torch.Tensor:
-        if self.loss_fn is None:
-            return self.model(*batch)
-        if self.loss_fn is _language_model_loss:
-            # the tokens as labels, the loss computed here: Hugging Face's loss_function breaks the graph
-            (tokens,) = batch
-            logits = self.model(input_ids=tokens).logits
-            return nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten())
-        return self.loss_fn(self.model, *batch)
 
 
 def _held(step: Callable[[], None], module: nn.Module, batch: tuple) -> int:
@@ -133,7 +114,7 @@ def _worker(name: str, shares: tuple[float, ...], time_limit: float,
     torch._dynamo.config.recompile_limit = 64
     torch.manual_seed(0)
     model, batch, loss_fn = build(name, **MODELS[name])
-    base = Step(model, loss_fn)
+    base = LossStep(model, loss_fn)
     # Hugging Face's classifier loss sets config.problem_type at its first call and dynamo guards on it: every
     # compiled variant (BERT, ViT, ResNet) compiled twice, its measured first compilation never run again (ResNet:
     # 43 s more per variant on 2026-11-29). One eager forward sets it before the variants copy the model.
@@ -175,7 +156,7 @@ def _worker(name: str, shares: tuple[float, ...], time_limit: float,
         amb_module = copy.deepcopy(base)
         # a class of its own per knob: dynamo's guards check the module's type, so it compiles anew under the
         # patched knob (one compiled graph would otherwise serve every knob)
-        amb_module.__class__ = type(f"StepAmb{round(1000 * knob)}", (Step,), {})
+        amb_module.__class__ = type(f"StepAmb{round(1000 * knob)}", (LossStep,), {})
         amb = torch.compile(amb_module, options={"max_autotune": False, **COMPILER_OPTIONS})
         start = time.perf_counter()
         try:

@@ -94,7 +94,9 @@ and batch that the Graph holds resident, as the simulator does):
   there: the overhead the plan predicted against eager at the benchmark's thread count, and the measured one.
 * ``grads_equal``: loss, every gradient and every buffer ``torch.equal`` to eager's over two AdamW steps from the same
   weights, each step under the same seed (the second checks that the replay reads the updated weights);
-  ``note`` names the first difference.
+  ``note`` names the first difference. A compile row compares one step's gradients with ``torch.compile``'s own
+  partitioner (same seed, coop's inductor options); where coop undid inductor's ``addmm`` folds
+  (``folds_undone``), within :data:`UNFOLDED_GRADIENT_REL` of each gradient's largest element (``grads_max_rel``).
 * ``nodes``, ``capture_s``: the captured graph's nodes and the capture's wall time (with profiling on
   CUDA and in capture rows; replay rows on CPU capture without it). ``pages``: the plan's page-outs;
   ``plan_s``: ``coop.plan``'s wall time; ``wall_s``: the case's, process start included.
@@ -144,7 +146,7 @@ if str(REPO) not in sys.path:
 
 import coop
 from coop.compiled.api import inductor_options
-from coop.zoo import _classifier_loss, build
+from coop.zoo import LossStep, _classifier_loss, build
 
 REQUIRES = "cuda"
 #: the budget of the store-all rows, a fraction of the baseline peak: on CUDA coop keeps one large and one small
@@ -208,6 +210,11 @@ PLANNED_MODES = ("replay", "arena", "paging", "paging+copy_stream", "cuda-graph"
 GLOO_MODES = ("fsdp",)
 #: what each self-test's row must read (its status starts so)
 SELFTEST_STATUS = {"crash": "crashed: SIGSEGV", "error": "error: RuntimeError: selftest error", "hang": "timed out"}
+#: a compile row whose addmm folds coop undid (coop.compiled.order) may differ from torch.compile's gradients by this
+#: much of a gradient's largest element (a few float32 ulps: two roundings where the fold has one); a dropout mask
+#: drawn afresh moved every gradient of the quick GPT-2 by 2.1 % to 74 % of its largest element (torch.compile's own
+#: step under seed 12 against seed 11, 2026-11-30)
+UNFOLDED_GRADIENT_REL = 1e-6
 #: the issue's bar: reserved <= 1.03x predicted for these rows on CUDA
 RESERVED_BAR = 1.03
 RESERVED_BAR_CASES = tuple(f"{family}/replay/{budget}" for family in ("gpt2", "resnet")
@@ -502,8 +509,13 @@ def acceptance_failures(rows: list[dict[str, Any]]) -> list[str]:
             key = "allocated_vs_predicted" if row["mode"] == "arena" else "no_scratch_vs_predicted"
             if (row[key] or 0) > 1:
                 failures.append(f"{name}: {key} {row[key]} > 1")
-        if row["mode"].startswith("compile") and row["grads_equal"] is not True:
-            failures.append(f"{name}: gradients differ from torch.compile's own partitioner")
+        if row["mode"].startswith("compile") and row["grads_equal"] is not True and not (
+                row.get("folds_undone") and (row.get("grads_max_rel") or 1.0) <= UNFOLDED_GRADIENT_REL):
+            failures.append(f"{name}: gradients differ from torch.compile's own partitioner (by "
+                            f"{row.get('grads_max_rel')} of a gradient's largest element; "
+                            f"{row.get('folds_undone')} addmm folds undone)")
+        if row["mode"].startswith("compile") and row.get("graphs", 1) != 1:
+            failures.append(f"{name}: {row['graphs']} compiled graphs (a graph break): the budget is each graph's")
         if row["mode"].startswith("compile") and row["device"] == "cpu" and (row["allocated"] or 0) > row["budget_bytes"]:
             failures.append(f"{name}: allocated {row['allocated']} > the budget {row['budget_bytes']}")
         if row["mode"].startswith("paging") and not row["pages"]:
@@ -781,31 +793,19 @@ def _meta_plan(row: dict[str, Any], case: Case, make: Callable[[], tuple], model
     row["note"] = difference or None
 
 
-class _LossModule(torch.nn.Module):
-    """The model and its loss as one module, so that ``torch.compile`` compiles the whole step's forward."""
-
-    def __init__(self, model: torch.nn.Module, loss_fn: Callable | None) -> None:
-        super().__init__()
-        self.model = model
-        self.loss_fn = loss_fn
-
-    def forward(self, *batch: torch.Tensor) -> torch.Tensor:
-        out = self.loss_fn(self.model, *batch) if self.loss_fn is not None else self.model(*batch)
-        return out if isinstance(out, torch.Tensor) else out.loss
-
-
 def _compile_case(row: dict[str, Any], case: Case, model: torch.nn.Module, batch: tuple, loss_fn: Callable | None,
                   device: torch.device, sizes: Sizes, progress: Callable[[str], None]) -> None:
     """``coop.compile`` at the case's share of the compiled step's peak: reserved (allocated on CPU) against its
     budget, gradients against ``torch.compile``'s own partitioner (same seed), and the step's time against eager and
     against ``torch.compile`` with ``activation_memory_budget`` at the same share."""
     kwargs = {"mode": "reduce-overhead"} if case.mode.endswith("reduce-overhead") else {}
-    module = _LossModule(model, loss_fn)
+    module = LossStep(model, loss_fn)
     eager, reference, own = (copy.deepcopy(module) for _ in range(3))
     progress("coop.compile")
     started = time.perf_counter()
     compiled = coop.compile(module, case.budget, time_limit=max(sizes.time_limit, 20), example_batch=batch, **kwargs)
     plan = compiled.coop_record.plans[-1]
+    row["graphs"] = len(compiled.coop_record.plans)  # one: the budget is the whole step's (with breaks, each graph's)
     row["budget_bytes"] = plan.requested
     row["nodes"] = len(plan.joint.graph.nodes)
     owned = sum(n.mem for n in plan.joint.graph.nodes if n.caller_owned)
@@ -837,6 +837,12 @@ def _compile_case(row: dict[str, Any], case: Case, model: torch.nn.Module, batch
         grads.append([p.grad for p in params.parameters()])
     row["grads_equal"] = all((a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
                              for a, b in zip(*grads, strict=True))
+    # where coop's post-grad pass undid inductor's addmm fold (coop.compiled.order: the tied weight's two products
+    # of GPT-2), the product and the sum run as two kernels instead of one BLAS call accumulating into the addend,
+    # and that weight's gradient rounds differently (GPT-2 quick: 8.8e-8 of its largest element, 2026-11-30)
+    row["folds_undone"] = sum(compiled.coop_record.order.undone) if compiled.coop_record.order is not None else 0
+    row["grads_max_rel"] = max((float((a - b).abs().max() / b.abs().max().clamp_min(1e-30)))
+                               for a, b in zip(*grads, strict=True) if a is not None and b is not None)
     row["note"] = compiled.coop_record.summary().splitlines()[0][:200]
 
 

@@ -266,6 +266,25 @@ def _classifier_loss(model: nn.Module, images: torch.Tensor, labels: torch.Tenso
     return model(pixel_values=images, labels=labels).loss
 
 
+class LossStep(nn.Module):
+    """A zoo model and its loss as one module, for ``torch.compile``: ``LossStep(model, loss_fn)(*batch)`` is the
+    loss. The language models' loss is the cross-entropy over their logits with the tokens as labels, computed here:
+    Hugging Face's ``loss_function`` breaks the compiled graph in two."""
+
+    def __init__(self, model: nn.Module, loss_fn: Callable[..., torch.Tensor] | None) -> None:
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+
+    def forward(self, *batch: torch.Tensor) -> torch.Tensor:
+        if self.loss_fn is _language_model_loss:
+            (tokens,) = batch
+            logits = self.model(input_ids=tokens).logits
+            return F.cross_entropy(logits.flatten(0, 1), tokens.flatten())
+        out = self.model(*batch) if self.loss_fn is None else self.loss_fn(self.model, *batch)
+        return out if isinstance(out, torch.Tensor) else out.loss
+
+
 # ============================================================================ user models
 def model_from_zoo(name: str, size: dict[str, Any], meta: bool = False) -> Built:
     """``(model, batch, loss_fn)`` of a zoo model by name (``coop capture --model``).

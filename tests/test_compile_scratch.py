@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import coop
-from coop.compiled.extern_scratch import KernelCall, match_calls, profiled_calls
+from coop.compiled.extern_scratch import KernelCall, call_sites, match_calls, profiled_calls
 from coop.compiled.inductor_buffers import ObservedBuffer, ObservedGraph
 from coop.compiled.observed import observe_round
 from coop.graph import Graph, Node
@@ -85,7 +85,7 @@ def test_the_calls_of_a_real_step_are_read_and_matched_to_the_joint_value_by_op_
     other.meta["val"] = placeholder.meta["val"]
     module = torch.fx.GraphModule({}, graph)
     wrong = KernelCall(op="coop_test_scratch::doubled", shapes=((ROWS, 2 * WIDTH),), scratch=SCRATCH)
-    match = match_calls([[wrong, by_op["coop_test_scratch::doubled"]]], [module])
+    match = match_calls([[wrong, by_op["coop_test_scratch::doubled"]]], [call_sites(module)])
     assert match.charged == {"doubled_wrong_shape": SCRATCH}
     assert match.unmatched == [("coop_test_scratch::doubled", SCRATCH)]  # the call of other shapes
 

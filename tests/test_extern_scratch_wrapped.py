@@ -14,7 +14,7 @@ from torch import fx
 from torch._inductor.fx_passes.control_dependencies import control_deps
 
 import coop.graph_capture.random_ops  # noqa: F401 - registers coop::dropout_mask
-from coop.compiled.extern_scratch import KernelCall, match_calls, scratch_note
+from coop.compiled.extern_scratch import KernelCall, call_sites, match_calls, scratch_note
 from coop.compiled.inductor_buffers import JOINT_VALUE
 
 ROWS, COLS = 8, 16
@@ -54,10 +54,23 @@ def test_a_wrapped_draw_is_matched_and_only_its_scratch_beyond_the_lowerings_cha
         KernelCall("aten::mm", ((ROWS, COLS), (COLS, 4)), 256),
         KernelCall("aten::bmm", ((2, 2, 2), (2, 2, 2)), 64),  # no such node
     ]]
-    match = match_calls(calls, [_module()])
+    match = match_calls(calls, [call_sites(_module())])
     assert match.charged == {"mask_b": 512, "mm_0": 256}
     assert match.known == [("coop::dropout_mask", KNOWN), ("coop::dropout_mask", KNOWN)]
     assert match.unmatched == [("aten::bmm", 64)]
     note = scratch_note(match, 2)
     assert "2 calls of coop's own ops with 2,048 B charged by construction" in note
     assert "1 calls with 64 B of scratch matched no node and are not charged (aten::bmm)" in note
+
+
+def test_the_call_sites_read_at_emission_survive_the_cache_clearing_the_modules_meta() -> None:
+    """AOTAutograd's cache clears a compiled module's node meta (its ``serialize_graph_module``, after the
+    backward's first run): the sites read before still name each call's joint value; read after, none matches."""
+    module = _module()
+    sites = call_sites(module)
+    for node in module.graph.nodes:
+        node.meta = {}
+    calls = [[KernelCall("aten::mm", ((ROWS, COLS), (COLS, 4)), 256)]]
+    assert match_calls(calls, [sites]).charged == {"mm_0": 256}
+    after = match_calls(calls, [call_sites(module)])
+    assert after.charged == {} and after.unmatched == [("aten::mm", 256)]

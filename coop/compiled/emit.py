@@ -24,6 +24,7 @@ import torch
 from torch import fx
 from torch._functorch.partitioners import _extract_fwd_bwd_outputs
 
+from coop.compiled.extern_scratch import CallSite, call_sites
 from coop.compiled.first_dropout import rejoin_first_products
 from coop.compiled.inductor_buffers import COOP_GRAPH, mark_joint_value
 from coop.compiled.joint import JointGraph
@@ -56,6 +57,9 @@ class Partition:
     emitted_backward: fx.Graph | None = None
     #: split dropouts whose draw and first product the forward runs as one native_dropout (coop.compiled.first_dropout)
     rejoined_dropouts: int = 0
+    #: the forward's and the backward's op calls as emitted (:func:`coop.compiled.extern_scratch.call_sites`: read
+    #: now, before inductor compiles the modules and AOTAutograd's cache may clear their nodes' meta)
+    call_sites: tuple[list[CallSite], list[CallSite]] = ([], [])
 
     def recomputed(self) -> dict[str, int]:
         """Joint fx names computed more than once in the step, with the number of extra computations."""
@@ -273,7 +277,8 @@ def _modules(gm: fx.GraphModule, emitter: _Emitter, fwd_out: list[Any], fwd_desc
     backward = fx._lazy_graph_module._make_graph_module(gm, backward_graph)
     return Partition(forward=forward, backward=backward, saved=ordered, forward_counts=emitter.counts[FORWARD],
                      backward_counts=emitter.counts[BACKWARD], emitted_forward=_copy(forward_graph),
-                     emitted_backward=_copy(backward_graph), rejoined_dropouts=rejoined)
+                     emitted_backward=_copy(backward_graph), rejoined_dropouts=rejoined,
+                     call_sites=(call_sites(forward), call_sites(backward)))
 
 
 def _copy(graph: fx.Graph) -> fx.Graph:

@@ -13,7 +13,8 @@ inside inductor's ``## Call CompiledFxGraph`` range) is a range; within it the r
 and what is still allocated at its end is the call's outputs: its scratch is the peak less that, as
 :func:`coop.graph_capture.cost.measure_workspace` reads an eager step's nodes.
 
-:func:`match_calls` gives each call to a node of the module inductor compiled for that graph (the forward's for a
+:func:`match_calls` gives each call to a node of the module inductor compiled for that graph (read at emission:
+:func:`call_sites`) (the forward's for a
 step's first compiled call, the backward's for its second): the same ATen op, the call's leading non-empty input
 shapes equal to the node's tensor inputs' (an ``out=`` buffer follows them), the k-th such call to the k-th such
 node in the module's order. The node's joint value (the emitter's mark, kept through inductor's passes) names the
@@ -39,8 +40,8 @@ from coop.compiled.inductor_buffers import JOINT_VALUE
 from coop.graph_capture.cost import quiet_profile, transient_bytes
 from coop.graph_capture.random_ops import dropout_mask_scratch
 
-__all__ = ["CALL_RANGE", "KernelCall", "ScratchMatch", "joint_value", "match_calls", "profiled_calls",
-           "scratch_note"]
+__all__ = ["CALL_RANGE", "CallSite", "KernelCall", "ScratchMatch", "call_sites", "joint_value", "match_calls",
+           "profiled_calls", "scratch_note"]
 
 #: the profiler range inductor's compiled graphs run in (``CompiledFxGraph.__call__``)
 CALL_RANGE = "## Call CompiledFxGraph"
@@ -172,15 +173,45 @@ def _known_scratch(node: fx.Node) -> int:
     return dropout_mask_scratch(operands[0]) if operands else 0
 
 
-def match_calls(calls: list[list[KernelCall]], modules: list[fx.GraphModule]) -> ScratchMatch:
-    """Each measured call with scratch matched to a node of the module of its compiled graph (module docstring).
+@dataclass(frozen=True)
+class CallSite:
+    """One op call of an emitted module, as :func:`match_calls` matches measured calls to it."""
+
+    #: the ATen op as the profiler names it
+    op: str
+    #: the non-empty shapes of its tensor inputs, in order
+    shapes: tuple[tuple[int, ...], ...]
+    #: the joint value it computes (None: not one of the emitter's nodes)
+    joint: str | None
+    #: the scratch coop's lowering already charges it by construction
+    known: int
+
+
+def call_sites(module: fx.GraphModule) -> list[CallSite]:
+    """The op calls of an emitted module, in order, read before inductor compiles it.
+
+    Read at emission: once AOTAutograd has compiled a module it may clear every node's ``meta`` (its cache's
+    ``serialize_graph_module``: the backward's, after the first backward), and with it the shapes and the joint
+    values (ResNet's 41 backward convolutions matched no node so, 2026-11-30).
+    """
+    sites = []
+    for node in module.graph.nodes:
+        signature = _signature(node)
+        if signature is not None:
+            sites.append(CallSite(signature[0], signature[1], joint_value(node), _known_scratch(node)))
+    return sites
+
+
+def match_calls(calls: list[list[KernelCall]], modules: list[list[CallSite]]) -> ScratchMatch:
+    """Each measured call with scratch matched to an op call of the module of its compiled graph (module docstring).
 
     Parameters
     ----------
     calls : list of list of KernelCall
         Per compiled graph call, its ATen calls (:func:`profiled_calls`).
-    modules : list of fx.GraphModule
-        The modules inductor compiled, in the order the step calls them (the forward, then the backward).
+    modules : list of list of CallSite
+        The op calls of the modules inductor compiled (:func:`call_sites`), in the order the step calls them (the
+        forward, then the backward).
 
     Returns
     -------
@@ -188,26 +219,24 @@ def match_calls(calls: list[list[KernelCall]], modules: list[fx.GraphModule]) ->
         Joint fx name -> bytes to charge, and the calls left unmatched.
     """
     match = ScratchMatch()
-    for graph_calls, module in zip(calls, modules, strict=False):
-        nodes = [(n, _signature(n)) for n in module.graph.nodes]
-        taken: set[fx.Node] = set()
+    for graph_calls, sites in zip(calls, modules, strict=False):
+        taken: set[int] = set()
         for call in graph_calls:
-            node = next((n for n, sig in nodes if n not in taken and sig is not None and sig[0] == call.op
-                         and call.shapes[:len(sig[1])] == sig[1]), None)
-            if node is not None:
-                taken.add(node)
+            index = next((i for i, site in enumerate(sites) if i not in taken and site.op == call.op
+                          and call.shapes[:len(site.shapes)] == site.shapes), None)
+            if index is not None:
+                taken.add(index)
             if call.scratch <= 0:
                 continue
             match.with_scratch += 1
-            name = joint_value(node) if node is not None else None
-            if name is None:
+            site = sites[index] if index is not None else None
+            if site is None or site.joint is None:
                 match.unmatched.append((call.op, call.scratch))
                 continue
-            known = _known_scratch(node)
-            if known:
-                match.known.append((call.op, min(known, call.scratch)))
-            if call.scratch > known:  # beyond what the Graph already charges the op
-                match.charged[name] = max(match.charged.get(name, 0), call.scratch - known)
+            if site.known:
+                match.known.append((call.op, min(site.known, call.scratch)))
+            if call.scratch > site.known:  # beyond what the Graph already charges the op
+                match.charged[site.joint] = max(match.charged.get(site.joint, 0), call.scratch - site.known)
     for graph_calls in calls[len(modules):]:
         match.unmatched.extend((c.op, c.scratch) for c in graph_calls if c.scratch > 0)
     return match

@@ -355,7 +355,7 @@ def _measured_scratch(compiled: nn.Module, batch: Any, loss_fn: Callable[[Any], 
     if calls is None or len(calls) != 2:
         measured_round.reason += "; " + scratch_note(None, None if calls is None else len(calls))
         return {}
-    match = match_calls(calls, [plan.partition.forward, plan.partition.backward])
+    match = match_calls(calls, list(plan.partition.call_sites))
     lowered = plan.joint.lowered
     owners: dict[str, int] = {}
     for name, nbytes in match.charged.items():
