@@ -803,7 +803,13 @@ def _compile_case(row: dict[str, Any], case: Case, model: torch.nn.Module, batch
     eager, reference, own = (copy.deepcopy(module) for _ in range(3))
     progress("coop.compile")
     started = time.perf_counter()
-    compiled = coop.compile(module, case.budget, time_limit=max(sizes.time_limit, 20), example_batch=batch, **kwargs)
+    try:
+        compiled = coop.compile(module, case.budget, time_limit=max(sizes.time_limit, 20), example_batch=batch,
+                                **dict(kwargs))
+    except coop.CoopError as exc:
+        if "CUDA graphs" in str(exc):  # coop.compile refuses mode="reduce-overhead" on a CPU model, by design
+            raise Refused("reduce-overhead is CUDA graphs, which need CUDA") from exc
+        raise
     plan = compiled.coop_record.plans[-1]
     row["graphs"] = len(compiled.coop_record.plans)  # one: the budget is the whole step's (with breaks, each graph's)
     row["budget_bytes"] = plan.requested

@@ -119,6 +119,9 @@ def test_cuda_only_cases_are_listed_as_skipped(rows: dict[str, dict[str, Any]]) 
     assert rows["gpt2/paging+copy_stream/0.3"]["status"] == "skipped: copy_stream needs CUDA"
     for name in ("gpt2/cuda-graph/store-all", "resnet/cuda-graph/0.5"):
         assert rows[name]["status"] in ("skipped: not implemented yet", "skipped: CUDA graphs need CUDA")
+    for name in ("gpt2/compile+reduce-overhead/0.5", "resnet/compile+reduce-overhead/0.5"):
+        if name in rows:  # the slow tier's: coop.compile's own refusal of CUDA graphs on a CPU model
+            assert rows[name]["status"] == "skipped: coop refuses it: reduce-overhead is CUDA graphs, which need CUDA"
 
 
 def test_a_crash_becomes_a_row_with_its_phase_and_frame(rows: dict[str, dict[str, Any]]) -> None:
