@@ -1008,7 +1008,7 @@ class CpuMeter:
         self._host_by_name: dict[str, bool] = {}
         # the kinds of events in the profiler's own tree (as torch.profiler._memory_profiler reads it)
         self.kinds = SimpleNamespace(**{kind: getattr(torch._C._profiler, f"_ExtraFields_{kind}")
-                                        for kind in ("Allocation", "TorchOp", "PyCall")})
+                                        for kind in ("Allocation", "TorchOp", "PyCall", "PyCCall")})
 
     def measure(self, first: Callable[[], None], warm: Callable[[], None]) -> dict[str, int]:
         from torch.profiler import ProfilerActivity, profile, record_function
@@ -1069,6 +1069,11 @@ class CpuMeter:
             elif not host and isinstance(parent.extra_fields, self.kinds.PyCall):
                 host = self._is_host_function(_event_name(parent))
             parent = parent.parent
+        if op_end is None and event.parent is not None and isinstance(event.parent.extra_fields, self.kinds.PyCCall):
+            # made by a C function called from Python outside any aten op: an op's Python binding turning a Python
+            # number into the 0-d tensor its schema takes (8 B, freed when the call returns; the replay calls the
+            # ops' bindings directly), so that call's own transient, as an op's scratch is
+            op_end = event.parent.end_time_ns
         fields = event.extra_fields
         return event.start_time_ns, fields.ptr, fields.alloc_size, host, op_end
 
