@@ -805,7 +805,7 @@ def _compile_case(row: dict[str, Any], case: Case, model: torch.nn.Module, batch
     started = time.perf_counter()
     try:
         compiled = coop.compile(module, case.budget, time_limit=max(sizes.time_limit, 20), example_batch=batch,
-                                **dict(kwargs))
+                                **kwargs)
     except coop.CoopError as exc:
         if "CUDA graphs" in str(exc):  # coop.compile refuses mode="reduce-overhead" on a CPU model, by design
             raise Refused("reduce-overhead is CUDA graphs, which need CUDA") from exc

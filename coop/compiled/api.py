@@ -259,9 +259,9 @@ def _refuse(model: nn.Module, kwargs: dict[str, Any]) -> None:
     if not isinstance(model, nn.Module):
         raise CoopError(f"coop.compile takes an nn.Module, not {type(model).__name__}")
     mode = kwargs.get("mode")
-    cudagraphs = (torch._inductor.list_mode_options(mode, False) if mode is not None else {}) | (kwargs.get("options") or {})
+    asked = (torch._inductor.list_mode_options(mode, False) if mode is not None else {}) | (kwargs.get("options") or {})
     parameters = list(model.parameters())
-    if cudagraphs.get("triton.cudagraphs") and parameters and all(p.device.type == "cpu" for p in parameters):
+    if asked.get("triton.cudagraphs") and parameters and all(p.device.type == "cpu" for p in parameters):
         # measured (the quick GPT-2 of bench_cuda at 0.5, the same generated code): 3,893,080 B held with the option,
         # 2,234,728 B without it
         raise CoopError(f"coop.compile: {'mode=' + repr(mode) if mode else 'triton.cudagraphs'} asks for CUDA graphs, "

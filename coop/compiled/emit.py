@@ -59,7 +59,7 @@ class Partition:
     rejoined_dropouts: int = 0
     #: the forward's and the backward's op calls as emitted (:func:`coop.compiled.extern_scratch.call_sites`: read
     #: now, before inductor compiles the modules and AOTAutograd's cache may clear their nodes' meta)
-    call_sites: tuple[list[CallSite], list[CallSite]] = ([], [])
+    call_sites: tuple[list[CallSite], list[CallSite]] = field(default_factory=lambda: ([], []))
 
     def recomputed(self) -> dict[str, int]:
         """Joint fx names computed more than once in the step, with the number of extra computations."""

@@ -13,11 +13,10 @@ inside inductor's ``## Call CompiledFxGraph`` range) is a range; within it the r
 and what is still allocated at its end is the call's outputs: its scratch is the peak less that, as
 :func:`coop.graph_capture.cost.measure_workspace` reads an eager step's nodes.
 
-:func:`match_calls` gives each call to a node of the module inductor compiled for that graph (read at emission:
-:func:`call_sites`) (the forward's for a
-step's first compiled call, the backward's for its second): the same ATen op, the call's leading non-empty input
-shapes equal to the node's tensor inputs' (an ``out=`` buffer follows them), the k-th such call to the k-th such
-node in the module's order. The node's joint value (the emitter's mark, kept through inductor's passes) names the
+:func:`match_calls` gives each call to a node of the module inductor compiled for that graph, as
+:func:`call_sites` read it at emission (the forward's for a step's first compiled call, the backward's for its
+second): the same ATen op, the call's leading non-empty input shapes equal to the node's tensor inputs' (an ``out=``
+buffer follows them), the k-th such call to the k-th such node in the module's order. The node's joint value (the emitter's mark, kept through inductor's passes) names the
 joint node whose Graph node is charged the scratch as workspace in the next round
 (:attr:`coop.compiled.observed.Observation.scratch`), less what the lowering already charges that op by construction
 (:func:`coop.graph_capture.random_ops.own_scratch_bytes`: ``coop::dropout_mask``). A call with scratch that matches no
