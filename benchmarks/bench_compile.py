@@ -346,7 +346,10 @@ def bars(rows: list[dict[str, Any]]) -> dict[str, Any]:
             faster_plan += r["ms"] < plan["ms"]
     equal = [r["vs_amb_equal_peak"] for r in coop_rows if r["vs_amb_equal_peak"] is not None]
     same = [r["vs_amb_same_share"] for r in coop_rows if r["vs_amb_same_share"] is not None]
+    refused = [r for r in rows if r["variant"] == "coop.compile" and "error" in r]
     return {"coop_rows": len(coop_rows), "within_budget": within, "monotone": monotone,
+            # budgets coop.compile refused (below the floor, or held over in every measured round): no step returned
+            "refused": len(refused),
             # the issue's bar: against the compiler's fastest knob that held no more than coop.compile
             "faster_than_amb_at_equal_or_lower_held": f"{sum(equal)}/{len(equal)}",
             # rows no knob of the compiler reached: not compared, and not counted as wins
@@ -403,11 +406,15 @@ def _cell(value: Any) -> str:
 
 
 def _error_cell(error: str | None) -> str | None:
-    """A failed variant in a few words: a refusal below the proven floor as its floor, anything else cut short."""
+    """A failed variant in a few words: a refusal below the proven floor as its floor, coop.compile's refusal after
+    every measured round held more than the budget as the least it held, anything else cut short."""
     if not error:
         return None
     floor = re.search(r"below min_budget ([\d,]+) B", error)
-    return f"refused: below the floor {floor.group(1)}" if floor else f"error: {error[:80]}"
+    if floor:
+        return f"refused: below the floor {floor.group(1)}"
+    held = re.search(r"held at least ([\d,]+) B against its budget", error)
+    return f"refused: every round held more, at least {held.group(1)}" if held else f"error: {error[:80]}"
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:

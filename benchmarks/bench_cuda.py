@@ -806,6 +806,10 @@ def _compile_case(row: dict[str, Any], case: Case, model: torch.nn.Module, batch
     try:
         compiled = coop.compile(module, case.budget, time_limit=max(sizes.time_limit, 20), example_batch=batch,
                                 **kwargs)
+    except coop.OverBudgetError as exc:
+        # every measured round held more than the budget: the row measures the step that held least, and fails
+        compiled = exc.compiled
+        row["refused"] = str(exc)[:200]
     except coop.CoopError as exc:
         if "CUDA graphs" in str(exc):  # coop.compile refuses mode="reduce-overhead" on a CPU model, by design
             raise Refused("reduce-overhead is CUDA graphs, which need CUDA") from exc

@@ -4,7 +4,8 @@ The public API: :func:`load_graph`, :class:`Graph`, :class:`Schedule`, :func:`si
 :func:`validate`, :func:`parse_budget`, :func:`min_budget`, :func:`capture`, :func:`plan` (which
 returns a :class:`Plan` or a :class:`DynamicPlan`, both with the face of :class:`BasePlan`), :func:`compile`
 and :func:`partitioner` (coop's plan inside ``torch.compile``), and
-:class:`ContextError` (plan.step in a training context its plan cannot serve).
+:class:`ContextError` (plan.step in a training context its plan cannot serve), :class:`OverBudgetError`
+(a compiled step that held more than its budget in every measured round).
 """
 
 from coop.budget import baseline_peak, min_budget, parse_budget
@@ -15,6 +16,7 @@ from coop.errors import (
     CoopError,
     GraphError,
     InfeasibleError,
+    OverBudgetError,
     ScheduleError,
 )
 from coop.graph import Graph, Node
@@ -43,6 +45,7 @@ __all__ = [
     "GraphError",
     "InfeasibleError",
     "Node",
+    "OverBudgetError",
     "Schedule",
     "ScheduleError",
     "Step",

@@ -68,6 +68,18 @@ class SolveTimeoutError(CoopError):
         self.fits_at = fits_at
 
 
+class OverBudgetError(CoopError):
+    """A compiled step that held more than its budget in every measured round of ``coop.compile``: ``held`` is the
+    least it held, ``budget`` the budget, ``compiled`` that step (what ``torch.compile`` returns, for a user who
+    accepts those bytes)."""
+
+    def __init__(self, message: str, held: int, budget: int, compiled: object) -> None:
+        super().__init__(message)
+        self.held = held
+        self.budget = budget
+        self.compiled = compiled
+
+
 class LastResortWarning(UserWarning):
     """A result that no solver ran to completion for (a warm start returned because no time was left): valid and
     within its budget, but not searched; the message names the time limit that would let the solver run."""

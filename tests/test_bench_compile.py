@@ -103,6 +103,7 @@ def test_the_bars_count_the_rows_no_knob_reaches_apart() -> None:
     assert summary["faster_than_amb_same_share"] == "1/2"  # m 0.5 loses, n 0.5 wins; m 0.7's amb held less
     assert summary["faster_than_coop_plan"] == "2/3"  # m 0.5 (155 < 170 ms), n 0.5 (80 < 85); not m 0.7
     assert summary["within_budget"] == 3 and summary["monotone"]
+    assert summary["refused"] == 1  # n 0.3
 
 
 def test_the_markdown_table_shows_both_readings() -> None:
@@ -110,6 +111,17 @@ def test_the_markdown_table_shows_both_readings() -> None:
     assert "| m | 0.5 | 20,000,000 | 17,000,000 | yes | 155.0 | - | knob 0.1: 16,000,000 B, 150.0 ms | no |" in text
     assert "none (lowest 24.0 MB)" in text and "error: refused" in text
     assert "| m | - | 0.2 | 17,000,000 | 160.0 | - | no |" in text  # the frontier table marks the beaten knob
+
+
+def test_refusals_read_as_what_was_refused() -> None:
+    """coop.compile's two refusals in a few words each: below the proven floor, and every round held more (the
+    messages as coop.budget and coop.compiled.refit word them); anything else cut short."""
+    below = "plan budget 1,000 B is below min_budget 2,240,168 B (the proven lower bound): give at least that"
+    over = ("coop.compile: the compiled step held at least 2,950,896 B against its budget 2,246,305 B (704,591 B over) "
+            "in 4 rounds (plans down to 2,246,304 B); give a larger budget")
+    assert bench._error_cell(below) == "refused: below the floor 2,240,168"
+    assert bench._error_cell(over) == "refused: every round held more, at least 2,950,896"
+    assert bench._error_cell("x" * 200) == "error: " + "x" * 80
 
 
 def test_rows_of_two_workers_compare_within_their_own_worker() -> None:

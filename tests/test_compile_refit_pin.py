@@ -16,6 +16,7 @@ import pytest
 from coop.compiled import refit
 from coop.compiled.observed import Observation
 from coop.compiled.record import CompileRound
+from coop.errors import OverBudgetError
 
 BUDGET = 1_000
 #: what the stand-in step holds in inductor's order and in coop's
@@ -64,7 +65,7 @@ def test_a_miss_in_inductors_order_is_planned_again_in_coops_order_at_the_same_s
     (the buffers inductor kept in its own order are not those of coop's order), and is the round returned."""
     compiler = _Compiler()
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a round within the budget is returned: no over-budget warning
+        warnings.simplefilter("error")  # a round within the budget is returned, without a warning
         returned = refit.fit_measured(compiler.compile_with, batch=None, loss_fn=None, rounds=3, verbose=False,
                                       pin_after_miss=compiler.pin)
     rounds: list[CompileRound] = returned.coop_record.rounds
@@ -76,12 +77,12 @@ def test_a_miss_in_inductors_order_is_planned_again_in_coops_order_at_the_same_s
 
 def test_without_the_switch_every_round_stays_in_inductors_order() -> None:
     """``pin_after_miss=None`` (coop.compile's ``pin=False``): the misses are planned again on the buffers inductor
-    kept, and the step returned still misses, with the warning that says so."""
+    kept, and every round still misses: refused, the step that held least on the error."""
     compiler = _Compiler()
-    with pytest.warns(UserWarning, match="1,100 B against its budget 1,000 B"):
-        returned = refit.fit_measured(compiler.compile_with, batch=None, loss_fn=None, rounds=3, verbose=False)
+    with pytest.raises(OverBudgetError, match="held at least 1,100 B against its budget 1,000 B") as err:
+        refit.fit_measured(compiler.compile_with, batch=None, loss_fn=None, rounds=3, verbose=False)
     assert all(not pinned for _, _, pinned in compiler.given)
-    assert not any(r.pinned for r in returned.coop_record.rounds)
+    assert not any(r.pinned for r in err.value.compiled.coop_record.rounds)
 
 
 def test_the_switch_happens_once() -> None:
@@ -99,7 +100,7 @@ def test_the_switch_happens_once() -> None:
         calls.append(1)
         compiler.pin()
 
-    with pytest.warns(UserWarning, match="against its budget"):
+    with pytest.raises(OverBudgetError, match="against its budget"):
         refit.fit_measured(always_over, batch=None, loss_fn=None, rounds=3, verbose=False, pin_after_miss=pin)
     assert calls == [1]
     assert [pinned for _, _, pinned in compiler.given] == [False, True, True]

@@ -17,7 +17,7 @@ import pytest
 
 from coop.compiled import refit
 from coop.compiled.observed import Observation
-from coop.errors import CoopError
+from coop.errors import CoopError, OverBudgetError
 
 BUDGET = 1_000
 #: what the stand-in step holds: round 0's Graph, and the Graph with every value written
@@ -64,7 +64,7 @@ def stand_ins(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.usefixtures("stand_ins")
 def test_the_refused_inlined_round_leaves_the_written_graph_its_round() -> None:
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # a round within the budget is returned: no over-budget warning
+        warnings.simplefilter("error")  # a round within the budget is returned, without a warning
         returned = refit.fit_measured(_compile_with, batch=None, loss_fn=None, rounds=2, verbose=False)
     rounds = returned.coop_record.rounds
     assert [r.measured_peak for r in rounds] == [HELD_FIRST, None, HELD_WRITTEN]
@@ -74,10 +74,11 @@ def test_the_refused_inlined_round_leaves_the_written_graph_its_round() -> None:
 
 @pytest.mark.usefixtures("stand_ins")
 def test_one_round_stays_one_compilation() -> None:
-    """rounds=1: round 0 only, over its budget, with the warning that says so."""
-    with pytest.warns(UserWarning, match="1,100 B against its budget 1,000 B"):
-        returned = refit.fit_measured(_compile_with, batch=None, loss_fn=None, rounds=1, verbose=False)
-    assert [r.measured_peak for r in returned.coop_record.rounds] == [HELD_FIRST]
+    """rounds=1: round 0 only, over its budget: refused with the numbers, the step that held least on the error."""
+    with pytest.raises(OverBudgetError, match=r"held at least 1,100 B against its budget 1,000 B \(100 B over\)") as err:
+        refit.fit_measured(_compile_with, batch=None, loss_fn=None, rounds=1, verbose=False)
+    assert (err.value.held, err.value.budget) == (HELD_FIRST, BUDGET)
+    assert [r.measured_peak for r in err.value.compiled.coop_record.rounds] == [HELD_FIRST]
 
 
 @pytest.mark.usefixtures("stand_ins")
@@ -110,6 +111,6 @@ def test_a_round_planned_on_observed_buffers_and_still_over_is_also_planned_belo
         shaves.append(shave)
         return _Step(BUDGET + 100)
 
-    with pytest.warns(UserWarning, match="against its budget"):
+    with pytest.raises(OverBudgetError, match="against its budget"):
         refit.fit_measured(compile_with, batch=None, loss_fn=None, rounds=3, verbose=False)
     assert shaves == [0, 0, 100]

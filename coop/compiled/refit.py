@@ -29,13 +29,13 @@ measures the step on the CPU allocator (or CUDA's reserved bytes), and decides t
   LLaMA at 0.5 fitted in its second round, and its slack round, the third, missed by 44,812 B).
 
 The round returned is the cheapest of those within the budget (the least predicted recomputation, then the
-fewest held bytes), else the one that held least, with a warning naming the numbers.
+fewest held bytes). Where none was within it, :class:`coop.errors.OverBudgetError` is raised, naming the least held
+bytes and carrying that round's step (``compiled``): no step over its budget is returned as if it met it.
 """
 
 from __future__ import annotations
 
 import sys
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -49,7 +49,7 @@ from coop.compiled.extern_scratch import match_calls, scratch_note
 from coop.compiled.measure import extern_calls, held_bytes, warm_up
 from coop.compiled.observed import Observation, observe_round
 from coop.compiled.record import CompiledRecord, CompileRound
-from coop.errors import CoopError
+from coop.errors import CoopError, OverBudgetError
 
 if TYPE_CHECKING:
     from coop.compiled.partitioner import CompiledPlan
@@ -288,7 +288,7 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
     assert best is not None
     best.compiled.coop_record = best.record  # the wrappers share the model's attributes: its own record back
     if best.held > best.record.plans[-1].requested:
-        _warn_over_budget(best)
+        raise _over_budget(best)
     return best.compiled
 
 
@@ -413,12 +413,15 @@ def _ran_without_coop() -> str:
             "torch._dynamo.reset() before coop.compile or raise torch._dynamo.config.recompile_limit")
 
 
-def _warn_over_budget(best: _Attempt) -> None:
-    """Warn that no measured step met its budget, with the numbers."""
+def _over_budget(best: _Attempt) -> OverBudgetError:
+    """The refusal when no measured step met its budget, with the numbers and the step that held least."""
     record = best.record
+    requested = record.plans[-1].requested
     outside = not held_follows_the_plan(record.rounds)
     fix = ("the excess is held outside the plan (the held bytes did not fall with the planned peak): give a budget "
            "larger by the excess" if outside else "give a larger budget, more time_limit or more rounds")
-    warnings.warn(f"coop.compile: the compiled step held {best.held:,} B against its budget "
-                  f"{record.plans[-1].requested:,} B at best, after {len(record.rounds)} rounds (kept the plan at "
-                  f"{record.plans[-1].budget:,} B); {fix}", stacklevel=3)
+    return OverBudgetError(f"coop.compile: the compiled step held at least {best.held:,} B against its budget "
+                           f"{requested:,} B ({best.held - requested:,} B over) in {len(record.rounds)} rounds (plans "
+                           f"down to {min(p.budget for p in record.plans):,} B); {fix}, or take the step that held "
+                           "least from this error's .compiled", held=best.held, budget=requested,
+                           compiled=best.compiled)
