@@ -219,16 +219,17 @@ def match_calls(calls: list[list[KernelCall]], modules: list[list[CallSite]]) ->
     """
     match = ScratchMatch()
     for graph_calls, sites in zip(calls, modules, strict=False):
-        taken: set[int] = set()
+        untaken: dict[str, list[CallSite]] = {}  # per op, its sites not yet matched, in the module's order
+        for site in sites:
+            untaken.setdefault(site.op, []).append(site)
         for call in graph_calls:
-            index = next((i for i, site in enumerate(sites) if i not in taken and site.op == call.op
-                          and call.shapes[:len(site.shapes)] == site.shapes), None)
-            if index is not None:
-                taken.add(index)
+            candidates = untaken.get(call.op, [])
+            index = next((i for i, site in enumerate(candidates) if call.shapes[:len(site.shapes)] == site.shapes),
+                         None)
+            site = candidates.pop(index) if index is not None else None
             if call.scratch <= 0:
                 continue
             match.with_scratch += 1
-            site = sites[index] if index is not None else None
             if site is None or site.joint is None:
                 match.unmatched.append((call.op, call.scratch))
                 continue

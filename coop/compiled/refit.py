@@ -308,16 +308,20 @@ def _next_missed_round(record: CompiledRecord, plan: CompiledPlan, history: list
         # planned on what an earlier round showed and still over: the buffers do not explain the excess, so the
         # next round also plans below it (BERT at 0.5 with eager's draws, 2026-11-30: three rounds on new buffers,
         # each over by 1.0-1.2 MB, none shaved)
-        shave = min(shave + held - plan.requested, plan.requested - min_budget(plan.joint.graph))
-        return shave, following, "planned again on the buffers inductor kept and below the measured excess"
+        return (_below_the_excess(plan, shave, held, min_budget(plan.joint.graph)), following,
+                "planned again on the buffers inductor kept and below the measured excess")
     if not held_follows_the_plan(history):
         history[-1].reason += "; the held bytes did not follow the plan down: the excess is held outside it"
         return None
     floor = min_budget(plan.joint.graph)
     if plan.budget <= floor:
         return None
-    return min(shave + held - plan.requested, plan.requested - floor), observation, \
-        "planned again below the measured excess"
+    return _below_the_excess(plan, shave, held, floor), observation, "planned again below the measured excess"
+
+
+def _below_the_excess(plan: CompiledPlan, shave: int, held: int, floor: int) -> int:
+    """The shave that plans the next round below what this one held over its budget, never below the floor."""
+    return min(shave + held - plan.requested, plan.requested - floor)
 
 
 def _measured_only(observation: Observation | None, scratch: dict[str, int]) -> Observation | None:
