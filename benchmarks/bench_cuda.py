@@ -838,6 +838,8 @@ def _compile_case(row: dict[str, Any], case: Case, model: torch.nn.Module, batch
     # compile rows of 2026-11-30); what may differ is the partition alone
     reference_kwargs = dict(kwargs)
     reference_options = inductor_options(reference_kwargs)  # takes the mode out as the options it stands for
+    # the layout the kept round ran with (coop.compile's measured rounds start with inductor's channels-last one)
+    reference_options["layout_optimization"] = compiled.coop_record.layout_optimization
     reference_compiled = torch.compile(reference, options=reference_options, **reference_kwargs)
     grads = []
     for stepper, params in ((compiled, module), (reference_compiled, reference)):

@@ -11,7 +11,13 @@ CoopPartitioner` as inductor's partitioner, so the training loop stays as it is:
 With ``example_batch`` it runs a warm-up step and one measured step right away (the CPU allocator's own reports,
 or the CUDA allocator's reserved bytes; :func:`coop.compiled.measure.held_bytes`) and, while the compiled step
 holds more than its budget, plans again below the excess and recompiles; a plan that fits but recomputes and
-leaves slack is planned again with the budget raised (``rounds`` bounds both; :mod:`coop.compiled.refit`). A
+leaves slack is planned again with the budget raised (``rounds`` bounds both; :mod:`coop.compiled.refit`). The
+measured rounds start with inductor's own layout optimization (channels-last convolutions, faster on a CPU: the
+quick ResNet of bench_compile at the compiler's own held bytes ran 12.29 against 14.15 ms without it, 2026-11-30)
+and turn it off, with the pin, for the rounds after the first that misses its budget: the layout copies
+caller-owned convolution inputs (the batch, the weights) and saves the copies for the backward, bytes no plan
+holds (the same ResNet held 3,209,008 B with it and 2,806,384 B without, for one plan). Without ``example_batch``
+nothing is measured and the layout stays off. A
 fraction is of each compiled graph's own peak without recomputation; with graph breaks every graph gets that
 share of its own peak (a budget in bytes applies to each graph alone, so give a fraction, or ``fullgraph=True``).
 """
@@ -131,9 +137,10 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         ``torch.compile``'s (``mode`` becomes the options it stands for; ``dynamic`` must stay False; CUDA graphs,
         ``mode="reduce-overhead"``, are refused on a CPU model). Inductor
         options coop sets unless ``options`` sets them: no horizontal fusion (``score_fusion_memory_threshold``) and
-        no layout optimization. On a CPU step with dropout, ``options={"fallback_random": True}`` trades memory for
-        speed: inductor's own CPU draw builds a Philox engine per element (27-30 ns an element at one thread on the
-        machine of BENCHMARKS.md, against 8.9 ns for eager's ``bernoulli_``), so bench_compile's BERT step ran
+        layout optimization as the module docstring says. On a CPU step with dropout,
+        ``options={"fallback_random": True}`` trades memory for speed: inductor's own CPU draw builds a Philox engine
+        per element (27-30 ns an element at one thread on the machine of BENCHMARKS.md, against 8.9 ns for eager's
+        ``bernoulli_``), so bench_compile's BERT step ran
         162.00 ms compiled against 139.68 ms eager, and 134.00 ms with eager's draws (2026-11-29). A dropout is then
         eager's ``native_dropout``, which coop splits into its draw and a product
         (:func:`coop.graph_capture.random_ops.split_native_dropouts`, float32 and float64): the bool mask is held
@@ -152,9 +159,12 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
     if device is not None:
         raise CoopError(f"coop.compile: device={device!r} is for meta-device models; a model with real weights is "
                         "planned on its own device: leave device out")
+    users_layout = "layout_optimization" in (compile_kwargs.get("options") or {})
     user_options = inductor_options(compile_kwargs)
 
     pinned = [bool(pin)]  # pin=None: set by the measured re-solve once a round in inductor's order misses
+    # inductor's channels-last layout while measured rounds meet the budget (module docstring), where the user left it
+    channels_last = [example_batch is not None and not users_layout and torch._inductor.config.layout_optimization]
 
     def compile_with(shave: int, observation: Observation | None = None, requested: int | None = None) -> nn.Module:
         # a later round keeps the first round's budget in bytes: a share of a Graph rebuilt from an observation
@@ -163,6 +173,8 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
                                time_limit=time_limit, threads=threads, shave=shave, observation=observation,
                                pricing=pricing, verbose=verbose)
         options = {**user_options, "custom_partitioner_fn": part}
+        if channels_last[0]:
+            options["layout_optimization"] = True
         observer = keeper = pinner = None
         if options.get("_post_fusion_custom_pass") is None:
             observer = BufferObserver()
@@ -177,7 +189,7 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         compiled = torch.compile(model, backend="inductor", options=options, **compile_kwargs)
         compiled.__class__ = CoopCompiledModule
         compiled.coop_record = CompiledRecord(partitioner=part, buffers=observer, order=keeper,
-                                              pin=pinner)
+                                              pin=pinner, layout_optimization=bool(options["layout_optimization"]))
         return compiled
 
     if example_batch is None:
@@ -188,9 +200,22 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         # a step that holds 2,262,536 B)
         machine_rates()
     # the pin is coop's _post_fusion_custom_pass: where the user set their own, nothing to switch on
-    pin_after_miss = (None if pin is not None or user_options.get("_post_fusion_custom_pass") is not None
-                      else lambda: pinned.__setitem__(0, True))
-    return fit_measured(compile_with, example_batch, loss_fn, max(1, rounds), verbose, pin_after_miss)
+    pin_switch = pin is None and user_options.get("_post_fusion_custom_pass") is None
+    layout_switch = channels_last[0]
+
+    def after_miss() -> str:
+        """Coop's order and no channels-last copies for the rounds after the first miss; the reason's words."""
+        words = []
+        if pin_switch:
+            pinned[0] = True
+            words.append("with the kernels in coop's order")
+        if layout_switch:
+            channels_last[0] = False
+            words.append("without inductor's channels-last layout")
+        return " and ".join(words)
+
+    return fit_measured(compile_with, example_batch, loss_fn, max(1, rounds), verbose,
+                        after_miss if pin_switch or layout_switch else None)
 
 
 def inductor_options(compile_kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -210,9 +235,9 @@ def inductor_options(compile_kwargs: dict[str, Any]) -> dict[str, Any]:
     # Inductor's layout optimization runs a convolution in channels-last: it copies the convolution's weight and
     # input (the batch, the weights: caller-owned values coop counts once) and saves the copies for the backward,
     # bytes no Graph of the joint graph has (ViT at 0.5: 1,671,168 B from the forward's first kernel to the
-    # backward's convolution). Off unless the user sets it. On, bench_compile's ViT at 0.9 (eager draws, 2026-11-30)
-    # was no faster (176.74 against 173.47 ms, alternating, within the run's noise) and its second round held
-    # 53,375,016 B against 52,036,106 (a third round fitted).
+    # backward's convolution). Off unless the user sets it; coop.compile's measured rounds turn it on until one
+    # misses its budget (module docstring), where a measurement shows what the copies hold. With it, bench_compile's
+    # ViT at 0.9 was no faster (176.74 against 173.47 ms, eager draws, within the run's noise), its ResNet faster.
     user_options.setdefault("layout_optimization", False)
     return user_options
 

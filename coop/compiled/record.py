@@ -34,6 +34,8 @@ class CompileRound:
     overhead: float | None = None
     #: whether the round's kernels ran in coop's order (:mod:`coop.compiled.pin`)
     pinned: bool = False
+    #: whether the round ran with inductor's layout optimization (channels-last convolutions)
+    layout_optimization: bool = False
 
 
 @dataclass
@@ -51,6 +53,9 @@ class CompiledRecord:
     #: the scheduler pass that runs the kernels in coop's order (None: the user set their own
     #: ``_post_fusion_custom_pass``, or the round ran in inductor's order; :mod:`coop.compiled.pin`)
     pin: PinScheduleOrder | None = None
+    #: whether inductor's layout optimization (channels-last convolutions) was on for this compilation
+    #: (:func:`coop.compiled.api.compile`: on until a measured round misses its budget, where the user left it)
+    layout_optimization: bool = False
 
     def observed_graphs(self, plan: CompiledPlan) -> tuple[ObservedGraph, ObservedGraph] | None:
         """``plan``'s observed forward and backward; None until both were compiled (the backward compiles at the
@@ -84,6 +89,8 @@ class CompiledRecord:
                 observed += f"; recomputation {100 * r.overhead:.2f} % predicted"
             if r.pinned:
                 observed += "; kernels in coop's order"
+            if r.layout_optimization:
+                observed += "; inductor's channels-last layout"
             lines.append(f"round {number}: {r.reason}; budget {r.budget:,} B (shave {r.shave:,} B), predicted "
                          f"{r.predicted_peak:,} B, {measured}{observed}")
         lines.append(self.pin.describe() if self.pin is not None else "kernels in inductor's order (not pinned)")

@@ -175,7 +175,7 @@ class _Attempt:
 
 def fit_measured(compile_with: Callable[[int, Observation | None, int | None], nn.Module], batch: Any,
                  loss_fn: Callable[[Any], torch.Tensor] | None, rounds: int, verbose: bool,
-                 pin_after_miss: Callable[[], None] | None = None) -> nn.Module:
+                 pin_after_miss: Callable[[], str | None] | None = None) -> nn.Module:
     """Compile, measure one step, and while it holds more than its budget, or fits leaving slack, plan again.
 
     Each round's step is measured after :func:`coop.compiled.measure.warm_up` (the plan judged is the one compiled
@@ -184,8 +184,10 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
     kernels before inductor's ``reorder_for_peak_memory`` moves them, so it can be above what the step holds (ViT at
     0.7: 36,457,464 B held, the walk above the budget of 37,414,977 B): it says what to plan on, not whether a round
     met its budget. With ``pin_after_miss`` (called once: the compilations after it run the kernels in coop's
-    order, :mod:`coop.compiled.pin`), the first round in inductor's order that misses its budget is planned again
-    at the same shave in coop's order, on what was measured of the extern kernels' scratch only: inductor's
+    order, :mod:`coop.compiled.pin`, and without inductor's channels-last layout where coop.compile switches it too;
+    it returns the reason's words for what it switched, None for the pin alone), the first round in inductor's order
+    that misses its budget is planned again at the same shave in coop's order, on what was measured of the extern
+    kernels' scratch only: inductor's
     scheduler had moved a recomputation off coop's schedule (the tied MLP of tests/test_compile_observed.py at 0.5,
     2026-11-30: ``reorder_for_peak_memory`` ran the backward's recomputed ``x @ w`` six kernels before its reader,
     its 262,144 B live across the backward's peak; a plan of 2,266,884 B held 2,516,488 B in inductor's order, where
@@ -248,7 +250,8 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
         history.append(CompileRound(shave=shave, budget=plan.budget, predicted_peak=plan.peak, measured_peak=held,
                                     reason=reason, observed_peak=record.observed_peak(plan),
                                     inlined=0 if observation is None else len(observation.inline),
-                                    overhead=overhead, pinned=getattr(record, "pin", None) is not None))
+                                    overhead=overhead, pinned=getattr(record, "pin", None) is not None,
+                                    layout_optimization=getattr(record, "layout_optimization", False)))
         scratch = _measured_scratch(compiled, batch, loss_fn, plan, history[-1])
         planned_shave = shave
         within = held <= plan.requested
@@ -269,14 +272,16 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
             continue
         if len(history) - refused >= rounds:
             break
-        if pin_after_miss is not None and not history[-1].pinned:
+        if pin_after_miss is not None:
             # inductor's scheduler moved coop's order (a recomputation fused into, or reordered to, an early
-            # kernel): its own order missed the budget, so the rounds after it run the kernels in coop's order,
-            # planned afresh on what was measured (the buffers seen in another order are not this order's)
-            pin_after_miss()
+            # kernel), or its channels-last layout copied caller-owned inputs no plan holds: its own order and
+            # layout missed the budget, so the rounds after it are coop's (pinned order, layout off where the
+            # switch says so), planned afresh on what was measured (the buffers seen in another order are not
+            # this order's)
+            switched = pin_after_miss() or "with the kernels in coop's order"
             pin_after_miss = None
             observation = _measured_only(observation, scratch)
-            reason = f"planned again with the kernels in coop's order (inductor's held {held - plan.requested:,} B over)"
+            reason = f"planned again {switched} (inductor's held {held - plan.requested:,} B over)"
             continue
         following = _next_missed_round(record, plan, history, observation, scratch, keep_writing, shave, held)
         if following is None:
