@@ -65,7 +65,9 @@ SHARES = (0.9, 0.7, 0.5, 0.3)
 #: compile-amb's frontier of (held bytes, ms); 1.0 is the knob's default, the plain ``compile`` row
 AMB_KNOBS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
 QUICK_SHARES = (0.7, 0.5)
-STEPS = 7
+#: timed rounds per variant: at 7, one plan's two rows in one worker differed by 8-10 % (BERT 0.9: 100.88 and 110.55
+#: ms for 30,282,760 B held, 2026-11-30), more than most differences the bars compare; the steps are cheap
+STEPS = 21
 TIME_LIMIT = 30
 ROW_PREFIX = "BENCH_ROW "
 MODELS: dict[str, dict[str, Any]] = {
