@@ -259,6 +259,7 @@ def test_store_all_prediction_is_what_the_compiled_step_holds() -> None:
     (plan,) = compiled.coop_record.plans
     (measured,) = compiled.coop_record.rounds
     assert plan.result.formulation == "store-all"
+    assert not measured.layout_optimization  # no convolution: nothing to lay out, no layout switched on
     assert abs(plan.peak - measured.measured_peak) <= 0.01 * measured.measured_peak, (plan.peak, measured)
 
 

@@ -164,7 +164,9 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
 
     pinned = [bool(pin)]  # pin=None: set by the measured re-solve once a round in inductor's order misses
     # inductor's channels-last layout while measured rounds meet the budget (module docstring), where the user left it
-    channels_last = [example_batch is not None and not users_layout and torch._inductor.config.layout_optimization]
+    # (a model without convolution modules has nothing to lay out: the option stays off and no round switches it)
+    channels_last = [example_batch is not None and not users_layout and torch._inductor.config.layout_optimization
+                     and any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())]
 
     def compile_with(shave: int, observation: Observation | None = None, requested: int | None = None) -> nn.Module:
         # a later round keeps the first round's budget in bytes: a share of a Graph rebuilt from an observation
