@@ -12,14 +12,14 @@ With ``example_batch`` it runs a warm-up step and one measured step right away (
 or the CUDA allocator's reserved bytes; :func:`coop.compiled.measure.held_bytes`) and, while the compiled step
 holds more than its budget, plans again below the excess and recompiles; a plan that fits but recomputes and
 leaves slack is planned again with the budget raised (``rounds`` bounds both; :mod:`coop.compiled.refit`). The
-measured rounds start with inductor's own layout optimization (channels-last convolutions, faster on a CPU: the
-quick ResNet of bench_compile at the compiler's own held bytes ran 12.29 against 14.15 ms without it, 2026-11-30)
-and turn it off, with the pin, for the rounds after the first that misses its budget: the layout copies
-caller-owned convolution inputs (the batch, the weights) and saves the copies for the backward, bytes no plan
-holds (the same ResNet held 3,209,008 B with it and 2,806,384 B without, for one plan). Without ``example_batch``
-nothing is measured and the layout stays off. A
-fraction is of each compiled graph's own peak without recomputation; with graph breaks every graph gets that
-share of its own peak (a budget in bytes applies to each graph alone, so give a fraction, or ``fullgraph=True``).
+measured rounds of a model with convolution modules start with inductor's own layout optimization (channels-last
+convolutions, faster on a CPU: the quick ResNet of bench_compile at the compiler's own held bytes ran 12.29 against
+14.15 ms without it, 2026-11-30) and turn it off, with the pin, for the rounds after the first that misses its
+budget: the layout copies caller-owned convolution inputs (the batch, the weights) and saves the copies for the
+backward, bytes no plan holds (the same ResNet held 3,209,008 B with it and 2,806,384 B without, for one plan).
+Without ``example_batch`` nothing is measured and the layout stays off. A fraction is of each compiled graph's own
+peak without recomputation; with graph breaks every graph gets that share of its own peak (a budget in bytes
+applies to each graph alone, so give a fraction, or ``fullgraph=True``).
 """
 
 from __future__ import annotations
