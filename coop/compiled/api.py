@@ -25,6 +25,7 @@ applies to each graph alone, so give a fraction, or ``fullgraph=True``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -162,11 +163,14 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
     users_layout = "layout_optimization" in (compile_kwargs.get("options") or {})
     user_options = inductor_options(compile_kwargs)
 
-    pinned = [bool(pin)]  # pin=None: set by the measured re-solve once a round in inductor's order misses
-    # inductor's channels-last layout while measured rounds meet the budget (module docstring), where the user left it
-    # (a model without convolution modules has nothing to lay out: the option stays off and no round switches it)
-    channels_last = [example_batch is not None and not users_layout and torch._inductor.config.layout_optimization
-                     and any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())]
+    control = _RoundControl(
+        pinned=bool(pin),
+        # inductor's channels-last layout while measured rounds meet the budget (module docstring), where the user
+        # left it (a model without convolution modules has nothing to lay out: it stays off, nothing switches it)
+        channels_last=(example_batch is not None and not users_layout and torch._inductor.config.layout_optimization
+                       and any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())),
+        # the pin is coop's _post_fusion_custom_pass: where the user set their own, nothing to switch on
+        pin_switch=pin is None and user_options.get("_post_fusion_custom_pass") is None)
 
     def compile_with(shave: int, observation: Observation | None = None, requested: int | None = None) -> nn.Module:
         # a later round keeps the first round's budget in bytes: a share of a Graph rebuilt from an observation
@@ -175,19 +179,9 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
                                time_limit=time_limit, threads=threads, shave=shave, observation=observation,
                                pricing=pricing, verbose=verbose)
         options = {**user_options, "custom_partitioner_fn": part}
-        if channels_last[0]:
+        if control.channels_last:
             options["layout_optimization"] = True
-        observer = keeper = pinner = None
-        if options.get("_post_fusion_custom_pass") is None:
-            observer = BufferObserver()
-            options["_post_fusion_custom_pass"] = observer
-            if pinned[0]:  # coop.compiled.pin: no fusion across coop's order, the fused kernels in coop's order
-                guard = None
-                if options.get("_pre_fusion_custom_pass") is None:
-                    guard = options["_pre_fusion_custom_pass"] = KeepFusionInOrder()
-                pinner = options["_post_fusion_custom_pass"] = PinScheduleOrder(observer, guard)
-        if options.get("post_grad_custom_post_pass") is None:  # coop.compiled.order
-            keeper = options["post_grad_custom_post_pass"] = KeepMatmulsInPlace()
+        observer, keeper, pinner = _install_passes(options, control.pinned)
         compiled = torch.compile(model, backend="inductor", options=options, **compile_kwargs)
         compiled.__class__ = CoopCompiledModule
         compiled.coop_record = CompiledRecord(partitioner=part, buffers=observer, order=keeper,
@@ -201,23 +195,48 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         # as the step's (the tied MLP of tests/test_compile_observed.py at 0.5: 9,273,184 B measured in round 0 for
         # a step that holds 2,262,536 B)
         machine_rates()
-    # the pin is coop's _post_fusion_custom_pass: where the user set their own, nothing to switch on
-    pin_switch = pin is None and user_options.get("_post_fusion_custom_pass") is None
-    layout_switch = channels_last[0]
+    switches = control.pin_switch or control.channels_last
+    return fit_measured(compile_with, example_batch, loss_fn, max(1, rounds), verbose,
+                        control.after_miss if switches else None)
 
-    def after_miss() -> str:
+
+@dataclass
+class _RoundControl:
+    """What coop sets of inductor's order and layout per compilation, and the switch after the first measured round
+    over its budget (:func:`coop.compiled.refit.fit_measured`'s ``pin_after_miss``)."""
+
+    pinned: bool
+    channels_last: bool
+    pin_switch: bool
+
+    def after_miss(self) -> str:
         """Coop's order and no channels-last copies for the rounds after the first miss; the reason's words."""
         words = []
-        if pin_switch:
-            pinned[0] = True
+        if self.pin_switch:
+            self.pinned = True
             words.append("with the kernels in coop's order")
-        if layout_switch:
-            channels_last[0] = False
+        if self.channels_last:  # on until now: only measured rounds turn it on, and this runs once
+            self.channels_last = False
             words.append("without inductor's channels-last layout")
         return " and ".join(words)
 
-    return fit_measured(compile_with, example_batch, loss_fn, max(1, rounds), verbose,
-                        after_miss if pin_switch or layout_switch else None)
+
+def _install_passes(options: dict[str, Any], pinned: bool) -> tuple[BufferObserver | None, KeepMatmulsInPlace | None,
+                                                                     PinScheduleOrder | None]:
+    """Coop's inductor passes into ``options`` where the user set none of their own: the buffer observer, the pin
+    (:mod:`coop.compiled.pin`, where ``pinned``) and the matmul keeper (:mod:`coop.compiled.order`); those installed."""
+    observer = keeper = pinner = None
+    if options.get("_post_fusion_custom_pass") is None:
+        observer = BufferObserver()
+        options["_post_fusion_custom_pass"] = observer
+        if pinned:  # no fusion across coop's order, the fused kernels in coop's order
+            guard = None
+            if options.get("_pre_fusion_custom_pass") is None:
+                guard = options["_pre_fusion_custom_pass"] = KeepFusionInOrder()
+            pinner = options["_post_fusion_custom_pass"] = PinScheduleOrder(observer, guard)
+    if options.get("post_grad_custom_post_pass") is None:
+        keeper = options["post_grad_custom_post_pass"] = KeepMatmulsInPlace()
+    return observer, keeper, pinner
 
 
 def inductor_options(compile_kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -246,12 +246,8 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
         plan = part.plans[-1]  # the graph compiled last is the one the steps run (measure.warm_up)
         requested = plan.requested
         held = measured + sum(n.mem for n in plan.joint.graph.nodes if n.caller_owned)
-        overhead = plan.result.simulation.overhead if plan.result.simulation is not None else 0.0
-        history.append(CompileRound(shave=shave, budget=plan.budget, predicted_peak=plan.peak, measured_peak=held,
-                                    reason=reason, observed_peak=record.observed_peak(plan),
-                                    inlined=0 if observation is None else len(observation.inline),
-                                    overhead=overhead, pinned=getattr(record, "pin", None) is not None,
-                                    layout_optimization=getattr(record, "layout_optimization", False)))
+        history.append(_measured_round(record, plan, shave, held, reason, observation))
+        overhead = history[-1].overhead
         scratch = _measured_scratch(compiled, batch, loss_fn, plan, history[-1])
         planned_shave = shave
         within = held <= plan.requested
@@ -295,6 +291,17 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
     if best.held > best.record.plans[-1].requested:
         raise _over_budget(best)
     return best.compiled
+
+
+def _measured_round(record: CompiledRecord, plan: CompiledPlan, shave: int, held: int, reason: str,
+                    observation: Observation | None) -> CompileRound:
+    """The record of a round whose step was measured: its plan, what it held, and how it was compiled."""
+    overhead = plan.result.simulation.overhead if plan.result.simulation is not None else 0.0
+    return CompileRound(shave=shave, budget=plan.budget, predicted_peak=plan.peak, measured_peak=held, reason=reason,
+                        observed_peak=record.observed_peak(plan),
+                        inlined=0 if observation is None else len(observation.inline), overhead=overhead,
+                        pinned=getattr(record, "pin", None) is not None,
+                        layout_optimization=getattr(record, "layout_optimization", False))
 
 
 def _next_missed_round(record: CompiledRecord, plan: CompiledPlan, history: list[CompileRound],
