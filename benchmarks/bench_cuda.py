@@ -810,10 +810,8 @@ def _compile_case(row: dict[str, Any], case: Case, model: torch.nn.Module, batch
         # every measured round held more than the budget: the row measures the step that held least, and fails
         compiled = exc.compiled
         row["refused"] = str(exc)[:200]
-    except coop.CoopError as exc:
-        if "CUDA graphs" in str(exc):  # coop.compile refuses mode="reduce-overhead" on a CPU model, by design
-            raise Refused("reduce-overhead is CUDA graphs, which need CUDA") from exc
-        raise
+    except coop.NeedsCudaError as exc:  # coop.compile refuses mode="reduce-overhead" on a CPU model, by design
+        raise Refused("reduce-overhead is CUDA graphs, which need CUDA") from exc
     plan = compiled.coop_record.plans[-1]
     row["graphs"] = len(compiled.coop_record.plans)  # one: the budget is the whole step's (with breaks, each graph's)
     row["budget_bytes"] = plan.requested

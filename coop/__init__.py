@@ -5,7 +5,8 @@ The public API: :func:`load_graph`, :class:`Graph`, :class:`Schedule`, :func:`si
 returns a :class:`Plan` or a :class:`DynamicPlan`, both with the face of :class:`BasePlan`), :func:`compile`
 and :func:`partitioner` (coop's plan inside ``torch.compile``), and
 :class:`ContextError` (plan.step in a training context its plan cannot serve), :class:`OverBudgetError`
-(a compiled step that held more than its budget in every measured round).
+(a compiled step that held more than its budget in every measured round) and :class:`NeedsCudaError` (a CUDA-only
+feature asked without CUDA).
 """
 
 from coop.budget import baseline_peak, min_budget, parse_budget
@@ -16,6 +17,7 @@ from coop.errors import (
     CoopError,
     GraphError,
     InfeasibleError,
+    NeedsCudaError,
     OverBudgetError,
     ScheduleError,
 )
@@ -44,6 +46,7 @@ __all__ = [
     "Graph",
     "GraphError",
     "InfeasibleError",
+    "NeedsCudaError",
     "Node",
     "OverBudgetError",
     "Schedule",

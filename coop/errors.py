@@ -68,6 +68,12 @@ class SolveTimeoutError(CoopError):
         self.fits_at = fits_at
 
 
+class NeedsCudaError(ContextError):
+    """A CUDA-only feature asked where it cannot run: CUDA graphs (``coop.compile``'s ``mode="reduce-overhead"``,
+    ``coop.plan(cuda_graph=True)``) or the copy stream on a model or a torch without CUDA. The message names the
+    feature and says to drop it there."""
+
+
 class OverBudgetError(CoopError):
     """A compiled step that held more than its budget in every measured round of ``coop.compile``: ``held`` is the
     least it held, ``budget`` the budget, ``compiled`` that step (what ``torch.compile`` returns, for a user who

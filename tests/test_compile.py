@@ -425,7 +425,7 @@ def test_graph_breaks_train_as_torch_compile() -> None:
 def test_cuda_graphs_on_a_cpu_model_are_refused_in_one_line(how: dict) -> None:
     """CUDA graphs do not run on CPU, and with the option inductor's CPU step held 3,893,080 B where the same
     generated code held 2,234,728 B without it (bench_cuda's quick GPT-2 at 0.5): refused before anything compiles."""
-    with pytest.raises(CoopError, match="CUDA graphs") as refused:
+    with pytest.raises(coop.NeedsCudaError, match="CUDA graphs") as refused:
         coop.compile(Broken(), 0.8, **how)
     assert "\n" not in str(refused.value) and "leave the mode out on CPU" in str(refused.value)
 

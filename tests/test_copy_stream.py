@@ -510,7 +510,7 @@ class _NoSideWaits(RecordingStreams):
 def test_copy_stream_is_refused_on_cpu_torch(captured_model) -> None:
     _, _, captured = captured_model
     schedule = hand_schedule(captured.graph, 1)
-    with pytest.raises(CoopError, match="copy_stream=True needs CUDA") as refused:
+    with pytest.raises(coop.NeedsCudaError, match="copy_stream=True needs CUDA") as refused:
         Executor(captured, schedule, copy_stream=True)
     assert "\n" not in str(refused.value)
 
@@ -533,7 +533,7 @@ def test_without_the_option_the_program_is_unchanged(captured_model) -> None:
 
 def test_plan_refuses_copy_stream_on_cpu_before_solving() -> None:
     model, batch, _ = build("mlp")
-    with pytest.raises(CoopError, match="copy_stream=True needs CUDA") as refused:
+    with pytest.raises(coop.NeedsCudaError, match="copy_stream=True needs CUDA") as refused:
         coop.plan(model, 0.9, batch, copy_stream=True)
     assert "\n" not in str(refused.value)
 

@@ -457,12 +457,12 @@ def test_without_the_pre_check_the_fake_capture_refuses_the_generator_state() ->
 
 def test_cuda_graph_on_a_cpu_step_is_refused_in_one_line() -> None:
     model, batch, loss_fn = build("mlp")
-    with pytest.raises(CoopError, match=r"^cuda_graph=True replays CUDA kernels only, and this step runs on cpu; "
+    with pytest.raises(coop.NeedsCudaError, match=r"^cuda_graph=True replays CUDA kernels only, and this step runs on cpu; "
                                         r"drop cuda_graph \(or move the model and batch to CUDA\)$"):
         coop.plan(model, "90%", batch, loss_fn=loss_fn, cuda_graph=True)
     captured = capture(model, batch, loss_fn)
     executor = Executor(captured, solve(replay_graph(captured), 10**12, "store-all").schedule)
-    with pytest.raises(CoopError, match=r"^cuda_graph=True replays CUDA kernels only[^\n]*$"):
+    with pytest.raises(coop.NeedsCudaError, match=r"^cuda_graph=True replays CUDA kernels only[^\n]*$"):
         GraphReplay(executor)  # torch.cuda's graphs: refused, not run on the CPU
 
 

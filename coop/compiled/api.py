@@ -41,7 +41,7 @@ from coop.compiled.partitioner import CoopPartitioner
 from coop.compiled.pin import KeepFusionInOrder, PinScheduleOrder
 from coop.compiled.record import CompiledRecord, CompileRound
 from coop.compiled.refit import fit_measured, held_follows_the_plan
-from coop.errors import CoopError
+from coop.errors import CoopError, NeedsCudaError
 from coop.graph_capture.host_cost import machine_rates
 
 #: a fusion score no two kernels reach: no horizontal fusion (see :func:`compile`)
@@ -310,7 +310,8 @@ def _refuse(model: nn.Module, kwargs: dict[str, Any]) -> None:
     if asked.get("triton.cudagraphs") and parameters and all(p.device.type == "cpu" for p in parameters):
         # measured (the quick GPT-2 of bench_cuda at 0.5, the same generated code): 3,893,080 B held with the option,
         # 2,234,728 B without it
-        raise CoopError(f"coop.compile: {'mode=' + repr(mode) if mode else 'triton.cudagraphs'} asks for CUDA graphs, "
+        raise NeedsCudaError(f"coop.compile: {'mode=' + repr(mode) if mode else 'triton.cudagraphs'} asks for CUDA "
+                             "graphs, "
                         "which a CPU model has none of, and on CPU the compiled step then holds more than coop plans: "
                         "leave the mode out on CPU (keep it for CUDA)")
     wrapped = type(model).__name__

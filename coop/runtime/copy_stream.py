@@ -71,16 +71,16 @@ from typing import Any, Protocol
 
 import torch
 
-from coop.errors import ContextError, ScheduleError
+from coop.errors import ContextError, NeedsCudaError, ScheduleError
 from coop.graph_capture import Captured
 from coop.runtime.paging import HostCopy, page_in, page_in_storage, page_out
 from coop.schedule import Schedule
 
 
 def require_cuda() -> None:
-    """Refuse ``copy_stream=True`` where torch sees no CUDA device (a one-line ContextError with the fix)."""
+    """Refuse ``copy_stream=True`` where torch sees no CUDA device (a one-line NeedsCudaError with the fix)."""
     if not torch.cuda.is_available():
-        raise ContextError("copy_stream=True needs CUDA, and this torch sees no CUDA device; drop copy_stream "
+        raise NeedsCudaError("copy_stream=True needs CUDA, and this torch sees no CUDA device; drop copy_stream "
                            "(without CUDA paging copies to a host pool on the compute stream)")
 
 

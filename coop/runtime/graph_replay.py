@@ -76,7 +76,7 @@ from typing import Any, Protocol
 import torch
 from torch import fx
 
-from coop.errors import CoopError
+from coop.errors import CoopError, NeedsCudaError
 from coop.graph import Graph
 from coop.graph_capture.captured import batch_positions
 from coop.graph_capture.trace import is_random
@@ -145,7 +145,7 @@ class TorchCudaGraphs:
 
 
 def require_cuda_graph(graph: Graph) -> torch.device:
-    """The CUDA device a graph of this step replays on, or a one-line CoopError saying why there is none.
+    """The CUDA device a graph of this step replays on, or a one-line NeedsCudaError saying why there is none.
 
     Parameters
     ----------
@@ -159,16 +159,16 @@ def require_cuda_graph(graph: Graph) -> torch.device:
 
     Raises
     ------
-    CoopError
+    NeedsCudaError
         When no value of the step lives on CUDA (CUDA graphs replay CUDA kernels only), or torch sees no CUDA device.
     """
     cuda = [d for d in graph.devices if d is not None and torch.device(d).type == "cuda"]
     if not cuda:
         where = ", ".join(d for d in graph.devices if d is not None) or "no device"
-        raise CoopError(f"cuda_graph=True replays CUDA kernels only, and this step runs on {where}; drop cuda_graph "
+        raise NeedsCudaError(f"cuda_graph=True replays CUDA kernels only, and this step runs on {where}; drop cuda_graph "
                         "(or move the model and batch to CUDA)")
     if not torch.cuda.is_available():
-        raise CoopError("cuda_graph=True needs CUDA, and this torch sees no CUDA device; drop cuda_graph")
+        raise NeedsCudaError("cuda_graph=True needs CUDA, and this torch sees no CUDA device; drop cuda_graph")
     return torch.device(cuda[0])
 
 
