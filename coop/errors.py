@@ -77,13 +77,15 @@ class NeedsCudaError(ContextError):
 class OverBudgetError(CoopError):
     """A compiled step that held more than its budget in every measured round of ``coop.compile``: ``held`` is the
     least it held, ``budget`` the budget, ``compiled`` that step (what ``torch.compile`` returns, for a user who
-    accepts those bytes)."""
+    accepts those bytes); ``floor`` the floor of the compiled graph with what was measured charged, where the re-solve
+    below the excess reached it and found no schedule there (None otherwise)."""
 
-    def __init__(self, message: str, held: int, budget: int, compiled: object) -> None:
+    def __init__(self, message: str, held: int, budget: int, compiled: object, floor: int | None = None) -> None:
         super().__init__(message)
         self.held = held
         self.budget = budget
         self.compiled = compiled
+        self.floor = floor
 
 
 class LastResortWarning(UserWarning):

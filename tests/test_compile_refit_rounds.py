@@ -27,13 +27,16 @@ HELD_FIRST, HELD_WRITTEN = 1_100, 990
 class _Step:
     """A stand-in compiled module: its plan, what its step holds, or the refusal its compilation raises."""
 
-    def __init__(self, held: int | None, overhead: float = 0.0, solver_overhead: float = 0.0) -> None:
+    def __init__(self, held: int | None, overhead: float = 0.0, solver_overhead: float = 0.0,
+                 planned_at: tuple[int, int] | None = None) -> None:
         self.held = held
         plan = SimpleNamespace(requested=BUDGET, budget=BUDGET, peak=BUDGET, solver_overhead=solver_overhead,
                                joint=SimpleNamespace(graph=SimpleNamespace(nodes=[], name="g")),
                                result=SimpleNamespace(simulation=SimpleNamespace(overhead=overhead)))
-        self.coop_record = SimpleNamespace(partitioner=SimpleNamespace(plans=[plan]), plans=[plan], rounds=[],
-                                           observed_peak=lambda plan: None)
+        # planned_at: the (floor, budget) the partitioner planned a refused graph at (None: refused before planning)
+        floor, budget = planned_at or (None, None)
+        part = SimpleNamespace(plans=[plan], last_floor=floor, last_budget=budget)
+        self.coop_record = SimpleNamespace(partitioner=part, plans=[plan], rounds=[], observed_peak=lambda plan: None)
 
 
 def _compile_with(shave: int, observation: Observation | None, requested: int | None) -> _Step:
@@ -114,3 +117,33 @@ def test_a_round_planned_on_observed_buffers_and_still_over_is_also_planned_belo
     with pytest.raises(OverBudgetError, match="against its budget"):
         refit.fit_measured(compile_with, batch=None, loss_fn=None, rounds=3, verbose=False)
     assert shaves == [0, 0, 100]
+
+
+@pytest.mark.usefixtures("stand_ins")
+def test_a_re_solve_that_reached_the_measured_floor_names_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Round 0 holds 100 B over; its buffers show scratch that lifts the Graph's floor to 960 B, so the round planned
+    100 B below the budget (at 900 B) is planned at that floor and has no schedule there (as bench_cuda's quick ResNet
+    at 0.5 on CPU: oneDNN's convolution scratch charged, the floor 1,826,016 B above the 1,656,564 B the excess asked
+    for). The refusal names that floor instead of asking for more time."""
+    monkeypatch.setattr(refit, "_observe", lambda *args, **kwargs: Observation(scratch=(("conv", 60),)))
+    monkeypatch.setattr(refit, "min_budget", lambda graph: 900)
+    steps = iter([_Step(BUDGET + 100), _Step(BUDGET + 100), _Step(None, planned_at=(960, 960)),
+                  _Step(None, planned_at=(960, 960))])
+
+    with pytest.raises(OverBudgetError, match=r"reached its floor \(960 B\) and had no schedule there") as err:
+        refit.fit_measured(lambda *args: next(steps), batch=None, loss_fn=None, rounds=3, verbose=False)
+    assert err.value.floor == 960 and err.value.held == BUDGET + 100
+    assert "more time_limit" not in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.usefixtures("stand_ins")
+def test_a_re_solve_refused_above_its_floor_names_no_floor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same refusals planned above the floor (a time-out at 950 B, floor 900 B): no floor is named."""
+    monkeypatch.setattr(refit, "_observe", lambda *args, **kwargs: Observation(scratch=(("conv", 60),)))
+    monkeypatch.setattr(refit, "min_budget", lambda graph: 800)
+    steps = iter([_Step(BUDGET + 100), _Step(BUDGET + 100), _Step(None, planned_at=(900, 950)),
+                  _Step(None, planned_at=(900, 950))])
+
+    with pytest.raises(OverBudgetError, match="more time_limit or more rounds") as err:
+        refit.fit_measured(lambda *args: next(steps), batch=None, loss_fn=None, rounds=3, verbose=False)
+    assert err.value.floor is None

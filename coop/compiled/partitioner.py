@@ -124,11 +124,14 @@ class CoopPartitioner(CustomPartitionerFn):
         self.inline_saved = inline_saved
         self.verbose = verbose
         self.plans: list[CompiledPlan] = []
+        self.last_floor: int | None = None
+        self.last_budget: int | None = None
         self.nonce = uuid.uuid4().hex
 
     def __call__(self, gm: fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> tuple[fx.GraphModule,
                                                                                     fx.GraphModule]:
         start = time.perf_counter()
+        self.last_floor = self.last_budget = None
         if split_native_dropouts(gm.graph):  # eager's draws (fallback_random): the mask alone is random
             gm.recompile()
         joint = lower_joint(gm, kwargs["num_fwd_outputs"], kwargs.get("static_lifetime_input_indices"),
@@ -147,6 +150,9 @@ class CoopPartitioner(CustomPartitionerFn):
         else:
             requested = parse_budget(self.budget, graph)  # the one parser and floor check (one line below it)
         budget = max(floor, requested - self.shave)
+        #: the last graph's floor and the budget it was planned at (kept when no schedule is found: the measured
+        #: re-solve names the floor in its refusal)
+        self.last_floor, self.last_budget = floor, budget
         # store-all fits: nothing to plan (inductor's own split, every forward value kept once)
         formulation = "store-all" if self.formulation == "auto" and budget >= baseline_peak(graph) else self.formulation
         result = solve(graph, budget, formulation, time_limit=self.time_limit, threads=self.threads)
@@ -182,7 +188,7 @@ class CoopPartitioner(CustomPartitionerFn):
         nonce, not the plans. The nonce makes each partitioner miss that cache, so that every graph it is given
         is planned (and recorded) by this coop, not answered from a split another run made; inductor's cache of
         compiled kernels, keyed by the emitted modules, still serves."""
-        return {**self.__dict__, "plans": [], "code": self.uuid()}
+        return {**self.__dict__, "plans": [], "last_floor": None, "last_budget": None, "code": self.uuid()}
 
     def uuid(self) -> str:
         """Inductor's cache key: coop's source and every option that changes the split."""

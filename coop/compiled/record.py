@@ -36,6 +36,9 @@ class CompileRound:
     pinned: bool = False
     #: whether the round ran with inductor's layout optimization (channels-last convolutions)
     layout_optimization: bool = False
+    #: the floor (``min_budget``) of the Graph the round was planned on, what was measured charged; set where the
+    #: round found no schedule (its ``budget`` then is what it was planned at, the floor where the shave went below it)
+    floor: int | None = None
 
 
 @dataclass

@@ -223,7 +223,8 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
             inner = exc.inner_exception if isinstance(exc, BackendCompilerFailed) else exc
             if not isinstance(inner, CoopError) or best is None:
                 raise inner from None
-            history.append(CompileRound(shave=shave, budget=0, predicted_peak=0, measured_peak=None,
+            history.append(CompileRound(shave=shave, budget=part.last_budget or 0, predicted_peak=0,
+                                        measured_peak=None, floor=part.last_floor,
                                         reason=f"no plan below the measured excess ({str(inner)[:160]})"))
             if observation is not None and observation.inline and not slack:
                 # the values the last step never wrote keep their readers' inputs live: a Graph without them
@@ -434,10 +435,24 @@ def _over_budget(best: _Attempt) -> OverBudgetError:
     record = best.record
     requested = record.plans[-1].requested
     outside = not held_follows_the_plan(record.rounds)
-    fix = ("the excess is held outside the plan (the held bytes did not fall with the planned peak): give a budget "
-           "larger by the excess" if outside else "give a larger budget, more time_limit or more rounds")
+    floor = _floor_reached(record.rounds)
+    if floor is not None:
+        fix = (f"planned below the excess, the Graph with what was measured charged reached its floor ({floor:,} B) "
+               "and had no schedule there: give a larger budget by the excess")
+    elif outside:
+        fix = ("the excess is held outside the plan (the held bytes did not fall with the planned peak): give a budget "
+               "larger by the excess")
+    else:
+        fix = "give a larger budget, more time_limit or more rounds"
     return OverBudgetError(f"coop.compile: the compiled step held at least {best.held:,} B against its budget "
                            f"{requested:,} B ({best.held - requested:,} B over) in {len(record.rounds)} rounds (plans "
                            f"down to {min(p.budget for p in record.plans):,} B); {fix}, or take the step that held "
                            "least from this error's .compiled", held=best.held, budget=requested,
-                           compiled=best.compiled)
+                           compiled=best.compiled, floor=floor)
+
+
+def _floor_reached(rounds: list[CompileRound]) -> int | None:
+    """The floor of the last round that was planned at its Graph's floor (the shave below the excess went under it)
+    and found no schedule there; None when no round did."""
+    return next((r.floor for r in reversed(rounds) if r.measured_peak is None and r.floor is not None
+                 and r.budget == r.floor), None)
