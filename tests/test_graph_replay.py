@@ -39,7 +39,6 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import coop
 from coop import capture
-from coop.errors import CoopError
 from coop.formulations import solve
 from coop.planner.plan import Plan
 from coop.runtime.executor import Executor, replay_graph
