@@ -16,6 +16,8 @@ Run: ``python benchmarks/run_all.py --only bench_compile`` (or ``python benchmar
   ``compile`` row is the knob's default, 1.0), each its own variant in the same timing loop. The knob is not a
   byte bound (on GPT-2 knob 0.0 held 43.7 MB and 0.5 held 24.0 MB, 2026-11-29), so only a sweep says what held
   bytes the compiler reaches and at what speed.
+* each worker runs with glibc's malloc keeping its heap (:data:`STABLE_HEAP`; ``--default-malloc`` for glibc's own
+  settings; the eager row's ``heap`` says which), so that step times compare across compiled instances.
 * ``held`` is each step's held bytes on the one meter; ``ms`` the median of ``STEPS`` rounds after two warm-up
   rounds, each round one step of every variant in turn (alternating, so that a neighbour's load hits all alike);
   ``compile_s`` the first step's wall time (for coop.plan: the plan's); ``recomputed_gflop``: FLOPs of the
@@ -213,7 +215,8 @@ def _worker(name: str, shares: tuple[float, ...], time_limit: float,
     # on the eager row: the worker's wall time, compilations, solves and the timing loop together
     # and the 1-minute load average at its start and end
     next(r for r in rows if r["variant"] == "eager").update(
-        worker_s=round(time.perf_counter() - worker_start, 1), load=f"{load_start:.2f}-{os.getloadavg()[0]:.2f}")
+        worker_s=round(time.perf_counter() - worker_start, 1), load=f"{load_start:.2f}-{os.getloadavg()[0]:.2f}",
+        heap="stable" if all(os.environ.get(k) == v for k, v in STABLE_HEAP.items()) else "glibc default")
     return rows
 
 
@@ -478,6 +481,13 @@ def run(quick: bool = False) -> dict[str, Any]:
     return {"rows": rows, "notes": "bars: " + json.dumps(summary)}
 
 
+#: glibc's malloc settings of a --worker run (unless --default-malloc): the heap keeps what a step frees, so that no
+#: step maps fresh pages for its large buffers and pays their page faults. With glibc's defaults two compiled
+#: instances of one configuration measured up to 3 % apart in one run and 12 % between runs (BERT, plain compile and
+#: knob 0.9, 89.24-90.61 / 86.26-89.11 ms, then 101.18-102.26 / 101.87-105.22 ms); with these, within 1 % (85.16-86.58
+#: ms, then 81.89-82.61 ms), 2026-11-30. The held bytes are the allocator's own reports, which this does not change.
+STABLE_HEAP = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
+               "MALLOC_TOP_PAD_": str(1 << 28)}
 #: coop.compile's options for a --worker run (--pricing, --pin); empty: its defaults
 COOP_COMPILE_OPTIONS: dict[str, Any] = {}
 #: inductor options of the plain compile and every compile-amb knob, so that every side compiles alike
@@ -496,6 +506,8 @@ def main() -> None:
     parser.add_argument("--at-amb", action="store_true",
                         help="also coop.compile with the bytes compile-amb held at each share's knob as its budget")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--default-malloc", action="store_true",
+                        help="a --worker run with glibc's own malloc settings (default: STABLE_HEAP)")
     parser.add_argument("--worker")
     parser.add_argument("--only", action="append")
     parser.add_argument("--shares", help="comma-separated budget shares for a --worker run (default: all)")
@@ -519,6 +531,9 @@ def main() -> None:
     if args.eager_random:
         COMPILER_OPTIONS["fallback_random"] = True
         COOP_COMPILE_OPTIONS.setdefault("options", {})["fallback_random"] = True
+    if args.worker and not args.default_malloc and any(os.environ.get(k) != v for k, v in STABLE_HEAP.items()):
+        # glibc reads these when the process starts: the worker starts again with them
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **STABLE_HEAP})
     if args.worker:
         shares = QUICK_SHARES if args.quick else SHARES
         if args.shares:
