@@ -6,7 +6,8 @@ bench_compile's ``MODELS``; KNOB is ``activation_memory_budget``). It prints, fo
 the knob, the forward's saved values (count, bytes, the ops that made them) and the forward ops the backward computes
 again; then coop.compile with the knob's held bytes as its budget (``example_batch``, bench_compile's time limit),
 every measured round (predicted and held bytes, pinned, predicted overhead); then the median ms of ``STEPS``
-alternating steps of the plain compile, the knob and each round's compiled step, after ``WARMUP`` untimed rounds.
+alternating steps of the plain compile, the knob and each round's compiled step, after ``WARMUP`` untimed rounds, with
+glibc's heap kept as bench_compile's workers keep it (``--default-malloc``: glibc's own settings).
 bench_compile's at-amb rows keep one round per budget and time it beside 16 other variants; this shows whether the
 round coop keeps is its fastest and how far each is from the knob on a quiet core.
 """
@@ -17,6 +18,7 @@ import argparse
 import collections
 import copy
 import importlib
+import os
 import statistics
 import sys
 import time
@@ -76,7 +78,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model", choices=sorted(bench_compile.MODELS))
     parser.add_argument("knob", type=float)
     parser.add_argument("--eager-random", action="store_true", help="every side with eager's random kernels")
+    parser.add_argument("--default-malloc", action="store_true",
+                        help="glibc's own malloc settings (default: bench_compile.STABLE_HEAP, as its workers run)")
     args = parser.parse_args(argv)
+    if not args.default_malloc and any(os.environ.get(k) != v for k, v in bench_compile.STABLE_HEAP.items()):
+        # glibc reads these when the process starts: start again with them
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **bench_compile.STABLE_HEAP})
     options = {"fallback_random": True} if args.eager_random else {}
     torch._functorch.config.enable_autograd_cache = False
     torch._inductor.config.fx_graph_cache = False
