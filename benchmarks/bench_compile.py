@@ -216,7 +216,7 @@ def _worker(name: str, shares: tuple[float, ...], time_limit: float,
     # and the 1-minute load average at its start and end
     next(r for r in rows if r["variant"] == "eager").update(
         worker_s=round(time.perf_counter() - worker_start, 1), load=f"{load_start:.2f}-{os.getloadavg()[0]:.2f}",
-        heap="stable" if all(os.environ.get(k) == v for k, v in STABLE_HEAP.items()) else "glibc default")
+        heap="stable" if heap_is_stable() else "glibc default")
     return rows
 
 
@@ -488,6 +488,17 @@ def run(quick: bool = False) -> dict[str, Any]:
 #: ms, then 81.89-82.61 ms), 2026-11-30. The held bytes are the allocator's own reports, which this does not change.
 STABLE_HEAP = {"MALLOC_MMAP_THRESHOLD_": str(1 << 30), "MALLOC_TRIM_THRESHOLD_": str(1 << 30),
                "MALLOC_TOP_PAD_": str(1 << 28)}
+
+
+def heap_is_stable() -> bool:
+    """Whether this process started with :data:`STABLE_HEAP`."""
+    return all(os.environ.get(k) == v for k, v in STABLE_HEAP.items())
+
+
+def restart_with_stable_heap() -> None:
+    """Start this script again with :data:`STABLE_HEAP` where it was not (glibc reads it when a process starts)."""
+    if not heap_is_stable():
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **STABLE_HEAP})
 #: coop.compile's options for a --worker run (--pricing, --pin); empty: its defaults
 COOP_COMPILE_OPTIONS: dict[str, Any] = {}
 #: inductor options of the plain compile and every compile-amb knob, so that every side compiles alike
@@ -531,9 +542,8 @@ def main() -> None:
     if args.eager_random:
         COMPILER_OPTIONS["fallback_random"] = True
         COOP_COMPILE_OPTIONS.setdefault("options", {})["fallback_random"] = True
-    if args.worker and not args.default_malloc and any(os.environ.get(k) != v for k, v in STABLE_HEAP.items()):
-        # glibc reads these when the process starts: the worker starts again with them
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **STABLE_HEAP})
+    if args.worker and not args.default_malloc:
+        restart_with_stable_heap()
     if args.worker:
         shares = QUICK_SHARES if args.quick else SHARES
         if args.shares:

@@ -18,7 +18,6 @@ import argparse
 import collections
 import copy
 import importlib
-import os
 import statistics
 import sys
 import time
@@ -81,9 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--default-malloc", action="store_true",
                         help="glibc's own malloc settings (default: bench_compile.STABLE_HEAP, as its workers run)")
     args = parser.parse_args(argv)
-    if not args.default_malloc and any(os.environ.get(k) != v for k, v in bench_compile.STABLE_HEAP.items()):
-        # glibc reads these when the process starts: start again with them
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **bench_compile.STABLE_HEAP})
+    if not args.default_malloc:
+        bench_compile.restart_with_stable_heap()
     options = {"fallback_random": True} if args.eager_random else {}
     torch._functorch.config.enable_autograd_cache = False
     torch._inductor.config.fx_graph_cache = False

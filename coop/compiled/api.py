@@ -311,9 +311,8 @@ def _refuse(model: nn.Module, kwargs: dict[str, Any]) -> None:
         # measured (the quick GPT-2 of bench_cuda at 0.5, the same generated code): 3,893,080 B held with the option,
         # 2,234,728 B without it
         raise NeedsCudaError(f"coop.compile: {'mode=' + repr(mode) if mode else 'triton.cudagraphs'} asks for CUDA "
-                             "graphs, "
-                        "which a CPU model has none of, and on CPU the compiled step then holds more than coop plans: "
-                        "leave the mode out on CPU (keep it for CUDA)")
+                             "graphs, which a CPU model has none of, and on CPU the compiled step then holds more "
+                             "than coop plans: leave the mode out on CPU (keep it for CUDA)")
     wrapped = type(model).__name__
     if wrapped in ("DistributedDataParallel", "FullyShardedDataParallel") or hasattr(model, "_get_fsdp_state"):
         raise CoopError(f"coop.compile does not plan a {wrapped}-wrapped model yet: use coop.plan for DDP/FSDP2")

@@ -150,8 +150,8 @@ class CoopPartitioner(CustomPartitionerFn):
         else:
             requested = parse_budget(self.budget, graph)  # the one parser and floor check (one line below it)
         budget = max(floor, requested - self.shave)
-        #: the last graph's floor and the budget it was planned at (kept when no schedule is found: the measured
-        #: re-solve names the floor in its refusal)
+        # the last graph's floor and the budget it was planned at (kept when no schedule is found: the measured
+        # re-solve names the floor in its refusal)
         self.last_floor, self.last_budget = floor, budget
         # store-all fits: nothing to plan (inductor's own split, every forward value kept once)
         formulation = "store-all" if self.formulation == "auto" and budget >= baseline_peak(graph) else self.formulation
