@@ -634,3 +634,45 @@ def test_without_a_measured_batch_the_layout_stays_off() -> None:
     compiled = coop.compile(OneConv(), 1.0)
     compiled(ONE_CONV_BATCH).backward()
     assert compiled.coop_record.layout_optimization is False
+
+
+def test_a_round_on_the_same_graph_and_budget_reuses_the_earlier_solve(monkeypatch) -> None:
+    """Two partitioners of one coop.compile (a memo shared) given the same joint graph at the same budget solve it
+    once: the second plan says it reused the schedule and emits the same split. Oracle: the solver's calls, counted
+    by a spy around it; another budget is solved anew, and a partitioner without the memo solves every time."""
+    import importlib
+
+    from coop.compiled.partitioner import CoopPartitioner, SolveMemo
+
+    # the module, not coop.compiled's ``partitioner`` function of the same name
+    partitioner_module = importlib.import_module("coop.compiled.partitioner")
+
+    calls: list[int] = []
+    real_solve = partitioner_module.solve
+
+    def counting_solve(graph: Any, budget: int, *args: Any, **kwargs: Any) -> Any:
+        calls.append(budget)
+        return real_solve(graph, budget, *args, **kwargs)
+
+    monkeypatch.setattr(partitioner_module, "solve", counting_solve)
+    torch.manual_seed(0)
+    gm, num_fwd, static = _joint_graph(Attention(), torch.randn(4, 64, 16))
+    memo = SolveMemo()
+
+    def split(part: CoopPartitioner) -> tuple[str, str]:
+        forward, backward = part(copy.deepcopy(gm), None, num_fwd_outputs=num_fwd,
+                                 static_lifetime_input_indices=static)
+        return forward.code, backward.code
+
+    first, second = CoopPartitioner(0.9, time_limit=5, memo=memo), CoopPartitioner(0.9, time_limit=5, memo=memo)
+    assert split(first) == split(second)
+    assert len(calls) == 1 and not first.plans[0].reused and second.plans[0].reused
+    assert "solved for the same Graph and budget in an earlier round" in second.plans[0].summary()
+    assert second.plans[0].result.schedule == first.plans[0].result.schedule
+    split(CoopPartitioner(0.87, time_limit=5, memo=memo))
+    assert len(calls) == 2 and calls[1] < calls[0]
+    alone = CoopPartitioner(0.9, time_limit=5)
+    split(alone)
+    split(alone)
+    assert len(calls) == 4
+    assert "memo" in second.__getstate__() and second.__getstate__()["memo"] is None  # not pickled into a cache key

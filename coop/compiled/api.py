@@ -37,7 +37,7 @@ from coop.compiled.inductor_buffers import BufferObserver
 from coop.compiled.measure import step_loss
 from coop.compiled.observed import Observation
 from coop.compiled.order import KeepMatmulsInPlace
-from coop.compiled.partitioner import CoopPartitioner
+from coop.compiled.partitioner import CoopPartitioner, SolveMemo
 from coop.compiled.pin import KeepFusionInOrder, PinScheduleOrder
 from coop.compiled.record import CompiledRecord, CompileRound
 from coop.compiled.refit import fit_measured, held_follows_the_plan
@@ -172,12 +172,14 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         # the pin is coop's _post_fusion_custom_pass: where the user set their own, nothing to switch on
         pin_switch=pin is None and user_options.get("_post_fusion_custom_pass") is None)
 
+    memo = SolveMemo()  # a round compiled again on the same Graph and budget is not solved again
+
     def compile_with(shave: int, observation: Observation | None = None, requested: int | None = None) -> nn.Module:
         # a later round keeps the first round's budget in bytes: a share of a Graph rebuilt from an observation
         # would be another number
         part = CoopPartitioner(budget if requested is None else requested, formulation=formulation,
                                time_limit=time_limit, threads=threads, shave=shave, observation=observation,
-                               pricing=pricing, verbose=verbose)
+                               pricing=pricing, memo=memo, verbose=verbose)
         options = {**user_options, "custom_partitioner_fn": part}
         if control.channels_last:
             options["layout_optimization"] = True

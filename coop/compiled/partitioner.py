@@ -13,6 +13,7 @@ Every plan it makes is kept in :attr:`CoopPartitioner.plans` for the summary and
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
 import time
 import uuid
@@ -33,10 +34,11 @@ from coop.compiled.observed import Observation
 from coop.errors import CoopError, InfeasibleError, SolveTimeoutError
 from coop.formulations.core.registry import solve
 from coop.formulations.core.result import SolveResult
+from coop.graph import Graph
 from coop.graph_capture.random_ops import split_native_dropouts
 from coop.schedule import validate
 
-__all__ = ["CompiledPlan", "CoopPartitioner"]
+__all__ = ["CompiledPlan", "CoopPartitioner", "SolveMemo"]
 
 
 @dataclass
@@ -55,6 +57,8 @@ class CompiledPlan:
     moved: tuple[str, ...] = ()
     #: the predicted overhead of the solver's own schedule, before those moves (what a larger budget could buy back)
     solver_overhead: float = 0.0
+    #: the solver's result was an earlier round's, for the same Graph and budget (:class:`SolveMemo`)
+    reused: bool = False
 
     def summary(self) -> str:
         """Plain words: budget, predicted peak, overhead, what is saved and recomputed."""
@@ -66,7 +70,36 @@ class CompiledPlan:
                 f"{self.peak:,} B, overhead {overhead} ({self.result.formulation}, {self.result.status}, "
                 f"{self.wall_s:.1f} s); saves {len(self.partition.saved)} values, recomputes "
                 f"{sum(recomputed.values())} computations of {len(recomputed)} nodes"
-                + (f" ({len(self.moved)} saved pointwise values recomputed in the backward)" if self.moved else ""))
+                + (f" ({len(self.moved)} saved pointwise values recomputed in the backward)" if self.moved else "")
+                + ("; the schedule solved for the same Graph and budget in an earlier round" if self.reused else ""))
+
+
+class SolveMemo:
+    """The solver's results of one ``coop.compile``, by Graph content, budget and solver settings.
+
+    A round compiled again with only inductor's order changed (the pin after a first miss) lowers the same joint
+    graph to the same Graph: solving it again would spend the time limit again (27 s of BERT's 196 s in
+    bench_compile's size at 0.5) for a schedule as good, or, with a time limit, a different one for no reason.
+    """
+
+    def __init__(self) -> None:
+        self._results: dict[str, SolveResult] = {}
+
+    @staticmethod
+    def key(graph: Graph, budget: int, formulation: str, time_limit: float, threads: int) -> str:
+        """A digest of everything the solve reads: the Graph (nodes, outputs, order, meta) and the settings."""
+        content = json.dumps(graph.model_dump(mode="json"), sort_keys=True, default=repr)
+        settings = repr((budget, formulation, time_limit, threads))
+        return hashlib.sha256((content + settings).encode()).hexdigest()
+
+    def get(self, key: str) -> SolveResult | None:
+        """The result solved under ``key``, or None."""
+        return self._results.get(key)
+
+    def put(self, key: str, result: SolveResult) -> None:
+        """Keep a result that has a schedule (a time-out is not kept: another round may give it more luck)."""
+        if result.schedule is not None:
+            self._results[key] = result
 
 
 class CoopPartitioner(CustomPartitionerFn):
@@ -97,6 +130,9 @@ class CoopPartitioner(CustomPartitionerFn):
         ``"nominal"`` (default): the capture's nominal rates; ``"draws"``: inductor's random draws at this machine's
         measured price; ``"measured"``: every op of a CPU step as its compiled kernel runs here
         (:mod:`coop.compiled.pricing`, :func:`coop.compiled.joint.lower_joint`; why nominal stays the default).
+    memo : SolveMemo or None
+        Solver results shared by the rounds of one ``coop.compile``: a Graph and budget solved before is not solved
+        again (None: every graph is solved).
     inline_saved : bool
         Recompute in the backward each saved pointwise value inductor would inline into its backward readers, where
         the schedule stays legal and within the budget (:mod:`coop.compiled.inline_saved`); False keeps the solver's
@@ -108,7 +144,7 @@ class CoopPartitioner(CustomPartitionerFn):
     def __init__(self, budget: str | float, *, formulation: str = "auto", time_limit: float = 30.0,
                  threads: int = 2, shave: int = 0, fusion: bool = True, device: str | None = None,
                  observation: Observation | None = None, pricing: str = "nominal", inline_saved: bool = True,
-                 verbose: bool = False) -> None:
+                 memo: SolveMemo | None = None, verbose: bool = False) -> None:
         if formulation in ("poet", "dynamic") or formulation.startswith("delta"):
             raise CoopError(f"coop.compile: formulation {formulation!r} pages or runs online, which compiled "
                             "graphs do not run; use auto, moccasin, checkmate, monet, blocks or a baseline")
@@ -122,6 +158,7 @@ class CoopPartitioner(CustomPartitionerFn):
         self.observation = observation
         self.pricing = pricing
         self.inline_saved = inline_saved
+        self.memo = memo
         self.verbose = verbose
         self.plans: list[CompiledPlan] = []
         self.last_floor: int | None = None
@@ -155,7 +192,11 @@ class CoopPartitioner(CustomPartitionerFn):
         self.last_floor, self.last_budget = floor, budget
         # store-all fits: nothing to plan (inductor's own split, every forward value kept once)
         formulation = "store-all" if self.formulation == "auto" and budget >= baseline_peak(graph) else self.formulation
-        result = solve(graph, budget, formulation, time_limit=self.time_limit, threads=self.threads)
+        key = SolveMemo.key(graph, budget, formulation, self.time_limit, self.threads) if self.memo else ""
+        known = self.memo.get(key) if self.memo else None
+        result = known or solve(graph, budget, formulation, time_limit=self.time_limit, threads=self.threads)
+        if self.memo and known is None:
+            self.memo.put(key, result)
         if result.schedule is None:
             if result.status == "infeasible":  # a solver's proof over its whole space
                 raise InfeasibleError(f"coop.compile: {self.formulation} proved no schedule fits {budget:,} B for "
@@ -177,7 +218,7 @@ class CoopPartitioner(CustomPartitionerFn):
         plan = CompiledPlan(joint=joint, budget=budget, requested=requested, result=result, partition=partition,
                             peak=verdict.peak, baseline_peak=baseline_peak(graph), wall_s=time.perf_counter() - start,
                             moved=tuple(joint.lowered.fx_names[i][0] for i in moved),
-                            solver_overhead=solver_overhead)
+                            solver_overhead=solver_overhead, reused=known is not None)
         self.plans.append(plan)
         if self.verbose:
             print(f"coop.compile: {plan.summary()}", file=sys.stderr)
@@ -188,7 +229,8 @@ class CoopPartitioner(CustomPartitionerFn):
         nonce, not the plans. The nonce makes each partitioner miss that cache, so that every graph it is given
         is planned (and recorded) by this coop, not answered from a split another run made; inductor's cache of
         compiled kernels, keyed by the emitted modules, still serves."""
-        return {**self.__dict__, "plans": [], "last_floor": None, "last_budget": None, "code": self.uuid()}
+        return {**self.__dict__, "plans": [], "last_floor": None, "last_budget": None, "memo": None,
+                "code": self.uuid()}
 
     def uuid(self) -> str:
         """Inductor's cache key: coop's source and every option that changes the split."""
