@@ -676,3 +676,37 @@ def test_a_round_on_the_same_graph_and_budget_reuses_the_earlier_solve(monkeypat
     split(alone)
     assert len(calls) == 4
     assert "memo" in second.__getstate__() and second.__getstate__()["memo"] is None  # not pickled into a cache key
+
+
+def test_moccasins_feasibility_question_is_not_built_when_building_it_would_take_its_share(monkeypatch) -> None:
+    """The attention step's Graph at 0.8 of its peak, where no warm start fits: its feasibility question needs a proof
+    grid of 30,460 cells (2.3-2.7 s to build on the machine of BENCHMARKS.md), and at a 2.5 s limit its share is
+    0.625 s. The question is skipped, saying why, and the model is never built (a spy on the builder), where it was
+    built and the solve returned after 3.8-6.5 s. With 40 s the question is asked: the builder is called (the spy
+    stops the solve there)."""
+    from coop.budget import parse_budget
+    from coop.compiled.joint import lower_joint
+    from coop.formulations import solve
+    from coop.formulations.intervals import feasibility
+
+    built: list[int] = []
+
+    class Built(Exception):
+        pass
+
+    def counting_build(*args: Any) -> Any:
+        built.append(args[2])
+        raise Built
+
+    monkeypatch.setattr(feasibility, "build_feasibility_model", counting_build)
+    torch.manual_seed(0)
+    gm, num_fwd, static = _joint_graph(Attention(), torch.randn(4, 64, 16))
+    graph = lower_joint(gm, num_fwd, static).graph
+    budget = parse_budget(0.8, graph)
+    short = solve(graph, budget, "moccasin", time_limit=2.5)
+    check = short.extra["feasibility"]
+    assert check["reason"].startswith("skipped: building its ") and "cells takes about" in check["reason"], check
+    assert not built
+    with pytest.raises(Built):
+        solve(graph, budget, "moccasin", time_limit=40)
+    assert built == [check["horizon"]]

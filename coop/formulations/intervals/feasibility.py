@@ -209,6 +209,18 @@ def space_words(problem: SlotProblem, keep_order: bool, order_words: str = "grap
 FEASIBILITY_SHARE = 0.25
 #: Above this many (node, slot) cells the feasibility model is not built (it would not be a proof in time).
 FEASIBILITY_MAX_CELLS = 40_000
+#: Seconds to build the feasibility model, per (node, slot) cell: 30,460 cells (a 20-node attention step's proof
+#: horizon of 1,523 slots) took 2.27-2.66 s on the 2-core machine of BENCHMARKS.md (2026-11-30), where the question's
+#: share of a 2.5 s limit is 0.625 s: built regardless, the solve overran its limit 1.5-2.6x.
+FEASIBILITY_BUILD_S_PER_CELL = 90e-6
+
+
+#: CP-SAT presolve steps left out of the feasibility question: on a 20-node attention step's proof grid (30,460 cells,
+#: 138,554 implications) symmetry detection ran 1.4 s and the search for clauses that are exactly-one constraints
+#: 2.3 s before the search began, neither checking the limit, so a solve given 1 s returned after 4.6-4.8 s; without
+#: them 1.07 s (CP-SAT 9.15, 2026-11-30). The question asks for any schedule or a proof of none within a small share
+#: of the time: a presolve longer than that share answers neither.
+QUESTION_PRESOLVE: dict[str, Any] = {"symmetry_level": 0, "find_clauses_that_are_exactly_one": False}
 
 
 @dataclass(frozen=True)
@@ -220,9 +232,10 @@ class CpSatParameters:
     options: dict[str, Any]
 
     def solver(self, seconds: float) -> cp_model.CpSolver:
-        """A CP-SAT solver with these parameters and a limit of ``seconds``."""
+        """A CP-SAT solver with these parameters and a limit of ``seconds``, without the two presolve steps that
+        do not stop at it (:data:`QUESTION_PRESOLVE`; the caller's parameters still override them)."""
         return cp_sat_solver(Deadline.after(seconds), self.threads, seed=self.seed, reserve=False,
-                             parameters=self.options)
+                             parameters={**QUESTION_PRESOLVE, **self.options})
 
 
 def check_feasibility(problem: SlotProblem, *, keep_order: bool, share_s: float, left_s: Callable[[], float],
@@ -256,10 +269,18 @@ def check_feasibility(problem: SlotProblem, *, keep_order: bool, share_s: float,
                         f"{FEASIBILITY_MAX_CELLS} cells")
         return check, None
     seconds = min(share_s, left_s())
-    if seconds < 0.05:
-        check.reason = "skipped: no time left"
+    building = cells * FEASIBILITY_BUILD_S_PER_CELL
+    if seconds - building < 0.05:
+        check.reason = ("skipped: no time left" if seconds < 0.05 else
+                        f"skipped: building its {cells} cells takes about {building:.1f} s of the {seconds:.1f} s "
+                        "it has")
         return check, None
+    build_start = time.perf_counter()
     grid = build_feasibility_model(problem, keep_order, horizon, limits, problem.capacity)
+    seconds = min(seconds - (time.perf_counter() - build_start), left_s())  # the build spent the question's time
+    if seconds < 0.05:
+        check.reason = "skipped: its model took the time it had to build"
+        return check, None
     solver = parameters.solver(seconds)
     started = time.perf_counter()
     status = solver.Solve(grid.model)
