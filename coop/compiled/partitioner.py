@@ -13,7 +13,6 @@ Every plan it makes is kept in :attr:`CoopPartitioner.plans` for the summary and
 from __future__ import annotations
 
 import hashlib
-import json
 import sys
 import time
 import uuid
@@ -34,7 +33,6 @@ from coop.compiled.observed import Observation
 from coop.errors import CoopError, InfeasibleError, SolveTimeoutError
 from coop.formulations.core.registry import solve
 from coop.formulations.core.result import SolveResult
-from coop.graph import Graph
 from coop.graph_capture.random_ops import split_native_dropouts
 from coop.schedule import validate
 
@@ -83,20 +81,13 @@ class SolveMemo:
     """
 
     def __init__(self) -> None:
-        self._results: dict[str, SolveResult] = {}
+        self._results: dict[tuple[Any, ...], SolveResult] = {}
 
-    @staticmethod
-    def key(graph: Graph, budget: int, formulation: str, time_limit: float, threads: int) -> str:
-        """A digest of everything the solve reads: the Graph (nodes, outputs, order, meta) and the settings."""
-        content = json.dumps(graph.model_dump(mode="json"), sort_keys=True, default=repr)
-        settings = repr((budget, formulation, time_limit, threads))
-        return hashlib.sha256((content + settings).encode()).hexdigest()
-
-    def get(self, key: str) -> SolveResult | None:
-        """The result solved under ``key``, or None."""
+    def get(self, key: tuple[Any, ...]) -> SolveResult | None:
+        """The result solved under ``key`` (the Graph's ``sha256``, the budget and the solver settings), or None."""
         return self._results.get(key)
 
-    def put(self, key: str, result: SolveResult) -> None:
+    def put(self, key: tuple[Any, ...], result: SolveResult) -> None:
         """Keep a result that has a schedule (a time-out is not kept: another round may give it more luck)."""
         if result.schedule is not None:
             self._results[key] = result
@@ -192,10 +183,11 @@ class CoopPartitioner(CustomPartitionerFn):
         self.last_floor, self.last_budget = floor, budget
         # store-all fits: nothing to plan (inductor's own split, every forward value kept once)
         formulation = "store-all" if self.formulation == "auto" and budget >= baseline_peak(graph) else self.formulation
-        key = SolveMemo.key(graph, budget, formulation, self.time_limit, self.threads) if self.memo else ""
-        known = self.memo.get(key) if self.memo else None
+        # the Graph's digest covers what a solve reads (nodes with their costs, outputs, order)
+        key = (graph.sha256, budget, formulation, self.time_limit, self.threads)
+        known = self.memo.get(key) if self.memo is not None else None
         result = known or solve(graph, budget, formulation, time_limit=self.time_limit, threads=self.threads)
-        if self.memo and known is None:
+        if self.memo is not None and known is None:
             self.memo.put(key, result)
         if result.schedule is None:
             if result.status == "infeasible":  # a solver's proof over its whole space
