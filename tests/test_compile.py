@@ -622,18 +622,21 @@ def test_measured_rounds_start_channels_last_and_drop_it_after_a_miss() -> None:
     the Graph says within 1 % (the same oracle as above)."""
     compiled = _one_conv_compiled(2)
     first, second = compiled.coop_record.rounds[:2]
-    assert first.layout_optimization and not first.pinned
+    assert first.layout_optimization and first.horizontal_fusion and not first.pinned
     assert first.measured_peak - first.predicted_peak >= BATCH_COPY, compiled.coop_record.summary()
-    assert not second.layout_optimization and second.pinned
+    assert not second.layout_optimization and not second.horizontal_fusion and second.pinned
     assert "without inductor's channels-last layout" in second.reason
+    assert "without horizontal fusion" in second.reason
     assert abs(second.predicted_peak - second.measured_peak) <= 0.01 * second.measured_peak, second
 
 
-def test_without_a_measured_batch_the_layout_stays_off() -> None:
-    """Nothing measured, nothing to catch the copies: the lazily compiled step runs without channels-last."""
+def test_without_a_measured_batch_the_layout_and_horizontal_fusion_stay_off() -> None:
+    """Nothing measured, nothing to catch the copies or an early fused recomputation: the lazily compiled step runs
+    without channels-last and without horizontal fusion."""
     compiled = coop.compile(OneConv(), 1.0)
     compiled(ONE_CONV_BATCH).backward()
     assert compiled.coop_record.layout_optimization is False
+    assert compiled.coop_record.horizontal_fusion is False
 
 
 def test_a_round_on_the_same_graph_and_budget_reuses_the_earlier_solve(monkeypatch) -> None:

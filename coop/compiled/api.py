@@ -161,6 +161,8 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         raise CoopError(f"coop.compile: device={device!r} is for meta-device models; a model with real weights is "
                         "planned on its own device: leave device out")
     users_layout = "layout_optimization" in (compile_kwargs.get("options") or {})
+    users_fusion = "score_fusion_memory_threshold" in (compile_kwargs.get("options") or {})
+    inductors_fusion = torch._inductor.config.score_fusion_memory_threshold
     user_options = inductor_options(compile_kwargs)
 
     control = _RoundControl(
@@ -170,7 +172,11 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         channels_last=(example_batch is not None and not users_layout and torch._inductor.config.layout_optimization
                        and any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())),
         # the pin is coop's _post_fusion_custom_pass: where the user set their own, nothing to switch on
-        pin_switch=pin is None and user_options.get("_post_fusion_custom_pass") is None)
+        pin_switch=pin is None and user_options.get("_post_fusion_custom_pass") is None,
+        # inductor's horizontal fusion while measured rounds meet the budget, where the user left the threshold
+        # (ResNet of bench_compile at the compiler's own held bytes: 7.55 ms with it, 7.89 ms without; the compiler
+        # itself 7.37 ms and 8.07 ms without it, 2026-12-01)
+        horizontal_fusion=example_batch is not None and not users_fusion)
 
     memo = SolveMemo()  # a round compiled again on the same Graph and budget is not solved again
 
@@ -183,11 +189,15 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         options = {**user_options, "custom_partitioner_fn": part}
         if control.channels_last:
             options["layout_optimization"] = True
+        if control.horizontal_fusion:
+            options["score_fusion_memory_threshold"] = inductors_fusion
         observer, keeper, pinner = _install_passes(options, control.pinned)
         compiled = torch.compile(model, backend="inductor", options=options, **compile_kwargs)
         compiled.__class__ = CoopCompiledModule
         compiled.coop_record = CompiledRecord(partitioner=part, buffers=observer, order=keeper,
-                                              pin=pinner, layout_optimization=bool(options["layout_optimization"]))
+                                              pin=pinner, layout_optimization=bool(options["layout_optimization"]),
+                                              horizontal_fusion=options["score_fusion_memory_threshold"]
+                                              != NO_HORIZONTAL_FUSION)
         return compiled
 
     if example_batch is None:
@@ -210,9 +220,11 @@ class _RoundControl:
     pinned: bool
     channels_last: bool
     pin_switch: bool
+    horizontal_fusion: bool = False
 
     def after_miss(self) -> str:
-        """Coop's order and no channels-last copies for the rounds after the first miss; the reason's words."""
+        """Coop's order, no channels-last copies and no horizontal fusion for the rounds after the first miss; the
+        reason's words."""
         words = []
         if self.pin_switch:
             self.pinned = True
@@ -220,6 +232,9 @@ class _RoundControl:
         if self.channels_last:  # on until now: only measured rounds turn it on, and this runs once
             self.channels_last = False
             words.append("without inductor's channels-last layout")
+        if self.horizontal_fusion:  # likewise
+            self.horizontal_fusion = False
+            words.append("without horizontal fusion")
         return " and ".join(words)
 
 
@@ -253,7 +268,9 @@ def inductor_options(compile_kwargs: dict[str, Any]) -> dict[str, Any]:
     # recomputation fused with an earlier kernel runs early and lives long (measured: 16.5 MB held for a 10.6 MB
     # plan on a 6-layer MLP; 13.1 MB without it). Off unless the user sets the threshold. Still needed with the
     # measured re-solve (2026-11-30, inductor's default threshold 10): the tied MLP of test_compile_observed at 0.6
-    # held 2,757,640 B against 2,733,471 B in both rounds, twice, where without it the step met the budget.
+    # held 2,757,640 B against 2,733,471 B in both rounds, twice, where without it the step met the budget. Off
+    # unless the user sets the threshold; coop.compile's measured rounds turn it on until one misses its budget
+    # (as the layout below), where a measurement shows whether a fused kernel ran a recomputation early.
     user_options.setdefault("score_fusion_memory_threshold", NO_HORIZONTAL_FUSION)
     # Inductor's layout optimization runs a convolution in channels-last: it copies the convolution's weight and
     # input (the batch, the weights: caller-owned values coop counts once) and saves the copies for the backward,

@@ -36,6 +36,8 @@ class CompileRound:
     pinned: bool = False
     #: whether the round ran with inductor's layout optimization (channels-last convolutions)
     layout_optimization: bool = False
+    #: whether the round ran with inductor's horizontal fusion (independent kernels joined)
+    horizontal_fusion: bool = False
     #: the floor (``min_budget``) of the Graph the round was planned on, what was measured charged; set where the
     #: round found no schedule (its ``budget`` then is what it was planned at, the floor where the shave went below it)
     floor: int | None = None
@@ -59,6 +61,9 @@ class CompiledRecord:
     #: whether inductor's layout optimization (channels-last convolutions) was on for this compilation
     #: (:func:`coop.compiled.api.compile`: on until a measured round misses its budget, where the user left it)
     layout_optimization: bool = False
+    #: whether inductor's horizontal fusion was on for this compilation (on until a measured round misses its
+    #: budget, where the user left its threshold)
+    horizontal_fusion: bool = False
 
     def observed_graphs(self, plan: CompiledPlan) -> tuple[ObservedGraph, ObservedGraph] | None:
         """``plan``'s observed forward and backward; None until both were compiled (the backward compiles at the
@@ -94,6 +99,8 @@ class CompiledRecord:
                 observed += "; kernels in coop's order"
             if r.layout_optimization:
                 observed += "; inductor's channels-last layout"
+            if r.horizontal_fusion:
+                observed += "; horizontal fusion"
             lines.append(f"round {number}: {r.reason}; budget {r.budget:,} B (shave {r.shave:,} B), predicted "
                          f"{r.predicted_peak:,} B, {measured}{observed}")
         lines.append(self.pin.describe() if self.pin is not None else "kernels in inductor's order (not pinned)")

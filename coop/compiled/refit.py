@@ -302,7 +302,8 @@ def _measured_round(record: CompiledRecord, plan: CompiledPlan, shave: int, held
                         observed_peak=record.observed_peak(plan),
                         inlined=0 if observation is None else len(observation.inline), overhead=overhead,
                         pinned=getattr(record, "pin", None) is not None,
-                        layout_optimization=getattr(record, "layout_optimization", False))
+                        layout_optimization=getattr(record, "layout_optimization", False),
+                        horizontal_fusion=getattr(record, "horizontal_fusion", False))
 
 
 def _next_missed_round(record: CompiledRecord, plan: CompiledPlan, history: list[CompileRound],
