@@ -539,6 +539,36 @@ def test_per_node_flops_name_the_contracted_graphs_own_nodes() -> None:
     assert joint.graph.meta["node_flops"] == dict(expected)
 
 
+def test_an_illegal_schedule_is_refused_naming_the_computation_that_read_the_missing_value() -> None:
+    """The emitter takes a validated schedule; handed one that never computes a value a later node reads, it refuses
+    in one line naming the value, its node and the computation that read it (the clue an emission error of
+    bench_compile's ResNet at 0.7 lacked, 2026-12-01). Oracle: the store-all schedule with the first compute of a
+    read forward value removed, by hand."""
+    from coop.compiled.emit import emit_partition
+    from coop.compiled.joint import lower_joint
+    from coop.formulations import solve
+    from coop.schedule import Schedule
+
+    torch.manual_seed(0)
+    model, batch = Attention(), torch.randn(2, 8, 16)
+    gm, num_fwd, static = _joint_graph(model, batch)
+    joint = lower_joint(gm, num_fwd, static)
+    graph = joint.graph
+    steps = list(solve(graph, 10 ** 9, "store-all").schedule.steps)
+    victim = next(n.id for n in graph.nodes if n.kind == "forward" and not n.caller_owned and n.output_of is None
+                  and any(n.id in m.inputs for m in graph.nodes if m.output_of is None and m.kind == "forward"))
+    first = next(j for j, step in enumerate(steps) if step.op == "compute" and step.node == victim)
+    reader = next(steps[j].node for j in range(first + 1, len(steps))
+                  if steps[j].op == "compute" and victim in graph.nodes[steps[j].node].inputs)
+    del steps[first]
+    with pytest.raises(CoopError) as caught:
+        emit_partition(gm, joint, Schedule(steps=tuple(steps)))
+    message = str(caught.value)
+    assert f"while node {victim} is not resident" in message, message
+    assert f"(computing {joint.lowered.fx_names[reader][0]}, node {reader}, in the forward)" in message, message
+    assert "\n" not in message
+
+
 def test_two_views_of_one_forward_value_are_saved_as_one_storage() -> None:
     """The attention's softmax is read by the backward through two views (the softmax's own backward and the
     gradient of ``v``): the forward saves the storage once and the backward takes the views of it, so that

@@ -180,7 +180,10 @@ class _Emitter:
         else:
             # the members fused into this node (coop.compiled.fusion) resolve to this new instance and are
             # written out just before it
-            emitted = self.graphs[phase].node_copy(fx_node, lambda a: self.resolve(a, phase, instances))
+            try:
+                emitted = self.graphs[phase].node_copy(fx_node, lambda a: self.resolve(a, phase, instances))
+            except CoopError as error:  # which computation read it: the next session's clue (issue 41)
+                raise CoopError(f"{error} (computing {fx_node.name}, node {node_id}, in the {phase})") from None
             emitted.meta[JOINT_NAME] = fx_node.name
             self.counts[phase][fx_node.name] += 1
         mark_joint_value(emitted, fx_node.name)
@@ -193,9 +196,12 @@ class _Emitter:
     def start_backward(self, effects: list[fx.Node], fwd_outputs: list[Any]) -> list[Any]:
         """Close the forward's body: write back mutated inputs; return the resolved forward outputs."""
         self.boundary = dict(self.instance)
-        for effect in effects:
-            self.graphs[FORWARD].node_copy(effect, lambda a: self.resolve(a, FORWARD, self.boundary))
-        resolved = [self.resolve(a, FORWARD, self.boundary) if isinstance(a, fx.Node) else a for a in fwd_outputs]
+        try:
+            for effect in effects:
+                self.graphs[FORWARD].node_copy(effect, lambda a: self.resolve(a, FORWARD, self.boundary))
+            resolved = [self.resolve(a, FORWARD, self.boundary) if isinstance(a, fx.Node) else a for a in fwd_outputs]
+        except CoopError as error:
+            raise CoopError(f"{error} (writing the forward's in-place updates and outputs)") from None
         for tangent in self.tangents:
             with self.graphs[BACKWARD].inserting_before(None):
                 self.values[(BACKWARD, tangent.name, -2)] = self._placeholder(BACKWARD, tangent)
