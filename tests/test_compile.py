@@ -569,6 +569,62 @@ def test_an_illegal_schedule_is_refused_naming_the_computation_that_read_the_mis
     assert "\n" not in message
 
 
+class PoolNet(nn.Module):
+    """A convolution, a max pool (a multi-output op: values and indices) and a product: the indices are read by
+    the backward alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.max_pool2d(torch.tanh(self.conv(x)), 2).pow(2).mean()
+
+
+def test_an_extra_output_taken_in_the_backward_from_the_forwards_op_is_saved() -> None:
+    """The Graph's contract: an extra output exists from its op's compute on, so a legal schedule may take it
+    (its ``compute`` step) after the backward began while the op ran in the forward. The emitter writes it in the
+    forward and saves it (before, the backward found nothing to read: "... is read while node N is not resident").
+    Oracle: the validator accepts the moved schedule, and the emitted modules' gradients are those of the joint
+    graph run whole, bit for bit."""
+    import torch._inductor.lowering  # inductor's max pool decomposition needs its lowerings registered
+
+    from coop.compiled.emit import emit_partition
+    from coop.compiled.joint import lower_joint
+    from coop.formulations import solve
+    from coop.schedule import Schedule, validate
+
+    torch.manual_seed(0)
+    model, batch = PoolNet(), torch.randn(2, 3, 8, 8)
+    gm, num_fwd, static = _joint_graph(model, batch)
+    joint = lower_joint(gm, num_fwd, static, fuse=False)
+    graph = joint.graph
+    steps = list(solve(graph, 10 ** 9, "store-all").schedule.steps)
+    boundary = next(j for j, s in enumerate(steps) if s.op == "compute" and s.node in joint.tangent_ids)
+    readers = {n.id: [m.id for m in graph.nodes if n.id in m.inputs] for n in graph.nodes}
+    # the pool's indices (read by backward-kind nodes only); store-all takes them, and the backward-kind reader
+    # that converts them, in the forward: both move to right after the first tangent
+    part = next(n.id for n in graph.nodes if n.output_of is not None and readers[n.id] and n.id not in graph.outputs
+                and all(graph.nodes[r].kind == "backward" for r in readers[n.id]))
+    late = {part, *readers[part]}
+    early = [j for j, s in enumerate(steps[:boundary]) if s.op == "compute" and s.node in late]
+    assert early and early[0] == min(j for j, s in enumerate(steps) if s.node == part)
+    moved = [s for j, s in enumerate(steps[:boundary + 1]) if j not in early] + [steps[j] for j in early] + \
+        steps[boundary + 1:]
+    verdict = validate(graph, Schedule(steps=tuple(moved)), 10 ** 9)
+    assert verdict.ok, verdict.reason
+    partition = emit_partition(gm, joint, Schedule(steps=tuple(moved)))
+    primals = [*model.parameters(), batch]
+    outputs = partition.forward(*primals)
+    grads = partition.backward(*outputs[num_fwd:], torch.ones_like(outputs[0]))
+    # the joint graph itself, run whole (the same decomposed ops in torch's own order)
+    joint_out = gm(primals, [torch.ones_like(outputs[0])])
+    expected = joint_out[1]  # (forward outputs, gradients)
+    assert len(grads) == 3 and grads[2] is None  # the batch gets no gradient
+    for mine, reference in zip(grads[:2], expected[:2], strict=True):
+        assert torch.equal(mine, reference)
+
+
 def test_two_views_of_one_forward_value_are_saved_as_one_storage() -> None:
     """The attention's softmax is read by the backward through two views (the softmax's own backward and the
     gradient of ``v``): the forward saves the storage once and the backward takes the views of it, so that

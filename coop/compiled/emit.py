@@ -177,6 +177,11 @@ class _Emitter:
             emitted = self.graphs[source_phase].node_copy(
                 fx_node, lambda a: self.resolve(a, source_phase, instances))
             self.instance_phase[self.serial] = source_phase
+            if source_phase != phase:
+                # taken in the backward from the forward's op: the value exists from the op's compute on (the
+                # Graph's contract), so the forward returns it like any value resident at its end (bench_compile's
+                # ResNet at 0.7 took a max pool's offsets so, 2026-12-01, and the backward found nothing to read)
+                self.boundary[node_id] = self.serial
         else:
             # the members fused into this node (coop.compiled.fusion) resolve to this new instance and are
             # written out just before it
