@@ -162,8 +162,8 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
     if device is not None:
         raise CoopError(f"coop.compile: device={device!r} is for meta-device models; a model with real weights is "
                         "planned on its own device: leave device out")
-    users_layout = "layout_optimization" in (compile_kwargs.get("options") or {})
-    users_fusion = "score_fusion_memory_threshold" in (compile_kwargs.get("options") or {})
+    users_set = compile_kwargs.get("options") or {}  # before inductor_options adds coop's defaults
+    users_layout, users_fusion = "layout_optimization" in users_set, "score_fusion_memory_threshold" in users_set
     inductors_fusion = torch._inductor.config.score_fusion_memory_threshold
     user_options = inductor_options(compile_kwargs)
 
@@ -268,11 +268,11 @@ def inductor_options(compile_kwargs: dict[str, Any]) -> dict[str, Any]:
         user_options = {**torch._inductor.list_mode_options(mode, compile_kwargs["dynamic"]), **user_options}
     # Horizontal fusion joins independent kernels and runs the joined kernel where its earliest member was, so a
     # recomputation fused with an earlier kernel runs early and lives long (measured: 16.5 MB held for a 10.6 MB
-    # plan on a 6-layer MLP; 13.1 MB without it). Off unless the user sets the threshold. Still needed with the
-    # measured re-solve (2026-11-30, inductor's default threshold 10): the tied MLP of test_compile_observed at 0.6
-    # held 2,757,640 B against 2,733,471 B in both rounds, twice, where without it the step met the budget. Off
-    # unless the user sets the threshold; coop.compile's measured rounds turn it on until one misses its budget
-    # (as the layout below), where a measurement shows whether a fused kernel ran a recomputation early.
+    # plan on a 6-layer MLP; 13.1 MB without it). Still needed with the measured re-solve (2026-11-30, inductor's
+    # default threshold 10): the tied MLP of test_compile_observed at 0.6 held 2,757,640 B against 2,733,471 B in
+    # both rounds, twice, where without it the step met the budget. Off unless the user sets the threshold;
+    # coop.compile's measured rounds turn it on until one misses its budget (as the layout below), where a
+    # measurement shows whether a fused kernel ran a recomputation early.
     user_options.setdefault("score_fusion_memory_threshold", NO_HORIZONTAL_FUSION)
     # Inductor's layout optimization runs a convolution in channels-last: it copies the convolution's weight and
     # input (the batch, the weights: caller-owned values coop counts once) and saves the copies for the backward,
