@@ -685,19 +685,52 @@ ONE_CONV_BATCH = torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_s
 BATCH_COPY = ONE_CONV_BATCH.numel() * ONE_CONV_BATCH.element_size()
 
 
+def _one_conv_kernel_scratch() -> int:
+    """The most bytes OneConv's convolution or its backward allocates inside its call, at one thread: eager ATen
+    kernels on the batch's shapes, read by the test's own meter (inputs and outputs taken off). oneDNN's choice:
+    0 B on the AMD EPYC of earlier runs, 921,600 B (twice the output) on an AVX-512 Xeon (2026-12-01). The first
+    round's Graph cannot know it (measured on the example batch, charged from the next round on)."""
+    from tests.independent_meter import HeldBytes
+
+    conv = OneConv().conv
+    x, weight, bias = ONE_CONV_BATCH, conv.weight.detach(), conv.bias.detach()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with HeldBytes(held=[x, weight, bias]) as forward:
+            y = torch.ops.aten.convolution(x, weight, bias, [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+        grad = torch.randn_like(y)
+        with HeldBytes(held=[x, weight, bias, grad]) as backward:
+            grads = torch.ops.aten.convolution_backward(grad, x, weight, [8], [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
+                                                       [False, True, True])
+    finally:
+        torch.set_num_threads(threads)
+    held = sum(t.numel() * t.element_size() for t in (x, weight, bias))
+    kept_backward = sum(t.numel() * t.element_size() for t in grads if t is not None)
+    return max(forward.peak_bytes - held - y.numel() * y.element_size(),
+               backward.peak_bytes - held - grad.numel() * grad.element_size() - kept_backward)
+
+
+def _holds_what_the_graph_says(predicted: int, measured: int) -> bool:
+    """The measured peak is the Graph's within 1 %, plus at most the convolution kernels' own scratch (0 where
+    oneDNN allocates none: then exactly the 1 % oracle)."""
+    return predicted - 0.01 * measured <= measured <= predicted + _one_conv_kernel_scratch() + 0.01 * measured
+
+
 @pytest.mark.parametrize("layout", [False, True])
 def test_a_convolution_holds_no_channels_last_copy_of_the_batch(layout: bool) -> None:
     """Inductor's layout optimization, as the user sets it: with it, the compiled forward copies the batch and the
     weight to channels-last and saves the copies for the backward, bytes outside every Graph of the joint graph.
-    Oracle: the CPU allocator's peak of the store-all step against the Graph's, within 1 % without it, and above it
-    by at least the batch's copy with it."""
+    Oracle: the CPU allocator's peak of the store-all step against the Graph's, within 1 % (and the convolution
+    kernels' own scratch, :func:`_one_conv_kernel_scratch`) without it, and above it by at least the batch's copy
+    with it."""
     compiled = _one_conv_compiled(1, options={"layout_optimization": layout})
     (plan,) = compiled.coop_record.plans
     (measured,) = compiled.coop_record.rounds
     assert plan.result.formulation == "store-all"
     assert measured.layout_optimization is layout
     if not layout:
-        assert abs(plan.peak - measured.measured_peak) <= 0.01 * measured.measured_peak, (plan.peak, measured)
+        assert _holds_what_the_graph_says(plan.peak, measured.measured_peak), (plan.peak, measured)
     else:
         assert measured.measured_peak - plan.peak >= BATCH_COPY, (plan.peak, measured)
 
@@ -705,7 +738,7 @@ def test_a_convolution_holds_no_channels_last_copy_of_the_batch(layout: bool) ->
 def test_measured_rounds_start_channels_last_and_drop_it_after_a_miss() -> None:
     """coop.compile's default with ``example_batch``: round 0 with inductor's layout optimization holds the batch's
     channels-last copy above the plan (over the budget of 1.0), so round 1 runs without it, pinned, and holds what
-    the Graph says within 1 % (the same oracle as above)."""
+    the Graph says (the same oracle as above)."""
     compiled = _one_conv_compiled(2)
     first, second = compiled.coop_record.rounds[:2]
     assert first.layout_optimization and first.horizontal_fusion and not first.pinned
@@ -713,7 +746,7 @@ def test_measured_rounds_start_channels_last_and_drop_it_after_a_miss() -> None:
     assert not second.layout_optimization and not second.horizontal_fusion and second.pinned
     assert "without inductor's channels-last layout" in second.reason
     assert "without horizontal fusion" in second.reason
-    assert abs(second.predicted_peak - second.measured_peak) <= 0.01 * second.measured_peak, second
+    assert _holds_what_the_graph_says(second.predicted_peak, second.measured_peak), second
 
 
 def test_without_a_measured_batch_the_layout_and_horizontal_fusion_stay_off() -> None:

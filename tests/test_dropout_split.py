@@ -75,25 +75,21 @@ def test_coops_partitioner_splits_the_dropout_and_replays_eagers_mask() -> None:
     (plan,) = partitioner.plans
     forward_targets = [n.target for n in plan.partition.forward.graph.nodes]
     backward_targets = [n.target for n in plan.partition.backward.graph.nodes]
-    # the forward's draw and first product are one native_dropout again (coop.compiled.first_dropout); the
-    # backward rebuilds the output from the saved mask and draws nothing
-    assert plan.partition.rejoined_dropouts == 1
-    assert forward_targets.count(torch.ops.aten.native_dropout.default) == 1
-    assert torch.ops.coop.dropout_mask.default not in forward_targets
+    # on CPU the forward draws the mask alone and stays split (coop.compiled.first_dropout); the backward rebuilds
+    # the output from the saved mask and draws nothing
+    assert plan.partition.rejoined_dropouts == 0
+    assert forward_targets.count(torch.ops.coop.dropout_mask.default) == 1
+    assert torch.ops.aten.native_dropout.default not in forward_targets
     assert not {torch.ops.coop.dropout_mask.default, torch.ops.aten.native_dropout.default} & set(backward_targets), \
         "a mask drawn again in the backward"
     assert plan.partition.recomputed(), "checkpoint-all rebuilds the dropout's output in the backward"
 
 
-def test_the_mask_op_is_charged_what_native_dropout_allocates_inside_it() -> None:
-    """The lowering charges ``coop.dropout_mask`` twice its input's bytes as workspace (hand-counted: 33 x 65
-    float32 = 8,580 B, twice: 17,160 B; the CPU allocator rounds nothing): what the CPU allocator, read by a meter
-    that is not coop's, holds inside the call beyond its input and the mask it returns."""
+def _lowered_mask(x: torch.Tensor) -> object:
+    """The Graph node of the one dropout draw in a split ``native_dropout(x, 0.3)`` step."""
     from coop.graph_capture.lower import lower
     from coop.graph_capture.trace import TracedStep
-    from tests.independent_meter import HeldBytes
 
-    x = torch.randn(33, 65)
     traced = make_fx(lambda x: torch.ops.aten.native_dropout(x, 0.3, True)[0].sum())(x)
     split_native_dropouts(traced.graph)
     traced.recompile()
@@ -101,7 +97,55 @@ def test_the_mask_op_is_charged_what_native_dropout_allocates_inside_it() -> Non
                       output_grads=[], output_buffers=[])
     lowered = lower(step, [("input", "x")], "dropout")
     (mask,) = [n for n in lowered.graph.nodes if n.random]
-    assert mask.workspace == 17_160 == 2 * 33 * 65 * 4
+    return mask
+
+
+def test_the_cpu_mask_op_draws_in_place_and_is_charged_nothing() -> None:
+    """On CPU ``coop.dropout_mask`` draws into the bool mask itself: the CPU allocator, read by a meter that is not
+    coop's, holds nothing inside the call beyond its input and the mask it returns, and the lowering charges 0."""
+    from tests.independent_meter import HeldBytes
+
+    x = torch.randn(33, 65)
+    assert _lowered_mask(x).workspace == 0
     with HeldBytes(held=[x]) as meter:
         kept = torch.ops.coop.dropout_mask(x, 0.3)
-    assert meter.peak_bytes - 33 * 65 * 4 - kept.numel() == mask.workspace
+    assert meter.peak_bytes - 33 * 65 * 4 - kept.numel() == 0
+
+
+def test_native_dropout_run_whole_holds_what_the_other_devices_charge() -> None:
+    """Where the mask is not drawn alone (CUDA) ``coop.dropout_mask`` runs native_dropout whole, charged twice its
+    input's bytes (hand-counted: 33 x 65 float32 = 8,580 B, twice: 17,160 B). Run whole on CPU, native_dropout
+    holds that inside the call beyond its input and the mask (the CPU allocator's events, a meter not coop's): the
+    upper bound is reached there; the meta-device graph is lowered as a non-CPU device's."""
+    from coop.graph_capture.random_ops import whole_dropout_mask
+    from tests.independent_meter import HeldBytes
+
+    x = torch.randn(33, 65)
+    assert _lowered_mask(x.to("meta")).workspace == 17_160 == 2 * 33 * 65 * 4
+    with HeldBytes(held=[x]) as meter:
+        kept = whole_dropout_mask(x, 0.3)
+    assert meter.peak_bytes - 33 * 65 * 4 - kept.numel() == 17_160
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last", "strided"])
+@pytest.mark.parametrize("p", [0.0, 0.25, 1.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_both_forms_of_the_mask_op_draw_native_dropouts_mask(layout: str, p: float, dtype: torch.dtype) -> None:
+    """The CPU draw (the mask alone) and the whole form (native_dropout, its output dropped): the same mask, strides
+    and generator state after it as ``aten.native_dropout`` under the same seed."""
+    from coop.graph_capture.random_ops import whole_dropout_mask
+
+    x = torch.randn(4, 6, 5, 7, dtype=dtype)
+    if layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
+    elif layout == "strided":
+        x = x[:, ::2]
+    for draw in (torch.ops.coop.dropout_mask, whole_dropout_mask):
+        torch.manual_seed(9)
+        theirs = torch.ops.aten.native_dropout(x, p, True)[1]
+        after_theirs = torch.rand(3)
+        torch.manual_seed(9)
+        ours = draw(x, p)
+        after_ours = torch.rand(3)
+        assert ours.dtype == torch.bool and torch.equal(ours, theirs) and ours.stride() == theirs.stride()
+        assert torch.equal(after_ours, after_theirs), "the generator advanced differently"

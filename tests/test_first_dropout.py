@@ -1,8 +1,9 @@
 """A split dropout's draw and first product run as one native_dropout (coop.compiled.first_dropout).
 
 The graphs are built by hand as coop's emitter writes a split dropout (``dropout_mask``, a cast, the scale, the
-product); the oracle is eager PyTorch: ``native_dropout`` under the same seed gives the same output, mask and
-generator state as the graph before and after the rewrite.
+product); the draw's fake value names the device the graph was emitted for (a meta value: a device whose draw runs
+native_dropout whole, as CUDA's does); the graphs run on CPU tensors. The oracle is eager PyTorch: ``native_dropout``
+under the same seed gives the same output, mask and generator state as the graph before and after the rewrite.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ SCALE = 1.0 / (1.0 - P)
 aten, prims = torch.ops.aten, torch.ops.prims
 
 
-def _split_dropout(between: bool, recompute: bool) -> fx.GraphModule:
+def _split_dropout(between: bool, recompute: bool, device: str = "meta") -> fx.GraphModule:
     """``x -> draw -> (cast, scale, product)``; ``between``: a ``tanh`` of ``x`` runs between the draw and its
-    product; ``recompute``: a second product of the same draw after it."""
+    product; ``recompute``: a second product of the same draw after it; ``device``: the draw's fake value's."""
     graph = fx.Graph()
     x = graph.placeholder("x")
     draw = graph.call_function(torch.ops.coop.dropout_mask.default, (x, P))
+    draw.meta["val"] = torch.empty(64, 32, dtype=torch.bool, device=device)
     outputs = [draw]
     if between:
         outputs.append(graph.call_function(aten.tanh.default, (x,)))
@@ -68,6 +70,14 @@ def test_a_product_right_after_its_draw_is_native_dropouts_own_output_bit_for_bi
 
 def test_a_product_the_schedule_placed_after_other_work_stays_split() -> None:
     module = _split_dropout(between=True, recompute=False)
+    assert rejoin_first_products(module.graph) == 0
+    assert torch.ops.coop.dropout_mask.default in _targets(module)
+    assert aten.native_dropout.default not in _targets(module)
+
+
+def test_a_draw_emitted_for_cpu_stays_split() -> None:
+    """On CPU the draw is the mask alone (no output computed and dropped), so its first product is not joined."""
+    module = _split_dropout(between=False, recompute=False, device="cpu")
     assert rejoin_first_products(module.graph) == 0
     assert torch.ops.coop.dropout_mask.default in _targets(module)
     assert aten.native_dropout.default not in _targets(module)

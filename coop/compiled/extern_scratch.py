@@ -37,7 +37,7 @@ from torch.utils import _pytree as pytree
 from coop.compiled.first_dropout import REJOINED
 from coop.compiled.inductor_buffers import JOINT_VALUE
 from coop.graph_capture.cost import quiet_profile, transient_bytes
-from coop.graph_capture.random_ops import dropout_mask_scratch
+from coop.graph_capture.random_ops import dropout_mask_scratch, native_dropout_scratch
 
 __all__ = ["CALL_RANGE", "CallSite", "KernelCall", "ScratchMatch", "call_sites", "joint_value", "match_calls",
            "profiled_calls", "scratch_note"]
@@ -169,7 +169,9 @@ def _known_scratch(node: fx.Node) -> int:
     if called is None or (called[0] is not torch.ops.coop.dropout_mask.default and not rejoined):
         return 0
     operands = pytree.tree_leaves(called[1])
-    return dropout_mask_scratch(operands[0]) if operands else 0
+    if not operands:
+        return 0
+    return native_dropout_scratch(operands[0]) if rejoined else dropout_mask_scratch(operands[0])
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,9 @@
 
 With eager's random kernels (``fallback_random``) coop splits each ``native_dropout(x, p, True)`` of the joint graph
 into its draw :func:`coop.graph_capture.random_ops.dropout_mask` and the product ``x * (mask * scale)``, so that a
-schedule may rebuild the output from ``x`` and the bool mask. But the draw runs native_dropout whole and drops its
-output, so the forward computed every dropout's output twice: measured on bench_compile's BERT with nothing
+schedule may rebuild the output from ``x`` and the bool mask. Where the draw runs native_dropout whole and drops its
+output (any device but CPU: :func:`coop.graph_capture.random_ops.draws_mask_alone`), the forward computed every
+dropout's output twice: measured on bench_compile's BERT with nothing
 recomputed (2026-11-30, one thread), the forward ran 17 % slower than the plain compiled step's and the step
 7.6 % slower, while drawing the mask alone made the two equal.
 
@@ -16,6 +17,12 @@ draw's scratch, :func:`coop.graph_capture.random_ops.own_scratch_bytes`, counts 
 schedule computes right after its draw is joined (:data:`NEAR`), so no output lives longer than the schedule says:
 on bench_compile's BERT 5 of its 7 draws (2026-11-30); the two attention-probability draws ran 8 computations before
 their products and stay split.
+
+A draw on CPU stays split: there it is the mask alone (``bernoulli_`` into a bool tensor), and native_dropout whole
+would add its two products over ``x`` and a cast to bool that the split's product, fused into its readers, does not
+need. Measured on bench_compile's ViT at the plain compile's held bytes, nothing recomputed, one process, 21
+alternating steps (2026-12-01, one thread): split 190.6 ms holding 55,488,296 B, rejoined 189.2 ms holding 57,618,216 B
+(plain compile 180.0 ms, 57,817,896 B): the same time within this machine's noise, 2.1 MB less held.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ import operator
 
 import torch
 from torch import fx
+
+from coop.graph_capture.random_ops import draws_mask_alone
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -48,6 +57,9 @@ def rejoin_first_products(graph: fx.Graph) -> int:
     order = {node: index for index, node in enumerate(nodes)}
     joined = 0
     for draw in [n for n in nodes if n.op == "call_function" and n.target is torch.ops.coop.dropout_mask.default]:
+        value = draw.meta.get("val")
+        if isinstance(value, torch.Tensor) and draws_mask_alone(value.device):
+            continue  # its draw is the mask alone: cheaper split than native_dropout's two products and cast
         product = _first_product(draw, nodes, order)
         if product is None:
             continue

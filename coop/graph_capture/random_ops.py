@@ -114,13 +114,34 @@ def compact_random_masks(graph: fx.Graph) -> int:
     return rewritten
 
 
+#: devices whose ``native_dropout`` draws its mask as ``empty_like(x).bernoulli_(1 - p)`` (ATen's CPU kernel: the
+#: draw, then the product and a cast to bool), so that :func:`dropout_mask` can draw the same bits straight into a
+#: bool tensor like ``x``, without native_dropout's two products and cast; on any other device (CUDA's fused kernel
+#: draws its own way) it runs native_dropout whole. ``tests/test_dropout_split.py`` checks both forms against
+#: native_dropout: mask, strides and the generator's next draw
+MASK_ALONE_DEVICES = ("cpu",)
+
+
+def draws_mask_alone(device: torch.device) -> bool:
+    """Whether :func:`dropout_mask` on ``device`` draws the mask alone (no output computed and dropped)."""
+    return torch.device(device).type in MASK_ALONE_DEVICES
+
+
 @torch.library.custom_op("coop::dropout_mask", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
 def dropout_mask(x: torch.Tensor, p: float) -> torch.Tensor:
     """The bool mask ``aten.native_dropout(x, p, True)`` draws, and only the mask.
 
-    It is native_dropout's own draw on every device (the kernel's output is dropped), so the generator
-    advances exactly as native_dropout's does and the mask is its mask (the module's example).
+    The generator advances exactly as native_dropout's does and the mask is its mask, strides included (the
+    module's example): where :func:`draws_mask_alone`, the draw native_dropout makes, into a bool tensor like
+    ``x``; elsewhere native_dropout itself, its output dropped (:func:`whole_dropout_mask`).
     """
+    if draws_mask_alone(x.device):
+        return torch.empty_like(x, dtype=torch.bool).bernoulli_(1.0 - p)
+    return whole_dropout_mask(x, p)
+
+
+def whole_dropout_mask(x: torch.Tensor, p: float) -> torch.Tensor:
+    """native_dropout's mask from native_dropout run whole (its output computed and dropped): any device."""
     return torch.ops.aten.native_dropout(x, p, True)[1]
 
 
@@ -138,12 +159,13 @@ EXACT_SPLIT_DTYPES = (torch.float32, torch.float64)
 def own_scratch_bytes(node: fx.Node) -> int:
     """Bytes a coop op allocates inside itself and frees before it returns, as the ATen call it wraps does.
 
-    :func:`dropout_mask` runs native_dropout whole and keeps only its mask. ATen's CPU kernel holds, beside the
-    mask, a copy of it in ``x``'s dtype and the output, both like ``x``, at once (the allocator's events inside
-    the call); CUDA's fused kernel only the output. Charged: twice ``x``'s bytes on every device, the CPU
-    kernel's count and an upper bound of CUDA's (BERT's attention dropout at b8 s128: 4 MiB each; uncharged,
-    coop.compile's step held 1.2-1.7 MB over its budget at 0.5). Every other op: 0 (its scratch, if any, is
-    measured or not modelled).
+    :func:`dropout_mask` where it draws the mask alone (CPU): 0, ``bernoulli_`` draws into the bool mask itself (the
+    CPU allocator's events inside the call, torch 2.13: none). Elsewhere it runs native_dropout whole: the output
+    and, on CPU, a copy of the mask in ``x``'s dtype, both like ``x`` (the allocator's events inside the call);
+    CUDA's fused kernel holds the output only: twice ``x``'s bytes are charged, an upper bound (BERT's attention
+    dropout at b8 s128: 4 MiB each; uncharged, coop.compile's step held 1.2-1.7 MB over its budget at 0.5). What a
+    compiled step's calls hold beyond these charges is measured on its example batch and charged in the next round
+    (:mod:`coop.compiled.extern_scratch`). Every other op: 0 (its scratch, if any, is measured or not modelled).
 
     Parameters
     ----------
@@ -161,7 +183,17 @@ def own_scratch_bytes(node: fx.Node) -> int:
 
 
 def dropout_mask_scratch(x: object) -> int:
-    """:func:`dropout_mask`'s own scratch for the input node ``x`` (twice its bytes; 0 without a fake value)."""
+    """:func:`dropout_mask`'s own scratch for the input node ``x`` (:func:`own_scratch_bytes`; 0 without a fake
+    value)."""
+    value = x.meta.get("val") if isinstance(x, fx.Node) else None
+    if not isinstance(value, torch.Tensor):
+        return 0
+    return 0 if draws_mask_alone(value.device) else native_dropout_scratch(x)
+
+
+def native_dropout_scratch(x: object) -> int:
+    """The scratch of ``native_dropout`` run whole on the input node ``x``: twice its bytes (:func:`own_scratch_bytes`;
+    0 without a fake value)."""
     value = x.meta.get("val") if isinstance(x, fx.Node) else None
     return 2 * value.numel() * value.element_size() if isinstance(value, torch.Tensor) else 0
 
