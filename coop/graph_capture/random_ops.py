@@ -185,17 +185,21 @@ def own_scratch_bytes(node: fx.Node) -> int:
 def dropout_mask_scratch(x: object) -> int:
     """:func:`dropout_mask`'s own scratch for the input node ``x`` (:func:`own_scratch_bytes`; 0 without a fake
     value)."""
-    value = x.meta.get("val") if isinstance(x, fx.Node) else None
-    if not isinstance(value, torch.Tensor):
-        return 0
-    return 0 if draws_mask_alone(value.device) else native_dropout_scratch(x)
+    value = _fake_tensor(x)
+    return 0 if value is None or draws_mask_alone(value.device) else native_dropout_scratch(x)
 
 
 def native_dropout_scratch(x: object) -> int:
     """The scratch of ``native_dropout`` run whole on the input node ``x``: twice its bytes (:func:`own_scratch_bytes`;
     0 without a fake value)."""
+    value = _fake_tensor(x)
+    return 0 if value is None else 2 * value.numel() * value.element_size()
+
+
+def _fake_tensor(x: object) -> torch.Tensor | None:
+    """The fake tensor value of the fx node ``x``; None for anything else."""
     value = x.meta.get("val") if isinstance(x, fx.Node) else None
-    return 2 * value.numel() * value.element_size() if isinstance(value, torch.Tensor) else 0
+    return value if isinstance(value, torch.Tensor) else None
 
 
 def _splittable_dropout(node: fx.Node) -> bool:
