@@ -106,10 +106,13 @@ SLOW_SIBLINGS: dict[str, str] = {
     # model in the fast tier, through the same meter and eager oracle
     **{f"test_arena_budget.py::test_every_zoo_ordinary_plan_holds_within_its_budget_without_profiling[{name}]":
        "cnn and gpt2 stay" for name in ("bert", "transformer", "mlp")},
-    **{f"test_arena_budget.py::test_every_zoo_arena_plan_holds_within_its_budget[{name}]": "cnn and transformer stay"
-       for name in ("gpt2", "bert", "mlp")},
+    # the arena plan's attention model (10 s) and the profiled gpt2 (4 s) joined them on 2026-12-01, when the suite
+    # took 8:45 on an Intel Xeon of 2 cores: the cnn keeps the arena plan (oneDNN's scratch in the arena) and the
+    # profiled capture, and gpt2's unprofiled ordinary plan keeps an attention model under the same meter
+    **{f"test_arena_budget.py::test_every_zoo_arena_plan_holds_within_its_budget[{name}]": "the cnn stays"
+       for name in ("gpt2", "bert", "mlp", "transformer")},
     **{f"test_arena_budget.py::test_every_zoo_ordinary_plan_captured_with_profile_holds_within_its_budget[{name}]":
-       "cnn and gpt2 stay" for name in ("bert", "transformer", "mlp")},
+       "the cnn stays, and gpt2 without profiling" for name in ("bert", "transformer", "mlp", "gpt2")},
     "test_meta_capture.py::test_a_meta_capture_gives_the_real_models_graph[bert]": "mlp, cnn, transformer, gpt2 stay",
     # inductor compiles every kernel of these anew in a fresh clone (its cache is cold on CI): 19 s alone, 43 s beside
     # test_compile's fixture (2026-11-29); the walk's hand-built tests here and test_compile_order's allocator checks
@@ -151,6 +154,7 @@ SLOW_SIBLINGS: dict[str, str] = {
     "test_capture.py::test_graph_structure[mobilenet]": "eight other models stay",
     # the fast-tier durations of 2026-11-29 (one process beside a benchmark): 7-15 s each
     "test_plan.py::test_three_optimizer_steps_equal_eager[chen-sqrt-transformer]": "the mlp and cnn cases stay",
+    "test_plan.py::test_three_optimizer_steps_equal_eager[chen-greedy-transformer]": "the mlp and cnn cases stay",
     "test_training_loop.py::test_three_adamw_steps_with_two_micro_batches_equal_eager[auto]":
         "five other cases stay (the accumulation replay is the same for every schedule; test_auto_ladder judges "
         "auto's plans against eager)",
@@ -190,7 +194,7 @@ LONG_FILES_FIRST = ("test_compile.py", "test_compile_order.py", "test_inductor_b
 #: precompiled header loaded), once per process that compiles, and the files' compilations share one in-process
 #: cache.
 COMPILING_FILES = ("test_compile.py", "test_compile_order.py", "test_inductor_buffers.py", "test_compile_scratch.py",
-                   "test_compile_inline_saved.py")
+                   "test_compile_inline_saved.py", "test_compile_tangent.py")
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: pytest without xdist (`-p no:xdist`, bench_mutants) skips it

@@ -12,7 +12,10 @@ copy of the joint graph with three changes that give the compiled step's semanti
 
 * Each tangent becomes a computed node (not recomputable, cost 0) whose inputs are the forward outputs: the
   gradient of the loss exists only once the forward has returned, so no schedule can run a node that reads
-  it before the forward is done. Its first compute is where a schedule's forward ends.
+  it before the forward is done. Its first compute is where a schedule's forward ends. Each tangent is also a
+  Graph output, held to the end of the step: autograd passes the gradients to the compiled backward as the
+  arguments of one call, which hold them until the backward returns, whatever the backward frees (the allocator's
+  events of a compiled step show the loss's 4 B gradient freed only after the last gradient is written).
 * In-place updates of inputs that the forward keeps in the graph (batch norm's running statistics:
   ``copy_(buffer, new_value)``) are taken out of the lowered copy; their new values become Graph outputs, so
   every schedule keeps them until the forward module writes them back at its end
@@ -274,7 +277,7 @@ def _tangents_after_forward(lowered: Lowered, placeholders: list[fx.Node]) -> tu
         nodes[t] = nodes[t].model_copy(update={"kind": "backward", "op": TANGENT_OP, "inputs": roots,
                                                "recomputable": False, "cost": 0.0})
     order = _stable_topological(nodes, [*graph.order, *tangent_ids])
-    return Graph(name=graph.name, nodes=tuple(nodes), outputs=graph.outputs, order=tuple(order),
+    return Graph(name=graph.name, nodes=tuple(nodes), outputs=(*graph.outputs, *tangent_ids), order=tuple(order),
                  meta=graph.meta), tangent_ids
 
 
