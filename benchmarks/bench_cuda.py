@@ -198,6 +198,9 @@ CASES: tuple[Case, ...] = (
     Case("gpt2", "fsdp", 0.5),
     # coop inside torch.compile (issue 41): reserved <= budget; time against eager and the compiler's own budget
     *(Case(family, mode, 0.5) for mode in ("compile", "compile+reduce-overhead") for family in ("gpt2", "resnet")),
+    # with eager's random kernels (fallback_random): on a GPU coop's dropout draws native_dropout whole and rejoins its
+    # first product (coop.compiled.first_dropout), a path the CPU rows (mask drawn alone) never run
+    Case("gpt2", "compile+eager-random", 0.5),
     Case("selftest", "crash", hidden=True),
     Case("selftest", "error", hidden=True),
     Case("selftest", "hang", hidden=True),
@@ -798,7 +801,9 @@ def _compile_case(row: dict[str, Any], case: Case, model: torch.nn.Module, batch
     """``coop.compile`` at the case's share of the compiled step's peak: reserved (allocated on CPU) against its
     budget, gradients against ``torch.compile``'s own partitioner (same seed), and the step's time against eager and
     against ``torch.compile`` with ``activation_memory_budget`` at the same share."""
-    kwargs = {"mode": "reduce-overhead"} if case.mode.endswith("reduce-overhead") else {}
+    kwargs: dict[str, Any] = {"mode": "reduce-overhead"} if case.mode.endswith("reduce-overhead") else {}
+    if case.mode.endswith("eager-random"):
+        kwargs["options"] = {"fallback_random": True}
     module = LossStep(model, loss_fn)
     eager, reference, own = (copy.deepcopy(module) for _ in range(3))
     progress("coop.compile")
