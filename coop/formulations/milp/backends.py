@@ -103,11 +103,14 @@ def _objective_scaled(model: LinearModel) -> tuple[LinearModel, float]:
     solver's own tolerances (HiGHS' dual feasibility tolerance is 1e-7), so the solver's relaxations round
     reduced costs to zero and prune with wrong bounds. On a 34-node MLP step's Checkmate model HiGHS returned
     "optimal" at 28.4 % overhead where the optimum (proven once the objective was rescaled, and found by CBC) is
-    9.6 %; CBC stopped at a 5.7 % gap after 28 s on that optimum. The optimum and the solution are the same after
-    the scaling; the objective and bound a backend returns are multiplied back.
+    9.6 %; CBC, which already divided its own objective so, stopped at a 5.7 % gap after 28 s on that optimum. The
+    optimum and the solution are the same after the scaling; the objective and bound a backend returns are
+    multiplied back.
     """
     largest = max((abs(c) for _, c in model.objective), default=0.0)
-    if largest == 0.0 or largest == 1.0:
+    if largest == 0.0 or all(float(c).is_integer() for _, c in model.objective):
+        # integral costs (hand-built graphs, CP-SAT's own models) are far from the tolerances, and CBC and CP-SAT
+        # use their integrality (:func:`coop.formulations.milp.pulp_backends._cbc_settings`)
         return dataclasses.replace(model, objective_constant=0.0), 1.0
     scaled = dataclasses.replace(model, objective=[(v, c / largest) for v, c in model.objective],
                                  objective_constant=0.0)
