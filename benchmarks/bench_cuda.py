@@ -749,7 +749,10 @@ def run_case(case: Case, spec: dict[str, Any], row: dict[str, Any], progress: Ca
         row["first_step_ms"] = round(1000 * (time.perf_counter() - started), 3)
         model.zero_grad(set_to_none=True)
     plan_step = _step_of(model, lambda: plan.step(*batch), progress, "replay step")
-    _measure(row, meter, plan_step, plan_step, caller_owned, predicted)
+    meter.record = bool(spec.get("save_graphs")) and schedule is not None
+    measured = _measure(row, meter, plan_step, plan_step, caller_owned, predicted)
+    if meter.record:
+        _save_record(Path(spec["save_graphs"]), case, row, plan.graph, schedule, plan.budget, measured.get("record"))
     progress("replay and eager steps, alternating (timed)")
     _time_against_eager(row, plan, batch, sizes)
     eager = copy.deepcopy(model)
@@ -954,7 +957,7 @@ def _step_of(model: torch.nn.Module, step: Callable[[], Any], progress: Callable
 
 
 def _measure(row: dict[str, Any], meter: Any, first: Callable[[], None], warm: Callable[[], None], caller_owned: int,
-             predicted: int) -> None:
+             predicted: int) -> dict[str, Any]:
     measured = meter.measure(first, warm)
     row["predicted"] = int(predicted)
     for key in ("allocated", "reserved", "allocated_no_scratch"):
@@ -969,6 +972,26 @@ def _measure(row: dict[str, Any], meter: Any, first: Callable[[], None], warm: C
             row["reserved_vs_budget"] = round(row["reserved"] / row["budget_bytes"], 4)
     if row["allocated_no_scratch"] is not None:
         row["no_scratch_vs_predicted"] = round(row["allocated_no_scratch"] / predicted, 4)
+    return measured
+
+
+def _save_record(folder: Path, case: Case, row: dict[str, Any], graph: Any, schedule: Any, budget: int,
+                 allocator: dict[str, Any] | None) -> None:
+    """``folder/records/CASE.json``: the Graph and schedule a planned row replayed, its bytes, and the allocator's
+    own record of the warm step (:meth:`CudaMeter.measure`, :meth:`CpuMeter.measure`), so that a machine without
+    the device can replay the schedule through coop's allocator model and compare it with what the device did
+    (issue 43)."""
+    from coop.schedule_files import schedule_to_json
+
+    records = folder / "records"
+    records.mkdir(parents=True, exist_ok=True)  # each case makes it: cases run in processes of their own
+    document = {"case": case.name, "device": row["device"], "predicted": row["predicted"],
+                "allocated": row["allocated"], "reserved": row["reserved"],
+                "caller_owned": sum(graph.node(i).mem for i in graph.caller_owned_ids),
+                "graph": json.loads(graph.to_json()),
+                "schedule": schedule_to_json(graph, schedule, budget=int(budget), formulation=row["formulation"]),
+                "allocator": allocator}
+    (records / (case.name.replace("/", "_") + ".json")).write_text(json.dumps(document) + "\n")
 
 
 #: The caching allocator's counters a CUDA row keeps in ``allocator`` (JSON only), to tell where reserved bytes
@@ -984,7 +1007,11 @@ class CudaMeter:
     """The caching allocator's own counters (see the module docstring: allocated, reserved, and ``allocator``:
     :data:`ALLOCATOR_STATS` of the warm step, from ``torch.cuda.memory_stats``)."""
 
-    def measure(self, first: Callable[[], None], warm: Callable[[], None]) -> dict[str, int]:
+    #: with ``record`` set, the warm step runs under the allocator's history (``_record_memory_history``) and the
+    #: result has ``record``: its trace and segments (:func:`_cuda_record`)
+    record = False
+
+    def measure(self, first: Callable[[], None], warm: Callable[[], None]) -> dict[str, Any]:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         before = torch.cuda.memory_allocated()
@@ -992,12 +1019,42 @@ class CudaMeter:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-        warm()
-        torch.cuda.synchronize()
+        if self.record:
+            torch.cuda.memory._record_memory_history(max_entries=RECORD_MAX_ENTRIES)
+        try:
+            warm()
+            torch.cuda.synchronize()
+            record = _cuda_record(torch.cuda.memory._snapshot()) if self.record else None
+        finally:
+            if self.record:
+                torch.cuda.memory._record_memory_history(enabled=None)
         stats = torch.cuda.memory_stats()
         return {"allocated": torch.cuda.max_memory_allocated() - before,
                 "reserved": torch.cuda.max_memory_reserved() - before,
-                "allocator": {key: stats.get(key) for key in ALLOCATOR_STATS}}
+                "allocator": {key: stats.get(key) for key in ALLOCATOR_STATS}, "record": record}
+
+
+#: the allocator history kept per recorded step (a full-size GPT-2 replay makes a few thousand events)
+RECORD_MAX_ENTRIES = 200_000
+#: the trace actions a record keeps (``torch.cuda.memory._snapshot()["device_traces"]``)
+RECORD_ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "segment_map",
+                  "segment_unmap", "oom")
+
+
+def _cuda_record(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """The parts of ``torch.cuda.memory._snapshot()`` an allocator model is tested on, without stack frames:
+    each trace event of the current device as ``[action, size, stream]``, in order, and each segment at the end
+    with its blocks as ``[size, requested_size, state]``."""
+    device = torch.cuda.current_device()
+    traces = snapshot.get("device_traces") or []
+    trace = [[event["action"], int(event["size"]), int(event.get("stream", 0))]
+             for event in (traces[device] if device < len(traces) else []) if event["action"] in RECORD_ACTIONS]
+    segments = [{"stream": int(segment.get("stream", 0)), "total_size": int(segment["total_size"]),
+                 "segment_type": segment.get("segment_type"), "segment_pool_id": str(segment.get("segment_pool_id")),
+                 "blocks": [[int(block["size"]), int(block.get("requested_size", block["size"])), block["state"]]
+                            for block in segment["blocks"]]}
+                for segment in snapshot.get("segments", []) if segment.get("device", device) == device]
+    return {"kind": "cuda", "trace": trace, "segments": segments}
 
 
 class CpuMeter:
@@ -1015,6 +1072,10 @@ class CpuMeter:
     """
 
     MARK = "bench_cuda: warm step"
+    #: with ``record`` set, the result has ``record``: the warm step's allocations and frees in the device tier, in
+    #: order, as ``["alloc" | "free", bytes, scratch]`` (the CPU allocator's own events; no segments on CPU), and
+    #: ``held_before``, the bytes allocated in the profile and still held when the first of them came
+    record = False
 
     def __init__(self) -> None:
         from types import SimpleNamespace
@@ -1025,7 +1086,7 @@ class CpuMeter:
         self.kinds = SimpleNamespace(**{kind: getattr(torch._C._profiler, f"_ExtraFields_{kind}")
                                         for kind in ("Allocation", "TorchOp", "PyCall", "PyCCall")})
 
-    def measure(self, first: Callable[[], None], warm: Callable[[], None]) -> dict[str, int]:
+    def measure(self, first: Callable[[], None], warm: Callable[[], None]) -> dict[str, Any]:
         from torch.profiler import ProfilerActivity, profile, record_function
 
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True, with_stack=True) as prof:
@@ -1052,6 +1113,8 @@ class CpuMeter:
                     scratch.update((allocated_at, index))
         live: dict[int, tuple[int, bool, bool]] = {}  # address -> (bytes, host, scratch)
         device = outputs = host_bytes = peak = peak_outputs = host_peak = 0
+        trace: list[list[Any]] = []
+        held_before = 0  # what the step's own allocations held when the warm step's first event came
         for index, (when, address, size, under_host, _) in enumerate(allocations):
             if size > 0:
                 live[address] = (size, under_host, index in scratch)
@@ -1069,7 +1132,12 @@ class CpuMeter:
             outputs += 0 if is_scratch else size
             if window[0] <= when <= window[1]:
                 peak, peak_outputs = max(peak, device), max(peak_outputs, outputs)
-        return {"allocated": peak, "allocated_no_scratch": peak_outputs, "host": host_peak}
+                if self.record:
+                    if not trace:
+                        held_before = device - size
+                    trace.append(["alloc" if size > 0 else "free", abs(size), is_scratch])
+        return {"allocated": peak, "allocated_no_scratch": peak_outputs, "host": host_peak,
+                "record": {"kind": "cpu", "held_before": held_before, "trace": trace} if self.record else None}
 
     def _allocation(self, event: Any) -> tuple[int, int, int, bool, int | None]:
         """(time, address, signed bytes, under a host-tier function, end of the outermost aten op around it) of
@@ -1256,7 +1324,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--case-timeout", type=float, default=None, metavar="S",
                         help=f"seconds per case before it is killed (default {FULL.case_timeout:g})")
     parser.add_argument("--save-graphs", type=Path, default=None, metavar="DIR",
-                        help="each capture case writes its captured Graph to DIR/FAMILY.json")
+                        help="each capture case writes its captured Graph to DIR/FAMILY.json, each planned case "
+                             "its Graph, schedule and the allocator's record of its warm step to DIR/records/CASE.json")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # the child: one case, as JSON
     args = parser.parse_args(argv)

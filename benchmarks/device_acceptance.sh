@@ -31,5 +31,6 @@ mkdir -p /tmp/coop-graphs
 timeout "${DEVICE_SECONDS:-530}" $PYTHON benchmarks/bench_cuda.py --jobs "${DEVICE_JOBS:-8}" --time-limit 10 \
     --case-timeout 300 --json "$OUT/rows.json" --save-graphs /tmp/coop-graphs "$@" 2>&1 | tee "$OUT/log.txt"
 status=$?
-tar czf "$OUT/graphs.tgz" -C /tmp/coop-graphs . 2>/dev/null
+tar czf "$OUT/graphs.tgz" -C /tmp/coop-graphs . 2>/dev/null  # the captured Graphs, and records/: each planned
+# row's Graph, schedule and the CUDA allocator's trace and segments of its warm step (issue 43)
 exit $status

@@ -39,14 +39,20 @@ def tier(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture(scope="module")
-def rows(tier: str) -> dict[str, dict[str, Any]]:
+def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder the rows' cases write their Graphs and records to (``--save-graphs``)."""
+    return tmp_path_factory.mktemp("bench_cuda_saved")
+
+
+@pytest.fixture(scope="module")
+def rows(tier: str, saved: Path) -> dict[str, dict[str, Any]]:
     """The CPU quick acceptance: the tier's cases, the hidden self-tests included, by case name."""
     cases = bench.select(TIERS[tier], selftest=True)
     # every case's own 240 s (bench_cuda's quick size) was too short for the compile cases in `make test-all` beside
     # the other worker: the four compile rows (three compilations each, inductor's cache cold) timed out at 240 s under
     # a load of 3-5 on 2 cores (2026-11-30); a hang still ends in a row (the hang self-test keeps its own timeout)
     done = bench.run_cases(cases, "cpu", quick=True, jobs=2, isolation="fork",
-                           case_timeout=None if tier == "fast" else 900)
+                           case_timeout=None if tier == "fast" else 900, save_graphs=saved / tier)
     return {row["case"]: row for row in done}
 
 
@@ -95,6 +101,31 @@ def test_planned_rows_are_bit_identical_and_within_the_prediction(rows: dict[str
     if tier == "all":
         store_all = rows["gpt2/replay/store-all"]
         assert store_all["allocated_no_scratch"] == store_all["predicted"]  # exactly the simulator's bytes
+
+
+def test_each_planned_row_saves_its_graph_schedule_and_the_allocators_record(rows: dict[str, dict[str, Any]],
+                                                                               saved: Path, tier: str) -> None:
+    """What a machine without the device replays through coop's allocator model (issue 43): the record's schedule
+    is legal on its Graph, and its allocator trace, run from the caller-owned bytes and what the profile held when
+    it began, peaks at the row's allocated."""
+    from coop.graph_files import graph_from_dict
+    from coop.schedule import validate
+    from coop.schedule_files import schedule_from_document
+
+    recorded = [name for name, row in rows.items() if row["mode"] in ("replay", "paging") and row["status"] == "ok"]
+    assert recorded, _table(rows)
+    for name in recorded:
+        document = json.loads((saved / tier / "records" / (name.replace("/", "_") + ".json")).read_text())
+        graph = graph_from_dict(document["graph"])
+        schedule = schedule_from_document(document["schedule"])
+        verdict = validate(graph, schedule)
+        assert verdict.ok, (name, verdict.reason)
+        assert document["allocator"]["kind"] == "cpu"
+        running = peak = document["caller_owned"] + document["allocator"]["held_before"]
+        for action, size, _scratch in document["allocator"]["trace"]:
+            running += size if action == "alloc" else -size
+            peak = max(peak, running)
+        assert peak == rows[name]["allocated"], name
 
 
 def test_paging_pages_and_its_host_tier_is_counted_apart(rows: dict[str, dict[str, Any]]) -> None:
