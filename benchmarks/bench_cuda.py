@@ -1050,6 +1050,7 @@ def _cuda_record(snapshot: dict[str, Any]) -> dict[str, Any]:
     trace = [[event["action"], int(event["size"]), int(event.get("stream", 0))]
              for event in (traces[device] if device < len(traces) else []) if event["action"] in RECORD_ACTIONS]
     segments = [{"stream": int(segment.get("stream", 0)), "total_size": int(segment["total_size"]),
+                 "is_expandable": bool(segment.get("is_expandable", False)),
                  "segment_type": segment.get("segment_type"), "segment_pool_id": str(segment.get("segment_pool_id")),
                  "blocks": [[int(block["size"]), int(block.get("requested_size", block["size"])), block["state"]]
                             for block in segment["blocks"]]}
