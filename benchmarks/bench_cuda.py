@@ -1019,14 +1019,26 @@ class CudaMeter:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
+        # the record is the row's extra: where the allocator's history fails (never run on a GPU yet), the row keeps
+        # its counters and names the failure in the record
+        record: dict[str, Any] | None = None
+        recording = False
         if self.record:
-            torch.cuda.memory._record_memory_history(max_entries=RECORD_MAX_ENTRIES)
+            try:
+                torch.cuda.memory._record_memory_history(max_entries=RECORD_MAX_ENTRIES)
+                recording = True
+            except Exception as exc:  # noqa: BLE001 - any failure of a private API becomes the record's note
+                record = {"kind": "cuda", "error": f"{type(exc).__name__}: {exc}"}
         try:
             warm()
             torch.cuda.synchronize()
-            record = _cuda_record(torch.cuda.memory._snapshot()) if self.record else None
+            if recording:
+                try:
+                    record = _cuda_record(torch.cuda.memory._snapshot())
+                except Exception as exc:  # noqa: BLE001
+                    record = {"kind": "cuda", "error": f"{type(exc).__name__}: {exc}"}
         finally:
-            if self.record:
+            if recording:
                 torch.cuda.memory._record_memory_history(enabled=None)
         stats = torch.cuda.memory_stats()
         return {"allocated": torch.cuda.max_memory_allocated() - before,

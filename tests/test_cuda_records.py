@@ -25,6 +25,7 @@ WITHIN = 0.02
 def test_the_allocator_model_predicts_a_recorded_rows_reserved_bytes(path: Path) -> None:
     document = json.loads(path.read_text())
     assert document["allocator"]["kind"] == "cuda", path.name
+    assert "error" not in document["allocator"], (path.name, document["allocator"].get("error"))
     graph = graph_from_dict(document["graph"])
     schedule = schedule_from_document(document["schedule"])
     expandable = any(segment["is_expandable"] for segment in document["allocator"]["segments"])
