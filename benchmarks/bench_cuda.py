@@ -987,7 +987,7 @@ def _save_record(folder: Path, case: Case, row: dict[str, Any], graph: Any, sche
     records.mkdir(parents=True, exist_ok=True)  # each case makes it: cases run in processes of their own
     document = {"case": case.name, "device": row["device"], "predicted": row["predicted"],
                 "allocated": row["allocated"], "reserved": row["reserved"],
-                "caller_owned": sum(graph.node(i).mem for i in graph.caller_owned_ids),
+                "caller_owned": graph.caller_owned_bytes,
                 "graph": json.loads(graph.to_json()),
                 "schedule": schedule_to_json(graph, schedule, budget=int(budget), formulation=row["formulation"]),
                 "allocator": allocator}
@@ -1034,7 +1034,7 @@ class CudaMeter:
             torch.cuda.synchronize()
             if recording:
                 try:
-                    record = _cuda_record(torch.cuda.memory._snapshot())
+                    record = _cuda_record(torch.cuda.memory._snapshot(), torch.cuda.current_device())
                 except Exception as exc:  # noqa: BLE001
                     record = {"kind": "cuda", "error": f"{type(exc).__name__}: {exc}"}
         finally:
@@ -1053,11 +1053,10 @@ RECORD_ACTIONS = ("alloc", "free_requested", "free_completed", "segment_alloc", 
                   "segment_unmap", "oom")
 
 
-def _cuda_record(snapshot: dict[str, Any]) -> dict[str, Any]:
+def _cuda_record(snapshot: dict[str, Any], device: int) -> dict[str, Any]:
     """The parts of ``torch.cuda.memory._snapshot()`` an allocator model is tested on, without stack frames:
-    each trace event of the current device as ``[action, size, stream]``, in order, and each segment at the end
-    with its blocks as ``[size, requested_size, state]``."""
-    device = torch.cuda.current_device()
+    each trace event of ``device`` (an index) as ``[action, size, stream]``, in order, and each of its segments at
+    the end with its blocks as ``[size, requested_size, state]``."""
     traces = snapshot.get("device_traces") or []
     trace = [[event["action"], int(event["size"]), int(event.get("stream", 0))]
              for event in (traces[device] if device < len(traces) else []) if event["action"] in RECORD_ACTIONS]

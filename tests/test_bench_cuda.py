@@ -257,3 +257,36 @@ def test_the_time_limit_case_timeout_and_graph_folder_reach_each_case(monkeypatc
     seen.clear()
     bench.run_cases(bench.select(["gpt2/capture"]), "cpu", quick=True)
     assert seen == [("gpt2/capture", bench.QUICK.case_timeout, bench.QUICK.time_limit, None)]
+
+
+def test_a_cuda_record_keeps_one_devices_trace_and_segments_without_frames() -> None:
+    """bench_cuda's reading of ``torch.cuda.memory._snapshot()`` (its documented TypedDicts), on a snapshot written
+    by hand here: the asked device's allocator events in order (the "snapshot" marker left out) and its segments'
+    blocks; nothing of the other device, no stack frames."""
+    frame = {"filename": "x.py", "line": 1, "name": "f"}
+    snapshot = {
+        "segments": [
+            {"device": 0, "address": 0, "total_size": 2097152, "stream": 0, "segment_type": "small",
+             "segment_pool_id": (0, 0), "allocated_size": 512, "active_size": 512, "is_expandable": False,
+             "blocks": [{"size": 512, "requested_size": 100, "address": 0, "state": "active_allocated",
+                         "frames": [frame]},
+                        {"size": 2096640, "requested_size": 0, "address": 512, "state": "inactive", "frames": []}]},
+            {"device": 1, "address": 0, "total_size": 20971520, "stream": 0, "segment_type": "large",
+             "segment_pool_id": (0, 0), "allocated_size": 0, "active_size": 0, "is_expandable": False,
+             "blocks": [{"size": 20971520, "requested_size": 0, "address": 0, "state": "inactive", "frames": []}]},
+        ],
+        "device_traces": [
+            [{"action": "segment_alloc", "addr": 0, "size": 2097152, "stream": 0, "frames": [frame]},
+             {"action": "alloc", "addr": 0, "size": 512, "stream": 0, "frames": [frame]},
+             {"action": "snapshot", "addr": 0, "size": 0, "stream": 0, "frames": []}],
+            [{"action": "segment_alloc", "addr": 0, "size": 20971520, "stream": 0, "frames": []}],
+        ],
+    }
+    record = bench._cuda_record(snapshot, 0)
+    assert record == {
+        "kind": "cuda",
+        "trace": [["segment_alloc", 2097152, 0], ["alloc", 512, 0]],
+        "segments": [{"stream": 0, "total_size": 2097152, "is_expandable": False, "segment_type": "small",
+                      "segment_pool_id": "(0, 0)",
+                      "blocks": [[512, 100, "active_allocated"], [2096640, 0, "inactive"]]}],
+    }

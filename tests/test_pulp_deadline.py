@@ -40,7 +40,7 @@ class ScriptedClock:
 
 
 def test_without_a_deadline_every_row_is_built() -> None:
-    problem, variables = backends._pulp_problem(pulp, chain_model(), 1.0)
+    problem, variables = backends._pulp_problem(pulp, chain_model())
     assert len(problem.constraints) == ROWS and len(variables) == ROWS + 1
 
 

@@ -48,8 +48,8 @@ def solve_pulp(model: LinearModel, name: str, time_limit: float, threads: int, v
     deadline = started + time_limit
     if time_limit - _PULP_IO_S_PER_NONZERO * model.nonzeros < LEAST_SOLVE_S:  # not even the PuLP model in time
         return MilpSolution(status="unknown", message=f"{name}: time limit reached while building the model")
-    objective_scale, options = _cbc_settings(model) if name == "cbc" else (1.0, ())
-    built = _pulp_problem(pulp, model, objective_scale, deadline)
+    options = _cbc_settings(model) if name == "cbc" else ()
+    built = _pulp_problem(pulp, model, deadline)
     if built is None:
         return MilpSolution(status="unknown", message=(
             f"{name}: time limit reached while building the model (the PuLP model would not have been built and "
@@ -61,15 +61,15 @@ def solve_pulp(model: LinearModel, name: str, time_limit: float, threads: int, v
     log = _run_pulp(pulp, problem, name, solver_deadline, threads, verbose, bool(model.hint), options)
     if isinstance(log, MilpSolution):
         return log
-    solution = _pulp_solution(pulp, problem, variables, model, name, log, objective_scale)
+    solution = _pulp_solution(pulp, problem, variables, model, name, log)
     if solution.status == "unknown" and ("Stopped on time" in log or _clock() >= solver_deadline):
         solution.message = f"{name}: no solution within the time limit (status {pulp.LpStatus[problem.status]})"
     return solution
 
 
-def _pulp_problem(pulp: Any, model: LinearModel, objective_scale: float,
+def _pulp_problem(pulp: Any, model: LinearModel,
                   deadline: float = math.inf) -> tuple[Any, list[Any]] | None:
-    """The model as a PuLP problem (objective divided by ``objective_scale``), and its variables in
+    """The model as a PuLP problem, and its variables in
     the model's order (hint values set); None as soon as the rows built so far show that building them all and
     writing them out (:data:`_PULP_IO_PER_BUILD_S`) would end past ``deadline`` (a ``_clock`` reading)."""
     build_started = _clock()
@@ -82,7 +82,7 @@ def _pulp_problem(pulp: Any, model: LinearModel, objective_scale: float,
         if kind == "binary" and (lo, hi) != (0.0, 1.0):  # PuLP sets binaries to [0, 1]: keep a fixing
             variable.lowBound, variable.upBound = lo, hi
         variables.append(variable)
-    problem += pulp.LpAffineExpression([(variables[v], c / objective_scale) for v, c in model.objective])
+    problem += pulp.LpAffineExpression([(variables[v], c) for v, c in model.objective])
     rows = len(model.rows)
     for index, (terms, sense, rhs) in enumerate(model.rows, start=1):
         expr = pulp.LpAffineExpression([(variables[v], c) for v, c in terms])
@@ -125,10 +125,10 @@ def _run_pulp(pulp: Any, problem: Any, name: str, deadline: float, threads: int,
     return log
 
 
-def _pulp_solution(pulp: Any, problem: Any, variables: list[Any], model: LinearModel, name: str, log: str,
-                   objective_scale: float) -> MilpSolution:
+def _pulp_solution(pulp: Any, problem: Any, variables: list[Any], model: LinearModel, name: str,
+                   log: str) -> MilpSolution:
     """The answer of a solved PuLP problem in the model's units; for CBC stopped early, the bound
-    its log proves (CBC saw the objective divided by ``objective_scale``)."""
+    its log proves."""
     has_solution = problem.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
     if problem.status == pulp.LpStatusInfeasible:
         return MilpSolution(status="infeasible", message=f"{name}: proven infeasible")
@@ -140,9 +140,8 @@ def _pulp_solution(pulp: Any, problem: Any, variables: list[Any], model: LinearM
     status = "optimal" if proven else "feasible"
     bound = objective if proven else _cbc_bound(log)
     if bound is not None and not proven:
-        # Back to the model's units, one float lower (the product rounds); CBC's bound may also
-        # lag behind its last incumbent.
-        bound = min(math.nextafter(bound * objective_scale, -math.inf), objective)
+        # One float lower (the log prints it rounded); CBC's bound may also lag behind its last incumbent.
+        bound = min(math.nextafter(bound, -math.inf), objective)
     return MilpSolution(status=status, values=values, objective=objective, bound=bound)
 
 
@@ -165,15 +164,16 @@ _ROWS_PER_CHECK = 2000
 _clock = time.perf_counter
 
 
-def _cbc_settings(model: LinearModel) -> tuple[float, tuple[str, ...]]:
-    """What CBC 2.10 (PuLP's bundled one) needs to answer exactly: the factor its objective is
-    divided by, and its options. Each was found by bench_fuzz on a Checkmate model costed in seconds.
+def _cbc_settings(model: LinearModel) -> tuple[str, ...]:
+    """What CBC 2.10 (PuLP's bundled one) needs to answer exactly: its options. Each was found by bench_fuzz on a
+    Checkmate model costed in seconds.
 
     * Its pre-processing claimed "optimal" for a schedule dearer than store-all's (it fixed
       variables wrongly; seed 7, graph 39), and "infeasible" when its time limit interrupted it
       (seed 5, graph 158), as in coin-or/Cbc issues 466, 737, 740: it is turned off.
-    * Its absolute tolerances suit objectives near 1, not extra costs of 1e-4 seconds: a
-      non-integral objective is divided by its largest coefficient (also 30x faster on graph 298).
+    * Its absolute tolerances suit objectives near 1, not extra costs of 1e-4 seconds (also 30x faster on graph
+      298): every backend gets a non-integral objective divided by its largest coefficient
+      (:func:`coop.formulations.milp.backends.solve_milp`).
     * It prunes every node that cannot beat the incumbent by its cutoff increment, 1e-5 by
       default: it called a schedule optimal that was 9e-6 dearer than the optimum (seed 5, graph
       153). The increment is 0, or, when every objective term is an integer coefficient on an
@@ -184,9 +184,8 @@ def _cbc_settings(model: LinearModel) -> tuple[float, tuple[str, ...]]:
     integral = all(float(c).is_integer() and model.kinds[v] != "continuous" for v, c in model.objective if c)
     if coefficients and integral:
         step = reduce(math.gcd, (abs(int(c)) for c in coefficients))
-        return 1.0, ("preprocess off", f"increment {0.9999 * step:g}")
-    scale = max((abs(c) for c in coefficients), default=1.0)
-    return scale, ("preprocess off", "increment 0")
+        return ("preprocess off", f"increment {0.9999 * step:g}")
+    return ("preprocess off", "increment 0")
 
 
 def _pulp_backend(pulp: Any, name: str, time_limit: float, threads: int, verbose: bool, warm: bool,
