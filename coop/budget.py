@@ -39,7 +39,7 @@ _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z%]*)\s*$",
 _SIGNED = re.compile(r"^\s*-\s*[0-9.]", re.IGNORECASE)
 
 
-def parse_budget(spec: str | float, graph: Graph, *, check: bool = True) -> int:
+def parse_budget(spec: str | float, graph: Graph, *, check: bool = True, paging: bool = False) -> int:
     """The budget in graph units (bytes for captured graphs).
 
     ``int`` -> graph units; ``float`` in (0, ...) -> fraction of the baseline peak; strings:
@@ -55,6 +55,9 @@ def parse_budget(spec: str | float, graph: Graph, *, check: bool = True) -> int:
         refused on a graph in abstract units.
     check : bool
         Whether to refuse a budget below :func:`min_budget`.
+    paging : bool
+        Whether the schedule may page (a device profile lets POET page): the bound is then
+        ``min_budget(graph, paging=True)``.
 
     Returns
     -------
@@ -82,12 +85,12 @@ def parse_budget(spec: str | float, graph: Graph, *, check: bool = True) -> int:
     coop.errors.BudgetError: budget 13 B (0.93 of the peak) is below min_budget 14 B ...
     """
     budget = _parse(spec, graph)
-    if check and (message := below_min_budget(budget, graph, spec=spec)):
+    if check and (message := below_min_budget(budget, graph, spec=spec, paging=paging)):
         raise BudgetError(message)
     return budget
 
 
-def below_min_budget(budget: int, graph: Graph, *, spec: object = None) -> str | None:
+def below_min_budget(budget: int, graph: Graph, *, spec: object = None, paging: bool = False) -> str | None:
     """The one-line verdict for a budget below :func:`min_budget`, or None when the budget is not below it.
 
     Every module that meets such a budget (the parser, the formulations, compare, the fallback)
@@ -107,9 +110,10 @@ def below_min_budget(budget: int, graph: Graph, *, spec: object = None) -> str |
     -------
     str or None
         The message naming the budget and the min_budget (each in graph units and as a share of the baseline
-        peak) and the least budget to use; None when ``budget`` is at least :func:`min_budget`.
+        peak) and the least budget to use; None when ``budget`` is at least :func:`min_budget` (with ``paging``,
+        the bound of schedules that may page).
     """
-    least = min_budget(graph)
+    least = min_budget(graph, paging=paging)
     if budget >= least:
         return None
     peak = baseline_peak(graph)
@@ -336,12 +340,15 @@ def min_budget(graph: Graph, *, paging: bool = False) -> int:
     workspace, and (b) every graph output at the end; both plus the caller-owned values. Values
     count at their smallest implementation (MONeT impls); an implementation that reads optional
     values counts their compute steps too (they must then be computed). Without paging, (a) also counts
-    every output that cannot be recomputed (an extra output, such as a convolution backward's weight gradient,
-    or a random op's) whose op every implementation of the node depends on: it exists from that op's first
-    compute, before any compute of the node, and may not be freed (it must be resident at the end and cannot
-    come back). On ResNet's compiled training step (issue 41) that raised the bound from 2,115,432 to 2,240,168 B,
-    and on its eager step from 2,115,560 to 2,249,640 B: the weight gradients of the layers the backward passes
-    first are resident at the stem's backward.
+    every value that cannot be recomputed (an extra output, such as a convolution backward's weight gradient or a
+    dropout's mask, or a random op's output) whose op every implementation of the node depends on and that is
+    still needed after the node: a graph output (it must be resident at the end) or a value some node that depends
+    on this one must read (:func:`pinned_values`). It exists from its op's first compute, before any compute of
+    the node, and cannot come back once freed. On ResNet's compiled training step (issue 41) the outputs raised the
+    bound from 2,115,432 to 2,240,168 B, and on its eager step from 2,115,560 to 2,249,640 B: the weight gradients
+    of the layers the backward passes first are resident at the stem's backward. On BERT-base's step captured for
+    CUDA (b8 s256, issue 43) the dropout masks read in the backward raised it from 1,187,400,192 to 1,228,339,712 B:
+    they are all resident at the language-model head's backward.
 
     Parameters
     ----------
@@ -405,7 +412,7 @@ def _implementation_footprint(graph: Graph, node: Node, impl: Impl | None, pagin
 
 def _min_budget(graph: Graph, paging: bool) -> int:
     always = 0 if paging else graph.caller_owned_bytes
-    pinned = {} if paging else pinned_outputs(graph)
+    pinned = {} if paging else pinned_values(graph)
     largest_step = always
     for node in graph.nodes:
         if node.caller_owned or node.optional:  # an optional value need never be computed
@@ -425,40 +432,61 @@ def _min_budget(graph: Graph, paging: bool) -> int:
 
 
 @derived_from_graph
-def pinned_outputs(graph: Graph) -> dict[int, frozenset[int]]:
-    """Per node, the outputs resident at every compute of it in every legal schedule (without paging).
+def pinned_values(graph: Graph) -> dict[int, frozenset[int]]:
+    """Per node, the values resident at its first compute in every legal schedule (without paging).
 
-    An output that cannot be recomputed (an extra output of a multi-output op, a random op's) exists from its
-    op's first compute on and is never freed: the schedule could not bring it back for the end. A node that
-    depends on that op (through the inputs every implementation of it reads, transitively; an extra output
-    depends on its op) runs only after the op's first compute, so the output is resident there. Returns, for each
-    node with any, the ids of those outputs (never the node itself); computed once per graph.
+    A value that cannot be recomputed (an extra output of a multi-output op, a random op's output) exists from its
+    op's first compute on and, once freed, cannot come back. A node X that depends on that op (through the inputs
+    every implementation of it reads, transitively; an extra output depends on its op) first runs after the op's
+    first compute; where the value must still be resident after X, it is resident at X: when it is a graph output
+    (resident at the end), or when a node that depends on X must read it (that node's first compute comes after X's
+    first compute and reads the value's only instance). Returns, for each node with any, the ids of those values
+    (never the node itself); computed once per graph.
     """
     readers: dict[int, list[int]] = {node.id: [] for node in graph.nodes}
+    needed_by: dict[int, list[int]] = {node.id: [] for node in graph.nodes}
     for node in graph.nodes:
         needs = set(node.inputs)
         for impl in node.impls:
             needs &= set(node.reads(impl))
+        for source in needs if not node.optional else ():  # an optional value need never be computed
+            needed_by[source].append(node.id)
         if node.output_of is not None:
             needs.add(node.output_of)
         for source in needs:
             readers[source].append(node.id)
+    sources: dict[int, list[int]] = {node.id: [] for node in graph.nodes}
+    for source, nodes in readers.items():
+        for node in nodes:
+            sources[node].append(source)
+    outputs = set(graph.outputs)
     pinned: dict[int, set[int]] = {}
-    for output in set(graph.outputs):
-        value = graph.node(output)
-        if value.caller_owned or value.recomputable:
+    for value in graph.nodes:
+        if value.caller_owned or value.recomputable or value.optional:
             continue
-        op = value.output_of if value.output_of is not None else output
-        seen: set[int] = set()
-        stack = list(readers[op])
-        while stack:
-            reader = stack.pop()
-            if reader not in seen:
-                seen.add(reader)
-                stack.extend(readers[reader])
-        for reader in seen - {output}:
-            pinned.setdefault(reader, set()).add(output)
-    return {node: frozenset(outputs) for node, outputs in pinned.items()}
+        if value.id not in outputs and not needed_by[value.id]:
+            continue
+        op = value.output_of if value.output_of is not None else value.id
+        after_op = _closure(readers[op], readers)
+        if value.id in outputs:
+            holders = after_op
+        else:  # the nodes after the op that some reader of the value depends on (or that read it)
+            holders = after_op & _closure(needed_by[value.id], sources)
+        for holder in holders - {value.id}:
+            pinned.setdefault(holder, set()).add(value.id)
+    return {node: frozenset(values) for node, values in pinned.items()}
+
+
+def _closure(start: list[int], edges: dict[int, list[int]]) -> set[int]:
+    """The nodes reachable from ``start`` along ``edges`` (``start`` included)."""
+    seen: set[int] = set()
+    stack = list(start)
+    while stack:
+        node = stack.pop()
+        if node not in seen:
+            seen.add(node)
+            stack.extend(edges[node])
+    return seen
 
 
 def format_memory(value: float | None, graph: Graph) -> str:

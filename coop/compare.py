@@ -53,6 +53,9 @@ FITS_NOTE = ("fits: the arena peak (highest address used, fragmentation included
              "budget's size) alike; 'fragmented': the live peak fits but the placement does not")
 
 #: The columns delta's rows add (its swaps, priced on the device profile).
+#: The methods that may page a value out (POET's formulation, DELTA's policy): their budgets meet the bound of paged
+#: schedules (:func:`coop.budget.min_budget` with ``paging=True``).
+PAGING_METHODS = frozenset({"poet", DELTA})
 DELTA_COLUMNS = ("swapped_bytes", "recomputed_cost", "exposed_copy_s", "host_peak")
 
 #: The columns of every row, in table order.
@@ -170,7 +173,9 @@ def simulate_report(graph: Graph, policy: str, budget: str | int | float,  # noq
     """
     _check_online(policy, device_profile)
     budget_units = parse_budget(budget, graph, check=False)
-    least = min_budget(graph)
+    # the bound of the graph the engines run (random draws replayed); DELTA, given a device profile, swaps
+    bounded, paging = graph.with_random_replay(), device_profile is not None
+    least = min_budget(bounded, paging=paging)
     report: dict[str, Any] = {
         "graph": graph.name,
         "policy": policy,
@@ -178,7 +183,7 @@ def simulate_report(graph: Graph, policy: str, budget: str | int | float,  # noq
         "min_budget": least,
         "baseline_peak": baseline_peak(graph),
     }
-    if below := below_min_budget(budget_units, graph):
+    if below := below_min_budget(budget_units, bounded, paging=paging):
         return report | {"status": "infeasible", "message": below}
     result = _simulate(graph, budget_units, policy, device_profile, compact)
     if memory_viz is not None and result.schedule is not None:  # the online engines' schedules replay random draws
@@ -270,10 +275,10 @@ def compare(
         _check_online(name, device_profile if name == DELTA else None)
     if not budgets:
         raise CoopError("compare needs at least one budget (e.g. --budgets 0.9,0.7,0.5)")
-    peak, least = baseline_peak(graph), min_budget(graph)
     # Static plans may recompute random draws too: the executor replays them from their saved
     # generator state, as the online engine does (a no-op for graphs without torch random ops).
     static_graph = graph.with_random_replay()
+    peak, least = baseline_peak(graph), min_budget(static_graph)
     cost_unit = str(graph.meta.get("cost_unit", "unknown"))
     report = CompareReport(graph.name, cost_unit, peak, least, notes=[FITS_NOTE])
     parsed = [(str(spec), parse_budget(spec, graph, check=False)) for spec in budgets]
@@ -282,7 +287,8 @@ def compare(
     with _progress_bar(progress, len(tasks), graph.name) as advance:
         for spec, units, name, kind in tasks:
             advance(f"{name} @ {spec}")
-            if below := below_min_budget(units, graph):
+            # POET and DELTA may page what cannot be recomputed: the bound of paged schedules
+            if below := below_min_budget(units, static_graph, paging=name in PAGING_METHODS):
                 row = _row(name, kind, spec, units, peak, status="infeasible", message=below)
             elif kind == "static":
                 options = {"time_limit": time_limit} | (solver_options or {}).get(name, {})

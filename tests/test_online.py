@@ -159,7 +159,7 @@ def test_replaying_random_ops_lowers_the_overhead_of_a_tight_chain(policy: str) 
         if node["id"] in (2, 5):  # two dropout-like draws in the forward chain
             node["op"], node["recomputable"], node["random"] = "aten.bernoulli.p", False, True
     graph = Graph.model_validate(data)
-    budget = min_budget(graph) + 8
+    budget = min_budget(graph.with_random_replay()) + 8  # the floor of the replaying engine's graph
     replayed = simulate_online(graph, budget, policy)
     kept = simulate_online(graph, budget, policy, replay_random=False)
     assert replayed.status == kept.status == "ok"

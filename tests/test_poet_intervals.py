@@ -182,7 +182,9 @@ def test_only_paging_fits_and_the_interval_model_finds_it_alone() -> None:
     milp = poet(graph, 210, device_profile=HAND, time_limit=30, threads=1)  # a second model agrees
     assert milp.status == "optimal" and milp.objective == pytest.approx(58.0)
     remat_only = poet_intervals(graph, 210, device_profile=HAND, paging=False, time_limit=10, threads=1)
-    assert remat_only.schedule is None and remat_only.status == "unknown"
+    # without paging, a is resident at big's step (gb, after big, reads it): 220 B, proven before any model runs
+    assert remat_only.schedule is None and remat_only.status == "infeasible"
+    assert "use at least 220" in remat_only.message
 
 
 def test_poet_above_max_nodes_runs_the_interval_model_and_says_so() -> None:

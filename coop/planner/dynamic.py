@@ -71,7 +71,12 @@ class DynamicPlan(BasePlan):
         if captured.sharding is not None:  # online decisions differ between ranks, whose collectives must match
             raise CoopError("online eviction cannot run an FSDP-sharded step (each rank would decide its own "
                             "re-gathers); plan it with a static formulation")
-        super().__init__(model, captured, parse_budget(budget, captured.graph), loss_fn=loss_fn, wrapper=wrapper)
+        delta = isinstance(policy, DeltaPolicy) or (isinstance(policy, str) and policy.lower() == DELTA)
+        # the bound of the graph the engine runs (its random draws replayed); DELTA swaps, so a value that cannot be
+        # recomputed may still leave the device
+        bounded = replay_graph(captured, replay_random)
+        super().__init__(model, captured, parse_budget(budget, bounded, paging=delta), loss_fn=loss_fn,
+                         wrapper=wrapper)
         self.policy = policy
         self.replay_random = replay_random
         #: the online engine's arena: the budget less the generator states a CPU-only step saves beside it
@@ -82,7 +87,7 @@ class DynamicPlan(BasePlan):
         self.host_pool: HostPool | None = None
         #: where DELTA's copies run (None: on the compute stream)
         self.copy_stream: bool | StreamAPI | None = None
-        if isinstance(policy, DeltaPolicy) or (isinstance(policy, str) and policy.lower() == DELTA):
+        if delta:
             self.copy_stream = captured.graph.has_accelerator if copy_stream is None else copy_stream
             self.device_profile = policy.link if isinstance(policy, DeltaPolicy) else delta_profile(device_profile)
             if not captured.graph.has_accelerator:
@@ -90,8 +95,8 @@ class DynamicPlan(BasePlan):
                                            replay_random=replay_random, compact=True)  # as the step runs
                 self.host_pool = HostPool(predicted.host_peak)
         states = self.budget - self.arena_budget
-        if states and below_min_budget(self.arena_budget, captured.graph):
-            least = min_budget(captured.graph)
+        if states and below_min_budget(self.arena_budget, bounded, paging=delta):
+            least = min_budget(bounded, paging=delta)
             raise BudgetError(f"budget {self.budget} B leaves {self.arena_budget} B for online eviction after the "
                               f"generator states its step saves ({states} B), below min_budget {least} B; use at "
                               f"least {least + states}")

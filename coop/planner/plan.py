@@ -31,7 +31,7 @@ from coop.planner.rounds import GENERATOR_STATE_ROUNDS, RESERVED_ROUNDS, Round, 
 from coop.planner.solving import ReportedRounds, exact_only, plan_from_rank_zero, solve_within
 from coop.planner.static_plan import Plan, implementations_used, load_plan, refuse_arena_off_cpu
 from coop.runtime.allocator import AllocatorAssumption, prepare_allocator
-from coop.runtime.executor import unwrap_model
+from coop.runtime.executor import replay_graph, unwrap_model
 
 
 def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: LossFn | None = None,
@@ -96,11 +96,14 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
     if captured.context is None:
         captured.context = TrainingContext.current(module, read.tensors)
     options.refuse_for(captured)
-    budget_bytes = parse_budget(budget, captured.graph)
+    # the bound of the graph the executor replays (its random draws recomputable); with a device profile POET may page
+    # what cannot be recomputed: then the bound of paged schedules
+    paging, bounded = device_profile is not None, replay_graph(captured)
+    budget_bytes = parse_budget(budget, bounded, paging=paging)
     if arena:
         refuse_arena_off_cpu(captured.graph)
     allocator = prepare_allocator(captured.graph, streams=options.streams)
-    live_bytes = within_allocator_headroom(budget_bytes, allocator, captured.graph)
+    live_bytes = within_allocator_headroom(budget_bytes, allocator, bounded, paging=paging)
     if options.dynamic:
         chosen: Plan | DynamicPlan = DynamicPlan(captured, module, live_bytes, policy=policy, wrapper=wrapper,
                                                  loss_fn=loss_fn, device_profile=device_profile)
@@ -137,7 +140,8 @@ def _solved_and_measured(module: nn.Module, wrapper: nn.Module | None, captured:
     measure = functools.partial(measure_arena_step, flat=flat) if options.arena else \
         functools.partial(measure_ordinary_step, flat=flat, allocator=allocator)
     rounds = ReportedRounds(solver, captured, budget_bytes, live_bytes, measure=measure,
-                            prepare=options.prepare, flat=flat, progress=progress)
+                            prepare=options.prepare, flat=flat, progress=progress,
+                            paging=options.device_profile is not None)
     chosen = rounds.arena() if options.arena else rounds.ordinary()
     if options.copy_stream and chosen.executor.copy_stream is None:
         chosen.use_copy_stream()
@@ -147,7 +151,8 @@ def _solved_and_measured(module: nn.Module, wrapper: nn.Module | None, captured:
     return chosen
 
 
-def within_allocator_headroom(budget_bytes: int, allocator: AllocatorAssumption, graph: Graph) -> int:
+def within_allocator_headroom(budget_bytes: int, allocator: AllocatorAssumption, graph: Graph, *,
+                              paging: bool = False) -> int:
     """The live-bytes budget a schedule must meet: the budget less the allocator's page rounding.
 
     Parameters
@@ -156,6 +161,8 @@ def within_allocator_headroom(budget_bytes: int, allocator: AllocatorAssumption,
         What :func:`coop.runtime.allocator.prepare_allocator` assumed; its ``headroom`` is 0 on CPU.
     graph : Graph
         The captured step (for :func:`coop.budget.min_budget` and the message's units).
+    paging : bool
+        Whether the schedule may page (a device profile): the bound is then that of paged schedules.
 
     Returns
     -------
@@ -169,7 +176,7 @@ def within_allocator_headroom(budget_bytes: int, allocator: AllocatorAssumption,
         ``min_budget`` after it.
     """
     live = budget_bytes - allocator.headroom
-    least = min_budget(graph)
+    least = min_budget(graph, paging=paging)
     if allocator.headroom and live < least:
         raise BudgetError(f"budget {format_memory(budget_bytes, graph)} leaves {format_memory(live, graph)} for the step "
                           f"after the CUDA allocator's page rounding ({format_memory(allocator.headroom, graph)}), below "

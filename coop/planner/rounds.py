@@ -32,7 +32,7 @@ from coop.graph import Graph
 from coop.graph_capture import Captured
 from coop.graph_capture.cost import measure_workspace
 from coop.planner.measure import FlatInputs, Measured
-from coop.runtime.executor import recorded_program, saved_generator_bytes
+from coop.runtime.executor import recorded_program, replay_graph, saved_generator_bytes
 from coop.runtime.placement import EXECUTION_ROUNDS, next_live_budget
 from coop.runtime.program_builder import SOURCE_NODE
 from coop.schedule import Schedule
@@ -88,12 +88,14 @@ class Rounds:
     runs the planned step and says what it holds (:mod:`coop.planner.measure`); ``prepare(plan)`` switches a
     candidate to the replay the plan will run (a copy stream, a CUDA graph) before it is measured; ``flat`` makes
     the example batch's flat inputs. ``budget_bytes`` is what the step must hold within, ``live_bytes`` the budget
-    less the allocator's page rounding, which the first solve aims at.
+    less the allocator's page rounding, which the first solve aims at; ``paging`` says that schedules may page (a
+    device profile), which lowers the floor below which no round aims.
     """
 
     def __init__(self, solve: Callable[[Captured, int], Candidate], captured: Captured, budget_bytes: int,
                  live_bytes: int, *, measure: Callable[[Candidate, int], Measured] | None = None,
-                 prepare: Callable[[Candidate], None] | None = None, flat: FlatInputs | None = None) -> None:
+                 prepare: Callable[[Candidate], None] | None = None, flat: FlatInputs | None = None,
+                 paging: bool = False) -> None:
         self.solve = solve
         self.captured = captured
         self.budget_bytes = budget_bytes
@@ -101,6 +103,8 @@ class Rounds:
         self.measure = measure
         self.prepare = prepare
         self.flat = flat
+        #: below it no schedule exists (the bound of schedules that may page where ``paging``: a device profile)
+        self.floor = min_budget(replay_graph(captured), paging=paging)
         #: every solve so far, in order
         self.taken: list[Round] = []
 
@@ -197,11 +201,11 @@ class Rounds:
 
         Raises InfeasibleError, in one line naming the last measure and the fix, where no round fits (or the aim falls
         below min_budget, or the solver finds nothing there)."""
-        graph, budget = chosen.graph, self.budget_bytes
+        budget = self.budget_bytes
         first, live, note = footprint, self.live_bytes, ""
         for _ in range(RESERVED_ROUNDS):
             aim = next_live_budget(live, chosen.predicted_peak, footprint, budget)
-            if aim < min_budget(graph):
+            if aim < self.floor:
                 break
             # A rejected candidate's CUDA graph keeps its private pool reserved while it lives: measured beside the
             # next candidate's, it would count twice (an H200: GPT-2 held 8.3 GB, then 14.0 GB at a lower budget).
@@ -270,7 +274,7 @@ class Rounds:
         what the footprint exceeds the budget; where the solver finds nothing (within its time limit) or the aim
         falls below the floor, it bisects instead. Raises InfeasibleError where no round fits."""
         budget = self.budget_bytes
-        floor, ceiling, live_budget, last = min_budget(self.captured.graph), budget + 1, budget, ""
+        floor, ceiling, live_budget, last = self.floor, budget + 1, budget, ""
         name, reason = "solve", "the formulation, within the arena budget"
         for _ in range(EXECUTION_ROUNDS):
             try:

@@ -69,10 +69,10 @@ def solve_within(model: nn.Module, captured: Captured, budget_bytes: int, *, for
         progress.stage(f"solved: {result.formulation} ({result.status}), overhead {100 * simulation.overhead:.2f} %")
         return Plan(model, captured, result.schedule, budget_bytes, result.formulation, result, note=result.message,
                     loss_fn=loss_fn, wrapper=wrapper, simulation=simulation)
-    if budget_bytes < min_budget(graph):  # every baseline's peak is at least min_budget: none can fit
+    least = min_budget(graph, paging=device_profile is not None)  # a device profile lets POET page
+    if budget_bytes < least:  # every schedule's peak is at least min_budget: none can fit
         raise InfeasibleError(f"no schedule within budget {format_memory(budget_bytes, graph)}: it is below "
-                              f"min_budget {format_memory(min_budget(graph), graph)}, the proven lower bound; raise "
-                              "the budget")
+                              f"min_budget {format_memory(least, graph)}, the proven lower bound; raise the budget")
     # a time-out proves nothing: where no baseline fits either, SolveTimeoutError (not InfeasibleError) says so
     fallback = cheapest_fitting_baseline(graph, budget_bytes, failed=formulation, result=result,
                                          time_limit=time_limit)

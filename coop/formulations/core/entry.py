@@ -19,8 +19,9 @@ Then, however it was called:
   any model is built (so building counts), within ``options.deadline`` when a caller gave one (a solver running
   another: ``auto``'s rungs), so a nested solve never outlives its parent; the implementation gets the options
   with that deadline in ``options.deadline`` (``dataclasses.replace``);
-* a budget below :func:`coop.budget.min_budget` (the proven lower bound on every schedule's peak)
-  returns an ``infeasible`` result with the one verdict line of :func:`coop.budget.below_min_budget`;
+* a budget below :func:`coop.budget.min_budget` (the proven lower bound on every schedule's peak; for a
+  formulation that ``pages``, the bound of schedules that may page) returns an ``infeasible`` result with the one
+  verdict line of :func:`coop.budget.below_min_budget`;
 * where a formulation asks for it (``store_all_is_optimal``: Moccasin), a budget that the baseline
   order's peak already fits returns store-all as ``optimal``: no schedule costs less than computing
   every node once. Checkmate's MILP and LP rounding do not ask: they prove that optimum themselves and
@@ -56,6 +57,7 @@ _DEPTH: contextvars.ContextVar[int] = contextvars.ContextVar("coop_formulation_d
 def formulation(name: str, *, options: type[SolverOptions],
                 store_all_is_optimal: bool | Callable[[Any], bool] = False,
                 check_options: Callable[[Graph, int, Any], None] | None = None,
+                pages: bool | Callable[[Any], bool] = False,
                 ) -> Callable[[Implementation], Callable[..., SolveResult]]:
     """Decorator: the entry of the formulation called ``name`` (see the module docstring).
 
@@ -71,6 +73,10 @@ def formulation(name: str, *, options: type[SolverOptions],
     check_options:
         Called first with the graph, the budget and the options object; raises the formulation's one-line
         error for a bad option, so that a bad option is refused at every budget.
+    pages:
+        Whether the formulation may page values out (POET; auto given a device profile); a callable decides from
+        the options object. Its budgets are then checked against ``min_budget(graph, paging=True)``: a value that
+        cannot be recomputed may still be paged out and back.
 
     Returns
     -------
@@ -88,7 +94,8 @@ def formulation(name: str, *, options: type[SolverOptions],
             deadline = Deadline.after(typed.time_limit, within=typed.deadline)
             if check_options is not None:
                 check_options(graph, budget, typed)
-            if below := below_min_budget(budget, graph):
+            paging = pages(typed) if callable(pages) else pages
+            if below := below_min_budget(budget, graph, paging=paging):
                 return SolveResult(name, "infeasible", wall_s=deadline.elapsed(), message=below)
             store_all = store_all_is_optimal(typed) if callable(store_all_is_optimal) else store_all_is_optimal
             if store_all and budget >= baseline_peak(graph):

@@ -209,7 +209,7 @@ def _reordering_fits(graph: Graph, budget: int) -> bool:
     return order.startswith("deferred") and simulate(reordered, Schedule.from_order(reordered.order)).peak <= budget
 
 
-@formulation("auto", options=AutoOptions)
+@formulation("auto", options=AutoOptions, pages=lambda options: options.device_profile is not None)
 def auto(graph: Graph, budget: int, options: AutoOptions) -> SolveResult:
     """Climb :func:`formulation_ladder` within ``time_limit`` seconds in all; return the cheapest fitting schedule.
 

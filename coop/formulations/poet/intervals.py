@@ -89,7 +89,8 @@ def _check_interval_options(graph: Graph, budget: int, options: PoetIntervalsOpt
         raise PoetError(f"max_intervals={max_intervals!r} must be an integer >= 1 (Moccasin's C)")
 
 
-@formulation("poet", options=PoetIntervalsOptions, check_options=_check_interval_options)
+@formulation("poet", options=PoetIntervalsOptions, check_options=_check_interval_options,
+             pages=lambda options: options.paging)
 def poet_intervals(graph: Graph, budget: int, options: PoetIntervalsOptions) -> SolveResult:
     """POET's choices in the interval model on any graph.
 

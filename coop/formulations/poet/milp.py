@@ -179,7 +179,7 @@ def _row(model: LinearModel, terms: list[tuple[Entry, float]], sense: str, rhs: 
 
 
 # -------------------------------------------------------------------- entry point
-@formulation("poet", options=PoetOptions, check_options=check_poet_options)
+@formulation("poet", options=PoetOptions, check_options=check_poet_options, pages=lambda options: options.paging)
 def poet(graph: Graph, budget: int, options: PoetOptions) -> SolveResult:
     """POET's MILP (Patil et al. 2022): recompute or page to the device profile's slower tier.
 
