@@ -9,6 +9,7 @@ the formulations that may not page (their verdict is proven) and POET, which may
 from __future__ import annotations
 
 from coop.budget import min_budget, parse_budget
+from coop.compare import simulate_report
 from coop.device_profiles import profile_from_dict
 from coop.errors import BudgetError
 from coop.formulations import solve
@@ -62,3 +63,25 @@ def test_the_parser_names_the_bound_of_the_schedules_the_caller_can_run() -> Non
     else:
         raise AssertionError("106 B is below every schedule's peak without paging")
     assert parse_budget(106, graph, paging=True) == 106
+
+
+def _chain_with_draws() -> Graph:
+    """x -> f1 .. f8 (4 B each; f2 and f5 draw random numbers) -> a backward tail b8 .. b1 reading each again."""
+    nodes = [{"id": 0, "name": "x", "mem": 1, "cost": 0, "kind": "input"}]
+    for i in range(1, 9):
+        draw = {"op": "aten.bernoulli.p", "recomputable": False, "random": True} if i in (2, 5) else {}
+        nodes.append({"id": i, "name": f"f{i}", "inputs": [i - 1], "mem": 4, "cost": 1, **draw})
+    for k, forward in enumerate(range(8, 0, -1)):
+        nodes.append({"id": 9 + k, "name": f"b{forward}", "inputs": [forward] + ([8 + k] if k else []), "mem": 4,
+                      "cost": 1})
+    return Graph.model_validate({"name": "draws", "nodes": nodes, "outputs": [16]})
+
+
+def test_an_engine_that_replays_draws_is_bounded_on_the_graph_it_runs() -> None:
+    # Held until their backward, the two draws pin 8 B at every node between; replayed, they need not be held.
+    graph = _chain_with_draws()
+    assert min_budget(graph) == min_budget(graph.with_random_replay()) + 8
+    budget = min_budget(graph.with_random_replay()) + 4  # below the raw graph's floor, above the replayed one's
+    report = simulate_report(graph, "dtr", budget)
+    assert report["status"] == "ok" and report["min_budget"] == min_budget(graph.with_random_replay())
+    assert report["peak"] <= budget and report["random_replays"] > 0
