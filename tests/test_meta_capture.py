@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 import coop
 from coop.cli import app
 from coop.errors import CaptureError, CoopError
+from coop.runtime.reserved import modelled_step_reserved
 from coop.zoo import build
 
 
@@ -173,3 +174,22 @@ def test_a_meta_plan_for_cuda_names_the_allocator_models_reserve() -> None:
     assert found, note
     reserved = int(found.group(1).replace(",", ""))
     assert reserved % (2 << 20) == 0 and reserved >= plan.predicted_peak
+
+
+def test_a_meta_plan_for_cuda_is_solved_again_below_the_allocator_models_excess() -> None:
+    """The model stands in for the measure a meta model cannot take: where the first schedule is predicted to reserve
+    more than the budget, the rounds solve again below the excess, as on a device, until the prediction fits; where
+    none fits (whole 20 MiB pages of a small step), one line says so with the prediction."""
+    meta_model, meta_batch, loss_fn = _on_meta("gpt2", layers=1, hidden=256, heads=4, vocab=2048, batch=8, seq=256)
+    plan = coop.plan(meta_model, 0.9, meta_batch, loss_fn=loss_fn, device="cuda", formulation="moccasin",
+                     time_limit=2)
+    budget = coop.parse_budget(0.9, plan.captured.graph, check=False)
+    outcomes = [round_.outcome for round_ in plan.rounds]
+    assert outcomes[0] == "predicted above the budget" and outcomes[-1] == "fits" and len(outcomes) > 1, outcomes
+    graph = plan.captured.graph.with_random_replay()
+    reserved = graph.caller_owned_bytes + modelled_step_reserved(graph, plan.schedule)  # the schedule returned
+    assert reserved <= budget and "re-solved within a live-bytes budget" in plan.summary()["note"]
+    with pytest.raises(coop.InfeasibleError) as refused:
+        coop.plan(meta_model, 0.7, meta_batch, loss_fn=loss_fn, device="cuda", formulation="moccasin", time_limit=2)
+    message = str(refused.value)
+    assert "\n" not in message and "was predicted to hold" in message

@@ -31,6 +31,7 @@ from coop.errors import BudgetError, InfeasibleError, SolveTimeoutError
 from coop.graph import Graph
 from coop.graph_capture import Captured
 from coop.graph_capture.cost import measure_workspace
+from coop.graph_capture.meta import weightless
 from coop.planner.measure import FlatInputs, Measured
 from coop.runtime.executor import recorded_program, replay_graph, saved_generator_bytes
 from coop.runtime.placement import EXECUTION_ROUNDS, next_live_budget
@@ -51,6 +52,7 @@ class Candidate(Protocol):
     """What the rounds read and set of a plan (:class:`coop.planner.static_plan.Plan`)."""
 
     captured: Captured
+    model: Any
     schedule: Schedule
     budget: int
     note: str
@@ -68,7 +70,9 @@ class Candidate(Protocol):
 @dataclass
 class Round:
     """One solve of a ``coop.plan`` call: its name, why it ran, the live-bytes budget it solved within, what its
-    step measured (None: not measured) and came to (``outcome``), and the seconds the solve and measure took."""
+    step measured (None: not measured; for a model on the meta device planned for CUDA, the CUDA allocator model's
+    prediction, ``outcome`` then saying "predicted") and came to (``outcome``), and the seconds the solve and measure
+    took."""
 
     name: str
     reason: str
@@ -123,6 +127,14 @@ class Rounds:
         finally:
             round_.seconds = time.perf_counter() - started
 
+    @staticmethod
+    def _held(candidate: Candidate, subject: bool = True) -> str:
+        """How a candidate's footprint was known: held (measured), or predicted by the CUDA allocator model for a
+        model on the meta device (:func:`coop.planner.measure.measure_ordinary_step`)."""
+        if weightless(candidate.model):
+            return "the CUDA allocator model predicted the step holds" if subject else "was predicted to hold"
+        return "the step held" if subject else "held"
+
     def _measured(self, candidate: Candidate, aim: int) -> Measured:
         """What ``candidate``'s step holds, recorded on the round that solved it."""
         assert self.measure is not None, "Rounds without a measure solve only"
@@ -131,8 +143,8 @@ class Rounds:
         last = self.taken[-1]
         last.seconds += time.perf_counter() - started
         last.measured = footprint
-        last.outcome = ("not measured" if footprint is None else "fits" if footprint <= self.budget_bytes
-                        else "held above the budget")
+        above = "predicted above the budget" if weightless(candidate.model) else "held above the budget"
+        last.outcome = ("not measured" if footprint is None else "fits" if footprint <= self.budget_bytes else above)
         return footprint, note
 
     # ---------------------------------------------------------------- the rounds
@@ -210,8 +222,8 @@ class Rounds:
             # A rejected candidate's CUDA graph keeps its private pool reserved while it lives: measured beside the
             # next candidate's, it would count twice (an H200: GPT-2 held 8.3 GB, then 14.0 GB at a lower budget).
             chosen.graph_replay = None
-            reason = (f"the step held {self._size(footprint)} on the device, above the budget {self._size(budget)}: "
-                      "solved below by the excess")
+            reason = (f"{self._held(chosen)} {self._size(footprint)} on the device, above the budget "
+                      f"{self._size(budget)}: solved below by the excess")
             try:
                 candidate = self.as_asked(aim, name="reserved excess", reason=reason)
             except (InfeasibleError, SolveTimeoutError, BudgetError):
@@ -220,12 +232,13 @@ class Rounds:
             if measured is None or measured <= budget:
                 candidate.note = (candidate.note + "; " if candidate.note else "") + (
                     f"re-solved within a live-bytes budget of {self._size(aim)}: the plan solved within "
-                    f"{self._size(self.live_bytes)} held {self._size(first)} on the device, above the budget "
-                    f"{self._size(budget)}; {note}")
+                    f"{self._size(self.live_bytes)} {self._held(chosen, subject=False)} {self._size(first)} on the "
+                    f"device, above the budget {self._size(budget)}; {note}")
                 return candidate
             chosen, live, footprint = candidate, aim, measured
         raise InfeasibleError(f"no plan's step stays within the budget {self._size(budget)} once the device's "
-                              f"allocator reserves its blocks: the last held {self._size(footprint)} at a live-bytes "
+                              f"allocator reserves its blocks: the last {self._held(chosen, subject=False)} "
+                              f"{self._size(footprint)} at a live-bytes "
                               f"budget of {self._size(live)} (first {self._size(first)}); raise the budget by the "
                               "excess")
 
