@@ -185,7 +185,7 @@ def test_a_meta_plan_for_cuda_is_solved_again_below_the_allocator_models_excess(
                      time_limit=2)
     budget = coop.parse_budget(0.9, plan.captured.graph, check=False)
     outcomes = [round_.outcome for round_ in plan.rounds]
-    assert outcomes[0] == "predicted above the budget" and outcomes[-1] == "fits" and len(outcomes) > 1, outcomes
+    assert outcomes[0] == "predicted above the budget" and outcomes[-1] == "predicted to fit" and len(outcomes) > 1, outcomes
     graph = plan.captured.graph.with_random_replay()
     reserved = graph.caller_owned_bytes + modelled_step_reserved(graph, plan.schedule)  # the schedule returned
     assert reserved <= budget and "re-solved within a live-bytes budget" in plan.summary()["note"]

@@ -146,6 +146,31 @@ def test_a_step_that_reserves_above_its_budget_is_solved_again_below_the_excess(
     coop.validate(graph, again.schedule, budget - reserve)  # the one validator agrees with the aim
 
 
+def test_the_allocator_models_excess_is_solved_below_before_any_step_is_measured(cnn_step) -> None:
+    """``predict`` (the CUDA allocator model, here a fake holding a tenth of the peak beyond the live bytes) is acted
+    on first: the rounds re-solve below its excess without running a step, and only the plan it accepts is
+    measured (once), by a fake device that holds what the model predicted."""
+    graph = cnn_step[3].graph
+    peak = coop.baseline_peak(graph)
+    reserve, budget = peak // 10, int(0.8 * peak)
+    within = _within(cnn_step)
+    measured: list[int] = []
+
+    def measure(plan, live):
+        measured.append(plan.predicted_peak + reserve)
+        return measured[-1], f"held {measured[-1]}"
+
+    rounds = Rounds(lambda _captured, aim: within(aim), cnn_step[3], budget, budget, measure=measure,
+                    predict=lambda plan: plan.predicted_peak + reserve)
+    chosen = rounds.ordinary()
+    names = [round_.name for round_ in rounds.taken]
+    assert names[0] == "solve" and set(names[1:]) == {"modelled excess"} and len(names) > 1, names
+    assert rounds.taken[0].outcome == "predicted above the budget" and rounds.taken[0].measured is None
+    assert measured == [chosen.predicted_peak + reserve] and measured[0] <= budget
+    assert rounds.taken[-1].outcome == "fits" and rounds.taken[-1].modelled == measured[0]
+    coop.validate(graph, chosen.schedule, budget - reserve)
+
+
 def test_a_step_that_never_fits_is_refused_in_one_line(cnn_step) -> None:
     graph = cnn_step[3].graph
     budget = int(0.8 * coop.baseline_peak(graph))

@@ -37,13 +37,9 @@ def measure_ordinary_step(candidate: Any, live_budget: int, *, flat: FlatInputs,
     internal scratch such as oneDNN's convolution reorders included) above the caller-owned values. On a step with
     values on one CUDA device: what the caching allocator reserves for a warm step
     (:func:`coop.runtime.reserved.reserved_step_peak`, the measure of the GPU acceptance command) plus the
-    caller-owned values. A meta-device model planned for CUDA runs nothing: the allocator model's prediction of what
-    the step reserves (:func:`coop.runtime.reserved.modelled_step_reserved`, with the expandable-segments setting
-    ``allocator`` assumed) plus the caller-owned values stands in for the measure, and the rounds re-solve below its
-    excess as below a measured one. Compared with an H200's reserved bytes (BENCHMARKS.md, bench_cuda) the model
-    predicted less than the device reserved on each of five rows (1.006-1.082x the live peak against 1.03-1.16x), so
-    acting on it never lowers a budget further than the device would have. Not measured (None, the note says why):
-    a model on the meta device planned for no CUDA device, an FSDP-sharded step,
+    caller-owned values. A meta-device model planned for CUDA runs nothing: the note gives the allocator model's
+    prediction (:func:`modelled_ordinary_step`, on which the rounds already acted). Not measured (None, the note says
+    why): a model on the meta device, an FSDP-sharded step,
     another accelerator, a schedule that pages (on a CPU-only step its host copies are CPU allocations too, so the
     CPU allocator's sum would count the host tier as held), and a step run while another profiler is recording.
     The plan's ``step_footprint`` is set where it is measured.
@@ -68,15 +64,12 @@ def measure_ordinary_step(candidate: Any, live_budget: int, *, flat: FlatInputs,
     size = functools.partial(format_memory, graph=graph)
     solved = f"solved within a live-bytes budget of {size(live_budget)}"
     if weightless(candidate.model):
-        if graph.has_accelerator and allocator is not None and allocator.expandable_segments is not None:
-            # nothing runs: the CUDA caching allocator's model predicts what the step would reserve, and the rounds
-            # act on it as on a measure (the model has predicted less than a device reserved wherever compared)
+        modelled = modelled_ordinary_step(candidate, allocator)
+        if modelled is not None:  # nothing runs: the CUDA caching allocator's model says what the step would reserve
             owned = graph.caller_owned_bytes
-            modelled = owned + modelled_step_reserved(graph, candidate.schedule,
-                                                      expandable=allocator.expandable_segments)
-            return modelled, (f"held bytes not measured: the model is on the meta device; the CUDA allocator model "
-                              f"predicts {size(modelled)} reserved = caller-owned {size(owned)} + "
-                              f"{size(modelled - owned)} for the step; {solved}")
+            return None, (f"held bytes not measured: the model is on the meta device; the CUDA allocator model "
+                          f"predicts {size(modelled)} reserved = caller-owned {size(owned)} + "
+                          f"{size(modelled - owned)} for the step; {solved}")
         return None, f"held bytes not measured: the model is on the meta device (no weights); {solved}"
     if candidate.captured.sharding is not None:
         return None, (f"held bytes not measured: a step of an FSDP-sharded model runs collectives and hands its "
@@ -105,6 +98,32 @@ def measure_ordinary_step(candidate: Any, live_budget: int, *, flat: FlatInputs,
     return owned + peak, (f"held {size(owned + peak)} = caller-owned {size(owned)} + the step's allocations "
                           f"{size(peak)} (predicted live {size(candidate.predicted_peak)} + kernel scratch measured on "
                           f"the example batch at {torch.get_num_threads()} threads), {solved}")
+
+
+def modelled_ordinary_step(candidate: Any, allocator: AllocatorAssumption | None) -> int | None:
+    """What the CUDA caching allocator's CPU model predicts a plan's ordinary replay holds: the caller-owned values plus
+    :func:`coop.runtime.reserved.modelled_step_reserved` of its schedule, under the expandable-segments setting
+    ``allocator`` assumed. The rounds of ``coop.plan`` re-solve below its excess before any step runs, so a CUDA plan
+    meets its budget in modelled reserved bytes first and the measured re-solve is left what the model misses.
+    Compared with an H200's reserved bytes (BENCHMARKS.md, bench_cuda) the model predicted less than the device
+    reserved on each of five rows (1.006-1.082x the live peak against 1.03-1.16x): acting on it never lowers a budget
+    further than the device would.
+
+    Returns
+    -------
+    int or None
+        The bytes, or None where the model does not apply: no CUDA value, the allocator's setting unknown (another
+        backend), a CUDA graph's private pool, the copy stream's second pool, an FSDP-sharded step.
+    """
+    graph = candidate.graph
+    if not graph.has_accelerator or allocator is None or allocator.expandable_segments is None:
+        return None
+    if candidate.graph_replay is not None or getattr(candidate.executor, "copy_stream", None) is not None:
+        return None
+    if candidate.captured.sharding is not None:
+        return None
+    return graph.caller_owned_bytes + modelled_step_reserved(graph, candidate.schedule,
+                                                             expandable=bool(allocator.expandable_segments))
 
 
 def measure_arena_step(candidate: Any, live_budget: int, *, flat: FlatInputs) -> Measured:

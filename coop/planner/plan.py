@@ -23,7 +23,7 @@ from coop.graph_capture.batch import Batch, read_batch
 from coop.graph_capture.context import TrainingContext
 from coop.planner.base import LossFn
 from coop.planner.dynamic import DynamicPlan
-from coop.planner.measure import measure_arena_step, measure_ordinary_step
+from coop.planner.measure import measure_arena_step, measure_ordinary_step, modelled_ordinary_step
 from coop.planner.options import PlanOptions
 from coop.planner.plan_files import library_versions, op_counts, op_difference, version_difference
 from coop.planner.ranks import require_same_graph, solved_on_rank_zero
@@ -139,9 +139,10 @@ def _solved_and_measured(module: nn.Module, wrapper: nn.Module | None, captured:
     flat = functools.partial(captured.flat_inputs, module, batch.tensors)
     measure = functools.partial(measure_arena_step, flat=flat) if options.arena else \
         functools.partial(measure_ordinary_step, flat=flat, allocator=allocator)
+    predict = None if options.arena else functools.partial(modelled_ordinary_step, allocator=allocator)
     rounds = ReportedRounds(solver, captured, budget_bytes, live_bytes, measure=measure,
                             prepare=options.prepare, flat=flat, progress=progress,
-                            paging=options.device_profile is not None)
+                            paging=options.device_profile is not None, predict=predict)
     chosen = rounds.arena() if options.arena else rounds.ordinary()
     if options.copy_stream and chosen.executor.copy_stream is None:
         chosen.use_copy_stream()

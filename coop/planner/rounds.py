@@ -31,7 +31,6 @@ from coop.errors import BudgetError, InfeasibleError, SolveTimeoutError
 from coop.graph import Graph
 from coop.graph_capture import Captured
 from coop.graph_capture.cost import measure_workspace
-from coop.graph_capture.meta import weightless
 from coop.planner.measure import FlatInputs, Measured
 from coop.runtime.executor import recorded_program, replay_graph, saved_generator_bytes
 from coop.runtime.placement import EXECUTION_ROUNDS, next_live_budget
@@ -52,7 +51,6 @@ class Candidate(Protocol):
     """What the rounds read and set of a plan (:class:`coop.planner.static_plan.Plan`)."""
 
     captured: Captured
-    model: Any
     schedule: Schedule
     budget: int
     note: str
@@ -70,14 +68,14 @@ class Candidate(Protocol):
 @dataclass
 class Round:
     """One solve of a ``coop.plan`` call: its name, why it ran, the live-bytes budget it solved within, what its
-    step measured (None: not measured; for a model on the meta device planned for CUDA, the CUDA allocator model's
-    prediction, ``outcome`` then saying "predicted") and came to (``outcome``), and the seconds the solve and measure
-    took."""
+    step measured (None: not measured), what the CUDA allocator model predicted it holds (``modelled``; None where
+    the model does not apply) and what it came to (``outcome``), and the seconds the solve and measure took."""
 
     name: str
     reason: str
     budget: int
     measured: int | None = None
+    modelled: int | None = None
     outcome: str = "solved"
     seconds: float = 0.0
 
@@ -93,14 +91,17 @@ class Rounds:
     candidate to the replay the plan will run (a copy stream, a CUDA graph) before it is measured; ``flat`` makes
     the example batch's flat inputs. ``budget_bytes`` is what the step must hold within, ``live_bytes`` the budget
     less the allocator's page rounding, which the first solve aims at; ``paging`` says that schedules may page (a
-    device profile), which lowers the floor below which no round aims.
+    device profile), which lowers the floor below which no round aims; ``predict(plan)`` is the CUDA allocator
+    model's prediction of what a candidate holds (:func:`coop.planner.measure.modelled_ordinary_step`), acted on
+    before any step is measured.
     """
 
     def __init__(self, solve: Callable[[Captured, int], Candidate], captured: Captured, budget_bytes: int,
                  live_bytes: int, *, measure: Callable[[Candidate, int], Measured] | None = None,
                  prepare: Callable[[Candidate], None] | None = None, flat: FlatInputs | None = None,
-                 paging: bool = False) -> None:
+                 paging: bool = False, predict: Callable[[Candidate], int | None] | None = None) -> None:
         self.solve = solve
+        self.predict = predict
         self.captured = captured
         self.budget_bytes = budget_bytes
         self.live_bytes = live_bytes
@@ -128,12 +129,23 @@ class Rounds:
             round_.seconds = time.perf_counter() - started
 
     @staticmethod
-    def _held(candidate: Candidate, subject: bool = True) -> str:
-        """How a candidate's footprint was known: held (measured), or predicted by the CUDA allocator model for a
-        model on the meta device (:func:`coop.planner.measure.measure_ordinary_step`)."""
-        if weightless(candidate.model):
+    def _held(modelled: bool, subject: bool = True) -> str:
+        """How a footprint was known: held (measured), or predicted by the CUDA allocator model."""
+        if modelled:
             return "the CUDA allocator model predicted the step holds" if subject else "was predicted to hold"
         return "the step held" if subject else "held"
+
+    def _modelled(self, candidate: Candidate, aim: int) -> Measured:
+        """What the CUDA allocator model predicts ``candidate``'s step holds (None where it does not apply), recorded
+        on the round that solved it."""
+        modelled = None if self.predict is None else self.predict(candidate)
+        last = self.taken[-1]
+        last.modelled = modelled
+        if modelled is not None:
+            last.outcome = "predicted to fit" if modelled <= self.budget_bytes else "predicted above the budget"
+        note = "" if modelled is None else (f"the CUDA allocator model predicts {self._size(modelled)} held, "
+                                            f"solved within a live-bytes budget of {self._size(aim)}")
+        return modelled, note
 
     def _measured(self, candidate: Candidate, aim: int) -> Measured:
         """What ``candidate``'s step holds, recorded on the round that solved it."""
@@ -143,8 +155,9 @@ class Rounds:
         last = self.taken[-1]
         last.seconds += time.perf_counter() - started
         last.measured = footprint
-        above = "predicted above the budget" if weightless(candidate.model) else "held above the budget"
-        last.outcome = ("not measured" if footprint is None else "fits" if footprint <= self.budget_bytes else above)
+        if footprint is not None or last.modelled is None:  # a prediction's outcome stands where nothing was measured
+            last.outcome = ("not measured" if footprint is None else "fits" if footprint <= self.budget_bytes
+                            else "held above the budget")
         return footprint, note
 
     # ---------------------------------------------------------------- the rounds
@@ -191,6 +204,9 @@ class Rounds:
         (:meth:`with_measured_scratch`); a warning names the fix where the step still holds more."""
         chosen = self.as_asked(self.live_bytes, reason="the formulation, within the budget less the allocator's "
                                "page rounding")
+        modelled, _ = self._modelled(chosen, self.live_bytes)
+        if modelled is not None and modelled > self.budget_bytes:  # the allocator model first: no step runs for it
+            chosen = self.below_measured_excess(chosen, modelled, modelled=True)
         footprint, held = self._measured(chosen, self.live_bytes)
         chosen.note = (chosen.note + "; " if chosen.note else "") + held
         graph = self.captured.graph
@@ -206,15 +222,17 @@ class Rounds:
                           "schedule counts it), or lower the budget by the excess", stacklevel=4)  # the caller of coop.plan
         return chosen
 
-    def below_measured_excess(self, chosen: Candidate, footprint: int) -> Candidate:
+    def below_measured_excess(self, chosen: Candidate, footprint: int, *, modelled: bool = False) -> Candidate:
         """A plan whose measured step holds within the budget: ``chosen`` held ``footprint``, so solve again below its
         live-bytes budget by the excess (or by the footprint's ratio to the budget, whichever is lower:
         :func:`coop.runtime.placement.next_live_budget`), measure, and repeat at most :data:`RESERVED_ROUNDS` times.
+        With ``modelled`` the footprints are the CUDA allocator model's predictions (``predict``), not measures.
 
         Raises InfeasibleError, in one line naming the last measure and the fix, where no round fits (or the aim falls
         below min_budget, or the solver finds nothing there)."""
         budget = self.budget_bytes
         first, live, note = footprint, self.live_bytes, ""
+        name = "modelled excess" if modelled else "reserved excess"
         for _ in range(RESERVED_ROUNDS):
             aim = next_live_budget(live, chosen.predicted_peak, footprint, budget)
             if aim < self.floor:
@@ -222,22 +240,22 @@ class Rounds:
             # A rejected candidate's CUDA graph keeps its private pool reserved while it lives: measured beside the
             # next candidate's, it would count twice (an H200: GPT-2 held 8.3 GB, then 14.0 GB at a lower budget).
             chosen.graph_replay = None
-            reason = (f"{self._held(chosen)} {self._size(footprint)} on the device, above the budget "
+            reason = (f"{self._held(modelled)} {self._size(footprint)} on the device, above the budget "
                       f"{self._size(budget)}: solved below by the excess")
             try:
-                candidate = self.as_asked(aim, name="reserved excess", reason=reason)
+                candidate = self.as_asked(aim, name=name, reason=reason)
             except (InfeasibleError, SolveTimeoutError, BudgetError):
                 break
-            measured, note = self._measured(candidate, aim)
+            measured, note = self._modelled(candidate, aim) if modelled else self._measured(candidate, aim)
             if measured is None or measured <= budget:
                 candidate.note = (candidate.note + "; " if candidate.note else "") + (
                     f"re-solved within a live-bytes budget of {self._size(aim)}: the plan solved within "
-                    f"{self._size(self.live_bytes)} {self._held(chosen, subject=False)} {self._size(first)} on the "
+                    f"{self._size(self.live_bytes)} {self._held(modelled, subject=False)} {self._size(first)} on the "
                     f"device, above the budget {self._size(budget)}; {note}")
                 return candidate
             chosen, live, footprint = candidate, aim, measured
         raise InfeasibleError(f"no plan's step stays within the budget {self._size(budget)} once the device's "
-                              f"allocator reserves its blocks: the last {self._held(chosen, subject=False)} "
+                              f"allocator reserves its blocks: the last {self._held(modelled, subject=False)} "
                               f"{self._size(footprint)} at a live-bytes "
                               f"budget of {self._size(live)} (first {self._size(first)}); raise the budget by the "
                               "excess")

@@ -96,6 +96,13 @@ class ReportedRounds(Rounds):
         self.progress.stage(f"round {len(self.taken) + 1} ({name}): {reason}")
         return super()._solved(name, reason, aim, captured)
 
+    def _modelled(self, candidate: Candidate, aim: int) -> Measured:
+        modelled, note = super()._modelled(candidate, aim)
+        if modelled is not None:
+            self.progress.stage(f"round {len(self.taken)}: {self.taken[-1].outcome} by the CUDA allocator model "
+                                f"({self._size(modelled)} of the budget {self._size(self.budget_bytes)})")
+        return modelled, note
+
     def _measured(self, candidate: Candidate, aim: int) -> Measured:
         self.progress.stage(f"round {len(self.taken)}: measuring the planned step")
         footprint, note = super()._measured(candidate, aim)
