@@ -9,12 +9,15 @@ the property test recomputes the live rounded bytes itself.
 from __future__ import annotations
 
 from itertools import pairwise
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from coop.graph import Graph, Node
+from coop.planner.measure import modelled_ordinary_step
+from coop.runtime.allocator import AllocatorAssumption
 from coop.runtime.cuda_allocator_model import (
     Alloc,
     AllocatorOutOfMemory,
@@ -382,3 +385,34 @@ def test_modelled_step_reserved_counts_from_what_the_caller_owned_values_hold() 
     assert modelled_step_reserved(graph, schedule, expandable=False) == 2 * MIB + 20 * MIB + 30 * MIB - 600 * KIB
     # expandable: b grows a's 20 MiB page by one more (15 MiB free + 20 MiB >= 30 MiB): 40 MiB in the large pool
     assert modelled_step_reserved(graph, schedule, expandable=True) == 2 * MIB + 40 * MIB - 600 * KIB
+
+
+def _chain_on_cuda() -> Graph:
+    """x (4 MiB, caller-owned) -> a (12 MiB) -> b (12 MiB) -> c (14 MiB, the output), every value on cuda:0."""
+    return Graph(outputs=(3,), nodes=[
+        Node(id=0, name="x", mem=4 * MIB, cost=0, kind="input", device="cuda:0"),
+        Node(id=1, name="a", inputs=(0,), mem=12 * MIB, cost=1, device="cuda:0"),
+        Node(id=2, name="b", inputs=(1,), mem=12 * MIB, cost=1, device="cuda:0"),
+        Node(id=3, name="c", inputs=(2,), mem=14 * MIB, cost=1, device="cuda:0"),
+    ])
+
+
+def test_a_plans_modelled_reserve_is_its_caller_owned_bytes_plus_the_step_in_its_pool() -> None:
+    """coop.plan's rounds act on modelled_ordinary_step (coop.planner.measure). Hand count, expandable segments
+    (20 MiB pages): x takes [0, 4) of page 0; a [4, 16); b finds 4 MiB free and maps page 1 for [16, 28); a is freed
+    (12 MiB hole); c (14 MiB) fits neither 12 MiB block and maps page 2 for [28, 42): 60 MiB. In a CUDA graph's
+    private pool (ordinary segments, 2 MiB rounding at and above 10 MiB): a, b and c a segment each, 12 + 12 + 14
+    MiB (c does not fit a's freed 12), beside x's 20 MiB page in the default pool: 58 MiB."""
+    graph = _chain_on_cuda()
+    expandable = AllocatorAssumption(True, "coop", 22 * MIB, "")
+
+    def candidate(graph_replay: object = None, copy_stream: object = None) -> SimpleNamespace:
+        return SimpleNamespace(graph=graph, schedule=Schedule.from_order(graph.order), graph_replay=graph_replay,
+                               executor=SimpleNamespace(copy_stream=copy_stream),
+                               captured=SimpleNamespace(sharding=None))
+
+    assert modelled_ordinary_step(candidate(), expandable) == 60 * MIB
+    assert modelled_ordinary_step(candidate(graph_replay=object()), expandable) == 58 * MIB
+    assert modelled_ordinary_step(candidate(copy_stream=object()), expandable) is None  # its second pool: not wired
+    not_applicable = AllocatorAssumption(None, "PYTORCH_ALLOC_CONF", 0, "")
+    assert modelled_ordinary_step(candidate(), not_applicable) is None

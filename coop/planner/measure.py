@@ -109,21 +109,24 @@ def modelled_ordinary_step(candidate: Any, allocator: AllocatorAssumption | None
     reserved on each of five rows (1.006-1.082x the live peak against 1.03-1.16x): acting on it never lowers a budget
     further than the device would.
 
+    A CUDA graph replay (``candidate.graph_replay``) allocates the step in its private pool, of ordinary segments:
+    the ResNet-50 schedule of BENCHMARKS.md's comparison at 0.5 is modelled at 1.42x its live step peak there
+    against 1.06x with expandable segments (an H200 reserved 1.5x for the pool of run 7's resnet/cuda-graph/0.5).
+
     Returns
     -------
     int or None
         The bytes, or None where the model does not apply: no CUDA value, the allocator's setting unknown (another
-        backend), a CUDA graph's private pool, the copy stream's second pool, an FSDP-sharded step.
+        backend), the copy stream's second pool, an FSDP-sharded step.
     """
     graph = candidate.graph
     if not graph.has_accelerator or allocator is None or allocator.expandable_segments is None:
         return None
-    if candidate.graph_replay is not None or getattr(candidate.executor, "copy_stream", None) is not None:
-        return None
-    if candidate.captured.sharding is not None:
+    if getattr(candidate.executor, "copy_stream", None) is not None or candidate.captured.sharding is not None:
         return None
     return graph.caller_owned_bytes + modelled_step_reserved(graph, candidate.schedule,
-                                                             expandable=bool(allocator.expandable_segments))
+                                                             expandable=bool(allocator.expandable_segments),
+                                                             private_pool=candidate.graph_replay is not None)
 
 
 def measure_arena_step(candidate: Any, live_budget: int, *, flat: FlatInputs) -> Measured:

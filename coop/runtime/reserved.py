@@ -19,6 +19,7 @@ the same quantity from the schedule alone, with the CPU model of the allocator
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -119,7 +120,8 @@ def cuda_counters(devices: tuple[str | None, ...]) -> TorchCudaCounters | None:
     return TorchCudaCounters(next(iter(cuda)))
 
 
-def modelled_step_reserved(graph: Graph, schedule: Schedule, *, expandable: bool = True) -> int:
+def modelled_step_reserved(graph: Graph, schedule: Schedule, *, expandable: bool = True,
+                           private_pool: bool = False) -> int:
     """The allocator model's counterpart of :func:`reserved_step_peak`: the most bytes reserved during one replay of
     ``schedule``, above what the caller-owned values hold before it, predicted on the CPU.
 
@@ -135,6 +137,9 @@ def modelled_step_reserved(graph: Graph, schedule: Schedule, *, expandable: bool
     expandable : bool
         Whether the allocator runs with expandable segments (:func:`coop.runtime.allocator.prepare_allocator`
         turns them on for a CUDA step unless the user chose otherwise).
+    private_pool : bool
+        Whether the step's allocations come from a CUDA graph's private pool (:mod:`coop.runtime.graph_replay`),
+        which keeps ordinary segments whatever the setting; the caller-owned values stay in the default pool.
 
     Returns
     -------
@@ -144,6 +149,9 @@ def modelled_step_reserved(graph: Graph, schedule: Schedule, *, expandable: bool
     events = schedule_events(graph, schedule)
     owned = set(graph.caller_owned_ids)
     leading = next((i for i, e in enumerate(events) if not (isinstance(e, Alloc) and e.node in owned)), len(events))
+    if private_pool:
+        events = [*events[:leading], *(dataclasses.replace(e, pool=1) if isinstance(e, Alloc) else e
+                                       for e in events[leading:])]
     prediction = predict_reserved(events, expandable=expandable)
     before = prediction.active[leading - 1] if leading else 0
     return prediction.peak_reserved - before
