@@ -413,6 +413,7 @@ def test_a_plans_modelled_reserve_is_its_caller_owned_bytes_plus_the_step_in_its
 
     assert modelled_ordinary_step(candidate(), expandable) == 60 * MIB
     assert modelled_ordinary_step(candidate(graph_replay=object()), expandable) == 58 * MIB
-    assert modelled_ordinary_step(candidate(copy_stream=object()), expandable) is None  # its second pool: not wired
+    # the copy stream allocates a page-in's block on the compute stream (coop.runtime.copy_stream): the same events
+    assert modelled_ordinary_step(candidate(copy_stream=object()), expandable) == 60 * MIB
     not_applicable = AllocatorAssumption(None, "PYTORCH_ALLOC_CONF", 0, "")
     assert modelled_ordinary_step(candidate(), not_applicable) is None

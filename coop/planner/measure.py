@@ -109,6 +109,8 @@ def modelled_ordinary_step(candidate: Any, allocator: AllocatorAssumption | None
     reserved on each of five rows (1.006-1.082x the live peak against 1.03-1.16x): acting on it never lowers a budget
     further than the device would.
 
+    With the copy stream (:mod:`coop.runtime.copy_stream`) the events are the same: a page-in's block is allocated
+    on the compute stream, from its pool, and no block is ``record_stream``-ed onto the side stream.
     A CUDA graph replay (``candidate.graph_replay``) allocates the step in its private pool, of ordinary segments:
     the ResNet-50 schedule of BENCHMARKS.md's comparison at 0.5 is modelled at 1.42x its live step peak there
     against 1.06x with expandable segments (an H200 reserved 1.5x for the pool of run 7's resnet/cuda-graph/0.5).
@@ -117,12 +119,12 @@ def modelled_ordinary_step(candidate: Any, allocator: AllocatorAssumption | None
     -------
     int or None
         The bytes, or None where the model does not apply: no CUDA value, the allocator's setting unknown (another
-        backend), the copy stream's second pool, an FSDP-sharded step.
+        backend), an FSDP-sharded step.
     """
     graph = candidate.graph
     if not graph.has_accelerator or allocator is None or allocator.expandable_segments is None:
         return None
-    if getattr(candidate.executor, "copy_stream", None) is not None or candidate.captured.sharding is not None:
+    if candidate.captured.sharding is not None:
         return None
     return graph.caller_owned_bytes + modelled_step_reserved(graph, candidate.schedule,
                                                              expandable=bool(allocator.expandable_segments),
