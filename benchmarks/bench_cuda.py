@@ -84,6 +84,8 @@ and batch that the Graph holds resident, as the simulator does):
   ``torch.cuda.empty_cache()``, minus ``memory_allocated()`` before the first step, plus the caller-owned
   bytes: every byte the caching allocator holds that is not a tensor that existed before the plan ran
   (fragmentation, rounding and the slack of the segments that hold the parameters included).
+* ``modelled``, ``mod/res`` (CUDA only): the CUDA allocator model's prediction of the replay's reserve plus the
+  caller-owned bytes (what ``coop.plan`` solves below before a step runs), and its ratio to ``reserved``.
 * ``alloc/pred``, ``res/pred``, ``noscr/pred``: ratios to ``predicted``. The bars (:func:`acceptance_failures`):
   no crash, error or timeout; ``grads_equal`` on every planned and dynamic row; ``res/pred <= 1.03`` for
   GPT-2 and ResNet-50 at store-all, 0.7 and 0.5 (CUDA); on CPU ``noscr/pred <= 1`` for every replay, paging
@@ -528,9 +530,10 @@ def acceptance_failures(rows: list[dict[str, Any]]) -> list[str]:
 
 # ============================================================================ the table
 TABLE = (("case", 28), ("status", 16), ("predicted", 9), ("allocated", 9), ("reserved", 9), ("alloc/pred", 10),
-         ("res/pred", 8), ("res/budget", 10), ("noscr/pred", 10), ("step_ms", 8), ("eager_ms", 8), ("vs_eager", 8),
+         ("res/pred", 8), ("res/budget", 10), ("mod/res", 7), ("noscr/pred", 10), ("step_ms", 8), ("eager_ms", 8), ("vs_eager", 8),
          ("pred_ovh%", 9), ("meas_ovh%", 9), ("grads_equal", 11), ("nodes", 5), ("capture_s", 9))
 KEYS = {"alloc/pred": "allocated_vs_predicted", "res/pred": "reserved_vs_predicted", "res/budget": "reserved_vs_budget",
+        "mod/res": "modelled_vs_reserved",
         "noscr/pred": "no_scratch_vs_predicted", "pred_ovh%": "predicted_overhead_pct",
         "meas_ovh%": "measured_overhead_pct"}
 
@@ -751,6 +754,7 @@ def run_case(case: Case, spec: dict[str, Any], row: dict[str, Any], progress: Ca
     plan_step = _step_of(model, lambda: plan.step(*batch), progress, "replay step")
     meter.record = bool(spec.get("save_graphs")) and schedule is not None
     measured = _measure(row, meter, plan_step, plan_step, caller_owned, predicted)
+    _modelled(row, plan)
     if meter.record:
         _save_record(Path(spec["save_graphs"]), case, row, plan.graph, schedule, plan.budget, measured.get("record"))
     progress("replay and eager steps, alternating (timed)")
@@ -973,6 +977,23 @@ def _measure(row: dict[str, Any], meter: Any, first: Callable[[], None], warm: C
     if row["allocated_no_scratch"] is not None:
         row["no_scratch_vs_predicted"] = round(row["allocated_no_scratch"] / predicted, 4)
     return measured
+
+
+def _modelled(row: dict[str, Any], plan: Any) -> None:
+    """``modelled``: what the CUDA allocator's CPU model predicts the plan's step reserves with the caller-owned
+    bytes (:func:`coop.planner.measure.modelled_ordinary_step`, the number ``coop.plan``'s rounds act on before a
+    step runs), and ``mod/res``, its ratio to ``reserved`` (issue 43's bar: within 2 %); absent off CUDA and for a
+    plan without a static schedule."""
+    from coop.planner.measure import modelled_ordinary_step
+
+    if getattr(plan, "schedule", None) is None or getattr(plan, "allocator", None) is None:
+        return
+    modelled = modelled_ordinary_step(plan, plan.allocator)
+    if modelled is None:
+        return
+    row["modelled"] = int(modelled)
+    if row.get("reserved"):
+        row["modelled_vs_reserved"] = round(modelled / row["reserved"], 4)
 
 
 def _save_record(folder: Path, case: Case, row: dict[str, Any], graph: Any, schedule: Any, budget: int,

@@ -290,3 +290,26 @@ def test_a_cuda_record_keeps_one_devices_trace_and_segments_without_frames() -> 
                       "segment_pool_id": "(0, 0)",
                       "blocks": [[512, 100, "active_allocated"], [2096640, 0, "inactive"]]}],
     }
+
+
+def test_a_cuda_row_shows_the_allocator_models_reserve_beside_the_devices() -> None:
+    """``modelled`` is coop.plan's own prediction of the reserve (its rounds act on it): here the hand-counted
+    60 MiB of tests/test_cuda_allocator_model.py's chain on cuda:0 (three 20 MiB pages); ``mod/res`` divides it by a
+    reserve the device measured (here written by hand as 64 MiB). A CPU row (no CUDA value) gets neither."""
+    from types import SimpleNamespace
+
+    from coop.runtime.allocator import AllocatorAssumption
+    from coop.schedule import Schedule
+    from tests.test_cuda_allocator_model import MIB, _chain_on_cuda
+
+    graph = _chain_on_cuda()
+    plan = SimpleNamespace(graph=graph, schedule=Schedule.from_order(graph.order), graph_replay=None,
+                           executor=SimpleNamespace(copy_stream=None), captured=SimpleNamespace(sharding=None),
+                           allocator=AllocatorAssumption(True, "coop", 22 * MIB, ""))
+    row: dict[str, Any] = {"reserved": 64 * MIB}
+    bench._modelled(row, plan)
+    assert row["modelled"] == 60 * MIB and row["modelled_vs_reserved"] == 0.9375
+    cpu = SimpleNamespace(**{**vars(plan), "allocator": AllocatorAssumption(None, "not applicable", 0, "")})
+    cpu_row: dict[str, Any] = {"reserved": None}
+    bench._modelled(cpu_row, cpu)
+    assert "modelled" not in cpu_row
