@@ -353,8 +353,9 @@ def min_budget(graph: Graph, *, paging: bool = False) -> int:
     Parameters
     ----------
     paging : bool
-        For schedules that may page caller-owned values out (POET): then only the caller-owned
-        values a step reads count in that step.
+        For schedules that may page (POET, DELTA): then only the caller-owned values a step reads
+        count in that step, and no value is pinned (one that cannot be recomputed may be paged out
+        and back). Without it the bound holds for schedules that do not page.
 
     Returns
     -------
@@ -449,7 +450,8 @@ def pinned_values(graph: Graph) -> dict[int, frozenset[int]]:
         needs = set(node.inputs)
         for impl in node.impls:
             needs &= set(node.reads(impl))
-        for source in needs if not node.optional else ():  # an optional value need never be computed
+        # an optional value need never be computed; an extra output's own step reads nothing (contract 2)
+        for source in needs if not node.optional and node.output_of is None else ():
             needed_by[source].append(node.id)
         if node.output_of is not None:
             needs.add(node.output_of)

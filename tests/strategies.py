@@ -129,22 +129,22 @@ def _node_dict(
 
 # -------------------------------------------------------------------- schedules
 @st.composite
-def random_schedules(draw: st.DrawFn, graph: Graph, page_caller_owned: bool = True) -> Schedule:
+def random_schedules(draw: st.DrawFn, graph: Graph, page_caller_owned: bool = True, paging: bool = True) -> Schedule:
     """A legal schedule over ``graph``: a random topological order with random extra steps.
 
     Between the computes of the chosen order it inserts, at random: explicit frees of resident
     recomputable values, page_out of resident values (caller-owned ones too when
-    ``page_caller_owned``), and recomputations. A value that a compute needs is paged back in or
+    ``page_caller_owned``; none without ``paging``), and recomputations. A value that a compute needs is paged back in or
     recomputed (recursively) first, and the outputs are made resident at the end. Values that are
     not recomputable are never freed, so they are never computed twice.
     """
     builder = _ScheduleBuilder(graph, draw)
     for node_id in _random_topological_order(draw, graph):
         for _ in range(draw(st.integers(0, 2))):
-            builder.random_extra_step(page_caller_owned)
+            builder.random_extra_step(page_caller_owned, paging)
         builder.ensure_computed_fresh(node_id)
     for _ in range(draw(st.integers(0, 2))):
-        builder.random_extra_step(page_caller_owned)
+        builder.random_extra_step(page_caller_owned, paging)
     builder.finish_outputs()
     return Schedule(steps=tuple(builder.steps))
 
@@ -203,7 +203,7 @@ class _ScheduleBuilder:
             return
         self.compute(node_id)
 
-    def random_extra_step(self, page_caller_owned: bool) -> None:
+    def random_extra_step(self, page_caller_owned: bool, paging: bool = True) -> None:
         choice = self.draw(st.sampled_from(["free", "page_out", "recompute", "nothing"]))
         on_device = sorted(self.resident - self.paged_out)
         if choice == "free":
@@ -212,7 +212,7 @@ class _ScheduleBuilder:
                 victim = self.draw(st.sampled_from(candidates))
                 self.steps.append(Step(op="free", node=victim))
                 self.resident.discard(victim)
-        elif choice == "page_out":
+        elif choice == "page_out" and paging:
             candidates = list(on_device)
             if page_caller_owned:
                 candidates += [v for v in self.graph.caller_owned_ids if v not in self.paged_out]
