@@ -381,8 +381,9 @@ def _smallest_value(node: Node) -> int:
 
 def _step_footprint(graph: Graph, node: Node, impl: Impl | None, paging: bool) -> int:
     """What one compute of ``node`` under ``impl`` holds at least: what it reads, its workspace and,
-    unless it runs in place (its output then takes over an input's storage), its output."""
-    reads = node.inputs if impl is None else node.reads(impl)
+    unless it runs in place (its output then takes over an input's storage), its output. An extra output's step
+    reads nothing (contract 2: its op may be gone by then)."""
+    reads = () if node.output_of is not None else node.inputs if impl is None else node.reads(impl)
     held = 0
     for source in reads:
         value = graph.node(source)

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from coop.budget import baseline_peak, below_min_budget, format_memory, min_budget, parse_budget
 from coop.errors import BudgetError
-from coop.graph import Graph
+from coop.graph import Graph, Impl, Node
 from coop.online.online_sim import simulate_online
-from coop.schedule import simulate
+from coop.schedule import Schedule, Step, simulate
 from tests.bruteforce import least_peak, store_all_peak
 from tests.strategies import random_graphs, random_schedules
 
@@ -190,3 +190,16 @@ def test_the_engines_take_a_parsed_budget_only_and_say_where_to_parse_it(spec: o
     message = str(caught.value)
     assert "\n" not in message and "simulate_online takes a budget in graph units" in message
     assert "coop.budget.parse_budget" in message
+
+
+def test_an_extra_outputs_own_step_reads_nothing() -> None:
+    # Found by the properties above drawn with implementations: p (1 B) runs with an implementation of no workspace
+    # and nobody reads it; its extra output e (1 B) is taken later, when p is gone (contract 2: e's step does not
+    # read p). The schedule's peak is 1 B (p alone, then e alone); min_budget counted p + e = 2 B at e's step.
+    graph = Graph(name="extra", outputs=(), nodes=[
+        Node(id=0, name="x", mem=0, cost=0, kind="input"),
+        Node(id=1, name="p", mem=1, cost=0, workspace=1, impls=(Impl(name="lean", cost=0.0, mem=1, workspace=0),)),
+        Node(id=2, name="e", inputs=(1,), mem=1, cost=0, recomputable=False, output_of=1),
+    ])
+    schedule = Schedule(steps=(Step(op="compute", node=1, impl="lean"), Step(op="compute", node=2)))
+    assert list(simulate(graph, schedule).memory) == [1, 1] and min_budget(graph) == 1
