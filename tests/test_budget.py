@@ -127,7 +127,7 @@ def test_budget_below_the_minimum_names_it(byte_graph: Graph) -> None:
 def test_min_budget_is_a_lower_bound_for_every_schedule_that_does_not_page(data: st.DataObject) -> None:
     # without paging a value that cannot be recomputed stays from its op to its last reader (pinned_values); a
     # schedule that pages may move it out, so those are checked against the paged bound (the test below)
-    graph = data.draw(random_graphs())
+    graph = data.draw(random_graphs(with_impls=True))
     schedule = data.draw(random_schedules(graph, paging=False))
     assert simulate(graph, schedule).peak >= min_budget(graph)
 
