@@ -64,8 +64,10 @@ def test_the_summary_lists_every_solve_with_its_reason_budget_and_measure(counte
     rounds = plan.summary()["rounds"]
     json.dumps(rounds)  # saved with the plan
     assert rounds[0]["name"] == "solve" and rounds[0]["budget"] == plan.budget
-    assert all(set(r) == {"name", "reason", "budget", "measured", "outcome", "seconds"} and r["reason"] for r in rounds)
+    assert all(set(r) == {"name", "reason", "budget", "measured", "modelled", "outcome", "seconds"} and r["reason"]
+               for r in rounds)
     assert {r["name"] for r in rounds} <= {"solve", "generator states", "measured scratch", "reserved excess"}
+    assert all(r["modelled"] is None for r in rounds)  # a CPU step: the CUDA allocator's model does not apply
     if plan.step_footprint is not None:  # a CPU step is measured: the plan's own measure is one round's
         assert plan.step_footprint in [r["measured"] for r in rounds]
 
