@@ -105,9 +105,10 @@ def modelled_ordinary_step(candidate: Any, allocator: AllocatorAssumption | None
     :func:`coop.runtime.reserved.modelled_step_reserved` of its schedule, under the expandable-segments setting
     ``allocator`` assumed. The rounds of ``coop.plan`` re-solve below its excess before any step runs, so a CUDA plan
     meets its budget in modelled reserved bytes first and the measured re-solve is left what the model misses.
-    Compared with an H200's reserved bytes (BENCHMARKS.md, bench_cuda) the model predicted less than the device
-    reserved on each of five rows (1.006-1.082x the live peak against 1.03-1.16x): acting on it never lowers a budget
-    further than the device would.
+    Compared with an H200's reserved bytes (BENCHMARKS.md, bench_cuda; schedules re-solved on CPU, so the same order
+    of magnitude, not the same steps) the model predicted 1.006-1.082x the live peak where the device reserved
+    1.03-1.16x: less on four of five rows, 0.4 % more on ResNet-50 at 0.7 (1.044x against 1.04x). So acting on it
+    seldom lowers a budget further than the device would, and the measured rounds still follow.
 
     With the copy stream (:mod:`coop.runtime.copy_stream`) the events are the same: a page-in's block is allocated
     on the compute stream, from its pool, and no block is ``record_stream``-ed onto the side stream.
