@@ -52,10 +52,10 @@ FITS_NOTE = ("fits: the arena peak (highest address used, fragmentation included
              "plans (packed placement of the schedule's values: the lower of best fit and greedy by size) and online policies (which run in an arena of the "
              "budget's size) alike; 'fragmented': the live peak fits but the placement does not")
 
-#: The columns delta's rows add (its swaps, priced on the device profile).
 #: The methods that may page a value out (POET's formulation, DELTA's policy): their budgets meet the bound of paged
 #: schedules (:func:`coop.budget.min_budget` with ``paging=True``).
 PAGING_METHODS = frozenset({"poet", DELTA})
+#: The columns delta's rows add (its swaps, priced on the device profile).
 DELTA_COLUMNS = ("swapped_bytes", "recomputed_cost", "exposed_copy_s", "host_peak")
 
 #: The columns of every row, in table order.

@@ -97,6 +97,11 @@ class PlanOptions:
         return self.formulation == "dynamic"
 
     @property
+    def pages(self) -> bool:
+        """Whether schedules may page (a device profile lets POET page): budgets then meet the paged bound."""
+        return self.device_profile is not None
+
+    @property
     def streams(self) -> int:
         """The CUDA streams the replay allocates on (a CUDA graph: its private pool)."""
         return 2 if self.copy_stream or self.cuda_graph else 1

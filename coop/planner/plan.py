@@ -98,12 +98,12 @@ def plan(model: nn.Module, budget: str | float, example_batch: Any, *, loss_fn: 
     options.refuse_for(captured)
     # the bound of the graph the executor replays (its random draws recomputable); with a device profile POET may page
     # what cannot be recomputed: then the bound of paged schedules
-    paging, bounded = device_profile is not None, replay_graph(captured)
-    budget_bytes = parse_budget(budget, bounded, paging=paging)
+    bounded = replay_graph(captured)
+    budget_bytes = parse_budget(budget, bounded, paging=options.pages)
     if arena:
         refuse_arena_off_cpu(captured.graph)
     allocator = prepare_allocator(captured.graph, streams=options.streams)
-    live_bytes = within_allocator_headroom(budget_bytes, allocator, bounded, paging=paging)
+    live_bytes = within_allocator_headroom(budget_bytes, allocator, bounded, paging=options.pages)
     if options.dynamic:
         chosen: Plan | DynamicPlan = DynamicPlan(captured, module, live_bytes, policy=policy, wrapper=wrapper,
                                                  loss_fn=loss_fn, device_profile=device_profile)
@@ -142,7 +142,7 @@ def _solved_and_measured(module: nn.Module, wrapper: nn.Module | None, captured:
     predict = None if options.arena else functools.partial(modelled_ordinary_step, allocator=allocator)
     rounds = ReportedRounds(solver, captured, budget_bytes, live_bytes, measure=measure,
                             prepare=options.prepare, flat=flat, progress=progress,
-                            paging=options.device_profile is not None, predict=predict)
+                            paging=options.pages, predict=predict)
     chosen = rounds.arena() if options.arena else rounds.ordinary()
     if options.copy_stream and chosen.executor.copy_stream is None:
         chosen.use_copy_stream()

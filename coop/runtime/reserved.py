@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import torch
 
-from coop.graph import Graph
+from coop.graph import Graph, derived_from_graph
 from coop.runtime.cuda_allocator_model import Alloc, predict_reserved, schedule_events
 from coop.schedule import Schedule
 
@@ -120,6 +120,7 @@ def cuda_counters(devices: tuple[str | None, ...]) -> TorchCudaCounters | None:
     return TorchCudaCounters(next(iter(cuda)))
 
 
+@derived_from_graph
 def modelled_step_reserved(graph: Graph, schedule: Schedule, *, expandable: bool = True,
                            private_pool: bool = False) -> int:
     """The allocator model's counterpart of :func:`reserved_step_peak`: the most bytes reserved during one replay of
@@ -128,7 +129,8 @@ def modelled_step_reserved(graph: Graph, schedule: Schedule, *, expandable: bool
     The caller-owned values are allocated first (their blocks, rounded, are "what was allocated before"), then the
     schedule's allocations and frees (:func:`~coop.runtime.cuda_allocator_model.schedule_events`) are replayed from
     an empty cache. One step from an empty cache, not a warm second one: what a first step leaves allocated for the
-    next (gradients) is not modelled.
+    next (gradients) is not modelled. Computed once per graph, schedule and setting (the rounds of ``coop.plan`` and
+    the meta plan's note ask for the same one).
 
     Parameters
     ----------
