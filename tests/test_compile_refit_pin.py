@@ -105,3 +105,58 @@ def test_the_switch_happens_once() -> None:
     assert calls == [1]
     assert [pinned for _, _, pinned in compiler.given] == [False, True, True]
     assert compiler.given[2][1] is not None and compiler.given[2][1].inline == frozenset({"tanh"})
+
+
+class _LayoutStep(_Step):
+    """A stand-in round compiled with inductor's channels-last layout, whose copies of caller-owned convolution
+    inputs hold ``copies`` bytes."""
+
+    def __init__(self, held: int, pinned: bool, copies: int) -> None:
+        super().__init__(held, pinned)
+        self.coop_record.layout_optimization = not pinned
+        self.coop_record.plans[0].layout_copies = copies
+
+
+def _layout_rounds(helds: list[int], copies: int) -> tuple[list[tuple[int, bool]], Any]:
+    """fit_measured over stand-in rounds holding ``helds`` in turn: the (shave, pinned) each was compiled with."""
+    given: list[tuple[int, bool]] = []
+    pinned = [False]
+
+    def compile_with(shave: int, observation: Observation | None, requested: int | None) -> _Step:
+        given.append((shave, pinned[0]))
+        return _LayoutStep(helds[len(given) - 1], pinned[0], copies)
+
+    def pin() -> str:
+        pinned[0] = True
+        return "with the kernels in coop's order and without inductor's channels-last layout"
+
+    try:
+        returned = refit.fit_measured(compile_with, batch=None, loss_fn=None, rounds=3, verbose=False,
+                                      pin_after_miss=pin)
+    except OverBudgetError as exc:
+        returned = exc
+    return given, returned
+
+
+def test_a_miss_the_layout_copies_explain_is_planned_below_in_inductors_order_and_layout() -> None:
+    """Round 0 holds 100 B over its budget with 150 B of channels-last copies: round 1 is planned 110 B lower (what
+    the step held above its plan's predicted 990 B), still in inductor's order and layout (not pinned), and is
+    returned when it fits."""
+    given, returned = _layout_rounds([1_100, 995, 995, 995], copies=150)
+    assert given[:2] == [(0, False), (110, False)]
+    rounds: list[CompileRound] = returned.coop_record.rounds
+    assert not rounds[1].pinned and "channels-last copies" in rounds[1].reason and "copies of the caller-owned convolution inputs: 150 B" in rounds[1].reason
+    assert returned.held == 995
+
+
+def test_a_miss_larger_than_the_layout_copies_switches_to_coops_order_at_once() -> None:
+    """100 B over with 50 B of copies: the copies cannot explain it, so round 1 is pinned at the same shave."""
+    given, _ = _layout_rounds([1_100, 990, 990, 990], copies=50)
+    assert given[:2] == [(0, False), (0, True)]
+
+
+def test_a_second_miss_after_the_layout_shave_switches_to_coops_order() -> None:
+    """The shaved round in inductor's layout misses again: the next round is pinned (the shave is tried once)."""
+    given, _ = _layout_rounds([1_100, 1_050, 990, 990, 990], copies=150)
+    assert [pinned for _, pinned in given[:3]] == [False, False, True]
+    assert given[1][0] == 110

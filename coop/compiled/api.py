@@ -16,7 +16,9 @@ measured rounds of a model with convolution modules start with inductor's own la
 convolutions, faster on a CPU: the quick ResNet of bench_compile at the compiler's own held bytes ran 12.29 against
 14.15 ms without it, 2026-11-30) and turn it off, with the pin, for the rounds after the first that misses its
 budget: the layout copies caller-owned convolution inputs (the batch, the weights) and saves the copies for the
-backward, bytes no plan holds (the same ResNet held 3,209,008 B with it and 2,806,384 B without, for one plan).
+backward, bytes no plan holds (the same ResNet held 3,209,008 B with it and 2,806,384 B without, for one plan). A
+first miss by no more than those copies (:mod:`coop.compiled.layout_copies`) is planned again once, layout and
+inductor's order kept, below what the step held above its plan; a miss after that switches both.
 Inductor's horizontal fusion is switched the same way (on in the measured rounds until one misses its budget: a
 fused kernel runs where its earliest member was, so a recomputation fused with an earlier kernel lives longer than
 planned). Without ``example_batch`` nothing is measured and both stay off. A fraction is of each compiled graph's own

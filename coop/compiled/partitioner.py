@@ -29,6 +29,7 @@ from coop.budget import baseline_peak, min_budget, parse_budget
 from coop.compiled.emit import Partition, emit_partition
 from coop.compiled.inline_saved import recompute_saved_pointwise
 from coop.compiled.joint import JointGraph, lower_joint
+from coop.compiled.layout_copies import channels_last_copy_bytes
 from coop.compiled.observed import Observation
 from coop.errors import CoopError, InfeasibleError, SolveTimeoutError
 from coop.formulations.core.registry import solve
@@ -57,6 +58,9 @@ class CompiledPlan:
     solver_overhead: float = 0.0
     #: the solver's result was an earlier round's, for the same Graph and budget (:class:`SolveMemo`)
     reused: bool = False
+    #: bytes of the channels-last copies inductor makes of caller-owned convolution inputs where its layout
+    #: optimization is on (:mod:`coop.compiled.layout_copies`): held by the step, by no value of the Graph
+    layout_copies: int = 0
 
     def summary(self) -> str:
         """Plain words: budget, predicted peak, overhead, what is saved and recomputed."""
@@ -210,7 +214,8 @@ class CoopPartitioner(CustomPartitionerFn):
         plan = CompiledPlan(joint=joint, budget=budget, requested=requested, result=result, partition=partition,
                             peak=verdict.peak, baseline_peak=baseline_peak(graph), wall_s=time.perf_counter() - start,
                             moved=tuple(joint.lowered.fx_names[i][0] for i in moved),
-                            solver_overhead=solver_overhead, reused=known is not None)
+                            solver_overhead=solver_overhead, reused=known is not None,
+                            layout_copies=channels_last_copy_bytes(gm.graph))
         self.plans.append(plan)
         if self.verbose:
             print(f"coop.compile: {plan.summary()}", file=sys.stderr)
