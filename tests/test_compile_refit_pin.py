@@ -160,3 +160,12 @@ def test_a_second_miss_after_the_layout_shave_switches_to_coops_order() -> None:
     given, _ = _layout_rounds([1_100, 1_050, 990, 990, 990], copies=150)
     assert [pinned for _, pinned in given[:3]] == [False, False, True]
     assert given[1][0] == 110
+
+
+def test_a_miss_the_floor_leaves_no_room_to_plan_below_switches_to_coops_order_at_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copies explain the 100 B over, but the Graph's floor (950 B) leaves 50 B to plan below where the step held
+    110 B above its plan: a round clamped to the floor would hold as much over, so round 1 is pinned at once."""
+    monkeypatch.setattr(refit, "min_budget", lambda graph: 950)
+    given, _ = _layout_rounds([1_100, 990, 990, 990], copies=150)
+    assert given[:2] == [(0, False), (0, True)]

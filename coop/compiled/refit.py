@@ -274,7 +274,8 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
             break
         if (pin_after_miss is not None and not copies_shaved and getattr(record, "layout_optimization", False)
                 and held - plan.requested <= plan.layout_copies
-                and (below_copies := _below_the_unplanned(plan, shave, held, min_budget(plan.joint.graph))) > shave):
+                and (below_copies := _below_the_unplanned(plan, shave, held)) <= plan.requested - min_budget(
+                    plan.joint.graph)):
             # no more over than inductor's channels-last copies of caller-owned convolution inputs hold
             # (coop.compiled.layout_copies): planned again in inductor's order and layout, faster than coop's order
             # without it (bench_compile's ViT at its compiler's held bytes at 0.9: 169.14 ms pinned against 154.94
@@ -357,10 +358,11 @@ def _below_the_excess(plan: CompiledPlan, shave: int, held: int, floor: int) -> 
     return min(shave + held - plan.requested, plan.requested - floor)
 
 
-def _below_the_unplanned(plan: CompiledPlan, shave: int, held: int, floor: int) -> int:
+def _below_the_unplanned(plan: CompiledPlan, shave: int, held: int) -> int:
     """The shave that plans the next round below what this one held above its plan's predicted peak (bytes the plan
-    does not see, the same whatever it is), at least the shave below the excess, never below the floor."""
-    return min(max(shave + held - plan.requested, held - plan.peak), plan.requested - floor)
+    does not see, the same whatever it is), at least the shave below the excess (the caller checks the floor: a
+    round clamped to it would hold the same bytes over)."""
+    return max(shave + held - plan.requested, held - plan.peak)
 
 
 def _measured_only(observation: Observation | None, scratch: dict[str, int]) -> Observation | None:
