@@ -18,7 +18,9 @@ convolutions, faster on a CPU: the quick ResNet of bench_compile at the compiler
 budget: the layout copies caller-owned convolution inputs (the batch, the weights) and saves the copies for the
 backward, bytes no plan holds (the same ResNet held 3,209,008 B with it and 2,806,384 B without, for one plan). A
 first miss by no more than those copies (:mod:`coop.compiled.layout_copies`) is planned again once, layout and
-inductor's order kept, below what the step held above its plan; a miss after that switches both.
+inductor's order kept, below what the step held above its plan; a miss after that switches both. Inductor's ``addmm``
+folds are switched the same way: the measured rounds keep them until a miss, after which :mod:`coop.compiled.order`
+puts each product back where coop's schedule ran it (always, where nothing is measured).
 Inductor's horizontal fusion is switched the same way (on in the measured rounds until one misses its budget: a
 fused kernel runs where its earliest member was, so a recomputation fused with an earlier kernel lives longer than
 planned). Without ``example_batch`` nothing is measured and both stay off. A fraction is of each compiled graph's own
@@ -180,7 +182,12 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         # inductor's horizontal fusion while measured rounds meet the budget, where the user left the threshold
         # (ResNet of bench_compile at the compiler's own held bytes: 7.55 ms with it, 7.89 ms without; the compiler
         # itself 7.37 ms and 8.07 ms without it, 2026-12-01)
-        horizontal_fusion=example_batch is not None and not users_fusion)
+        horizontal_fusion=example_batch is not None and not users_fusion,
+        # inductor's addmm folds while measured rounds meet the budget (the matmul keeper, coop.compiled.order, only
+        # after a miss or where nothing is measured): undoing a fold splits one kernel into a product and an add
+        # (bench_compile's ViT at 0.9, one plan: 287.96 ms with the keeper, 262.70 without, the plain compile
+        # 255.72, the same 51,228,456 B held, 2026-12-01)
+        keep_matmuls=example_batch is None or user_options.get("post_grad_custom_post_pass") is not None)
 
     memo = SolveMemo()  # a round compiled again on the same Graph and budget is not solved again
 
@@ -195,13 +202,14 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
             options["layout_optimization"] = True
         if control.horizontal_fusion:
             options["score_fusion_memory_threshold"] = inductors_fusion
-        observer, keeper, pinner = _install_passes(options, control.pinned)
+        observer, keeper, pinner = _install_passes(options, control.pinned, control.keep_matmuls)
         compiled = torch.compile(model, backend="inductor", options=options, **compile_kwargs)
         compiled.__class__ = CoopCompiledModule
         compiled.coop_record = CompiledRecord(partitioner=part, buffers=observer, order=keeper,
                                               pin=pinner, layout_optimization=bool(options["layout_optimization"]),
                                               horizontal_fusion=options["score_fusion_memory_threshold"]
-                                              != NO_HORIZONTAL_FUSION)
+                                              != NO_HORIZONTAL_FUSION,
+                                              addmm_folds=not control.keep_matmuls)
         return compiled
 
     if example_batch is None:
@@ -211,7 +219,7 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         # as the step's (the tied MLP of tests/test_compile_observed.py at 0.5: 9,273,184 B measured in round 0 for
         # a step that holds 2,262,536 B)
         machine_rates()
-    switches = control.pin_switch or control.channels_last
+    switches = control.pin_switch or control.channels_last or not control.keep_matmuls
     return fit_measured(compile_with, example_batch, loss_fn, max(1, rounds), verbose,
                         control.after_miss if switches else None)
 
@@ -225,6 +233,7 @@ class _RoundControl:
     channels_last: bool
     pin_switch: bool
     horizontal_fusion: bool = False
+    keep_matmuls: bool = True
 
     def after_miss(self) -> str:
         """Coop's order, no channels-last copies and no horizontal fusion for the rounds after the first miss; the
@@ -239,13 +248,18 @@ class _RoundControl:
         if self.horizontal_fusion:  # likewise
             self.horizontal_fusion = False
             words.append("without horizontal fusion")
+        if not self.keep_matmuls:  # likewise
+            self.keep_matmuls = True
+            words.append("with coop's products where its schedule put them")
         return " and ".join(words)
 
 
-def _install_passes(options: dict[str, Any], pinned: bool) -> tuple[BufferObserver | None, KeepMatmulsInPlace | None,
-                                                                     PinScheduleOrder | None]:
+def _install_passes(options: dict[str, Any], pinned: bool,
+                    keep_matmuls: bool = True) -> tuple[BufferObserver | None, KeepMatmulsInPlace | None,
+                                                        PinScheduleOrder | None]:
     """Coop's inductor passes into ``options`` where the user set none of their own: the buffer observer, the pin
-    (:mod:`coop.compiled.pin`, where ``pinned``) and the matmul keeper (:mod:`coop.compiled.order`); those installed."""
+    (:mod:`coop.compiled.pin`, where ``pinned``) and the matmul keeper (:mod:`coop.compiled.order`, where
+    ``keep_matmuls``); those installed."""
     observer = keeper = pinner = None
     if options.get("_post_fusion_custom_pass") is None:
         observer = BufferObserver()
@@ -255,7 +269,7 @@ def _install_passes(options: dict[str, Any], pinned: bool) -> tuple[BufferObserv
             if options.get("_pre_fusion_custom_pass") is None:
                 guard = options["_pre_fusion_custom_pass"] = KeepFusionInOrder()
             pinner = options["_post_fusion_custom_pass"] = PinScheduleOrder(observer, guard)
-    if options.get("post_grad_custom_post_pass") is None:
+    if keep_matmuls and options.get("post_grad_custom_post_pass") is None:
         keeper = options["post_grad_custom_post_pass"] = KeepMatmulsInPlace()
     return observer, keeper, pinner
 

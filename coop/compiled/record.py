@@ -38,6 +38,8 @@ class CompileRound:
     layout_optimization: bool = False
     #: whether the round ran with inductor's horizontal fusion (independent kernels joined)
     horizontal_fusion: bool = False
+    #: whether the round ran inductor's ``addmm`` folds (coop's matmul keeper not installed, :mod:`coop.compiled.order`)
+    addmm_folds: bool = False
     #: the floor (``min_budget``) of the Graph the round was planned on, what was measured charged; set where the
     #: round found no schedule (its ``budget`` then is what it was planned at, the floor where the shave went below it)
     floor: int | None = None
@@ -64,6 +66,8 @@ class CompiledRecord:
     #: whether inductor's horizontal fusion was on for this compilation (on until a measured round misses its
     #: budget, where the user left its threshold)
     horizontal_fusion: bool = False
+    #: whether inductor's ``addmm`` folds stayed (no matmul keeper: a measured round before any miss)
+    addmm_folds: bool = False
 
     def observed_graphs(self, plan: CompiledPlan) -> tuple[ObservedGraph, ObservedGraph] | None:
         """``plan``'s observed forward and backward; None until both were compiled (the backward compiles at the
@@ -101,6 +105,8 @@ class CompiledRecord:
                 observed += "; inductor's channels-last layout"
             if r.horizontal_fusion:
                 observed += "; horizontal fusion"
+            if r.addmm_folds:
+                observed += "; inductor's addmm folds"
             lines.append(f"round {number}: {r.reason}; budget {r.budget:,} B (shave {r.shave:,} B), predicted "
                          f"{r.predicted_peak:,} B, {measured}{observed}")
         lines.append(self.pin.describe() if self.pin is not None else "kernels in inductor's order (not pinned)")

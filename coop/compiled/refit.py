@@ -323,7 +323,8 @@ def _measured_round(record: CompiledRecord, plan: CompiledPlan, shave: int, held
                         inlined=0 if observation is None else len(observation.inline), overhead=overhead,
                         pinned=getattr(record, "pin", None) is not None,
                         layout_optimization=getattr(record, "layout_optimization", False),
-                        horizontal_fusion=getattr(record, "horizontal_fusion", False))
+                        horizontal_fusion=getattr(record, "horizontal_fusion", False),
+                        addmm_folds=getattr(record, "addmm_folds", False))
 
 
 def _next_missed_round(record: CompiledRecord, plan: CompiledPlan, history: list[CompileRound],
