@@ -177,3 +177,29 @@ def test_a_fold_of_a_product_coop_ran_right_before_its_add_is_kept() -> None:
     graph = _hand_built(1, addend_is_a_product=True)
     KeepMatmulsInPlace()(graph)
     assert _ops(graph) == ["mm", "addmm"], _ops(graph)
+
+
+
+def test_measured_rounds_run_inductors_fold_until_a_miss(compiled: Compiled) -> None:
+    """With ``example_batch`` the rounds keep inductor's fold while they meet the budget (unfolding splits a kernel
+    where the fold costs no memory): round 0 of a measured compile that fits installs no keeper, and its generated
+    backward reads the logits' gradient in an ``addmm`` after the last layer's kernel, as the fold-left-in-place
+    compilation of the fixture does. A miss switches the keeper on with the pin (the round control's words)."""
+    from coop.compiled.api import _install_passes, _RoundControl
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    measured = coop.compile(TiedHead(), 1.0, formulation="checkpoint-all", example_batch=compiled.batch, rounds=1)
+    record = measured.coop_record
+    assert record.rounds[0].addmm_folds and record.order is None, record.summary()
+    lines = _backward_code(measured, compiled.batch).splitlines()
+    reader = next(i for i, line in enumerate(lines) if f"({VOCAB}, {TOKENS})" in line and "extern_kernels" in line)
+    last_layer = max(i for i, line in enumerate(lines) if "tanh_backward" in line and "def" not in line)
+    assert "addmm" in lines[reader] and reader > last_layer
+
+    control = _RoundControl(pinned=False, channels_last=False, pin_switch=True, keep_matmuls=False)
+    assert "products where its schedule put them" in control.after_miss() and control.keep_matmuls
+    options: dict = {}
+    assert _install_passes(options, pinned=False, keep_matmuls=False)[1] is None
+    assert "post_grad_custom_post_pass" not in options
+    assert isinstance(_install_passes(options, pinned=False, keep_matmuls=True)[1], KeepMatmulsInPlace)
