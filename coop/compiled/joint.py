@@ -37,7 +37,7 @@ from torch import fx
 
 from coop.compiled.fusion import fuse_pointwise
 from coop.compiled.observed import Observation, inline_unbuffered
-from coop.compiled.pricing import DRAWS, TRANSCENDENTAL, inlined_recomputations, reprice, step_rates, unwritten_seconds
+from coop.compiled.pricing import DRAWS, inlined_recomputations, reprice, step_rates, unwritten_seconds
 from coop.errors import CoopError
 from coop.graph import Graph
 from coop.graph_capture.lower import Lowered, lower
@@ -47,7 +47,7 @@ __all__ = ["JointGraph", "effect_nodes", "joint_outputs", "lower_joint", "views_
 
 TANGENT_OP = "tangent"
 #: ``lower_joint``'s pricings (:mod:`coop.compiled.pricing`)
-PRICINGS = ("draws", "measured", "nominal", "transcendental")
+PRICINGS = ("draws", "measured", "nominal")
 
 
 @dataclass
@@ -170,8 +170,7 @@ def lower_joint(gm: fx.GraphModule, num_fwd_outputs: int, static_indices: list[i
     rates = step_rates(placeholders, device) if pricing != "nominal" else None
     fx_by_name = {n.name: n for n in copied.nodes}
     if rates is not None:
-        only = {"measured": None, "draws": DRAWS, "transcendental": DRAWS | TRANSCENDENTAL}[pricing]
-        lowered = reprice(lowered, fx_by_name, rates, only=only)
+        lowered = reprice(lowered, fx_by_name, rates, only=None if pricing == "measured" else DRAWS)
     graph, tangent_ids = _tangents_after_forward(lowered, placeholders)
     lowered.graph = graph
     if fuse:

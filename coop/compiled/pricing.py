@@ -42,17 +42,13 @@ from coop.graph_capture.cost import BANDWIDTH, analytic_seconds, bytes_moved, te
 from coop.graph_capture.host_cost import MachineRates, element_key, kernel_calls, machine_rates
 from coop.graph_capture.lower import Lowered
 
-__all__ = ["COMPILED_KEYS", "DRAWS", "TRANSCENDENTAL", "compiled_rates", "inlined_recomputations", "op_seconds", "reprice", "step_rates",
+__all__ = ["COMPILED_KEYS", "DRAWS", "compiled_rates", "inlined_recomputations", "op_seconds", "reprice", "step_rates",
            "unwritten_seconds"]
 
 #: compiled ops priced as an eager op of the calibration's table (an op with no eager kernel to time)
 COMPILED_KEYS = {"prims.inductor_random": "aten.bernoulli"}
 #: the ops ``pricing="draws"`` prices at the measured rates, the rest nominally
 DRAWS = frozenset({"prims.inductor_random"})
-#: the ops ``pricing="transcendental"`` prices at the measured rates besides the draws: elementwise ops whose kernel
-#: is bound by its arithmetic, not its bytes (the nominal model prices them by bytes alone)
-TRANSCENDENTAL = frozenset({"aten.erf", "aten.exp", "aten.tanh", "aten.sigmoid", "aten.log", "aten.sin", "aten.cos",
-                            "aten.gelu", "aten.silu", "aten.gelu_backward", "aten.silu_backward"})
 
 
 def compiled_rates(rates: MachineRates) -> MachineRates:
