@@ -272,22 +272,11 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
             continue
         if len(history) - refused >= rounds:
             break
-        if (pin_after_miss is not None and not copies_shaved and getattr(record, "layout_optimization", False)
-                and held - plan.requested <= plan.layout_copies
-                and (below_copies := _below_the_unplanned(plan, shave, held)) <= plan.requested - min_budget(
-                    plan.joint.graph)):
-            # no more over than inductor's channels-last copies of caller-owned convolution inputs hold
-            # (coop.compiled.layout_copies): planned again in inductor's order and layout, faster than coop's order
-            # without it (bench_compile's ViT at its compiler's held bytes at 0.9: 169.14 ms pinned against 154.94
-            # ms for the compiler, 2026-12-01), with the bytes the plan did not predict taken off the budget (the
-            # copies hold the same bytes whatever the plan: ViT's first round held 1,685,200 B above its prediction
-            # and its next, planned 1,141,968 B lower, 1,685,200 B again, 27,088 B over); a miss after it switches
-            # as below
+        copies_round = None if pin_after_miss is None or copies_shaved else _below_the_copies(record, plan, shave, held)
+        if copies_round is not None:  # once; a miss after it switches as below
             copies_shaved = True
-            shave, observation = below_copies, _measured_only(observation, scratch)
-            reason = (f"planned again {held - plan.peak:,} B below the budget, what the step held above its plan "
-                      f"({held - plan.requested:,} B over the budget, no more than inductor's channels-last copies of "
-                      f"the caller-owned convolution inputs: {plan.layout_copies:,} B)")
+            shave, reason = copies_round
+            observation = _measured_only(observation, scratch)
             continue
         if pin_after_miss is not None:
             # inductor's scheduler moved coop's order (a recomputation fused into, or reordered to, an early
@@ -359,11 +348,22 @@ def _below_the_excess(plan: CompiledPlan, shave: int, held: int, floor: int) -> 
     return min(shave + held - plan.requested, plan.requested - floor)
 
 
-def _below_the_unplanned(plan: CompiledPlan, shave: int, held: int) -> int:
-    """The shave that plans the next round below what this one held above its plan's predicted peak (bytes the plan
-    does not see, the same whatever it is), at least the shave below the excess (the caller checks the floor: a
-    round clamped to it would hold the same bytes over)."""
-    return max(shave + held - plan.requested, held - plan.peak)
+def _below_the_copies(record: CompiledRecord, plan: CompiledPlan, shave: int, held: int) -> tuple[int, str] | None:
+    """After a miss in inductor's channels-last layout by no more than its copies of caller-owned convolution inputs
+    (:mod:`coop.compiled.layout_copies`): the next round's shave and reason, planned in inductor's order and layout
+    (faster than coop's order without it: bench_compile's ViT at its compiler's held bytes at 0.9, 169.14 ms pinned
+    against 154.94 ms for the compiler, 2026-12-01) below what the step held above its plan's predicted peak (the
+    copies hold the same bytes whatever the plan: ViT's first round held 1,685,200 B above its prediction and its
+    next, planned 1,141,968 B lower, 1,685,200 B again, 27,088 B over). None where the round ran without the layout,
+    missed by more than the copies, or the Graph's floor leaves no room (a round clamped to it would miss alike)."""
+    if not getattr(record, "layout_optimization", False) or held - plan.requested > plan.layout_copies:
+        return None
+    below = max(shave + held - plan.requested, held - plan.peak)
+    if below > plan.requested - min_budget(plan.joint.graph):
+        return None
+    return below, (f"planned again {held - plan.peak:,} B below the budget, what the step held above its plan "
+                   f"({held - plan.requested:,} B over the budget, no more than inductor's channels-last copies of "
+                   f"the caller-owned convolution inputs: {plan.layout_copies:,} B)")
 
 
 def _measured_only(observation: Observation | None, scratch: dict[str, int]) -> Observation | None:
