@@ -31,7 +31,7 @@ applies to each graph alone, so give a fraction, or ``fullgraph=True``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -166,28 +166,7 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
     if device is not None:
         raise CoopError(f"coop.compile: device={device!r} is for meta-device models; a model with real weights is "
                         "planned on its own device: leave device out")
-    users_set = compile_kwargs.get("options") or {}  # before inductor_options adds coop's defaults
-    users_layout, users_fusion = "layout_optimization" in users_set, "score_fusion_memory_threshold" in users_set
-    inductors_fusion = torch._inductor.config.score_fusion_memory_threshold
-    user_options = inductor_options(compile_kwargs)
-
-    control = _RoundControl(
-        pinned=bool(pin),
-        # inductor's channels-last layout while measured rounds meet the budget (module docstring), where the user
-        # left it (a model without convolution modules has nothing to lay out: it stays off, nothing switches it)
-        channels_last=(example_batch is not None and not users_layout and torch._inductor.config.layout_optimization
-                       and any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())),
-        # the pin is coop's _post_fusion_custom_pass: where the user set their own, nothing to switch on
-        pin_switch=pin is None and user_options.get("_post_fusion_custom_pass") is None,
-        # inductor's horizontal fusion while measured rounds meet the budget, where the user left the threshold
-        # (ResNet of bench_compile at the compiler's own held bytes: 7.55 ms with it, 7.89 ms without; the compiler
-        # itself 7.37 ms and 8.07 ms without it, 2026-12-01)
-        horizontal_fusion=example_batch is not None and not users_fusion,
-        # inductor's addmm folds while measured rounds meet the budget (the matmul keeper, coop.compiled.order, only
-        # after a miss or where nothing is measured): undoing a fold splits one kernel into a product and an add
-        # (bench_compile's ViT at 0.9, one plan: 287.96 ms with the keeper, 262.70 without, the plain compile
-        # 255.72, the same 51,228,456 B held, 2026-12-01)
-        keep_matmuls=example_batch is None or user_options.get("post_grad_custom_post_pass") is not None)
+    control = _RoundControl.for_model(model, compile_kwargs, example_batch, pin)
 
     memo = SolveMemo()  # a round compiled again on the same Graph and budget is not solved again
 
@@ -197,11 +176,7 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         part = CoopPartitioner(budget if requested is None else requested, formulation=formulation,
                                time_limit=time_limit, threads=threads, shave=shave, observation=observation,
                                pricing=pricing, memo=memo, verbose=verbose)
-        options = {**user_options, "custom_partitioner_fn": part}
-        if control.channels_last:
-            options["layout_optimization"] = True
-        if control.horizontal_fusion:
-            options["score_fusion_memory_threshold"] = inductors_fusion
+        options = control.options(part)
         observer, keeper, pinner = _install_passes(options, control.pinned, control.keep_matmuls)
         compiled = torch.compile(model, backend="inductor", options=options, **compile_kwargs)
         compiled.__class__ = CoopCompiledModule
@@ -219,21 +194,67 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         # as the step's (the tied MLP of tests/test_compile_observed.py at 0.5: 9,273,184 B measured in round 0 for
         # a step that holds 2,262,536 B)
         machine_rates()
-    switches = control.pin_switch or control.channels_last or not control.keep_matmuls
     return fit_measured(compile_with, example_batch, loss_fn, max(1, rounds), verbose,
-                        control.after_miss if switches else None)
+                        control.after_miss if control.switches else None)
 
 
 @dataclass
 class _RoundControl:
-    """What coop sets of inductor's order and layout per compilation, and the switch after the first measured round
-    over its budget (:func:`coop.compiled.refit.fit_measured`'s ``pin_after_miss``)."""
+    """What coop sets of inductor's options, order and layout per compilation, and the switch after the first
+    measured round over its budget (:func:`coop.compiled.refit.fit_measured`'s ``pin_after_miss``)."""
 
     pinned: bool
     channels_last: bool
     pin_switch: bool
     horizontal_fusion: bool = False
     keep_matmuls: bool = True
+    #: the user's inductor options with coop's defaults (:func:`inductor_options`)
+    user_options: dict[str, Any] = field(default_factory=dict)
+    #: inductor's own horizontal-fusion threshold, restored while ``horizontal_fusion``
+    inductors_fusion: int = 0
+
+    @classmethod
+    def for_model(cls, model: nn.Module, compile_kwargs: dict[str, Any], example_batch: Any,
+                  pin: bool | None) -> _RoundControl:
+        """The first compilation's settings; takes the inductor options out of ``compile_kwargs``."""
+        users_set = compile_kwargs.get("options") or {}  # before inductor_options adds coop's defaults
+        user_options = inductor_options(compile_kwargs)
+        measured = example_batch is not None
+        return cls(
+            pinned=bool(pin),
+            # inductor's channels-last layout while measured rounds meet the budget (module docstring), where the
+            # user left it (a model without convolution modules has nothing to lay out: it stays off, nothing
+            # switches it)
+            channels_last=(measured and "layout_optimization" not in users_set
+                           and torch._inductor.config.layout_optimization
+                           and any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules())),
+            # the pin is coop's _post_fusion_custom_pass: where the user set their own, nothing to switch on
+            pin_switch=pin is None and user_options.get("_post_fusion_custom_pass") is None,
+            # inductor's horizontal fusion while measured rounds meet the budget, where the user left the threshold
+            # (ResNet of bench_compile at the compiler's own held bytes: 7.55 ms with it, 7.89 ms without; the
+            # compiler itself 7.37 ms and 8.07 ms without it, 2026-12-01)
+            horizontal_fusion=measured and "score_fusion_memory_threshold" not in users_set,
+            # inductor's addmm folds while measured rounds meet the budget (the matmul keeper, coop.compiled.order,
+            # only after a miss or where nothing is measured): undoing a fold splits one kernel into a product and an
+            # add (bench_compile's ViT at 0.9, one plan: 287.96 ms with the keeper, 262.70 without, the plain compile
+            # 255.72, the same 51,228,456 B held, 2026-12-01)
+            keep_matmuls=not measured or user_options.get("post_grad_custom_post_pass") is not None,
+            user_options=user_options, inductors_fusion=torch._inductor.config.score_fusion_memory_threshold)
+
+    def options(self, partitioner: CoopPartitioner) -> dict[str, Any]:
+        """This compilation's inductor options: the user's, coop's partitioner, and the layout and fusion as they
+        stand now (the passes are :func:`_install_passes`')."""
+        options = {**self.user_options, "custom_partitioner_fn": partitioner}
+        if self.channels_last:
+            options["layout_optimization"] = True
+        if self.horizontal_fusion:
+            options["score_fusion_memory_threshold"] = self.inductors_fusion
+        return options
+
+    @property
+    def switches(self) -> bool:
+        """Whether :meth:`after_miss` has anything to switch."""
+        return self.pin_switch or self.channels_last or not self.keep_matmuls
 
     def after_miss(self) -> str:
         """Coop's order, no channels-last copies and no horizontal fusion for the rounds after the first miss; the
