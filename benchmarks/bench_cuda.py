@@ -677,7 +677,7 @@ def run_case(case: Case, spec: dict[str, Any], row: dict[str, Any], progress: Ca
         captured.graph.save(folder / f"{case.family}.json")
     graph = captured.graph
     row["nodes"] = len(graph.nodes)
-    caller_owned = sum(graph.node(node_id).mem for node_id in graph.caller_owned_ids)
+    caller_owned = graph.caller_owned_bytes
     meter = CudaMeter() if device.type == "cuda" else CpuMeter()
 
     if case.mode == "capture":  # eager PyTorch's own step against the captured baseline peak
@@ -834,7 +834,7 @@ def _compile_case(row: dict[str, Any], case: Case, model: torch.nn.Module, batch
     row["graphs"] = len(compiled.coop_record.plans)  # one: the budget is the whole step's (with breaks, each graph's)
     row["budget_bytes"] = plan.requested
     row["nodes"] = len(plan.joint.graph.nodes)
-    owned = sum(n.mem for n in plan.joint.graph.nodes if n.caller_owned)
+    owned = plan.joint.graph.caller_owned_bytes
     meter = CudaMeter() if device.type == "cuda" else CpuMeter()
     coop_step = _step_of(module, lambda: compiled(*batch).backward(), progress, "coop.compile step")
     _measure(row, meter, coop_step, coop_step, owned, plan.peak)

@@ -84,7 +84,7 @@ class CompiledRecord:
         if observed is None:
             return None
         forward, backward = observed
-        return step_peak(forward, backward, len(plan.partition.saved)) + sum(n.mem for n in plan.joint.graph.nodes if n.caller_owned)
+        return step_peak(forward, backward, len(plan.partition.saved)) + plan.joint.graph.caller_owned_bytes
 
     @property
     def plans(self) -> list[CompiledPlan]:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -216,104 +216,148 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
     ``min(SLACK_ROUNDS, rounds - 1)`` more use the slack; the module docstring says which is returned (with its own record:
     torch.compile's wrappers of one model share their attributes).
     """
-    history: list[CompileRound] = []
-    best: _Attempt | None = None
-    shave, planned_shave = 0, 0
-    observation: Observation | None = None
-    requested: int | None = None
-    slack: list[SlackPoint] = []  # the slack phase: from the first round within the budget on
-    keep_writing = False  # once a Graph with inlined values had no plan, later rounds inline nothing
-    reason = "first plan"
-    slack_rounds = min(SLACK_ROUNDS, rounds - 1)  # rounds=1: one compilation, no slack round
-    copies_shaved = False  # a miss that inductor's channels-last copies explain was planned below once
-    refused = 0  # the round whose inlined Graph had no plan: it compiled nothing, so it is not one of ``rounds``
-    for _ in range(rounds + slack_rounds + 1):
-        compiled = compile_with(shave, observation, requested)
+    state = _Rounds(rounds=rounds, pin_after_miss=pin_after_miss)
+    for _ in range(rounds + state.slack_rounds + 1):
+        compiled = compile_with(state.shave, state.observation, state.requested)
         record: CompiledRecord = compiled.coop_record
-        record.rounds = history
+        record.rounds = state.history
         part = record.partitioner
         try:
             compiled_steps = warm_up(compiled, batch, loss_fn, lambda plans=part.plans: len(plans))
             measured = held_bytes(compiled, batch, loss_fn)
         except (BackendCompilerFailed, CoopError) as exc:
             inner = exc.inner_exception if isinstance(exc, BackendCompilerFailed) else exc
-            if not isinstance(inner, CoopError) or best is None:
+            if not isinstance(inner, CoopError) or state.best is None:
                 raise inner from None
-            history.append(CompileRound(shave=shave, budget=part.last_budget or 0, predicted_peak=0,
-                                        measured_peak=None, floor=part.last_floor,
-                                        reason=f"no plan below the measured excess ({str(inner)[:160]})"))
-            if observation is not None and observation.inline and not slack:
-                # the values the last step never wrote keep their readers' inputs live: a Graph without them
-                # (what was measured still charged) may fit where that one has no schedule (ResNet at 0.7: its
-                # min_budget was above the budget in every process measured, so this round plans nothing and
-                # leaves the rounds that seek the budget to the Graph that can)
-                observation, keep_writing = replace(observation, inline=frozenset()), True
-                refused += 1
-                reason = ("planned again on the measured scratch and temporaries, every value written (the Graph "
-                          "with the unwritten values inlined has no plan at this budget)")
+            if state.after_refusal(part, inner):
                 continue
-            if slack or shave - planned_shave < 2 * SHAVE_STEP or len(history) - refused >= rounds:
-                break
-            shave = (planned_shave + shave) // 2
-            continue
+            break
         if not part.plans:
             raise CoopError(_ran_without_coop())
         if (compiled_steps[-1] if compiled_steps else len(part.plans)) != 1 or measured is None:
             return compiled  # graph breaks (several graphs) or a running profiler: nothing to compare
         plan = part.plans[-1]  # the graph compiled last is the one the steps run (measure.warm_up)
-        requested = plan.requested
-        held = measured + sum(n.mem for n in plan.joint.graph.nodes if n.caller_owned)
-        history.append(_measured_round(record, plan, shave, held, reason, observation))
-        overhead = history[-1].overhead
-        scratch = _measured_scratch(compiled, batch, loss_fn, plan, history[-1])
-        planned_shave = shave
-        within = held <= plan.requested
-        # within the budget, the least recomputation wins; over it, the least held
-        attempt = _Attempt(compiled, record, held, (0, overhead, held) if within else (1, held, overhead))
-        if best is None or attempt.rank < best.rank:
-            best = attempt
-        if slack or within:
-            slack.append(SlackPoint(raised=-shave, excess=held - plan.requested))
-            seen = _observe(record, plan, observation, scratch, keep_writing)
-            new = seen is not None and seen != observation
-            # the moves of inline_saved recompute by choice, not for want of bytes: no slack round buys them back
-            following = next_slack_round(slack, plan.requested, buys_back(plan.solver_overhead), new)
-            if following is None or len(slack) > slack_rounds:
-                break
-            shave, reason = following
-            observation = seen if new else observation
-            continue
-        if len(history) - refused >= rounds:
+        held = measured + plan.joint.graph.caller_owned_bytes
+        state.history.append(_measured_round(record, plan, state.shave, held, state.reason, state.observation))
+        scratch = _measured_scratch(compiled, batch, loss_fn, plan, state.history[-1])
+        state.keep_if_best(compiled, record, plan, held)
+        if state.slack or held <= plan.requested:
+            going_on = state.after_fit(record, plan, scratch, held)
+        else:
+            going_on = state.after_miss(record, plan, scratch, held)
+            if going_on and verbose:
+                print(f"coop.compile: the step held {held:,} B against {plan.requested:,} B; planning again",
+                      file=sys.stderr)
+        if not going_on:
             break
-        copies_round = None if pin_after_miss is None or copies_shaved else _below_the_copies(record, plan, shave, held)
-        if copies_round is not None:  # once; a miss after it switches as below
-            copies_shaved = True
-            shave, reason = copies_round
-            observation = _measured_only(observation, scratch)
-            continue
-        if pin_after_miss is not None:
-            # inductor's scheduler moved coop's order (a recomputation fused into, or reordered to, an early
-            # kernel), or its channels-last layout copied caller-owned inputs no plan holds: its own order and
-            # layout missed the budget, so the rounds after it are coop's (pinned order, layout off where the
-            # switch says so), planned afresh on what was measured (the buffers seen in another order are not
-            # this order's)
-            switched = pin_after_miss() or "with the kernels in coop's order"
-            pin_after_miss = None
-            observation = _measured_only(observation, scratch)
-            reason = f"planned again {switched} (inductor's held {held - plan.requested:,} B over)"
-            continue
-        following = _next_missed_round(record, plan, history, observation, scratch, keep_writing, shave, held)
-        if following is None:
-            break
-        shave, observation, reason = following
-        if verbose:
-            print(f"coop.compile: the step held {held:,} B against {plan.requested:,} B; planning again",
-                  file=sys.stderr)
+    best = state.best
     assert best is not None
     best.compiled.coop_record = best.record  # the wrappers share the model's attributes: its own record back
     if best.held > best.record.plans[-1].requested:
         raise _over_budget(best)
     return best.compiled
+
+
+@dataclass
+class _Rounds:
+    """:func:`fit_measured`'s state between rounds, and its decisions after each (the module docstring's rules):
+    the next round's shave, observation and reason, or the end."""
+
+    rounds: int
+    pin_after_miss: Callable[[], str | None] | None
+    history: list[CompileRound] = field(default_factory=list)
+    best: _Attempt | None = None
+    shave: int = 0
+    planned_shave: int = 0
+    observation: Observation | None = None
+    #: the first round's budget in bytes, kept by the later rounds
+    requested: int | None = None
+    #: the slack phase: from the first round within the budget on
+    slack: list[SlackPoint] = field(default_factory=list)
+    #: once a Graph with inlined values had no plan, later rounds inline nothing
+    keep_writing: bool = False
+    reason: str = "first plan"
+    #: a miss that inductor's channels-last copies explain was planned below once
+    copies_shaved: bool = False
+    #: the rounds whose inlined Graph had no plan: they compiled nothing, so they are not of ``rounds``
+    refused: int = 0
+
+    @property
+    def slack_rounds(self) -> int:
+        """At most this many slack rounds (``rounds=1``: one compilation, none)."""
+        return min(SLACK_ROUNDS, self.rounds - 1)
+
+    def keep_if_best(self, compiled: nn.Module, record: CompiledRecord, plan: CompiledPlan, held: int) -> None:
+        """Note the round just measured, and keep it if it ranks best: within the budget, the least recomputation
+        wins; over it, the least held."""
+        self.requested, self.planned_shave = plan.requested, self.shave
+        overhead = self.history[-1].overhead
+        within = held <= plan.requested
+        attempt = _Attempt(compiled, record, held, (0, overhead, held) if within else (1, held, overhead))
+        if self.best is None or attempt.rank < self.best.rank:
+            self.best = attempt
+
+    def after_refusal(self, part: Any, inner: CoopError) -> bool:
+        """After a round whose re-solve found no plan: whether another round follows (set up here)."""
+        self.history.append(CompileRound(shave=self.shave, budget=part.last_budget or 0, predicted_peak=0,
+                                         measured_peak=None, floor=part.last_floor,
+                                         reason=f"no plan below the measured excess ({str(inner)[:160]})"))
+        if self.observation is not None and self.observation.inline and not self.slack:
+            # the values the last step never wrote keep their readers' inputs live: a Graph without them (what was
+            # measured still charged) may fit where that one has no schedule (ResNet at 0.7: its min_budget was
+            # above the budget in every process measured, so this round plans nothing and leaves the rounds that
+            # seek the budget to the Graph that can)
+            self.observation, self.keep_writing = replace(self.observation, inline=frozenset()), True
+            self.refused += 1
+            self.reason = ("planned again on the measured scratch and temporaries, every value written (the Graph "
+                           "with the unwritten values inlined has no plan at this budget)")
+            return True
+        if (self.slack or self.shave - self.planned_shave < 2 * SHAVE_STEP
+                or len(self.history) - self.refused >= self.rounds):
+            return False
+        self.shave = (self.planned_shave + self.shave) // 2
+        return True
+
+    def after_fit(self, record: CompiledRecord, plan: CompiledPlan, scratch: dict[str, int], held: int) -> bool:
+        """After a round within the budget, or any round of the slack phase: whether a slack round follows."""
+        self.slack.append(SlackPoint(raised=-self.shave, excess=held - plan.requested))
+        seen = _observe(record, plan, self.observation, scratch, self.keep_writing)
+        new = seen is not None and seen != self.observation
+        # the moves of inline_saved recompute by choice, not for want of bytes: no slack round buys them back
+        following = next_slack_round(self.slack, plan.requested, buys_back(plan.solver_overhead), new)
+        if following is None or len(self.slack) > self.slack_rounds:
+            return False
+        self.shave, self.reason = following
+        self.observation = seen if new else self.observation
+        return True
+
+    def after_miss(self, record: CompiledRecord, plan: CompiledPlan, scratch: dict[str, int], held: int) -> bool:
+        """After a round over its budget before any fitted: whether another round seeks the budget."""
+        if len(self.history) - self.refused >= self.rounds:
+            return False
+        copies_round = (None if self.pin_after_miss is None or self.copies_shaved
+                        else _below_the_copies(record, plan, self.shave, held))
+        if copies_round is not None:  # once; a miss after it switches as below
+            self.copies_shaved = True
+            self.shave, self.reason = copies_round
+            self.observation = _measured_only(self.observation, scratch)
+            return True
+        if self.pin_after_miss is not None:
+            # inductor's scheduler moved coop's order (a recomputation fused into, or reordered to, an early kernel),
+            # or its channels-last layout copied caller-owned inputs no plan holds: its own order and layout missed
+            # the budget, so the rounds after it are coop's (pinned order, layout off where the switch says so),
+            # planned afresh on what was measured (the buffers seen in another order are not this order's)
+            switched = self.pin_after_miss() or "with the kernels in coop's order"
+            self.pin_after_miss = None
+            self.observation = _measured_only(self.observation, scratch)
+            self.reason = f"planned again {switched} (inductor's held {held - plan.requested:,} B over)"
+            return True
+        following = _next_missed_round(record, plan, self.history, self.observation, scratch, self.keep_writing,
+                                       self.shave, held)
+        if following is None:
+            return False
+        self.shave, self.observation, self.reason = following
+        return True
 
 
 def _measured_round(record: CompiledRecord, plan: CompiledPlan, shave: int, held: int, reason: str,

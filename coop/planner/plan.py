@@ -132,7 +132,7 @@ def _solved_and_measured(module: nn.Module, wrapper: nn.Module | None, captured:
     said on ``progress``."""
     solver = functools.partial(solve_within, module, formulation=options.formulation, time_limit=options.time_limit,
                                loss_fn=options.loss_fn, wrapper=wrapper, device_profile=options.device_profile,
-                               exact=options.exact, progress=progress)
+                               paging=options.pages, exact=options.exact, progress=progress)
     if captured.sharding is not None and not captured.sharding.weightless:  # every rank replays rank 0's schedule
         require_same_graph(captured)
         solver = solved_on_rank_zero(solver, functools.partial(plan_from_rank_zero, module, loss_fn=options.loss_fn))

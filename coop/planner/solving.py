@@ -30,7 +30,7 @@ from coop.schedule import Schedule, Simulation, draws_out_of_order, validate
 
 def solve_within(model: nn.Module, captured: Captured, budget_bytes: int, *, formulation: str, time_limit: float,
                  loss_fn: LossFn | None, wrapper: nn.Module | None, device_profile: Any = None,
-                 exact: bool = False, progress: StageProgress | None = None) -> Plan:
+                 paging: bool = False, exact: bool = False, progress: StageProgress | None = None) -> Plan:
     """Solve within a live-bytes budget; fall back to the cheapest fitting baseline, and say so in the note.
 
     Below the graph's min_budget no schedule exists (a proven bound), so no baseline is tried there.
@@ -39,6 +39,8 @@ def solve_within(model: nn.Module, captured: Captured, budget_bytes: int, *, for
     ----------
     formulation, time_limit, device_profile : Any
         As ``coop.plan`` takes them.
+    paging : bool
+        Whether schedules may page (``PlanOptions.pages``): the floor named where nothing fits is the paged one.
     loss_fn, wrapper : Any
         Handed to the plan.
     exact : bool
@@ -69,7 +71,7 @@ def solve_within(model: nn.Module, captured: Captured, budget_bytes: int, *, for
         progress.stage(f"solved: {result.formulation} ({result.status}), overhead {100 * simulation.overhead:.2f} %")
         return Plan(model, captured, result.schedule, budget_bytes, result.formulation, result, note=result.message,
                     loss_fn=loss_fn, wrapper=wrapper, simulation=simulation)
-    least = min_budget(graph, paging=device_profile is not None)  # a device profile lets POET page
+    least = min_budget(graph, paging=paging)
     if budget_bytes < least:  # every schedule's peak is at least min_budget: none can fit
         raise InfeasibleError(f"no schedule within budget {format_memory(budget_bytes, graph)}: it is below "
                               f"min_budget {format_memory(least, graph)}, the proven lower bound; raise the budget")
