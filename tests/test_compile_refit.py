@@ -87,3 +87,14 @@ def test_a_tight_fit_that_recomputes_is_planned_once_more_on_its_buffers_at_its_
     near_miss = [SlackPoint(0, -609_000), SlackPoint(609_000, 44_812)]
     reason = "planned again with the slack less the last round's miss (44,812 B) and a shave step"
     assert next_slack_round(near_miss, REQUESTED, True, False) == (-(609_000 - 44_812 - SHAVE_STEP), reason)
+
+
+def test_a_replan_on_the_buffers_that_held_the_same_ends_the_slack_phase() -> None:
+    """ViT at 0.9 (bench_compile, 2026-12-01): round 0 fitted with 807,650 B of slack (under 2 % of the budget), was
+    planned again on its buffers at its own budget, and held the same 51,228,456 B; a third round planned on the
+    next observation held them again. Two identical points end the phase even with a new observation."""
+    fit = SlackPoint(0, 51_228_456 - 52_036_106)
+    assert next_slack_round([fit], 52_036_106, True, True) == (
+        0, "planned again at the fitting round's budget on the buffers inductor kept")
+    assert next_slack_round([fit, fit], 52_036_106, True, True) is None
+    assert next_slack_round([fit, SlackPoint(0, fit.excess + 4096)], 52_036_106, True, True) is not None
