@@ -29,7 +29,7 @@ class _Step:
     def __init__(self, held: int, pinned: bool) -> None:
         self.held = held
         plan = SimpleNamespace(requested=BUDGET, budget=BUDGET, peak=BUDGET - 10, solver_overhead=0.0,
-                               joint=SimpleNamespace(graph=SimpleNamespace(nodes=[], name="g")),
+                               joint=SimpleNamespace(graph=SimpleNamespace(nodes=[], name="g", caller_owned_bytes=0)),
                                result=SimpleNamespace(simulation=SimpleNamespace(overhead=0.0)))
         self.coop_record = SimpleNamespace(partitioner=SimpleNamespace(plans=[plan]), plans=[plan], rounds=[],
                                            observed_peak=lambda plan: None, pin=object() if pinned else None)
