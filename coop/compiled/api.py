@@ -184,7 +184,7 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
                                               pin=pinner, layout_optimization=bool(options["layout_optimization"]),
                                               horizontal_fusion=options["score_fusion_memory_threshold"]
                                               != NO_HORIZONTAL_FUSION,
-                                              addmm_folds=not control.keep_matmuls)
+                                              addmm_folds=keeper is None)
         return compiled
 
     if example_batch is None:
