@@ -91,6 +91,7 @@ _SEEDED_OVERLOADS: dict[str, str] = {
     "aten.uniform_": "default",
     "coop.bernoulli_mask": "default",
     "coop.dropout_mask": "default",
+    "coop.float8_dropout_mask": "default",
     "prims.inductor_rand_eager_offset": "default",
     "prims.inductor_rand_eager_offsets": "default",
     "prims.inductor_seed": "default",

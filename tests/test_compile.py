@@ -238,6 +238,10 @@ def test_eager_random_draws_train_as_torch_compile_with_them() -> None:
                     and any(plan.joint.graph.node(i).random for i in reader.inputs)
                     for name in plan.joint.lowered.fx_names[reader.id]}
     assert mask_readers & rebuilt, (sorted(mask_readers), sorted(rebuilt))
+    # inductor's joint graph reads each mask through a cast only: drawn as float8 zeros and ones
+    forward_targets = {node.target for node in plan.partition.forward.graph.nodes}
+    assert torch.ops.coop.float8_dropout_mask.default in forward_targets
+    assert torch.ops.coop.dropout_mask.default not in forward_targets
 
 
 def _measured_once(model: nn.Module, budget: float, rounds: int = 1, **kwargs: Any) -> nn.Module:

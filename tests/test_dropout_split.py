@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from coop.graph_capture.random_ops import split_native_dropouts
+from coop.graph_capture.random_ops import MASK_DRAWS, split_native_dropouts
 from coop.graph_capture.trace import is_random
 
 
@@ -29,8 +29,11 @@ def test_the_split_graph_draws_and_computes_what_native_dropout_does(dtype: torc
     targets = [node.target for node in traced.graph.nodes if node.op == "call_function"]
     assert torch.ops.aten.native_dropout.default not in targets
     random = [node for node in traced.graph.nodes if node.op == "call_function" and is_random(node)]
-    assert [node.target for node in random] == [torch.ops.coop.dropout_mask.default] * 2
-    assert all(node.meta["val"].dtype == torch.bool for node in random)
+    # the first mask is a result (read as bool): the bool draw; the second is read only by casts (none here): the
+    # float8 draw (on CPU, where the mask is drawn alone)
+    assert [node.target for node in random] == [torch.ops.coop.dropout_mask.default,
+                                                 torch.ops.coop.float8_dropout_mask.default]
+    assert [node.meta["val"].dtype for node in random] == [torch.bool, torch.float8_e5m2]
     torch.manual_seed(5)
     ours = traced(x)
     after_ours = torch.rand(3)
@@ -78,9 +81,11 @@ def test_coops_partitioner_splits_the_dropout_and_replays_eagers_mask() -> None:
     # on CPU the forward draws the mask alone and stays split (coop.compiled.first_dropout); the backward rebuilds
     # the output from the saved mask and draws nothing
     assert plan.partition.rejoined_dropouts == 0
+    # undecomposed (no inductor), the backward reads the mask by native_dropout_backward: the bool draw
     assert forward_targets.count(torch.ops.coop.dropout_mask.default) == 1
+    assert torch.ops.coop.float8_dropout_mask.default not in forward_targets
     assert torch.ops.aten.native_dropout.default not in forward_targets
-    assert not {torch.ops.coop.dropout_mask.default, torch.ops.aten.native_dropout.default} & set(backward_targets), \
+    assert not {*MASK_DRAWS, torch.ops.aten.native_dropout.default} & set(backward_targets), \
         "a mask drawn again in the backward"
     assert plan.partition.recomputed(), "checkpoint-all rebuilds the dropout's output in the backward"
 
@@ -140,12 +145,30 @@ def test_both_forms_of_the_mask_op_draw_native_dropouts_mask(layout: str, p: flo
         x = x.to(memory_format=torch.channels_last)
     elif layout == "strided":
         x = x[:, ::2]
-    for draw in (torch.ops.coop.dropout_mask, whole_dropout_mask):
+    for draw in (torch.ops.coop.dropout_mask, whole_dropout_mask, torch.ops.coop.float8_dropout_mask):
         torch.manual_seed(9)
         theirs = torch.ops.aten.native_dropout(x, p, True)[1]
         after_theirs = torch.rand(3)
         torch.manual_seed(9)
         ours = draw(x, p)
         after_ours = torch.rand(3)
-        assert ours.dtype == torch.bool and torch.equal(ours, theirs) and ours.stride() == theirs.stride()
+        assert ours.stride() == theirs.stride()
+        if draw is torch.ops.coop.float8_dropout_mask:  # zeros and ones, as float8_e5m2 bytes 0x00 and 0x3C
+            assert ours.dtype == torch.float8_e5m2
+            assert torch.equal(ours.view(torch.uint8), theirs.to(torch.uint8) * 0x3C)
+            assert torch.equal(ours.to(dtype), theirs.to(dtype))
+        else:
+            assert ours.dtype == torch.bool and torch.equal(ours, theirs)
         assert torch.equal(after_ours, after_theirs), "the generator advanced differently"
+
+
+def test_the_float8_mask_holds_one_byte_an_element_and_no_scratch() -> None:
+    """The float8 draw holds what the bool draw holds (a meter that is not coop's: the CPU allocator's events), one
+    byte an element (hand-counted: 33 x 65 = 2,145 B), and nothing inside the call."""
+    from tests.independent_meter import HeldBytes
+
+    x = torch.randn(33, 65)
+    with HeldBytes(held=[x]) as meter:
+        kept = torch.ops.coop.float8_dropout_mask(x, 0.3)
+    assert kept.numel() * kept.element_size() == 2_145
+    assert meter.peak_bytes - 33 * 65 * 4 == 2_145

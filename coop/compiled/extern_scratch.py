@@ -37,7 +37,7 @@ from torch.utils import _pytree as pytree
 from coop.compiled.first_dropout import REJOINED
 from coop.compiled.inductor_buffers import JOINT_VALUE
 from coop.graph_capture.cost import quiet_profile, transient_bytes
-from coop.graph_capture.random_ops import dropout_mask_scratch, native_dropout_scratch
+from coop.graph_capture.random_ops import MASK_DRAWS, dropout_mask_scratch, native_dropout_scratch
 
 __all__ = ["CALL_RANGE", "CallSite", "KernelCall", "ScratchMatch", "call_sites", "joint_value", "match_calls",
            "profiled_calls", "scratch_note"]
@@ -166,7 +166,7 @@ def _known_scratch(node: fx.Node) -> int:
     """The scratch coop's lowering already charges the op of ``node`` by construction (0 for any other op)."""
     called = _called(node)
     rejoined = called is not None and called[0] is torch.ops.aten.native_dropout.default and node.meta.get(REJOINED)
-    if called is None or (called[0] is not torch.ops.coop.dropout_mask.default and not rejoined):
+    if called is None or (called[0] not in MASK_DRAWS and not rejoined):
         return 0
     operands = pytree.tree_leaves(called[1])
     if not operands:

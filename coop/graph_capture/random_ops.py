@@ -28,7 +28,8 @@ The kernel's own scratch (MKL draws into an int32 buffer) is not modelled, as it
 ``bernoulli.p`` it replaces.
 
 A compiled step with eager's draws keeps each dropout as one ``native_dropout``; :func:`split_native_dropouts`
-splits it into :func:`dropout_mask`, native_dropout's own draw:
+splits it into :func:`dropout_mask`, native_dropout's own draw (on CPU :func:`float8_dropout_mask`, the same draw
+as float8 zeros and ones, which inductor's CPU kernels read faster than a bool):
 
 >>> x = torch.randn(4, 8)
 >>> _ = torch.manual_seed(1); mask = torch.ops.coop.dropout_mask(x, 0.25)
@@ -150,6 +151,42 @@ def _dropout_mask_fake(x: torch.Tensor, p: float) -> torch.Tensor:
     return torch.empty_like(x, dtype=torch.bool)
 
 
+#: the dtype of :func:`float8_dropout_mask`'s zeros and ones: one byte an element like bool, and a float type, so a
+#: compiled kernel reads it as a float (see that op)
+FLOAT8_MASK_DTYPE = torch.float8_e5m2
+#: 1.0 in float8_e5m2's bits (sign 0, exponent 01111 = the bias 15, mantissa 00); 0.0 is the byte 0
+FLOAT8_ONE_BITS = 0x3C
+#: that byte as a 0-dim tensor: scaling by a Python int would wrap it into a tensor inside every call (9 bytes the
+#: CPU allocator sees); the draw is on CPU only (:func:`draws_mask_alone`)
+_FLOAT8_ONE = torch.tensor(FLOAT8_ONE_BITS, dtype=torch.uint8)
+
+
+@torch.library.custom_op("coop::float8_dropout_mask", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,))
+def float8_dropout_mask(x: torch.Tensor, p: float) -> torch.Tensor:
+    """:func:`dropout_mask`'s mask as float8_e5m2 zeros and ones (one byte an element, as the bool mask).
+
+    The draw is the bool mask's own (``bernoulli_`` draws the same integers into any dtype: the module docstring),
+    into bytes that are then scaled to 1.0's bits in place, so the generator advances as native_dropout's and no
+    scratch is held. Why not bool: inductor's CPU kernels (torch 2.13, AVX2) load a bool or uint8 operand a vector
+    at a time through a scalar loop, and a float8 one through a conversion; on the machine of BENCHMARKS.md the
+    backward of a softmax with its dropout (32 x 4 x 65 x 65, one thread) ran 2.5 ms reading a bool mask and 1.0 ms
+    reading this one, 0.85 ms in eager, and the product ``x * mask * scale`` 1.0 against 0.58 ms
+    (bench_compile's ViT, BENCHMARKS.md). 0.0 and 1.0 convert exactly to every float dtype, so every product with
+    the mask has native_dropout's bits.
+    """
+    drawn = torch.empty_like(x, dtype=torch.uint8).bernoulli_(1.0 - p)
+    return drawn.mul_(_FLOAT8_ONE).view(FLOAT8_MASK_DTYPE)
+
+
+@float8_dropout_mask.register_fake
+def _float8_dropout_mask_fake(x: torch.Tensor, p: float) -> torch.Tensor:
+    return torch.empty_like(x, dtype=FLOAT8_MASK_DTYPE)
+
+
+#: coop's dropout draws: the mask's dtype is bool or FLOAT8_MASK_DTYPE
+MASK_DRAWS = (torch.ops.coop.dropout_mask.default, torch.ops.coop.float8_dropout_mask.default)
+
+
 #: dtypes whose native_dropout output is ``x * (mask * scale)`` with one rounding however a compiler groups the
 #: product (a 0/1 factor is exact): in bfloat16 and float16 eager rounds ``mask * scale`` first and inductor's
 #: fused kernel does not, so their dropouts stay whole
@@ -177,7 +214,7 @@ def own_scratch_bytes(node: fx.Node) -> int:
     int
         The op's own scratch in bytes, before the allocator's rounding.
     """
-    if node.op != "call_function" or node.target is not torch.ops.coop.dropout_mask.default:
+    if node.op != "call_function" or node.target not in MASK_DRAWS:
         return 0
     return dropout_mask_scratch(node.args[0])
 
@@ -211,13 +248,28 @@ def _splittable_dropout(node: fx.Node) -> bool:
     return isinstance(value, torch.Tensor) and value.dtype in EXACT_SPLIT_DTYPES and train is True and getitems
 
 
+def _float_mask_serves(node: fx.Node) -> bool:
+    """Whether the split of ``node`` (a splittable native_dropout) draws :func:`float8_dropout_mask`: where the mask
+    is drawn alone (:func:`draws_mask_alone`) and every reader of native_dropout's mask casts it to a float dtype
+    (the backward's ``native_dropout_backward``, decomposed); a reader of the bool itself keeps the bool draw."""
+    value: torch.Tensor = node.args[0].meta["val"]
+    if not draws_mask_alone(value.device):
+        return False
+    readers = [reader for user in node.users if user.args[1] == 1 for reader in user.users]
+    return all(reader.target is torch.ops.prims.convert_element_type.default and reader.args[0] in node.users
+               and isinstance(reader.args[1], torch.dtype) and reader.args[1].is_floating_point
+               for reader in readers)
+
+
 def split_native_dropouts(graph: fx.Graph) -> int:
     """Split each ``native_dropout(x, p, True)`` into its draw and a recomputable product; returns how many.
 
     A joint graph compiled with eager's random kernels (inductor's ``fallback_random``) keeps each dropout as one
     ``native_dropout``, a random op whose float output no schedule may recompute: a plan had to hold it from the
     forward to the backward (4 bytes per element beside the 1-byte mask). Split, the draw is
-    :func:`dropout_mask` (the one random node, a bool tensor) and the output is ``x * (mask * scale)``, an
+    :func:`dropout_mask` (the one random node, a bool tensor), or :func:`float8_dropout_mask` (the same draw as one
+    byte zeros and ones that compiled kernels read faster) where :func:`_float_mask_serves`, and the output is
+    ``x * (mask * scale)``, an
     ordinary product inductor fuses into its readers and a schedule may recompute from ``x`` and the mask. The
     values are native_dropout's bit for bit in :data:`EXACT_SPLIT_DTYPES` (other dtypes stay whole), and the
     generator advances as before. The graph is rewritten in place.
@@ -239,14 +291,19 @@ def split_native_dropouts(graph: fx.Graph) -> int:
         x, p = node.args[0], float(node.args[1])
         value: torch.Tensor = x.meta["val"]
         scale = 0.0 if p == 1.0 else 1.0 / (1.0 - p)
+        draw = torch.ops.coop.float8_dropout_mask.default if _float_mask_serves(node) else \
+            torch.ops.coop.dropout_mask.default
         with graph.inserting_before(node):
-            mask = graph.call_function(torch.ops.coop.dropout_mask.default, (x, p))
+            mask = graph.call_function(draw, (x, p))
             as_dtype = graph.call_function(torch.ops.prims.convert_element_type.default, (mask, value.dtype))
             scaled = graph.call_function(aten.mul.Tensor, (as_dtype, scale))
             output = graph.call_function(aten.mul.Tensor, (x, scaled))
         # fake values: the tracer's own for the two results; the intermediates as the output
         results = {user.args[1]: user.meta.get("val") for user in node.users}
-        mask.meta = {**node.meta, "val": results.get(1, torch.empty_like(value, dtype=torch.bool))}
+        drawn = results.get(1, torch.empty_like(value, dtype=torch.bool))
+        if draw is torch.ops.coop.float8_dropout_mask.default:
+            drawn = torch.empty_like(drawn, dtype=FLOAT8_MASK_DTYPE)
+        mask.meta = {**node.meta, "val": drawn}
         for created in (as_dtype, scaled, output):
             created.meta = {**node.meta, "val": results.get(0, torch.empty_like(value))}
         for user in list(node.users):
