@@ -168,11 +168,11 @@ def float8_dropout_mask(x: torch.Tensor, p: float) -> torch.Tensor:
     The draw is the bool mask's own (``bernoulli_`` draws the same integers into any dtype: the module docstring),
     into bytes that are then scaled to 1.0's bits in place, so the generator advances as native_dropout's and no
     scratch is held. Why not bool: inductor's CPU kernels (torch 2.13, AVX2) load a bool or uint8 operand a vector
-    at a time through a scalar loop, and a float8 one through a conversion; on the machine of BENCHMARKS.md the
-    backward of a softmax with its dropout (32 x 4 x 65 x 65, one thread) ran 2.5 ms reading a bool mask and 1.0 ms
-    reading this one, 0.85 ms in eager, and the product ``x * mask * scale`` 1.0 against 0.58 ms
-    (bench_compile's ViT, BENCHMARKS.md). 0.0 and 1.0 convert exactly to every float dtype, so every product with
-    the mask has native_dropout's bits.
+    at a time through a scalar loop, and a float8 one through a conversion: on the machine of BENCHMARKS.md
+    (bench_mask_dtype, 32 x 4 x 65 x 65, one thread) the compiled backward of a softmax with its dropout ran 2.58 ms
+    reading a bool mask and 1.25 ms reading this one (eager: 1.28 ms), the product ``x * mask * scale`` 1.02 against
+    0.57 ms; bench_compile's ViT, GPT-2 and BERT rows (BENCHMARKS.md) show the step. 0.0 and 1.0 convert exactly to
+    every float dtype, so every product with the mask has native_dropout's bits.
     """
     drawn = torch.empty_like(x, dtype=torch.uint8).bernoulli_(1.0 - p)
     return drawn.mul_(_FLOAT8_ONE).view(FLOAT8_MASK_DTYPE)
