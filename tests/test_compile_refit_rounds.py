@@ -36,7 +36,8 @@ class _Step:
         # planned_at: the (floor, budget) the partitioner planned a refused graph at (None: refused before planning)
         floor, budget = planned_at or (None, None)
         part = SimpleNamespace(plans=[plan], last_floor=floor, last_budget=budget)
-        self.coop_record = SimpleNamespace(partitioner=part, plans=[plan], rounds=[], observed_peak=lambda plan: None)
+        self.coop_record = SimpleNamespace(pin=None, layout_optimization=False, horizontal_fusion=False,
+                                           addmm_folds=False, partitioner=part, plans=[plan], rounds=[], observed_peak=lambda plan: None)
 
 
 def _compile_with(shave: int, observation: Observation | None, requested: int | None) -> _Step:

@@ -246,6 +246,7 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
         held = measured + plan.joint.graph.caller_owned_bytes
         state.history.append(_measured_round(record, plan, state.shave, held, state.reason, state.observation))
         scratch = _measured_scratch(compiled, batch, loss_fn, plan, state.history[-1])
+        state.requested, state.planned_shave = plan.requested, state.shave
         state.keep_if_best(compiled, record, plan, held)
         if state.slack or held <= plan.requested:
             going_on = state.after_fit(record, plan, scratch, held)
@@ -294,9 +295,8 @@ class _Rounds:
         return min(SLACK_ROUNDS, self.rounds - 1)
 
     def keep_if_best(self, compiled: nn.Module, record: CompiledRecord, plan: CompiledPlan, held: int) -> None:
-        """Note the round just measured, and keep it if it ranks best: within the budget, the least recomputation
-        wins; over it, the least held."""
-        self.requested, self.planned_shave = plan.requested, self.shave
+        """Keep the round just measured if it ranks best: within the budget, the least recomputation wins; over it,
+        the least held."""
         overhead = self.history[-1].overhead
         within = held <= plan.requested
         attempt = _Attempt(compiled, record, held, (0, overhead, held) if within else (1, held, overhead))
@@ -373,10 +373,8 @@ def _measured_round(record: CompiledRecord, plan: CompiledPlan, shave: int, held
     return CompileRound(shave=shave, budget=plan.budget, predicted_peak=plan.peak, measured_peak=held, reason=reason,
                         observed_peak=record.observed_peak(plan),
                         inlined=0 if observation is None else len(observation.inline), overhead=overhead,
-                        pinned=getattr(record, "pin", None) is not None,
-                        layout_optimization=getattr(record, "layout_optimization", False),
-                        horizontal_fusion=getattr(record, "horizontal_fusion", False),
-                        addmm_folds=getattr(record, "addmm_folds", False))
+                        pinned=record.pin is not None, layout_optimization=record.layout_optimization,
+                        horizontal_fusion=record.horizontal_fusion, addmm_folds=record.addmm_folds)
 
 
 def _next_missed_round(record: CompiledRecord, plan: CompiledPlan, history: list[CompileRound],
@@ -419,7 +417,7 @@ def _below_the_copies(record: CompiledRecord, plan: CompiledPlan, shave: int, he
     copies hold the same bytes whatever the plan: ViT's first round held 1,685,200 B above its prediction and its
     next, planned 1,141,968 B lower, 1,685,200 B again, 27,088 B over). None where the round ran without the layout,
     missed by more than the copies, or the Graph's floor leaves no room (a round clamped to it would miss alike)."""
-    if not getattr(record, "layout_optimization", False) or held - plan.requested > plan.layout_copies:
+    if not record.layout_optimization or held - plan.requested > plan.layout_copies:
         return None
     below = max(shave + held - plan.requested, held - plan.peak)
     if below > plan.requested - min_budget(plan.joint.graph):
