@@ -18,7 +18,8 @@ schedule computes right after its draw is joined (:data:`NEAR`), so no output li
 on bench_compile's BERT 5 of its 7 draws (2026-11-30); the two attention-probability draws ran 8 computations before
 their products and stay split.
 
-A draw on CPU stays split: there it is the mask alone (``bernoulli_`` into a bool tensor), and native_dropout whole
+A draw on CPU stays split: there it is the mask alone (``bernoulli_`` into a bool tensor, or bytes read as float8 zeros
+and ones: :func:`coop.graph_capture.random_ops.float8_dropout_mask`, never rejoined), and native_dropout whole
 would add its two products over ``x`` and a cast to bool that the split's product, fused into its readers, does not
 need. Measured on bench_compile's ViT at the plain compile's held bytes, nothing recomputed, one process, 21
 alternating steps (2026-12-01, one thread): split 190.6 ms holding 55,488,296 B, rejoined 189.2 ms holding 57,618,216 B
