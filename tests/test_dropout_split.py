@@ -172,3 +172,13 @@ def test_the_float8_mask_holds_one_byte_an_element_and_no_scratch() -> None:
         kept = torch.ops.coop.float8_dropout_mask(x, 0.3)
     assert kept.numel() * kept.element_size() == 2_145
     assert meter.peak_bytes - 33 * 65 * 4 == 2_145
+
+
+def test_a_draw_not_on_cpu_stays_the_bool_mask() -> None:
+    """Where the mask is not drawn alone (a meta-device graph, planned as CUDA's), every draw is the bool
+    ``dropout_mask`` even where only casts read it: the float8 draw is CPU's."""
+    traced = make_fx(lambda x: torch.ops.aten.native_dropout(x, 0.3, True)[0].tanh())(torch.randn(8, 8, device="meta"))
+    assert split_native_dropouts(traced.graph) == 1
+    random = [node for node in traced.graph.nodes if node.op == "call_function" and is_random(node)]
+    assert [node.target for node in random] == [torch.ops.coop.dropout_mask.default]
+    assert random[0].meta["val"].dtype == torch.bool

@@ -151,8 +151,9 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         162.00 ms compiled against 139.68 ms eager, and 134.00 ms with eager's draws (2026-11-29). A dropout is then
         eager's ``native_dropout``, which coop splits into its draw and a product
         (:func:`coop.graph_capture.random_ops.split_native_dropouts`, float32 and float64): the mask (one byte an
-        element, float8 zeros and ones on CPU) is held for the backward, never drawn again, and the output is rebuilt from it where the schedule says; with
-        inductor's draws (the default) coop rebuilds a mask from its seed and holds only the seeds.
+        element, float8 zeros and ones on CPU) is held for the backward, never drawn again, and the output is
+        rebuilt from it where the schedule says; with inductor's draws (the default) coop rebuilds a mask from its
+        seed and holds only the seeds.
 
     Returns
     -------

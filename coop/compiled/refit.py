@@ -24,8 +24,8 @@ measures the step on the CPU allocator (or CUDA's reserved bytes), and decides t
   buffers too: pinned LLaMA at 0.5 fitted in round 0 with a plan recomputing 1.527 GFLOP, and its slack round,
   on the same Graph, recomputed as much; unpinned, round 1 on the observation recomputed 0.336). They stop when a
   round fits with little slack (unless its buffers show something new: :func:`next_slack_round` plans it once
-  more at its own budget on them, and not again once such a round held what the one before it held), a raise changes nothing the step held, the bracket is narrower than two
-  :data:`SHAVE_STEP`, or after :data:`SLACK_ROUNDS` of them (beyond the ``rounds`` that seek the budget: unpinned
+  more at its own budget on them, and not again once such a round held what the one before it held), a raise
+  changes nothing the step held, the bracket is narrower than two :data:`SHAVE_STEP`, or after :data:`SLACK_ROUNDS` of them (beyond the ``rounds`` that seek the budget: unpinned
   LLaMA at 0.5 fitted in its second round, and its slack round, the third, missed by 44,812 B).
 
 The round returned is the cheapest of those within the budget (the least predicted recomputation, then the

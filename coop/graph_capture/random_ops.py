@@ -256,8 +256,7 @@ def _float_mask_serves(node: fx.Node) -> bool:
     if not draws_mask_alone(value.device):
         return False
     readers = [reader for user in node.users if user.args[1] == 1 for reader in user.users]
-    return all(reader.target is torch.ops.prims.convert_element_type.default and reader.args[0] in node.users
-               and isinstance(reader.args[1], torch.dtype) and reader.args[1].is_floating_point
+    return all(reader.target is torch.ops.prims.convert_element_type.default and reader.args[1].is_floating_point
                for reader in readers)
 
 
@@ -269,8 +268,8 @@ def split_native_dropouts(graph: fx.Graph) -> int:
     forward to the backward (4 bytes per element beside the 1-byte mask). Split, the draw is
     :func:`dropout_mask` (the one random node, a bool tensor), or :func:`float8_dropout_mask` (the same draw as one
     byte zeros and ones that compiled kernels read faster) where :func:`_float_mask_serves`, and the output is
-    ``x * (mask * scale)``, an
-    ordinary product inductor fuses into its readers and a schedule may recompute from ``x`` and the mask. The
+    ``x * (mask * scale)``, an ordinary product inductor fuses into its readers and a schedule may recompute from
+    ``x`` and the mask. The
     values are native_dropout's bit for bit in :data:`EXACT_SPLIT_DTYPES` (other dtypes stay whole), and the
     generator advances as before. The graph is rewritten in place.
 
