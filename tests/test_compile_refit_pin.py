@@ -88,7 +88,7 @@ def test_without_the_switch_every_round_stays_in_inductors_order() -> None:
 
 def test_the_switch_happens_once() -> None:
     """A step that misses in coop's order too is not switched again: the rounds after it are planned on its buffers
-    (and below the excess), in coop's order."""
+    (and below the excess), in coop's order; the miss in inductor's order is not one of the three ``rounds``."""
     compiler = _Compiler()
 
     def always_over(shave: int, observation: Observation | None, requested: int | None) -> _Step:
@@ -104,8 +104,28 @@ def test_the_switch_happens_once() -> None:
     with pytest.raises(OverBudgetError, match="against its budget"):
         refit.fit_measured(always_over, batch=None, loss_fn=None, rounds=3, verbose=False, pin_after_miss=pin)
     assert calls == [1]
-    assert [pinned for _, _, pinned in compiler.given] == [False, True, True]
+    assert [pinned for _, _, pinned in compiler.given] == [False, True, True, True]
     assert compiler.given[2][1] is not None and compiler.given[2][1].inline == frozenset({"tanh"})
+
+
+def test_the_miss_that_switched_leaves_rounds_to_plan_below_the_excess(monkeypatch: pytest.MonkeyPatch) -> None:
+    """BERT at 0.5 in bench_compile (no extern scratch measured): inductor's order 100 B over, coop's order 50 B over,
+    the round planned on its buffers still 20 B over; the switched round is not one of the three ``rounds``, so a
+    fourth is planned 20 B below the budget (the measured excess) and, holding 990 B, is returned."""
+    monkeypatch.setattr(refit, "_measured_scratch", lambda *args: {})
+    helds = [1_100, 1_050, 1_020, 990]
+    compiler = _Compiler()
+
+    def compile_with(shave: int, observation: Observation | None, requested: int | None) -> _Step:
+        compiler.given.append((shave, observation, compiler.pinned))
+        return _Step(helds[len(compiler.given) - 1], compiler.pinned)
+
+    returned = refit.fit_measured(compile_with, batch=None, loss_fn=None, rounds=3, verbose=False,
+                                  pin_after_miss=compiler.pin)
+    assert [(shave, pinned) for shave, _, pinned in compiler.given] == [(0, False), (0, True), (0, True), (20, True)]
+    assert compiler.given[1][1] is None and compiler.given[2][1] is not None  # round 2 on the buffers round 1 kept
+    assert returned.held == 990
+    assert "below the measured excess" in returned.coop_record.rounds[3].reason
 
 
 class _LayoutStep(_Step):

@@ -119,7 +119,8 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         Maps the model's output to the loss (default: the output itself, its ``loss`` attribute, or its first
         element).
     rounds : int
-        At most this many plans of the measured re-solve that seek the budget; after the first within it, at most
+        At most this many plans of the measured re-solve that seek the budget (a miss in inductor's order that
+        switches the rounds to coop's order is not one of them); after the first within it, at most
         ``min(2, rounds - 1)`` more planned with its slack (:mod:`coop.compiled.refit`: the cheapest round within
         the budget is kept).
     verbose : bool
