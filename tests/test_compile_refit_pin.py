@@ -67,7 +67,7 @@ def test_a_miss_in_inductors_order_is_planned_again_in_coops_order_at_the_same_s
     compiler = _Compiler()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a round within the budget is returned, without a warning
-        returned = refit.fit_measured(compiler.compile_with, batch=None, loss_fn=None, rounds=3, verbose=False,
+        returned = refit.fit_measured(compiler.compile_with, batch=None, loss_fn=None, rounds=3,
                                       pin_after_miss=compiler.pin)
     rounds: list[CompileRound] = returned.coop_record.rounds
     assert [(r.measured_peak, r.pinned) for r in rounds] == [(HELD_INDUCTORS, False), (HELD_COOPS, True)]
@@ -81,7 +81,7 @@ def test_without_the_switch_every_round_stays_in_inductors_order() -> None:
     kept, and every round still misses: refused, the step that held least on the error."""
     compiler = _Compiler()
     with pytest.raises(OverBudgetError, match="held at least 1,100 B against its budget 1,000 B") as err:
-        refit.fit_measured(compiler.compile_with, batch=None, loss_fn=None, rounds=3, verbose=False)
+        refit.fit_measured(compiler.compile_with, batch=None, loss_fn=None, rounds=3)
     assert all(not pinned for _, _, pinned in compiler.given)
     assert not any(r.pinned for r in err.value.compiled.coop_record.rounds)
 
@@ -102,7 +102,7 @@ def test_the_switch_happens_once() -> None:
         compiler.pin()
 
     with pytest.raises(OverBudgetError, match="against its budget"):
-        refit.fit_measured(always_over, batch=None, loss_fn=None, rounds=3, verbose=False, pin_after_miss=pin)
+        refit.fit_measured(always_over, batch=None, loss_fn=None, rounds=3, pin_after_miss=pin)
     assert calls == [1]
     assert [pinned for _, _, pinned in compiler.given] == [False, True, True, True]
     assert compiler.given[2][1] is not None and compiler.given[2][1].inline == frozenset({"tanh"})
@@ -120,7 +120,7 @@ def test_the_miss_that_switched_leaves_rounds_to_plan_below_the_excess(monkeypat
         compiler.given.append((shave, observation, compiler.pinned))
         return _Step(helds[len(compiler.given) - 1], compiler.pinned)
 
-    returned = refit.fit_measured(compile_with, batch=None, loss_fn=None, rounds=3, verbose=False,
+    returned = refit.fit_measured(compile_with, batch=None, loss_fn=None, rounds=3,
                                   pin_after_miss=compiler.pin)
     assert [(shave, pinned) for shave, _, pinned in compiler.given] == [(0, False), (0, True), (0, True), (20, True)]
     assert compiler.given[1][1] is None and compiler.given[2][1] is not None  # round 2 on the buffers round 1 kept
@@ -152,7 +152,7 @@ def _layout_rounds(helds: list[int], copies: int) -> tuple[list[tuple[int, bool]
         return "with the kernels in coop's order and without inductor's channels-last layout"
 
     try:
-        returned = refit.fit_measured(compile_with, batch=None, loss_fn=None, rounds=3, verbose=False,
+        returned = refit.fit_measured(compile_with, batch=None, loss_fn=None, rounds=3,
                                       pin_after_miss=pin)
     except OverBudgetError as exc:
         returned = exc

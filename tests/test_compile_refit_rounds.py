@@ -69,7 +69,7 @@ def stand_ins(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_refused_inlined_round_leaves_the_written_graph_its_round() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a round within the budget is returned, without a warning
-        returned = refit.fit_measured(_compile_with, batch=None, loss_fn=None, rounds=2, verbose=False)
+        returned = refit.fit_measured(_compile_with, batch=None, loss_fn=None, rounds=2)
     rounds = returned.coop_record.rounds
     assert [r.measured_peak for r in rounds] == [HELD_FIRST, None, HELD_WRITTEN]
     assert rounds[1].reason.startswith("no plan") and "every value written" in rounds[2].reason
@@ -80,7 +80,7 @@ def test_the_refused_inlined_round_leaves_the_written_graph_its_round() -> None:
 def test_one_round_stays_one_compilation() -> None:
     """rounds=1: round 0 only, over its budget: refused with the numbers, the step that held least on the error."""
     with pytest.raises(OverBudgetError, match=r"held at least 1,100 B against its budget 1,000 B \(100 B over\)") as err:
-        refit.fit_measured(_compile_with, batch=None, loss_fn=None, rounds=1, verbose=False)
+        refit.fit_measured(_compile_with, batch=None, loss_fn=None, rounds=1)
     assert (err.value.held, err.value.budget) == (HELD_FIRST, BUDGET)
     assert [r.measured_peak for r in err.value.compiled.coop_record.rounds] == [HELD_FIRST]
 
@@ -97,7 +97,7 @@ def test_only_the_solvers_own_recomputation_starts_a_slack_round(solver_overhead
         budgets.append(shave)
         return _Step(BUDGET - 100, overhead=0.05, solver_overhead=solver_overhead)
 
-    refit.fit_measured(compile_with, batch=None, loss_fn=None, rounds=3, verbose=False)
+    refit.fit_measured(compile_with, batch=None, loss_fn=None, rounds=3)
     assert len(budgets) == compilations
 
 
@@ -116,7 +116,7 @@ def test_a_round_planned_on_observed_buffers_and_still_over_is_also_planned_belo
         return _Step(BUDGET + 100)
 
     with pytest.raises(OverBudgetError, match="against its budget"):
-        refit.fit_measured(compile_with, batch=None, loss_fn=None, rounds=3, verbose=False)
+        refit.fit_measured(compile_with, batch=None, loss_fn=None, rounds=3)
     assert shaves == [0, 0, 100]
 
 
@@ -132,7 +132,7 @@ def test_a_re_solve_that_reached_the_measured_floor_names_it(monkeypatch: pytest
                   _Step(None, planned_at=(960, 960))])
 
     with pytest.raises(OverBudgetError, match=r"reached its floor \(960 B\) and had no schedule there") as err:
-        refit.fit_measured(lambda *args: next(steps), batch=None, loss_fn=None, rounds=3, verbose=False)
+        refit.fit_measured(lambda *args: next(steps), batch=None, loss_fn=None, rounds=3)
     assert err.value.floor == 960 and err.value.held == BUDGET + 100
     assert "more time_limit" not in str(err.value) and "\n" not in str(err.value)
 
@@ -146,5 +146,5 @@ def test_a_re_solve_refused_above_its_floor_names_no_floor(monkeypatch: pytest.M
                   _Step(None, planned_at=(900, 950))])
 
     with pytest.raises(OverBudgetError, match="more time_limit or more rounds") as err:
-        refit.fit_measured(lambda *args: next(steps), batch=None, loss_fn=None, rounds=3, verbose=False)
+        refit.fit_measured(lambda *args: next(steps), batch=None, loss_fn=None, rounds=3)
     assert err.value.floor is None

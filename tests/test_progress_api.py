@@ -122,6 +122,50 @@ def test_plan_by_default_reports_where_stderr_is_a_terminal(monkeypatch: pytest.
     assert lines[-1][1].startswith("plan ready: "), lines
 
 
+# ---------------------------------------------------------------------------- coop.compile
+#: A round's measured line: its index and the bytes its step held.
+HELD = re.compile(r"^round (\d+): the step held ([\d,]+) B against ([\d,]+) B")
+
+
+def test_compile_reports_each_round_and_solve_with_real_elapsed_stamps(capsys: pytest.CaptureFixture[str]) -> None:
+    """coop.compile with an example batch: a first line with its settings, each round as it starts and what its step
+    held (the bytes the returned record measured), each solve and its plan, and the round returned last."""
+    torch._dynamo.reset()
+    model, batch = model_and_batch()
+    started = time.perf_counter()
+    compiled = coop.compile(model, 0.85, time_limit=3, example_batch=batch, rounds=2, progress=True)
+    wall = time.perf_counter() - started
+    # torch may print its own lines to stderr: the progress lines are the stamped ones
+    lines = [(float(m.group(1)), m.group(2)) for line in capsys.readouterr().err.splitlines()
+             if (m := LINE.match(line))]
+    stamps = [stamp for stamp, _ in lines]
+    assert stamps == sorted(stamps) and stamps[-1] <= wall + ROUNDING_S, (stamps, wall)
+    messages = [message for _, message in lines]
+    assert messages[0] == "coop.compile: auto, time limit 3 s per graph, up to 2 measured rounds", messages
+    rounds = compiled.coop_record.rounds
+    starts = [m for m in messages if re.match(r"^round \d+: compiling and measuring the step \(", m)]
+    assert len(starts) == len(rounds) >= 1 and "(first plan)" in starts[0], messages
+    held = [(int(m.group(1)), int(m.group(2).replace(",", ""))) for message in messages if (m := HELD.match(message))]
+    assert held == [(i, r.measured_peak) for i, r in enumerate(rounds) if r.measured_peak is not None], messages
+    solves = [i for i, m in enumerate(messages) if m.startswith("compiled-0: ") and "solving with auto under" in m]
+    assert solves, messages
+    assert any(RUNG.match(m) for m in messages[solves[0]:]), messages  # auto's rungs reported under the solve
+    plan = compiled.coop_record.plans[-1]
+    assert plan.summary() in messages, messages
+    assert re.match(rf"^coop.compile ready: round \d of {len(rounds)}, held [\d,]+ B against {plan.requested:,} B$",
+                    messages[-1]), messages
+
+
+def test_compile_by_default_prints_nothing_where_stderr_is_no_terminal(capsys: pytest.CaptureFixture[str]) -> None:
+    torch._dynamo.reset()
+    model, batch = model_and_batch()
+    assert not sys.stderr.isatty()
+    compiled = coop.compile(model, 0.85, time_limit=2)
+    compiled(*batch).backward()  # inductor compiles, and coop plans, at the first call
+    assert compiled.coop_record.plans
+    assert not [line for line in capsys.readouterr().err.splitlines() if LINE.match(line)]
+
+
 # ---------------------------------------------------------------------------- auto itself and the helper
 def test_auto_reports_one_milestone_per_rung_in_order() -> None:
     model, batch = model_and_batch()

@@ -48,7 +48,9 @@ from coop.compiled.pin import KeepFusionInOrder, PinScheduleOrder
 from coop.compiled.record import CompiledRecord, CompileRound
 from coop.compiled.refit import fit_measured, held_follows_the_plan
 from coop.errors import CoopError, NeedsCudaError
+from coop.formulations.core.progress import StageProgress
 from coop.graph_capture.host_cost import machine_rates
+from coop.planner.options import SOLVER_REPORT_INTERVAL_S
 
 #: a fusion score no two kernels reach: no horizontal fusion (see :func:`compile`)
 NO_HORIZONTAL_FUSION = 1 << 62
@@ -76,7 +78,7 @@ class CoopCompiledModule(OptimizedModule):
 
 
 def partitioner(budget: str | float, *, formulation: str = "auto", time_limit: float = 30.0,
-                threads: int = 2, verbose: bool = False) -> CoopPartitioner:
+                threads: int = 2, progress: bool | None = None) -> CoopPartitioner:
     """coop's partitioner for users who call ``torch.compile`` themselves.
 
     ``torch.compile(model, options={"custom_partitioner_fn": coop.partitioner(0.5)})``. Nothing is measured: the
@@ -84,8 +86,10 @@ def partitioner(budget: str | float, *, formulation: str = "auto", time_limit: f
 
     Parameters
     ----------
-    budget, formulation, time_limit, threads, verbose
+    budget, formulation, time_limit, threads
         As :class:`~coop.compiled.partitioner.CoopPartitioner` takes them.
+    progress : bool or None
+        Report each graph's planning on stderr as inductor compiles it (as ``coop.compile``'s ``progress``).
 
     Returns
     -------
@@ -93,12 +97,12 @@ def partitioner(budget: str | float, *, formulation: str = "auto", time_limit: f
         The partitioner; its ``plans`` fill as inductor compiles.
     """
     return CoopPartitioner(budget, formulation=formulation, time_limit=time_limit, threads=threads,
-                           verbose=verbose)
+                           progress=_reporter(progress))
 
 
 def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
             time_limit: float = 30.0, threads: int = 2, example_batch: Any = None,
-            loss_fn: Callable[[Any], torch.Tensor] | None = None, rounds: int = 3, verbose: bool = False,
+            loss_fn: Callable[[Any], torch.Tensor] | None = None, rounds: int = 3, progress: bool | None = None,
             device: str | None = None, pricing: str = "nominal", pin: bool | None = None,
             **compile_kwargs: Any) -> nn.Module:
     """``torch.compile(model, **compile_kwargs)`` with coop as inductor's partitioner (module docstring).
@@ -123,8 +127,11 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         switches the rounds to coop's order is not one of them); after the first within it, at most
         ``min(2, rounds - 1)`` more planned with its slack (:mod:`coop.compiled.refit`: the cheapest round within
         the budget is kept).
-    verbose : bool
-        One line per planned graph and round on stderr.
+    progress : bool or None
+        Report on stderr as the call goes, each line stamped with the seconds since it began: each round as it
+        starts (and why) and what its step held, each graph's solve (``auto``'s rungs, the solver's incumbents at
+        most every 5 s) and its plan, and the round returned. None (the default): where stderr is a terminal, as
+        ``coop.plan``'s ``progress``; False: never.
     device : str or None
         For a meta-device model only: the device to plan for (``"cuda"``: values sized as its allocator holds
         them). A meta-device model is planned, not compiled for training (module docstring).
@@ -162,9 +169,12 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         What ``torch.compile`` returns, with ``coop_record`` (plans and rounds; ``coop_record.summary()``).
     """
     _refuse(model, compile_kwargs)
+    reporter = _reporter(progress)
+    reporter.stage(f"coop.compile: {formulation}, time limit {time_limit:g} s per graph"
+                   + (f", up to {max(1, rounds)} measured rounds" if example_batch is not None else ""))
     if any(p.device.type == "meta" for p in model.parameters()):
         return _plan_on_meta(model, budget, example_batch, loss_fn, device, formulation=formulation,
-                             time_limit=time_limit, threads=threads, verbose=verbose, pricing=pricing)
+                             time_limit=time_limit, threads=threads, progress=reporter, pricing=pricing)
     if device is not None:
         raise CoopError(f"coop.compile: device={device!r} is for meta-device models; a model with real weights is "
                         "planned on its own device: leave device out")
@@ -177,7 +187,7 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         # would be another number
         part = CoopPartitioner(budget if requested is None else requested, formulation=formulation,
                                time_limit=time_limit, threads=threads, shave=shave, observation=observation,
-                               pricing=pricing, memo=memo, verbose=verbose)
+                               pricing=pricing, memo=memo, progress=reporter)
         options = control.options(part)
         observer, keeper, pinner = _install_passes(options, control.pinned, control.keep_matmuls)
         compiled = torch.compile(model, backend="inductor", options=options, **compile_kwargs)
@@ -196,8 +206,8 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         # as the step's (the tied MLP of tests/test_compile_observed.py at 0.5: 9,273,184 B measured in round 0 for
         # a step that holds 2,262,536 B)
         machine_rates()
-    return fit_measured(compile_with, example_batch, loss_fn, max(1, rounds), verbose,
-                        control.after_miss if control.switches else None)
+    return fit_measured(compile_with, example_batch, loss_fn, max(1, rounds),
+                        control.after_miss if control.switches else None, reporter)
 
 
 @dataclass
@@ -321,6 +331,12 @@ def inductor_options(compile_kwargs: dict[str, Any]) -> dict[str, Any]:
     # ViT at 0.9 was no faster (176.74 against 173.47 ms, eager draws, within the run's noise), its ResNet faster.
     user_options.setdefault("layout_optimization", False)
     return user_options
+
+
+def _reporter(progress: bool | None) -> StageProgress:
+    """The progress of one coop.compile or partitioner: on stderr where ``progress`` is True, or None and stderr is
+    a terminal (:meth:`StageProgress.on_stderr`); solvers' incumbent lines at most every 5 s."""
+    return StageProgress.on_stderr(progress, min_interval_s=SOLVER_REPORT_INTERVAL_S)
 
 
 def _plan_on_meta(model: nn.Module, budget: str | float, batch: Any, loss_fn: Callable[[Any], torch.Tensor] | None,

@@ -13,7 +13,6 @@ Every plan it makes is kept in :attr:`CoopPartitioner.plans` for the summary and
 from __future__ import annotations
 
 import hashlib
-import sys
 import time
 import uuid
 import warnings
@@ -32,6 +31,7 @@ from coop.compiled.joint import JointGraph, lower_joint
 from coop.compiled.layout_copies import channels_last_copy_bytes
 from coop.compiled.observed import Observation
 from coop.errors import CoopError, InfeasibleError, SolveTimeoutError
+from coop.formulations.core.progress import StageProgress
 from coop.formulations.core.registry import solve
 from coop.formulations.core.result import SolveResult
 from coop.graph_capture.random_ops import split_native_dropouts
@@ -132,14 +132,16 @@ class CoopPartitioner(CustomPartitionerFn):
         Recompute in the backward each saved pointwise value inductor would inline into its backward readers, where
         the schedule stays legal and within the budget (:mod:`coop.compiled.inline_saved`); False keeps the solver's
         schedule as it is.
-    verbose : bool
-        Print one line per planned graph to stderr.
+    progress : StageProgress or None
+        Where each graph's planning is reported: a line as its solve starts, ``auto``'s rungs and the solver's
+        incumbents, and a line with the plan (:class:`~coop.formulations.core.progress.StageProgress`); None:
+        silent.
     """
 
     def __init__(self, budget: str | float, *, formulation: str = "auto", time_limit: float = 30.0,
                  threads: int = 2, shave: int = 0, fusion: bool = True, device: str | None = None,
                  observation: Observation | None = None, pricing: str = "nominal", inline_saved: bool = True,
-                 memo: SolveMemo | None = None, verbose: bool = False) -> None:
+                 memo: SolveMemo | None = None, progress: StageProgress | None = None) -> None:
         if formulation in ("poet", "dynamic") or formulation.startswith("delta"):
             raise CoopError(f"coop.compile: formulation {formulation!r} pages or runs online, which compiled "
                             "graphs do not run; use auto, moccasin, checkmate, monet, blocks or a baseline")
@@ -154,7 +156,7 @@ class CoopPartitioner(CustomPartitionerFn):
         self.pricing = pricing
         self.inline_saved = inline_saved
         self.memo = memo
-        self.verbose = verbose
+        self.progress = progress or StageProgress(None)
         self.plans: list[CompiledPlan] = []
         self.last_floor: int | None = None
         self.last_budget: int | None = None
@@ -190,7 +192,11 @@ class CoopPartitioner(CustomPartitionerFn):
         # the Graph's digest covers what a solve reads (nodes with their costs, outputs, order)
         key = (graph.sha256, budget, formulation, self.time_limit, self.threads)
         known = self.memo.get(key) if self.memo is not None else None
-        result = known or solve(graph, budget, formulation, time_limit=self.time_limit, threads=self.threads)
+        if known is None:
+            self.progress.stage(f"{graph.name}: {len(graph.nodes)} nodes, solving with {formulation} under "
+                                f"{budget:,} B (time limit {self.time_limit:g} s)")
+        result = known or solve(graph, budget, formulation, time_limit=self.time_limit, threads=self.threads,
+                                progress=self.progress.forward())
         if self.memo is not None and known is None:
             self.memo.put(key, result)
         if result.schedule is None:
@@ -217,17 +223,17 @@ class CoopPartitioner(CustomPartitionerFn):
                             solver_overhead=solver_overhead, reused=known is not None,
                             layout_copies=channels_last_copy_bytes(gm.graph))
         self.plans.append(plan)
-        if self.verbose:
-            print(f"coop.compile: {plan.summary()}", file=sys.stderr)
+        self.progress.stage(plan.summary())
         return partition.forward, partition.backward
 
     def __getstate__(self) -> dict[str, Any]:
         """Inductor pickles its configuration into AOTAutograd's cache key: the options and this instance's
-        nonce, not the plans. The nonce makes each partitioner miss that cache, so that every graph it is given
-        is planned (and recorded) by this coop, not answered from a split another run made; inductor's cache of
-        compiled kernels, keyed by the emitted modules, still serves."""
+        nonce, not the plans (nor the progress reporter, whose callback holds a stream). The nonce makes each
+        partitioner miss that cache, so that every graph it is given is planned (and recorded) by this coop, not
+        answered from a split another run made; inductor's cache of compiled kernels, keyed by the emitted modules,
+        still serves."""
         return {**self.__dict__, "plans": [], "last_floor": None, "last_budget": None, "memo": None,
-                "code": self.uuid()}
+                "progress": None, "code": self.uuid()}
 
     def uuid(self) -> str:
         """Inductor's cache key: coop's source and every option that changes the split."""

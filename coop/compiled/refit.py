@@ -35,7 +35,6 @@ bytes and carrying that round's step (``compiled``): no step over its budget is 
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -50,6 +49,7 @@ from coop.compiled.measure import extern_calls, held_bytes, warm_up
 from coop.compiled.observed import Observation, observe_round
 from coop.compiled.record import CompiledRecord, CompileRound
 from coop.errors import CoopError, OverBudgetError
+from coop.formulations.core.progress import StageProgress
 
 if TYPE_CHECKING:
     from coop.compiled.partitioner import CompiledPlan
@@ -190,11 +190,14 @@ class _Attempt:
     held: int
     #: how attempts compare (lower is better): within the budget before over it, then recomputation or held bytes
     rank: tuple[int, float, float] = (1, 0.0, 0.0)
+    #: its index among the rounds (``CompiledRecord.rounds``)
+    index: int = 0
 
 
 def fit_measured(compile_with: Callable[[int, Observation | None, int | None], nn.Module], batch: Any,
-                 loss_fn: Callable[[Any], torch.Tensor] | None, rounds: int, verbose: bool,
-                 pin_after_miss: Callable[[], str | None] | None = None) -> nn.Module:
+                 loss_fn: Callable[[Any], torch.Tensor] | None, rounds: int,
+                 pin_after_miss: Callable[[], str | None] | None = None,
+                 progress: StageProgress | None = None) -> nn.Module:
     """Compile, measure one step, and while it holds more than its budget, or fits leaving slack, plan again.
 
     Each round's step is measured after :func:`coop.compiled.measure.warm_up` (the plan judged is the one compiled
@@ -221,10 +224,13 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
     whose inlined Graph has no plan is not one of them: it compiles nothing; nor is the miss in inductor's order
     that switched to coop's: it measured inductor's scheduler, not a plan seeking the budget in the order run) and
     ``min(SLACK_ROUNDS, rounds - 1)`` more use the slack; the module docstring says which is returned (with its own record:
-    torch.compile's wrappers of one model share their attributes).
+    torch.compile's wrappers of one model share their attributes). ``progress`` hears a line as each round starts
+    (with its reason) and one with what its step held.
     """
+    progress = progress or StageProgress(None)
     state = _Rounds(rounds=rounds, pin_after_miss=pin_after_miss)
     for _ in range(rounds + state.slack_rounds + 2):  # + the refused round and the switched one
+        progress.stage(f"round {len(state.history)}: compiling and measuring the step ({state.reason})")
         compiled = compile_with(state.shave, state.observation, state.requested)
         record: CompiledRecord = compiled.coop_record
         record.rounds = state.history
@@ -245,6 +251,8 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
             return compiled  # graph breaks (several graphs) or a running profiler: nothing to compare
         plan = part.plans[-1]  # the graph compiled last is the one the steps run (measure.warm_up)
         held = measured + plan.joint.graph.caller_owned_bytes
+        progress.stage(f"round {len(state.history)}: the step held {held:,} B against {plan.requested:,} B ("
+                       + ("within" if held <= plan.requested else f"{held - plan.requested:,} B over") + ")")
         state.history.append(_measured_round(record, plan, state.shave, held, state.reason, state.observation))
         scratch = _measured_scratch(compiled, batch, loss_fn, plan, state.history[-1])
         state.requested, state.planned_shave = plan.requested, state.shave
@@ -253,9 +261,6 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
             going_on = state.after_fit(record, plan, scratch, held)
         else:
             going_on = state.after_miss(record, plan, scratch, held)
-            if going_on and verbose:
-                print(f"coop.compile: the step held {held:,} B against {plan.requested:,} B; planning again",
-                      file=sys.stderr)
         if not going_on:
             break
     best = state.best
@@ -263,6 +268,8 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
     best.compiled.coop_record = best.record  # the wrappers share the model's attributes: its own record back
     if best.held > best.record.plans[-1].requested:
         raise _over_budget(best)
+    progress.stage(f"coop.compile ready: round {best.index} of {len(best.record.rounds)}, held {best.held:,} B against "
+                   f"{best.record.plans[-1].requested:,} B", final=True)
     return best.compiled
 
 
@@ -310,7 +317,8 @@ class _Rounds:
         the least held."""
         overhead = self.history[-1].overhead
         within = held <= plan.requested
-        attempt = _Attempt(compiled, record, held, (0, overhead, held) if within else (1, held, overhead))
+        attempt = _Attempt(compiled, record, held, (0, overhead, held) if within else (1, held, overhead),
+                           len(self.history) - 1)
         if self.best is None or attempt.rank < self.best.rank:
             self.best = attempt
 
