@@ -171,7 +171,8 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
     _refuse(model, compile_kwargs)
     reporter = _reporter(progress)
     reporter.stage(f"coop.compile: {formulation}, time limit {time_limit:g} s per graph"
-                   + (f", up to {max(1, rounds)} measured rounds" if example_batch is not None else ""))
+                   + (f", up to {max(1, rounds)} measured round{'s' if rounds > 1 else ''}" if example_batch is not None
+                      else ""))
     if any(p.device.type == "meta" for p in model.parameters()):
         return _plan_on_meta(model, budget, example_batch, loss_fn, device, formulation=formulation,
                              time_limit=time_limit, threads=threads, progress=reporter, pricing=pricing)
