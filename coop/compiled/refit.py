@@ -25,8 +25,9 @@ measures the step on the CPU allocator (or CUDA's reserved bytes), and decides t
   on the same Graph, recomputed as much; unpinned, round 1 on the observation recomputed 0.336). They stop when a
   round fits with little slack (unless its buffers show something new: :func:`next_slack_round` plans it once
   more at its own budget on them, and not again once such a round held what the one before it held), a raise
-  changes nothing the step held, the bracket is narrower than two :data:`SHAVE_STEP`, or after :data:`SLACK_ROUNDS` of them (beyond the ``rounds`` that seek the budget: unpinned
-  LLaMA at 0.5 fitted in its second round, and its slack round, the third, missed by 44,812 B).
+  changes nothing the step held, the bracket is narrower than two :data:`SHAVE_STEP`, or after
+  :data:`SLACK_ROUNDS` of them (beyond the ``rounds`` that seek the budget: unpinned LLaMA at 0.5 fitted in its
+  second round, and its slack round, the third, missed by 44,812 B).
 
 The round returned is the cheapest of those within the budget (the least predicted recomputation, then the
 fewest held bytes). Where none was within it, :class:`coop.errors.OverBudgetError` is raised, naming the least held
@@ -296,16 +297,16 @@ class _Rounds:
     copies_shaved: bool = False
     #: the rounds whose inlined Graph had no plan: they compiled nothing, so they are not of ``rounds``
     refused: int = 0
-    #: 1 once a miss in inductor's order switched the rounds to coop's: that round measured inductor's scheduler, not
+    #: once a miss in inductor's order switched the rounds to coop's: that round measured inductor's scheduler, not
     #: coop's plan, so it is not of ``rounds`` (bench_compile's BERT at 0.5, 2026-12-01: round 0 in inductor's order
     #: 3.6 MB over, round 1 pinned 0.45 MB over, round 2 on its buffers 176,644 B over, and no round was left to plan
     #: below that excess)
-    switched: int = 0
+    switched: bool = False
 
     @property
     def seeking(self) -> int:
         """The rounds so far that count against ``rounds``."""
-        return len(self.history) - self.refused - self.switched
+        return len(self.history) - self.refused - int(self.switched)
 
     @property
     def slack_rounds(self) -> int:
@@ -372,10 +373,10 @@ class _Rounds:
             # or its channels-last layout copied caller-owned inputs no plan holds: its own order and layout missed
             # the budget, so the rounds after it are coop's (pinned order, layout off where the switch says so),
             # planned afresh on what was measured (the buffers seen in another order are not this order's)
-            switched = self.pin_after_miss() or "with the kernels in coop's order"
-            self.pin_after_miss, self.switched = None, 1
+            words = self.pin_after_miss() or "with the kernels in coop's order"
+            self.pin_after_miss, self.switched = None, True
             self.observation = _measured_only(self.observation, scratch)
-            self.reason = f"planned again {switched} (inductor's held {held - plan.requested:,} B over)"
+            self.reason = f"planned again {words} (inductor's held {held - plan.requested:,} B over)"
             return True
         following = _next_missed_round(record, plan, self.history, self.observation, scratch, self.keep_writing,
                                        self.shave, held)
