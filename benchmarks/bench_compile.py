@@ -70,6 +70,14 @@ QUICK_SHARES = (0.7, 0.5)
 #: timed rounds per variant: at 7, one plan's two rows in one worker differed by 8-10 % (BERT 0.9: 100.88 and 110.55
 #: ms for 30,282,760 B held, 2026-11-30), more than most differences the bars compare; the steps are cheap
 STEPS = 21
+#: head-to-head rounds of each compared pair (coop.compile and the compiler's configuration it is judged against), in
+#: a loop of their own after the all-variant loop: at least ``PAIR_STEPS``, more while the pair's loop has run under
+#: ``PAIR_SECONDS``, at most ``PAIR_MAX_STEPS``. In the all-variant loop four identical instances of one ResNet
+#: configuration spread 10.94-12.06 ms (17 variants, 2026-12-01) while four alternating alone spread 7.94-8.18 ms:
+#: the compared rows were decided by which neighbours ran between them, not by their code
+PAIR_STEPS = 21
+PAIR_SECONDS = 15.0
+PAIR_MAX_STEPS = 101
 TIME_LIMIT = 30
 ROW_PREFIX = "BENCH_ROW "
 MODELS: dict[str, dict[str, Any]] = {
@@ -212,6 +220,7 @@ def _worker(name: str, shares: tuple[float, ...], time_limit: float,
         row["ref_held"] = ref
         row["run"] = run_id  # the worker's start (UTC): milliseconds compare within one worker only
     compare_at_equal_peak(rows)
+    time_compared_pairs(variants, rows)
     # on the eager row: the worker's wall time, compilations, solves and the timing loop together
     # and the 1-minute load average at its start and end
     next(r for r in rows if r["variant"] == "eager").update(
@@ -234,7 +243,7 @@ def _coop_at_amb(base: nn.Module, batch: tuple, shares: tuple[float, ...], time_
         amb_held = _held(run, module, batch)
         coop_module = copy.deepcopy(base)
         start = time.perf_counter()
-        extra: dict[str, Any] = {"knob": round(share, 6), "budget": amb_held}
+        extra: dict[str, Any] = {"knob": round(share, 6), "budget": amb_held, "at_share": share}
         try:
             cc = coop.compile(coop_module, amb_held, time_limit=time_limit, example_batch=batch,
                               **COOP_COMPILE_OPTIONS)
@@ -274,6 +283,55 @@ def _time_and_meter(variants: dict[str, tuple[nn.Module, Callable[[], None]]], i
         if "ms" in row:
             row["x_eager"] = round(row["ms"] / eager_ms, 3)
     return rows
+
+
+def time_head_to_head(first: tuple[nn.Module, Callable[[], None]], second: tuple[nn.Module, Callable[[], None]],
+                      clock: Callable[[], float] = time.perf_counter) -> tuple[float, float, int]:
+    """Two variants alone in an alternating loop: two warm-up rounds, then at least :data:`PAIR_STEPS` timed rounds
+    (more while under :data:`PAIR_SECONDS`, at most :data:`PAIR_MAX_STEPS`), the order swapped every round so that
+    neither always runs on the other's leftovers. Returns each one's median milliseconds and the timed rounds."""
+    times: tuple[list[float], list[float]] = ([], [])
+    pair = (first, second)
+    started = clock()
+    round_number = 0
+    while True:
+        timed = round_number >= 2
+        if timed and len(times[0]) >= PAIR_STEPS and (len(times[0]) >= PAIR_MAX_STEPS
+                                                      or clock() - started >= PAIR_SECONDS):
+            break
+        for index in ((0, 1) if round_number % 2 == 0 else (1, 0)):
+            module, run = pair[index]
+            module.zero_grad(set_to_none=True)
+            start = clock()
+            run()
+            if timed:
+                times[index].append(clock() - start)
+        round_number += 1
+    return (round(1000 * statistics.median(times[0]), 2), round(1000 * statistics.median(times[1]), 2),
+            len(times[0]))
+
+
+def _amb_key(knob: float) -> str:
+    """The variant key of the compiler's configuration at ``knob`` (1.0: the plain compile)."""
+    return "compile" if knob >= 1.0 else f"compile-amb@{knob}"
+
+
+def time_compared_pairs(variants: dict[str, tuple[nn.Module, Callable[[], None]]], rows: list[dict[str, Any]],
+                        clock: Callable[[], float] = time.perf_counter) -> None:
+    """Time each coop.compile row head to head with the configuration of the compiler it is judged against (an
+    at-amb row: its knob; a share row: the fastest knob at or below its held bytes, from the all-variant loop) and
+    write ``h2h_ms``, ``h2h_amb_ms`` and ``h2h_rounds`` on the coop row."""
+    for r in rows:
+        if "held" not in r or r["variant"] not in ("coop.compile", "coop.compile-at-amb"):
+            continue
+        knob = r.get("knob") if r["variant"] == "coop.compile-at-amb" else r.get("amb_knob")
+        key = f"{r['variant']}@{r['share'] if r['variant'] == 'coop.compile' else r['at_share']}"
+        if knob is None or key not in variants or _amb_key(knob) not in variants:
+            continue
+        coop_ms, amb_ms, rounds = time_head_to_head(variants[key], variants[_amb_key(knob)], clock)
+        r.update(h2h_ms=coop_ms, h2h_amb_ms=amb_ms, h2h_rounds=rounds)
+        print(f"[bench_compile {r.get('model')}] head to head {key} against {_amb_key(knob)}: {coop_ms} / {amb_ms} ms "
+              f"({rounds} rounds)", file=sys.stderr, flush=True)
 
 
 def _amb_points(rows: list[dict[str, Any]], model: str, run: str | None = None) -> list[dict[str, Any]]:
@@ -350,6 +408,7 @@ def bars(rows: list[dict[str, Any]]) -> dict[str, Any]:
             compared_plan += 1
             faster_plan += r["ms"] < plan["ms"]
     equal = [r["vs_amb_equal_peak"] for r in coop_rows if r["vs_amb_equal_peak"] is not None]
+    equal_h2h = [_h2h_verdict(r) for r in coop_rows if r["vs_amb_equal_peak"] is not None and "h2h_ms" in r]
     same = [r["vs_amb_same_share"] for r in coop_rows if r["vs_amb_same_share"] is not None]
     refused = [r for r in rows if r["variant"] == "coop.compile" and "error" in r]
     return {"coop_rows": len(coop_rows), "within_budget": within, "monotone": monotone,
@@ -357,6 +416,8 @@ def bars(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "refused": len(refused),
             # the issue's bar: against the compiler's fastest knob that held no more than coop.compile
             "faster_than_amb_at_equal_or_lower_held": f"{sum(equal)}/{len(equal)}",
+            # the same pairs timed alone, head to head (time_head_to_head)
+            "faster_than_amb_at_equal_or_lower_held_head_to_head": f"{sum(equal_h2h)}/{len(equal_h2h)}",
             # rows no knob of the compiler reached: not compared, and not counted as wins
             "no_amb_at_or_below": sum(r["vs_amb_equal_peak"] is None for r in coop_rows),
             # the old reading: compile-amb at the row's own share, where coop.compile held no more
@@ -377,25 +438,41 @@ def _at_amb_pairs(rows: list[dict[str, Any]]) -> list[tuple[dict[str, Any], dict
     return pairs
 
 
+def _h2h_verdict(row: dict[str, Any]) -> bool | None:
+    """coop.compile at least as fast as its compared configuration head to head (``None``: not timed so)."""
+    return row["h2h_ms"] <= row["h2h_amb_ms"] if "h2h_ms" in row else None
+
+
 def _at_amb_bars(rows: list[dict[str, Any]]) -> dict[str, str]:
-    """Within the compiler's held bytes, and at least as fast there, over the at-amb rows that ran."""
+    """Within the compiler's held bytes, and at least as fast there (in the all-variant loop, and head to head),
+    over the at-amb rows that ran."""
     ran = [(r, amb) for r, amb in _at_amb_pairs(rows) if "held" in r and "ms" in amb]
+    timed = [r for r, _ in ran if "h2h_ms" in r]
     return {"within": f"{sum(r['within'] for r, _ in ran)}/{len(ran)}",
             "at_least_as_fast": f"{sum(r['within'] and r['ms'] <= amb['ms'] for r, amb in ran)}/{len(ran)}",
+            "at_least_as_fast_head_to_head": f"{sum(r['within'] and _h2h_verdict(r) for r in timed)}/{len(timed)}",
             "failed": str(sum("held" not in r for r, _ in _at_amb_pairs(rows)))}
+
+
+def _h2h_cell(row: dict[str, Any]) -> str | None:
+    """The head-to-head times as "coop / compiler ms (rounds)"."""
+    return f"{row['h2h_ms']} / {row['h2h_amb_ms']} ({row['h2h_rounds']})" if "h2h_ms" in row else None
 
 
 def at_amb_markdown(rows: list[dict[str, Any]]) -> str:
     """The equal-peak table: coop.compile given the bytes compile-amb held at a knob, beside that knob."""
     lines = [("| model | knob | compile-amb held | ms | coop.compile budget (= that) | held | within | ms | GFLOP "
-             "recomputed | at least as fast |"), "|" + "---|" * 10]
+             "recomputed | at least as fast | head to head: coop / knob ms (rounds) | at least as fast |"),
+             "|" + "---|" * 12]
     for r, amb in _at_amb_pairs(rows):
         if "held" not in r:
             cells = [r["model"], r["knob"], amb.get("held"), amb.get("ms"), r["budget"],
-                     _error_cell(r.get("error", "?"))] + [None] * 4
+                     _error_cell(r.get("error", "?"))] + [None] * 6
         else:
+            h2h = _h2h_verdict(r)
             cells = [r["model"], r["knob"], amb.get("held"), amb.get("ms"), r["budget"], r["held"], r["within"],
-                     r["ms"], r.get("recomputed_gflop"), r["within"] and "ms" in amb and r["ms"] <= amb["ms"]]
+                     r["ms"], r.get("recomputed_gflop"), r["within"] and "ms" in amb and r["ms"] <= amb["ms"],
+                     _h2h_cell(r), None if h2h is None else r["within"] and h2h]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines)
 
@@ -426,10 +503,10 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     """The coop.compile rows against both readings of compile-amb and coop.plan, then each model's amb frontier."""
     compare_at_equal_peak(rows)
     header = ("| model | share | budget | coop.compile held | within | ms | GFLOP recomputed | amb at or below "
-              "(fastest) | vs_amb equal peak | amb same share held | ms | vs_amb same share | coop.plan held | ms "
-              "| vs_plan | load |")
+              "(fastest) | vs_amb equal peak | head to head: coop / knob ms (rounds) | amb same share held | ms "
+              "| vs_amb same share | coop.plan held | ms | vs_plan | load |")
     lines = [header,
-             "|" + "---|" * 16]
+             "|" + "---|" * 17]
     loads = {(r["model"], r.get("run")): r.get("load") for r in rows if r["variant"] == "eager"}
     for r in rows:
         if r["variant"] != "coop.compile":
@@ -439,12 +516,13 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         amb_held = amb.get("held", _error_cell(amb.get("error")))
         plan_held = plan.get("held", _error_cell(plan.get("error")))
         if "held" not in r:
-            cells = [r["model"], r["share"], r["budget"], _error_cell(r.get("error", "?"))] + [None] * 5 + [
+            cells = [r["model"], r["share"], r["budget"], _error_cell(r.get("error", "?"))] + [None] * 6 + [
                 amb_held, amb.get("ms"), None, plan_held, plan.get("ms"), None, load]
         else:
             vs_plan = r["ms"] < plan["ms"] if "ms" in plan else None
             cells = [r["model"], r["share"], r["budget"], r["held"], r["within"], r["ms"], r.get("recomputed_gflop"),
-                     r["amb_at_or_below"], r["vs_amb_equal_peak"], amb_held, amb.get("ms"), r["vs_amb_same_share"],
+                     r["amb_at_or_below"], r["vs_amb_equal_peak"], _h2h_cell(r), amb_held, amb.get("ms"),
+                     r["vs_amb_same_share"],
                      plan_held, plan.get("ms"), vs_plan, load]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     lines += ["", "| model | run | knob | held | ms | x_eager | on the frontier |", "|---|---|---|---|---|---|---|"]

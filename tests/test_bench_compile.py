@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from tests.benchmark_module import load_benchmark
 
 bench = load_benchmark("bench_compile")
@@ -152,8 +154,77 @@ def test_coop_given_the_compilers_held_bytes_is_compared_with_that_knob() -> Non
         {"model": "n", "variant": "coop.compile-at-amb", "knob": 0.1, "budget": 9_000_000, "error": "no schedule"},
     ]
     summary = bench.bars(rows)
-    assert summary["at_amb"] == {"within": "2/3", "at_least_as_fast": "1/3", "failed": "1"}
+    assert summary["at_amb"] == {"within": "2/3", "at_least_as_fast": "1/3", "at_least_as_fast_head_to_head": "0/0",
+                                 "failed": "1"}
     assert summary["coop_rows"] == 3  # the share rows' bars are unchanged
     text = bench.markdown(rows)
-    assert "| m | 0.7 | 21,000,000 | 130.0 | 21,000,000 | 20,900,000 | yes | 129.0 | - | yes |" in text
-    assert "| n | 0.5 | 24,000,000 | 95.0 | 24,000,000 | 24,100,000 | no | 90.0 | - | no |" in text
+    assert "| m | 0.7 | 21,000,000 | 130.0 | 21,000,000 | 20,900,000 | yes | 129.0 | - | yes | - | - |" in text
+    assert "| n | 0.5 | 24,000,000 | 95.0 | 24,000,000 | 24,100,000 | no | 90.0 | - | no | - | - |" in text
+
+
+def test_head_to_head_times_decide_the_pairs_they_timed() -> None:
+    """The pairs timed alone: m's knob 0.5 pair, slower in the all-variant loop (126 > 125 ms), is at least as fast
+    head to head (118 <= 119 ms); m's knob 0.7 pair, faster there, is slower head to head (131 > 130); n's over-budget
+    row stays no whatever its times; m's 0.5 share row against knob 0.1 (155 > 150 ms in the loop) wins head to head."""
+    rows = _rows() + [
+        {"model": "m", "variant": "coop.compile-at-amb", "knob": 0.7, "budget": 21_000_000, "held": 20_900_000,
+         "ms": 129.0, "within": True, "h2h_ms": 131.0, "h2h_amb_ms": 130.0, "h2h_rounds": 21},
+        {"model": "m", "variant": "coop.compile-at-amb", "knob": 0.5, "budget": 26_000_000, "held": 24_000_000,
+         "ms": 126.0, "within": True, "h2h_ms": 118.0, "h2h_amb_ms": 119.0, "h2h_rounds": 21},
+        {"model": "n", "variant": "coop.compile-at-amb", "knob": 0.5, "budget": 24_000_000, "held": 24_100_000,
+         "ms": 90.0, "within": False, "h2h_ms": 80.0, "h2h_amb_ms": 95.0, "h2h_rounds": 40},
+    ]
+    _coop_row(rows, "m", 0.5).update(h2h_ms=149.0, h2h_amb_ms=151.5, h2h_rounds=33)
+    summary = bench.bars(rows)
+    assert summary["at_amb"]["at_least_as_fast"] == "1/3"
+    assert summary["at_amb"]["at_least_as_fast_head_to_head"] == "1/3"
+    assert summary["faster_than_amb_at_equal_or_lower_held"] == "1/2"
+    assert summary["faster_than_amb_at_equal_or_lower_held_head_to_head"] == "1/1"  # only m 0.5 was timed so
+    text = bench.markdown(rows)
+    assert "| 126.0 | - | no | 118.0 / 119.0 (21) | yes |" in text
+    assert "| 90.0 | - | no | 80.0 / 95.0 (40) | no |" in text
+    assert "| knob 0.1: 16,000,000 B, 150.0 ms | no | 149.0 / 151.5 (33) |" in text
+
+
+class _Counted(torch.nn.Module):
+    """A variant whose step takes a known time on a fake clock and logs when it ran."""
+
+    def __init__(self, name: str, seconds: float, clock: list[float], log: list[str]) -> None:
+        super().__init__()
+        self.name, self.seconds, self.clock, self.log = name, seconds, clock, log
+
+    def run(self) -> None:
+        self.log.append(self.name)
+        self.clock[0] += self.seconds if len(self.log) > 4 else 10 * self.seconds  # the warm-up rounds are slow
+
+
+def test_the_head_to_head_loop_alternates_skips_warm_up_and_stops_at_its_bounds() -> None:
+    """On a fake clock: a 2 s and a 3 s step report 2000.0 and 3000.0 ms (the warm-up rounds, 10x slower, are not
+    counted), the order swaps every round, it runs ``PAIR_STEPS`` rounds when those take longer than
+    ``PAIR_SECONDS``, and ``PAIR_MAX_STEPS`` when the steps are too short to reach it."""
+    for a_s, b_s, rounds in ((2.0, 3.0, bench.PAIR_STEPS), (1e-6, 2e-6, bench.PAIR_MAX_STEPS)):
+        clock, log = [0.0], []
+        a, b = _Counted("a", a_s, clock, log), _Counted("b", b_s, clock, log)
+        a_ms, b_ms, timed = bench.time_head_to_head((a, a.run), (b, b.run), clock=lambda clock=clock: clock[0])
+        assert (a_ms, b_ms, timed) == (round(1000 * a_s, 2), round(1000 * b_s, 2), rounds)
+        assert log[:6] == ["a", "b", "b", "a", "a", "b"] and len(log) == 2 * (rounds + 2)
+
+
+def test_each_coop_row_is_timed_against_the_configuration_it_is_judged_against() -> None:
+    """The worker's variant keys: m's 0.5 share row meets knob 0.1 (the fastest at or below its bytes), the at-amb row
+    of share 0.7 meets knob 0.7, n's 0.5 row (no knob at or below) and the refused row meet none."""
+    clock, log = [0.0], []
+    seconds = {"coop.compile@0.5": 1.0, "compile-amb@0.1": 2.0, "coop.compile-at-amb@0.7": 3.0,
+               "compile-amb@0.7": 4.0, "coop.compile@0.7": 5.0, "compile": 6.0}
+    variants = {}
+    for key, step_s in seconds.items():
+        module = _Counted(key, step_s, clock, log)
+        variants[key] = (module, module.run)
+    rows = bench.compare_at_equal_peak(_rows() + [
+        {"model": "m", "variant": "coop.compile-at-amb", "knob": 0.7, "at_share": 0.7, "budget": 21_000_000,
+         "held": 20_900_000, "ms": 129.0, "within": True}])
+    bench.time_compared_pairs(variants, rows, clock=lambda: clock[0])
+    timed = {(r["variant"], r.get("share", r.get("knob"))): (r["h2h_ms"], r["h2h_amb_ms"]) for r in rows
+             if "h2h_ms" in r}
+    assert timed == {("coop.compile", 0.5): (1000.0, 2000.0), ("coop.compile-at-amb", 0.7): (3000.0, 4000.0),
+                     ("coop.compile", 0.7): (5000.0, 4000.0)}
