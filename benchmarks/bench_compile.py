@@ -23,13 +23,17 @@ Run: ``python benchmarks/run_all.py --only bench_compile`` (or ``python benchmar
   ``compile_s`` the first step's wall time (for coop.plan: the plan's); ``recomputed_gflop``: FLOPs of the
   computations coop's schedule runs more than once (coop rows; the compiler does not report its own);
   ``round_held``: per measured round of coop.compile, its plan's predicted peak -> what the step then held.
+* ``h2h_ms`` / ``h2h_amb_ms``: after that loop, each coop.compile row and the compiler's configuration it is judged
+  against, timed again alone, head to head (:func:`time_head_to_head`): the loop of every variant puts a dozen other
+  compiled steps between two compared ones, whose leftovers in the caches, not the two steps' code, decided rows.
 
 The bars the issue sets are computed per row: ``within`` (held <= budget), and per model ``monotone`` (a
 lower budget never holds more), ``vs_amb_equal_peak`` (coop.compile at least as fast as the fastest compiler
 configuration, any knob, whose measured held bytes are not above coop's; ``amb_at_or_below`` names it, or says
 ``none (lowest ...)`` where no knob reached coop's bytes: those rows are counted apart, not as wins),
 ``vs_amb_same_share`` (the older reading: against compile-amb at the row's own share, where coop.compile held no
-more) and ``vs_plan`` (coop.compile faster than coop.plan). ``--table LOG...`` prints them from worker logs.
+more) and ``vs_plan`` (coop.compile faster than coop.plan); the two comparisons with the compiler are also counted
+on the head-to-head times (``..._head_to_head``). ``--table LOG...`` prints them from worker logs.
 """
 
 from __future__ import annotations
