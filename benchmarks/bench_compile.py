@@ -24,7 +24,7 @@ Run: ``python benchmarks/run_all.py --only bench_compile`` (or ``python benchmar
   computations coop's schedule runs more than once (coop rows; the compiler does not report its own);
   ``round_held``: per measured round of coop.compile, its plan's predicted peak -> what the step then held.
 * ``h2h_ms`` / ``h2h_amb_ms``: after that loop, each coop.compile row and the compiler's configuration it is judged
-  against, timed again alone, head to head (:func:`time_head_to_head`): the loop of every variant puts a dozen other
+  against (and ``h2h_vs_plan_ms`` / ``h2h_plan_ms``: a share's coop.compile and coop.plan), timed again alone, head to head (:func:`time_head_to_head`): the loop of every variant puts a dozen other
   compiled steps between two compared ones, whose leftovers in the caches, not the two steps' code, decided rows.
 
 The bars the issue sets are computed per row: ``within`` (held <= budget), and per model ``monotone`` (a
@@ -32,8 +32,8 @@ lower budget never holds more), ``vs_amb_equal_peak`` (coop.compile at least as 
 configuration, any knob, whose measured held bytes are not above coop's; ``amb_at_or_below`` names it, or says
 ``none (lowest ...)`` where no knob reached coop's bytes: those rows are counted apart, not as wins),
 ``vs_amb_same_share`` (the older reading: against compile-amb at the row's own share, where coop.compile held no
-more) and ``vs_plan`` (coop.compile faster than coop.plan); the two comparisons with the compiler are also counted
-on the head-to-head times (``..._head_to_head``). ``--table LOG...`` prints them from worker logs.
+more) and ``vs_plan`` (coop.compile faster than coop.plan); the comparisons with the compiler and with coop.plan are
+also counted on the head-to-head times (``..._head_to_head``). ``--table LOG...`` prints them from worker logs.
 """
 
 from __future__ import annotations
@@ -324,18 +324,29 @@ def time_compared_pairs(variants: dict[str, tuple[nn.Module, Callable[[], None]]
                         clock: Callable[[], float] = time.perf_counter) -> None:
     """Time each coop.compile row head to head with the configuration of the compiler it is judged against (an
     at-amb row: its knob; a share row: the fastest knob at or below its held bytes, from the all-variant loop) and
-    write ``h2h_ms``, ``h2h_amb_ms`` and ``h2h_rounds`` on the coop row."""
+    write ``h2h_ms``, ``h2h_amb_ms`` and ``h2h_rounds`` on the coop row; a share row also with coop.plan at its share
+    (``h2h_vs_plan_ms``, ``h2h_plan_ms``, ``h2h_plan_rounds``)."""
     for r in rows:
         if "held" not in r or r["variant"] not in ("coop.compile", "coop.compile-at-amb"):
             continue
         knob = r.get("knob") if r["variant"] == "coop.compile-at-amb" else r.get("amb_knob")
         key = f"{r['variant']}@{r['share'] if r['variant'] == 'coop.compile' else r['at_share']}"
-        if knob is None or key not in variants or _amb_key(knob) not in variants:
+        if key not in variants:
             continue
-        coop_ms, amb_ms, rounds = time_head_to_head(variants[key], variants[_amb_key(knob)], clock)
-        r.update(h2h_ms=coop_ms, h2h_amb_ms=amb_ms, h2h_rounds=rounds)
-        print(f"[bench_compile {r.get('model')}] head to head {key} against {_amb_key(knob)}: {coop_ms} / {amb_ms} ms "
-              f"({rounds} rounds)", file=sys.stderr, flush=True)
+        if knob is not None and _amb_key(knob) in variants:
+            coop_ms, amb_ms, rounds = time_head_to_head(variants[key], variants[_amb_key(knob)], clock)
+            r.update(h2h_ms=coop_ms, h2h_amb_ms=amb_ms, h2h_rounds=rounds)
+            _say_head_to_head(r, key, _amb_key(knob), coop_ms, amb_ms, rounds)
+        plan_key = f"coop.plan@{r.get('share')}"
+        if r["variant"] == "coop.compile" and plan_key in variants:
+            coop_ms, plan_ms, rounds = time_head_to_head(variants[key], variants[plan_key], clock)
+            r.update(h2h_vs_plan_ms=coop_ms, h2h_plan_ms=plan_ms, h2h_plan_rounds=rounds)
+            _say_head_to_head(r, key, plan_key, coop_ms, plan_ms, rounds)
+
+
+def _say_head_to_head(row: dict[str, Any], key: str, other: str, ms: float, other_ms: float, rounds: int) -> None:
+    print(f"[bench_compile {row.get('model')}] head to head {key} against {other}: {ms} / {other_ms} ms "
+          f"({rounds} rounds)", file=sys.stderr, flush=True)
 
 
 def _amb_points(rows: list[dict[str, Any]], model: str, run: str | None = None) -> list[dict[str, Any]]:
@@ -411,6 +422,7 @@ def bars(rows: list[dict[str, Any]]) -> dict[str, Any]:
         if "ms" in plan:
             compared_plan += 1
             faster_plan += r["ms"] < plan["ms"]
+    plan_h2h = [r["h2h_vs_plan_ms"] < r["h2h_plan_ms"] for r in coop_rows if "h2h_plan_ms" in r]
     equal = [r["vs_amb_equal_peak"] for r in coop_rows if r["vs_amb_equal_peak"] is not None]
     equal_h2h = [_h2h_verdict(r) for r in coop_rows if r["vs_amb_equal_peak"] is not None and "h2h_ms" in r]
     same = [r["vs_amb_same_share"] for r in coop_rows if r["vs_amb_same_share"] is not None]
@@ -427,6 +439,7 @@ def bars(rows: list[dict[str, Any]]) -> dict[str, Any]:
             # the old reading: compile-amb at the row's own share, where coop.compile held no more
             "faster_than_amb_same_share": f"{sum(same)}/{len(same)}",
             "faster_than_coop_plan": f"{faster_plan}/{compared_plan}",
+            "faster_than_coop_plan_head_to_head": f"{sum(plan_h2h)}/{len(plan_h2h)}",
             # coop.compile with the bytes compile-amb held at a knob as its budget, against that knob
             "at_amb": _at_amb_bars(rows)}
 
@@ -456,6 +469,13 @@ def _at_amb_bars(rows: list[dict[str, Any]]) -> dict[str, str]:
             "at_least_as_fast": f"{sum(r['within'] and r['ms'] <= amb['ms'] for r, amb in ran)}/{len(ran)}",
             "at_least_as_fast_head_to_head": f"{sum(r['within'] and _h2h_verdict(r) for r in timed)}/{len(timed)}",
             "failed": str(sum("held" not in r for r, _ in _at_amb_pairs(rows)))}
+
+
+def _h2h_plan_cell(row: dict[str, Any]) -> str | None:
+    """The head-to-head times against coop.plan as "coop.compile / coop.plan ms (rounds)"."""
+    if "h2h_plan_ms" not in row:
+        return None
+    return f"{row['h2h_vs_plan_ms']} / {row['h2h_plan_ms']} ({row['h2h_plan_rounds']})"
 
 
 def _h2h_cell(row: dict[str, Any]) -> str | None:
@@ -508,9 +528,9 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     compare_at_equal_peak(rows)
     header = ("| model | share | budget | coop.compile held | within | ms | GFLOP recomputed | amb at or below "
               "(fastest) | vs_amb equal peak | head to head: coop / knob ms (rounds) | amb same share held | ms "
-              "| vs_amb same share | coop.plan held | ms | vs_plan | load |")
+              "| vs_amb same share | coop.plan held | ms | vs_plan | head to head: coop / plan ms (rounds) | load |")
     lines = [header,
-             "|" + "---|" * 17]
+             "|" + "---|" * 18]
     loads = {(r["model"], r.get("run")): r.get("load") for r in rows if r["variant"] == "eager"}
     for r in rows:
         if r["variant"] != "coop.compile":
@@ -521,13 +541,13 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         plan_held = plan.get("held", _error_cell(plan.get("error")))
         if "held" not in r:
             cells = [r["model"], r["share"], r["budget"], _error_cell(r.get("error", "?"))] + [None] * 6 + [
-                amb_held, amb.get("ms"), None, plan_held, plan.get("ms"), None, load]
+                amb_held, amb.get("ms"), None, plan_held, plan.get("ms"), None, None, load]
         else:
             vs_plan = r["ms"] < plan["ms"] if "ms" in plan else None
             cells = [r["model"], r["share"], r["budget"], r["held"], r["within"], r["ms"], r.get("recomputed_gflop"),
                      r["amb_at_or_below"], r["vs_amb_equal_peak"], _h2h_cell(r), amb_held, amb.get("ms"),
                      r["vs_amb_same_share"],
-                     plan_held, plan.get("ms"), vs_plan, load]
+                     plan_held, plan.get("ms"), vs_plan, _h2h_plan_cell(r), load]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     lines += ["", "| model | run | knob | held | ms | x_eager | on the frontier |", "|---|---|---|---|---|---|---|"]
     for model, run in dict.fromkeys((r["model"], r.get("run")) for r in rows):

@@ -211,11 +211,11 @@ def test_the_head_to_head_loop_alternates_skips_warm_up_and_stops_at_its_bounds(
 
 
 def test_each_coop_row_is_timed_against_the_configuration_it_is_judged_against() -> None:
-    """The worker's variant keys: m's 0.5 share row meets knob 0.1 (the fastest at or below its bytes), the at-amb row
-    of share 0.7 meets knob 0.7, n's 0.5 row (no knob at or below) and the refused row meet none."""
+    """The worker's variant keys: m's 0.5 share row meets knob 0.1 (the fastest at or below its bytes) and coop.plan
+    at 0.5, the at-amb row of share 0.7 meets knob 0.7, the 0.7 share row meets knob 0.7 (no coop.plan ran there)."""
     clock, log = [0.0], []
     seconds = {"coop.compile@0.5": 1.0, "compile-amb@0.1": 2.0, "coop.compile-at-amb@0.7": 3.0,
-               "compile-amb@0.7": 4.0, "coop.compile@0.7": 5.0, "compile": 6.0}
+               "compile-amb@0.7": 4.0, "coop.compile@0.7": 5.0, "compile": 6.0, "coop.plan@0.5": 7.0}
     variants = {}
     for key, step_s in seconds.items():
         module = _Counted(key, step_s, clock, log)
@@ -223,8 +223,15 @@ def test_each_coop_row_is_timed_against_the_configuration_it_is_judged_against()
     rows = bench.compare_at_equal_peak(_rows() + [
         {"model": "m", "variant": "coop.compile-at-amb", "knob": 0.7, "at_share": 0.7, "budget": 21_000_000,
          "held": 20_900_000, "ms": 129.0, "within": True}])
+    rows = [r for r in rows if r["model"] == "m"]  # one worker's rows: one model
     bench.time_compared_pairs(variants, rows, clock=lambda: clock[0])
     timed = {(r["variant"], r.get("share", r.get("knob"))): (r["h2h_ms"], r["h2h_amb_ms"]) for r in rows
              if "h2h_ms" in r}
     assert timed == {("coop.compile", 0.5): (1000.0, 2000.0), ("coop.compile-at-amb", 0.7): (3000.0, 4000.0),
                      ("coop.compile", 0.7): (5000.0, 4000.0)}
+    # coop.plan ran at 0.5 only: the 0.5 share row alone meets it (a second loop of its own)
+    against_plan = {r["share"]: (r["h2h_vs_plan_ms"], r["h2h_plan_ms"]) for r in rows if "h2h_plan_ms" in r}
+    assert against_plan == {0.5: (1000.0, 7000.0)}
+    summary = bench.bars(rows)
+    assert summary["faster_than_coop_plan_head_to_head"] == "1/1"
+    assert "| 1000.0 / 7000.0 (21) |" in bench.markdown(rows)
