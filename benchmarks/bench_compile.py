@@ -24,8 +24,9 @@ Run: ``python benchmarks/run_all.py --only bench_compile`` (or ``python benchmar
   computations coop's schedule runs more than once (coop rows; the compiler does not report its own);
   ``round_held``: per measured round of coop.compile, its plan's predicted peak -> what the step then held.
 * ``h2h_ms`` / ``h2h_amb_ms``: after that loop, each coop.compile row and the compiler's configuration it is judged
-  against (and ``h2h_vs_plan_ms`` / ``h2h_plan_ms``: a share's coop.compile and coop.plan), timed again alone, head to head (:func:`time_head_to_head`): the loop of every variant puts a dozen other
-  compiled steps between two compared ones, whose leftovers in the caches, not the two steps' code, decided rows.
+  against (and ``h2h_vs_plan_ms`` / ``h2h_plan_ms``: a share's coop.compile and coop.plan), timed again alone, head
+  to head (:func:`time_head_to_head`): the loop of every variant puts a dozen other compiled steps between two
+  compared ones, whose leftovers in the caches, not the two steps' code, decided rows.
 
 The bars the issue sets are computed per row: ``within`` (held <= budget), and per model ``monotone`` (a
 lower budget never holds more), ``vs_amb_equal_peak`` (coop.compile at least as fast as the fastest compiler
