@@ -472,16 +472,12 @@ def _at_amb_bars(rows: list[dict[str, Any]]) -> dict[str, str]:
             "failed": str(sum("held" not in r for r, _ in _at_amb_pairs(rows)))}
 
 
-def _h2h_plan_cell(row: dict[str, Any]) -> str | None:
-    """The head-to-head times against coop.plan as "coop.compile / coop.plan ms (rounds)"."""
-    if "h2h_plan_ms" not in row:
-        return None
-    return f"{row['h2h_vs_plan_ms']} / {row['h2h_plan_ms']} ({row['h2h_plan_rounds']})"
-
-
-def _h2h_cell(row: dict[str, Any]) -> str | None:
-    """The head-to-head times as "coop / compiler ms (rounds)"."""
-    return f"{row['h2h_ms']} / {row['h2h_amb_ms']} ({row['h2h_rounds']})" if "h2h_ms" in row else None
+def _h2h_cell(row: dict[str, Any], against: str = "amb") -> str | None:
+    """The head-to-head times as "coop.compile / the other ms (rounds)", the other the compiler's configuration
+    (``against="amb"``) or coop.plan (``"plan"``); ``None`` where the pair was not timed so."""
+    ms, other, rounds = (("h2h_ms", "h2h_amb_ms", "h2h_rounds") if against == "amb"
+                         else ("h2h_vs_plan_ms", "h2h_plan_ms", "h2h_plan_rounds"))
+    return f"{row[ms]} / {row[other]} ({row[rounds]})" if other in row else None
 
 
 def at_amb_markdown(rows: list[dict[str, Any]]) -> str:
@@ -548,7 +544,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             cells = [r["model"], r["share"], r["budget"], r["held"], r["within"], r["ms"], r.get("recomputed_gflop"),
                      r["amb_at_or_below"], r["vs_amb_equal_peak"], _h2h_cell(r), amb_held, amb.get("ms"),
                      r["vs_amb_same_share"],
-                     plan_held, plan.get("ms"), vs_plan, _h2h_plan_cell(r), load]
+                     plan_held, plan.get("ms"), vs_plan, _h2h_cell(r, "plan"), load]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     lines += ["", "| model | run | knob | held | ms | x_eager | on the frontier |", "|---|---|---|---|---|---|---|"]
     for model, run in dict.fromkeys((r["model"], r.get("run")) for r in rows):
