@@ -410,10 +410,11 @@ def bars(rows: list[dict[str, Any]]) -> dict[str, Any]:
     coop_rows = [r for r in rows if r["variant"] == "coop.compile" and "held" in r]
     within = sum(r["within"] for r in coop_rows)
     monotone = True
-    by_model: dict[str, list[dict[str, Any]]] = {}
+    # monotone within one worker: two workers' measured peaks of the same model are two measurements, not a curve
+    by_worker: dict[tuple[str, str | None], list[dict[str, Any]]] = {}
     for r in coop_rows:
-        by_model.setdefault(r["model"], []).append(r)
-    for model_rows in by_model.values():
+        by_worker.setdefault((r["model"], r.get("run")), []).append(r)
+    for model_rows in by_worker.values():
         ordered = sorted(model_rows, key=lambda r: r["share"])
         monotone &= all(a["held"] <= b["held"] for a, b in itertools.pairwise(ordered))
     compare_at_equal_peak(rows)

@@ -235,3 +235,12 @@ def test_each_coop_row_is_timed_against_the_configuration_it_is_judged_against()
     summary = bench.bars(rows)
     assert summary["faster_than_coop_plan_head_to_head"] == "1/1"
     assert "| 1000.0 / 7000.0 (21) |" in bench.markdown(rows)
+
+
+def test_monotone_is_read_within_each_worker() -> None:
+    """Two workers' peaks of one model are two measurements: run B's 0.9 row holding less than run None's 0.7 row is
+    not a fall in the curve; a worker whose own 0.9 row holds less than its 0.7 row is."""
+    second_worker = [dict(_coop("m", 0.9, 20_000_000, 70.0), run="B")]  # below run None's 0.7 row (21.5 MB)
+    assert bench.bars(_rows() + second_worker)["monotone"] is True
+    same_worker = [_coop("m", 0.9, 20_000_000, 70.0)]
+    assert bench.bars(_rows() + same_worker)["monotone"] is False
