@@ -117,6 +117,16 @@ def _held(step: Callable[[], None], module: nn.Module, batch: tuple) -> int:
     return int(peak or 0) + owned
 
 
+def _predicted(plan: Any) -> dict[str, float]:
+    """A coop.compile plan's prediction: its recomputation overhead (%) and the two costs it divides, in ms of its
+    Graph's cost unit (seconds, by the nominal model or this machine's rates: ``pricing``), so that a wrong overhead
+    shows whether the recomputations or the step they are divided by were mispriced."""
+    simulation = plan.result.simulation
+    return {"predicted_overhead_pct": round(100 * simulation.overhead, 2),
+            "predicted_extra_ms": round(1000 * (simulation.cost - simulation.baseline_cost), 3),
+            "predicted_base_ms": round(1000 * simulation.baseline_cost, 3)}
+
+
 def _recomputed_flops(graph: Any, schedule: Any) -> int:
     flops = graph.meta.get("node_flops", {})
     computed: dict[int, int] = {}
@@ -205,7 +215,7 @@ def _worker(name: str, shares: tuple[float, ...], time_limit: float,
             plan = cc.coop_record.plans[-1]
             add(f"coop.compile@{share}", coop_module, loss_step(coop_module, cc), time.perf_counter() - start,
                 share=share, budget=budget, formulation=plan.result.formulation,
-                predicted_overhead_pct=round(100 * plan.result.simulation.overhead, 2),
+                **_predicted(plan),
                 recomputed_gflop=round(_recomputed_flops(plan.joint.graph, plan.result.schedule) / 1e9, 3),
                 rounds=len(cc.coop_record.rounds),
                 round_held=" / ".join(f"{r.predicted_peak:,}->{r.measured_peak:,}" for r in cc.coop_record.rounds
@@ -270,7 +280,7 @@ def _coop_at_amb(base: nn.Module, batch: tuple, shares: tuple[float, ...], time_
                 cc(*batch).backward()
 
             add(f"coop.compile-at-amb@{share}", coop_module, step, time.perf_counter() - start, **extra,
-                predicted_overhead_pct=round(100 * plan.result.simulation.overhead, 2),
+                **_predicted(plan),
                 recomputed_gflop=round(_recomputed_flops(plan.joint.graph, plan.result.schedule) / 1e9, 3))
         except Exception as exc:  # noqa: BLE001 - a row that says what failed, not a lost model
             info[f"coop.compile-at-amb@{share}"] = {**extra, "error": str(exc)[:160]}
@@ -292,7 +302,7 @@ def _coop_store_all(base: nn.Module, batch: tuple, ref: int, time_limit: float,
             cc(*batch).backward()
 
         add(STORE_ALL_KEY, coop_module, step, time.perf_counter() - start, budget=budget,
-            predicted_overhead_pct=round(100 * plan.result.simulation.overhead, 2),
+            **_predicted(plan),
             recomputed_gflop=round(_recomputed_flops(plan.joint.graph, plan.result.schedule) / 1e9, 3))
     except Exception as exc:  # noqa: BLE001 - a row that says what failed, not a lost model
         info[STORE_ALL_KEY] = {"budget": budget, "error": str(exc)[:160]}
@@ -640,14 +650,16 @@ def markdown(rows: list[dict[str, Any]]) -> str:
 def prediction_markdown(rows: list[dict[str, Any]]) -> str:
     """The predicted recomputation overhead of each coop.compile row that recomputes, beside the measured one."""
     lines = [("| model | variant | share or knob | GFLOP recomputed | predicted % | measured % | head to head: coop / "
-              "store-all ms (rounds) | within max(3 points, 25 %) |"), "|" + "---|" * 8]
+              "store-all ms (rounds) | within max(3 points, 25 %) | predicted ms: recomputed / step |"),
+             "|" + "---|" * 9]
     for r in rows:
         if "measured_overhead_pct" not in r:
             continue
         h2h = (f"{r['h2h_vs_store_all_ms']} / {r['h2h_store_all_ms']} ({r['h2h_store_all_rounds']})"
                if "h2h_store_all_ms" in r else None)
+        priced = (f"{r['predicted_extra_ms']} / {r['predicted_base_ms']}" if "predicted_base_ms" in r else None)
         cells = [r["model"], r["variant"], r.get("share", r.get("knob")), r.get("recomputed_gflop"),
-                 r["predicted_overhead_pct"], r["measured_overhead_pct"], h2h, r["prediction_ok"]]
+                 r["predicted_overhead_pct"], r["measured_overhead_pct"], h2h, r["prediction_ok"], priced]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines)
 

@@ -266,4 +266,4 @@ def test_a_recomputing_rows_overhead_is_measured_against_the_store_all_step() ->
     judged = {r["share"]: (r["measured_overhead_pct"], r["prediction_ok"]) for r in rows if "prediction_ok" in r}
     assert judged == {0.5: (10.0, True), 0.7: (10.0, False)}
     assert bench.bars(rows)["prediction_within"] == "1/2"
-    assert "| m | coop.compile | 0.5 | 0.3 | 9.0 | 10.0 | 1100.0 / 1000.0 (21) | yes |" in bench.markdown(rows)
+    assert "| m | coop.compile | 0.5 | 0.3 | 9.0 | 10.0 | 1100.0 / 1000.0 (21) | yes | - |" in bench.markdown(rows)
