@@ -9,6 +9,7 @@ nominal model picks the other one in both cases).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -212,3 +213,19 @@ def test_the_draws_pricing_prices_only_the_draws_at_the_measured_rates() -> None
     priced = reprice(lowered, {mm.name: mm, draw.name: draw}, compiled_rates(RATES), only=DRAWS).graph
     nominal_mm = 2 * 64 * 32 * 16 / 1e11 + 4 * (64 * 32 + 32 * 16 + 64 * 16) / 2e10
     assert [n.cost for n in priced.nodes] == pytest.approx([nominal_mm, 1024 * 18.3e-9])
+
+
+@pytest.mark.parametrize("draw", ["dropout_mask", "float8_dropout_mask"])
+def test_coops_own_mask_draws_are_priced_as_the_tables_mask_draw(draw: str) -> None:
+    """With eager's draws a dropout reaches the partitioner as coop's mask draw, which ``pricing="draws"`` prices
+    like inductor's: its 2,048 elements at the table's bool mask price (hand-counted), not its bytes."""
+    import coop.graph_capture.random_ops  # noqa: F401 - registers coop's ops
+
+    op = getattr(torch.ops.coop, draw).default
+    gm = make_fx(lambda x: op(x, 0.1), tracing_mode="fake")(torch.ones(64, 32))
+    node = next(n for n in gm.graph.nodes if n.op == "call_function")
+    rates = compiled_rates(dataclasses.replace(RATES, element_s={**RATES.element_s, "coop.bernoulli_mask": 11e-9}))
+    assert op_seconds(node, 0, rates) == pytest.approx(2048 * 11e-9)
+    graph = Graph(name="g", nodes=(Node(id=0, name="draw", mem=2048, cost=1.0),), outputs=(0,))
+    lowered = Lowered(graph=graph, fx_names={0: [node.name]}, owner_of={}, node_flops={})
+    assert reprice(lowered, {node.name: node}, rates, only=DRAWS).graph.nodes[0].cost == pytest.approx(2048 * 11e-9)

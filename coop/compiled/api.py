@@ -136,8 +136,8 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         For a meta-device model only: the device to plan for (``"cuda"``: values sized as its allocator holds
         them). A meta-device model is planned, not compiled for training (module docstring).
     pricing : str
-        ``"nominal"`` (default): the capture's nominal rates; ``"draws"``: inductor's random draws at this machine's
-        measured price; ``"measured"``: every op of a CPU step as its compiled kernel runs here
+        ``"nominal"`` (default): the capture's nominal rates; ``"draws"``: the random draws (inductor's, or eager's
+        mask draws) at this machine's measured price; ``"measured"``: every op of a CPU step as its compiled kernel runs here
         (:mod:`coop.compiled.pricing`, :func:`coop.compiled.joint.lower_joint`; why nominal stays the default).
     pin : bool or None
         Run the compiled kernels in coop's order (:mod:`coop.compiled.pin`: no fusion that would compute a value

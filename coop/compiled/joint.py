@@ -126,8 +126,8 @@ def lower_joint(gm: fx.GraphModule, num_fwd_outputs: int, static_indices: list[i
         What an earlier compiled round of this joint graph showed: its unbuffered values are inlined into their
         readers and its temporaries charged as workspace (:mod:`coop.compiled.observed`).
     pricing : str
-        ``"nominal"`` (default): the capture's nominal model; ``"draws"``: the nominal model, inductor's random
-        draws at this machine's measured price per element; ``"measured"``: every op of a CPU step at this
+        ``"nominal"`` (default): the capture's nominal model; ``"draws"``: the nominal model, the random draws
+        (inductor's, or coop's mask draws of eager's) at this machine's measured price per element; ``"measured"``: every op of a CPU step at this
         machine's compiled rates, and pointwise values inlined into their backward reader priced so
         (:mod:`coop.compiled.pricing`, whose docstring says why neither is the default). A CUDA step is always
         priced nominally.

@@ -45,10 +45,16 @@ from coop.graph_capture.lower import Lowered
 __all__ = ["COMPILED_KEYS", "DRAWS", "compiled_rates", "inlined_recomputations", "op_seconds", "reprice", "step_rates",
            "unwritten_seconds"]
 
-#: compiled ops priced as an eager op of the calibration's table (an op with no eager kernel to time)
-COMPILED_KEYS = {"prims.inductor_random": "aten.bernoulli"}
-#: the ops ``pricing="draws"`` prices at the measured rates, the rest nominally
-DRAWS = frozenset({"prims.inductor_random"})
+#: compiled ops priced as an op of the calibration's table: inductor's draw (no eager kernel to time) as a Bernoulli
+#: draw, and coop's own mask draws (eager's draws, split from a dropout: :mod:`coop.graph_capture.random_ops`) as
+#: the table's bool mask draw, which is the kernel both run
+COMPILED_KEYS = {"prims.inductor_random": "aten.bernoulli", "coop.dropout_mask": "coop.bernoulli_mask",
+                 "coop.float8_dropout_mask": "coop.bernoulli_mask"}
+#: the ops ``pricing="draws"`` prices at the measured rates, the rest nominally: every random draw of a compiled step
+#: (before 2026-12-02 inductor's alone, so that with eager's draws, ``fallback_random``, the option priced nothing:
+#: bench_compile's GPT-2 at 0.5 priced its step 53.84 ms by the nominal model and ran 69.84 ms; with its mask draws
+#: priced so, 62.06 ms against 59.96)
+DRAWS = frozenset({"prims.inductor_random", "coop.dropout_mask", "coop.float8_dropout_mask"})
 
 
 def compiled_rates(rates: MachineRates) -> MachineRates:
