@@ -117,12 +117,15 @@ def _held(step: Callable[[], None], module: nn.Module, batch: tuple) -> int:
     return int(peak or 0) + owned
 
 
-def _predicted(plan: Any) -> dict[str, float]:
-    """A coop.compile plan's prediction: its recomputation overhead (%) and the two costs it divides, in ms of its
-    Graph's cost unit (seconds, by the nominal model or this machine's rates: ``pricing``), so that a wrong overhead
-    shows whether the recomputations or the step they are divided by were mispriced."""
+def _plan_fields(plan: Any) -> dict[str, Any]:
+    """A coop.compile plan's row fields: its formulation, the FLOPs it recomputes, and its prediction: the
+    recomputation overhead (%) and the two costs it divides, in ms of its Graph's cost unit (seconds, by the nominal
+    model or this machine's rates: ``pricing``), so that a wrong overhead shows whether the recomputations or the step
+    they are divided by were mispriced."""
     simulation = plan.result.simulation
-    return {"predicted_overhead_pct": round(100 * simulation.overhead, 2),
+    return {"formulation": plan.result.formulation,
+            "recomputed_gflop": round(_recomputed_flops(plan.joint.graph, plan.result.schedule) / 1e9, 3),
+            "predicted_overhead_pct": round(100 * simulation.overhead, 2),
             "predicted_extra_ms": round(1000 * (simulation.cost - simulation.baseline_cost), 3),
             "predicted_base_ms": round(1000 * simulation.baseline_cost, 3)}
 
@@ -205,23 +208,10 @@ def _worker(name: str, shares: tuple[float, ...], time_limit: float,
             info[f"compile-amb@{knob}"] = {**extra, "error": str(exc)[:160]}
     if at_amb:
         _coop_at_amb(base, batch, shares, time_limit, variants, info, add)
-    _coop_store_all(base, batch, ref, time_limit, variants, info, add)
+    _coop_store_all(base, batch, ref, time_limit, info, add)
     for share in shares:
         budget = int(share * ref)
-        coop_module = copy.deepcopy(base)
-        start = time.perf_counter()
-        try:
-            cc = coop.compile(coop_module, budget, time_limit=time_limit, example_batch=batch, **COOP_COMPILE_OPTIONS)
-            plan = cc.coop_record.plans[-1]
-            add(f"coop.compile@{share}", coop_module, loss_step(coop_module, cc), time.perf_counter() - start,
-                share=share, budget=budget, formulation=plan.result.formulation,
-                **_predicted(plan),
-                recomputed_gflop=round(_recomputed_flops(plan.joint.graph, plan.result.schedule) / 1e9, 3),
-                rounds=len(cc.coop_record.rounds),
-                round_held=" / ".join(f"{r.predicted_peak:,}->{r.measured_peak:,}" for r in cc.coop_record.rounds
-                                      if r.measured_peak is not None))
-        except Exception as exc:  # noqa: BLE001 - a row that says what failed, not a lost model
-            info[f"coop.compile@{share}"] = {"share": share, "budget": budget, "error": str(exc)[:160]}
+        _add_coop_compile(f"coop.compile@{share}", base, batch, budget, time_limit, add, info, share=share)
         plan_module = copy.deepcopy(base)
         start = time.perf_counter()
         try:
@@ -268,44 +258,36 @@ def _coop_at_amb(base: nn.Module, batch: tuple, shares: tuple[float, ...], time_
             continue
         module, run = variants[key]
         amb_held = _held(run, module, batch)
-        coop_module = copy.deepcopy(base)
-        start = time.perf_counter()
-        extra: dict[str, Any] = {"knob": round(share, 6), "budget": amb_held, "at_share": share}
-        try:
-            cc = coop.compile(coop_module, amb_held, time_limit=time_limit, example_batch=batch,
-                              **COOP_COMPILE_OPTIONS)
-            plan = cc.coop_record.plans[-1]
-
-            def step(cc: nn.Module = cc) -> None:
-                cc(*batch).backward()
-
-            add(f"coop.compile-at-amb@{share}", coop_module, step, time.perf_counter() - start, **extra,
-                **_predicted(plan),
-                recomputed_gflop=round(_recomputed_flops(plan.joint.graph, plan.result.schedule) / 1e9, 3))
-        except Exception as exc:  # noqa: BLE001 - a row that says what failed, not a lost model
-            info[f"coop.compile-at-amb@{share}"] = {**extra, "error": str(exc)[:160]}
+        _add_coop_compile(f"coop.compile-at-amb@{share}", base, batch, amb_held, time_limit, add, info,
+                          knob=round(share, 6), at_share=share)
 
 
-def _coop_store_all(base: nn.Module, batch: tuple, ref: int, time_limit: float,
-                    variants: dict[str, tuple[nn.Module, Callable[[], None]]], info: dict[str, dict[str, Any]],
+def _coop_store_all(base: nn.Module, batch: tuple, ref: int, time_limit: float, info: dict[str, dict[str, Any]],
                     add: Callable[..., None]) -> None:
     """coop.compile with a budget no plan needs to recompute for (:data:`STORE_ALL_BUDGET` x the plain compile's held
     bytes): the step each share's plan recomputes beyond, against which its predicted overhead is measured."""
+    _add_coop_compile(STORE_ALL_KEY, base, batch, int(STORE_ALL_BUDGET * ref), time_limit, add, info)
+
+
+def _add_coop_compile(key: str, base: nn.Module, batch: tuple, budget: int, time_limit: float,
+                      add: Callable[..., None], info: dict[str, dict[str, Any]], **extra: Any) -> None:
+    """One coop.compile variant of a copy of ``base`` at ``budget`` bytes, added as ``key`` with its plan's numbers
+    (:func:`_plan_fields`) and its measured rounds, or as a row that says what failed."""
     coop_module = copy.deepcopy(base)
     start = time.perf_counter()
-    budget = int(STORE_ALL_BUDGET * ref)
     try:
         cc = coop.compile(coop_module, budget, time_limit=time_limit, example_batch=batch, **COOP_COMPILE_OPTIONS)
-        plan = cc.coop_record.plans[-1]
 
         def step(cc: nn.Module = cc) -> None:
             cc(*batch).backward()
 
-        add(STORE_ALL_KEY, coop_module, step, time.perf_counter() - start, budget=budget,
-            **_predicted(plan),
-            recomputed_gflop=round(_recomputed_flops(plan.joint.graph, plan.result.schedule) / 1e9, 3))
+        rounds = cc.coop_record.rounds
+        add(key, coop_module, step, time.perf_counter() - start, budget=budget, **extra,
+            **_plan_fields(cc.coop_record.plans[-1]), rounds=len(rounds),
+            round_held=" / ".join(f"{r.predicted_peak:,}->{r.measured_peak:,}" for r in rounds
+                                  if r.measured_peak is not None))
     except Exception as exc:  # noqa: BLE001 - a row that says what failed, not a lost model
-        info[STORE_ALL_KEY] = {"budget": budget, "error": str(exc)[:160]}
+        info[key] = {**extra, "budget": budget, "error": str(exc)[:160]}
 
 
 def _time_and_meter(variants: dict[str, tuple[nn.Module, Callable[[], None]]], info: dict[str, dict[str, Any]],
@@ -554,9 +536,11 @@ def _at_amb_bars(rows: list[dict[str, Any]]) -> dict[str, str]:
 
 def _h2h_cell(row: dict[str, Any], against: str = "amb") -> str | None:
     """The head-to-head times as "coop.compile / the other ms (rounds)", the other the compiler's configuration
-    (``against="amb"``) or coop.plan (``"plan"``); ``None`` where the pair was not timed so."""
-    ms, other, rounds = (("h2h_ms", "h2h_amb_ms", "h2h_rounds") if against == "amb"
-                         else ("h2h_vs_plan_ms", "h2h_plan_ms", "h2h_plan_rounds"))
+    (``against="amb"``), coop.plan (``"plan"``) or the store-all coop.compile (``"store_all"``); ``None`` where the
+    pair was not timed so."""
+    ms, other, rounds = {"amb": ("h2h_ms", "h2h_amb_ms", "h2h_rounds"),
+                         "plan": ("h2h_vs_plan_ms", "h2h_plan_ms", "h2h_plan_rounds"),
+                         "store_all": ("h2h_vs_store_all_ms", "h2h_store_all_ms", "h2h_store_all_rounds")}[against]
     return f"{row[ms]} / {row[other]} ({row[rounds]})" if other in row else None
 
 
@@ -655,11 +639,10 @@ def prediction_markdown(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         if "measured_overhead_pct" not in r:
             continue
-        h2h = (f"{r['h2h_vs_store_all_ms']} / {r['h2h_store_all_ms']} ({r['h2h_store_all_rounds']})"
-               if "h2h_store_all_ms" in r else None)
         priced = (f"{r['predicted_extra_ms']} / {r['predicted_base_ms']}" if "predicted_base_ms" in r else None)
         cells = [r["model"], r["variant"], r.get("share", r.get("knob")), r.get("recomputed_gflop"),
-                 r["predicted_overhead_pct"], r["measured_overhead_pct"], h2h, r["prediction_ok"], priced]
+                 r["predicted_overhead_pct"], r["measured_overhead_pct"], _h2h_cell(r, "store_all"), r["prediction_ok"],
+                 priced]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines)
 
