@@ -18,7 +18,15 @@ import torch._inductor.inductor_prims  # registers prims.inductor_random
 from torch import fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from coop.compiled.pricing import DRAWS, compiled_rates, inlined_recomputations, op_seconds, reprice, unwritten_seconds
+from coop.compiled.pricing import (
+    DRAWS,
+    compiled_rates,
+    inlined_recomputations,
+    op_seconds,
+    predicted_overhead,
+    reprice,
+    unwritten_seconds,
+)
 from coop.formulations.core.registry import solve
 from coop.graph import Graph
 from coop.graph_capture.cost import analytic_seconds
@@ -27,6 +35,7 @@ from coop.graph_capture.lower import Lowered
 from coop.graph_nodes import Node
 from coop.schedule import validate
 from coop.schedule_steps import Schedule
+from coop.simulator import Simulation
 
 #: the 2-core EPYC's rates at one thread on a quiet core (BENCHMARKS.md), with a per-op host cost to be dropped
 RATES = MachineRates(per_op_s=6.8e-6, flop_rate=6.6e10, bandwidth=5.9e10, parallel_s=3e-6, threads=1,
@@ -172,33 +181,64 @@ def test_the_measured_prices_recompute_what_the_brute_force_finds_cheapest(kind:
         assert _recomputed(graph, result.schedule) == cheapest
 
 
-def test_a_pointwise_value_inlined_into_its_one_backward_loop_reader_is_priced_without_its_buffer() -> None:
-    """``e = exp(a)``, ``s = sin(a)`` and ``c = cos(a)`` in the forward; the backward reads ``e`` in one ``mul`` (a
-    loop op: a recomputed ``e`` is computed inside it, never written), ``s`` in an ``mm`` (an extern kernel reads a
-    buffer) and ``c`` in two nodes. Only ``e`` is priced down, by its write and its reader's read (2 x 4 kB at
-    59 GB/s), counted here."""
-    nodes = _traced(lambda a, b: (torch.exp(a) * b, torch.sin(a) @ b, torch.cos(a) + b, torch.cos(a) * b),
-                    (32, 32), (32, 32))
-    names = {"e": nodes["aten.exp"], "s": nodes["aten.sin"], "c": nodes["aten.cos"], "mul": nodes["aten.mul"],
-             "mm": nodes["aten.mm"], "add": nodes["aten.add"]}
+def test_a_recomputed_pointwise_value_is_priced_without_the_buffers_inductor_fuses_away() -> None:
+    """``e = exp(a)``, ``s = sin(a)``, ``c = cos(a)`` and ``t = tan(a)`` in the forward, the first three read by one
+    forward ``add`` (a loop op: a value not saved need not be written), ``t`` by a forward ``mm`` (an extern kernel
+    reads a buffer); the backward reads ``e`` in one ``mul`` (a loop op: a recomputed ``e`` is computed inside it,
+    never written), ``s`` and ``t`` in an ``mm`` and ``c`` in two nodes. Hand-counted at 59 GB/s on 4 kB values:
+    ``e`` is priced down by its forward write and its backward write and read (3 x 4 kB), ``s`` and ``c`` by their
+    forward write (4 kB), ``t`` not at all; the four discounts are recorded, and a plan's predicted overhead is its
+    extra cost over the baseline with them added back."""
+    nodes = _traced(lambda a, b: (torch.exp(a) * b, torch.sin(a) @ b, torch.cos(a) + b, torch.cos(a) * b,
+                                  torch.tan(a)), (32, 32), (32, 32))
+    names = {"e": nodes["aten.exp"], "s": nodes["aten.sin"], "c": nodes["aten.cos"], "t": nodes["aten.tan"],
+             "mul": nodes["aten.mul"], "mm": nodes["aten.mm"], "add": nodes["aten.add"]}
     graph = Graph(name="g", nodes=(
         Node(id=0, name="a", mem=4096, cost=0, kind="input"),
         Node(id=1, name="e", inputs=(0,), mem=4096, cost=2e-6),
         Node(id=2, name="s", inputs=(0,), mem=4096, cost=2e-6),
         Node(id=3, name="c", inputs=(0,), mem=4096, cost=2e-6),
-        Node(id=4, name="loss", inputs=(1, 2, 3), mem=4, cost=1e-6),
+        Node(id=9, name="t", inputs=(0,), mem=4096, cost=2e-6),
+        Node(id=10, name="tmm", inputs=(9,), mem=4096, cost=1e-6),
+        Node(id=4, name="loss", inputs=(1, 2, 3, 10), mem=4, cost=1e-6),
         Node(id=5, name="mul", inputs=(4, 1), mem=4096, cost=1e-6, kind="backward"),
-        Node(id=6, name="mm", inputs=(4, 2), mem=4096, cost=1e-6, kind="backward"),
+        Node(id=6, name="mm", inputs=(4, 2, 9), mem=4096, cost=1e-6, kind="backward"),
         Node(id=7, name="add", inputs=(4, 3), mem=4096, cost=1e-6, kind="backward"),
         Node(id=8, name="mul2", inputs=(7, 3), mem=4096, cost=1e-6, kind="backward"),
     ), outputs=(4, 5, 6, 8))
-    fx_names = {1: [names["e"].name], 2: [names["s"].name], 3: [names["c"].name], 4: [names["add"].name],
-                5: [names["mul"].name], 6: [names["mm"].name], 7: [names["add"].name], 8: [names["mul"].name]}
+    fx_names = {1: [names["e"].name], 2: [names["s"].name], 3: [names["c"].name], 9: [names["t"].name],
+                10: [names["mm"].name], 4: [names["add"].name], 5: [names["mul"].name], 6: [names["mm"].name],
+                7: [names["add"].name], 8: [names["mul"].name]}
     lowered = Lowered(graph=graph, fx_names=fx_names, owner_of={}, node_flops={})
-    priced = inlined_recomputations(lowered, {n.name: n for n in names.values()}, compiled_rates(RATES)).graph
-    assert priced.meta["inlined_recomputations"] == [1]
-    assert priced.nodes[1].cost == pytest.approx(2e-6 - 2 * 4096 / 5.9e10)
-    assert [n.cost for n in priced.nodes[2:]] == [n.cost for n in graph.nodes[2:]]
+    priced = inlined_recomputations(lowered, {n.name: n for n in names.values()}, 5.9e10).graph
+    assert priced.meta["inlined_recomputations"] == [1, 2, 3]
+    cost = {n.name: n.cost for n in priced.nodes}
+    assert cost["e"] == pytest.approx(2e-6 - 3 * 4096 / 5.9e10)
+    assert cost["s"] == cost["c"] == pytest.approx(2e-6 - 4096 / 5.9e10)
+    assert cost["t"] == 2e-6 and cost["tmm"] == 1e-6 and cost["mul2"] == 1e-6
+    assert priced.meta["first_compute_discount_s"] == pytest.approx(5 * 4096 / 5.9e10)
+    simulation = Simulation(peak=0, cost=priced.baseline_cost + 1e-6, baseline_cost=priced.baseline_cost,
+                            memory=[], instances=[], recomputations=1)
+    assert predicted_overhead(priced, simulation) == pytest.approx(1e-6 / graph.baseline_cost)
+    assert predicted_overhead(priced, None) == 0.0
+
+
+def test_a_pointwise_value_is_priced_down_to_no_less_than_a_tenth() -> None:
+    """A cheap ``exp`` of 4 kB priced 0.1 us (below the 0.21 us of the traffic it saves) keeps a tenth of its
+    price."""
+    nodes = _traced(lambda a: torch.exp(a) * a, (32, 32))
+    exp, mul = nodes["aten.exp"], nodes["aten.mul"]
+    graph = Graph(name="g", nodes=(
+        Node(id=0, name="a", mem=4096, cost=0, kind="input"),
+        Node(id=1, name="e", inputs=(0,), mem=4096, cost=1e-7),
+        Node(id=2, name="loss", inputs=(1,), mem=4, cost=1e-6),
+        Node(id=3, name="mul", inputs=(2, 1), mem=4096, cost=1e-6, kind="backward"),
+    ), outputs=(2, 3))
+    lowered = Lowered(graph=graph, fx_names={1: [exp.name], 2: [mul.name], 3: [mul.name]}, owner_of={}, node_flops={})
+    priced = inlined_recomputations(lowered, {exp.name: exp, mul.name: mul}, 5.9e10).graph
+    assert priced.nodes[1].cost == pytest.approx(1e-8)
+    # and the 4-byte ``loss`` (a ``mul``, read by the backward's one ``mul``) by its backward write and read
+    assert priced.meta["first_compute_discount_s"] == pytest.approx(9e-8 + 2 * 4 / 5.9e10)
 
 
 def test_the_draws_pricing_prices_only_the_draws_at_the_measured_rates() -> None:

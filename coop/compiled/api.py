@@ -137,8 +137,9 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         them). A meta-device model is planned, not compiled for training (module docstring).
     pricing : str
         ``"nominal"`` (default): the capture's nominal rates; ``"draws"``: the random draws (inductor's, or eager's
-        mask draws) at this machine's measured price; ``"measured"``: every op of a CPU step as its compiled kernel runs here
-        (:mod:`coop.compiled.pricing`, :func:`coop.compiled.joint.lower_joint`; why nominal stays the default).
+        mask draws) at this machine's measured price; ``"fused"``: the draws so, and a recomputed pointwise value
+        priced without the buffers inductor's fusion never writes; ``"measured"``: every op of a CPU step as its
+        compiled kernel runs here (:mod:`coop.compiled.pricing`, :func:`coop.compiled.joint.lower_joint`).
     pin : bool or None
         Run the compiled kernels in coop's order (:mod:`coop.compiled.pin`: no fusion that would compute a value
         early across another kernel coop ran first). None (the default): inductor fuses and orders the kernels as it

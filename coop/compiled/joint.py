@@ -40,6 +40,7 @@ from coop.compiled.observed import Observation, inline_unbuffered
 from coop.compiled.pricing import DRAWS, inlined_recomputations, reprice, step_rates, unwritten_seconds
 from coop.errors import CoopError
 from coop.graph import Graph
+from coop.graph_capture.cost import BANDWIDTH
 from coop.graph_capture.lower import Lowered, lower
 from coop.graph_capture.trace import TracedStep
 
@@ -47,7 +48,7 @@ __all__ = ["JointGraph", "effect_nodes", "joint_outputs", "lower_joint", "views_
 
 TANGENT_OP = "tangent"
 #: ``lower_joint``'s pricings (:mod:`coop.compiled.pricing`)
-PRICINGS = ("draws", "measured", "nominal")
+PRICINGS = ("draws", "fused", "measured", "nominal")
 
 
 @dataclass
@@ -127,10 +128,11 @@ def lower_joint(gm: fx.GraphModule, num_fwd_outputs: int, static_indices: list[i
         readers and its temporaries charged as workspace (:mod:`coop.compiled.observed`).
     pricing : str
         ``"nominal"`` (default): the capture's nominal model; ``"draws"``: the nominal model, the random draws
-        (inductor's, or coop's mask draws of eager's) at this machine's measured price per element; ``"measured"``: every op of a CPU step at this
-        machine's compiled rates, and pointwise values inlined into their backward reader priced so
-        (:mod:`coop.compiled.pricing`, whose docstring says why neither is the default). A CUDA step is always
-        priced nominally.
+        (inductor's, or coop's mask draws of eager's) at this machine's measured price per element; ``"fused"``:
+        ``"draws"``, and each pointwise value the backward recomputes priced as inductor fuses it into its readers
+        (:func:`coop.compiled.pricing.inlined_recomputations`, at the nominal bandwidth); ``"measured"``: every op of
+        a CPU step at this machine's compiled rates, the fused recomputations so too (:mod:`coop.compiled.pricing`).
+        A CUDA step's draws are priced nominally.
     """
     if pricing not in PRICINGS:
         raise CoopError(f"coop.compile: pricing={pricing!r}; give one of {', '.join(PRICINGS)}")
@@ -177,8 +179,9 @@ def lower_joint(gm: fx.GraphModule, num_fwd_outputs: int, static_indices: list[i
         lowered, new_id = fuse_pointwise(lowered, fx_by_name, set(tangent_ids),
                                          unwritten_seconds(rates if pricing == "measured" else None))
         graph, tangent_ids = lowered.graph, tuple(new_id[t] for t in tangent_ids)
-        if rates is not None and pricing == "measured":
-            lowered = inlined_recomputations(lowered, fx_by_name, rates)
+        if pricing == "fused" or (rates is not None and pricing == "measured"):
+            bandwidth = rates.bandwidth if rates is not None and pricing == "measured" else BANDWIDTH
+            lowered = inlined_recomputations(lowered, fx_by_name, bandwidth)
             graph = lowered.graph
     inlined: frozenset[str] = frozenset()
     if observation is not None:

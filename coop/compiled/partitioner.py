@@ -30,6 +30,7 @@ from coop.compiled.inline_saved import recompute_saved_pointwise
 from coop.compiled.joint import JointGraph, lower_joint
 from coop.compiled.layout_copies import channels_last_copy_bytes
 from coop.compiled.observed import Observation
+from coop.compiled.pricing import predicted_overhead
 from coop.errors import CoopError, InfeasibleError, SolveTimeoutError
 from coop.formulations.core.progress import StageProgress
 from coop.formulations.core.registry import solve
@@ -66,7 +67,7 @@ class CompiledPlan:
         """Plain words: budget, predicted peak, overhead, what is saved and recomputed."""
         recomputed = self.partition.recomputed()
         sim = self.result.simulation
-        overhead = f"{100 * sim.overhead:.2f} %" if sim is not None else "n/a"
+        overhead = f"{100 * predicted_overhead(self.joint.graph, sim):.2f} %" if sim is not None else "n/a"
         return (f"{self.joint.graph.name}: {len(self.joint.graph.nodes)} nodes, budget {self.budget:,} B "
                 f"({self.budget / self.baseline_peak:.2f} of the peak {self.baseline_peak:,} B), predicted peak "
                 f"{self.peak:,} B, overhead {overhead} ({self.result.formulation}, {self.result.status}, "
@@ -211,7 +212,7 @@ class CoopPartitioner(CustomPartitionerFn):
             raise CoopError(f"coop.compile: the {result.formulation} schedule is not legal under the budget: "
                             f"{verdict.reason}")
         moved: tuple[int, ...] = ()
-        solver_overhead = result.simulation.overhead if result.simulation is not None else 0.0
+        solver_overhead = predicted_overhead(graph, result.simulation)
         if self.inline_saved:
             schedule, verdict, moved = recompute_saved_pointwise(joint, gm, result.schedule, budget)
             if moved:

@@ -41,9 +41,10 @@ from coop.graph import Graph
 from coop.graph_capture.cost import BANDWIDTH, analytic_seconds, bytes_moved, tensor_leaves
 from coop.graph_capture.host_cost import MachineRates, element_key, kernel_calls, machine_rates
 from coop.graph_capture.lower import Lowered
+from coop.simulator import Simulation, relative_overhead
 
-__all__ = ["COMPILED_KEYS", "DRAWS", "compiled_rates", "inlined_recomputations", "op_seconds", "reprice", "step_rates",
-           "unwritten_seconds"]
+__all__ = ["COMPILED_KEYS", "DRAWS", "compiled_rates", "inlined_recomputations", "op_seconds", "predicted_overhead",
+           "reprice", "step_rates", "unwritten_seconds"]
 
 #: compiled ops priced as an op of the calibration's table: inductor's draw (no eager kernel to time) as a Bernoulli
 #: draw, and coop's own mask draws (eager's draws, split from a dropout: :mod:`coop.graph_capture.random_ops`) as
@@ -190,17 +191,24 @@ def unwritten_seconds(rates: MachineRates | None) -> Callable[[fx.Node], float]:
     return seconds
 
 
-def inlined_recomputations(lowered: Lowered, fx_nodes: dict[str, fx.Node], rates: MachineRates) -> Lowered:
-    """The lowering with each pointwise forward value that inductor would inline into its one backward reader priced
-    as that inlined recomputation (in place; returned).
+def inlined_recomputations(lowered: Lowered, fx_nodes: dict[str, fx.Node], bandwidth: float) -> Lowered:
+    """The lowering with each pointwise forward value priced as inductor runs it when the backward recomputes it
+    (in place; returned).
 
-    A pointwise value (its node's own op pointwise: a fused group is priced as its last member's kernel) read in
-    the backward by exactly one node, a loop op (:func:`coop.compiled.fusion.is_loop_op`), is not written again when
-    the backward recomputes it: inductor computes it inside that reader's loop, which reads the value's inputs instead
-    of the value. Such a recomputation costs the value's compute without its write and its reader's read of it, so
-    its node's cost is lowered by ``2 x bytes / bandwidth`` (to no less than a tenth of it). The first compute is
-    lowered alike; every schedule computes each node at least once, so that shifts every plan's cost by the same
-    amount and only the price of recomputing changes.
+    A pointwise value (its node's own op pointwise: a fused group is priced as its last member's kernel) that the
+    backward reads costs, when the backward recomputes it, less than its nominal price (its inputs' read and its
+    write) says, in two ways:
+
+    * read by exactly one backward node, a loop op (:func:`coop.compiled.fusion.is_loop_op`), it is not written
+      again: inductor computes it inside that reader's loop, which reads the value's inputs instead of the value
+      (``2 x bytes / bandwidth`` less: its write and its reader's read);
+    * read by exactly one forward node, a loop op, the forward need not write it either: a value not saved for the
+      backward lives inside its forward reader's kernel (``bytes / bandwidth`` less: its write).
+
+    The node's cost is lowered by what applies (to no less than a tenth of it). Every compute of the node is so
+    lowered, the first too, so that recomputing it costs the lowered price, and the step's baseline is lowered by
+    the same amount for every schedule: that amount is recorded (``meta["first_compute_discount_s"]``) for
+    :func:`predicted_overhead` to add back to the step the overhead is a share of.
 
     Parameters
     ----------
@@ -208,32 +216,66 @@ def inlined_recomputations(lowered: Lowered, fx_nodes: dict[str, fx.Node], rates
         A joint graph's lowering after fusion (:func:`coop.compiled.fusion.fuse_pointwise`), tangents as nodes.
     fx_nodes : dict
         fx name -> the fx node of the graph ``lowered`` came from.
-    rates : MachineRates
-        Compiled rates (:func:`compiled_rates`).
+    bandwidth : float
+        Bytes per second the saved traffic is priced at (the nominal :data:`coop.graph_capture.cost.BANDWIDTH`, or
+        a calibration's).
 
     Returns
     -------
     Lowered
-        ``lowered``, with ``meta["inlined_recomputations"]`` the ids of the nodes so priced.
+        ``lowered``, with ``meta["inlined_recomputations"]`` the ids of the nodes so priced and
+        ``meta["first_compute_discount_s"]`` the seconds their first computes were lowered by.
     """
     graph = lowered.graph
-    backward_readers: dict[int, list[int]] = {node.id: [] for node in graph.nodes}
+    readers: dict[int, dict[str, list[int]]] = {node.id: {"forward": [], "backward": []} for node in graph.nodes}
     for node in graph.nodes:
-        if node.kind == "backward":
+        if node.kind in ("forward", "backward"):
             for source in node.inputs:
-                backward_readers[source].append(node.id)
-    nodes, priced = [], []
+                readers[source][node.kind].append(node.id)
+
+    def one_loop_reader(ids: list[int]) -> bool:
+        reader = fx_nodes.get(lowered.fx_names.get(ids[0], [""])[0]) if len(ids) == 1 else None
+        return reader is not None and is_loop_op(reader)
+
+    nodes, priced, discount = [], [], 0.0
     for node in graph.nodes:
-        readers = backward_readers[node.id]
         own = fx_nodes.get(lowered.fx_names.get(node.id, [""])[0])
-        reader = fx_nodes.get(lowered.fx_names.get(readers[0], [""])[0]) if len(readers) == 1 else None
+        backward = readers[node.id]["backward"]
         if (node.kind != "forward" or not node.recomputable or node.random or node.impls or own is None
-                or reader is None or not is_pointwise(own) or not is_loop_op(reader)):
+                or not backward or not is_pointwise(own)):
             nodes.append(node)
             continue
-        cost = max(node.cost - 2 * node.mem / rates.bandwidth, node.cost / 10)
+        saved_bytes = (2 * node.mem if one_loop_reader(backward) else 0)
+        saved_bytes += node.mem if one_loop_reader(readers[node.id]["forward"]) else 0
+        if not saved_bytes:
+            nodes.append(node)
+            continue
+        cost = max(node.cost - saved_bytes / bandwidth, node.cost / 10)
+        discount += node.cost - cost
         nodes.append(node.model_copy(update={"cost": cost}))
         priced.append(node.id)
-    meta = {**graph.meta, "inlined_recomputations": priced}
+    meta = {**graph.meta, "inlined_recomputations": priced, "first_compute_discount_s": discount}
     lowered.graph = Graph(name=graph.name, nodes=tuple(nodes), outputs=graph.outputs, order=graph.order, meta=meta)
     return lowered
+
+
+def predicted_overhead(graph: Graph, simulation: Simulation | None) -> float:
+    """A compiled plan's predicted recomputation overhead: its extra cost over the step's own.
+
+    Parameters
+    ----------
+    graph : Graph
+        The plan's Graph; its ``meta["first_compute_discount_s"]`` (:func:`inlined_recomputations`) is added back to
+        the baseline, which every schedule's first computes were priced below.
+    simulation : Simulation or None
+        The schedule's simulation (None: nothing planned, 0).
+
+    Returns
+    -------
+    float
+        ``(cost - baseline_cost) / (baseline_cost + discount)``.
+    """
+    if simulation is None:
+        return 0.0
+    step = simulation.baseline_cost + float(graph.meta.get("first_compute_discount_s", 0.0))
+    return relative_overhead(simulation.cost - simulation.baseline_cost, step)
