@@ -269,3 +269,33 @@ def test_coops_own_mask_draws_are_priced_as_the_tables_mask_draw(draw: str) -> N
     graph = Graph(name="g", nodes=(Node(id=0, name="draw", mem=2048, cost=1.0),), outputs=(0,))
     lowered = Lowered(graph=graph, fx_names={0: [node.name]}, owner_of={}, node_flops={})
     assert reprice(lowered, {node.name: node}, rates, only=DRAWS).graph.nodes[0].cost == pytest.approx(2048 * 11e-9)
+
+
+def test_the_fused_pricing_lowers_only_the_pointwise_values_it_names_and_records_what_it_took() -> None:
+    """A scaled sine's joint graph, lowered nominally and with ``pricing="fused"`` (no draw in it): the same
+    nodes, bytes and order; each node the fused pricing names costs less than its nominal price and no less than a
+    tenth of it, every other node costs the same, and the recorded discount is the nominal baseline less the fused
+    one."""
+    from coop.compiled.joint import lower_joint
+    from tests.test_compile import _joint_graph
+
+    class ScaledSine(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up, self.scale = torch.nn.Linear(16, 64), torch.nn.Parameter(torch.randn(64))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return (torch.sin(self.up(x)) * self.scale).sum()
+
+    torch.manual_seed(0)
+    gm, num_fwd, static = _joint_graph(ScaledSine(), torch.randn(8, 16))
+    nominal = lower_joint(gm, num_fwd, static).graph
+    fused = lower_joint(gm, num_fwd, static, pricing="fused").graph
+    named = set(fused.meta["inlined_recomputations"])
+    assert named and [n.mem for n in fused.nodes] == [n.mem for n in nominal.nodes]
+    for before, after in zip(nominal.nodes, fused.nodes, strict=True):
+        if before.id in named:
+            assert before.cost / 10 <= after.cost < before.cost
+        else:
+            assert after.cost == before.cost
+    assert fused.meta["first_compute_discount_s"] == pytest.approx(nominal.baseline_cost - fused.baseline_cost)
