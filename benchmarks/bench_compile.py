@@ -68,7 +68,6 @@ if str(REPO) not in sys.path:
 import itertools
 
 import coop
-from coop.compiled.pricing import predicted_overhead
 from coop.runtime.meter import cpu_allocation_peak
 from coop.zoo import LossStep, build
 
@@ -127,7 +126,7 @@ def _plan_fields(plan: Any) -> dict[str, Any]:
     discount = float(plan.joint.graph.meta.get("first_compute_discount_s", 0.0))
     return {"formulation": plan.result.formulation,
             "recomputed_gflop": round(_recomputed_flops(plan.joint.graph, plan.result.schedule) / 1e9, 3),
-            "predicted_overhead_pct": round(100 * predicted_overhead(plan.joint.graph, simulation), 2),
+            "predicted_overhead_pct": round(100 * plan.overhead, 2),
             "predicted_extra_ms": round(1000 * (simulation.cost - simulation.baseline_cost), 3),
             "predicted_base_ms": round(1000 * (simulation.baseline_cost + discount), 3)}
 

@@ -30,7 +30,7 @@ class _Step:
         self.held = held
         plan = SimpleNamespace(requested=BUDGET, budget=BUDGET, peak=BUDGET - 10, solver_overhead=0.0,
                                joint=SimpleNamespace(graph=SimpleNamespace(nodes=[], name="g", caller_owned_bytes=0)),
-                               result=SimpleNamespace(simulation=SimpleNamespace(overhead=0.0)))
+                               overhead=0.0, result=SimpleNamespace(simulation=SimpleNamespace(overhead=0.0)))
         self.coop_record = SimpleNamespace(layout_optimization=False, horizontal_fusion=False, addmm_folds=False,
                                            partitioner=SimpleNamespace(plans=[plan]), plans=[plan], rounds=[],
                                            observed_peak=lambda plan: None, pin=object() if pinned else None)

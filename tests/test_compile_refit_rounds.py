@@ -32,6 +32,7 @@ class _Step:
         self.held = held
         plan = SimpleNamespace(requested=BUDGET, budget=BUDGET, peak=BUDGET, solver_overhead=solver_overhead,
                                joint=SimpleNamespace(graph=SimpleNamespace(nodes=[], name="g", caller_owned_bytes=0)),
+                               overhead=overhead,
                                result=SimpleNamespace(simulation=SimpleNamespace(overhead=overhead)))
         # planned_at: the (floor, budget) the partitioner planned a refused graph at (None: refused before planning)
         floor, budget = planned_at or (None, None)

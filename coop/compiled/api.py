@@ -103,7 +103,7 @@ def partitioner(budget: str | float, *, formulation: str = "auto", time_limit: f
 def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
             time_limit: float = 30.0, threads: int = 2, example_batch: Any = None,
             loss_fn: Callable[[Any], torch.Tensor] | None = None, rounds: int = 3, progress: bool | None = None,
-            device: str | None = None, pricing: str = "nominal", pin: bool | None = None,
+            device: str | None = None, pricing: str = "fused", pin: bool | None = None,
             **compile_kwargs: Any) -> nn.Module:
     """``torch.compile(model, **compile_kwargs)`` with coop as inductor's partitioner (module docstring).
 
@@ -136,10 +136,11 @@ def compile(model: nn.Module, budget: str | float, *, formulation: str = "auto",
         For a meta-device model only: the device to plan for (``"cuda"``: values sized as its allocator holds
         them). A meta-device model is planned, not compiled for training (module docstring).
     pricing : str
-        ``"nominal"`` (default): the capture's nominal rates; ``"draws"``: the random draws (inductor's, or eager's
-        mask draws) at this machine's measured price; ``"fused"``: the draws so, and a recomputed pointwise value
-        priced without the buffers inductor's fusion never writes; ``"measured"``: every op of a CPU step as its
-        compiled kernel runs here (:mod:`coop.compiled.pricing`, :func:`coop.compiled.joint.lower_joint`).
+        ``"fused"`` (default): the capture's nominal rates, the random draws (inductor's, or eager's mask draws) at
+        this machine's measured price, and a recomputed pointwise value priced without the buffers inductor's fusion
+        never writes; ``"nominal"``: the nominal rates alone; ``"draws"``: those and the draws; ``"measured"``:
+        every op of a CPU step as its compiled kernel runs here (:mod:`coop.compiled.pricing`,
+        :func:`coop.compiled.joint.lower_joint`).
     pin : bool or None
         Run the compiled kernels in coop's order (:mod:`coop.compiled.pin`: no fusion that would compute a value
         early across another kernel coop ran first). None (the default): inductor fuses and orders the kernels as it

@@ -105,7 +105,7 @@ def _is_mutating(node: fx.Node) -> bool:
 
 def lower_joint(gm: fx.GraphModule, num_fwd_outputs: int, static_indices: list[int] | None,
                 name: str = "compiled", fuse: bool = True, device: torch.device | None = None,
-                observation: Observation | None = None, pricing: str = "nominal") -> JointGraph:
+                observation: Observation | None = None, pricing: str = "fused") -> JointGraph:
     """Lower inductor's joint graph to a coop Graph; refuse in one line what the compiled path cannot plan.
 
     Parameters
@@ -127,9 +127,9 @@ def lower_joint(gm: fx.GraphModule, num_fwd_outputs: int, static_indices: list[i
         What an earlier compiled round of this joint graph showed: its unbuffered values are inlined into their
         readers and its temporaries charged as workspace (:mod:`coop.compiled.observed`).
     pricing : str
-        ``"nominal"`` (default): the capture's nominal model; ``"draws"``: the nominal model, the random draws
-        (inductor's, or coop's mask draws of eager's) at this machine's measured price per element; ``"fused"``:
-        ``"draws"``, and each pointwise value the backward recomputes priced as inductor fuses it into its readers
+        ``"nominal"``: the capture's nominal model; ``"draws"``: the nominal model, the random draws
+        (inductor's, or coop's mask draws of eager's) at this machine's measured price per element; ``"fused"``
+        (default): ``"draws"``, and each pointwise value the backward recomputes priced as inductor fuses it into its readers
         (:func:`coop.compiled.pricing.inlined_recomputations`, at the nominal bandwidth); ``"measured"``: every op of
         a CPU step at this machine's compiled rates, the fused recomputations so too (:mod:`coop.compiled.pricing`).
         A CUDA step's draws are priced nominally.

@@ -57,6 +57,9 @@ class CompiledPlan:
     moved: tuple[str, ...] = ()
     #: the predicted overhead of the solver's own schedule, before those moves (what a larger budget could buy back)
     solver_overhead: float = 0.0
+    #: the plan's predicted recomputation overhead, those moves included (:func:`coop.compiled.pricing.
+    #: predicted_overhead`: a share of the step's cost)
+    overhead: float = 0.0
     #: the solver's result was an earlier round's, for the same Graph and budget (:class:`SolveMemo`)
     reused: bool = False
     #: bytes of the channels-last copies inductor makes of caller-owned convolution inputs where its layout
@@ -67,7 +70,7 @@ class CompiledPlan:
         """Plain words: budget, predicted peak, overhead, what is saved and recomputed."""
         recomputed = self.partition.recomputed()
         sim = self.result.simulation
-        overhead = f"{100 * predicted_overhead(self.joint.graph, sim):.2f} %" if sim is not None else "n/a"
+        overhead = f"{100 * self.overhead:.2f} %" if sim is not None else "n/a"
         return (f"{self.joint.graph.name}: {len(self.joint.graph.nodes)} nodes, budget {self.budget:,} B "
                 f"({self.budget / self.baseline_peak:.2f} of the peak {self.baseline_peak:,} B), predicted peak "
                 f"{self.peak:,} B, overhead {overhead} ({self.result.formulation}, {self.result.status}, "
@@ -123,9 +126,8 @@ class CoopPartitioner(CustomPartitionerFn):
         What an earlier compiled round of the same model showed inductor holds (:mod:`coop.compiled.observed`):
         the Graph is rebuilt from it before solving (``coop.compile``'s measured re-solve sets it).
     pricing : str
-        ``"nominal"`` (default): the capture's nominal rates; ``"draws"``: inductor's random draws at this machine's
-        measured price; ``"measured"``: every op of a CPU step as its compiled kernel runs here
-        (:mod:`coop.compiled.pricing`, :func:`coop.compiled.joint.lower_joint`; why nominal stays the default).
+        ``"fused"`` (default), ``"nominal"``, ``"draws"`` or ``"measured"``, as :func:`coop.compiled.joint.lower_joint`
+        takes them (:mod:`coop.compiled.pricing`).
     memo : SolveMemo or None
         Solver results shared by the rounds of one ``coop.compile``: a Graph and budget solved before is not solved
         again (None: every graph is solved).
@@ -141,7 +143,7 @@ class CoopPartitioner(CustomPartitionerFn):
 
     def __init__(self, budget: str | float, *, formulation: str = "auto", time_limit: float = 30.0,
                  threads: int = 2, shave: int = 0, fusion: bool = True, device: str | None = None,
-                 observation: Observation | None = None, pricing: str = "nominal", inline_saved: bool = True,
+                 observation: Observation | None = None, pricing: str = "fused", inline_saved: bool = True,
                  memo: SolveMemo | None = None, progress: StageProgress | None = None) -> None:
         if formulation in ("poet", "dynamic") or formulation.startswith("delta"):
             raise CoopError(f"coop.compile: formulation {formulation!r} pages or runs online, which compiled "
@@ -221,7 +223,8 @@ class CoopPartitioner(CustomPartitionerFn):
         plan = CompiledPlan(joint=joint, budget=budget, requested=requested, result=result, partition=partition,
                             peak=verdict.peak, baseline_peak=baseline_peak(graph), wall_s=time.perf_counter() - start,
                             moved=tuple(joint.lowered.fx_names[i][0] for i in moved),
-                            solver_overhead=solver_overhead, reused=known is not None,
+                            solver_overhead=solver_overhead, overhead=predicted_overhead(graph, result.simulation),
+                            reused=known is not None,
                             layout_copies=channels_last_copy_bytes(gm.graph))
         self.plans.append(plan)
         self.progress.stage(plan.summary())

@@ -48,7 +48,6 @@ from coop.budget import min_budget
 from coop.compiled.extern_scratch import match_calls, scratch_note
 from coop.compiled.measure import extern_calls, held_bytes, warm_up
 from coop.compiled.observed import Observation, observe_round
-from coop.compiled.pricing import predicted_overhead
 from coop.compiled.record import CompiledRecord, CompileRound
 from coop.errors import CoopError, OverBudgetError
 from coop.formulations.core.progress import StageProgress
@@ -390,10 +389,9 @@ class _Rounds:
 def _measured_round(record: CompiledRecord, plan: CompiledPlan, shave: int, held: int, reason: str,
                     observation: Observation | None) -> CompileRound:
     """The record of a round whose step was measured: its plan, what it held, and how it was compiled."""
-    overhead = predicted_overhead(plan.joint.graph, plan.result.simulation)
     return CompileRound(shave=shave, budget=plan.budget, predicted_peak=plan.peak, measured_peak=held, reason=reason,
                         observed_peak=record.observed_peak(plan),
-                        inlined=0 if observation is None else len(observation.inline), overhead=overhead,
+                        inlined=0 if observation is None else len(observation.inline), overhead=plan.overhead,
                         pinned=record.pin is not None, layout_optimization=record.layout_optimization,
                         horizontal_fusion=record.horizontal_fusion, addmm_folds=record.addmm_folds)
 
