@@ -4,12 +4,15 @@ The meter is not coop's: on CPU the allocator's own reports to ``torch.profiler`
 (:func:`coop.runtime.meter.cpu_allocation_peak`), on CUDA the caching allocator's peak reserved bytes. The step
 runs forward and backward on the real model, then puts back what it changed: the gradients (as they were, None
 included), the buffers (batch norm's running statistics) and the RNG state. :func:`extern_calls` profiles one more
-such step for the scratch extern kernels take inside themselves (:mod:`coop.compiled.extern_scratch`).
+such step for the scratch extern kernels take inside themselves (:mod:`coop.compiled.extern_scratch`);
+:func:`step_seconds` times a few more, the step a plan's predicted overhead is a share of.
 """
 
 from __future__ import annotations
 
 import contextlib
+import statistics
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -19,7 +22,10 @@ from torch import nn
 from coop.compiled.extern_scratch import KernelCall, profiled_calls
 from coop.runtime.meter import cpu_allocation_peak
 
-__all__ = ["extern_calls", "held_bytes", "step_loss", "warm_up"]
+__all__ = ["extern_calls", "held_bytes", "step_loss", "step_seconds", "warm_up"]
+
+#: steps :func:`step_seconds` times (the median is returned)
+TIMED_STEPS = 5
 
 
 def step_loss(module: nn.Module, batch: Any, loss_fn: Callable[[Any], torch.Tensor] | None) -> torch.Tensor:
@@ -162,3 +168,34 @@ def extern_calls(module: nn.Module, batch: Any,
     device = next((p.device.type for p in module.parameters()), "cpu")
     with _put_back(module), torch.random.fork_rng(devices=[] if device != "cuda" else None):
         return profiled_calls(lambda: step_loss(module, batch, loss_fn).backward(), device)
+
+
+def step_seconds(module: nn.Module, batch: Any, loss_fn: Callable[[Any], torch.Tensor] | None,
+                 steps: int = TIMED_STEPS) -> float:
+    """The median wall seconds of ``steps`` forward+backward steps of ``module`` (after :func:`warm_up`), each ended
+    when the device's queued kernels have run; gradients, buffers and the RNG are put back.
+
+    Parameters
+    ----------
+    module, batch, loss_fn
+        As :func:`held_bytes` takes them.
+    steps : int
+        The steps timed.
+
+    Returns
+    -------
+    float
+        Seconds.
+    """
+    devices = sorted({p.device for p in module.parameters() if p.device.type != "cpu"}, key=str)
+    times = []
+    with _put_back(module), torch.random.fork_rng(devices=[d for d in devices if d.type == "cuda"]):
+        for _ in range(steps):
+            start = time.perf_counter()
+            step_loss(module, batch, loss_fn).backward()
+            for device in devices:
+                torch.accelerator.synchronize(device)
+            times.append(time.perf_counter() - start)
+            for p in module.parameters():
+                p.grad = None
+    return statistics.median(times)

@@ -46,7 +46,7 @@ from torch._dynamo.exc import BackendCompilerFailed
 
 from coop.budget import min_budget
 from coop.compiled.extern_scratch import match_calls, scratch_note
-from coop.compiled.measure import extern_calls, held_bytes, warm_up
+from coop.compiled.measure import extern_calls, held_bytes, step_seconds, warm_up
 from coop.compiled.observed import Observation, observe_round
 from coop.compiled.record import CompiledRecord, CompileRound
 from coop.errors import CoopError, OverBudgetError
@@ -269,6 +269,7 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
     best.compiled.coop_record = best.record  # the wrappers share the model's attributes: its own record back
     if best.held > best.record.plans[-1].requested:
         raise _over_budget(best)
+    best.record.plans[-1].step_s = step_seconds(best.compiled, batch, loss_fn)
     progress.stage(f"coop.compile ready: round {best.index} of {len(best.record.rounds)}, held {best.held:,} B against "
                    f"{best.record.plans[-1].requested:,} B", final=True)
     return best.compiled
