@@ -265,6 +265,8 @@ def test_store_all_prediction_is_what_the_compiled_step_holds() -> None:
     assert plan.result.formulation == "store-all"
     assert not measured.layout_optimization  # no convolution: nothing to lay out, no layout switched on
     assert abs(plan.peak - measured.measured_peak) <= 0.01 * measured.measured_peak, (plan.peak, measured)
+    assert plan.step_s is not None and plan.step_s > 0  # the returned step was timed
+    assert plan.overhead_of_step == pytest.approx(plan.extra_s / (plan.step_s - plan.extra_s))
 
 
 def test_a_users_own_post_fusion_pass_is_left_in_place() -> None:

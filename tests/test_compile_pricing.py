@@ -299,3 +299,37 @@ def test_the_fused_pricing_lowers_only_the_pointwise_values_it_names_and_records
         else:
             assert after.cost == before.cost
     assert fused.meta["first_compute_discount_s"] == pytest.approx(nominal.baseline_cost - fused.baseline_cost)
+
+
+def test_the_overhead_of_the_timed_step_is_the_predicted_extra_over_the_step_without_it() -> None:
+    """A plan predicted to add 10 ms to a compiled step timed at 110 ms adds 10 % to the 100 ms step without its
+    recomputations (hand-counted); no timed step, or one no longer than the extra, gives no such share."""
+    from types import SimpleNamespace
+
+    from coop.compiled.partitioner import CompiledPlan
+
+    share = CompiledPlan.overhead_of_step.fget
+    assert share(SimpleNamespace(step_s=0.110, extra_s=0.010)) == pytest.approx(0.10)
+    assert share(SimpleNamespace(step_s=None, extra_s=0.010)) is None
+    assert share(SimpleNamespace(step_s=0.010, extra_s=0.010)) is None
+
+
+def test_a_timed_step_takes_at_least_what_its_forward_sleeps_and_puts_the_gradients_back() -> None:
+    """A module whose forward sleeps 20 ms: the median step is no shorter, and its gradient is as it was."""
+    import time
+
+    from coop.compiled.measure import step_seconds
+
+    class Sleepy(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            time.sleep(0.02)
+            return (self.w * x).sum()
+
+    module = Sleepy()
+    module.w.grad = torch.full((4,), 7.0)
+    assert step_seconds(module, torch.ones(4), None, steps=3) >= 0.02
+    assert torch.equal(module.w.grad, torch.full((4,), 7.0))

@@ -226,7 +226,9 @@ def fit_measured(compile_with: Callable[[int, Observation | None, int | None], n
     that switched to coop's: it measured inductor's scheduler, not a plan seeking the budget in the order run) and
     ``min(SLACK_ROUNDS, rounds - 1)`` more use the slack; the module docstring says which is returned (with its own record:
     torch.compile's wrappers of one model share their attributes). ``progress`` hears a line as each round starts
-    (with its reason) and one with what its step held.
+    (with its reason) and one with what its step held. The returned step is timed
+    (:func:`coop.compiled.measure.step_seconds`) into its plan's ``step_s``, of which the plan's predicted overhead is
+    also given as a share (``CompiledPlan.overhead_of_step``).
     """
     progress = progress or StageProgress(None)
     state = _Rounds(rounds=rounds, pin_after_miss=pin_after_miss)
