@@ -267,6 +267,7 @@ def test_store_all_prediction_is_what_the_compiled_step_holds() -> None:
     assert abs(plan.peak - measured.measured_peak) <= 0.01 * measured.measured_peak, (plan.peak, measured)
     assert plan.step_s is not None and plan.step_s > 0  # the returned step was timed
     assert plan.overhead_of_step == pytest.approx(plan.extra_s / (plan.step_s - plan.extra_s))
+    assert f"the step ran {1000 * plan.step_s:.2f} ms" in compiled.coop_record.summary()
 
 
 def test_a_users_own_post_fusion_pass_is_left_in_place() -> None:

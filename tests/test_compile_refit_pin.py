@@ -55,6 +55,7 @@ class _Compiler:
 def stand_ins(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(refit, "warm_up", lambda module, *args: [1])
     monkeypatch.setattr(refit, "held_bytes", lambda module, batch, loss_fn: module.held)
+    monkeypatch.setattr(refit, "step_seconds", lambda module, batch, loss_fn: 0.1)
     monkeypatch.setattr(refit, "_measured_scratch", lambda *args: {"mm": 64})
     monkeypatch.setattr(refit, "_observe", lambda record, plan, previous, scratch, keep_writing=False:
                         Observation(inline=frozenset({"tanh"})).with_scratch(scratch))

@@ -62,6 +62,7 @@ def _observe(record: Any, plan: Any, previous: Observation | None, scratch: dict
 def stand_ins(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(refit, "warm_up", _warm_up)
     monkeypatch.setattr(refit, "held_bytes", lambda module, batch, loss_fn: module.held)
+    monkeypatch.setattr(refit, "step_seconds", lambda module, batch, loss_fn: 0.1)
     monkeypatch.setattr(refit, "_measured_scratch", lambda *args: {})
     monkeypatch.setattr(refit, "_observe", _observe)
 

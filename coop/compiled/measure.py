@@ -180,7 +180,7 @@ def step_seconds(module: nn.Module, batch: Any, loss_fn: Callable[[Any], torch.T
     module, batch, loss_fn
         As :func:`held_bytes` takes them.
     steps : int
-        The steps timed.
+        How many steps to time; their median is returned.
 
     Returns
     -------

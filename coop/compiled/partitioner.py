@@ -90,8 +90,6 @@ class CompiledPlan:
         recomputed = self.partition.recomputed()
         sim = self.result.simulation
         overhead = f"{100 * self.overhead:.2f} %" if sim is not None else "n/a"
-        if self.overhead_of_step is not None:
-            overhead += f" ({100 * self.overhead_of_step:.2f} % of the measured step, {1000 * self.step_s:.2f} ms)"
         return (f"{self.joint.graph.name}: {len(self.joint.graph.nodes)} nodes, budget {self.budget:,} B "
                 f"({self.budget / self.baseline_peak:.2f} of the peak {self.baseline_peak:,} B), predicted peak "
                 f"{self.peak:,} B, overhead {overhead} ({self.result.formulation}, {self.result.status}, "

@@ -15,7 +15,8 @@ ops, and an extern kernel's call is inside the measured rates). Inductor's rando
 no eager kernel to time; it is priced as the table's ``aten.bernoulli`` (18 ns an element in eager at one thread on
 the machine above, against the compiled 14 ns). Only a CPU step is repriced: the calibration times CPU kernels.
 
-Neither pricing is ``coop.compile``'s default (``pricing="nominal"``), measured on 2026-11-29: with the draws priced
+Neither ``pricing="draws"`` nor ``pricing="measured"`` became the default on 2026-11-29 (the nominal model stayed it
+then; ``"fused"`` below is it now): with the draws priced
 right (``pricing="draws"``), BERT at 0.5 stopped recomputing them and recomputed eight ``addmm`` and two ``bmm``
 instead (0.570 GFLOP against 0.336), and none of its three rounds met the budget (18,159,240, 19,193,352 and
 18,405,384 B against 17,447,940 B; bench_compile's BERT worker, which also ran 255.39 ms against compile-amb's
@@ -28,15 +29,16 @@ them comes first.
 
 ``pricing="fused"``, the default since 2026-12-02, keeps the nominal model where it was right and corrects it where
 bench_compile measured it wrong (its coop.compile rows each timed against a coop.compile that recomputes nothing).
-The step without recomputation was priced right without dropout and a quarter low with eager's draws, which the
-nominal model prices by their bytes (GPT-2 at 0.5: 53.84 ms priced, 69.84 measured): the draws are priced as
-``"draws"`` prices them. A recomputed matmul cost what its FLOPs say, but a recomputed pointwise value was priced
+The step without recomputation was priced a quarter low with eager's draws, which the nominal model prices by their
+bytes (GPT-2 at 0.5: 53.84 ms priced, 69.84 measured): the draws are priced as ``"draws"`` prices them. A recomputed matmul cost what its FLOPs say, but a recomputed pointwise value was priced
 as if written and read again, where inductor computes it inside the kernels that read it: GPT-2 at 0.5 priced its
 recomputations 11.36 ms (6.25 of them pointwise) and measured 6.0. :func:`inlined_recomputations` prices those
 values without the buffers inductor then never writes. With both, the predicted overhead was within max(3 points,
-25 %) of the measured in 8 of 14 rows against the nominal 7 of 16 (BENCHMARKS.md, bench_compile, 2026-12-02), with
+25 %) of the measured in 8 of 15 rows against the nominal 7 of 16 (BENCHMARKS.md, bench_compile, 2026-12-02), with
 every bar of the benchmark held; the misses are rows recomputing under 0.07 GFLOP, whose measured overhead (-4 to
-+3 %) is within the timing's noise, and GPT-2, whose step is priced 18 % low beside a second worker.
++3 %) is within the timing's noise, and the step's own price, low without dropout too (LLaMA 42.83 ms against
+54-62 measured, ResNet 2.33 against 7.79, whose recomputation was priced 0.43 ms and measured 0.43): so a compiled
+plan also gives its predicted extra as a share of its measured step (``CompiledPlan.overhead_of_step``).
 """
 
 from __future__ import annotations

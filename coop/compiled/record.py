@@ -110,4 +110,9 @@ class CompiledRecord:
             lines.append(f"round {number}: {r.reason}; budget {r.budget:,} B (shave {r.shave:,} B), predicted "
                          f"{r.predicted_peak:,} B, {measured}{observed}")
         lines.append(self.pin.describe() if self.pin is not None else "kernels in inductor's order (not pinned)")
+        timed = [plan for plan in self.plans if plan.overhead_of_step is not None]
+        if timed:
+            plan = timed[-1]
+            lines.append(f"the step ran {1000 * plan.step_s:.2f} ms (median of the timed steps); its recomputation "
+                         f"{100 * plan.overhead_of_step:.2f} % of the step without it, predicted")
         return "\n".join(lines)
