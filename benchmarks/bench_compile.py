@@ -127,7 +127,7 @@ def _plan_fields(plan: Any) -> dict[str, Any]:
     return {"formulation": plan.result.formulation,
             "recomputed_gflop": round(_recomputed_flops(plan.joint.graph, plan.result.schedule) / 1e9, 3),
             "predicted_overhead_pct": round(100 * plan.overhead, 2),
-            "predicted_extra_ms": round(1000 * (simulation.cost - simulation.baseline_cost), 3),
+            "predicted_extra_ms": round(1000 * plan.extra_s, 3),
             "predicted_base_ms": round(1000 * (simulation.baseline_cost + discount), 3),
             **({} if plan.overhead_of_step is None else
                {"predicted_of_step_pct": round(100 * plan.overhead_of_step, 2),
