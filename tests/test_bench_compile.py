@@ -205,8 +205,8 @@ def test_the_head_to_head_loop_alternates_skips_warm_up_and_stops_at_its_bounds(
     for a_s, b_s, rounds in ((2.0, 3.0, bench.PAIR_STEPS), (1e-6, 2e-6, bench.PAIR_MAX_STEPS)):
         clock, log = [0.0], []
         a, b = _Counted("a", a_s, clock, log), _Counted("b", b_s, clock, log)
-        a_ms, b_ms, timed = bench.time_head_to_head((a, a.run), (b, b.run), clock=lambda clock=clock: clock[0])
-        assert (a_ms, b_ms, timed) == (round(1000 * a_s, 2), round(1000 * b_s, 2), rounds)
+        a_ms, b_ms, timed, ratio = bench.time_head_to_head((a, a.run), (b, b.run), clock=lambda clock=clock: clock[0])
+        assert (a_ms, b_ms, timed, ratio) == (round(1000 * a_s, 2), round(1000 * b_s, 2), rounds, round(a_s / b_s, 5))
         assert log[:6] == ["a", "b", "b", "a", "a", "b"] and len(log) == 2 * (rounds + 2)
 
 
@@ -266,4 +266,33 @@ def test_a_recomputing_rows_overhead_is_measured_against_the_store_all_step() ->
     judged = {r["share"]: (r["measured_overhead_pct"], r["prediction_ok"]) for r in rows if "prediction_ok" in r}
     assert judged == {0.5: (10.0, True), 0.7: (10.0, False)}
     assert bench.bars(rows)["prediction_within"] == "1/2"
-    assert "| m | coop.compile | 0.5 | 0.3 | 9.0 | 10.0 | 1100.0 / 1000.0 (21) | yes | - |" in bench.markdown(rows)
+    assert "| m | coop.compile | 0.5 | 0.3 | 9.0 | 10.0 | 1100.0 / 1000.0 (63) | yes | - |" in bench.markdown(rows)
+
+
+class _Scripted(torch.nn.Module):
+    """A variant whose n-th step takes the n-th of the given seconds on a fake clock."""
+
+    def __init__(self, seconds: list[float], clock: list[float]) -> None:
+        super().__init__()
+        self.seconds, self.clock = list(seconds), clock
+
+    def run(self) -> None:
+        self.clock[0] += self.seconds.pop(0)
+
+
+def test_the_measured_overhead_is_the_median_of_the_rounds_ratios() -> None:
+    """Rounds whose two steps move together: coop's times 1, 2, 4 s against the store-all step's 1.1, 4, 2 s, 21 times
+    over (after two warm-up rounds: the pair's least rounds, ``OVERHEAD_STEPS``, three times a compared pair's). Each
+    one's median is 2 s (a ratio of the medians: 0 %); the rounds' ratios are 0.909, 0.5 and 2, 21 each, whose median
+    is 1 / 1.1: -9.1 %."""
+    clock = [0.0]
+    coop_step = _Scripted([5.0, 5.0] + [1.0, 2.0, 4.0] * 21, clock)
+    store_all = _Scripted([5.0, 5.0] + [1.1, 4.0, 2.0] * 21, clock)
+    variants = {"coop.compile@0.5": (coop_step, coop_step.run), "coop.compile-store-all": (store_all, store_all.run)}
+    rows = [dict(_coop("m", 0.5, 19_000_000, 110.0), recomputed_gflop=0.3, predicted_overhead_pct=-9.0),
+            {"model": "m", "variant": "coop.compile-store-all", "budget": 80_000_000, "held": 38_000_000, "ms": 100.0}]
+    bench.time_compared_pairs(variants, rows, clock=lambda: clock[0])
+    assert (rows[0]["h2h_vs_store_all_ms"], rows[0]["h2h_store_all_ms"], rows[0]["h2h_store_all_rounds"]) == \
+        (2000.0, 2000.0, 63)
+    assert (rows[0]["measured_overhead_pct"], rows[0]["prediction_ok"]) == (-9.1, True)
+    assert not coop_step.seconds and not store_all.seconds

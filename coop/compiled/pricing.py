@@ -58,7 +58,7 @@ from coop.graph_capture.lower import Lowered
 from coop.simulator import Simulation, relative_overhead
 
 __all__ = ["COMPILED_KEYS", "DRAWS", "compiled_rates", "inlined_recomputations", "op_seconds", "predicted_overhead",
-           "reprice", "step_rates", "unwritten_seconds"]
+           "predicted_step_seconds", "reprice", "step_rates", "unwritten_seconds"]
 
 #: compiled ops priced as an op of the calibration's table: inductor's draw (no eager kernel to time) as a Bernoulli
 #: draw, and coop's own mask draws (eager's draws, split from a dropout: :mod:`coop.graph_capture.random_ops`) as
@@ -273,23 +273,40 @@ def inlined_recomputations(lowered: Lowered, fx_nodes: dict[str, fx.Node], bandw
     return lowered
 
 
+def predicted_step_seconds(graph: Graph, simulation: Simulation) -> float:
+    """A compiled plan's predicted step without recomputation: the simulation's baseline plus the discount its first
+    computes were priced below (``meta["first_compute_discount_s"]``, :func:`inlined_recomputations`).
+
+    Parameters
+    ----------
+    graph : Graph
+        The plan's Graph.
+    simulation : Simulation
+        The schedule's simulation.
+
+    Returns
+    -------
+    float
+        Seconds, in the Graph's cost unit.
+    """
+    return simulation.baseline_cost + float(graph.meta.get("first_compute_discount_s", 0.0))
+
+
 def predicted_overhead(graph: Graph, simulation: Simulation | None) -> float:
     """A compiled plan's predicted recomputation overhead: its extra cost over the step's own.
 
     Parameters
     ----------
     graph : Graph
-        The plan's Graph; its ``meta["first_compute_discount_s"]`` (:func:`inlined_recomputations`) is added back to
-        the baseline, which every schedule's first computes were priced below.
+        The plan's Graph (:func:`predicted_step_seconds` reads its first computes' discount).
     simulation : Simulation or None
         The schedule's simulation (None: nothing planned, 0).
 
     Returns
     -------
     float
-        ``(cost - baseline_cost) / (baseline_cost + discount)``.
+        ``(cost - baseline_cost) / predicted_step_seconds``.
     """
     if simulation is None:
         return 0.0
-    step = simulation.baseline_cost + float(graph.meta.get("first_compute_discount_s", 0.0))
-    return relative_overhead(simulation.cost - simulation.baseline_cost, step)
+    return relative_overhead(simulation.cost - simulation.baseline_cost, predicted_step_seconds(graph, simulation))
