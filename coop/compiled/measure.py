@@ -78,6 +78,13 @@ def _put_back(module: nn.Module) -> Iterator[None]:
                 b.copy_(buffers[name])
 
 
+def _rng_kept(module: nn.Module) -> contextlib.AbstractContextManager[None]:
+    """Inside, the step's random draws; after, the CPU generator (and, for a model with CUDA parameters, the CUDA
+    generators) as they were."""
+    cuda = any(p.device.type == "cuda" for p in module.parameters())
+    return torch.random.fork_rng(devices=None if cuda else [])
+
+
 def warm_up(module: nn.Module, batch: Any, loss_fn: Callable[[Any], torch.Tensor] | None,
             compilations: Callable[[], int], most: int = 3) -> list[int]:
     """Unmetered steps until one compiles nothing new (at most ``most``); per step that compiled, how many graphs.
@@ -103,14 +110,12 @@ def warm_up(module: nn.Module, batch: Any, loss_fn: Callable[[Any], torch.Tensor
         For each step that compiled, in order, the graphs it compiled (empty: none compiled).
     """
     compiled: list[int] = []
-    devices = [] if all(p.device.type != "cuda" for p in module.parameters()) else None
     with _put_back(module):
         for _ in range(most):
             before = compilations()
-            with torch.random.fork_rng(devices=devices):
+            with _rng_kept(module):
                 step_loss(module, batch, loss_fn).backward()
-            for p in module.parameters():
-                p.grad = None
+            module.zero_grad(set_to_none=True)
             if compilations() == before:
                 break
             compiled.append(compilations() - before)
@@ -166,14 +171,15 @@ def extern_calls(module: nn.Module, batch: Any,
         Per compiled graph call, in order, its ATen calls; None while another profiler runs.
     """
     device = next((p.device.type for p in module.parameters()), "cpu")
-    with _put_back(module), torch.random.fork_rng(devices=[] if device != "cuda" else None):
+    with _put_back(module), _rng_kept(module):
         return profiled_calls(lambda: step_loss(module, batch, loss_fn).backward(), device)
 
 
 def step_seconds(module: nn.Module, batch: Any, loss_fn: Callable[[Any], torch.Tensor] | None,
                  steps: int = TIMED_STEPS) -> float:
-    """The median wall seconds of ``steps`` forward+backward steps of ``module`` (after :func:`warm_up`), each ended
-    when the device's queued kernels have run; gradients, buffers and the RNG are put back.
+    """The median wall seconds of ``steps`` forward+backward steps of ``module`` (already warmed up:
+    :func:`warm_up`), each ended when the device's queued kernels have run; gradients, buffers and the RNG are put
+    back.
 
     Parameters
     ----------
@@ -188,13 +194,12 @@ def step_seconds(module: nn.Module, batch: Any, loss_fn: Callable[[Any], torch.T
         Seconds.
     """
     times = []
-    with _put_back(module), torch.random.fork_rng():
+    with _put_back(module), _rng_kept(module):
         for _ in range(steps):
             start = time.perf_counter()
             loss = step_loss(module, batch, loss_fn)
             loss.backward()
             loss.item()  # one path on every device: the read waits for the kernels queued before it on its stream
             times.append(time.perf_counter() - start)
-            for p in module.parameters():
-                p.grad = None
+            module.zero_grad(set_to_none=True)
     return statistics.median(times)

@@ -30,8 +30,8 @@ them comes first.
 ``pricing="fused"``, the default since 2026-12-02, keeps the nominal model where it was right and corrects it where
 bench_compile measured it wrong (its coop.compile rows each timed against a coop.compile that recomputes nothing).
 The step without recomputation was priced a quarter low with eager's draws, which the nominal model prices by their
-bytes (GPT-2 at 0.5: 53.84 ms priced, 69.84 measured): the draws are priced as ``"draws"`` prices them. A recomputed matmul cost what its FLOPs say, but a recomputed pointwise value was priced
-as if written and read again, where inductor computes it inside the kernels that read it: GPT-2 at 0.5 priced its
+bytes (GPT-2 at 0.5: 53.84 ms priced, 69.84 measured): the draws are priced as ``"draws"`` prices them. A recomputed
+matmul cost what its FLOPs say, but a recomputed pointwise value was priced as if written and read again, where inductor computes it inside the kernels that read it: GPT-2 at 0.5 priced its
 recomputations 11.36 ms (6.25 of them pointwise) and measured 6.0. :func:`inlined_recomputations` prices those
 values without the buffers inductor then never writes. With both, the predicted overhead was within max(3 points,
 25 %) of the measured in 8 of 15 rows against the nominal 7 of 16 (BENCHMARKS.md, bench_compile, 2026-12-02), with
