@@ -24,9 +24,13 @@ from coop.compiled.pricing import (
     inlined_recomputations,
     op_seconds,
     predicted_overhead,
+    predicted_step_seconds,
+    recomputation_rates,
+    recomputations_at_rates,
     reprice,
     unwritten_seconds,
 )
+from coop.errors import CoopError
 from coop.formulations.core.registry import solve
 from coop.graph import Graph
 from coop.graph_capture.cost import analytic_seconds
@@ -271,24 +275,34 @@ def test_coops_own_mask_draws_are_priced_as_the_tables_mask_draw(draw: str) -> N
     assert reprice(lowered, {node.name: node}, rates, only=DRAWS).graph.nodes[0].cost == pytest.approx(2048 * 11e-9)
 
 
-def test_the_fused_pricing_lowers_only_the_pointwise_values_it_names_and_records_what_it_took() -> None:
-    """A scaled sine's joint graph, lowered nominally and with ``pricing="fused"`` (no draw in it): the same
-    nodes, bytes and order; each node the fused pricing names costs less than its nominal price and no less than a
-    tenth of it, every other node costs the same, and the recorded discount is the nominal baseline less the fused
-    one."""
-    from coop.compiled.joint import lower_joint
+class ScaledSine(torch.nn.Module):
+    """``sum(sin(linear(x)) * scale)``: a matmul, a pointwise value the backward reads in one loop op, no draw."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.scale = torch.nn.Linear(16, 64), torch.nn.Parameter(torch.randn(64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (torch.sin(self.up(x)) * self.scale).sum()
+
+
+def _scaled_sine_joint() -> tuple[fx.GraphModule, int, list[int]]:
     from tests.test_compile import _joint_graph
 
-    class ScaledSine(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.up, self.scale = torch.nn.Linear(16, 64), torch.nn.Parameter(torch.randn(64))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return (torch.sin(self.up(x)) * self.scale).sum()
-
     torch.manual_seed(0)
-    gm, num_fwd, static = _joint_graph(ScaledSine(), torch.randn(8, 16))
+    return _joint_graph(ScaledSine(), torch.randn(8, 16))
+
+
+def test_the_fused_pricing_lowers_only_the_pointwise_values_it_names_and_records_what_it_took(monkeypatch) -> None:
+    """A scaled sine's joint graph on a step without measured rates (as a CUDA step), lowered nominally and with
+    ``pricing="fused"`` (no draw in it): the same nodes, bytes and order; each node the fused pricing names costs
+    less than its nominal price and no less than a tenth of it, every other node costs the same, and the recorded
+    discount is the nominal baseline less the fused one."""
+    from coop.compiled import joint
+    from coop.compiled.joint import lower_joint
+
+    monkeypatch.setattr(joint, "step_rates", lambda placeholders, device: None)
+    gm, num_fwd, static = _scaled_sine_joint()
     nominal = lower_joint(gm, num_fwd, static, pricing="nominal").graph
     fused = lower_joint(gm, num_fwd, static, pricing="fused").graph
     named = set(fused.meta["inlined_recomputations"])
@@ -299,6 +313,65 @@ def test_the_fused_pricing_lowers_only_the_pointwise_values_it_names_and_records
         else:
             assert after.cost == before.cost
     assert fused.meta["first_compute_discount_s"] == pytest.approx(nominal.baseline_cost - fused.baseline_cost)
+
+
+def test_the_recomputation_rates_keep_the_draws_table_and_price_every_other_op_by_its_flops_and_bytes() -> None:
+    """At the recomputation rates an ``exp`` of 1,024 floats costs its 8 kB at 59 GB/s (0.14 us), not the table's
+    1.48 ns an element (1.5 us); the draw keeps its 18.3 ns an element and a convolution its fitted rates."""
+    rates = dataclasses.replace(compiled_rates(RATES), fitted={"aten.convolution": (5e-5, 1e-11)})
+    nodes = _traced(lambda x, w: torch.exp(x @ w) + _draw(x @ w), (64, 32), (32, 16))
+    recompute = recomputation_rates(rates)
+    assert op_seconds(nodes["aten.exp"], 0, recompute) == pytest.approx(2 * 4096 / 5.9e10)
+    assert op_seconds(nodes["prims.inductor_random"], 0, recompute) == pytest.approx(1024 * 18.3e-9)
+    assert recompute.fitted == rates.fitted and recompute.flop_rate == 6.6e10
+
+
+def test_a_recomputation_is_priced_at_the_rates_and_the_step_as_before() -> None:
+    """Two pricings of one hand-built Graph: each recomputable node takes the second's cost, the input and the tangent
+    keep theirs, the discount grows by the difference (2 - 0.5 + 1 - 0.25 on top of the 0.5 recorded), so that the
+    step is priced as before (5.5 = 3 + 2.5) while a recomputation of ``m`` costs 0.5; Graphs of different sizes are
+    refused."""
+    def graph(m: float, e: float, meta: dict) -> Graph:
+        return Graph(name="g", nodes=(
+            Node(id=0, name="x", mem=4, cost=0, kind="input"),
+            Node(id=1, name="m", inputs=(0,), mem=4, cost=m),
+            Node(id=2, name="e", inputs=(1,), mem=4, cost=e),
+            Node(id=3, name="tangent", inputs=(2,), mem=4, cost=0.0, kind="backward", recomputable=False),
+            Node(id=4, name="g", inputs=(3, 1), mem=4, cost=2.0, kind="backward"),
+        ), outputs=(2, 4), meta=meta)
+
+    priced = Lowered(graph=graph(2.0, 1.0, {"first_compute_discount_s": 0.5}), fx_names={}, owner_of={}, node_flops={})
+    at_rates = graph(0.5, 0.25, {"compiled_rates": {"bandwidth": 1.0}})
+    result = recomputations_at_rates(priced, at_rates).graph
+    assert [n.cost for n in result.nodes] == [0.0, 0.5, 0.25, 0.0, 2.0]
+    assert result.meta["first_compute_discount_s"] == pytest.approx(0.5 + 1.5 + 0.75)
+    assert result.meta["recomputation_rates"] == {"bandwidth": 1.0}
+    simulation = Simulation(peak=0, cost=result.baseline_cost + 0.5, baseline_cost=result.baseline_cost, memory=[],
+                            instances=[], recomputations=1)
+    assert predicted_step_seconds(result, simulation) == pytest.approx(2.0 + 1.0 + 2.0 + 0.5)
+    assert predicted_overhead(result, simulation) == pytest.approx(0.5 / 5.5)
+    shorter = Graph(name="g", nodes=at_rates.nodes[:3], outputs=(2,))
+    with pytest.raises(CoopError, match="fused it differently"):
+        recomputations_at_rates(Lowered(graph=graph(2.0, 1.0, {}), fx_names={}, owner_of={}, node_flops={}), shorter)
+
+
+def test_the_fused_pricing_prices_a_cpu_steps_recomputations_at_the_measured_rates(monkeypatch) -> None:
+    """The scaled sine's joint graph at the hand-made rates: the forward ``addmm`` (16,384 FLOPs; bias, input and
+    weight read, 8 x 64 floats written) costs what the rates say, counted here, the ``sin`` its inlined tenth of
+    its 8 kB at 59 GB/s; the step (baseline plus discount) is priced as on a step without rates."""
+    from coop.compiled import joint
+    from coop.compiled.joint import lower_joint
+
+    gm, num_fwd, static = _scaled_sine_joint()
+    monkeypatch.setattr(joint, "step_rates", lambda placeholders, device: None)
+    without = lower_joint(gm, num_fwd, static, pricing="fused").graph
+    monkeypatch.setattr(joint, "step_rates", lambda placeholders, device: compiled_rates(RATES))
+    fused = lower_joint(gm, num_fwd, static, pricing="fused").graph
+    cost = {n.name: n.cost for n in fused.nodes}
+    assert cost["addmm"] == pytest.approx(16384 / 6.6e10 + 4 * (64 + 8 * 16 + 16 * 64 + 8 * 64) / 5.9e10)
+    assert cost["sin"] == pytest.approx(2 * 4 * 8 * 64 / 5.9e10 / 10)
+    assert (fused.baseline_cost + fused.meta["first_compute_discount_s"]
+            == pytest.approx(without.baseline_cost + without.meta["first_compute_discount_s"]))
 
 
 def test_the_overhead_of_the_timed_step_is_the_predicted_extra_over_the_step_without_it() -> None:

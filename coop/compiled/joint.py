@@ -30,17 +30,26 @@ copy of the joint graph with three changes that give the compiled step's semanti
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import fx
 
 from coop.compiled.fusion import fuse_pointwise
 from coop.compiled.observed import Observation, inline_unbuffered
-from coop.compiled.pricing import DRAWS, inlined_recomputations, reprice, step_rates, unwritten_seconds
+from coop.compiled.pricing import (
+    DRAWS,
+    inlined_recomputations,
+    recomputation_rates,
+    recomputations_at_rates,
+    reprice,
+    step_rates,
+    unwritten_seconds,
+)
 from coop.errors import CoopError
 from coop.graph import Graph
 from coop.graph_capture.cost import BANDWIDTH
+from coop.graph_capture.host_cost import MachineRates
 from coop.graph_capture.lower import Lowered, lower
 from coop.graph_capture.trace import TracedStep
 
@@ -130,7 +139,9 @@ def lower_joint(gm: fx.GraphModule, num_fwd_outputs: int, static_indices: list[i
         ``"nominal"``: the capture's nominal model; ``"draws"``: the nominal model, the random draws
         (inductor's, or coop's mask draws of eager's) at this machine's measured price per element; ``"fused"``
         (default): ``"draws"``, and each pointwise value the backward recomputes priced as inductor fuses it into its readers
-        (:func:`coop.compiled.pricing.inlined_recomputations`, at the nominal bandwidth); ``"measured"``: every op of
+        (:func:`coop.compiled.pricing.inlined_recomputations`, at the nominal bandwidth); on a CPU step each
+        recomputation is priced at this machine's measured rates instead, the step's first computes as before
+        (:func:`coop.compiled.pricing.recomputations_at_rates`); ``"measured"``: every op of
         a CPU step at this machine's compiled rates, the fused recomputations so too (:mod:`coop.compiled.pricing`).
         A CUDA step's draws are priced nominally.
     """
@@ -171,18 +182,20 @@ def lower_joint(gm: fx.GraphModule, num_fwd_outputs: int, static_indices: list[i
     lowered = lower(traced, labels, name, allocated_on=device)
     rates = step_rates(placeholders, device) if pricing != "nominal" else None
     fx_by_name = {n.name: n for n in copied.nodes}
-    if rates is not None:
-        lowered = reprice(lowered, fx_by_name, rates, only=None if pricing == "measured" else DRAWS)
-    graph, tangent_ids = _tangents_after_forward(lowered, placeholders)
-    lowered.graph = graph
-    if fuse:
-        lowered, new_id = fuse_pointwise(lowered, fx_by_name, set(tangent_ids),
-                                         unwritten_seconds(rates if pricing == "measured" else None))
-        graph, tangent_ids = lowered.graph, tuple(new_id[t] for t in tangent_ids)
-        if pricing == "fused" or (rates is not None and pricing == "measured"):
-            bandwidth = rates.bandwidth if rates is not None and pricing == "measured" else BANDWIDTH
-            lowered = inlined_recomputations(lowered, fx_by_name, bandwidth)
-            graph = lowered.graph
+    at_rates = None
+    if pricing == "fused" and fuse and rates is not None:  # the recomputations' prices (module docstring)
+        at_rates, _ = _priced_lowering(replace(lowered), fx_by_name, placeholders, recomputation_rates(rates),
+                                       only=None, fuse=True, fused_rates=rates, inline_bandwidth=rates.bandwidth)
+    inline_bandwidth = None
+    if fuse and (pricing == "fused" or (rates is not None and pricing == "measured")):
+        inline_bandwidth = rates.bandwidth if rates is not None and pricing == "measured" else BANDWIDTH
+    lowered, tangent_ids = _priced_lowering(lowered, fx_by_name, placeholders, rates,
+                                            only=None if pricing == "measured" else DRAWS, fuse=fuse,
+                                            fused_rates=rates if pricing == "measured" else None,
+                                            inline_bandwidth=inline_bandwidth)
+    if at_rates is not None:
+        lowered = recomputations_at_rates(lowered, at_rates.graph)
+    graph = lowered.graph
     inlined: frozenset[str] = frozenset()
     if observation is not None:
         rebuilt = inline_unbuffered(lowered, {n.name: n for n in copied.nodes}, observation, set(tangent_ids))
@@ -191,6 +204,24 @@ def lower_joint(gm: fx.GraphModule, num_fwd_outputs: int, static_indices: list[i
     return JointGraph(graph=graph, lowered=lowered, tangent_ids=tangent_ids, num_fwd_outputs=num_fwd_outputs,
                       effects=tuple(e.name for e in effects),
                       values={n.name: n.meta.get("val") for n in gm.graph.nodes}, inlined=inlined)
+
+
+def _priced_lowering(lowered: Lowered, fx_nodes: dict[str, fx.Node], placeholders: list[fx.Node],
+                     rates: MachineRates | None, only: frozenset[str] | None, fuse: bool,
+                     fused_rates: MachineRates | None, inline_bandwidth: float | None) -> tuple[Lowered, tuple[int, ...]]:
+    """The lowering priced (``rates``: :func:`coop.compiled.pricing.reprice` of the ops ``only`` names; None keeps
+    the nominal model), its tangents made nodes, its pointwise values fused (the unwritten traffic at
+    ``fused_rates``' bandwidth, None: nominal) and its recomputed pointwise values priced as inlined at
+    ``inline_bandwidth`` (None: not so priced); and the tangents' node ids."""
+    if rates is not None:
+        lowered = reprice(lowered, fx_nodes, rates, only=only)
+    lowered.graph, tangent_ids = _tangents_after_forward(lowered, placeholders)
+    if fuse:
+        lowered, new_id = fuse_pointwise(lowered, fx_nodes, set(tangent_ids), unwritten_seconds(fused_rates))
+        tangent_ids = tuple(new_id[t] for t in tangent_ids)
+        if inline_bandwidth is not None:
+            lowered = inlined_recomputations(lowered, fx_nodes, inline_bandwidth)
+    return lowered, tangent_ids
 
 
 def views_share_storage(graph: fx.Graph) -> list[str]:

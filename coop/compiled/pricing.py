@@ -39,7 +39,20 @@ every bar of the benchmark held; the misses are rows recomputing under 0.07 GFLO
 +3 %) is within the timing's noise, and the step's own price, low without dropout too (LLaMA 42.83 ms against
 54-62 measured, ResNet 2.33 against 7.79, whose recomputation was priced 0.43 ms and measured 0.43): so a compiled
 plan also gives its predicted extra as a share of its measured step (``CompiledPlan.overhead_of_step``).
-"""
+
+
+On a CPU step ``"fused"`` has, since 2026-12-02 (the second session that day), priced each recomputation at this
+machine's measured rates (:func:`recomputation_rates`: FLOPs at the measured FLOP rate, bytes at the measured
+bandwidth, the draws at their table's price, its fused and inlined traffic taken off at that bandwidth), and the
+step's first computes as before (:func:`recomputations_at_rates`): the solver's choices are between recomputations,
+and every recomputation bench_compile timed cost less than the nominal model priced it (the quiet EPYC: the
+recomputations measured at a median 0.54 of their predicted overhead; measured bandwidth 1.19e11 B/s against the
+nominal 2e10). The step keeps its nominal price, right within 2 % on the EPYC's transformer steps, and a plan also
+gives its extra as a share of its timed step (``CompiledPlan.overhead_of_step``). On the 2-core Xeon of
+BENCHMARKS.md (bench_compile, 2026-12-02, one worker, quiet) GPT-2 at 0.5 recomputing 0.3 GFLOP was predicted 12.18 %
+by the nominal prices and 6.69 % by these, and measured -1.4 % and -0.3 % against the store-all step: there a plan
+that recomputes only pointwise values (GPT-2 at 0.9) ran 2 ms faster than the store-all step, so keeping a value
+costs more than its bytes at the measured bandwidth, which no price of a recomputation models."""
 
 from __future__ import annotations
 
@@ -51,6 +64,7 @@ import torch
 from torch import fx
 
 from coop.compiled.fusion import is_loop_op, is_pointwise
+from coop.errors import CoopError
 from coop.graph import Graph
 from coop.graph_capture.cost import BANDWIDTH, analytic_seconds, bytes_moved, tensor_leaves
 from coop.graph_capture.host_cost import MachineRates, element_key, kernel_calls, machine_rates
@@ -58,7 +72,7 @@ from coop.graph_capture.lower import Lowered
 from coop.simulator import Simulation, relative_overhead
 
 __all__ = ["COMPILED_KEYS", "DRAWS", "compiled_rates", "inlined_recomputations", "op_seconds", "predicted_overhead",
-           "predicted_step_seconds", "reprice", "step_rates", "unwritten_seconds"]
+           "predicted_step_seconds", "recomputation_rates", "recomputations_at_rates", "reprice", "step_rates", "unwritten_seconds"]
 
 #: compiled ops priced as an op of the calibration's table: inductor's draw (no eager kernel to time) as a Bernoulli
 #: draw, and coop's own mask draws (eager's draws, split from a dropout: :mod:`coop.graph_capture.random_ops`) as
@@ -271,6 +285,62 @@ def inlined_recomputations(lowered: Lowered, fx_nodes: dict[str, fx.Node], bandw
     meta = {**graph.meta, "inlined_recomputations": priced, "first_compute_discount_s": discount}
     lowered.graph = Graph(name=graph.name, nodes=tuple(nodes), outputs=graph.outputs, order=graph.order, meta=meta)
     return lowered
+
+
+def recomputation_rates(rates: MachineRates) -> MachineRates:
+    """The rates a recomputed kernel is priced at: ``rates`` with the per-element table kept for the random draws
+    alone (:data:`COMPILED_KEYS`' ops), so that every other op pays its FLOPs at the measured FLOP rate and its bytes
+    at the measured bandwidth; convolutions keep their fitted rates.
+
+    Parameters
+    ----------
+    rates : MachineRates
+        Compiled rates (:func:`compiled_rates`).
+
+    Returns
+    -------
+    MachineRates
+        The same rates, ``element_s`` cut to the draws.
+    """
+    draws = set(COMPILED_KEYS.values())
+    return dataclasses.replace(rates, element_s={op: s for op, s in rates.element_s.items() if op in draws})
+
+
+def recomputations_at_rates(priced: Lowered, at_rates: Graph) -> Lowered:
+    """``priced`` with each computed node's cost its cost in ``at_rates`` (in place; returned): a recomputation
+    priced at this machine's measured rates, the step's first computes still at ``priced``'s.
+
+    ``at_rates`` is the same lowering priced at :func:`recomputation_rates` (same fusion, so the same node ids).
+    Every compute of a node pays one cost in the Graph; the difference between a node's two prices is added to
+    ``meta["first_compute_discount_s"]``, which :func:`predicted_step_seconds` adds back to the baseline, so that the
+    step is priced as before and only what a schedule computes again is priced at the measured rates.
+
+    Parameters
+    ----------
+    priced : Lowered
+        The lowering at its pricing's costs (after fusion and :func:`inlined_recomputations`).
+    at_rates : Graph
+        The same Graph at :func:`recomputation_rates` (its fused and inlined values priced at that bandwidth).
+
+    Returns
+    -------
+    Lowered
+        ``priced``, its Graph's costs replaced and ``meta["recomputation_rates"]`` naming the rates.
+    """
+    graph = priced.graph
+    if len(at_rates.nodes) != len(graph.nodes):
+        raise CoopError("coop.compile: the two pricings of one joint graph fused it differently; report it")
+    nodes, discount = [], float(graph.meta.get("first_compute_discount_s", 0.0))
+    for node, other in zip(graph.nodes, at_rates.nodes, strict=True):
+        if node.caller_owned or not node.recomputable:
+            nodes.append(node)
+            continue
+        discount += node.cost - other.cost
+        nodes.append(node.model_copy(update={"cost": other.cost}))
+    meta = {**graph.meta, "first_compute_discount_s": discount,
+            "recomputation_rates": at_rates.meta.get("compiled_rates")}
+    priced.graph = Graph(name=graph.name, nodes=tuple(nodes), outputs=graph.outputs, order=graph.order, meta=meta)
+    return priced
 
 
 def predicted_step_seconds(graph: Graph, simulation: Simulation) -> float:
