@@ -183,7 +183,7 @@ def lower_joint(gm: fx.GraphModule, num_fwd_outputs: int, static_indices: list[i
     rates = step_rates(placeholders, device) if pricing != "nominal" else None
     fx_by_name = {n.name: n for n in copied.nodes}
     at_rates = None
-    if pricing == "fused" and fuse and rates is not None:  # the recomputations' prices (module docstring)
+    if pricing == "fused" and fuse and rates is not None:  # the recomputations' prices (pricing.recomputations_at_rates)
         at_rates, _ = _priced_lowering(replace(lowered), fx_by_name, placeholders, recomputation_rates(rates),
                                        only=None, fuse=True, fused_rates=rates, inline_bandwidth=rates.bandwidth)
     inline_bandwidth = None
