@@ -138,8 +138,8 @@ def lower_joint(gm: fx.GraphModule, num_fwd_outputs: int, static_indices: list[i
     pricing : str
         ``"nominal"``: the capture's nominal model; ``"draws"``: the nominal model, the random draws
         (inductor's, or coop's mask draws of eager's) at this machine's measured price per element; ``"fused"``
-        (default): ``"draws"``, and each pointwise value the backward recomputes priced as inductor fuses it into its readers
-        (:func:`coop.compiled.pricing.inlined_recomputations`, at the nominal bandwidth); on a CPU step each
+        (default): ``"draws"``, and each pointwise value the backward recomputes priced as inductor fuses it into its
+        readers (:func:`coop.compiled.pricing.inlined_recomputations`, at the nominal bandwidth); on a CPU step each
         recomputation is priced at this machine's measured rates instead, the step's first computes as before
         (:func:`coop.compiled.pricing.recomputations_at_rates`); ``"measured"``: every op of
         a CPU step at this machine's compiled rates, the fused recomputations so too (:mod:`coop.compiled.pricing`).
@@ -183,7 +183,8 @@ def lower_joint(gm: fx.GraphModule, num_fwd_outputs: int, static_indices: list[i
     rates = step_rates(placeholders, device) if pricing != "nominal" else None
     fx_by_name = {n.name: n for n in copied.nodes}
     at_rates = None
-    if pricing == "fused" and fuse and rates is not None:  # the recomputations' prices (pricing.recomputations_at_rates)
+    # the recomputations' prices (pricing.recomputations_at_rates)
+    if pricing == "fused" and fuse and rates is not None:
         at_rates, _ = _priced_lowering(replace(lowered), fx_by_name, placeholders, recomputation_rates(rates),
                                        only=None, fuse=True, fused_rates=rates, inline_bandwidth=rates.bandwidth)
     inline_bandwidth = None
@@ -208,7 +209,8 @@ def lower_joint(gm: fx.GraphModule, num_fwd_outputs: int, static_indices: list[i
 
 def _priced_lowering(lowered: Lowered, fx_nodes: dict[str, fx.Node], placeholders: list[fx.Node],
                      rates: MachineRates | None, only: frozenset[str] | None, fuse: bool,
-                     fused_rates: MachineRates | None, inline_bandwidth: float | None) -> tuple[Lowered, tuple[int, ...]]:
+                     fused_rates: MachineRates | None,
+                     inline_bandwidth: float | None) -> tuple[Lowered, tuple[int, ...]]:
     """The lowering priced (``rates``: :func:`coop.compiled.pricing.reprice` of the ops ``only`` names; None keeps
     the nominal model), its tangents made nodes, its pointwise values fused (the unwritten traffic at
     ``fused_rates``' bandwidth, None: nominal) and its recomputed pointwise values priced as inlined at

@@ -31,15 +31,15 @@ them comes first.
 bench_compile measured it wrong (its coop.compile rows each timed against a coop.compile that recomputes nothing).
 The step without recomputation was priced a quarter low with eager's draws, which the nominal model prices by their
 bytes (GPT-2 at 0.5: 53.84 ms priced, 69.84 measured): the draws are priced as ``"draws"`` prices them. A recomputed
-matmul cost what its FLOPs say, but a recomputed pointwise value was priced as if written and read again, where inductor computes it inside the kernels that read it: GPT-2 at 0.5 priced its
-recomputations 11.36 ms (6.25 of them pointwise) and measured 6.0. :func:`inlined_recomputations` prices those
-values without the buffers inductor then never writes. With both, the predicted overhead was within max(3 points,
+matmul cost what its FLOPs say, but a recomputed pointwise value was priced as if written and read again, where
+inductor computes it inside the kernels that read it: GPT-2 at 0.5 priced its recomputations 11.36 ms (6.25 of them
+pointwise) and measured 6.0. :func:`inlined_recomputations` prices those values without the buffers inductor then
+never writes. With both, the predicted overhead was within max(3 points,
 25 %) of the measured in 8 of 15 rows against the nominal 7 of 16 (BENCHMARKS.md, bench_compile, 2026-12-02), with
 every bar of the benchmark held; the misses are rows recomputing under 0.07 GFLOP, whose measured overhead (-4 to
 +3 %) is within the timing's noise, and the step's own price, low without dropout too (LLaMA 42.83 ms against
 54-62 measured, ResNet 2.33 against 7.79, whose recomputation was priced 0.43 ms and measured 0.43): so a compiled
 plan also gives its predicted extra as a share of its measured step (``CompiledPlan.overhead_of_step``).
-
 
 On a CPU step ``"fused"`` has, since 2026-12-02 (the second session that day), priced each recomputation at this
 machine's measured rates (:func:`recomputation_rates`: FLOPs at the measured FLOP rate, bytes at the measured
@@ -74,7 +74,8 @@ from coop.graph_capture.lower import Lowered
 from coop.simulator import Simulation, relative_overhead
 
 __all__ = ["COMPILED_KEYS", "DRAWS", "compiled_rates", "inlined_recomputations", "op_seconds", "predicted_overhead",
-           "predicted_step_seconds", "recomputation_rates", "recomputations_at_rates", "reprice", "step_rates", "unwritten_seconds"]
+           "predicted_step_seconds", "recomputation_rates", "recomputations_at_rates", "reprice", "step_rates",
+           "unwritten_seconds"]
 
 #: compiled ops priced as an op of the calibration's table: inductor's draw (no eager kernel to time) as a Bernoulli
 #: draw, and coop's own mask draws (eager's draws, split from a dropout: :mod:`coop.graph_capture.random_ops`) as
@@ -183,8 +184,9 @@ def reprice(lowered: Lowered, fx_nodes: dict[str, fx.Node], rates: MachineRates,
         cost = sum(_price(fx_nodes[name], lowered.fx_flops.get(name, 0), rates, only) for name in names)
         nodes.append(node.model_copy(update={"cost": cost}))
     which = "every op" if only is None else ", ".join(sorted(only))
-    meta = {**graph.meta, "cost_unit": f"seconds ({which} as a compiled step's kernels run at this machine's measured "
-                                       "rates, the rest nominal: coop.compiled.pricing)", "compiled_rates": rates.as_dict()}
+    unit = (f"seconds ({which} as a compiled step's kernels run at this machine's measured rates, the rest nominal: "
+            "coop.compiled.pricing)")
+    meta = {**graph.meta, "cost_unit": unit, "compiled_rates": rates.as_dict()}
     lowered.graph = Graph(name=graph.name, nodes=tuple(nodes), outputs=graph.outputs, order=graph.order, meta=meta)
     return lowered
 
